@@ -1,0 +1,1 @@
+"""The `pplan` command line: thin typer commands over the `planner` library."""

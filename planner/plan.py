@@ -1,0 +1,351 @@
+"""The plan: what to run where, and what the simulator predicts for it. JSON, versioned.
+
+Minimal hand-written plan (everything else has defaults):
+
+    {"schedule": "1f1b", "micro_batch_size": 4, "n_microbatches": 8, "devices": 2,
+     "stages": [{"device": 0, "layers": [0, 3]}, {"device": 1, "layers": [3, 6]}]}
+
+`layers` is half-open [first, end). With v stages per device (interleaved schedules) stage s
+runs on device s mod n_devices. Written plans carry the format tag, model spec and seed,
+the profile's path and checksum, device memory limits, links and the simulator's prediction.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from planner.atomic import atomic_write_text
+from planner.errors import PlanError
+
+__all__ = [
+    "FORMAT",
+    "SCHEDULES",
+    "Device",
+    "StagePlan",
+    "Links",
+    "Plan",
+    "load_plan",
+    "plan_from_dict",
+    "plan_to_dict",
+    "write_plan",
+]
+
+FORMAT = "pplan-plan/1"
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
+DEFAULT_LATENCY_MS = 0.01
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of the pipeline."""
+
+    name: str
+    """A label (cluster device name, or cpu0, cuda1 ...)."""
+    memory_bytes: int | None = None
+    """Memory limit in bytes; None = unlimited."""
+    speed: float = 1.0
+    """Relative compute speed: profile times are divided by it."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A contiguous range of layers on one device."""
+
+    device: int
+    """Index into Plan.devices."""
+    layers: tuple[int, int]
+    """[first, end) layer indices."""
+    recompute: tuple[int, ...] = ()
+    """Layers checkpointed (activations recomputed in backward)."""
+
+
+@dataclass(frozen=True)
+class Links:
+    """Point-to-point links: a default, and overrides per device pair (undirected)."""
+
+    bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH
+    """Default bandwidth, bytes per second."""
+    latency_ms: float = DEFAULT_LATENCY_MS
+    """Default latency per message, ms."""
+    pairs: tuple[tuple[int, int, float, float], ...] = ()
+    """(device a, device b, bandwidth bytes/s, latency ms) overrides."""
+
+    def between(self, a: int, b: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency ms) of the link from device a to device b."""
+        for x, y, bw, lat in self.pairs:
+            if {x, y} == {a, b}:
+                return bw, lat
+        return self.bandwidth_bytes_per_s, self.latency_ms
+
+    def transfer_ms(self, a: int, b: int, nbytes: float) -> float:
+        """Time to move `nbytes` from device a to b (0 on the same device)."""
+        if a == b or nbytes <= 0:
+            return 0.0
+        bw, lat = self.between(a, b)
+        return lat + nbytes / bw * 1e3
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete pipeline plan (see module docstring for the JSON form)."""
+
+    schedule: str
+    """gpipe, 1f1b, interleaved or zb."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    n_microbatches: int
+    """Micro-batches per iteration (global batch = size x count)."""
+    stages: tuple[StagePlan, ...]
+    """Stages in model order."""
+    devices: tuple[Device, ...]
+    """Devices; stage.device indexes this."""
+    optimizer: str = "adam"
+    """adam, adamw, sgd (momentum) or sgd-plain."""
+    links: Links = field(default_factory=Links)
+    """Link model between devices."""
+    model: str | None = None
+    """Model spec the profile was made from (needed by `pplan run`)."""
+    seed: int = 0
+    """Seed the model weights are built from."""
+    n_layers: int | None = None
+    """Layer count of the model (checked against profile and model)."""
+    profile_path: str | None = None
+    """Profile the plan was made from."""
+    profile_sha256: str | None = None
+    """Checksum of that profile."""
+    predicted: dict[str, Any] | None = None
+    """The simulator's prediction (iteration_ms, bubble_fraction, ...)."""
+    search: dict[str, Any] | None = None
+    """How the partitioner chose (method, runners-up, baselines): informational."""
+
+    @property
+    def global_batch(self) -> int:
+        return self.micro_batch_size * self.n_microbatches
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages per device (1 except for interleaved schedules)."""
+        return len(self.stages) // len(self.devices)
+
+    def with_(self, **changes: Any) -> "Plan":
+        """A copy with fields replaced (for what-if overrides)."""
+        return replace(self, **changes)
+
+    def validate(self, n_layers: int | None = None) -> None:
+        """Raise PlanError unless stages tile [0, n_layers) and devices/recompute are consistent."""
+        validate_plan(self, n_layers)
+
+
+def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
+    if plan.schedule not in SCHEDULES:
+        raise PlanError(f"plan schedule {plan.schedule!r} is unknown", f"use one of {', '.join(SCHEDULES)}")
+    if plan.micro_batch_size < 1 or plan.n_microbatches < 1:
+        raise PlanError(f"micro_batch_size {plan.micro_batch_size} and n_microbatches {plan.n_microbatches} must be at least 1")
+    if not plan.devices:
+        raise PlanError("plan has no devices")
+    if not plan.stages:
+        raise PlanError("plan has no stages")
+    expected_first = 0
+    for i, st in enumerate(plan.stages):
+        first, end = st.layers
+        if first != expected_first:
+            kind = "overlaps the previous stage" if first < expected_first else "leaves a gap after the previous stage"
+            raise PlanError(f"stages[{i}].layers [{first}, {end}) {kind} (expected it to start at {expected_first})", "stages must tile the layers contiguously: [0, a), [a, b), ...")
+        if end <= first:
+            raise PlanError(f"stages[{i}].layers [{first}, {end}) is empty", "each stage needs at least one layer")
+        if not 0 <= st.device < len(plan.devices):
+            raise PlanError(f"stages[{i}].device {st.device} is out of range (plan has {len(plan.devices)} devices)")
+        for layer in st.recompute:
+            if not first <= layer < end:
+                raise PlanError(f"stages[{i}].recompute layer {layer} is outside the stage's layers [{first}, {end})")
+        expected_first = end
+    total = n_layers if n_layers is not None else plan.n_layers
+    if total is not None and expected_first != total:
+        raise PlanError(f"stages cover layers [0, {expected_first}) but the model has {total} layers", "the last stage must end at the layer count")
+    if plan.n_layers is not None and n_layers is not None and plan.n_layers != n_layers:
+        raise PlanError(f"plan is for {plan.n_layers} layers but the profile/model has {n_layers}")
+    n_dev = len(plan.devices)
+    if len(plan.stages) % n_dev:
+        raise PlanError(f"{len(plan.stages)} stages cannot be spread evenly over {n_dev} devices", "give every device the same number of stages")
+    v = len(plan.stages) // n_dev
+    used = sorted(st.device for st in plan.stages)
+    if used != sorted(list(range(n_dev)) * v):
+        raise PlanError(f"stage devices {[st.device for st in plan.stages]} do not use each of the {n_dev} devices {v} time(s)")
+    if v > 1:
+        if plan.schedule != "interleaved":
+            raise PlanError(f"{v} stages per device needs schedule 'interleaved', not {plan.schedule!r}")
+        order = [plan.stages[s].device for s in range(len(plan.stages))]
+        first_round = order[:n_dev]
+        if any(order[s] != first_round[s % n_dev] for s in range(len(order))):
+            raise PlanError(f"interleaved stages must loop over the devices in one fixed order; got {order}")
+    elif plan.schedule == "interleaved":
+        raise PlanError("schedule 'interleaved' needs at least 2 stages per device", "give 2x (or more) as many stages as devices")
+
+
+# ---- JSON -------------------------------------------------------------------------------------
+
+def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+    if key not in d:
+        if default is ...:
+            raise PlanError(f"plan is missing {where}{key}")
+        return default
+    value = d[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise PlanError(f"plan field {where}{key} must be {kinds[0].__name__}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise PlanError(f"plan field {where}{key} must be {kinds[0].__name__}, got {type(value).__name__} {value!r}"[:200])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"plan field {where}{key} must be finite, got {value!r}")
+    return value
+
+
+def plan_from_dict(d: Any) -> Plan:
+    """Build and validate a Plan from parsed JSON; PlanError names the bad field."""
+    if not isinstance(d, dict):
+        raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+    fmt = d.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise PlanError(f"plan format {fmt!r} is not supported (this pplan reads {FORMAT})")
+    raw_devices = _get(d, "devices", (int, list), "")
+    if isinstance(raw_devices, int):
+        if raw_devices < 1:
+            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
+        devices = tuple(Device(name=f"dev{i}") for i in range(raw_devices))
+    else:
+        devs = []
+        for i, dv in enumerate(raw_devices):
+            where = f"devices[{i}]."
+            if not isinstance(dv, dict):
+                raise PlanError(f"plan field devices[{i}] must be an object")
+            mem = _get(dv, "memory_bytes", (int, float, type(None)), where, None)
+            if mem is not None and mem <= 0:
+                raise PlanError(f"plan field {where}memory_bytes must be positive, got {mem}")
+            speed = float(_get(dv, "speed", (int, float), where, 1.0))
+            if speed <= 0:
+                raise PlanError(f"plan field {where}speed must be positive, got {speed}")
+            devs.append(Device(name=str(_get(dv, "name", str, where, f"dev{i}")), memory_bytes=None if mem is None else int(mem), speed=speed))
+        devices = tuple(devs)
+    stages = []
+    for i, st in enumerate(_get(d, "stages", list, "")):
+        where = f"stages[{i}]."
+        if not isinstance(st, dict):
+            raise PlanError(f"plan field stages[{i}] must be an object")
+        layers = _get(st, "layers", list, where)
+        if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+            raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}")
+        rec = _get(st, "recompute", list, where, [])
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec):
+            raise PlanError(f"plan field {where}recompute must be a list of layer indices, got {rec!r}")
+        device = _get(st, "device", int, where, i % len(devices) if devices else 0)
+        stages.append(StagePlan(device=device, layers=(layers[0], layers[1]), recompute=tuple(sorted(set(rec)))))
+    links_d = _get(d, "links", dict, "", {})
+    pairs = []
+    for j, pr in enumerate(_get(links_d, "pairs", list, "links.", [])):
+        w = f"links.pairs[{j}]."
+        if not isinstance(pr, dict):
+            raise PlanError(f"plan field links.pairs[{j}] must be an object")
+        pairs.append((_get(pr, "a", int, w), _get(pr, "b", int, w), float(_get(pr, "bandwidth_bytes_per_s", (int, float), w)), float(_get(pr, "latency_ms", (int, float), w))))
+    links = Links(
+        bandwidth_bytes_per_s=float(_get(links_d, "bandwidth_bytes_per_s", (int, float), "links.", DEFAULT_BANDWIDTH)),
+        latency_ms=float(_get(links_d, "latency_ms", (int, float), "links.", DEFAULT_LATENCY_MS)),
+        pairs=tuple(pairs),
+    )
+    if links.bandwidth_bytes_per_s <= 0 or links.latency_ms < 0 or any(p[2] <= 0 or p[3] < 0 for p in pairs):
+        raise PlanError("plan links need positive bandwidth and non-negative latency")
+    profile = _get(d, "profile", (dict, type(None)), "", None) or {}
+    plan = Plan(
+        schedule=_get(d, "schedule", str, ""),
+        micro_batch_size=_get(d, "micro_batch_size", int, ""),
+        n_microbatches=_get(d, "n_microbatches", int, ""),
+        stages=tuple(stages),
+        devices=devices,
+        optimizer=_get(d, "optimizer", str, "", "adam"),
+        links=links,
+        model=_get(d, "model", (str, type(None)), "", None),
+        seed=_get(d, "seed", int, "", 0),
+        n_layers=_get(d, "n_layers", (int, type(None)), "", None),
+        profile_path=_get(profile, "path", (str, type(None)), "profile.", None),
+        profile_sha256=_get(profile, "sha256", (str, type(None)), "profile.", None),
+        predicted=_get(d, "predicted", (dict, type(None)), "", None),
+        search=_get(d, "search", (dict, type(None)), "", None),
+    )
+    from planner.cost import OPTIMIZER_STATE_FACTOR
+
+    if plan.optimizer not in OPTIMIZER_STATE_FACTOR:
+        raise PlanError(f"plan optimizer {plan.optimizer!r} is unknown", f"use one of {', '.join(OPTIMIZER_STATE_FACTOR)}")
+    validate_plan(plan)
+    return plan
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """JSON-ready dict with a fixed key order (so equal plans serialize byte-identically)."""
+    d: dict[str, Any] = {"format": FORMAT}
+    d["model"] = plan.model
+    d["seed"] = plan.seed
+    d["n_layers"] = plan.n_layers
+    d["profile"] = {"path": plan.profile_path, "sha256": plan.profile_sha256}
+    d["schedule"] = plan.schedule
+    d["micro_batch_size"] = plan.micro_batch_size
+    d["n_microbatches"] = plan.n_microbatches
+    d["global_batch"] = plan.global_batch
+    d["optimizer"] = plan.optimizer
+    d["devices"] = [{"name": dv.name, "memory_bytes": dv.memory_bytes, "speed": dv.speed} for dv in plan.devices]
+    d["links"] = {
+        "bandwidth_bytes_per_s": plan.links.bandwidth_bytes_per_s,
+        "latency_ms": plan.links.latency_ms,
+        "pairs": [{"a": a, "b": b, "bandwidth_bytes_per_s": bw, "latency_ms": lat} for a, b, bw, lat in plan.links.pairs],
+    }
+    d["stages"] = [{"device": st.device, "layers": list(st.layers), "recompute": list(st.recompute)} for st in plan.stages]
+    if plan.predicted is not None:
+        d["predicted"] = plan.predicted
+    if plan.search is not None:
+        d["search"] = plan.search
+    return d
+
+
+def plan_to_json(plan: Plan) -> str:
+    return json.dumps(plan_to_dict(plan), indent=2, allow_nan=False) + "\n"
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read and validate a plan JSON file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)") from None
+    except (UnicodeDecodeError, IsADirectoryError):
+        raise PlanError(f"plan {str(p)!r} is not a UTF-8 JSON file") from None
+    except OSError as e:
+        raise PlanError(f"cannot read plan {str(p)!r}: {e.strerror}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise PlanError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+    try:
+        return plan_from_dict(data)
+    except PlanError as e:
+        raise PlanError(f"{p}: {e.message}", e.hint) from None
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> None:
+    """Write `plan` atomically as JSON."""
+    atomic_write_text(path, plan_to_json(plan))
+
+
+__all__ += ["plan_to_json", "validate_plan", "DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS"]

@@ -1,0 +1,100 @@
+"""Parsing and printing of sizes, bandwidths and durations given on the command line."""
+
+from __future__ import annotations
+
+import math
+import re
+
+from planner.errors import PplanError
+
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms"]
+
+_BYTE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+}
+_NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
+_MAX_BYTES = 2**60  # an exbibyte: anything larger is a typo, not a device
+
+
+def _split(text: str, what: str, example: str) -> tuple[float, str]:
+    m = re.fullmatch(_NUMBER + r"\s*([A-Za-z/]*)", text.strip())
+    if not m:
+        raise PplanError(f"cannot read {what} {text!r}", f"write it like {example}")
+    return float(m.group(1)), m.group(2).lower()
+
+
+def parse_bytes(text: str | int | float, what: str = "size") -> int:
+    """'16GiB', '500MB', '1e9' or a plain number of bytes -> int bytes (> 0)."""
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        if text.strip().startswith("-"):
+            raise PplanError(f"{what} {text!r} is negative", "give a positive size such as 16GiB")
+        value, unit = _split(text, what, "16GiB, 500MB or 1000000")
+    if unit not in _BYTE_UNITS:
+        raise PplanError(f"unknown unit {unit!r} in {what} {text!r}", "use B, KB, MB, GB, KiB, MiB or GiB")
+    result = value * _BYTE_UNITS[unit]
+    if not math.isfinite(result) or result <= 0:
+        raise PplanError(f"{what} {text!r} must be positive", "give a size such as 16GiB")
+    if result > _MAX_BYTES:
+        raise PplanError(f"{what} {text!r} is absurdly large ({result:.3g} bytes)", "give a real device size such as 80GiB")
+    return int(result)
+
+
+def parse_bandwidth(text: str | float) -> float:
+    """'25GB/s', '100Gbit/s', '1e9' (bytes/s) -> bytes per second (> 0)."""
+    if isinstance(text, (int, float)):
+        value, unit = float(text), ""
+    else:
+        if text.strip().startswith("-"):
+            raise PplanError(f"bandwidth {text!r} is negative", "give e.g. 25GB/s")
+        value, unit = _split(text, "bandwidth", "25GB/s")
+    unit = unit.removesuffix("/s").removesuffix("ps")
+    bits = unit.endswith("bit")
+    if bits:
+        unit = unit[: -len("bit")] + "b"
+    if unit not in _BYTE_UNITS:
+        raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s")
+    result = value * _BYTE_UNITS[unit] / (8 if bits else 1)
+    if not math.isfinite(result) or result <= 0 or result > 1e15:
+        raise PplanError(f"bandwidth {text!r} is out of range", "give a positive value such as 25GB/s")
+    return result
+
+
+def parse_ms(text: str | float, what: str = "latency") -> float:
+    """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds (>= 0)."""
+    if isinstance(text, (int, float)):
+        value, unit = float(text), "ms"
+    else:
+        value, unit = _split(text, what, "0.01ms")
+        if text.strip().startswith("-"):
+            raise PplanError(f"{what} {text!r} is negative", "give e.g. 0.01ms")
+    scale = {"": 1.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}.get(unit)
+    if scale is None:
+        raise PplanError(f"unknown time unit in {what} {text!r}", "use s, ms, us or ns")
+    result = value * scale
+    if not math.isfinite(result) or result < 0 or result > 1e7:
+        raise PplanError(f"{what} {text!r} is out of range", "give e.g. 0.01ms")
+    return result
+
+
+def format_bytes(n: float) -> str:
+    """Human-readable binary size: 1536 -> '1.5 KiB'."""
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_ms(ms: float) -> str:
+    """Milliseconds with a sensible number of digits."""
+    if ms >= 1000:
+        return f"{ms / 1000:.2f} s"
+    if ms >= 10:
+        return f"{ms:.1f} ms"
+    return f"{ms:.3f} ms"
