@@ -1,0 +1,38 @@
+import os
+
+import pytest
+
+from planner.atomic import atomic_open, atomic_write_text
+from planner.calibration import Calibration, calibration_path_for, find_calibration, load_calibration, write_calibration
+from planner.errors import PplanError
+
+
+def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
+    target = tmp_path / "out.txt"
+    atomic_write_text(target, "old")
+    with pytest.raises(RuntimeError):
+        with atomic_open(target) as fh:
+            fh.write("half")
+            raise RuntimeError("boom")
+    assert target.read_text() == "old"
+    assert os.listdir(tmp_path) == ["out.txt"]
+
+
+def test_calibration_round_trip(tmp_path):
+    profile = tmp_path / "gpt.csv"
+    assert find_calibration(profile) is None
+    cal = Calibration(compute_scale=1.1, action_overhead_ms=0.2, comm_latency_ms=0.05, fitted_from={"run": "x"})
+    write_calibration(cal, calibration_path_for(profile))
+    assert calibration_path_for(profile).name == "gpt.calibration.json"
+    assert find_calibration(profile) == cal
+    assert cal.apply_compute(10.0) == pytest.approx(11.2)
+
+
+def test_bad_calibration(tmp_path):
+    p = tmp_path / "c.json"
+    p.write_text('{"compute_scale": -1}')
+    with pytest.raises(PplanError, match="compute_scale"):
+        load_calibration(p)
+    p.write_text("{not json")
+    with pytest.raises(PplanError, match="not valid JSON"):
+        load_calibration(p)

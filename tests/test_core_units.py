@@ -1,0 +1,49 @@
+import pytest
+
+from planner.errors import PplanError
+from planner.units import format_bytes, parse_bandwidth, parse_bytes, parse_ms
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("16GiB", 16 * 2**30), ("500MB", 500 * 10**6), ("1000", 1000), ("1e9", 10**9),
+    ("1.5 KiB", 1536), ("2g", 2 * 2**30), (4096, 4096),
+])
+def test_parse_bytes(text, expected):
+    assert parse_bytes(text) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "0", "abc", "1e30", "16XB", "", "nan", "inf"])
+def test_parse_bytes_rejects(text):
+    with pytest.raises(PplanError) as e:
+        parse_bytes(text, "--memory")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("25GB/s", 25e9), ("400MB/s", 4e8), ("100Gbit/s", 100e9 / 8), ("1e9", 1e9), ("1GiB/s", 2**30),
+])
+def test_parse_bandwidth(text, expected):
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["-5GB/s", "0GB/s", "fast", "5 parsecs/s"])
+def test_parse_bandwidth_rejects(text):
+    with pytest.raises(PplanError):
+        parse_bandwidth(text)
+
+
+@pytest.mark.parametrize("text,expected", [("0.01ms", 0.01), ("5us", 0.005), ("1s", 1000.0), ("2", 2.0), ("0", 0.0)])
+def test_parse_ms(text, expected):
+    assert parse_ms(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["-1ms", "1h", "x"])
+def test_parse_ms_rejects(text):
+    with pytest.raises(PplanError):
+        parse_ms(text)
+
+
+def test_format_bytes():
+    assert format_bytes(1536) == "1.5 KiB"
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 * 2**30) == "3.0 GiB"
