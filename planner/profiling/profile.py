@@ -9,7 +9,9 @@ Format (version 1), UTF-8 CSV, one row per (layer, micro_batch_size):
 Units are milliseconds and bytes, all per micro-batch of `micro_batch_size` samples.
 Optional columns (absent -> derived default): fwd_ms_std, bwd_ms_std, bwd_input_ms,
 bwd_weight_ms (default: half of bwd_ms each), optimizer_ms (default 0), flops,
-cuda_peak_bytes. Unknown extra columns are kept and ignored.
+cuda_peak_bytes, shared_input_bytes (default 0: bytes of the layer's saved input that the
+previous layer also saves, so a stage holding both keeps them once). Unknown extra columns
+are ignored (and not written back). docs/profile-format.md has the full description.
 
 Loading validates everything a hand-edited file can get wrong and raises ProfileError with
 the file, line and column.
@@ -49,10 +51,10 @@ REQUIRED_COLUMNS = (
 )
 OPTIONAL_COLUMNS = (
     "fwd_ms_std", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
-    "optimizer_ms", "flops", "cuda_peak_bytes",
+    "optimizer_ms", "flops", "cuda_peak_bytes", "shared_input_bytes",
 )
 _NUMERIC = tuple(c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in ("layer", "name", "micro_batch_size"))
-_INTEGER = ("param_bytes", "activation_bytes", "output_bytes", "flops", "cuda_peak_bytes")
+_INTEGER = ("param_bytes", "activation_bytes", "output_bytes", "flops", "cuda_peak_bytes", "shared_input_bytes")
 # Beyond this a profile is almost certainly a mistake (or a generator gone wrong), and the
 # planner's O(L^2 * S) search would run for hours: refuse with a hint instead.
 MAX_LAYERS = 20_000
@@ -84,6 +86,8 @@ class LayerCosts:
     """Bytes of the model's input per micro-batch (0 when the profile does not say)."""
     interpolated: bool
     """True when micro_batch_size was not measured and these values are interpolated."""
+    shared_input_bytes: np.ndarray | None = None
+    """Bytes of each layer's saved input also saved by the layer before (count once within a stage)."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,7 @@ class Profile:
         interpolated = micro_batch_size not in sizes
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
-            "activation_bytes", "output_bytes")}
+            "activation_bytes", "output_bytes", "shared_input_bytes")}
         return LayerCosts(
             micro_batch_size=micro_batch_size,
             param_bytes=self.columns["param_bytes"][:, 0].copy(),

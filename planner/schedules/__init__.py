@@ -1,0 +1,129 @@
+"""Pipeline schedules as data: generators, size checks, validation and their memory profile.
+
+`generate(name, n_ranks, n_microbatches, virtual_stages)` returns a PipelineSchedule (per-rank
+ordered actions, torch's IR) laid out on the unit-step grid. Names: gpipe, 1f1b, interleaved
+(v >= 2 stages per rank, stage s on rank s mod P), zb (ZB-H1). Generated schedules are
+validated once and cached: they are immutable and the partitioner asks for the same sizes
+thousands of times.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from planner.errors import ScheduleError
+from planner.schedules.actions import Action, PipelineSchedule, format_order, parse_action
+from planner.schedules.gpipe import gpipe_order
+from planner.schedules.interleaved import interleaved_order, rounds
+from planner.schedules.onefoneb import one_f_one_b_order
+from planner.schedules.validate import spaced_order, validate
+from planner.schedules.zero_bubble import zb_h1_order
+
+__all__ = [
+    "SCHEDULE_NAMES",
+    "Action",
+    "PipelineSchedule",
+    "ScheduleError",
+    "check_sizes",
+    "format_order",
+    "from_csv_rows",
+    "generate",
+    "parse_action",
+    "valid_microbatches",
+    "validate",
+]
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb")
+_MAX_ACTIONS = 50_000_000  # beyond this a schedule would not fit in memory as Python objects
+
+
+def valid_microbatches(name: str, n_ranks: int, n_microbatches: int) -> bool:
+    """True when torch's schedule class of that name accepts this micro-batch count."""
+    if name == "1f1b":
+        return n_microbatches >= n_ranks
+    if name in ("interleaved", "zb"):
+        n_rounds, _ = rounds(n_ranks, n_microbatches)
+        return n_microbatches % n_rounds == 0
+    return True
+
+
+def check_sizes(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> None:
+    """Raise ScheduleError (values and a fix) unless `name` can run at these sizes.
+
+    The limits are torch 2.13's, so that every plan can be executed by torch's own classes:
+    Schedule1F1B needs M >= P; ScheduleInterleaved1F1B and ScheduleInterleavedZeroBubble need
+    M to be a multiple of their round count max(1, M // P) (any M <= P, or multiples of P,
+    qualify); interleaved needs v >= 2 stages per rank, the others exactly 1.
+    """
+    if name not in SCHEDULE_NAMES:
+        raise ScheduleError(f"unknown schedule {name!r}", f"use one of {', '.join(SCHEDULE_NAMES)}")
+    for what, value in (("ranks", n_ranks), ("micro-batches", n_microbatches), ("virtual stages", virtual_stages)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ScheduleError(f"schedule {name}: {what} must be a positive integer, got {value!r}")
+    if name == "interleaved" and virtual_stages < 2:
+        raise ScheduleError(f"schedule interleaved needs at least 2 stages per rank, got {virtual_stages}", "give it 2x (or more) as many stages as devices, or use 1f1b")
+    if name != "interleaved" and virtual_stages != 1:
+        raise ScheduleError(f"schedule {name} runs one stage per rank, got {virtual_stages}", "use interleaved for several stages per rank")
+    if 2 * n_ranks * virtual_stages * n_microbatches > _MAX_ACTIONS:
+        raise ScheduleError(f"schedule {name}: {n_ranks} ranks x {virtual_stages} stages x {n_microbatches} micro-batches is too large to simulate", "use fewer micro-batches")
+    if not valid_microbatches(name, n_ranks, n_microbatches):
+        M, P = n_microbatches, n_ranks
+        if name == "1f1b":
+            raise ScheduleError(f"schedule 1f1b needs at least as many micro-batches as ranks (torch's Schedule1F1B): M={M} < P={P}", f"use --microbatches {P} or more, or gpipe")
+        lower = next(m for m in range(M, 0, -1) if valid_microbatches(name, P, m))
+        upper = next(m for m in range(M, 2 * M + P) if valid_microbatches(name, P, m))
+        raise ScheduleError(
+            f"schedule {name} needs the micro-batch count to be a multiple of its round count max(1, M // P) (torch's rule): M={M}, P={P}",
+            f"use {lower} or {upper} micro-batches (a multiple of {P} always works)",
+        )
+
+
+def generate(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> PipelineSchedule:
+    """The schedule `name` for these sizes, validated (ScheduleError if it cannot run)."""
+    check_sizes(name, n_ranks, n_microbatches, virtual_stages)
+    return _generate(name, n_ranks, n_microbatches, virtual_stages)
+
+
+@functools.lru_cache(maxsize=64)
+def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
+    if name == "gpipe":
+        order = gpipe_order(P, M)
+    elif name == "1f1b":
+        order = one_f_one_b_order(P, M)
+    elif name == "interleaved":
+        order = interleaved_order(P, M, v)
+    else:
+        order = zb_h1_order(P, M)
+    draft = PipelineSchedule(
+        name=name, n_ranks=P, n_stages=P * v, n_microbatches=M,
+        stage_rank=tuple(s % P for s in range(P * v)),
+        order={r: tuple(acts) for r, acts in order.items()},
+    )
+    spaced = PipelineSchedule(
+        name=draft.name, n_ranks=P, n_stages=P * v, n_microbatches=M,
+        stage_rank=draft.stage_rank, order=spaced_order(draft),
+    )
+    # Same actions in the same per-rank order as the validated draft: reuse its compiled form.
+    object.__setattr__(spaced, "_pplan_compiled", draft.__dict__["_pplan_compiled"])
+    return spaced
+
+
+def from_csv_rows(rows: list[list[str]], name: str = "custom", n_microbatches: int | None = None,
+                  stage_rank: tuple[int, ...] | None = None) -> PipelineSchedule:
+    """A schedule from torch's CSV layout (one row per rank, empty cell = idle), validated.
+
+    Stages default to rank s mod P; the micro-batch count to one more than the largest seen.
+    """
+    order = {r: tuple(parse_action(c) if c.strip() else None for c in row) for r, row in enumerate(rows)}
+    acts = [a for row in order.values() for a in row if a is not None]
+    if not acts:
+        raise ScheduleError("schedule CSV has no actions")
+    n_stages = max(a.stage for a in acts) + 1
+    M = n_microbatches if n_microbatches is not None else max(a.microbatch for a in acts) + 1
+    sch = PipelineSchedule(
+        name=name, n_ranks=len(rows), n_stages=n_stages, n_microbatches=M,
+        stage_rank=stage_rank if stage_rank is not None else tuple(s % len(rows) for s in range(n_stages)),
+        order=order,
+    )
+    validate(sch)
+    return sch

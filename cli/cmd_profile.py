@@ -1,0 +1,135 @@
+"""`pplan profile`: measure every layer of a model at several micro-batch sizes -> profile CSV."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.common import echo_json, parse_int_list, progress
+from planner.errors import PplanError
+from planner.units import format_bytes, format_ms
+
+__all__ = ["register"]
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """'3,32,32' -> (3, 32, 32); repeated dimensions are fine here, unlike size lists."""
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers", "write one sample's shape without the batch dimension, e.g. 3,32,32") from None
+    if not dims or any(d < 1 for d in dims):
+        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
+    return dims
+
+
+def _check_out(out: Path) -> None:
+    if out.is_dir():
+        raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as profiles/gpt.csv")
+    if out.suffix.lower() != ".csv":
+        raise PplanError(f"--out {str(out)!r} should end in .csv", "profiles are CSV files, e.g. profiles/gpt.csv")
+
+
+def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:
+    k = len(profile.micro_batch_sizes) - 1
+    c = profile.columns
+    return {
+        "path": str(path),
+        "sha256": sha,
+        "model": profile.meta.get("model"),
+        "device": profile.meta.get("device"),
+        "dtype": profile.meta.get("dtype"),
+        "micro_batch_sizes": list(profile.micro_batch_sizes),
+        "elapsed_s": float(profile.meta.get("elapsed_s", 0)),
+        "summary_micro_batch_size": profile.micro_batch_sizes[k],
+        "layers": [
+            {
+                "layer": i, "name": name,
+                "fwd_ms": round(float(c["fwd_ms"][i, k]), 6), "bwd_ms": round(float(c["bwd_ms"][i, k]), 6),
+                "param_bytes": int(c["param_bytes"][i, k]), "activation_bytes": int(c["activation_bytes"][i, k]),
+                "output_bytes": int(c["output_bytes"][i, k]),
+            }
+            for i, name in enumerate(profile.names)
+        ],
+    }
+
+
+def _print_table(s: dict[str, Any]) -> None:
+    typer.echo(f"{s['model']} on {s['device']} ({s['dtype']}), micro-batch sizes {','.join(map(str, s['micro_batch_sizes']))}: {s['elapsed_s']:.1f} s")
+    typer.echo(f"per layer at micro-batch size {s['summary_micro_batch_size']}:")
+    width = max(4, *(len(row["name"]) for row in s["layers"]))
+    typer.echo(f"{'layer':>5}  {'name':<{width}}  {'fwd':>10}  {'bwd':>10}  {'params':>10}  {'activations':>11}  {'output':>10}")
+    totals = {"fwd_ms": 0.0, "bwd_ms": 0.0, "param_bytes": 0, "activation_bytes": 0}
+    for row in s["layers"]:
+        for key in totals:
+            totals[key] += row[key]
+        typer.echo(
+            f"{row['layer']:>5}  {row['name']:<{width}}  {format_ms(row['fwd_ms']):>10}  {format_ms(row['bwd_ms']):>10}  "
+            f"{format_bytes(row['param_bytes']):>10}  {format_bytes(row['activation_bytes']):>11}  {format_bytes(row['output_bytes']):>10}"
+        )
+    typer.echo(
+        f"{'':>5}  {'total':<{width}}  {format_ms(totals['fwd_ms']):>10}  {format_ms(totals['bwd_ms']):>10}  "
+        f"{format_bytes(totals['param_bytes']):>10}  {format_bytes(totals['activation_bytes']):>11}"
+    )
+    typer.echo(f"wrote {s['path']}")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile(
+        model: str = typer.Option(..., "--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md)."),
+        micro_batch_sizes: str = typer.Option("1,2,4,8", "--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32."),
+        device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
+        dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (parameters and float inputs)."),
+        warmup: int = typer.Option(2, "--warmup", help="Untimed runs before measuring."),
+        repeats: int = typer.Option(5, "--repeats", help="Timed runs; the median is recorded."),
+        seed: int = typer.Option(0, "--seed", help="Seed of the weights and the batch."),
+        threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
+        out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile CSV to write (atomically)."),
+        input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32."),
+        input_dtype: str = typer.Option("float", "--input-dtype", help="Factory models: float or long."),
+        vocab: int | None = typer.Option(None, "--vocab", help="Factory models with --input-dtype long: token ids below this."),
+        json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
+    ) -> None:
+        """Measure forward/backward time and memory of every layer at each micro-batch size."""
+        from planner.models import parse_spec
+
+        parse_spec(model)  # a bad --model fails here, before torch is imported
+        sizes = parse_int_list(micro_batch_sizes, "--micro-batch-sizes")
+        shape = _parse_shape(input_shape)
+        if input_dtype not in ("float", "long"):
+            raise PplanError(f"--input-dtype {input_dtype!r} must be float or long")
+        if vocab is not None and vocab < 2:
+            raise PplanError(f"--vocab {vocab} must be at least 2")
+        _check_out(out)
+        from planner.profiling.profiler import profile_model  # imports torch
+        from planner.profiling.profile import write_profile
+
+        bar: list[progress] = []
+
+        def step(done: int, total: int, note: str) -> None:
+            if not bar:
+                bar.append(progress(total, "profiling").__enter__())
+            bar[0].advance(note)
+
+        try:
+            result = profile_model(
+                model, sizes, device=device, dtype=dtype, warmup=warmup, repeats=repeats, seed=seed,
+                threads=threads, input_shape=shape, input_dtype=input_dtype, vocab=vocab,
+                command="pplan " + shlex.join(sys.argv[1:]), on_step=step,
+            )
+        finally:
+            if bar:
+                bar[0].__exit__(None, None, None)
+        sha = write_profile(result, out)
+        summary = _summary(result, out, sha)
+        if json_out:
+            echo_json(summary)
+        else:
+            _print_table(summary)

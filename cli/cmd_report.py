@@ -1,0 +1,63 @@
+"""`pplan report`: figures and an index (report.md, self-contained report.html) from whatever exists."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.common import echo_json, err
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(report)
+
+
+def report(
+    profile: Optional[Path] = typer.Option(None, "--profile", help="Profile CSV (per-layer figure, sweep, simulation)."),
+    plan: Optional[Path] = typer.Option(None, "--plan", help="Plan JSON from `pplan partition`."),
+    sim: Optional[Path] = typer.Option(None, "--sim", help="Simulation JSON from `pplan simulate`."),
+    run: Optional[Path] = typer.Option(None, "--run", help="Run JSON from `pplan run`."),
+    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Simulated timeline CSV."),
+    measured_timeline: Optional[Path] = typer.Option(None, "--measured-timeline", help="Measured timeline CSV from `pplan run`."),
+    name: Optional[str] = typer.Option(None, "--name", help="Write reports/NAME/ (default reports/latest/)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Write to this folder instead of reports/NAME/."),
+    formats: str = typer.Option("png,svg", "--formats", help="Figure files to write: comma list of png, svg, pdf."),
+    title: Optional[str] = typer.Option(None, "--title", help="Title of the report page."),
+    no_simulate: bool = typer.Option(False, "--no-simulate", help="Only draw from the given files; never simulate here."),
+    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+) -> None:
+    """Write reports/NAME/ with PNG/SVG figures, report.md and a self-contained report.html.
+
+    Every input is optional: a figure whose inputs are missing is skipped, and the index says
+    which file would add it. With --plan and --profile, the plan is simulated here when no
+    --sim/--timeline is given, and micro-batch counts and schedules are swept.
+    """
+    from planner.report import build_report, load_inputs, parse_formats, report_dir
+
+    fmts = parse_formats(formats)
+    out_dir = report_dir(name, out)
+    inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
+                         measured_timeline=measured_timeline)
+    result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,
+                          progress=None if as_json else err)
+    if as_json:
+        echo_json({
+            "out_dir": str(result.out_dir),
+            "markdown": str(result.markdown),
+            "html": str(result.html),
+            "figures": [{"number": f.number, "key": f.key, "title": f.title, "files": list(f.files),
+                         "skipped": f.skipped} for f in result.figures],
+            "summary": [{"quantity": k, "value": v} for k, v in result.summary],
+        })
+        return
+    drawn = [f for f in result.figures if not f.skipped]
+    typer.echo(f"report: {result.html}  ({len(drawn)} of {len(result.figures)} figures)")
+    for f in result.figures:
+        if f.skipped:
+            typer.echo(f"  skipped figure {f.number} ({f.title.lower()}): {f.skipped}")
+    for key, value in result.summary:
+        typer.echo(f"  {key}: {value}")

@@ -1,0 +1,123 @@
+"""`pplan run PLAN.json`: train the plan with torch.distributed.pipelining, measure, compare.
+
+Also the home of the options `pplan calibrate` shares (it is `pplan run --calibrate`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import typer
+
+from cli.common import echo_json, err
+from planner.units import format_bytes, format_ms
+
+__all__ = ["register", "run_command", "print_run"]
+
+
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.1f}%"
+
+
+def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> None:
+    """The human summary of a run (stdout)."""
+    typer.echo(f"ran {run['plan'] or 'plan'}: {run['schedule']}, {run['n_ranks']} rank(s), {run['n_stages']} stage(s), "
+               f"{run['n_microbatches']} x {run['micro_batch_size']} samples, steps {run['first_step'] + 1}-{run['steps']} "
+               f"on {run['device_type']} ({run['runtime']})")
+    pred = run["iteration_ms_predicted"]
+    line = f"iteration: measured {format_ms(run['iteration_ms_measured'])} (median of {len(run['measured_steps'])} step(s))"
+    if pred is not None:
+        line += f", predicted {format_ms(pred)} [{run['prediction_source']}], error {_pct(run['error_pct'])}"
+    typer.echo(line)
+    typer.echo(f"{'rank':>4}  {'device':>6}  {'stages':<8}  {'busy':>9}  {'busy pred':>9}  {'peak mem':>10}  {'predicted':>10}  measure")
+    for r in run["ranks"]:
+        bp = r["busy_ms_predicted"]
+        mp = r["peak_memory_bytes_predicted"]
+        mm = r["peak_memory_bytes_measured"]
+        typer.echo(f"{r['rank']:>4}  {r['device']:>6}  {','.join(map(str, r['stages'])):<8}  {format_ms(r['busy_ms']):>9}  "
+                   f"{format_ms(bp) if bp is not None else 'n/a':>9}  {format_bytes(mm) if mm is not None else 'n/a':>10}  "
+                   f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r['memory_measure'] or ''}")
+    if run["losses"]:
+        typer.echo(f"loss: {run['losses'][0]:.6f} (step {run['loss_steps'][0] + 1}) -> {run['losses'][-1]:.6f} (step {run['loss_steps'][-1] + 1})")
+    fit = run.get("calibration_fit")
+    if fit:
+        cal = fit["calibration"]
+        typer.echo(f"calibration: compute_scale {cal['compute_scale']:.3f}, action_overhead {cal['action_overhead_ms']:.3f} ms, "
+                   f"step_overhead {cal['step_overhead_ms']:.3f} ms, comm latency "
+                   f"{'n/a' if cal['comm_latency_ms'] is None else format_ms(cal['comm_latency_ms'])}, bandwidth "
+                   f"{'n/a' if not cal['comm_bandwidth_bytes_per_s'] else format_bytes(cal['comm_bandwidth_bytes_per_s']) + '/s'}")
+        typer.echo(f"prediction error: before {_pct(fit['error_pct_before'])} ({format_ms(fit['predicted_ms_before'])}), "
+                   f"after {_pct(fit['error_pct_after'])} ({format_ms(fit['predicted_ms_after'])}); wrote {fit['path']}")
+    for what, path in (("run", out), ("timeline", timeline)):
+        if path is not None:
+            typer.echo(f"wrote {what} {path}")
+
+
+def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Path | None, timeline: Path | None,
+                profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
+                timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool) -> None:
+    """Shared body of `pplan run` and `pplan calibrate`."""
+    from planner.errors import PplanError
+    from planner.execute.options import RunOptions
+    from planner.execute.run import run_plan
+    from planner.plan import load_plan
+
+    if runtime not in ("torch", "plan"):
+        raise PplanError(f"--runtime {runtime!r} is unknown", "use torch (torch's schedule classes) or plan (the plan's action lists)")
+    for what, path in (("--out", out), ("--timeline", timeline)):
+        if path is not None and path.is_dir():
+            raise PplanError(f"{what} {str(path)!r} is a directory", "give a file name")
+    plan = load_plan(plan_path)
+    opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
+                      checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
+                      calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose)
+    err(f"running {plan_path}: {plan.n_devices} rank(s), {opts.steps} step(s)")
+    outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
+                       force=force, out=out, timeline_path=timeline)
+    if outcome is None:  # a non-zero rank under torchrun: rank 0 reports
+        return
+    if json_out:
+        echo_json(outcome.run)
+    else:
+        print_run(outcome.run, out, timeline)
+
+
+def run_options(calibrate_default: bool) -> dict[str, Any]:
+    """typer parameters shared by `run` and `calibrate`."""
+    return dict(
+        steps=typer.Option(10, "--steps", "-n", help="Optimizer steps to train (a resumed run continues up to this count)."),
+        warmup=typer.Option(2, "--warmup", help="First steps left out of the timing."),
+        lr=typer.Option(1e-3, "--lr", help="Learning rate of the plan's optimizer."),
+        out=typer.Option(None, "--out", "-o", help="Run JSON to write (measured vs predicted)."),
+        timeline=typer.Option(None, "--timeline", help="Measured timeline CSV of one step after warm-up."),
+        profile=typer.Option(None, "--profile", help="Profile to predict with (default: the plan's)."),
+        device=typer.Option("auto", "--device", help="cpu, cuda or auto."),
+        calibrate=typer.Option(calibrate_default, "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run."),
+        checkpoint_dir=typer.Option(None, "--checkpoint-dir", help="Save stage weights and optimizer state here; resume from the newest complete save."),
+        checkpoint_every=typer.Option(0, "--checkpoint-every", help="Also save every K steps (0: only at the end)."),
+        timeout=typer.Option(300.0, "--timeout", help="Seconds a rank may wait for a peer before the run fails."),
+        threads=typer.Option(0, "--threads", help="torch threads per rank (0: cores / ranks)."),
+        runtime=typer.Option("torch", "--runtime", help="torch: torch's schedule classes where they run the planned order; plan: always the plan's action lists."),
+        force=typer.Option(False, "--force", help="Run despite a changed profile or more CPU ranks than the machine sensibly runs."),
+        verbose=typer.Option(False, "--verbose", "-v", help="Show every line the ranks print."),
+        json_out=typer.Option(False, "--json", help="Print the run JSON instead of a summary."),
+    )
+
+
+def register(app: typer.Typer) -> None:
+    o = run_options(False)
+
+    @app.command("run")
+    def run(
+        plan: Path = typer.Argument(..., help="Plan JSON (from `pplan partition` or written by hand)."),
+        steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
+        timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
+        calibrate: bool = o["calibrate"], checkpoint_dir: Path | None = o["checkpoint_dir"],
+        checkpoint_every: int = o["checkpoint_every"], timeout: float = o["timeout"], threads: int = o["threads"],
+        runtime: str = o["runtime"], force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
+    ) -> None:
+        """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction."""
+        run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
+                    calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
+                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out)

@@ -1,0 +1,283 @@
+"""A heterogeneous cluster as a networkx graph, and the order of devices along the pipeline.
+
+File format (JSON, `pplan-cluster/1`; examples/cluster.json):
+
+    {"format": "pplan-cluster/1",
+     "devices": [{"name": "a100-0", "memory": "40GiB", "speed": 1.0}, ...],
+     "default_link": {"bandwidth": "25GB/s", "latency": "0.01ms"},
+     "links": [{"a": "a100-0", "b": "a100-1", "bandwidth": "300GB/s", "latency": "0.005ms"}, ...]}
+
+Nodes carry memory_bytes (None = take --memory) and speed (relative compute speed: profile
+times are divided by it); edges carry bandwidth (bytes/s) and latency (ms). A pair without a
+link uses default_link (or --bandwidth/--latency when the file has none). Sizes accept the
+units of planner.units (40GiB, 300GB/s, 5us) or plain numbers (bytes, bytes/s, ms).
+
+Pipeline order: consecutive stages talk over the link between their devices, so the devices
+are ordered along a Hamiltonian path minimising the slowest hop's transfer time, then the sum
+(exact Held-Karp over subsets up to EXACT_MAX devices, nearest-neighbour + 2-opt above).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+
+from planner.errors import ClusterError, PplanError
+from planner.plan import Device, Links
+from planner.units import parse_bandwidth, parse_bytes, parse_ms
+
+__all__ = ["FORMAT", "EXACT_MAX", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "pipeline_orders"]
+
+FORMAT = "pplan-cluster/1"
+EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Devices (nodes, in file order) and explicit links (edges) of a cluster."""
+
+    graph: nx.Graph
+    """Nodes: device name -> {index, memory_bytes, speed}; edges: {bandwidth, latency}."""
+    default_bandwidth: float | None
+    """Bytes/s of pairs without a link (None: the command line's --bandwidth)."""
+    default_latency_ms: float | None
+    """Latency of pairs without a link, ms (None: the command line's --latency)."""
+    source: str = "<cluster>"
+    """Where it was read from."""
+
+    @property
+    def names(self) -> list[str]:
+        return sorted(self.graph.nodes, key=lambda n: self.graph.nodes[n]["index"])
+
+    def devices(self, default_memory: int | None) -> tuple[Device, ...]:
+        """Plan devices in file order; a device without memory gets `default_memory`."""
+        out = []
+        for n in self.names:
+            attrs = self.graph.nodes[n]
+            mem = attrs["memory_bytes"] if attrs["memory_bytes"] is not None else default_memory
+            out.append(Device(name=n, memory_bytes=mem, speed=attrs["speed"]))
+        return tuple(out)
+
+    def links(self, bandwidth: float, latency_ms: float) -> Links:
+        """Plan links: the default (file's, else the given) plus one override per edge."""
+        index = {n: self.graph.nodes[n]["index"] for n in self.graph.nodes}
+        pairs = sorted(
+            (min(index[a], index[b]), max(index[a], index[b]), float(d["bandwidth"]), float(d["latency"]))
+            for a, b, d in self.graph.edges(data=True)
+        )
+        return Links(
+            bandwidth_bytes_per_s=self.default_bandwidth if self.default_bandwidth is not None else bandwidth,
+            latency_ms=self.default_latency_ms if self.default_latency_ms is not None else latency_ms,
+            pairs=tuple(pairs),
+        )
+
+
+def load_cluster(path: str | os.PathLike) -> Cluster:
+    """Read and validate a cluster JSON file (ClusterError names the problem)."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ClusterError(f"cluster file {str(p)!r} does not exist", "see examples/cluster.json for the format") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ClusterError(f"cannot read cluster file {str(p)!r} ({type(e).__name__})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ClusterError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})", "see examples/cluster.json for the format") from None
+    return cluster_from_dict(data, source=str(p))
+
+
+def _value(d: dict, key: str, parse, where: str, required: bool = True) -> Any:
+    if key not in d or d[key] is None:
+        if required:
+            raise ClusterError(f"{where} is missing {key!r}")
+        return None
+    raw = d[key]
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ClusterError(f"{where}.{key} must be a number or a string like 40GiB, got {raw!r}"[:200])
+    try:
+        return parse(raw)
+    except PplanError as e:
+        raise ClusterError(f"{where}.{key}: {e.message}", e.hint) from None
+
+
+def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
+    """Build a Cluster from parsed JSON (see module docstring)."""
+    if not isinstance(data, dict):
+        raise ClusterError(f"{source}: a cluster must be a JSON object with 'devices'")
+    if data.get("format", FORMAT) != FORMAT:
+        raise ClusterError(f"{source}: format {data.get('format')!r} is not supported (this pplan reads {FORMAT})")
+    devices = data.get("devices")
+    if not isinstance(devices, list) or not devices:
+        raise ClusterError(f"{source}: 'devices' must be a non-empty list", "see examples/cluster.json")
+    g = nx.Graph()
+    for i, dv in enumerate(devices):
+        where = f"{source}: devices[{i}]"
+        if not isinstance(dv, dict):
+            raise ClusterError(f"{where} must be an object with name, memory, speed")
+        name = dv.get("name")
+        if not isinstance(name, str) or not name.strip():
+            raise ClusterError(f"{where} needs a non-empty string 'name'")
+        if name in g:
+            raise ClusterError(f"{where}: device name {name!r} appears twice")
+        memory = _value(dv, "memory", lambda v: parse_bytes(v, "memory"), where, required=False)
+        speed = dv.get("speed", 1.0)
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < float(speed) < 1e6:
+            raise ClusterError(f"{where}.speed must be a positive number (relative compute speed), got {speed!r}")
+        g.add_node(name, index=i, memory_bytes=memory, speed=float(speed))
+    default = data.get("default_link") or {}
+    if not isinstance(default, dict):
+        raise ClusterError(f"{source}: 'default_link' must be an object with bandwidth and latency")
+    d_bw = _value(default, "bandwidth", parse_bandwidth, f"{source}: default_link", required=False)
+    d_lat = _value(default, "latency", parse_ms, f"{source}: default_link", required=False)
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise ClusterError(f"{source}: 'links' must be a list")
+    for j, ln in enumerate(links):
+        where = f"{source}: links[{j}]"
+        if not isinstance(ln, dict):
+            raise ClusterError(f"{where} must be an object with a, b, bandwidth, latency")
+        a, b = ln.get("a"), ln.get("b")
+        for end in (a, b):
+            if end not in g:
+                known = ", ".join(sorted(map(str, g.nodes)))[:200]
+                raise ClusterError(f"{where} names unknown device {end!r}", f"devices are: {known}")
+        if a == b:
+            raise ClusterError(f"{where} links device {a!r} to itself")
+        if g.has_edge(a, b):
+            raise ClusterError(f"{where}: the link {a!r}-{b!r} is given twice")
+        bw = _value(ln, "bandwidth", parse_bandwidth, where, required=d_bw is None)
+        lat = _value(ln, "latency", parse_ms, where, required=False)
+        g.add_edge(a, b, bandwidth=bw if bw is not None else d_bw, latency=lat if lat is not None else (d_lat if d_lat is not None else 0.0))
+    return Cluster(graph=g, default_bandwidth=d_bw, default_latency_ms=d_lat, source=source)
+
+
+# ---- pipeline order -----------------------------------------------------------------------------
+
+def _hop_costs(links: Links, n: int, nbytes: float) -> list[list[float]]:
+    return [[0.0 if a == b else links.transfer_ms(a, b, max(nbytes, 1.0)) for b in range(n)] for a in range(n)]
+
+
+def best_path(links: Links, n: int, nbytes: float) -> tuple[int, ...]:
+    """Order of devices 0..n-1 minimising (slowest hop, total) for messages of `nbytes`."""
+    if n <= 2:
+        return tuple(range(n))
+    cost = _hop_costs(links, n, nbytes)
+    if n <= EXACT_MAX:
+        return _held_karp(cost)
+    return _two_opt(cost, _nearest_neighbour(cost))
+
+
+def _held_karp(cost: list[list[float]]) -> tuple[int, ...]:
+    n = len(cost)
+    full = (1 << n) - 1
+    inf = float("inf")
+    # pass 1: least bottleneck over Hamiltonian paths (min-max has optimal substructure)
+    bot = [[inf] * n for _ in range(1 << n)]
+    for v in range(n):
+        bot[1 << v][v] = 0.0
+    for mask in range(1, full + 1):
+        row = bot[mask]
+        for v in range(n):
+            cur = row[v]
+            if cur == inf:
+                continue
+            for u in range(n):
+                if mask >> u & 1:
+                    continue
+                val = max(cur, cost[v][u])
+                nxt = bot[mask | 1 << u]
+                if val < nxt[u]:
+                    nxt[u] = val
+    z = min(bot[full])
+    # pass 2: least total using hops no slower than the bottleneck
+    tot = [[inf] * n for _ in range(1 << n)]
+    back = [[-1] * n for _ in range(1 << n)]
+    for v in range(n):
+        tot[1 << v][v] = 0.0
+    for mask in range(1, full + 1):
+        row = tot[mask]
+        for v in range(n):
+            cur = row[v]
+            if cur == inf:
+                continue
+            for u in range(n):
+                if mask >> u & 1 or cost[v][u] > z:
+                    continue
+                val = cur + cost[v][u]
+                m2 = mask | 1 << u
+                if val < tot[m2][u]:
+                    tot[m2][u] = val
+                    back[m2][u] = v
+    end = min(range(n), key=lambda v: (tot[full][v], v))
+    path, mask = [end], full
+    while back[mask][path[-1]] >= 0:
+        prev = back[mask][path[-1]]
+        mask ^= 1 << path[-1]
+        path.append(prev)
+    path.reverse()
+    return _canonical(tuple(path))
+
+
+def _score(cost: list[list[float]], path: list[int] | tuple[int, ...]) -> tuple[float, float]:
+    hops = [cost[a][b] for a, b in zip(path, path[1:])]
+    return (max(hops, default=0.0), sum(hops))
+
+
+def _nearest_neighbour(cost: list[list[float]]) -> list[int]:
+    n = len(cost)
+    best: list[int] | None = None
+    for start in range(n):
+        path, left = [start], set(range(n)) - {start}
+        while left:
+            nxt = min(left, key=lambda u: (cost[path[-1]][u], u))
+            path.append(nxt)
+            left.remove(nxt)
+        if best is None or _score(cost, path) < _score(cost, best):
+            best = path
+    assert best is not None
+    return best
+
+
+def _two_opt(cost: list[list[float]], path: list[int], rounds: int = 20) -> tuple[int, ...]:
+    n = len(path)
+    score = _score(cost, path)
+    for _ in range(rounds):
+        improved = False
+        for i in range(n - 1):
+            for j in range(i + 1, n):
+                cand = path[:i] + path[i:j + 1][::-1] + path[j + 1:]
+                sc = _score(cost, cand)
+                if sc < score:
+                    path, score, improved = cand, sc, True
+        if not improved:
+            break
+    return _canonical(tuple(path))
+
+
+def _canonical(path: tuple[int, ...]) -> tuple[int, ...]:
+    """A path and its reverse cost the same: return the one starting at the lower index."""
+    return path if path[0] <= path[-1] else tuple(reversed(path))
+
+
+def pipeline_orders(devices: tuple[Device, ...], links: Links, nbytes: float) -> list[tuple[int, ...]]:
+    """Device orders worth trying: the best path both ways, and most-memory-first.
+
+    Direction matters because early 1F1B stages hold more micro-batches in flight, and a
+    memory-sorted order helps when memory, not links, is what binds.
+    """
+    n = len(devices)
+    path = best_path(links, n, nbytes)
+    mem = [float("inf") if d.memory_bytes is None else d.memory_bytes for d in devices]
+    by_memory = tuple(sorted(range(n), key=lambda i: (-mem[i], -devices[i].speed, i)))
+    orders: list[tuple[int, ...]] = []
+    for order in (path, tuple(reversed(path)), by_memory):
+        if order not in orders:
+            orders.append(order)
+    return orders

@@ -1,0 +1,101 @@
+"""Fit a Calibration from a measured run: what the profile cannot see.
+
+  compute_scale, action_overhead_ms   least squares of measured = scale x profiled + overhead over
+                                      every (stage, kind) median action time of the run (B/I with
+                                      their recompute; a split backward's I + W as one point,
+                                      because torch runs stage 0's whole backward in its W)
+  comm_latency_ms, comm_bandwidth     from the ping-pong between neighbouring ranks (median over
+                                      pairs); kept from the previous calibration when not measured
+  step_overhead_ms                    what is left: measured - simulated with the above (>= 0);
+                                      the optimizer step and per-step bookkeeping land here
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import replace
+from typing import Any
+
+from planner.calibration import Calibration
+from planner.errors import PplanError
+from planner.execute.results import error_pct
+from planner.plan import Plan
+from planner.profiling.profile import Profile
+
+__all__ = ["compute_points", "fit_compute", "fit_calibration"]
+
+
+def compute_points(run: dict[str, Any], plan: Plan, profile: Profile) -> list[tuple[float, float, str]]:
+    """(profiled ms, measured ms, label) for every stage and action kind the run measured."""
+    from planner.simulate import plan_stage_costs
+
+    stages, _ = plan_stage_costs(plan, profile)
+    points = []
+    for rank in run["ranks"]:
+        acts = rank.get("action_ms") or {}
+        for s in rank["stages"]:
+            st = stages[s]
+            if f"{s}F" in acts:
+                points.append((st.fwd_ms, acts[f"{s}F"], f"{s}F"))
+            if f"{s}B" in acts:
+                points.append((st.bwd_ms, acts[f"{s}B"], f"{s}B"))
+            if f"{s}I" in acts and f"{s}W" in acts:
+                points.append((st.bwd_input_ms + st.bwd_weight_ms, acts[f"{s}I"] + acts[f"{s}W"], f"{s}I+W"))
+    return [p for p in points if p[0] > 0]
+
+
+def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
+    """(scale, overhead ms) minimising squared error of measured vs scale x profiled + overhead."""
+    if not points:
+        raise PplanError("the run measured no compute actions to calibrate from", "run at least one step after --warmup")
+    xs = [p for p, _, _ in points]
+    ys = [m for _, m, _ in points]
+    n = len(xs)
+    mx, my = sum(xs) / n, sum(ys) / n
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if n >= 2 and sxx > 1e-12 * max(1.0, mx * mx):
+        scale = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
+        overhead = my - scale * mx
+        if scale > 0 and overhead >= 0:
+            return scale, overhead
+    # Through the origin when a free line is impossible or unphysical (negative overhead).
+    scale = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    if scale <= 0:
+        scale = statistics.median(y / x for x, y in zip(xs, ys))
+    return max(scale, 1e-6), 0.0
+
+
+def fit_calibration(run: dict[str, Any], plan: Plan, profile: Profile,
+                    previous: Calibration | None = None, run_path: str | None = None) -> tuple[Calibration, dict[str, Any]]:
+    """(new calibration, report with the error before and after) for `run` of `plan`."""
+    from planner.simulate import simulate
+
+    measured = float(run["iteration_ms_measured"])
+    prev = previous or Calibration()
+    before = simulate(plan, profile, calibration=prev, record_timeline=False).iteration_ms
+    points = compute_points(run, plan, profile)
+    scale, overhead = fit_compute(points)
+    comm = run.get("comm") or []
+    lat = prev.comm_latency_ms
+    bw = prev.comm_bandwidth_bytes_per_s
+    if comm:
+        lat = statistics.median(c["latency_ms"] for c in comm)
+        bws = [c["bandwidth_bytes_per_s"] for c in comm if c.get("bandwidth_bytes_per_s")]
+        bw = statistics.median(bws) if bws else bw
+    cal = Calibration(compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,
+                      comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0)
+    without = simulate(plan, profile, calibration=cal, record_timeline=False).iteration_ms
+    cal = replace(cal, step_overhead_ms=max(0.0, measured - without))
+    after = without + cal.step_overhead_ms
+    report = {
+        "measured_ms": measured,
+        "predicted_ms_before": before,
+        "error_pct_before": error_pct(before, measured),
+        "predicted_ms_after": after,
+        "error_pct_after": error_pct(after, measured),
+        "compute_points": [{"action": label, "profiled_ms": p, "measured_ms": m} for p, m, label in points],
+    }
+    fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_devices,
+              "n_microbatches": plan.n_microbatches, "measured_ms": measured,
+              "error_pct_before": report["error_pct_before"], "error_pct_after": report["error_pct_after"]}
+    return replace(cal, fitted_from=fitted), report

@@ -1,0 +1,145 @@
+"""Local launch: one process per rank on this machine, watched until all finish or one fails.
+
+Each rank is `python -m planner.execute.worker CONFIG` with torchrun's environment variables
+(MASTER_ADDR=127.0.0.1, a free port), in its own session so a terminal's Ctrl-C reaches only
+the launcher. The launcher forwards the ranks' progress lines, keeps the last lines of each for
+error messages, and polls: the first rank to exit non-zero ends the run — the others are
+terminated (then killed) at once and RunError names the rank and its cause. Ranks also watch
+the launcher and exit if it disappears, so no process outlives `pplan run`.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from planner.errors import PplanError, RunError
+from planner.execute.worker import PARENT_ENV
+
+__all__ = ["free_port", "launch_local"]
+
+_POLL_S = 0.1
+_GRACE_S = 0.4  # after a first failure, how long to wait for simultaneous ones (to pick the cause)
+_TERM_S = 3.0
+_COMM_WORDS = ("connection", "gloo", "nccl", "timed out", "timeout", "peer", "socket", "broken pipe", "closed")
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pump(stream: IO[bytes], rank: int, tail: collections.deque, verbose: bool, n_ranks: int) -> None:
+    for raw in iter(stream.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        tail.append(line)
+        if line.startswith("[pplan] "):
+            sys.stderr.write(f"  {line[8:]}\n" if n_ranks == 1 or not verbose else f"  [rank {rank}] {line[8:]}\n")
+            sys.stderr.flush()
+        elif verbose:
+            sys.stderr.write(f"  [rank {rank}] {line}\n")
+            sys.stderr.flush()
+    stream.close()
+
+
+def _cause(rank: int, code: int, run_dir: Path, tail: collections.deque) -> tuple[str, bool, int]:
+    """(one-line cause, looks like a consequence of another rank's failure, exit code to use)."""
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"rank {rank} was killed by {name}", False, 1
+    err = run_dir / f"rank{rank}.error.json"
+    if err.is_file():
+        try:
+            info = json.loads(err.read_text(encoding="utf-8"))
+            msg = str(info.get("message", ""))
+            comm = any(w in msg.lower() for w in _COMM_WORDS)
+            return f"rank {rank} failed: {msg}", comm, int(info.get("exit_code", 1))
+        except (OSError, ValueError):
+            pass
+    last = next((ln for ln in reversed(tail) if ln.strip()), "no output")
+    return f"rank {rank} exited with code {code}: {' '.join(last.split())[:300]}", False, 1
+
+
+def _stop(procs: list[subprocess.Popen]) -> None:
+    """Terminate every live rank, then kill what is left after a grace period."""
+    for p in procs:
+        if p.poll() is None:
+            try:
+                p.terminate()
+            except ProcessLookupError:
+                pass
+    deadline = time.monotonic() + _TERM_S
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int, verbose: bool = False) -> list[dict[str, Any]]:
+    """Run `n_ranks` worker processes; returns the ranks' records (from rank 0)."""
+    cfg = dict(cfg, run_dir=str(run_dir))
+    cfg_path = run_dir / "config.json"
+    cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_"))}
+    base.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n_ranks),
+        "LOCAL_WORLD_SIZE": str(n_ranks), PARENT_ENV: str(os.getpid()),
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+    })
+    procs: list[subprocess.Popen] = []
+    tails = [collections.deque(maxlen=60) for _ in range(n_ranks)]
+    pumps = []
+    try:
+        for r in range(n_ranks):
+            env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+            p = subprocess.Popen([sys.executable, "-m", "planner.execute.worker", str(cfg_path)], env=env,
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 start_new_session=True)
+            procs.append(p)
+            t = threading.Thread(target=_pump, args=(p.stdout, r, tails[r], verbose, n_ranks), daemon=True)
+            t.start()
+            pumps.append(t)
+        while True:
+            codes = [p.poll() for p in procs]
+            if all(c == 0 for c in codes):
+                break
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(_GRACE_S)
+                codes = [p.poll() for p in procs]
+                _stop(procs)
+                for t in pumps:
+                    t.join(timeout=1.0)
+                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+                causes = [_cause(r, c, run_dir, tails[r]) for r, c in failed]
+                causes.sort(key=lambda x: x[1])  # real causes before "connection closed" echoes
+                text = causes[0][0]
+                if len(causes) > 1:
+                    text += f" (then {len(causes) - 1} other rank(s) failed: {causes[1][0]})"
+                if causes[0][2] == 2:
+                    raise PplanError(text)
+                raise RunError(text, "the remaining ranks were stopped; rerun with --verbose for their output")
+            time.sleep(_POLL_S)
+        for t in pumps:
+            t.join(timeout=5.0)
+    finally:
+        _stop(procs)
+    result = run_dir / "result.json"
+    if not result.is_file():
+        raise RunError("all ranks exited cleanly but rank 0 wrote no result", "rerun with --verbose")
+    return json.loads(result.read_text(encoding="utf-8"))

@@ -1,0 +1,234 @@
+"""What a rank measures while it trains: action times, recompute time and activation memory.
+
+Action times come from wrapping each PipelineStage's `forward_one_chunk` (F, with the loss of the
+last stage added), `backward_one_chunk` (B, or I when the backward is split) and
+`backward_weight_one_chunk` (W). Those are the calls torch's schedules make for compute; the
+waits for received tensors happen outside them, so an action's duration is compute only.
+Recompute (activation checkpointing) is timed inside the checkpointed layers while a backward
+runs and reported as an R row just before its B/I, as the simulator does.
+
+Activation memory on CPU is tracked with autograd's saved_tensors_hooks: every tensor an op
+saves for backward is counted once per storage while the graph holds it (parameters and the
+input batch excluded, as the profiler does). Checkpointed layers save nothing visible to these
+hooks, so their kept input is registered explicitly, and during their recompute the layer's
+activations (measured once, un-checkpointed) count as a transient.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+import torch
+
+__all__ = ["Event", "ActionRecorder", "MemoryTracker", "recorder", "tracker", "set_tracker"]
+
+
+@dataclass
+class Event:
+    """One timed action on this rank, seconds on the perf_counter clock."""
+
+    stage: int
+    """Global stage index."""
+    kind: str
+    """F, B, I, W, R or O."""
+    microbatch: int
+    """Micro-batch index (-1 for O)."""
+    start: float
+    """perf_counter() at the start."""
+    end: float
+    """perf_counter() at the end."""
+
+
+class ActionRecorder:
+    """Collects the events of the current step; wraps stages so their compute is timed."""
+
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.sync: Callable[[], None] = lambda: None
+        """Called before reading the clock (torch.cuda.synchronize on GPU)."""
+        self._backward: Event | None = None
+        self._recompute_s = 0.0
+
+    def clear(self) -> None:
+        self.events = []
+
+    def _now(self) -> float:
+        self.sync()
+        return time.perf_counter()
+
+    def record(self, stage: int, kind: str, microbatch: int, fn: Callable[[], Any]) -> Any:
+        """Run `fn` as action (stage, kind, microbatch) and keep its start and end."""
+        start = self._now()
+        is_bwd = kind in ("B", "I", "W")
+        if is_bwd:
+            self._recompute_s = 0.0
+            self._backward = Event(stage, kind, microbatch, start, start)
+        try:
+            return fn()
+        finally:
+            end = self._now()
+            if is_bwd:
+                self._backward = None
+                rec = self._recompute_s
+                if rec > 0:  # the recompute ran inside this backward: its own row first
+                    self.events.append(Event(stage, "R", microbatch, start, start + rec))
+                    start += rec
+                tk = tracker()
+                if tk is not None:
+                    tk.set_transient(0)
+            self.events.append(Event(stage, kind, microbatch, start, end))
+
+    def in_backward(self) -> bool:
+        return self._backward is not None
+
+    def add_recompute(self, seconds: float) -> None:
+        self._recompute_s += seconds
+
+    def extend_forward(self, stage: int, microbatch: int, fn: Callable[[], Any]) -> Any:
+        """Run `fn` (the loss of the last stage) and add its time to that F's event."""
+        try:
+            return fn()
+        finally:
+            end = self._now()
+            for ev in reversed(self.events):
+                if ev.stage == stage and ev.kind == "F" and ev.microbatch == microbatch:
+                    ev.end = max(ev.end, end)
+                    break
+
+    def wrap_stage(self, stage: Any) -> None:
+        """Patch a PipelineStage instance so its compute calls are recorded."""
+        idx = stage.stage_index
+        fwd, bwd, bwd_w = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
+
+        def forward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            return self.record(idx, "F", chunk, lambda: fwd(chunk, *args, **kwargs))
+
+        def backward_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            full = kwargs.get("full_backward", args[1] if len(args) > 1 else True)
+            return self.record(idx, "B" if full else "I", chunk, lambda: bwd(chunk, *args, **kwargs))
+
+        def backward_weight_one_chunk(chunk: int, *args: Any, **kwargs: Any) -> Any:
+            return self.record(idx, "W", chunk, lambda: bwd_w(chunk, *args, **kwargs))
+
+        stage.forward_one_chunk = forward_one_chunk
+        stage.backward_one_chunk = backward_one_chunk
+        stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+    def wrap_loss(self, schedule: Any) -> None:
+        """Patch a schedule so the last stage's loss counts as part of its forward."""
+        compute = schedule._maybe_compute_loss
+
+        def _maybe_compute_loss(stage: Any, output: Any, target_mbs: Any, mb_index: int, *rest: Any) -> Any:
+            return self.extend_forward(stage.stage_index, mb_index,
+                                       lambda: compute(stage, output, target_mbs, mb_index, *rest))
+
+        schedule._maybe_compute_loss = _maybe_compute_loss
+
+
+def _storage(t: torch.Tensor) -> tuple[int, int]:
+    try:
+        st = t.untyped_storage()
+        if st.data_ptr():
+            return st.data_ptr(), st.nbytes()
+    except (RuntimeError, NotImplementedError):
+        pass
+    return -id(t), t.numel() * t.element_size()
+
+
+class _Held:
+    """What autograd stores instead of a tracked tensor: releases its bytes when freed."""
+
+    __slots__ = ("tensor", "key", "owner")
+
+    def __init__(self, tensor: torch.Tensor, key: int, owner: "MemoryTracker"):
+        self.tensor, self.key, self.owner = tensor, key, owner
+
+    def __del__(self) -> None:
+        self.owner._release(self.key)
+
+
+class MemoryTracker:
+    """Live and peak bytes of saved activations (per storage) on this rank."""
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        self._exclude = {_storage(t)[0] for t in exclude}
+        self._refs: dict[int, list[int]] = {}  # storage -> [holders, bytes]
+        self.live = 0
+        self.transient = 0
+        self.peak = 0
+        self.peak_transient = 0
+        self.transient_bytes: dict[int, int] = {}
+        """id(checkpointed layer) -> its activations, measured once without checkpointing."""
+        self._hooks: Any = None
+
+    def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
+        self._exclude.update(_storage(t)[0] for t in tensors)
+
+    def pack(self, t: torch.Tensor) -> Any:
+        key, nbytes = _storage(t)
+        if key in self._exclude:
+            return t
+        ref = self._refs.get(key)
+        if ref is None:
+            self._refs[key] = [1, nbytes]
+            self.live += nbytes
+            self._update_peak()
+        else:
+            ref[0] += 1
+        return _Held(t, key, self)
+
+    @staticmethod
+    def unpack(h: Any) -> torch.Tensor:
+        return h.tensor if isinstance(h, _Held) else h
+
+    def _release(self, key: int) -> None:
+        ref = self._refs.get(key)
+        if ref is None:
+            return
+        ref[0] -= 1
+        if ref[0] == 0:
+            self.live -= ref[1]
+            del self._refs[key]
+
+    def set_transient(self, nbytes: int) -> None:
+        self.transient = nbytes
+        self._update_peak()
+
+    def _update_peak(self) -> None:
+        if self.live + self.transient > self.peak:
+            self.peak = self.live + self.transient
+            self.peak_transient = self.transient
+
+    def reset_peak(self) -> None:
+        self.peak = self.live + self.transient
+        self.peak_transient = self.transient
+
+    def __enter__(self) -> "MemoryTracker":
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
+        self._hooks.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._hooks is not None:
+            self._hooks.__exit__(*exc)
+            self._hooks = None
+
+
+_RECORDER = ActionRecorder()
+_TRACKER: list[MemoryTracker | None] = [None]
+
+
+def recorder() -> ActionRecorder:
+    """The process's recorder (one rank per process)."""
+    return _RECORDER
+
+
+def tracker() -> MemoryTracker | None:
+    """The active memory tracker, or None when memory is not being tracked."""
+    return _TRACKER[0]
+
+
+def set_tracker(t: MemoryTracker | None) -> None:
+    _TRACKER[0] = t

@@ -1,0 +1,148 @@
+"""Checks before any process starts: the plan matches its model and profile, the devices exist.
+
+Refused with a one-line PlanError/PplanError (exit code 2):
+  - a plan without a model spec, or whose stages do not cover exactly the model's layers;
+  - a plan whose profile file exists but changed since the plan was made (sha256 differs),
+    or has another layer count;
+  - more ranks than this machine can run: CUDA, more than its GPUs; CPU, more than
+    max(8, 4 x cores) processes (beyond that a run measures contention, not the plan) unless
+    --force; zero-bubble or interleaved sizes torch cannot run;
+  - a checkpoint directory already at or beyond --steps, or saved by another plan.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PlanError, PplanError
+from planner.execute.options import RunOptions
+from planner.plan import Plan
+from planner.profiling.profile import Profile, load_profile
+
+__all__ = ["Preflight", "preflight", "cpu_rank_cap", "resolve_profile_path"]
+
+
+@dataclass(frozen=True)
+class Preflight:
+    """What the checks found out, for the launcher."""
+
+    n_layers: int
+    """Layers of the model."""
+    profile: Profile | None
+    """The plan's profile when it is on disk (for the prediction and calibration)."""
+    device_type: str
+    """cpu or cuda."""
+    model_kwargs: dict[str, Any]
+    """Extra build_model arguments recorded in the profile (input shape of a factory model)."""
+    resume_step: int
+    """Steps already done according to the checkpoint directory (0 when starting fresh)."""
+
+
+def cpu_rank_cap() -> int:
+    """Most CPU ranks `pplan run` starts without --force."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:
+        cores = os.cpu_count() or 1
+    return max(8, 4 * cores)
+
+
+def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:
+    """The plan's profile: --profile, else the recorded path as given or beside the plan file."""
+    if override:
+        return Path(override)
+    if not plan.profile_path:
+        return None
+    p = Path(plan.profile_path)
+    if p.exists() or p.is_absolute() or plan_path is None:
+        return p
+    beside = Path(plan_path).parent / p
+    return beside if beside.exists() else p
+
+
+def _model_kwargs(profile: Profile | None) -> dict[str, Any]:
+    if profile is None or not profile.meta.get("input_shape"):
+        return {}
+    meta = profile.meta
+    out: dict[str, Any] = {"input_shape": tuple(int(x) for x in meta["input_shape"].split(",") if x.strip())}
+    if meta.get("input_dtype"):
+        out["input_dtype"] = meta["input_dtype"]
+    if meta.get("vocab"):
+        out["vocab"] = int(meta["vocab"])
+    return out
+
+
+def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world: int) -> str:
+    want = opts.device
+    if want == "cpu":
+        return "cpu"
+    try:
+        import torch
+
+        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install means: no GPU
+        n_gpu = 0
+    per_machine = local_world if under_torchrun else plan.n_devices
+    if want == "auto":
+        return "cuda" if 0 < per_machine <= n_gpu else "cpu"
+    if n_gpu == 0:
+        raise PplanError("--device cuda but this machine has no usable CUDA device", "use --device cpu")
+    if per_machine > n_gpu:
+        raise PplanError(f"plan needs {per_machine} GPUs on this machine but it has {n_gpu}",
+                         "re-plan for fewer devices, or start it across machines with torchrun")
+    return "cuda"
+
+
+def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
+              force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
+    """Run every check that needs no process group; raise on the first problem."""
+    from planner.models import layer_count
+
+    if not plan.model:
+        raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
+                        'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
+    n_layers = layer_count(plan.model)
+    end = plan.stages[-1].layers[1]
+    if end != n_layers:
+        raise PlanError(f"plan stages cover {end} layers but model {plan.model!r} has {n_layers}",
+                        "re-plan from a profile of this model")
+    if plan.n_layers is not None and plan.n_layers != n_layers:
+        raise PlanError(f"plan is for {plan.n_layers} layers but model {plan.model!r} has {n_layers}")
+    profile = None
+    path = resolve_profile_path(plan, plan_path, profile_override)
+    if path is not None and path.exists():
+        if plan.profile_sha256 and not profile_override and not force:
+            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            if sha != plan.profile_sha256:
+                raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
+                                f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
+        profile = load_profile(path)
+        if profile.n_layers != n_layers:
+            raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
+                            "profile and plan must describe the same model")
+    elif profile_override:
+        load_profile(profile_override)  # raises the usual "does not exist" error
+    world_here = local_world if local_world is not None else plan.n_devices
+    device_type = _device_type(plan, opts, under_torchrun, world_here)
+    if device_type == "cpu" and not under_torchrun and plan.n_devices > cpu_rank_cap() and not force:
+        raise PplanError(f"plan asks for {plan.n_devices} CPU ranks; this machine runs at most {cpu_rank_cap()} "
+                         "(more processes measure contention, not the plan)", "pass --force to run anyway")
+    from planner.execute.stages import plan_schedule
+
+    plan_schedule(plan)  # ScheduleError when torch cannot run these sizes
+    resume = 0
+    if opts.checkpoint_dir:
+        from planner.execute.checkpoint import latest_checkpoint
+
+        found = latest_checkpoint(opts.checkpoint_dir, plan)
+        if found is not None:
+            resume = found[0]
+            if resume >= opts.steps:
+                raise PplanError(f"checkpoint {found[1]} is already at step {resume} >= --steps {opts.steps}",
+                                 f"pass --steps {resume + opts.steps} to train further")
+    return Preflight(n_layers=n_layers, profile=profile, device_type=device_type,
+                     model_kwargs=_model_kwargs(profile), resume_step=resume)

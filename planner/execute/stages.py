@@ -1,0 +1,218 @@
+"""Cutting the model as planned and choosing what runs the schedule.
+
+Every rank builds the whole model from the plan's spec and seed (so all ranks agree on the
+weights without communicating), keeps its stages' layers and wraps the plan's recompute layers
+in activation checkpointing, one layer per checkpoint. Ranks are numbered by the plan's stage
+order: rank r runs stages r, r + P, r + 2P, ... (torch's loop-style mapping), and reports the
+plan device that the first of those stages names.
+
+Schedules: gpipe, 1f1b and interleaved run on torch's own classes (ScheduleGPipe,
+Schedule1F1B, ScheduleInterleaved1F1B) when their order equals the planner's; zb (ZB-H1, with
+split I/W backward) and any schedule whose order differs run the planner's action lists through
+torch's CSV-driven runtime (`_PipelineScheduleRuntime`), which executes exactly what the
+simulator simulated.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import tempfile
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from planner.errors import PlanError, RunError
+from planner.execute.measure import recorder, tracker
+from planner.plan import Plan
+from planner.schedules import PipelineSchedule, generate
+
+__all__ = [
+    "Checkpointed",
+    "StageModule",
+    "rank_device",
+    "stages_of_rank",
+    "build_stage_modules",
+    "plan_schedule",
+    "make_schedule",
+    "check_executed_order",
+    "step_seed",
+    "make_optimizer",
+]
+
+
+def step_seed(plan_seed: int, step: int) -> int:
+    """Seed of the batch of training step `step` (the reference run uses the same)."""
+    return (plan_seed * 1_000_003 + step + 1) % (2**31 - 1)
+
+
+class Checkpointed(nn.Module):
+    """One layer under activation checkpointing (non-reentrant), timed when recomputed."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer = layer
+
+    def forward(self, *args: Any) -> Any:
+        tk = tracker()
+        if tk is not None and id(self) not in tk.transient_bytes:
+            tk.transient_bytes[id(self)] = self._probe(tk, args)
+        out = checkpoint(self._run, *args, use_reentrant=False)
+        if tk is not None and isinstance(out, torch.Tensor) and args and isinstance(args[0], torch.Tensor):
+            # checkpoint keeps its input in a closure, invisible to saved-tensor hooks: make the
+            # graph hold it visibly for as long as the checkpoint does (until its backward).
+            out = _KeepInput.apply(out, args[0])
+        return out
+
+    def _run(self, *args: Any) -> Any:
+        rec = recorder()
+        if not rec.in_backward():
+            return self.layer(*args)
+        tk = tracker()
+        if tk is not None:
+            tk.set_transient(tk.transient_bytes.get(id(self), 0))
+        start = time.perf_counter()
+        try:
+            return self.layer(*args)
+        finally:
+            rec.add_recompute(time.perf_counter() - start)
+
+    def _probe(self, tk: Any, args: tuple) -> int:
+        """Bytes this layer saves for backward when not checkpointed (its recompute transient)."""
+        from planner.execute.measure import MemoryTracker
+
+        probe = MemoryTracker(exclude=list(self.parameters()) + [a for a in args if isinstance(a, torch.Tensor)])
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe:
+            out = self.layer(*[a.detach() for a in args if isinstance(a, torch.Tensor)])
+            nbytes = probe.live
+            del out
+        return nbytes
+
+
+class _KeepInput(torch.autograd.Function):
+    """Identity on `out` that saves `x` for backward (so memory tracking sees it)."""
+
+    @staticmethod
+    def forward(ctx: Any, out: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(x)
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple:
+        return grad, None
+
+
+@dataclass
+class StageModule:
+    """One stage's layers on this rank."""
+
+    stage: int
+    """Global stage index."""
+    first: int
+    """First layer (inclusive)."""
+    end: int
+    """End layer (exclusive)."""
+    module: nn.Sequential
+    """What PipelineStage wraps (recompute layers inside Checkpointed)."""
+    layers: list[nn.Module]
+    """The original layers, index i = global layer first + i (state dicts use these)."""
+
+
+def rank_device(plan: Plan, rank: int) -> int:
+    """The plan device that rank `rank` plays (the device of stage `rank`)."""
+    return plan.stages[rank].device
+
+
+def stages_of_rank(plan: Plan, rank: int) -> list[int]:
+    """Global stages that `rank` runs: rank, rank + P, ..."""
+    return list(range(rank, plan.n_stages, plan.n_devices))
+
+
+def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int) -> list[StageModule]:
+    """Cut `layers` as planned and keep this rank's stages."""
+    children = list(layers.children())
+    end = plan.stages[-1].layers[1]
+    if len(children) != end:
+        raise PlanError(f"plan covers {end} layers but model {plan.model!r} has {len(children)}",
+                        "re-plan from a profile of this model")
+    out = []
+    for s in stages_of_rank(plan, rank):
+        st = plan.stages[s]
+        first, stop = st.layers
+        kept = children[first:stop]
+        rec = set(st.recompute)
+        wrapped = [Checkpointed(layer) if first + i in rec else layer for i, layer in enumerate(kept)]
+        out.append(StageModule(stage=s, first=first, end=stop, module=nn.Sequential(*wrapped), layers=kept))
+    return out
+
+
+def plan_schedule(plan: Plan) -> PipelineSchedule:
+    """The planner's schedule for `plan` (what the simulator simulated)."""
+    return generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
+
+
+def _compute_order(order: dict[int, list[Any]]) -> dict[int, list[str]]:
+    """rank -> torch actions as strings, idle slots and non-compute actions dropped."""
+    keep = ("F", "B", "I", "W")
+    return {rank: [str(a) for a in acts if a is not None and a.computation_type.value in keep]
+            for rank, acts in order.items()}
+
+
+def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: bool = True) -> tuple[Any, str]:
+    """(torch schedule object, a name for the run record) running exactly the planner's order.
+
+    ScheduleGPipe and Schedule1F1B execute a fixed order written in their code (their
+    `_get_pipeline_order` is only a drawing, and torch 2.13's 1F1B drawing is off by one on
+    later ranks), which the planner's generators reproduce; `check_executed_order` verifies it
+    on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here.
+    """
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
+
+    sched = plan_schedule(plan)
+    M = plan.n_microbatches
+    if prefer_torch and plan.schedule == "gpipe":
+        return ScheduleGPipe(stages[0], M, loss_fn=loss_fn), "ScheduleGPipe"
+    if prefer_torch and plan.schedule == "1f1b":
+        return Schedule1F1B(stages[0], M, loss_fn=loss_fn), "Schedule1F1B"
+    if prefer_torch and plan.schedule == "interleaved":
+        obj = ScheduleInterleaved1F1B(stages, M, loss_fn=loss_fn)
+        want = {r: [str(a) for a in sched.actions(r)] for r in range(sched.n_ranks)}
+        if _compute_order(obj.pipeline_order) == want:
+            return obj, "ScheduleInterleaved1F1B"
+    runtime = _PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
+    fd, path = tempfile.mkstemp(prefix="pplan-schedule-", suffix=".csv")
+    try:
+        with os.fdopen(fd, "w", newline="") as fh:
+            csv.writer(fh).writerows(sched.to_csv_rows())
+        runtime._load_csv(path)
+    finally:
+        os.unlink(path)
+    return runtime, "_PipelineScheduleRuntime(plan actions)"
+
+
+def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
+    """Raise RunError unless this rank's compute ran in the planner's order."""
+    want = [str(a) for a in plan_schedule(plan).actions(rank)]
+    got = [f"{e.stage}{e.kind}{e.microbatch}" for e in events if e.kind in ("F", "B", "I", "W")]
+    if got != want:
+        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise RunError(f"rank {rank} executed {' '.join(got[max(0, i - 2):i + 3])} where the plan has "
+                       f"{' '.join(want[max(0, i - 2):i + 3])} (action {i})", "report this: torch's schedule differs from the simulated one")
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
+    """The plan's optimizer over `params` (sgd = SGD with momentum 0.9)."""
+    if name == "adam":
+        return torch.optim.Adam(params, lr=lr)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=lr)
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=lr, momentum=0.9)
+    if name == "sgd-plain":
+        return torch.optim.SGD(params, lr=lr)
+    raise PlanError(f"plan optimizer {name!r} is unknown", "use adam, adamw, sgd or sgd-plain")

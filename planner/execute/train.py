@@ -1,0 +1,237 @@
+"""One rank's training loop: build its stages, run the schedule for N steps, measure.
+
+Step timing: all ranks meet at a barrier before each step; a rank's step time runs from leaving
+the barrier to the end of its optimizer step, and the step's time is the slowest rank's (an
+all-reduce of the maxima, outside the timed region). Synthetic data: step k trains on
+make_batch(global batch, step_seed(seed, k)), so a resumed run sees the same data.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from planner.execute import checkpoint as ckpt
+from planner.execute.measure import MemoryTracker, recorder, set_tracker
+from planner.execute.options import RunOptions
+from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
+                                    rank_device, step_seed)
+from planner.plan import Plan
+
+__all__ = ["train_rank"]
+
+_COMPUTE = ("F", "B", "I", "W", "R")
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, (tuple, list)):
+        return sum(_tensor_bytes(o) for o in obj)
+    return 0
+
+
+def _to(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(_to(o, device) for o in obj)
+    return obj
+
+
+def _progress(text: str) -> None:
+    sys.stderr.write(f"[pplan] {text}\n")
+    sys.stderr.flush()
+
+
+def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
+               model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train this rank's stages; returns what it measured (gathered by rank 0)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    from planner.models import build_model
+
+    bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
+    mods = build_stage_modules(plan, bundle.layers, rank)
+    boundary: dict[int, list[int]] = {}
+    for m in mods:
+        m.module.to(device)
+        boundary[m.stage] = [0, 0]
+
+        def hook(mod: Any, args: Any, out: Any, s: int = m.stage) -> None:
+            boundary[s] = [_tensor_bytes(args), _tensor_bytes(out)]
+
+        m.module.register_forward_hook(hook)
+    stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
+    rec = recorder()
+    if device.type == "cuda":
+        rec.sync = lambda: torch.cuda.synchronize(device)
+    for st in stages:
+        rec.wrap_stage(st)
+    schedule, runtime = make_schedule(plan, stages, bundle.loss_fn, opts.prefer_torch)
+    rec.wrap_loss(schedule)
+    params = [p for m in mods for p in m.module.parameters()]
+    opt = make_optimizer(plan.optimizer, params, opts.lr)
+    is_first = any(st.is_first for st in stages)
+    is_last = any(st.is_last for st in stages)
+
+    start_step, loss_log = 0, {}
+    if opts.checkpoint_dir:
+        found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
+        if found is not None:
+            start_step, folder = found
+            state = ckpt.load_rank_file(folder, rank)
+            for m in mods:
+                for i, layer in enumerate(m.layers):
+                    layer.load_state_dict(state["layers"][m.first + i])
+            opt.load_state_dict(state["optimizer"])
+            torch.set_rng_state(state["rng"])
+            loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
+            if rank == world - 1 or is_last:
+                _progress(f"resuming from {folder} (step {start_step})")
+
+    comm = []
+    if opts.calibrate and world > 1:
+        comm = _comm(rank, world, device)
+
+    n_steps = opts.steps
+    mem_step = min(n_steps - 1, start_step + max(0, opts.warmup - 1)) if opts.track_memory else -1
+    step_ms: list[float] = []
+    step_events: list[list[list[Any]]] = []
+    step_t0: list[float] = []
+    memory: dict[str, Any] = {}
+    for step in range(start_step, n_steps):
+        x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
+        x, y = _to(x, device), _to(y, device)
+        tk = None
+        if step == mem_step:
+            tk = MemoryTracker(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)])
+            set_tracker(tk)
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(device)
+        losses: list[Any] = []
+        args = (x,) if is_first else ()
+        dist.barrier()
+        rec.clear()
+        t0 = time.perf_counter()
+        with tk if tk is not None else contextlib.nullcontext():
+            schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
+        grad_bytes = sum(_tensor_bytes(p.grad) for p in params if p.grad is not None)
+        rec.record(mods[0].stage, "O", -1, opt.step)
+        opt.zero_grad(set_to_none=True)
+        t1 = time.perf_counter()
+        if step == start_step:
+            check_executed_order(plan, rank, rec.events)
+        if tk is not None:
+            set_tracker(None)
+            memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
+        local = torch.tensor([(t1 - t0) * 1e3], dtype=torch.float64)
+        dist.all_reduce(local, op=dist.ReduceOp.MAX)
+        step_ms.append(float(local.item()))
+        step_t0.append(t0)
+        step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
+        if is_last:
+            loss_log[step] = float(torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in losses]).mean())
+            _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
+        done = step + 1
+        if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):
+            _save(opts.checkpoint_dir, done, rank, world, plan, mods, opt, loss_log)
+
+    # The step whose time is the median of the measured ones stands for the run in the timeline.
+    measured = list(range(min(opts.warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
+    chosen = min(measured, key=lambda i: abs(step_ms[i] - statistics.median(step_ms[j] for j in measured))) if measured else -1
+    events = step_events[chosen] if chosen >= 0 else []
+    return {
+        "rank": rank,
+        "device": rank_device(plan, rank),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "stages": [m.stage for m in mods],
+        "runtime": runtime,
+        "first_step": start_step,
+        "step_ms": step_ms,
+        "measured_steps": measured,
+        "chosen_step": chosen,
+        "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
+        "events": events,
+        "action_ms": _action_medians([step_events[i] for i in measured]),
+        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last else {},
+        "memory": memory,
+        "comm": comm,
+        "boundary_bytes": {str(s): v for s, v in boundary.items()},
+        "threads": torch.get_num_threads(),
+    }
+
+
+def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
+    from planner.execute.commbench import benchmark_neighbours
+
+    return benchmark_neighbours(rank, world, device)
+
+
+def _action_medians(steps: list[list[list[Any]]]) -> dict[str, float]:
+    """'<stage><kind>' -> median duration in ms over measured steps and micro-batches.
+
+    B and I include their recompute (R) so they compare with the cost model's B/I.
+    """
+    per: dict[str, list[float]] = {}
+    for events in steps:
+        rec: dict[tuple[int, int], float] = {}
+        for stage, kind, mb, start, end in events:
+            if kind == "R":
+                rec[(stage, mb)] = end - start
+        for stage, kind, mb, start, end in events:
+            if kind in ("F", "B", "I", "W", "O"):
+                extra = rec.get((stage, mb), 0.0) if kind in ("B", "I") else 0.0
+                per.setdefault(f"{stage}{kind}", []).append(end - start + extra)
+    return {k: statistics.median(v) for k, v in sorted(per.items())}
+
+
+def _memory(params: list, grad_bytes: int, opt: Any, tk: MemoryTracker, mods: list, boundary: dict,
+            plan: Plan, device: torch.device) -> dict[str, Any]:
+    weights = sum(_tensor_bytes(p) for p in params)
+    state = sum(_tensor_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+    buffers = 0
+    for m in mods:
+        inp, out = boundary.get(m.stage, [0, 0])
+        buffers += 2 * ((inp if m.stage > 0 else 0) + (out if m.stage < plan.n_stages - 1 else 0))
+    tracked = {"weights": weights, "gradients": grad_bytes or weights, "optimizer": state,
+               "activations": tk.peak, "buffers": buffers}
+    tracked["total"] = sum(tracked.values())
+    mem: dict[str, Any] = {"breakdown": tracked, "transient": tk.peak_transient}
+    if device.type == "cuda":
+        mem["measure"] = "cuda-allocator"
+        mem["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
+    else:
+        import resource
+
+        mem["measure"] = "tracked"
+        mem["peak_bytes"] = tracked["total"]
+        mem["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return mem
+
+
+def _save(root: str, step: int, rank: int, world: int, plan: Plan, mods: list, opt: Any, losses: dict) -> None:
+    if rank == 0:
+        ckpt.prepare_save(root, step)
+    dist.barrier()
+    state = {
+        "step": step,
+        "layers": {m.first + i: layer.state_dict() for m in mods for i, layer in enumerate(m.layers)},
+        "optimizer": opt.state_dict(),
+        "rng": torch.get_rng_state(),
+        "losses": {str(k): v for k, v in losses.items()},
+    }
+    ckpt.save_rank_file(root, step, rank, state)
+    dist.barrier()
+    if rank == 0:
+        ckpt.finish_save(root, step, plan, world)
+    dist.barrier()

@@ -1,0 +1,148 @@
+"""The process of one rank: `python -m planner.execute.worker CONFIG.json`, or in-process under torchrun.
+
+It reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT), joins the process group (gloo on CPU, NCCL on CUDA, with the run's timeout), trains
+its stages and sends what it measured to rank 0, which returns the list of all ranks' records.
+A failure is written to `<run_dir>/rank<r>.error.json` (one line, for the launcher's message)
+and the process exits non-zero: 2 for a user error (PplanError), 1 otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+from planner.errors import PplanError, RunError
+from planner.execute.options import RunOptions
+from planner.plan import plan_from_dict
+
+__all__ = ["Env", "read_env", "run_worker", "main"]
+
+PARENT_ENV = "PPLAN_PARENT_PID"
+
+
+class Env:
+    """This process's place in the job, from torchrun-style environment variables."""
+
+    def __init__(self, rank: int, world: int, local_rank: int, local_world: int):
+        self.rank, self.world, self.local_rank, self.local_world = rank, world, local_rank, local_world
+
+
+def read_env() -> Env | None:
+    """The job position, or None when not started by torchrun or the launcher."""
+    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
+        return None
+    try:
+        rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ.get("LOCAL_RANK", rank))
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    except ValueError:
+        raise RunError("RANK / WORLD_SIZE / LOCAL_RANK are not integers", "start under torchrun or without those variables") from None
+    return Env(rank, world, local_rank, local_world)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
+    """Train this rank; rank 0 returns every rank's record, the others None."""
+    import torch
+    import torch.distributed as dist
+
+    from planner.execute.train import train_rank
+
+    plan = plan_from_dict(cfg["plan"])
+    opts = RunOptions.from_dict(cfg["options"])
+    if env.world != plan.n_devices:
+        raise RunError(f"the job has {env.world} processes but the plan has {plan.n_devices} devices",
+                       f"start {plan.n_devices} processes in total (torchrun --nnodes x --nproc-per-node)")
+    torch.set_num_threads(opts.threads or max(1, _cores() // max(1, env.local_world)))
+    use_cuda = cfg.get("device_type") == "cuda"
+    if use_cuda:
+        if env.local_rank >= torch.cuda.device_count():
+            raise RunError(f"local rank {env.local_rank} has no GPU (this machine sees {torch.cuda.device_count()})",
+                           "start at most one process per GPU on each machine")
+        device = torch.device("cuda", env.local_rank)
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl", rank=env.rank, world_size=env.world,
+                                timeout=timedelta(seconds=opts.timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", rank=env.rank, world_size=env.world, timeout=timedelta(seconds=opts.timeout_s))
+    try:
+        model_kwargs = dict(cfg.get("model_kwargs") or {})
+        if "input_shape" in model_kwargs:  # JSON turned the tuple into a list
+            model_kwargs["input_shape"] = tuple(model_kwargs["input_shape"])
+        record = train_rank(plan, opts, env.rank, env.world, device, model_kwargs)
+        gathered: list[Any] | None = [None] * env.world if env.rank == 0 else None
+        # gather_object needs a device the backend can move objects through
+        dist.gather_object(record, gathered, dst=0)
+        return gathered if env.rank == 0 else None
+    finally:
+        dist.destroy_process_group()
+
+
+def _watch_parent(parent: int) -> None:
+    """Exit if the launcher dies (no rank outlives `pplan run`)."""
+
+    def loop() -> None:
+        while True:
+            if os.getppid() != parent:
+                os._exit(1)
+            time.sleep(0.5)
+
+    threading.Thread(target=loop, daemon=True, name="pplan-parent-watch").start()
+
+
+def _write_error(run_dir: str | None, rank: int, kind: str, message: str, code: int) -> None:
+    if not run_dir:
+        return
+    try:
+        path = Path(run_dir) / f"rank{rank}.error.json"
+        path.write_text(json.dumps({"kind": kind, "message": message, "exit_code": code}), encoding="utf-8")
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry of a rank started by the local launcher."""
+    argv = sys.argv[1:] if argv is None else argv
+    cfg = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
+    if os.environ.get(PARENT_ENV):
+        _watch_parent(int(os.environ[PARENT_ENV]))
+    env = read_env()
+    rank = env.rank if env else -1
+    run_dir = cfg.get("run_dir")
+    try:
+        if env is None:
+            raise RunError("worker started without RANK / WORLD_SIZE", "use `pplan run`")
+        result = run_worker(cfg, env)
+        if result is not None and run_dir:
+            tmp = Path(run_dir) / "result.json.tmp"
+            tmp.write_text(json.dumps(result), encoding="utf-8")
+            os.replace(tmp, Path(run_dir) / "result.json")
+        return 0
+    except PplanError as e:
+        _write_error(run_dir, rank, type(e).__name__, e.one_line(), 2)
+        sys.stderr.write(f"pplan: rank {rank}: error: {e.one_line()}\n")
+        return 2
+    except BaseException as e:  # noqa: BLE001 - report anything, with the cause, then exit non-zero
+        message = " ".join(f"{type(e).__name__}: {e}".split())[:500]
+        _write_error(run_dir, rank, type(e).__name__, message, 1)
+        sys.stderr.write(f"pplan: rank {rank}: {traceback.format_exc()}")
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

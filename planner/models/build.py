@@ -1,0 +1,46 @@
+"""build_model: a `--model` string and a seed -> ModelBundle, the same weights in every process."""
+
+from __future__ import annotations
+
+from planner.errors import ModelSpecError
+from planner.models.bundle import ModelBundle
+from planner.models.spec import parse_spec
+
+__all__ = ["build_model"]
+
+
+def build_model(
+    spec: str,
+    seed: int = 0,
+    *,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float",
+    vocab: int | None = None,
+) -> ModelBundle:
+    """Build the model `spec` with weights drawn from `seed`.
+
+    Weights are drawn under torch.manual_seed(seed) inside a forked RNG state, so two
+    processes building the same spec and seed get identical weights and the caller's
+    random state is left alone. `input_shape`, `input_dtype` and `vocab` describe the input
+    of a plain `module:factory` Sequential; built-in models ignore them.
+    """
+    kind, params = parse_spec(spec)
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ModelSpecError(f"seed {seed!r} must be a non-negative integer")
+    import torch  # here, not at import: planning commands import planner.models without torch
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        if kind == "gpt":
+            from planner.models.gpt import build_gpt as build
+        elif kind == "resnet":
+            from planner.models.resnet import build_resnet as build
+        elif kind == "mlp":
+            from planner.models.mlp import build_mlp as build
+        elif kind == "synthetic":
+            from planner.models.synthetic import build_synthetic as build
+        else:
+            from planner.models.factory import build_factory
+
+            return build_factory(params, spec, seed, input_shape, input_dtype, vocab)
+        return build(params, spec)

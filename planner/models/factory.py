@@ -1,0 +1,117 @@
+"""`package.module:factory[:key=value,...]`: a user model from any importable callable.
+
+The factory is called as `factory(**kwargs)` (plus `seed=` if it accepts a `seed` argument),
+under `torch.manual_seed(seed)`, and returns one of:
+  1. a `ModelBundle`: used as it is;
+  2. an `nn.Sequential` with attributes `make_batch(batch_size, seed) -> (input, target)` and
+     `loss_fn(output, target)`: the model brings its own data and loss;
+  3. a plain `nn.Sequential`: the input is random data of `--input-shape` (one sample, no
+     batch dim) and `--input-dtype` (`float`: standard normal; `long`: tokens below
+     `--vocab`), the target random normal of the output's shape and the loss mean squared
+     error. The output shape is found by one forward pass on a batch of 1.
+The current directory is put on sys.path first, so `mymodels:build` finds ./mymodels.py.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import sys
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from planner.errors import ModelSpecError
+from planner.models.bundle import ModelBundle
+
+__all__ = ["build_factory", "random_input_maker"]
+
+_DTYPES = {"float": torch.float32, "long": torch.long}
+
+
+def _load(module: str, name: str, spec: str) -> Callable[..., Any]:
+    cwd = os.getcwd()
+    if cwd not in sys.path:
+        sys.path.insert(0, cwd)
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        raise ModelSpecError(f"model {spec!r}: cannot import module {module!r} ({e})", "run from the directory that holds it, or set PYTHONPATH; built-in kinds are gpt, resnet, mlp, synthetic") from None
+    except Exception as e:  # a user module that fails on import: report it on one line
+        raise ModelSpecError(f"model {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
+    obj: Any = mod
+    for part in name.split("."):
+        if not hasattr(obj, part):
+            raise ModelSpecError(f"model {spec!r}: module {module!r} has no attribute {name!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ModelSpecError(f"model {spec!r}: {module}:{name} is not callable", "point at a function returning an nn.Sequential")
+    return obj
+
+
+def random_input_maker(shape: tuple[int, ...], dtype: str, vocab: int | None) -> Callable[[int, int], torch.Tensor]:
+    """(batch_size, seed) -> random input of (batch_size, *shape), deterministic per seed."""
+
+    def make(batch_size: int, seed: int) -> torch.Tensor:
+        g = torch.Generator().manual_seed(seed)
+        if dtype == "long":
+            return torch.randint(0, vocab or 2, (batch_size, *shape), generator=g)
+        return torch.randn(batch_size, *shape, generator=g)
+
+    return make
+
+
+def _call(factory: Callable[..., Any], kwargs: dict[str, Any], seed: int, spec: str) -> Any:
+    try:
+        params = inspect.signature(factory).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "seed" in params:
+        kwargs = {**kwargs, "seed": seed}
+    try:
+        return factory(**kwargs)
+    except TypeError as e:
+        raise ModelSpecError(f"model {spec!r}: calling the factory failed: {e}", "pass keyword arguments as module:factory:key=value,...") from None
+    except Exception as e:
+        raise ModelSpecError(f"model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
+
+
+def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None, input_dtype: str, vocab: int | None) -> ModelBundle:
+    """Import and call the factory (see module docstring); the result as a ModelBundle."""
+    made = _call(_load(p["module"], p["callable"], spec), dict(p["kwargs"]), seed, spec)
+    if isinstance(made, ModelBundle):
+        return made
+    if not isinstance(made, nn.Sequential) or len(made) == 0:
+        raise ModelSpecError(f"model {spec!r}: the factory returned {type(made).__name__}, not a non-empty nn.Sequential", "return nn.Sequential(OrderedDict(name=layer, ...)) or a ModelBundle")
+    make_batch, loss_fn = getattr(made, "make_batch", None), getattr(made, "loss_fn", None)
+    if callable(make_batch) and callable(loss_fn):
+        x, _ = make_batch(1, 0)
+        return ModelBundle(spec, made, make_batch, loss_fn, int(x.numel() * x.element_size()))
+    if input_shape is None:
+        raise ModelSpecError(f"model {spec!r} does not say what its input is", "give --input-shape (one sample, e.g. 3,32,32) and --input-dtype, or set make_batch and loss_fn on the Sequential")
+    if input_dtype not in _DTYPES:
+        raise ModelSpecError(f"--input-dtype {input_dtype!r} is not one of {', '.join(_DTYPES)}")
+    if input_dtype == "long" and not vocab:
+        raise ModelSpecError("--input-dtype long needs --vocab (token ids are drawn below it)")
+    make_input = random_input_maker(tuple(input_shape), input_dtype, vocab)
+    with torch.no_grad():
+        try:
+            out = made(make_input(1, 0))
+        except Exception as e:
+            raise ModelSpecError(f"model {spec!r} fails on an input of shape (1, {', '.join(map(str, input_shape))}): {type(e).__name__}: {e}", "check --input-shape and --input-dtype") from None
+    if not isinstance(out, torch.Tensor):
+        raise ModelSpecError(f"model {spec!r}: the last layer returns {type(out).__name__}, not a tensor")
+    out_shape = tuple(out.shape[1:])
+
+    def make(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed + 1_000_003)  # a target stream apart from the input's
+        return make_input(batch_size, seed), torch.randn(batch_size, *out_shape, generator=g)
+
+    def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        return F.mse_loss(output.float(), target.float())
+
+    per_sample = int(torch.Size(input_shape).numel() * (8 if input_dtype == "long" else 4))
+    return ModelBundle(spec, made, make, mse, per_sample)

@@ -1,0 +1,212 @@
+"""`partition(profile, settings)`: validate, search, pick, and build the plan with its evidence.
+
+The plan records the simulator's prediction for the chosen candidate and, under `search`,
+how it was chosen: the method and solver, the runners-up (best few (schedule, M) by simulated
+time, feasible or not), and every baseline's best simulated plan with its feasibility. Nothing
+time- or machine-dependent is recorded, so the same inputs give a byte-identical plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from planner.calibration import Calibration
+from planner.cluster import pipeline_orders
+from planner.cost import optimizer_factor
+from planner.errors import ClusterError, PplanError, ScheduleError
+from planner.partition.diagnose import infeasible_error
+from planner.partition.problem import RECOMPUTE_MODES
+from planner.partition.search import (
+    INTERLEAVED_V, METHODS, Candidate, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
+)
+from planner.plan import Device, Links, Plan
+from planner.profiling.profile import Profile
+from planner.schedules import SCHEDULE_NAMES, check_sizes
+
+__all__ = ["PartitionResult", "partition", "resolve_devices", "validate_settings", "RUNNERS_UP"]
+
+RUNNERS_UP = 6
+
+
+@dataclass(frozen=True)
+class PartitionResult:
+    """The chosen plan and the search behind it."""
+
+    plan: Plan
+    """The plan, with `predicted` and `search` filled."""
+    chosen: Candidate
+    """The candidate the plan was made from."""
+    search: Search
+    """Every candidate evaluated."""
+    profile: Profile
+    """The profile planned for."""
+
+
+def resolve_devices(settings: PartitionSettings) -> tuple[tuple[Device, ...], Links]:
+    """Devices and links from the cluster file, or n identical devices."""
+    if settings.cluster is not None:
+        devices = settings.cluster.devices(settings.memory_bytes)
+        if settings.n_devices is not None and settings.n_devices != len(devices):
+            raise ClusterError(f"--devices {settings.n_devices} but the cluster {settings.cluster.source} has {len(devices)} devices",
+                               "omit --devices to use every device of the cluster, or edit the cluster file")
+        return devices, settings.cluster.links(settings.bandwidth, settings.latency_ms)
+    n = settings.n_devices or 0
+    devices = tuple(Device(name=f"dev{i}", memory_bytes=settings.memory_bytes) for i in range(n))
+    return devices, Links(bandwidth_bytes_per_s=settings.bandwidth, latency_ms=settings.latency_ms)
+
+
+def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
+    """Raise a one-line PplanError for anything the search cannot start with."""
+    L = profile.n_layers
+    n = settings.n_devices
+    if settings.cluster is None and (n is None or n < 1):
+        raise PplanError(f"--devices must be at least 1, got {n}", "give the number of pipeline devices, e.g. --devices 4")
+    if settings.cluster is not None and n is not None and n < 1:
+        raise PplanError(f"--devices must be at least 1, got {n}")
+    count = n if n is not None else len(settings.cluster.graph) if settings.cluster is not None else 0
+    if count > L:
+        raise PplanError(f"{count} devices but the profile has only {L} layers", f"use --devices {L} or fewer (each stage needs a layer)")
+    if settings.global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {settings.global_batch}")
+    m = settings.microbatches
+    if m is not None:
+        if m < 1:
+            raise PplanError(f"--microbatches must be at least 1 or auto, got {m}")
+        if settings.global_batch % m:
+            ok = ",".join(str(d) for d in range(1, settings.global_batch + 1) if settings.global_batch % d == 0)
+            raise PplanError(f"global batch {settings.global_batch} is not divisible by --microbatches {m}",
+                             f"use one of {ok[:120]} or --microbatches auto")
+    if settings.schedule != "auto" and settings.schedule not in SCHEDULE_NAMES:
+        raise ScheduleError(f"unknown schedule {settings.schedule!r}", f"use auto or one of {', '.join(SCHEDULE_NAMES)}")
+    if settings.method not in METHODS:
+        raise PplanError(f"unknown method {settings.method!r}", f"use one of {', '.join(METHODS)}")
+    if settings.recompute not in RECOMPUTE_MODES:
+        raise PplanError(f"unknown recompute mode {settings.recompute!r}", f"use one of {', '.join(RECOMPUTE_MODES)}")
+    optimizer_factor(settings.optimizer)
+    if not settings.time_limit > 0:
+        raise PplanError(f"--time-limit must be positive, got {settings.time_limit}")
+    if settings.schedule == "interleaved" and count * INTERLEAVED_V > L:
+        raise PplanError(f"interleaved needs {INTERLEAVED_V} stages per device ({count * INTERLEAVED_V}) but the model has {L} layers",
+                         f"use --devices {L // INTERLEAVED_V} or fewer, or another schedule")
+
+
+def partition(profile: Profile, settings: PartitionSettings, calibration: Calibration | None = None,
+              on_step: Callable[[str], None] | None = None) -> PartitionResult:
+    """Search and return the fastest plan that fits; InfeasibleError (with a fix) when none does."""
+    validate_settings(profile, settings)
+    devices, links = resolve_devices(settings)
+    points, skipped = grid_points(settings, len(devices), profile.n_layers)
+    if not points:
+        if settings.schedule != "auto" and settings.microbatches:
+            check_sizes(settings.schedule, len(devices), settings.microbatches,
+                        INTERLEAVED_V if settings.schedule == "interleaved" else 1)
+        raise ScheduleError(f"no schedule can run at these sizes: {skipped[0] if skipped else 'nothing to try'}",
+                            "try --schedule auto and --microbatches auto")
+    search = run_search(profile, settings, devices, links, calibration, on_step)
+    chosen = search.best()
+    if chosen is None or not chosen.fits:
+        orders = [tuple(range(len(devices)))] if settings.cluster is None else pipeline_orders(devices, links, _typical_bytes(profile, settings))
+        raise infeasible_error(profile, settings, devices, links, orders, calibration)
+    plan = _plan(profile, settings, chosen, search, links)
+    return PartitionResult(plan=plan, chosen=chosen, search=search, profile=profile)
+
+
+def _seed(profile: Profile) -> int:
+    try:
+        return int(profile.meta.get("seed", 0) or 0)
+    except ValueError:
+        raise PplanError(f"profile metadata 'seed: {profile.meta.get('seed')}' is not an integer") from None
+
+
+def _row(c: Candidate, chosen: Candidate) -> dict[str, Any]:
+    row: dict[str, Any] = {
+        "method": c.method,
+        "schedule": c.point.schedule,
+        "n_microbatches": c.point.n_microbatches,
+        "micro_batch_size": c.point.micro_batch_size,
+        "fits": c.fits,
+        "iteration_ms": c.sim.iteration_ms if c.sim else None,
+        "bubble_fraction": c.sim.bubble_fraction if c.sim else None,
+        "bottleneck_ms": c.bottleneck_ms if c.stage_ms else None,
+        "peak_memory_bytes": int(max(c.sim.peak_memory_bytes)) if c.sim else None,
+        "slowdown_vs_plan": (c.sim.iteration_ms / chosen.sim.iteration_ms) if c.sim and chosen.sim else None,
+    }
+    if c.stages is not None:
+        row["cuts"] = [st.layers[0] for st in c.stages] + [c.stages[-1].layers[1]]
+    if c.note and not c.fits:
+        row["note"] = c.note
+    return row
+
+
+def runners_up(search: Search, chosen: Candidate, n: int = RUNNERS_UP) -> list[Candidate]:
+    """Best candidate per (schedule, M) from the plan's pool, best first, `n` of them."""
+    seen, out = set(), []
+    for c in search.candidates:  # already sorted best first
+        key = (c.point.schedule, c.point.n_microbatches)
+        if c.method not in search.pool or key in seen:
+            continue
+        seen.add(key)
+        out.append(c)
+    return out[:n]
+
+
+def baseline_rows(search: Search, chosen: Candidate) -> list[dict[str, Any]]:
+    """Per method other than the plan's: its best simulated candidate, and at the plan's point."""
+    rows = []
+    for method in ("dp", "ilp", "uniform", "params", "time"):
+        mine = [c for c in search.candidates if c.method == method]
+        if not mine or method == chosen.method:
+            continue
+        best = min(mine, key=lambda c: (not c.fits, c.iteration_ms if c.fits else c.peak_over_limit))
+        same = next((c for c in mine if c.point == chosen.point), None)
+        row = _row(best, chosen)
+        row["at_plan_setting"] = None if same is None else {
+            "fits": same.fits, "iteration_ms": same.sim.iteration_ms if same.sim else None,
+            "peak_memory_bytes": int(max(same.sim.peak_memory_bytes)) if same.sim else None,
+        }
+        rows.append(row)
+    return rows
+
+
+def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, search: Search, links: Links) -> Plan:
+    sim = chosen.sim
+    assert sim is not None and chosen.stages is not None
+    predicted = {k: v for k, v in sim.to_dict().items() if k != "memory_timeline"}
+    bottleneck = max(range(len(chosen.stage_ms)), key=lambda s: (chosen.stage_ms[s], -s))
+    record = {
+        "method": settings.method,
+        "source": chosen.method,
+        "optimal": chosen.optimal if chosen.method in ("dp", "ilp") else None,
+        "objective": "min over cuts and recompute of max stage time per micro-batch (incl. recompute and sends), "
+                     "then min total; per-stage memory with the schedule's in-flight count <= device limit; "
+                     "candidates ranked by simulated iteration time",
+        "recompute": settings.recompute,
+        "schedule": chosen.point.schedule,
+        "n_microbatches": chosen.point.n_microbatches,
+        "micro_batch_size": chosen.point.micro_batch_size,
+        "device_order": list(chosen.layout.order),
+        "bottleneck_stage": bottleneck,
+        "stage_ms": list(chosen.stage_ms),
+        "stage_memory_bytes": [int(b) for b in chosen.stage_bytes],
+        "calibrated": search.calibration is not None,
+        "candidates": [_row(c, chosen) for c in runners_up(search, chosen)],
+        "baselines": baseline_rows(search, chosen),
+        "skipped": list(search.skipped),
+    }
+    return Plan(
+        schedule=chosen.point.schedule,
+        micro_batch_size=chosen.point.micro_batch_size,
+        n_microbatches=chosen.point.n_microbatches,
+        stages=chosen.stages,
+        devices=chosen.layout.devices,
+        optimizer=settings.optimizer,
+        links=links,
+        model=profile.meta.get("model"),
+        seed=_seed(profile),
+        n_layers=profile.n_layers,
+        profile_path=profile.path,
+        profile_sha256=profile.sha256,
+        predicted=predicted,
+        search=record,
+    )

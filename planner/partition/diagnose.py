@@ -1,0 +1,111 @@
+"""When nothing fits: the least memory, and the fewest devices, that would work at these settings.
+
+Least memory: for every grid point and device order a min-max DP finds the cuts and recompute
+sets minimising the largest stage memory / budget ratio (lambda); budgets x min lambda is the
+least memory the planner can prove fits (exact for one stage per device; interleaved chunks
+split a device's budget, which is conservative). Fewest devices (identical devices only):
+galloping then bisection over the device count with the same test, assuming more devices never
+need more memory per device (true of the static part; activations per device shrink or stay).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+from planner.calibration import Calibration
+from planner.errors import InfeasibleError
+from planner.partition.dp import min_memory_scale
+from planner.partition.search import PartitionSettings, _Evaluator, grid_points, layouts_for
+from planner.plan import Device, Links
+from planner.profiling.profile import Profile
+from planner.units import format_bytes
+
+__all__ = ["least_memory_scale", "fewest_devices", "infeasible_error", "format_size_up"]
+
+
+def least_memory_scale(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
+                       orders: list[tuple[int, ...]], calibration: Calibration | None,
+                       stop_below: float = 0.0) -> float:
+    """min over grid points and orders of the DP's least memory/budget ratio (inf: no point).
+
+    Returns early once a ratio <= `stop_below` is found (a yes/no question needs no minimum).
+    """
+    ev = _Evaluator(profile, settings, calibration)
+    points, _ = grid_points(settings, len(devices), profile.n_layers)
+    best = math.inf
+    for point in points:
+        for layout in layouts_for(devices, links, orders, point.virtual_stages):
+            got = min_memory_scale(ev.problem(point, layout))
+            if got is not None:
+                best = min(best, got[0])
+                if best <= stop_below:
+                    return best
+    return best
+
+
+def fewest_devices(profile: Profile, settings: PartitionSettings, memory_bytes: int, links: Links,
+                   calibration: Calibration | None) -> int | None:
+    """Fewest identical devices of `memory_bytes` that admit a plan (None: not even one per layer)."""
+    L = profile.n_layers
+    start = settings.n_devices or 1
+
+    def ok(n: int) -> bool:
+        devs = tuple(Device(name=f"dev{i}", memory_bytes=memory_bytes) for i in range(n))
+        return least_memory_scale(profile, replace(settings, n_devices=n), devs, links, [tuple(range(n))], calibration, stop_below=1.0) <= 1.0
+
+    lo, step, hi = start, 1, None
+    while lo + step <= L:
+        if ok(lo + step):
+            hi = lo + step
+            break
+        lo, step = lo + step, step * 2
+    if hi is None:
+        if lo < L and ok(L):
+            hi = L
+        else:
+            return None
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if ok(mid):
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def format_size_up(n_bytes: float) -> str:
+    """A size rounded up to 0.01 GiB (or 0.01 MiB below 1 GiB), written so --memory parses it."""
+    if n_bytes >= 2**30:
+        return f"{math.ceil(n_bytes / 2**30 * 100) / 100:.2f}GiB"
+    return f"{math.ceil(n_bytes / 2**20 * 100) / 100:.2f}MiB"
+
+
+def infeasible_error(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
+                     orders: list[tuple[int, ...]], calibration: Calibration | None) -> InfeasibleError:
+    """The error to raise when no candidate fits, with the least memory / fewest devices."""
+    n = len(devices)
+    scale = least_memory_scale(profile, settings, devices, links, orders, calibration)
+    limits = {d.memory_bytes for d in devices}
+    what = (f"global batch {settings.global_batch}, micro-batches {settings.microbatches or 'auto'}, "
+            f"schedule {settings.schedule}, recompute {settings.recompute}, optimizer {settings.optimizer}")
+    if len(limits) == 1 and None not in limits:
+        (limit,) = limits
+        head = f"no plan fits {format_bytes(limit)} per device on {n} devices ({what})"
+        if not math.isfinite(scale):
+            return InfeasibleError(head, "no schedule can run at these sizes")
+        need = format_size_up(scale * limit)
+        hints = [f"the least memory that works is {need} per device: try --memory {need}"]
+        if settings.cluster is None:
+            more = fewest_devices(profile, settings, limit, links, calibration)
+            if more is not None:
+                hints.append(f"or --devices {more}")
+            else:
+                hints.append(f"even {profile.n_layers} devices (one layer each) would not fit {format_bytes(limit)}")
+        if settings.recompute != "auto":
+            hints.append("or --recompute auto")
+        return InfeasibleError(head, " ".join(hints))
+    head = f"no plan fits the cluster's device memory ({what})"
+    if not math.isfinite(scale):
+        return InfeasibleError(head, "no schedule can run at these sizes")
+    return InfeasibleError(head, f"every device would need {math.ceil(scale * 100) / 100:.2f}x its memory; add memory or devices, or allow --recompute auto")

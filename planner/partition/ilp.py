@@ -1,0 +1,173 @@
+"""The stage-cut problem as a mixed-integer programme (PuLP; HiGHS when installed, else CBC).
+
+Same problem as the DP (planner.partition.problem), written with per-layer variables:
+
+  w[l,s]  binary, 1 iff layer l lies in stage >= s (s = 1..S-1); non-decreasing in l,
+          non-increasing in s, w[0,s] = 0, w[L-1,s] = 1. In-stage indicator
+          y[l,s] = w[l,s] - w[l,s+1]; stage s starts at layer x iff st[x,s] = w[x,s] - w[x-1,s] = 1.
+  r[l]    binary, layer l recomputed (auto: saving layers only; all: fixed 1; none: fixed 0).
+  z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient).
+  Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
+          stage the recomputed saving layers are a prefix of its saving layers.
+  Memory  sum_l y(static + k_s a) - k_s sum_l z (a - in) + T[s] + 2 (bytes in + bytes out) <= budget_s
+  Time    t_s = (sum_l y c + sum_l z rc) / speed_s + overhead_s + sends at both boundaries <= Z
+
+Pass 1 minimises Z; pass 2 bounds every t_s by the optimal Z and minimises sum_s t_s, as the DP
+does. Memory rows are scaled by the budget and tightened by 1e-6 so a solution within the
+solver's tolerance still fits exactly. O(L*S) variables: for verification and extensions; the
+DP is faster at every size (docs/planner.md has the timings).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.errors import PplanError
+from planner.partition.problem import PartitionProblem, Solution, evaluate, saving_layers
+
+__all__ = ["solve_ilp", "ilp_solver_name"]
+
+_TIGHTEN = 1e-6
+_PASS2_TOL = 1e-7
+
+
+def ilp_solver_name() -> str:
+    """'HiGHS' when highspy is importable by PuLP, else 'CBC'."""
+    import pulp
+
+    return "HiGHS" if "HiGHS" in pulp.listSolvers(onlyAvailable=True) else "CBC"
+
+
+def _solver(time_limit: float):
+    import pulp
+
+    if ilp_solver_name() == "HiGHS":
+        return pulp.getSolver("HiGHS", msg=False, timeLimit=time_limit, threads=1)
+    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
+
+
+def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
+    return 0.0 if nbytes <= 0 else float(p.link_latency_ms[boundary] + nbytes * p.link_ms_per_byte[boundary])
+
+
+def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
+    """Solve `p` with an ILP; None when infeasible. Solution.optimal is False on a time-out."""
+    import pulp
+
+    L, S = p.n_layers, p.n_stages
+    if S < 1 or S > L:
+        return None
+    prob = pulp.LpProblem("pplan_partition", pulp.LpMinimize)
+    w = {(l, s): pulp.LpVariable(f"w_{l}_{s}", cat="Binary") for l in range(L) for s in range(1, S)}
+
+    def W(l: int, s: int):
+        return 1 if s == 0 else (0 if s == S else w[l, s])
+
+    def y(l: int, s: int):
+        return W(l, s) - W(l, s + 1)
+
+    def st(x: int, s: int):  # stage s (>= 1) starts at layer x (>= 1)
+        return w[x, s] - w[x - 1, s]
+
+    for s in range(1, S):
+        prob += w[0, s] == 0
+        prob += w[L - 1, s] == 1
+        for l in range(L - 1):
+            prob += w[l, s] <= w[l + 1, s]
+        if s + 1 < S:
+            for l in range(L):
+                prob += w[l, s + 1] <= w[l, s]
+    for s in range(S):
+        prob += pulp.lpSum(y(l, s) for l in range(L)) >= 1
+
+    a = np.asarray(p.activation_bytes, dtype=float)
+    inp = np.asarray(p.input_bytes, dtype=float)
+    bb = np.asarray(p.boundary_bytes, dtype=float)
+    if p.recompute == "auto":
+        cand = [int(l) for l in np.flatnonzero(saving_layers(p))]
+    elif p.recompute == "all":
+        cand = list(range(L))
+    else:
+        cand = []
+    r = {l: (pulp.LpVariable(f"r_{l}", cat="Binary") if p.recompute == "auto" else 1) for l in cand}
+    z = {}
+    for l in cand:
+        for s in range(S):
+            if p.recompute == "all":
+                z[l, s] = y(l, s)
+                continue
+            v = pulp.LpVariable(f"z_{l}_{s}", lowBound=0, upBound=1)
+            prob += v <= y(l, s)
+            prob += v <= r[l]
+            prob += v >= y(l, s) + r[l] - 1
+            z[l, s] = v
+    if p.recompute == "auto":
+        for e, e2 in zip(cand, cand[1:]):
+            cuts_between = pulp.lpSum(st(x, s) for x in range(e + 1, e2 + 1) for s in range(1, S))
+            prob += r[e2] <= r[e] + cuts_between
+
+    zvar = pulp.LpVariable("Z", lowBound=0)
+    times = []
+    for s in range(S):
+        k, budget = float(p.inflight[s]), float(p.budget[s])
+        bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
+        bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
+        if np.isfinite(budget):
+            trans = pulp.LpVariable(f"T_{s}", lowBound=0) if cand else 0
+            for l in cand:
+                prob += trans >= a[l] * z[l, s]
+            mem = (pulp.lpSum(y(l, s) * (float(p.static_bytes[l]) + k * a[l]) for l in range(L))
+                   - k * pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand)
+                   + trans + 2 * bytes_in + 2 * bytes_out)
+            prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
+        comp = (pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L))
+                + pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand))
+        t = (1.0 / float(p.speed[s])) * comp + float(p.overhead_ms[s])
+        if s > 0:
+            t = t + pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L))
+        if s < S - 1:
+            t = t + pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L))
+        times.append(t)
+        prob += zvar >= t
+
+    prob.setObjective(zvar)
+    if not _run(prob, time_limit):
+        return None
+    first = _extract(p, w, r, cand)
+    optimal = prob.sol_status == pulp.LpSolutionOptimal
+    limit = first.bottleneck_ms * (1 + _PASS2_TOL) + 1e-12
+    for s in range(S):
+        prob += times[s] <= limit
+    prob.setObjective(pulp.lpSum(times))
+    if not _run(prob, time_limit):
+        return first
+    second = _extract(p, w, r, cand)
+    optimal = optimal and prob.sol_status == pulp.LpSolutionOptimal
+    best = second if second.total_ms <= first.total_ms and second.bottleneck_ms <= limit else first
+    return Solution(**{**best.__dict__, "method": "ilp", "optimal": optimal})
+
+
+def _run(prob, time_limit: float) -> bool:
+    import pulp
+
+    try:
+        prob.solve(_solver(time_limit))
+    except pulp.PulpSolverError as e:
+        raise PplanError(f"ILP solver failed: {e}", "use --method dp") from None
+    return prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+
+
+def _extract(p: PartitionProblem, w: dict, r: dict, cand: list[int]) -> Solution:
+    L, S = p.n_layers, p.n_stages
+    stage_of = [sum(int(round(w[l, s].value() or 0)) for s in range(1, S)) for l in range(L)]
+    cuts = [0] + [next(l for l in range(L) if stage_of[l] >= s) for s in range(1, S)] + [L]
+    rec = []
+    for s in range(S):
+        chosen = []
+        for l in cand:
+            if cuts[s] <= l < cuts[s + 1]:
+                val = r[l] if isinstance(r[l], int) else int(round(r[l].value() or 0))
+                if val:
+                    chosen.append(l)
+        rec.append(tuple(chosen))
+    return evaluate(p, tuple(cuts), tuple(rec), "ilp")

@@ -1,0 +1,178 @@
+"""The stage-cut problem as plain arrays, shared by the DP, the ILP and brute force.
+
+An instance fixes everything but the cuts and the recompute sets: per-layer costs at one
+micro-batch size, and per stage position s (0..S-1) the device's speed, its memory budget,
+the schedule's in-flight count k_s and the links to the neighbouring positions.
+
+A solution is S contiguous non-empty layer ranges [i_s, j_s) and a recompute set R_s per stage.
+
+Stage time (one micro-batch, ms):
+    t_s = (sum_{l in [i,j)} compute_l + sum_{l in R_s} recompute_l) / speed_s + overhead_s
+          + send(s-1 <- s, boundary_bytes[i])   (input gradient back; s > 0)
+          + send(s -> s+1, boundary_bytes[j])   (output forward;    s < S-1)
+    send = latency + bytes x ms_per_byte of that link (0 when no bytes cross it)
+Stage memory (bytes, planner.cost's model with the schedule's in-flight count):
+    m_s = sum static_l + 2 (boundary_bytes[i] + boundary_bytes[j])
+          + k_s (sum_{l not in R} activation_l + sum_{l in R} input_l) + max_{l in R} activation_l
+Objective: minimise the bottleneck max_s t_s; among plans with that bottleneck (within
+TIME_TOL), minimise the total sum_s t_s; subject to m_s <= budget_s for every s.
+
+Recompute sets come from a family fixed by `recompute`:
+  none  R = {}
+  all   R = every layer of the stage
+  auto  R = the first q "saving" layers of the stage (index order), q free per stage, where a
+        layer saves memory when recomputed iff activation_l > input_l (others never help).
+        This is Megatron-LM's "block" recompute granularity per stage; the search refines the
+        chosen cuts' sets afterwards (planner.partition.recompute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = [
+    "RECOMPUTE_MODES",
+    "TIME_TOL",
+    "PartitionProblem",
+    "Solution",
+    "stage_time",
+    "stage_bytes",
+    "evaluate",
+    "recompute_family",
+    "saving_layers",
+]
+
+RECOMPUTE_MODES = ("auto", "none", "all")
+TIME_TOL = 1e-9  # relative: stage times within this of the bottleneck count as equal to it
+
+
+@dataclass(frozen=True)
+class PartitionProblem:
+    """One instance: layer arrays (length L) and stage-position arrays (length S)."""
+
+    compute_ms: np.ndarray
+    """Forward + backward of each layer for one micro-batch at speed 1 (calibrated), ms."""
+    recompute_ms: np.ndarray
+    """Extra time when the layer is recomputed (its forward again, calibrated), ms."""
+    static_bytes: np.ndarray
+    """Weights + gradients + optimizer state of each layer, bytes."""
+    activation_bytes: np.ndarray
+    """Bytes each layer keeps for its backward per micro-batch."""
+    input_bytes: np.ndarray
+    """Bytes a recomputed layer keeps instead (its input) per micro-batch."""
+    boundary_bytes: np.ndarray
+    """Length L+1: bytes crossing a cut before layer x (0 at x = 0 and x = L)."""
+    inflight: np.ndarray
+    """Per stage position: micro-batches whose activations it holds at peak (k_s)."""
+    budget: np.ndarray
+    """Per stage position: memory budget in bytes (inf = unlimited)."""
+    speed: np.ndarray
+    """Per stage position: relative speed of its device (divides compute time)."""
+    overhead_ms: np.ndarray
+    """Per stage position: fixed time per micro-batch (calibrated per-action overhead), ms."""
+    link_latency_ms: np.ndarray
+    """Length S-1: latency of the link between positions s and s+1, ms."""
+    link_ms_per_byte: np.ndarray
+    """Length S-1: transfer ms per byte between positions s and s+1 (0 on one device)."""
+    recompute: str = "auto"
+    """Recompute family: auto, none or all (module docstring)."""
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.compute_ms)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.inflight)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """Stage cuts and recompute sets with their objective values."""
+
+    cuts: tuple[int, ...]
+    """Length S+1: stage s covers layers [cuts[s], cuts[s+1])."""
+    recompute: tuple[tuple[int, ...], ...]
+    """Per stage: recomputed layers."""
+    bottleneck_ms: float
+    """max over stages of the stage time."""
+    total_ms: float
+    """Sum of stage times."""
+    stage_ms: tuple[float, ...]
+    """Per stage time."""
+    stage_bytes: tuple[float, ...]
+    """Per stage memory."""
+    method: str
+    """Solver that produced it (dp, ilp, brute, uniform, params, time)."""
+    optimal: bool = True
+    """False when a solver stopped before proving optimality (ILP time limit) or for baselines."""
+
+
+def saving_layers(p: PartitionProblem) -> np.ndarray:
+    """Boolean mask: layers whose recompute lowers kept bytes (activation > input)."""
+    return p.activation_bytes > p.input_bytes
+
+
+def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
+    if nbytes <= 0:
+        return 0.0
+    return float(p.link_latency_ms[boundary] + nbytes * p.link_ms_per_byte[boundary])
+
+
+def stage_time(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
+    """Time t_s of layers [i, j) at position s with `rec` recomputed (module docstring)."""
+    comp = float(np.sum(p.compute_ms[i:j])) + float(sum(p.recompute_ms[l] for l in rec))
+    t = comp / float(p.speed[s]) + float(p.overhead_ms[s])
+    if s > 0:
+        t += _send(p, s - 1, float(p.boundary_bytes[i]))
+    if s < p.n_stages - 1:
+        t += _send(p, s, float(p.boundary_bytes[j]))
+    return t
+
+
+def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
+    """Memory m_s of layers [i, j) at position s with `rec` recomputed (module docstring)."""
+    rs = set(rec)
+    kept = sum(float(p.input_bytes[l]) if l in rs else float(p.activation_bytes[l]) for l in range(i, j))
+    transient = max((float(p.activation_bytes[l]) for l in rec), default=0.0)
+    static = float(np.sum(p.static_bytes[i:j]))
+    buffers = 2.0 * (float(p.boundary_bytes[i]) + float(p.boundary_bytes[j]))
+    return static + buffers + float(p.inflight[s]) * kept + transient
+
+
+def recompute_family(p: PartitionProblem, i: int, j: int) -> list[tuple[int, ...]]:
+    """Every recompute set the problem's family allows for a stage [i, j), cheapest first."""
+    if p.recompute == "none":
+        return [()]
+    if p.recompute == "all":
+        return [tuple(range(i, j))]
+    saving = [l for l in range(i, j) if p.activation_bytes[l] > p.input_bytes[l]]
+    return [tuple(saving[:q]) for q in range(len(saving) + 1)]
+
+
+def evaluate(p: PartitionProblem, cuts: tuple[int, ...], recompute: tuple[tuple[int, ...], ...],
+             method: str, optimal: bool = True) -> Solution:
+    """A Solution with stage times and memory computed directly from the definitions."""
+    S = len(cuts) - 1
+    times = tuple(stage_time(p, s, cuts[s], cuts[s + 1], recompute[s]) for s in range(S))
+    mems = tuple(stage_bytes(p, s, cuts[s], cuts[s + 1], recompute[s]) for s in range(S))
+    return Solution(
+        cuts=tuple(int(c) for c in cuts),
+        recompute=tuple(tuple(int(l) for l in r) for r in recompute),
+        bottleneck_ms=max(times),
+        total_ms=float(sum(times)),
+        stage_ms=times,
+        stage_bytes=mems,
+        method=method,
+        optimal=optimal,
+    )
+
+
+def fits(p: PartitionProblem, sol: Solution) -> bool:
+    """True when every stage is within its position's budget."""
+    return all(m <= float(b) for m, b in zip(sol.stage_bytes, p.budget))
+
+
+__all__ += ["fits"]

@@ -1,0 +1,281 @@
+"""The outer search of `pplan partition`: schedules x micro-batch counts x device orders x methods.
+
+For every schedule that can run and every micro-batch count M dividing the global batch
+(b = batch / M samples each, costs from Profile.at(b)), the schedule's own in-flight counts
+set each stage position's activation memory; the DP (or ILP, or a baseline) picks cuts and
+recompute sets; recompute sets are refined for the fixed cuts; and the simulator, the one
+source of truth for time and memory, gives the iteration time and per-device peaks. The plan
+is the fastest candidate that fits every device's memory in the simulator.
+
+With --method auto the pool holds the DP's candidates and the baselines' (the simulator can
+prefer a cut the DP's objective ranks lower); otherwise only the named method's.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from planner.calibration import Calibration
+from planner.cluster import Cluster, pipeline_orders
+from planner.cost import optimizer_factor
+from planner.errors import PplanError, ScheduleError
+from planner.partition.baselines import BASELINES, baseline_cuts
+from planner.partition.build import Layout, build_problem, stage_costs, stage_plans
+from planner.partition.dp import solve_dp
+from planner.partition.problem import RECOMPUTE_MODES, PartitionProblem, evaluate
+from planner.partition.recompute import assign_recompute
+from planner.plan import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, StagePlan
+from planner.profiling.profile import LayerCosts, Profile
+from planner.schedules import SCHEDULE_NAMES, check_sizes, generate
+from planner.schedules.memory import stage_inflight_peak
+from planner.simulate import SimResult, simulate_costs
+
+__all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for"]
+
+METHODS = ("auto", "dp", "ilp") + BASELINES
+INTERLEAVED_V = 2  # stages per device for the interleaved schedule
+
+
+@dataclass(frozen=True)
+class PartitionSettings:
+    """What `pplan partition` was asked (validated by planner.partition.api)."""
+
+    n_devices: int | None
+    """Devices in the pipeline (None: every device of the cluster)."""
+    memory_bytes: int | None
+    """Memory limit per device (None = unlimited; cluster devices may carry their own)."""
+    global_batch: int
+    """Samples per iteration."""
+    microbatches: int | None = None
+    """Forced micro-batch count (None = search every divisor of the batch)."""
+    schedule: str = "auto"
+    """A schedule name or auto (all)."""
+    recompute: str = "auto"
+    """auto (per-layer choice), none or all."""
+    optimizer: str = "adam"
+    """Optimizer whose state counts in memory."""
+    bandwidth: float = DEFAULT_BANDWIDTH
+    """Default link bandwidth, bytes/s."""
+    latency_ms: float = DEFAULT_LATENCY_MS
+    """Default link latency, ms."""
+    cluster: Cluster | None = None
+    """Heterogeneous devices and links (None = n_devices identical devices)."""
+    method: str = "auto"
+    """auto, dp, ilp, uniform, params or time."""
+    time_limit: float = 60.0
+    """Seconds the ILP may spend over the whole search."""
+
+
+@dataclass(frozen=True)
+class GridPoint:
+    """One (schedule, micro-batch count) of the search."""
+
+    schedule: str
+    """Schedule name."""
+    n_microbatches: int
+    """M."""
+    micro_batch_size: int
+    """b = global batch / M."""
+    virtual_stages: int
+    """Stages per device."""
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One evaluated plan: a method's cuts at one grid point and device order."""
+
+    method: str
+    """dp, ilp, uniform, params or time."""
+    point: GridPoint
+    """Schedule and micro-batching."""
+    layout: Layout
+    """Devices, their pipeline order and links."""
+    stages: tuple[StagePlan, ...] | None
+    """Stages (None when the method found no cut that fits)."""
+    sim: SimResult | None
+    """Simulator's verdict (None when not simulated)."""
+    stage_ms: tuple[float, ...] = ()
+    """Per-stage time of one micro-batch incl. recompute and sends (the DP's objective terms)."""
+    stage_bytes: tuple[float, ...] = ()
+    """Per-stage memory by the cost model with the schedule's in-flight count."""
+    optimal: bool = True
+    """False when the solver stopped early (ILP time limit)."""
+    note: str = ""
+    """Why it is missing or does not fit."""
+
+    @property
+    def fits(self) -> bool:
+        return self.sim is not None and self.sim.fits
+
+    @property
+    def iteration_ms(self) -> float:
+        return self.sim.iteration_ms if self.sim is not None else float("inf")
+
+    @property
+    def bottleneck_ms(self) -> float:
+        return max(self.stage_ms) if self.stage_ms else float("inf")
+
+    @property
+    def peak_over_limit(self) -> float:
+        """Largest peak / limit ratio over devices (inf when not simulated)."""
+        if self.sim is None:
+            return float("inf")
+        return max((pk / lim if lim else 0.0) for pk, lim in zip(self.sim.peak_memory_bytes, self.sim.memory_limit_bytes))
+
+
+def rank_key(c: Candidate) -> tuple:
+    """Fits first, then fastest; ties by method, schedule and M (deterministic)."""
+    methods = ("dp", "ilp") + BASELINES
+    return (not c.fits, round(c.iteration_ms, 9), methods.index(c.method), SCHEDULE_NAMES.index(c.point.schedule),
+            c.point.n_microbatches, c.layout.order)
+
+
+@dataclass(frozen=True)
+class Search:
+    """Everything the search evaluated."""
+
+    candidates: tuple[Candidate, ...]
+    """Best candidate per (method, grid point) over device orders."""
+    pool: tuple[str, ...]
+    """Methods the plan may come from."""
+    skipped: tuple[str, ...]
+    """Grid points that could not run, with the reason."""
+    calibration: Calibration | None
+    """Calibration applied (None when the profile has none)."""
+
+    def best(self, methods: tuple[str, ...] | None = None) -> Candidate | None:
+        pool = [c for c in self.candidates if c.method in (methods or self.pool)]
+        return min(pool, key=rank_key) if pool else None
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def grid_points(settings: PartitionSettings, n_devices: int, n_layers: int) -> tuple[list[GridPoint], list[str]]:
+    """Runnable (schedule, M) points and the reasons others were skipped."""
+    names = SCHEDULE_NAMES if settings.schedule == "auto" else (settings.schedule,)
+    ms = [settings.microbatches] if settings.microbatches else divisors(settings.global_batch)
+    points, skipped = [], []
+    for name in names:
+        v = INTERLEAVED_V if name == "interleaved" else 1
+        if n_devices * v > n_layers:
+            skipped.append(f"{name}: needs {n_devices * v} stages but the model has {n_layers} layers")
+            continue
+        for m in ms:
+            try:
+                check_sizes(name, n_devices, m, v)
+            except ScheduleError as e:
+                skipped.append(f"{name} M={m}: {e.message}")
+                continue
+            points.append(GridPoint(name, m, settings.global_batch // m, v))
+    return points, skipped
+
+
+def layouts_for(devices: tuple[Device, ...], links: Links, orders: list[tuple[int, ...]], v: int) -> list[Layout]:
+    return [Layout(devices=devices, order=o, links=links, virtual_stages=v) for o in orders]
+
+
+class _Evaluator:
+    """Shared state of one search: profile costs per micro-batch size, schedules, calibration."""
+
+    def __init__(self, profile: Profile, settings: PartitionSettings, calibration: Calibration | None):
+        self.profile, self.settings, self.calibration = profile, settings, calibration
+        self._costs: dict[int, LayerCosts] = {}
+
+    def costs(self, b: int) -> LayerCosts:
+        if b not in self._costs:
+            self._costs[b] = self.profile.at(b)
+        return self._costs[b]
+
+    def problem(self, point: GridPoint, layout: Layout) -> PartitionProblem:
+        sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)
+        return build_problem(self.costs(point.micro_batch_size), layout, stage_inflight_peak(sched),
+                             optimizer=self.settings.optimizer, recompute=self.settings.recompute,
+                             calibration=self.calibration, split_backward=sched.split_backward)
+
+    def candidate(self, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
+                  cuts: tuple[int, ...] | None, rec: tuple[tuple[int, ...], ...] | None,
+                  optimal: bool = True, note: str = "") -> Candidate:
+        if cuts is None:
+            return Candidate(method, point, layout, None, None, optimal=optimal, note=note or "no stage cut fits the memory limits")
+        rec, model_fits = assign_recompute(problem, cuts, rec)
+        sol = evaluate(problem, cuts, rec, method)
+        costs = self.costs(point.micro_batch_size)
+        sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)
+        sim = simulate_costs(
+            sched, stage_costs(costs, layout, cuts, rec, self.settings.optimizer),
+            [layout.device_of(s) for s in range(layout.n_stages)], layout.devices, layout.links,
+            micro_batch_size=point.micro_batch_size, optimizer=self.settings.optimizer,
+            calibration=self.calibration, interpolated=costs.interpolated,
+        )
+        if not sim.fits:
+            worst = int(np.argmax([pk / lim if lim else 0.0 for pk, lim in zip(sim.peak_memory_bytes, sim.memory_limit_bytes)]))
+            note = note or f"device {layout.devices[worst].name} needs {sim.peak_memory_bytes[worst]:.4g} B > limit {sim.memory_limit_bytes[worst]}"
+        return Candidate(method, point, layout, stage_plans(layout, cuts, rec), sim, sol.stage_ms, sol.stage_bytes,
+                         optimal=optimal, note=note)
+
+
+def _typical_bytes(profile: Profile, settings: PartitionSettings) -> float:
+    """Median boundary message for ordering devices by link speed (a weight, not a cost)."""
+    costs = profile.at(max(1, settings.global_batch // max(1, settings.n_devices or 1)))
+    out = np.asarray(costs.output_bytes[:-1], dtype=float)
+    return float(np.median(out)) if out.size else 1.0
+
+
+def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
+               calibration: Calibration | None, on_step: Callable[[str], None] | None = None) -> Search:
+    """Evaluate every method at every grid point and device order."""
+    optimizer_factor(settings.optimizer)
+    if settings.recompute not in RECOMPUTE_MODES:
+        raise PplanError(f"unknown recompute mode {settings.recompute!r}", f"use one of {', '.join(RECOMPUTE_MODES)}")
+    n = len(devices)
+    L = profile.n_layers
+    points, skipped = grid_points(settings, n, L)
+    orders = [tuple(range(n))] if settings.cluster is None else pipeline_orders(devices, links, _typical_bytes(profile, settings))
+    solver = "ilp" if settings.method == "ilp" else "dp"
+    pool = ("dp",) + BASELINES if settings.method == "auto" else (settings.method,)
+    ev = _Evaluator(profile, settings, calibration)
+    deadline = time.monotonic() + settings.time_limit
+    best: dict[tuple[str, GridPoint], Candidate] = {}
+
+    def keep(c: Candidate) -> None:
+        key = (c.method, c.point)
+        if key not in best or rank_key(c) < rank_key(best[key]):
+            best[key] = c
+
+    for point in points:
+        if on_step:
+            on_step(f"{point.schedule} M={point.n_microbatches}")
+        for layout in layouts_for(devices, links, orders, point.virtual_stages):
+            problem = ev.problem(point, layout)
+            for method in (solver,) + BASELINES:
+                keep(_solve(ev, method, point, layout, problem, deadline))
+            if solver == "ilp":
+                keep(_solve(ev, "dp", point, layout, problem, deadline))
+    ordered = tuple(sorted(best.values(), key=rank_key))
+    return Search(candidates=ordered, pool=pool, skipped=tuple(skipped), calibration=calibration)
+
+
+def _solve(ev: _Evaluator, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
+           deadline: float) -> Candidate:
+    if method == "dp":
+        sol = solve_dp(problem)
+        return ev.candidate("dp", point, layout, problem, sol and sol.cuts, sol and sol.recompute)
+    if method == "ilp":
+        from planner.partition.ilp import solve_ilp
+
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return ev.candidate("ilp", point, layout, problem, None, None, optimal=False, note="ILP time limit reached before this point")
+        sol = solve_ilp(problem, time_limit=max(1.0, left))
+        return ev.candidate("ilp", point, layout, problem, sol and sol.cuts, sol and sol.recompute,
+                            optimal=bool(sol and sol.optimal), note="" if sol else "ILP found no cut that fits")
+    costs = ev.costs(point.micro_batch_size)
+    cuts = baseline_cuts(method, layout.n_stages, np.asarray(costs.param_bytes, dtype=float),
+                         np.asarray(costs.fwd_ms, dtype=float) + np.asarray(costs.bwd_ms, dtype=float))
+    return ev.candidate(method, point, layout, problem, cuts, None, optimal=False)

@@ -1,0 +1,216 @@
+"""Measuring one layer: forward/backward times, saved activations, output size, flops.
+
+Method (docs/profile-format.md repeats it for users):
+- The layer runs in training mode on its real input (the previous layer's output, detached
+  and marked requires_grad, as a pipeline stage receives it; the first layer's input is the
+  data and needs no gradient). The last layer's forward includes the loss.
+- fwd_ms / bwd_ms are medians over `repeats` runs after `warmup` runs; on CUDA the device is
+  synchronised around each run. Backward runs on one retained graph with a fixed random
+  output gradient, parameter and input gradients cleared before each run.
+- bwd_input_ms is the median of autograd.grad with respect to the layer input alone (the
+  zero-bubble I step); bwd_weight_ms = bwd_ms - bwd_input_ms, the rest of the work (W).
+  Timing W alone would repeat the activation-gradient chain inside the layer, which a real
+  split backward computes once. A first layer (input needs no gradient) is all W, a layer
+  without parameters all I.
+- activation_bytes: storages saved for backward (planner.profiling.saved), the layer's own
+  input included when saved (backward needs it), parameters and buffers excluded.
+  shared_input_bytes: the part of it the previous layer saved too (its output, e.g. a ReLU
+  result, saved again as this layer's input): within one stage it is held once.
+- flops: torch.utils.flop_counter over one forward (0 where it counts nothing).
+- cuda_peak_bytes: on CUDA, the allocator's peak during one forward+backward above what was
+  allocated before it (gradients it creates included).
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from planner.errors import ModelSpecError
+from planner.profiling.saved import SavedTensors, tensor_bytes
+
+__all__ = ["LayerMeasurement", "measure_layer", "optimizer_ms", "timed_ms"]
+
+
+@dataclass(frozen=True)
+class LayerMeasurement:
+    """One layer at one micro-batch size."""
+
+    fwd_ms: float
+    """Median forward time, ms."""
+    fwd_ms_std: float
+    """Standard deviation of the forward samples, ms."""
+    bwd_ms: float
+    """Median full backward time, ms."""
+    bwd_ms_std: float
+    """Standard deviation of the backward samples, ms."""
+    bwd_input_ms: float
+    """Input-gradient part of the backward, ms."""
+    bwd_weight_ms: float
+    """Weight-gradient part of the backward, ms (bwd_ms - bwd_input_ms)."""
+    activation_bytes: int
+    """Bytes saved for backward (distinct storages, no parameters)."""
+    shared_input_bytes: int
+    """Bytes of those that the previous layer saved too."""
+    output_bytes: int
+    """Bytes of the layer's output."""
+    flops: int
+    """Forward floating-point operations (0 when not countable)."""
+    cuda_peak_bytes: int
+    """Allocator peak above the starting point during forward+backward (0 off CUDA)."""
+
+
+def _sync_for(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def timed_ms(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None],
+             before: Callable[[], None] | None = None) -> list[float]:
+    """Wall times of `repeats` calls of fn after `warmup` calls, ms.
+
+    fn's result is dropped only after the clock stops: freeing a graph is not the forward.
+    """
+    samples = []
+    for i in range(warmup + repeats):
+        if before is not None:
+            before()
+        sync()
+        t0 = time.perf_counter()
+        result = fn()
+        sync()
+        elapsed = (time.perf_counter() - t0) * 1e3
+        del result
+        if i >= warmup:
+            samples.append(elapsed)
+    return samples
+
+
+def _median_std(samples: list[float]) -> tuple[float, float]:
+    if not samples:
+        return 0.0, 0.0
+    return statistics.median(samples), statistics.stdev(samples) if len(samples) > 1 else 0.0
+
+
+def _cpu_flash_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
+    from torch.utils.flop_counter import sdpa_flop_count
+
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+def _count_flops(forward: Callable[[], Any]) -> int:
+    from torch.utils.flop_counter import FlopCounterMode, flop_registry
+
+    # torch counts the CUDA attention kernels but not the CPU flash kernel SDPA uses here.
+    extra = {}
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    if op is not None and op not in flop_registry:
+        extra[op] = _cpu_flash_flops
+    with FlopCounterMode(display=False, custom_mapping=extra) as counter:
+        result = forward()
+    del result
+    return int(counter.get_total_flops())
+
+
+def _output_gradient(out: torch.Tensor, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
+
+
+def measure_layer(
+    layer: torch.nn.Module,
+    inp: torch.Tensor,
+    *,
+    loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
+    target: Any = None,
+    warmup: int = 2,
+    repeats: int = 5,
+    grad_seed: int = 0,
+    prev_saved: SavedTensors | None = None,
+    name: str = "layer",
+) -> tuple[LayerMeasurement, torch.Tensor, SavedTensors]:
+    """Measure `layer` on `inp` (see module docstring).
+
+    With `loss_fn`, the layer is the last one: its forward includes `loss_fn(output, target)`
+    and its backward starts from the loss. Returns the measurement, the layer's output
+    (detached, sharing storage with what the layer saved) and the saved-tensor record, which
+    the caller passes as `prev_saved` to the next layer and then releases.
+    """
+    sync = _sync_for(inp.device)
+    params = [p for p in layer.parameters() if p.requires_grad]
+
+    def forward() -> tuple[torch.Tensor, torch.Tensor]:
+        y = layer(inp)
+        return (y, loss_fn(y, target)) if loss_fn is not None else (y, y)
+
+    saved = SavedTensors(exclude=[*layer.parameters(), *layer.buffers()])
+    with saved:
+        y, out = forward()
+    if not isinstance(y, torch.Tensor):
+        raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tensor", "each pipeline layer must return one tensor")
+    flops = _count_flops(forward)
+    fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync)
+
+    bwd: list[float] = []
+    bwd_input = 0.0
+    cuda_peak = 0
+    grad = None
+    if out.requires_grad:
+        grad = None if loss_fn is not None else _output_gradient(out, grad_seed)
+        leaves = params + ([inp] if inp.requires_grad else [])
+
+        def clear() -> None:
+            for t in leaves:
+                t.grad = None
+
+        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, before=clear)
+        clear()
+        if inp.requires_grad and params:
+            samples = timed_ms(lambda: torch.autograd.grad(out, [inp], grad, retain_graph=True, allow_unused=True),
+                               warmup=warmup, repeats=repeats, sync=sync)
+            bwd_input = min(statistics.median(samples), statistics.median(bwd))
+        elif inp.requires_grad:
+            bwd_input = statistics.median(bwd)
+    if inp.device.type == "cuda":
+        cuda_peak = _cuda_peak(forward, grad, inp.device)
+    fwd_med, fwd_std = _median_std(fwd)
+    bwd_med, bwd_std = _median_std(bwd)
+    m = LayerMeasurement(
+        fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
+        bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
+        activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
+        output_bytes=tensor_bytes(y), flops=flops, cuda_peak_bytes=cuda_peak,
+    )
+    return m, y.detach(), saved
+
+
+def _cuda_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None, device: torch.device) -> int:
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    y, out = forward()
+    if out.requires_grad:
+        torch.autograd.backward(out, grad)
+    torch.cuda.synchronize(device)
+    peak = torch.cuda.max_memory_allocated(device) - base
+    del y, out
+    return max(int(peak), 0)
+
+
+def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int) -> float:
+    """Median time of one Adam step over copies of the layer's trainable parameters, ms."""
+    params = [p for p in layer.parameters() if p.requires_grad]
+    if not params:
+        return 0.0
+    copies = [p.detach().clone() for p in params]
+    for c in copies:
+        c.grad = torch.full_like(c, 1e-3)
+    opt = torch.optim.Adam(copies, lr=1e-3)
+    # The first step allocates Adam's state: always warm up at least once.
+    samples = timed_ms(opt.step, warmup=max(warmup, 1), repeats=repeats, sync=_sync_for(copies[0].device))
+    return statistics.median(samples)

@@ -1,0 +1,191 @@
+"""profile_model: build a model, measure every layer at every micro-batch size, return a Profile.
+
+Each micro-batch size gets a fresh batch from the model's `make_batch(size, seed)` that flows
+through the layers in order, each layer measured on the real output of the one before
+(planner.profiling.measure describes the method). The optimizer step is measured once per
+layer: it does not depend on the micro-batch size.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import gc
+import platform
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from planner.errors import ModelSpecError, PplanError
+from planner.models import build_model
+from planner.profiling.measure import measure_layer, optimizer_ms
+from planner.profiling.profile import Profile, make_profile
+from planner.profiling.saved import SavedTensors
+
+__all__ = ["DTYPES", "profile_model", "resolve_device"]
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_COLUMNS = (
+    "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
+    "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes",
+)
+_MESSAGE_LIMIT = 300  # torch errors can be pages long; the one-line error keeps the start
+
+
+def resolve_device(device: str) -> torch.device:
+    """'cpu', 'cuda' or 'cuda:N' -> torch.device, checking that it exists."""
+    try:
+        dev = torch.device(device)
+    except RuntimeError:
+        raise PplanError(f"unknown device {device!r}", "use cpu, cuda or cuda:N") from None
+    if dev.type not in ("cpu", "cuda"):
+        raise PplanError(f"device {device!r} is not supported", "use cpu, cuda or cuda:N")
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise PplanError(f"--device {device}: CUDA is not available (torch {torch.__version__})", "profile on cpu, or install a CUDA build of torch on a GPU machine")
+        index = dev.index or 0
+        if index >= torch.cuda.device_count():
+            raise PplanError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
+        dev = torch.device("cuda", index)
+    return dev
+
+
+def _device_name(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return torch.cuda.get_device_name(dev)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def _to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
+    if isinstance(x, torch.Tensor):
+        return x.to(device=dev, dtype=dtype) if x.is_floating_point() else x.to(dev)
+    raise ModelSpecError(f"make_batch returned {type(x).__name__}, not a tensor", "return (input tensor, target tensor)")
+
+
+def _check_args(sizes: list[int], dtype: str, warmup: int, repeats: int, threads: int | None) -> None:
+    if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+        raise PplanError(f"micro-batch sizes {sizes} must be distinct positive integers", "e.g. 1,2,4,8")
+    if dtype not in DTYPES:
+        raise PplanError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(DTYPES)}")
+    if warmup < 0 or repeats < 1:
+        raise PplanError(f"warmup {warmup} / repeats {repeats}: need warmup >= 0 and repeats >= 1")
+    if threads is not None and threads < 1:
+        raise PplanError(f"threads {threads} must be at least 1")
+
+
+def _failure(spec: str, index: int, name: str, size: int, e: Exception) -> PplanError:
+    if isinstance(e, torch.OutOfMemoryError):
+        return PplanError(f"model {spec!r}: out of memory in layer {index} ({name}) at micro-batch size {size}", "profile smaller micro-batch sizes")
+    text = " ".join(str(e).split())
+    if len(text) > _MESSAGE_LIMIT:
+        text = text[:_MESSAGE_LIMIT] + "..."
+    return ModelSpecError(f"model {spec!r}: layer {index} ({name}) failed at micro-batch size {size}: {type(e).__name__}: {text}", "run with --debug for the traceback")
+
+
+def _warm_up(bundle: Any, layers: torch.nn.Module, size: int, seed: int, dev: torch.device, dtype: torch.dtype) -> None:
+    """One untimed training step of the whole model: first-call costs (allocator growth,
+    kernel selection, lazy initialisation) would otherwise land on the first measurements."""
+    x, target = bundle.make_batch(size, seed)
+    try:
+        bundle.loss_fn(layers(_to_device(x, dev, dtype)), _to_device(target, dev, dtype)).backward()
+    except PplanError:
+        raise
+    except Exception:
+        return  # measure_layer reports the failure with the layer that causes it
+    finally:
+        layers.zero_grad(set_to_none=True)
+
+
+def profile_model(
+    spec: str,
+    micro_batch_sizes: list[int],
+    *,
+    device: str = "cpu",
+    dtype: str = "float32",
+    warmup: int = 2,
+    repeats: int = 5,
+    seed: int = 0,
+    threads: int | None = None,
+    input_shape: tuple[int, ...] | None = None,
+    input_dtype: str = "float",
+    vocab: int | None = None,
+    command: str | None = None,
+    on_step: Callable[[int, int, str], None] | None = None,
+) -> Profile:
+    """Measure every layer of `spec` at every size; `on_step(done, total, note)` after each."""
+    sizes = sorted(micro_batch_sizes)
+    _check_args(sizes, dtype, warmup, repeats, threads)
+    dev, tdtype = resolve_device(device), DTYPES[dtype]
+    bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
+    old_threads = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    started = time.perf_counter()
+    try:
+        layers = bundle.layers.to(device=dev, dtype=tdtype).train()
+        named = list(layers.named_children())
+        cols = {c: np.zeros((len(named), len(sizes))) for c in _COLUMNS}
+        _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
+        input_bytes = 0.0
+        for k, size in enumerate(sizes):
+            x, target = bundle.make_batch(size, seed)
+            h, target = _to_device(x, dev, tdtype), _to_device(target, dev, tdtype)
+            input_bytes = h.numel() * h.element_size() / size
+            prev: SavedTensors | None = None
+            for i, (name, layer) in enumerate(named):
+                inp = h if i == 0 else h.detach().requires_grad_(h.is_floating_point())
+                last = i == len(named) - 1
+                try:
+                    m, h, saved = measure_layer(
+                        layer, inp, loss_fn=bundle.loss_fn if last else None, target=target if last else None,
+                        warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name,
+                    )
+                except PplanError:
+                    raise
+                except Exception as e:  # the model's own code failed: one line naming where
+                    raise _failure(spec, i, name, size, e) from e
+                if prev is not None:
+                    prev.release()
+                prev = saved
+                for c in _COLUMNS:
+                    cols[c][i, k] = getattr(m, c)
+                if on_step:
+                    on_step(k * len(named) + i + 1, len(sizes) * len(named), f"micro-batch {size} {name}")
+            if prev is not None:
+                prev.release()
+            del h, inp, prev, x, target
+            gc.collect()
+        opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats) for _, layer in named])
+        cols["optimizer_ms"] = np.repeat(opt[:, None], len(sizes), axis=1)
+        param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
+        cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], len(sizes), axis=1)
+        if dev.type != "cuda":
+            del cols["cuda_peak_bytes"]
+        meta = {
+            "model": spec,
+            "seed": str(seed),
+            "device": str(dev),
+            "device_name": _device_name(dev),
+            "dtype": dtype,
+            "torch": torch.__version__,
+            "threads": str(torch.get_num_threads()),
+            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+            "command": " ".join((command or "").splitlines()),
+            "input_bytes_per_sample": f"{input_bytes:g}",
+            "warmup": str(warmup),
+            "repeats": str(repeats),
+        }
+        if input_shape is not None:
+            meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
+        meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
+        return make_profile([n for n, _ in named], sizes, cols, meta)
+    finally:
+        torch.set_num_threads(old_threads)

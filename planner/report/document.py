@@ -1,0 +1,186 @@
+"""The report's index: report.md and a self-contained report.html, and the atomic folder write.
+
+Everything is rendered in memory first. Then the figures go into a fresh temporary folder that
+replaces `figures/` with one rename, and the two index files are written last, each through a
+temporary file: a failed or interrupted report never leaves a half-written index, and an index
+never points at figures from a different run.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import html
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from planner.atomic import atomic_write_text
+from planner.errors import PplanError
+
+__all__ = ["FigureEntry", "ReportDocument", "render_markdown", "render_html", "write_report_folder"]
+
+FIGURES_DIR = "figures"
+
+
+@dataclass(frozen=True)
+class FigureEntry:
+    """One figure of the report: drawn (files + embedded PNG) or skipped (reason)."""
+
+    number: int
+    """Figure number in the index (1-based)."""
+    key: str
+    """File stem, e.g. '1_schedule'."""
+    title: str
+    """Heading."""
+    caption: str
+    """What it shows, one paragraph (may contain `code` spans)."""
+    files: tuple[str, ...] = ()
+    """Paths relative to the report folder, one per format written."""
+    png: bytes | None = None
+    """PNG bytes embedded in report.html."""
+    skipped: str | None = None
+    """Why it was not drawn (None when drawn)."""
+
+
+@dataclass(frozen=True)
+class ReportDocument:
+    """The index content, independent of its rendering."""
+
+    title: str
+    """Page title."""
+    inputs: tuple[tuple[str, str], ...]
+    """(input name, file) rows."""
+    summary: tuple[tuple[str, str], ...]
+    """(quantity, value) rows of the key numbers."""
+    figures: tuple[FigureEntry, ...]
+    """Figures in order, drawn or skipped."""
+    notes: tuple[str, ...] = ()
+    """Extra remarks (what was computed here, warnings)."""
+    regenerate: str | None = None
+    """The command that rebuilds this report."""
+
+
+def render_markdown(doc: ReportDocument) -> str:
+    out = [f"# {doc.title}", ""]
+    if doc.summary:
+        out += ["## Key numbers", "", "| quantity | value |", "| --- | --- |"]
+        out += [f"| {_md_cell(k)} | {_md_cell(v)} |" for k, v in doc.summary]
+        out.append("")
+    for fig in doc.figures:
+        out.append(f"## Figure {fig.number}. {fig.title}")
+        out.append("")
+        if fig.skipped:
+            out += [f"*Skipped: {fig.skipped}.*", ""]
+            continue
+        first = fig.files[0]
+        image = next((f for f in fig.files if f.endswith(".png")), first)
+        out += [f"![{fig.title}]({image})", "", fig.caption, ""]
+        out += ["Files: " + ", ".join(f"[{Path(f).suffix[1:].upper()}]({f})" for f in fig.files), ""]
+    out += ["## Inputs", "", "| input | file |", "| --- | --- |"]
+    out += [f"| {name} | `{path}` |" for name, path in doc.inputs] or ["| (none) | |"]
+    out.append("")
+    for note in doc.notes:
+        out += [f"- {note}"]
+    if doc.notes:
+        out.append("")
+    if doc.regenerate:
+        out += ["Regenerate with:", "", "```", doc.regenerate, "```", ""]
+    return "\n".join(out)
+
+
+def _md_cell(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _inline(text: str) -> str:
+    """Escape for HTML, then turn `code` spans into <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text))
+
+
+_CSS = """
+body{font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;max-width:1180px;margin:24px auto;padding:0 16px;color:#222}
+h1{font-size:24px;margin-bottom:8px}h2{font-size:18px;margin-top:32px;border-bottom:1px solid #ddd;padding-bottom:4px}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #ddd;padding:4px 10px;text-align:left;font-size:14px}
+th{background:#f4f4f4}img{max-width:100%;height:auto;border:1px solid #eee}p.caption{color:#444;font-size:14px}
+p.skipped{color:#8a6d3b;background:#fcf8e3;padding:6px 10px;border-radius:4px}code{background:#f4f4f4;padding:0 3px}
+p.files{font-size:13px}pre{background:#f4f4f4;padding:8px;overflow-x:auto}
+""".strip()
+
+
+def render_html(doc: ReportDocument) -> str:
+    """A single self-contained page: figures embedded as base64 PNG, links to the files beside it."""
+    esc = html.escape
+    out = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+           f"<title>{esc(doc.title)}</title>", f"<style>{_CSS}</style></head><body>", f"<h1>{esc(doc.title)}</h1>"]
+    if doc.summary:
+        out.append("<h2>Key numbers</h2><table><tr><th>quantity</th><th>value</th></tr>")
+        out += [f"<tr><td>{_inline(k)}</td><td>{_inline(v)}</td></tr>" for k, v in doc.summary]
+        out.append("</table>")
+    for fig in doc.figures:
+        out.append(f'<h2 id="{esc(fig.key)}">Figure {fig.number}. {esc(fig.title)}</h2>')
+        if fig.skipped:
+            out.append(f'<p class="skipped">Skipped: {_inline(fig.skipped)}.</p>')
+            continue
+        if fig.png is not None:
+            data = base64.b64encode(fig.png).decode("ascii")
+            out.append(f'<img alt="{esc(fig.title)}" src="data:image/png;base64,{data}">')
+        out.append(f'<p class="caption">{_inline(fig.caption)}</p>')
+        links = " · ".join(f'<a href="{esc(f)}">{esc(Path(f).suffix[1:].upper())}</a>' for f in fig.files)
+        out.append(f'<p class="files">Files: {links}</p>')
+    out.append("<h2>Inputs</h2><table><tr><th>input</th><th>file</th></tr>")
+    out += [f"<tr><td>{esc(n)}</td><td><code>{esc(p)}</code></td></tr>" for n, p in doc.inputs]
+    out.append("</table>")
+    if doc.notes:
+        out.append("<ul>" + "".join(f"<li>{_inline(n)}</li>" for n in doc.notes) + "</ul>")
+    if doc.regenerate:
+        out.append(f"<p>Regenerate with:</p><pre>{esc(doc.regenerate)}</pre>")
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"
+
+
+def _default_mode() -> int:
+    """Permissions a plain new file gets under the current umask (usually 0644)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
+
+
+def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, bytes], markdown: str, page: str) -> Path:
+    """Write figures (names relative to `figures/`) and the two index files, atomically."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PplanError(f"report folder {str(out)!r} exists and is a file", "choose another --out or --name")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise PplanError(f"cannot create report folder {str(out)!r}: {e.strerror}") from None
+    tmp = Path(tempfile.mkdtemp(prefix=f".{FIGURES_DIR}.", suffix=".tmp", dir=out))
+    old: Path | None = None
+    mode = _default_mode()
+    try:
+        os.chmod(tmp, mode | 0o111)  # mkdtemp makes 0700; a report is meant to be shared
+        for name, data in sorted(figure_files.items()):
+            (tmp / name).write_bytes(data)
+        final = out / FIGURES_DIR
+        if final.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{FIGURES_DIR}.", suffix=".old", dir=out))
+            os.rmdir(old)
+            os.rename(final, old)
+        os.rename(tmp, final)
+        for name, text in (("report.html", page), ("report.md", markdown)):
+            atomic_write_text(out / name, text)
+            os.chmod(out / name, mode)  # the temporary file behind the rename is 0600
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if old is not None and not (out / FIGURES_DIR).exists():
+            with contextlib.suppress(OSError):
+                os.rename(old, out / FIGURES_DIR)
+        raise
+    finally:
+        if old is not None and old.exists():
+            shutil.rmtree(old, ignore_errors=True)
+    return out

@@ -1,0 +1,176 @@
+"""Figure 6: predicted against measured, per device (busy time, peak memory) and per step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.report.inputs import ReportInputs
+from planner.report.style import (
+    LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
+)
+
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines"]
+
+KEY = "6_predicted_vs_measured"
+TITLE = "Predicted against measured"
+_CALIBRATED_COLOR = "#55A868"
+
+
+def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
+    """Why this figure cannot be drawn, or None."""
+    return "needs a measured run (--run, the JSON written by `pplan run`)" if inputs.run is None else None
+
+
+def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
+    """(label, iteration ms, color) of each distinct prediction to compare the steps with."""
+    lines: list[tuple[str, float, str]] = []
+    run_pred = inputs.run.get("iteration_ms_predicted") if inputs.run else None
+    if isinstance(run_pred, (int, float)) and run_pred > 0:
+        lines.append(("predicted by the plan", float(run_pred), PREDICTED_COLOR))
+    sim_pred = inputs.sim.get("iteration_ms") if inputs.sim else None
+    if isinstance(sim_pred, (int, float)) and sim_pred > 0:
+        # The same number twice would be two labels for one line.
+        if not lines or abs(sim_pred - lines[0][1]) > 1e-3 * max(sim_pred, 1e-9):
+            lines.append((f"{inputs.sim_label}", float(sim_pred), _CALIBRATED_COLOR if lines else PREDICTED_COLOR))
+    return lines
+
+
+def caption(inputs: ReportInputs) -> str:
+    return ("Left: busy time per device in one iteration, predicted (simulator) and measured (`pplan run`). "
+            "Middle: peak memory per device, predicted and measured, against the limit. "
+            "Right: measured time of every training step against the predicted iteration time; "
+            "hollow points are warm-up steps, excluded from the median. Percentages are prediction errors as in "
+            "the run JSON: (predicted - measured) / measured.")
+
+
+def _rank_rows(inputs: ReportInputs) -> list[dict]:
+    return sorted((r for r in inputs.run.get("ranks", []) or [] if isinstance(r.get("rank"), int)),
+                  key=lambda r: r["rank"])
+
+
+def draw(inputs: ReportInputs, derived: Any = None) -> Any:
+    fig = new_figure(13.0, 4.4)
+    ax_busy, ax_mem, ax_step = fig.subplots(1, 3, width_ratios=[1, 1, 1.7])
+    ranks = _rank_rows(inputs)
+    sim_devices = {d.get("device"): d for d in (inputs.sim or {}).get("devices", []) or []}
+    w = 0.38
+
+    if ranks:
+        x = np.arange(len(ranks))
+        labels = [f"dev {r['rank']}" for r in ranks]
+        pred_busy = [float(r.get("busy_ms_predicted") or sim_devices.get(r.get("device", r["rank"]), {}).get("busy_ms")
+                           or np.nan) for r in ranks]
+        meas_busy = [float(r.get("busy_ms") or np.nan) for r in ranks]
+        _paired_bars(ax_busy, x, pred_busy, meas_busy, w, 1.0)
+        ax_busy.set_xticks(x, labels)
+        ax_busy.set_ylabel("busy time per iteration (ms)")
+        ax_busy.set_title("Busy time per device")
+
+        pred_mem = [float(r.get("peak_memory_bytes_predicted")
+                          or sim_devices.get(r["rank"], {}).get("peak_memory_bytes") or np.nan) for r in ranks]
+        meas_mem = [float(r.get("peak_memory_bytes_measured") or np.nan) for r in ranks]
+        limits = [sim_devices.get(r["rank"], {}).get("memory_limit_bytes") for r in ranks]
+        if inputs.plan is not None:
+            limits = [lim or (inputs.plan.devices[r["rank"]].memory_bytes if r["rank"] < inputs.plan.n_devices else None)
+                      for lim, r in zip(limits, ranks)]
+        top = np.nanmax(pred_mem + meas_mem + [float(v) for v in limits if v] + [1.0])
+        div, unit = bytes_axis(top)
+        if _has_breakdowns(ranks):
+            _stacked_pairs(ax_mem, x, ranks, w, div)
+        else:
+            _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div)
+        drawn = False
+        for i, lim in enumerate(limits):
+            if lim:
+                ax_mem.hlines(float(lim) / div, i - 0.45, i + 0.45, **LIMIT_STYLE,
+                              label=None if drawn else "memory limit")
+                drawn = True
+        ax_mem.set_xticks(x, labels)
+        ax_mem.set_ylabel(f"peak memory ({unit})")
+        ax_mem.set_title("Peak memory per device")
+        ax_mem.set_ylim(0, top / div * 1.25)
+    else:
+        for ax in (ax_busy, ax_mem):
+            ax.text(0.5, 0.5, "run JSON has no per-rank data", ha="center", va="center", transform=ax.transAxes)
+    for ax in (ax_busy, ax_mem):
+        ax.grid(axis="x", visible=False)
+        lo, hi = ax.get_ylim()
+        ax.set_ylim(0, hi * 1.1)
+        ax.legend(loc="upper center", ncols=3, fontsize=8)
+
+    _draw_steps(ax_step, inputs)
+    return fig
+
+
+def _has_breakdowns(ranks: list[dict]) -> bool:
+    return all(isinstance(r.get("memory_predicted"), dict) and isinstance(r.get("memory_measured"), dict) for r in ranks)
+
+
+def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: float) -> None:
+    """Predicted (left, solid) and measured (right, hatched) bars per device, stacked by kind."""
+    for offset, key, hatch in ((-w / 2, "memory_predicted", None), (w / 2, "memory_measured", "///")):
+        bottom = np.zeros(len(ranks))
+        for part in MEMORY_PARTS:
+            values = np.array([float(r[key].get(part) or 0) for r in ranks]) / div
+            ax.bar(x + offset, values, bottom=bottom, width=w, color=MEMORY_COLORS[part], hatch=hatch,
+                   edgecolor="white", lw=0.3, label=part if hatch is None else None)
+            bottom += values
+        if hatch is None:
+            pred_tot = bottom.copy()
+        else:
+            for i, (p, m) in enumerate(zip(pred_tot, bottom)):
+                if p > 0:
+                    ax.annotate(f"{(p - m) / m:+.0%}" if m > 0 else "", (x[i] + w / 2, m), ha="center", va="bottom",
+                                fontsize=8, xytext=(0, 2), textcoords="offset points")
+    ax.bar([], [], color="white", edgecolor="#555555", hatch="///", label="measured (hatched)")
+    ax.set_xlabel("left bar predicted, right bar measured")
+
+
+def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w: float, div: float) -> None:
+    bars_p = ax.bar(x - w / 2, np.array(pred) / div, width=w, color=PREDICTED_COLOR, label="predicted")
+    bars_m = ax.bar(x + w / 2, np.array(meas) / div, width=w, color=MEASURED_COLOR, label="measured")
+    for bp, bm, p, m in zip(bars_p, bars_m, pred, meas):
+        if np.isfinite(p) and np.isfinite(m) and m > 0:
+            # Labelled like the run JSON's error_pct: (predicted - measured) / measured.
+            ax.annotate(f"{(p - m) / m:+.0%}", (bm.get_x() + bm.get_width() / 2, bm.get_height()),
+                        ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+
+
+def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
+    steps = [float(s) for s in inputs.run.get("step_ms", []) or []]
+    timed = inputs.run.get("measured_steps")
+    if not isinstance(timed, list):  # older run files: everything after the warm-up count
+        warm = inputs.run.get("warmup") if isinstance(inputs.run.get("warmup"), int) else 0
+        timed = list(range(warm, len(steps)))
+    timed_set = {i for i in timed if isinstance(i, int)}
+    if steps:
+        idx = np.arange(1, len(steps) + 1)
+        ax.plot(idx, steps, color=MEASURED_COLOR, lw=1.0, alpha=0.6)
+        t = [i for i in range(len(steps)) if i in timed_set]
+        u = [i for i in range(len(steps)) if i not in timed_set]
+        ax.plot(idx[t], np.array(steps)[t], marker="o", ms=5, color=MEASURED_COLOR, ls="none", label="measured step")
+        if u:
+            ax.plot(idx[u], np.array(steps)[u], marker="o", ms=5, mfc="white", color=MEASURED_COLOR, ls="none",
+                    label="warm-up step (not timed)")
+    measured = inputs.run.get("iteration_ms_measured")
+    if isinstance(measured, (int, float)) and np.isfinite(measured):
+        ax.axhline(measured, color=MEASURED_COLOR, ls=":", lw=1.4, label=f"measured median {measured:.1f} ms")
+    else:
+        measured = None
+    for label, value, color in prediction_lines(inputs):
+        err = f" ({(value - measured) / measured:+.0%})" if measured else ""
+        ax.axhline(value, color=color, ls="--", lw=1.6, label=f"{label} {value:.1f} ms{err}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("step time (ms)")
+    ax.set_title("Step time: measured against predicted")
+    ax.set_ylim(bottom=0)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(0, hi * 1.35)
+    if steps:
+        ax.set_xlim(0.5, len(steps) + 0.5)
+        from matplotlib.ticker import MaxNLocator
+
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.legend(loc="upper right", fontsize=8)

@@ -1,0 +1,139 @@
+"""Figure 4: the plan against the baseline splits (uniform, params, time): time and peak memory."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.report.inputs import ReportInputs
+from planner.report.style import LIMIT_STYLE, bytes_axis, new_figure
+
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "candidates"]
+
+KEY = "4_baselines"
+TITLE = "The plan against baseline splits"
+_PLAN_COLOR = "#4C72B0"
+_BASE_COLOR = "#9DB4D3"
+_INFEASIBLE_COLOR = "#E8A5A5"
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
+
+
+def candidates(inputs: ReportInputs, derived: Any = None) -> list[dict[str, Any]]:
+    """The plan first, then each baseline: name, iteration_ms, peak_memory_bytes, feasible, is_plan.
+
+    Read from `plan.search["baselines"]` (or from baselines recomputed in `derived`).
+    """
+    rows: list[dict[str, Any]] = []
+    plan = inputs.plan
+    if plan is None:
+        return rows
+    source = getattr(derived, "baselines", None) or (plan.search or {}).get("baselines") or []
+    if isinstance(source, dict):  # {"uniform": {...}, ...}
+        source = [{"name": k, **v} for k, v in source.items() if isinstance(v, dict)]
+    predicted = plan.predicted or {}
+    peak = _peak(predicted) or _peak(inputs.sim or {})
+    rows.append({"name": "pplan plan", "iteration_ms": _number(predicted.get("iteration_ms"))
+                 or _number((inputs.sim or {}).get("iteration_ms")),
+                 "peak_memory_bytes": peak, "feasible": True, "is_plan": True})
+    for b in source:
+        if not isinstance(b, dict) or not b.get("name"):
+            continue
+        pred = b.get("predicted") if isinstance(b.get("predicted"), dict) else {}
+        row = {
+            "name": str(b["name"]),
+            "iteration_ms": _number(b.get("iteration_ms")) or _number(pred.get("iteration_ms")),
+            "peak_memory_bytes": _peak(b) or _peak(pred),
+            "feasible": bool(b.get("feasible", True)),
+            "is_plan": False,
+        }
+        if "reason" in b:
+            row["reason"] = str(b["reason"])
+        rows.append(row)
+    return rows
+
+
+def _peak(d: dict[str, Any]) -> float | None:
+    value = d.get("peak_memory_bytes")
+    if isinstance(value, list):
+        nums = [v for v in (_number(x) for x in value) if v]
+        return max(nums) if nums else None
+    if _number(value):
+        return _number(value)
+    devices = d.get("devices")
+    if isinstance(devices, list):
+        nums = [_number(x.get("peak_memory_bytes")) for x in devices if isinstance(x, dict)]
+        nums = [v for v in nums if v]
+        return max(nums) if nums else None
+    return None
+
+
+def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
+    """Why this figure cannot be drawn, or None."""
+    if inputs.plan is None:
+        return "needs a plan (--plan) written by `pplan partition`"
+    if len(candidates(inputs, derived)) < 2:
+        return "the plan records no baselines (plan.search.baselines) and none could be recomputed (needs --profile)"
+    return None
+
+
+def caption(inputs: ReportInputs) -> str:
+    return ("Predicted iteration time (left) and largest per-device peak memory (right) of pplan's plan and "
+            "of the baseline splits: equal layer counts (uniform), equal parameter bytes (params) and equal "
+            "compute time (time), each with the plan's schedule and micro-batches. Red hatched bars do not fit "
+            "the memory limit (dashed line).")
+
+
+def _limit(inputs: ReportInputs) -> float | None:
+    if inputs.plan is None:
+        return None
+    limits = [d.memory_bytes for d in inputs.plan.devices if d.memory_bytes]
+    return float(min(limits)) if limits else None
+
+
+def draw(inputs: ReportInputs, derived: Any = None) -> Any:
+    rows = candidates(inputs, derived)
+    limit = _limit(inputs)
+    fig = new_figure(11.0, 4.2)
+    ax_t, ax_m = fig.subplots(1, 2)
+    y = np.arange(len(rows))[::-1]
+    names = [r["name"] for r in rows]
+    colors = [_PLAN_COLOR if r["is_plan"] else (_BASE_COLOR if r["feasible"] else _INFEASIBLE_COLOR) for r in rows]
+    hatches = [None if r["feasible"] else "///" for r in rows]
+
+    times = [r["iteration_ms"] or 0.0 for r in rows]
+    plan_ms = rows[0]["iteration_ms"]
+    bars = ax_t.barh(y, times, color=colors, hatch=hatches, edgecolor="#C44E52", lw=0)
+    for bar, r in zip(bars, rows):
+        text = f"{r['iteration_ms']:.1f} ms" if r["iteration_ms"] else "n/a"
+        if r["iteration_ms"] and plan_ms and not r["is_plan"]:
+            text += f"  ({r['iteration_ms'] / plan_ms:.2f}x)"
+        if not r["feasible"]:
+            text += "  infeasible"
+        ax_t.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5)
+    ax_t.set_yticks(y, names)
+    ax_t.set_xlabel("predicted iteration time (ms)")
+    ax_t.set_title("Iteration time")
+    ax_t.set_xlim(0, max(times + [1.0]) * 1.45)
+
+    peaks = [r["peak_memory_bytes"] or 0.0 for r in rows]
+    div, unit = bytes_axis(max(peaks + [limit or 0.0, 1.0]))
+    bars = ax_m.barh(y, np.array(peaks) / div, color=colors, hatch=hatches, edgecolor="#C44E52", lw=0)
+    for bar, r in zip(bars, rows):
+        text = f"{r['peak_memory_bytes'] / div:.2f} {unit}" if r["peak_memory_bytes"] else "n/a"
+        if r["peak_memory_bytes"] and limit:
+            text += f"  ({r['peak_memory_bytes'] / limit:.0%} of limit)"
+        ax_m.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5,
+                  bbox={"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1})
+    if limit:
+        ax_m.axvline(limit / div, **LIMIT_STYLE)
+    ax_m.set_yticks(y, names)
+    ax_m.set_xlabel(f"peak memory of the fullest device ({unit})")
+    ax_m.set_title(f"Peak memory (limit {limit / div:.2f} {unit}, dashed)" if limit else "Peak memory")
+    ax_m.set_xlim(0, max(peaks + [limit or 0.0, 1.0]) / div * 1.5)
+    for ax in (ax_t, ax_m):
+        ax.grid(axis="y", visible=False)
+    return fig

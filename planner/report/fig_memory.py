@@ -1,0 +1,125 @@
+"""Figure 2: per-device peak memory by kind against the limit, and memory over one iteration."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from planner.report.inputs import ReportInputs
+from planner.report.style import (
+    LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
+)
+
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption"]
+
+KEY = "2_memory"
+TITLE = "Memory per device"
+
+
+def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
+    """Why this figure cannot be drawn, or None."""
+    sim = inputs.sim
+    if sim is None or not sim.get("devices"):
+        return "needs a simulation (--sim, or --plan with --profile to simulate here)"
+    return None
+
+
+def caption(inputs: ReportInputs) -> str:
+    text = ("Left: predicted peak memory of each device split into weights, gradients, optimizer state, "
+            "activations and communication buffers; the dashed line is the device's memory limit")
+    if _measured_peaks(inputs):
+        text += ", the diamond the peak measured by `pplan run`"
+    text += ". Right: predicted memory over one iteration"
+    return text + (" (the simulator did not record it)." if not _has_timeline(inputs) else ".")
+
+
+def _has_timeline(inputs: ReportInputs) -> bool:
+    tl = (inputs.sim or {}).get("memory_timeline") or {}
+    return any(len(v) > 0 for v in tl.values())
+
+
+def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
+    out: dict[int, float] = {}
+    for r in (inputs.run or {}).get("ranks", []) or []:
+        value = r.get("peak_memory_bytes_measured")
+        if isinstance(r.get("rank"), int) and isinstance(value, (int, float)) and value > 0:
+            out[r["rank"]] = float(value)
+    return out
+
+
+def draw(inputs: ReportInputs, derived: Any = None) -> Any:
+    devices = sorted(inputs.sim["devices"], key=lambda d: d.get("device", 0))
+    has_tl = _has_timeline(inputs)
+    fig = new_figure(11.5 if has_tl else 6.5, 4.6)
+    if has_tl:
+        ax_bar, ax_t = fig.subplots(1, 2, width_ratios=[1, 1.6])
+    else:
+        ax_bar, ax_t = fig.subplots(1, 1), None
+
+    peaks = [float(d.get("peak_memory_bytes") or (d.get("memory") or {}).get("total", 0)) for d in devices]
+    limits = [d.get("memory_limit_bytes") for d in devices]
+    measured = _measured_peaks(inputs)
+    top = max(peaks + [float(x) for x in limits if x] + list(measured.values()) + [1.0])
+    div, unit = bytes_axis(top)
+
+    x = np.arange(len(devices))
+    labels = [f"{d.get('name') or 'dev'} (dev {d.get('device', i)})" for i, d in enumerate(devices)]
+    bottom = np.zeros(len(devices))
+    for part in MEMORY_PARTS:
+        values = np.array([float((d.get("memory") or {}).get(part, 0)) for d in devices]) / div
+        ax_bar.bar(x, values, bottom=bottom, width=0.6, color=MEMORY_COLORS[part], label=part)
+        bottom += values
+    limit_drawn = False
+    for i, lim in enumerate(limits):
+        if lim:
+            ax_bar.hlines(float(lim) / div, i - 0.4, i + 0.4, **LIMIT_STYLE,
+                          label=None if limit_drawn else "memory limit")
+            limit_drawn = True
+    meas_drawn = False
+    for i, d in enumerate(devices):
+        value = measured.get(d.get("device", i))
+        if value is not None:
+            ax_bar.plot([i], [value / div], marker="D", ms=8, color=MEASURED_COLOR, mec="white", ls="none",
+                        label=None if meas_drawn else "measured peak")
+            meas_drawn = True
+    for i, peak in enumerate(peaks):
+        lim = limits[i]
+        note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
+        ax_bar.text(i, bottom[i], note, ha="center", va="bottom", fontsize=8.5)
+    ax_bar.set_xticks(x, labels)
+    ax_bar.set_ylabel(f"peak memory ({unit})")
+    ax_bar.set_title("Predicted peak memory by kind")
+    ax_bar.set_ylim(0, top / div * 1.3)
+    ax_bar.grid(axis="x", visible=False)
+    ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
+
+    if ax_t is not None:
+        _draw_timeline(ax_t, inputs, devices, limits, div, unit)
+    return fig
+
+
+def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[dict], limits: list, div: float, unit: str) -> None:
+    timeline = inputs.sim.get("memory_timeline") or {}
+    t_end = float(inputs.sim.get("iteration_ms") or 0.0)
+    for i, d in enumerate(devices):
+        pts = timeline.get(str(d.get("device", i))) or []
+        if not pts:
+            continue
+        t = [float(p[0]) for p in pts] + [max(t_end, float(pts[-1][0]))]
+        y = [float(p[1]) / div for p in pts] + [float(pts[-1][1]) / div]
+        color = device_color(int(d.get("device", i)))
+        ax.step(t, y, where="post", color=color, lw=1.6, label=f"{d.get('name') or 'dev'} (dev {d.get('device', i)})")
+    distinct = sorted({float(v) for v in limits if v})
+    for j, lim in enumerate(distinct):
+        # One line per distinct limit: equal limits would hide each other.
+        ax.axhline(lim / div, **LIMIT_STYLE, label="memory limit" if j == 0 else None)
+    ax.set_xlabel("time in iteration (ms)")
+    ax.set_ylabel(f"memory ({unit})")
+    ax.set_title("Predicted memory over one iteration")
+    ax.set_ylim(bottom=0)
+    lo, hi = ax.get_ylim()
+    ax.set_ylim(0, hi * 1.12)
+    if t_end > 0:
+        ax.set_xlim(0, t_end)
+    ax.legend(loc="upper left", ncols=3, fontsize=8)

@@ -1,0 +1,93 @@
+"""Figure 1: the simulated schedule as a Gantt chart, and the measured one under it, same time axis."""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Sequence
+
+from planner.report.inputs import ReportInputs, TimelineRow
+
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "one_iteration"]
+
+KEY = "1_schedule"
+TITLE = "Schedule: simulated and measured"
+
+
+def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
+    """Why this figure cannot be drawn, or None."""
+    if inputs.timeline is None and inputs.measured_timeline is None:
+        return ("needs a timeline (--timeline from `pplan simulate`, --measured-timeline from `pplan run`, "
+                "or --plan with --profile to simulate here)")
+    return None
+
+
+def caption(inputs: ReportInputs) -> str:
+    parts = []
+    if inputs.timeline is not None:
+        parts.append("the simulated iteration")
+    if inputs.measured_timeline is not None:
+        parts.append("the measured one (`pplan run`)")
+    text = ("Each row is a device; boxes are forward (F), backward (B, or I and W when split), recompute (R) "
+            "and optimizer (O) work, numbered by micro-batch; thin grey bars are transfers the device sends; "
+            "the hatched band is idle time (the bubble). ")
+    return text + "Shown: " + " and ".join(parts) + ", on one time axis."
+
+
+def one_iteration(rows: Sequence[TimelineRow]) -> list[TimelineRow]:
+    """The last complete iteration of a timeline, shifted to start at 0.
+
+    A measured timeline may hold several iterations; each (device, stage, kind, micro-batch)
+    then repeats. Keep the last occurrence of each so warm-up does not distort the picture.
+    """
+    rows = sorted(rows, key=lambda r: (r.start_ms, r.device, r.stage))
+    counts = Counter((r.device, r.stage, r.kind, r.microbatch) for r in rows)
+    repeats = max(counts.values(), default=1)
+    if repeats > 1:
+        seen: Counter = Counter()
+        kept = []
+        for r in rows:
+            key = (r.device, r.stage, r.kind, r.microbatch)
+            seen[key] += 1
+            if seen[key] == counts[key]:
+                kept.append(r)
+        rows = kept
+    t0 = min((r.start_ms for r in rows), default=0.0)
+    return [TimelineRow(r.device, r.stage, r.kind, r.microbatch, r.start_ms - t0, r.end_ms - t0) for r in rows]
+
+
+def _device_names(inputs: ReportInputs) -> list[str] | None:
+    if inputs.plan is not None:
+        return [d.name for d in inputs.plan.devices]
+    devices = (inputs.sim or {}).get("devices") or []
+    if devices and all(isinstance(d.get("device"), int) for d in devices):
+        names = {d["device"]: str(d.get("name") or f"dev{d['device']}") for d in devices}
+        return [names.get(i, f"dev{i}") for i in range(max(names) + 1)]
+    return None
+
+
+def _title(inputs: ReportInputs) -> str:
+    source = inputs.plan or None
+    if source is not None:
+        return (f"Pipeline schedule: {source.schedule}, {source.n_microbatches} micro-batches of "
+                f"{source.micro_batch_size} on {source.n_devices} devices")
+    sim = inputs.sim or {}
+    if sim.get("schedule"):
+        return f"Pipeline schedule: {sim['schedule']}, {sim.get('n_microbatches', '?')} micro-batches"
+    return "Pipeline schedule"
+
+
+def draw(inputs: ReportInputs, derived: Any = None) -> Any:
+    from planner.report.gantt import gantt_compare_figure, gantt_figure
+
+    names = _device_names(inputs)
+    simulated = one_iteration(inputs.timeline) if inputs.timeline is not None else None
+    measured = one_iteration(inputs.measured_timeline) if inputs.measured_timeline is not None else None
+    n = max((r.device for rows in (simulated or [], measured or []) for r in rows), default=0) + 1
+    if names is not None and len(names) < n:
+        names = None  # the timeline has more devices than the plan names: number them
+    if simulated is not None and measured is not None:
+        return gantt_compare_figure(simulated, measured, title=_title(inputs) + ": simulated vs measured",
+                                    device_names=names)
+    rows, label = (simulated, "simulated") if simulated is not None else (measured, "measured")
+    end = max((r.end_ms for r in rows), default=0.0)
+    return gantt_figure(rows, title=f"{_title(inputs)}: {label}, {end:.2f} ms", device_names=names)

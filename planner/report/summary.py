@@ -1,0 +1,109 @@
+"""The key numbers at the top of a report, computed from whatever inputs exist."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from planner.report.inputs import ReportInputs
+from planner.units import format_bytes, format_ms
+
+__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows"]
+
+
+def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
+    """The prediction for the plan as given: simulation, else the plan's recorded prediction."""
+    for source in (inputs.sim, inputs.plan.predicted if inputs.plan else None):
+        value = (source or {}).get("iteration_ms")
+        if isinstance(value, (int, float)) and value > 0:
+            return float(value)
+    return None
+
+
+def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | None, float | None]]:
+    """(device, predicted peak bytes, measured peak bytes, limit bytes) per device."""
+    rows: dict[int, list[Any]] = {}
+    for d in (inputs.sim or {}).get("devices", []) or []:
+        dev = d.get("device")
+        if isinstance(dev, int):
+            rows[dev] = [d.get("peak_memory_bytes"), None, d.get("memory_limit_bytes")]
+    for r in (inputs.run or {}).get("ranks", []) or []:
+        dev = r.get("rank")
+        if isinstance(dev, int):
+            row = rows.setdefault(dev, [None, None, None])
+            row[0] = row[0] or r.get("peak_memory_bytes_predicted")
+            row[1] = r.get("peak_memory_bytes_measured")
+    if inputs.plan is not None:
+        for i, device in enumerate(inputs.plan.devices):
+            if i in rows and rows[i][2] is None:
+                rows[i][2] = device.memory_bytes
+    return [(dev, *(float(v) if isinstance(v, (int, float)) and v else None for v in row))
+            for dev, row in sorted(rows.items())]
+
+
+def _plan_line(plan: Any) -> str:
+    cuts = ", ".join(f"[{st.layers[0]}, {st.layers[1]})" + (f" recompute {list(st.recompute)}" if st.recompute else "")
+                     + f" on dev {st.device}" for st in plan.stages)
+    return (f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size} "
+            f"(global batch {plan.global_batch}) on {plan.n_devices} devices; layers {cuts}")
+
+
+def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+    """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup."""
+    rows: list[tuple[str, str]] = []
+    if inputs.plan is not None:
+        rows.append(("plan", _plan_line(inputs.plan)))
+    predicted = predicted_iteration_ms(inputs)
+    if predicted is not None:
+        label = "predicted iteration time" if inputs.sim is None else f"predicted iteration time ({inputs.sim_label})"
+        rows.append((label, format_ms(predicted)))
+    sim = inputs.sim or (inputs.plan.predicted if inputs.plan else None) or {}
+    if isinstance(sim.get("bubble_fraction"), (int, float)):
+        rows.append(("predicted bubble fraction", f"{sim['bubble_fraction']:.1%}"))
+    if isinstance(sim.get("throughput_samples_per_s"), (int, float)):
+        rows.append(("predicted throughput", f"{sim['throughput_samples_per_s']:.1f} samples/s"))
+    run = inputs.run or {}
+    measured = run.get("iteration_ms_measured")
+    if isinstance(measured, (int, float)) and measured > 0:
+        timed = run.get("measured_steps")
+        note = f" (median of {len(timed)} timed steps)" if isinstance(timed, list) and timed else ""
+        rows.append(("measured iteration time", format_ms(measured) + note))
+        run_pred = run.get("iteration_ms_predicted")
+        # Signed like the run JSON's error_pct: (predicted - measured) / measured.
+        if isinstance(run_pred, (int, float)) and run_pred > 0:
+            rows.append(("prediction error (plan)", f"{(run_pred - measured) / measured:+.1%} "
+                                                      f"(predicted {format_ms(run_pred)})"))
+        if inputs.sim is not None and predicted and (not isinstance(run_pred, (int, float))
+                                                     or abs(predicted - run_pred) > 1e-3 * predicted):
+            rows.append((f"prediction error ({inputs.sim_label})", f"{(predicted - measured) / measured:+.1%} "
+                                                                   f"(predicted {format_ms(predicted)})"))
+    for dev, pred, meas, limit in peak_rows(inputs):
+        parts = []
+        if pred:
+            parts.append(f"predicted {format_bytes(pred)}")
+        if meas:
+            parts.append(f"measured {format_bytes(meas)}")
+        if limit:
+            worst = max(v for v in (pred, meas) if v) if (pred or meas) else 0
+            parts.append(f"limit {format_bytes(limit)} ({worst / limit:.0%} used)")
+        if parts:
+            rows.append((f"peak memory dev {dev}", ", ".join(parts)))
+    rows += _baseline_rows(baselines or [], predicted)
+    return rows
+
+
+def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None) -> list[tuple[str, str]]:
+    rows = []
+    mine = next((b for b in baselines if b.get("is_plan")), None)
+    ours = (mine or {}).get("iteration_ms") or predicted
+    for b in baselines:
+        if b.get("is_plan"):
+            continue
+        name = b["name"]
+        if not b.get("feasible", True):
+            need = b.get("peak_memory_bytes")
+            text = "does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else "")
+            rows.append((f"{name} split", text))
+        elif ours and b.get("iteration_ms"):
+            rows.append((f"speedup over {name} split", f"{b['iteration_ms'] / ours:.2f}x "
+                                                      f"({format_ms(b['iteration_ms'])} vs {format_ms(ours)})"))
+    return rows

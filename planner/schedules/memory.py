@@ -1,0 +1,107 @@
+"""Activation memory of a schedule: exact, from each rank's own order of actions.
+
+A micro-batch's activations on a stage are allocated when its F starts and freed when its
+backward ends: the end of B, or of W for a split backward (the weight gradient still needs the
+layer inputs). While a B or I of a stage with recomputed layers runs, one micro-batch of
+recomputed activations is alive on top (`transient_bytes`). Nothing here depends on timing:
+a rank runs its actions one after another, so the sequence of allocations and frees on it is its
+order, and the simulator's memory timeline reaches exactly these peaks.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+from planner.errors import ScheduleError
+from planner.schedules.actions import PipelineSchedule
+from planner.schedules.compiled import CompiledSchedule, compile_schedule
+
+__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "rank_inflight_states"]
+
+_ATTR = "_pplan_inflight"
+_State = tuple[tuple[int, ...], int]
+
+
+def rank_inflight_states(schedule: PipelineSchedule, rank: int) -> tuple[tuple[int, ...], list[_State]]:
+    """(the rank's stages, distinct states) where a state is (micro-batches held per local stage,
+    global stage whose B/I runs then or -1) while one of the rank's actions runs."""
+    return _states(schedule)[rank]
+
+
+def _states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
+    cache = schedule.__dict__.get(_ATTR)
+    if cache is None:
+        cache = _inflight_states(compile_schedule(schedule))
+        object.__setattr__(schedule, _ATTR, cache)  # immutable schedule: safe private cache
+    return cache
+
+
+def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
+    S, M = cs.n_stages, cs.n_microbatches
+    out = []
+    for r in range(cs.n_ranks):
+        stages = cs.rank_stages[r]
+        ids = np.asarray(cs.ids[r], dtype=np.int64)
+        if ids.size == 0:
+            out.append((stages, [((0,) * len(stages), -1)]))
+            continue
+        local = np.full(S, -1, dtype=np.int64)
+        local[list(stages)] = np.arange(len(stages))
+        key = ids // M
+        kind, stage = key // S, key % S
+        col = local[stage]
+        # +1 when F starts (before the action), -1 when the last backward action ends (after it)
+        alloc = np.zeros((ids.size, len(stages)), dtype=np.int64)
+        free = np.zeros_like(alloc)
+        rows = np.arange(ids.size)
+        is_f = kind == 0
+        alloc[rows[is_f], col[is_f]] = 1
+        last = ((kind == 1) | (kind == 3)) if cs.split_backward else kind == 1
+        free[rows[last], col[last]] = 1
+        during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
+        bwd_stage = np.where((kind == 1) | (kind == 2), stage, -1)
+        uniq = np.unique(np.column_stack([during, bwd_stage]), axis=0).tolist()
+        out.append((stages, [(tuple(u[:-1]), u[-1]) for u in uniq]))
+    return out
+
+
+def stage_inflight_peak(schedule: PipelineSchedule) -> list[int]:
+    """Per stage: the most micro-batches whose activations it holds at once."""
+    peak = [0] * schedule.n_stages
+    for stages, states in _states(schedule):
+        for i, s in enumerate(stages):
+            peak[s] = max(counts[i] for counts, _ in states)
+    return peak
+
+
+def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
+                     transient_bytes: Sequence[float]) -> list[float]:
+    """rank -> peak activation bytes (see rank_activation_peak), all ranks at once."""
+    if len(kept_bytes) != schedule.n_stages or len(transient_bytes) != schedule.n_stages:
+        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} kept/transient values, got {len(kept_bytes)} and {len(transient_bytes)}")
+    peaks = []
+    for stages, states in _states(schedule):
+        kept = [float(kept_bytes[s]) for s in stages]
+        best = 0.0
+        for counts, bwd in states:
+            value = sum(c * k for c, k in zip(counts, kept))
+            if bwd >= 0:
+                value += float(transient_bytes[bwd])
+            if value > best:
+                best = value
+        peaks.append(best)
+    return peaks
+
+
+def rank_activation_peak(schedule: PipelineSchedule, rank: int, kept_bytes: Sequence[float],
+                         transient_bytes: Sequence[float]) -> float:
+    """Peak activation bytes on `rank`: max over its order of sum(in-flight x kept) + transient.
+
+    `kept_bytes[s]` / `transient_bytes[s]` are per global stage (StageCost.kept_bytes and
+    .transient_bytes); the transient counts only while a B or I of that stage runs.
+    """
+    if not 0 <= rank < schedule.n_ranks:
+        raise ScheduleError(f"rank {rank} is outside 0..{schedule.n_ranks - 1}")
+    return activation_peaks(schedule, kept_bytes, transient_bytes)[rank]

@@ -1,0 +1,206 @@
+"""The discrete-event simulator over the schedule IR (the fast core, `simulate_costs`).
+
+Model (docs/simulator.md):
+- Each device runs its rank's actions one at a time, in the schedule's order, each as soon as
+  the device is free and its input has arrived: F of stage s needs F of s-1's output, B/I of s
+  needs B/I of s+1's gradient (the last stage: its own F), W needs its own I.
+- A stage boundary between two devices is a transfer of latency + bytes / bandwidth on the
+  directed link sender -> receiver. Sends are asynchronous (they overlap compute); each directed
+  link carries one transfer at a time, first-in first-out.
+- Recomputed layers cost their forward again just before the backward (folded into B/I by
+  planner.cost; the timeline shows that part as an R row).
+- Each device ends the iteration with its optimizer step after its last backward work;
+  iteration time = max over devices of that end (+ calibration.step_overhead_ms).
+- Calibration: compute times pass through Calibration.apply_compute; the optimizer step is
+  scaled by compute_scale only; comm_latency_ms / comm_bandwidth_bytes_per_s replace every
+  link's values.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from planner.calibration import Calibration
+from planner.cost import StageCost, stage_memory
+from planner.errors import PlanError
+from planner.plan import Device, Links
+from planner.schedules.actions import KINDS, PipelineSchedule
+from planner.schedules.compiled import CompiledSchedule, SweepResult, compile_schedule, sweep
+from planner.schedules.memory import activation_peaks
+from planner.simulation.result import SimResult, TimelineRow
+
+__all__ = ["simulate_costs"]
+
+_IDENTITY = Calibration()
+
+
+def simulate_costs(
+    schedule: PipelineSchedule,
+    stages: Sequence[StageCost],
+    stage_device: Sequence[int],
+    devices: Sequence[Device],
+    links: Links,
+    *,
+    micro_batch_size: int,
+    optimizer: str = "adam",
+    calibration: Calibration | None = None,
+    record_timeline: bool = False,
+    interpolated: bool = False,
+) -> SimResult:
+    """Simulate one iteration of `schedule` with per-stage costs (already divided by device speed).
+
+    `stage_device[s]` is the device index (into `devices`) of stage s; all stages of one rank
+    must share a device and different ranks need different devices. ScheduleError on deadlock.
+    """
+    cs = compile_schedule(schedule)
+    cal = calibration or _IDENTITY
+    S, M = cs.n_stages, cs.n_microbatches
+    rank_device = _rank_devices(cs, stages, stage_device, devices)
+    dur, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal)
+    res = sweep(cs, dur, send_ms, link, n_links, order=schedule.order)
+
+    n_dev = len(devices)
+    opt_start = [0.0] * n_dev
+    opt_end = [0.0] * n_dev
+    busy = [0.0] * n_dev
+    for r, d in enumerate(rank_device):
+        opt = sum(stages[s].optimizer_ms for s in cs.rank_stages[r]) * cal.compute_scale
+        opt_start[d] = res.device_end[r]
+        opt_end[d] = res.device_end[r] + opt
+        busy[d] = opt + sum(n * dur[k] for k, n in cs.rank_keys[r])
+    iteration = float(max(opt_end) + cal.step_overhead_ms)
+    busy = [float(b) for b in busy]
+    act = activation_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
+    memory = [stage_memory([], 0.0, optimizer)] * n_dev
+    for r, d in enumerate(rank_device):
+        memory[d] = stage_memory([stages[s] for s in cs.rank_stages[r]], act[r], optimizer)
+    timeline: tuple[TimelineRow, ...] = ()
+    mem_timeline: dict[int, tuple[tuple[float, float], ...]] = {}
+    if record_timeline:
+        timeline = _timeline_rows(cs, res, stages, stage_device, cal, rank_device, opt_start, opt_end)
+        mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory)
+    total_busy = sum(busy)
+    return SimResult(
+        iteration_ms=iteration,
+        # clamp: summing busy times action by action can exceed the sweep's total by an ulp
+        bubble_fraction=max(0.0, 1.0 - total_busy / (n_dev * iteration)) if iteration > 0 else 0.0,
+        throughput_samples_per_s=(M * micro_batch_size * 1e3 / iteration) if iteration > 0 else float("inf"),
+        schedule=schedule.name,
+        n_microbatches=M,
+        micro_batch_size=micro_batch_size,
+        interpolated=interpolated,
+        device_names=tuple(dv.name for dv in devices),
+        busy_ms=tuple(busy),
+        idle_ms=tuple(iteration - b for b in busy),
+        peak_memory_bytes=tuple(m.total for m in memory),
+        memory=tuple(memory),
+        memory_limit_bytes=tuple(dv.memory_bytes for dv in devices),
+        timeline=timeline,
+        memory_timeline=mem_timeline,
+    )
+
+
+def _rank_devices(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int],
+                  devices: Sequence[Device]) -> list[int]:
+    S = cs.n_stages
+    if len(stages) != S or len(stage_device) != S:
+        raise PlanError(f"schedule has {S} stages but {len(stages)} stage costs and {len(stage_device)} stage devices were given")
+    rank_device = [-1] * cs.n_ranks
+    for s in range(S):
+        d, r = stage_device[s], cs.stage_rank[s]
+        if not 0 <= d < len(devices):
+            raise PlanError(f"stage {s} is on device {d}, outside the {len(devices)} devices")
+        if rank_device[r] not in (-1, d):
+            raise PlanError(f"stages of schedule rank {r} are on devices {rank_device[r]} and {d}", "a rank's stages must share one device")
+        rank_device[r] = d
+    used = [d for d in rank_device if d >= 0]
+    if len(set(used)) != len(used):
+        raise PlanError(f"ranks map to devices {rank_device}: two ranks share a device", "give each rank its own device")
+    return rank_device
+
+
+def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int],
+            links: Links, cal: Calibration) -> tuple[list[float], list[float], list[int], int]:
+    """Per key (kind * S + stage): compute ms, transfer ms of the output, directed link id."""
+    S = cs.n_stages
+    apply = cal.apply_compute
+    dur = [0.0] * (4 * S)
+    send = [0.0] * (4 * S)
+    link = [-1] * (4 * S)
+    link_ids: dict[tuple[int, int], int] = {}
+    for s, st in enumerate(stages):
+        dur[s] = apply(st.fwd_ms)
+        dur[S + s] = apply(st.bwd_ms)
+        dur[2 * S + s] = apply(st.bwd_input_ms)
+        dur[3 * S + s] = apply(st.bwd_weight_ms)
+        # F sends its output to stage s+1; B/I send the input gradient (same size) to stage s-1
+        for key, dst, nbytes in ((s, s + 1, st.output_bytes), (S + s, s - 1, st.input_bytes), (2 * S + s, s - 1, st.input_bytes)):
+            if not 0 <= dst < S or nbytes <= 0:
+                continue
+            a, b = stage_device[s], stage_device[dst]
+            if a == b:
+                continue
+            bw, lat = links.between(a, b)
+            if cal.comm_bandwidth_bytes_per_s is not None:
+                bw = cal.comm_bandwidth_bytes_per_s
+            if cal.comm_latency_ms is not None:
+                lat = cal.comm_latency_ms
+            send[key] = lat + nbytes / bw * 1e3
+            link[key] = link_ids.setdefault((a, b), len(link_ids))
+    return dur, send, link, len(link_ids)
+
+
+def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], stage_device: Sequence[int],
+                   cal: Calibration, rank_device: list[int], opt_start: list[float], opt_end: list[float]) -> tuple[TimelineRow, ...]:
+    S, M = cs.n_stages, cs.n_microbatches
+    rows: list[TimelineRow] = []
+    for r in range(cs.n_ranks):
+        d = rank_device[r]
+        for a in cs.ids[r]:
+            key, m = divmod(a, M)
+            kind, s = divmod(key, S)
+            t0, t1 = res.start[a], res.end[a]
+            rec = stages[s].recompute_ms * cal.compute_scale if kind in (1, 2) else 0.0
+            if rec > 0:
+                rows.append(TimelineRow(d, s, "R", m, t0, t0 + rec))
+                t0 += rec
+            rows.append(TimelineRow(d, s, KINDS[kind], m, t0, t1))
+            if res.send_start[a] >= 0:
+                rows.append(TimelineRow(d, s, "C", m, res.send_start[a], res.ready[a]))
+        rows.append(TimelineRow(d, -1, "O", -1, opt_start[d], opt_end[d]))
+    rows.sort(key=lambda x: (x.start_ms, x.device, x.kind == "C", x.stage))
+    return tuple(rows)
+
+
+def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost],
+                     rank_device: list[int], memory: list) -> dict[int, tuple[tuple[float, float], ...]]:
+    """Device -> (time, total bytes) after each change, replaying the rank's order of events."""
+    S, M = cs.n_stages, cs.n_microbatches
+    out: dict[int, tuple[tuple[float, float], ...]] = {}
+    for r in range(cs.n_ranks):
+        d = rank_device[r]
+        level = memory[d].total - memory[d].activations
+        points = [(0.0, level)]
+
+        def change(t: float, delta: float) -> None:
+            nonlocal level
+            if delta:
+                level += delta
+                points.append((t, level))
+
+        for a in cs.ids[r]:
+            key = a // M
+            kind, s = divmod(key, S)
+            st = stages[s]
+            if kind == 0:
+                change(res.start[a], st.kept_bytes)
+            elif kind == 1:
+                change(res.start[a], st.transient_bytes)
+                change(res.end[a], -st.transient_bytes - st.kept_bytes)
+            elif kind == 2:
+                change(res.start[a], st.transient_bytes)
+                change(res.end[a], -st.transient_bytes)
+            else:
+                change(res.end[a], -st.kept_bytes)
+        out[d] = tuple(points)
+    return out

@@ -1,0 +1,98 @@
+"""What a simulation returns: SimResult, its timeline rows, and the simulation JSON layout."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from planner.cost import MemoryBreakdown
+
+__all__ = ["TimelineRow", "SimResult", "TIMELINE_COLUMNS"]
+
+TIMELINE_COLUMNS = ("device", "stage", "kind", "microbatch", "start_ms", "end_ms")
+
+
+class TimelineRow(NamedTuple):
+    """One box of the timeline (the timeline CSV's columns).
+
+    kind: F B I W compute, R the recompute part of a backward (its own row just before the B/I),
+    C a transfer (device = sender, stage = sending stage), O the optimizer step (microbatch -1,
+    stage -1).
+    """
+
+    device: int
+    stage: int
+    kind: str
+    microbatch: int
+    start_ms: float
+    end_ms: float
+
+
+@dataclass(frozen=True)
+class SimResult:
+    """Predicted iteration of a pipeline: time, bubble, per-device busy time and memory."""
+
+    iteration_ms: float
+    """Time of one iteration (all micro-batches, forward, backward, optimizer), ms."""
+    bubble_fraction: float
+    """1 - sum of device busy time / (devices x iteration time)."""
+    throughput_samples_per_s: float
+    """Samples per second (global batch / iteration time)."""
+    schedule: str
+    """Schedule name."""
+    n_microbatches: int
+    """Micro-batches per iteration."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    interpolated: bool
+    """True when the profile had no rows at this micro-batch size and costs were interpolated."""
+    device_names: tuple[str, ...]
+    """Device index -> name."""
+    busy_ms: tuple[float, ...]
+    """Device index -> time spent computing (F, B, I, W, recompute, optimizer), ms."""
+    idle_ms: tuple[float, ...]
+    """Device index -> iteration time minus busy time, ms."""
+    peak_memory_bytes: tuple[float, ...]
+    """Device index -> peak memory (the breakdown's total), bytes."""
+    memory: tuple[MemoryBreakdown, ...]
+    """Device index -> peak memory by kind."""
+    memory_limit_bytes: tuple[int | None, ...]
+    """Device index -> memory limit (None = unlimited)."""
+    timeline: tuple[TimelineRow, ...] = ()
+    """Every box of the iteration, sorted by start time (empty unless record_timeline)."""
+    memory_timeline: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Device index -> (time ms, total bytes) after each change (empty unless record_timeline)."""
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.device_names)
+
+    @property
+    def fits(self) -> bool:
+        """True when every device's peak is within its limit."""
+        return all(lim is None or peak <= lim for peak, lim in zip(self.peak_memory_bytes, self.memory_limit_bytes))
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulation JSON layout (docs/simulator.md)."""
+        return {
+            "iteration_ms": self.iteration_ms,
+            "bubble_fraction": self.bubble_fraction,
+            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "schedule": self.schedule,
+            "n_microbatches": self.n_microbatches,
+            "micro_batch_size": self.micro_batch_size,
+            "interpolated": self.interpolated,
+            "devices": [
+                {
+                    "device": d,
+                    "name": self.device_names[d],
+                    "busy_ms": self.busy_ms[d],
+                    "idle_ms": self.idle_ms[d],
+                    "peak_memory_bytes": int(self.peak_memory_bytes[d]),
+                    "memory": self.memory[d].as_dict(),
+                    "memory_limit_bytes": self.memory_limit_bytes[d],
+                }
+                for d in range(self.n_devices)
+            ],
+            "memory_timeline": {str(d): [[t, int(b)] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())},
+        }

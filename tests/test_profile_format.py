@@ -1,0 +1,118 @@
+"""The profile CSV loader: the documented example loads, every kind of bad file is refused."""
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from planner.errors import ProfileError
+from planner.profiling.profile import FORMAT, load_profile, make_profile, read_profile_text, write_profile
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "profile-format.md"
+GOOD = """\
+# format: pplan-profile/1
+# input_bytes_per_sample: 16
+layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes
+0,a,1,1.0,2.0,100,10,4
+0,a,2,2.0,4.0,100,20,8
+1,b,1,1.5,3.0,50,12,4
+1,b,2,3.0,6.0,50,24,8
+"""
+
+
+def _doc_example() -> str:
+    text = DOC.read_text(encoding="utf-8")
+    blocks = re.findall(r"```csv\n(.*?)```", text, flags=re.S)
+    assert blocks, "docs/profile-format.md lost its ```csv example"
+    return blocks[0]
+
+
+def test_documented_example_loads(tmp_path):
+    path = tmp_path / "example.csv"
+    path.write_text(_doc_example(), encoding="utf-8")
+    p = load_profile(path)
+    assert p.names == ("fc0", "head") and p.micro_batch_sizes == (1, 8)
+    assert p.meta["model"] == "mlp:layers=2" and p.input_bytes_per_sample == 3136
+    costs = p.at(8)
+    assert list(costs.fwd_ms) == [2.0, 0.6] and list(costs.bwd_input_ms) == [2.0, 0.6]
+    assert costs.input_bytes == 8 * 3136 and not costs.interpolated
+
+
+def test_good_profile_round_trips_with_optional_columns(tmp_path):
+    p = read_profile_text(GOOD)
+    cols = {c: p.columns[c] for c in ("fwd_ms", "bwd_ms", "param_bytes", "activation_bytes", "output_bytes")}
+    cols["shared_input_bytes"] = np.array([[0, 0], [4, 8]])
+    cols["bwd_input_ms"] = np.array([[0, 0], [1, 2]])
+    q = make_profile(list(p.names), list(p.micro_batch_sizes), cols, {"model": "x"})
+    write_profile(q, tmp_path / "q.csv")
+    r = load_profile(tmp_path / "q.csv")
+    assert r.present == {"shared_input_bytes", "bwd_input_ms"}
+    assert r.columns["shared_input_bytes"].tolist() == [[0, 0], [4, 8]]
+    assert r.columns["bwd_weight_ms"].tolist() == [[2, 4], [2, 4]]  # bwd - bwd_input
+    assert list(r.at(2).shared_input_bytes) == [0, 8]
+    assert r.meta["format"] == FORMAT
+
+
+def _replace_cell(text: str, line: int, column: str, value: str) -> str:
+    lines = text.splitlines()
+    header = lines[2].split(",")
+    cells = lines[line].split(",")
+    cells[header.index(column)] = value
+    lines[line] = ",".join(cells)
+    return "\n".join(lines) + "\n"
+
+
+BAD_TEXT = {
+    "missing column": (GOOD.replace(",activation_bytes", "").replace(",10,4", ",4").replace(",20,8", ",8").replace(",12,4", ",4").replace(",24,8", ",8"), ["missing column", "activation_bytes"]),
+    "non-numeric": (_replace_cell(GOOD, 3, "fwd_ms", "fast"), ["fwd_ms", "'fast'", "not a number", ":4"]),
+    "negative": (_replace_cell(GOOD, 4, "bwd_ms", "-1"), ["bwd_ms", "negative", ":5"]),
+    "inf": (_replace_cell(GOOD, 5, "output_bytes", "inf"), ["output_bytes", "finite"]),
+    "nan": (_replace_cell(GOOD, 6, "activation_bytes", "nan"), ["activation_bytes", "finite"]),
+    "missing size": ("\n".join(GOOD.splitlines()[:-1]) + "\n", ["layer 1", "micro_batch_size 2"]),
+    "gap in layers": (GOOD.replace("\n1,b,", "\n2,b,"), ["layer index 1 is missing"]),
+    "duplicate row": (GOOD + "1,b,2,3.0,6.0,50,24,8\n", ["duplicate row", "layer 1", "micro_batch_size 2"]),
+    "non-integer layer": (_replace_cell(GOOD, 3, "layer", "0.5"), ["layer", "not an integer"]),
+    "size zero": (_replace_cell(GOOD, 3, "micro_batch_size", "0"), ["micro_batch_size", "below 1"]),
+    "renamed layer": (_replace_cell(GOOD, 4, "name", "z"), ["named 'z'"]),
+    "param bytes vary": (_replace_cell(GOOD, 4, "param_bytes", "101"), ["different param_bytes"]),
+    "short row": (GOOD + "1,b,4,1\n", ["fields"]),
+    "only comments": ("# format: pplan-profile/1\n\n", ["empty profile"]),
+    "header only": (GOOD.splitlines()[2] + "\n", ["no data rows"]),
+    "wrong format": (GOOD.replace(FORMAT, "pplan-profile/9"), ["pplan-profile/9", "not supported"]),
+    "duplicate column": (GOOD.replace("output_bytes", "output_bytes,fwd_ms").replace(",4\n", ",4,1\n").replace(",8\n", ",8,1\n"), ["duplicated column", "fwd_ms"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TEXT))
+def test_bad_profiles_get_one_line_errors(tmp_path, case):
+    text, words = BAD_TEXT[case]
+    path = tmp_path / "bad.csv"
+    path.write_text(text, encoding="utf-8")
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    message = info.value.one_line()
+    assert "\n" not in message and str(path) in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+@pytest.mark.parametrize("content, words", [
+    (b"", ["empty profile"]),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", ["binary"]),
+    (b"layer,name\n\xff\xfe bad", ["not UTF-8"]),
+])
+def test_empty_binary_and_non_utf8_files(tmp_path, content, words):
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content)
+    with pytest.raises(ProfileError) as info:
+        load_profile(path)
+    for word in words:
+        assert word in info.value.one_line()
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(ProfileError, match="does not exist"):
+        load_profile(tmp_path / "nope.csv")
+    with pytest.raises(ProfileError, match="directory"):
+        load_profile(tmp_path)

@@ -1,0 +1,226 @@
+"""Measurement: hand-computed activation/output bytes, sleep timings, profile_model, the CLI."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from planner.models.gpt import Block
+from planner.profiling.measure import measure_layer
+from planner.profiling.profile import load_profile
+from planner.profiling.profiler import profile_model
+
+ROOT = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parent
+TINY_GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=50"
+
+
+def test_linear_relu_bytes_by_hand():
+    torch.manual_seed(0)
+    layer = nn.Sequential(nn.Linear(4, 8), nn.ReLU())
+    b = 3
+    m, out, _ = measure_layer(layer, torch.randn(b, 4, requires_grad=True), warmup=0, repeats=1)
+    # Linear saves its input (b x 4 floats; the weight is a parameter, not counted);
+    # ReLU saves its result (b x 8 floats), which is also the output.
+    assert m.activation_bytes == b * 4 * 4 + b * 8 * 4 == 144
+    assert m.output_bytes == b * 8 * 4 == 96
+    assert m.flops == 2 * b * 4 * 8
+    assert out.shape == (b, 8) and not out.requires_grad
+
+
+def test_attention_block_bytes_by_hand():
+    B, T, C, H = 2, 8, 16, 2
+    N, F = B * T, 4 * C
+    torch.manual_seed(0)
+    block = Block(C, H, 4)
+    x = torch.randn(B, T, C, requires_grad=True)
+    q, k, v = (torch.randn(B, H, T, C // H, requires_grad=True) for _ in range(3))
+    kernel = type(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True).grad_fn).__name__
+    if "FlashAttentionForCpu" not in kernel:
+        pytest.skip(f"hand count assumes torch's CPU flash attention kernel, this torch uses {kernel}")
+    m, _, _ = measure_layer(block, x, warmup=0, repeats=1)
+    f4 = 4  # bytes per float32
+    expected = (
+        N * C * f4 + 2 * N * f4      # ln1: input, mean, rstd
+        + N * C * f4                 # qkv: its input (ln1 output)
+        + 3 * N * C * f4             # attention: q, k, v (views of one qkv output storage)
+        + N * C * f4 + N * H * f4    # attention: output (proj saves a view of it) and logsumexp
+        + N * C * f4 + 2 * N * f4    # ln2: input, mean, rstd
+        + N * C * f4                 # fc1: its input
+        + N * F * f4                 # gelu: its input
+        + N * F * f4                 # fc2: its input
+    )
+    assert m.activation_bytes == expected == 64 * N * C + 16 * N + 4 * N * H
+    assert m.output_bytes == N * C * f4
+    # Linear layers 2*N*(3C^2 + C^2 + 2*C*F) plus attention's two (T x T x C) products per sample.
+    assert m.flops == 2 * N * (3 * C * C + C * C + 2 * C * F) + 4 * B * T * T * C
+
+
+def test_shared_input_bytes_and_loss_in_last_layer():
+    p = profile_model("mlp:layers=3,hidden=8,input=5,classes=3", [1, 2], warmup=0, repeats=1)
+    sizes = [1, 2]
+    # fc0 saves x (5 floats) and its ReLU output (8); fc1 saves its input (= fc0's ReLU output,
+    # shared) and its own ReLU output; head saves its input (shared), log-softmax (3 floats),
+    # the int64 target and the loss's scalar total weight.
+    assert p.columns["activation_bytes"].tolist() == [[b * (5 + 8) * 4 for b in sizes], [b * 16 * 4 for b in sizes], [b * (8 + 3) * 4 + 8 * b + 4 for b in sizes]]
+    assert p.columns["shared_input_bytes"].tolist() == [[0, 0], [32, 64], [32, 64]]
+    assert p.columns["output_bytes"].tolist() == [[32, 64], [32, 64], [12, 24]]
+    assert p.columns["param_bytes"][:, 0].tolist() == [(5 * 8 + 8) * 4, (8 * 8 + 8) * 4, (8 * 3 + 3) * 4]
+
+
+def test_synthetic_sleeps_profile_at_their_times():
+    spec = "synthetic:layers=3,fwd_ms=20,bwd_ms=30,weight_frac=0.5,param_bytes=4000/0/4000,act_bytes=1000,hidden=8"
+    p = profile_model(spec, [1, 4], warmup=1, repeats=5)
+    c = p.columns
+    assert abs(c["fwd_ms"][:2] - 20).max() < 2, c["fwd_ms"]
+    assert abs(c["bwd_ms"][:2] - 30).max() < 2, c["bwd_ms"]
+    # layer 0's input is data (no gradient): its whole backward is the weight part;
+    # layer 1 has no parameters: all input part; layer 2 splits by weight_frac.
+    assert abs(c["bwd_weight_ms"][0] - 30).max() < 2 and c["bwd_input_ms"][0].max() == 0
+    assert abs(c["bwd_input_ms"][1] - 30).max() < 2 and c["bwd_weight_ms"][1].max() < 2
+    assert abs(c["bwd_input_ms"][2] - 15).max() < 2 and abs(c["bwd_weight_ms"][2] - 15).max() < 3
+    assert c["activation_bytes"][:2].tolist() == [[1000, 4000], [1000, 4000]]
+    assert c["param_bytes"][:, 0].tolist() == [4000, 0, 4000]
+    assert c["output_bytes"][0].tolist() == [32, 128]
+
+
+def test_synthetic_per_sample_time():
+    p = profile_model("synthetic:layers=2,fwd_ms=5,fwd_ms_per_sample=2.5,bwd_ms=1,act_bytes=0,param_bytes=0", [1, 4], warmup=1, repeats=3)
+    assert abs(p.columns["fwd_ms"][0] - [7.5, 15]).max() < 2
+
+
+def test_profile_model_bytes_are_reproducible_and_metadata_complete():
+    a = profile_model(TINY_GPT, [1, 2], warmup=0, repeats=2, seed=3, threads=1, command="pplan profile x")
+    b = profile_model(TINY_GPT, [1, 2], warmup=0, repeats=2, seed=3, threads=1)
+    assert a.names == ("embed", "block0", "block1", "norm_head") and a.micro_batch_sizes == (1, 2)
+    for column in ("param_bytes", "activation_bytes", "output_bytes", "flops", "shared_input_bytes"):
+        assert a.columns[column].tolist() == b.columns[column].tolist(), column
+    assert (a.columns["fwd_ms"] > 0).all() and (a.columns["bwd_ms"] > 0).all()
+    assert (a.columns["optimizer_ms"][:, 0] > 0).all()
+    assert a.present >= {"fwd_ms_std", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms", "flops", "shared_input_bytes"}
+    assert "cuda_peak_bytes" not in a.present
+    for key in ("model", "seed", "device", "device_name", "dtype", "torch", "threads", "date", "command", "input_bytes_per_sample"):
+        assert a.meta.get(key), key
+    assert a.meta["threads"] == "1" and a.meta["seed"] == "3" and a.meta["command"] == "pplan profile x"
+    assert a.input_bytes_per_sample == 8 * 8  # seq int64 tokens
+    # embed saves the token ids and the position ids; a block what the hand count above says
+    assert a.columns["activation_bytes"][0].tolist() == [64 + 64, 2 * 64 + 64]
+    n = lambda b: b * 8  # noqa: E731  tokens per micro-batch
+    assert a.columns["activation_bytes"][1].tolist() == [64 * n(b) * 16 + 16 * n(b) + 4 * n(b) * 2 for b in (1, 2)]
+
+
+def test_bfloat16_halves_float_bytes():
+    f32 = profile_model(TINY_GPT, [2], warmup=0, repeats=1)
+    bf16 = profile_model(TINY_GPT, [2], warmup=0, repeats=1, dtype="bfloat16")
+    assert bf16.meta["dtype"] == "bfloat16"
+    assert (bf16.columns["param_bytes"] * 2 == f32.columns["param_bytes"]).all()
+    assert bf16.columns["output_bytes"][1, 0] * 2 == f32.columns["output_bytes"][1, 0]
+
+
+def _pplan(*args, cwd=ROOT):
+    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    env.pop("PPLAN_DEBUG", None)
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_profile_json(tmp_path):
+    out = tmp_path / "sub" / "mlp.csv"
+    r = _pplan("profile", "-m", "mlp:layers=2,hidden=8,input=4", "-b", "2,1", "--warmup", "0", "--repeats", "1", "--threads", "1", "-o", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(r.stdout)
+    assert summary["micro_batch_sizes"] == [1, 2] and [row["name"] for row in summary["layers"]] == ["fc0", "head"]
+    p = load_profile(out)
+    assert p.sha256 == summary["sha256"]
+    assert p.meta["command"].startswith("pplan profile -m mlp:layers=2")
+    assert summary["layers"][0]["activation_bytes"] == int(p.columns["activation_bytes"][0, 1])
+    assert "profiling" in r.stderr  # progress goes to stderr, never into the JSON
+
+
+def test_cli_profile_table_with_factory(tmp_path):
+    out = tmp_path / "f.csv"
+    r = _pplan("profile", "-m", "test_models_factories:plain:hidden=6", "--input-shape", "4", "-b", "1,2", "--warmup", "0", "--repeats", "1", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    for word in ("fc0", "act", "fc1", "activations", "wrote"):
+        assert word in r.stdout
+    p = load_profile(out)
+    assert p.meta["input_shape"] == "4" and p.meta["input_dtype"] == "float" and p.input_bytes_per_sample == 16
+
+
+BAD_CLI = {
+    "unknown kind": (["-m", "gtp:layers=3"], "unknown model"),
+    "unknown key": (["-m", "gpt:layer=3"], "valid keys"),
+    "bad value": (["-m", "gpt:layers=x"], "layers='x'"),
+    "heads": (["-m", "gpt:hidden=10,heads=3"], "heads=3"),
+    "bad sizes": (["-m", "mlp", "-b", "1,x"], "--micro-batch-sizes"),
+    "zero size": (["-m", "mlp", "-b", "0,1"], "positive"),
+    "bad shape": (["-m", "mlp", "--input-shape", "3,a"], "--input-shape"),
+    "bad input dtype": (["-m", "mlp", "--input-dtype", "half"], "--input-dtype"),
+    "bad dtype": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--dtype", "float8"], "float8"),
+    "bad device": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--device", "tpu"], "tpu"),
+    "no module": (["-m", "no_such_pkg_q.models:make"], "cannot import"),
+    "factory without shape": (["-m", "test_models_factories:plain"], "--input-shape"),
+    "fails while profiling": (["-m", "test_models_factories:fails_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"], "layer 1 (picky) failed at micro-batch size 2: RuntimeError: boom at batch two"),
+    "out not csv": (["-m", "mlp", "-o", "OUT.txt"], ".csv"),
+}
+if not torch.cuda.is_available():
+    BAD_CLI["no cuda"] = (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--device", "cuda"], "CUDA is not available")
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLI))
+def test_cli_errors_exit_2_with_one_line(tmp_path, case):
+    args, words = BAD_CLI[case]
+    args = [a.replace("OUT", str(tmp_path / "out")) for a in args]
+    out = tmp_path / "out.csv"
+    if "-o" not in args:
+        args += ["-o", str(out)]
+    r = _pplan("profile", *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert "Traceback" not in r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("pplan: error:") and words in lines[-1], r.stderr
+    assert [l for l in lines if l.startswith("pplan: error:")] == [lines[-1]]
+    assert list(tmp_path.iterdir()) == [], "a failed profile must not leave a file behind"
+
+
+def test_cli_out_is_a_directory(tmp_path):
+    r = _pplan("profile", "-m", "mlp", "-o", str(tmp_path))
+    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_profile_records_allocator_peak():
+    p = profile_model(TINY_GPT, [1, 2], device="cuda", warmup=1, repeats=2)
+    assert "cuda_peak_bytes" in p.present and p.meta["device"].startswith("cuda")
+    assert (p.columns["cuda_peak_bytes"][1:] > 0).all()
+    assert (p.columns["activation_bytes"] > 0).all() and (p.columns["fwd_ms"] > 0).all()
+    cpu = profile_model(TINY_GPT, [1, 2], warmup=0, repeats=1)
+    assert (p.columns["param_bytes"] == cpu.columns["param_bytes"]).all()
+    assert (p.columns["output_bytes"] == cpu.columns["output_bytes"]).all()
+
+
+@pytest.mark.slow
+def test_gpt4_profile_time_and_run_to_run_agreement():
+    """Benchmark (printed): 4-layer gpt on CPU, twice. Bytes must agree exactly; times generously."""
+    import time
+
+    runs, elapsed = [], []
+    for _ in range(2):
+        t0 = time.perf_counter()
+        runs.append(profile_model("gpt:layers=4", [1, 2, 4, 8], threads=1))
+        elapsed.append(time.perf_counter() - t0)
+    a, b = runs
+    for column in ("param_bytes", "activation_bytes", "output_bytes", "flops", "shared_input_bytes"):
+        assert (a.columns[column] == b.columns[column]).all(), column
+    for column in ("fwd_ms", "bwd_ms"):
+        ratio = b.columns[column] / a.columns[column]
+        print(f"\n{column} run2/run1 per layer x size: min {ratio.min():.3f} max {ratio.max():.3f}; "
+              f"within 15%: {(abs(ratio - 1) <= 0.15).mean():.0%} of cells")
+        big = a.columns[column] > 1.0  # sub-millisecond cells are dominated by scheduling noise
+        assert ((ratio[big] > 0.5) & (ratio[big] < 2.0)).all(), ratio
+    print(f"profile time: {elapsed[0]:.1f} s, {elapsed[1]:.1f} s")

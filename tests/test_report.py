@@ -1,0 +1,211 @@
+"""`pplan report`: reports build from fixtures, skip what is missing, write atomically."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.errors import PplanError
+from planner.report import build_report, load_inputs, parse_formats, report_dir
+from planner.report.derive import sweep_sizes
+from planner.report.fig_schedule import one_iteration
+from planner.report.inputs import TimelineRow, read_timeline_text
+
+DATA = Path(__file__).parent / "data" / "report"
+ALL = dict(profile=DATA / "profile.csv", plan=DATA / "plan.json", sim=DATA / "sim.json", run=DATA / "run.json",
+           timeline=DATA / "timeline.csv", measured_timeline=DATA / "measured_timeline.csv")
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reports") / "full"
+    return build_report(load_inputs(**ALL), out)
+
+
+def _referenced(html: str) -> list[str]:
+    return re.findall(r'(?:src|href)="([^"]+)"', html)
+
+
+def test_full_report_draws_every_figure_in_both_formats(full_report):
+    assert [f.skipped for f in full_report.figures] == [None] * 6
+    for fig in full_report.figures:
+        png = full_report.out_dir / f"figures/{fig.key}.png"
+        svg = full_report.out_dir / f"figures/{fig.key}.svg"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert b"<svg" in svg.read_bytes()[:2000]
+        assert fig.png is not None and len(fig.png) > 10_000  # a real picture, not an empty canvas
+
+
+def test_html_is_self_contained_and_links_only_existing_files(full_report):
+    html = full_report.html.read_text()
+    refs = _referenced(html)
+    embedded = [r for r in refs if r.startswith("data:image/png;base64,")]
+    assert len(embedded) == 6
+    for ref in refs:
+        if not ref.startswith("data:"):
+            assert not re.match(r"^[a-z]+://", ref), ref  # nothing fetched from elsewhere
+            assert (full_report.out_dir / ref).is_file(), ref
+
+
+def test_markdown_index_links_existing_figures(full_report):
+    md = full_report.markdown.read_text()
+    links = re.findall(r"\]\(([^)]+)\)", md)
+    assert links
+    for link in links:
+        assert (full_report.out_dir / link).is_file(), link
+
+
+def test_summary_has_the_numbers_that_matter(full_report):
+    summary = dict(full_report.summary)
+    assert "measured iteration time" in summary
+    assert summary["uniform split"].startswith("does not fit")
+    assert "speedup over params split" in summary
+    assert any(k.startswith("peak memory dev 1") for k in summary)
+
+
+def test_missing_inputs_skip_figures_and_say_why(tmp_path):
+    rep = build_report(load_inputs(profile=ALL["profile"]), tmp_path / "p")
+    drawn = [f.key for f in rep.figures if not f.skipped]
+    assert drawn == ["5_profile"]
+    md = rep.markdown.read_text()
+    assert md.count("*Skipped:") == 5
+    assert "--run" in md and "--timeline" in md
+    html = rep.html.read_text()
+    assert html.count('class="skipped"') == 5
+
+
+def test_plan_and_profile_alone_are_simulated_here(tmp_path):
+    rep = build_report(load_inputs(profile=ALL["profile"], plan=ALL["plan"]), tmp_path / "pp")
+    drawn = {f.key for f in rep.figures if not f.skipped}
+    assert drawn == {"1_schedule", "2_memory", "3_microbatch_sweep", "4_baselines", "5_profile"}
+    assert "computed here" in rep.markdown.read_text()
+
+
+def test_no_simulate_uses_only_given_files(tmp_path):
+    rep = build_report(load_inputs(profile=ALL["profile"], plan=ALL["plan"]), tmp_path / "ns", simulate=False)
+    assert {f.key for f in rep.figures if not f.skipped} == {"4_baselines", "5_profile"}
+
+
+def test_failed_report_leaves_previous_report_untouched(tmp_path, monkeypatch):
+    out = tmp_path / "r"
+    build_report(load_inputs(profile=ALL["profile"], run=ALL["run"]), out, simulate=False)
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    from planner.report import fig_profile
+
+    def boom(*_a, **_k):
+        raise RuntimeError("drawing failed")
+
+    monkeypatch.setattr(fig_profile, "draw", boom)
+    with pytest.raises(RuntimeError):
+        build_report(load_inputs(**ALL), out)
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_rebuild_replaces_figures_and_drops_stale_ones(tmp_path):
+    out = tmp_path / "r"
+    build_report(load_inputs(**ALL), out, simulate=False)
+    assert (out / "figures/6_predicted_vs_measured.png").exists()
+    build_report(load_inputs(profile=ALL["profile"]), out, simulate=False, formats=("svg",))
+    assert sorted(p.name for p in (out / "figures").iterdir()) == ["5_profile.svg"]
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []
+
+
+def test_same_inputs_give_identical_files(tmp_path):
+    a = build_report(load_inputs(**ALL), tmp_path / "a" / "r", simulate=False)
+    b = build_report(load_inputs(**ALL), tmp_path / "b" / "r", simulate=False)
+    for fig in a.figures:
+        if not fig.skipped:
+            name = f"figures/{fig.key}.svg"
+            assert (a.out_dir / name).read_bytes() == (b.out_dir / name).read_bytes(), name
+    assert a.markdown.read_text().replace("/a/r", "/b/r") == b.markdown.read_text()
+
+
+def test_bad_inputs_are_user_errors(tmp_path):
+    bad_sim = tmp_path / "sim.json"
+    bad_sim.write_text(json.dumps({"devices": []}))
+    with pytest.raises(PplanError, match="iteration_ms"):
+        load_inputs(sim=bad_sim)
+    bad_run = tmp_path / "run.json"
+    bad_run.write_text("[1, 2]")
+    with pytest.raises(PplanError, match="JSON object"):
+        load_inputs(run=bad_run)
+    with pytest.raises(PplanError, match="does not exist"):
+        load_inputs(timeline=tmp_path / "nope.csv")
+    with pytest.raises(PplanError, match="no input files"):
+        load_inputs()
+    with pytest.raises(PplanError, match="kind 'X'"):
+        read_timeline_text("device,stage,kind,microbatch,start_ms,end_ms\n0,0,X,0,0,1\n")
+    with pytest.raises(PplanError, match="before start_ms"):
+        read_timeline_text("device,stage,kind,microbatch,start_ms,end_ms\n0,0,F,0,2,1\n")
+    with pytest.raises(PplanError, match="missing column"):
+        read_timeline_text("device,stage,kind\n0,0,F\n")
+
+
+def test_out_dir_that_is_a_file_is_refused(tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    with pytest.raises(PplanError, match="is a file"):
+        build_report(load_inputs(profile=ALL["profile"]), target)
+
+
+def test_formats_and_names():
+    assert parse_formats("svg, PNG") == ("svg", "png")
+    with pytest.raises(PplanError, match="jpg"):
+        parse_formats("png,jpg")
+    assert report_dir("demo") == Path("reports/demo")
+    assert report_dir(None, "x/y") == Path("x/y")
+    with pytest.raises(PplanError):
+        report_dir("../escape")
+    with pytest.raises(PplanError):
+        report_dir("a", "b")
+
+
+def test_one_iteration_keeps_the_last_repeat_and_starts_at_zero():
+    rows = [TimelineRow(0, 0, "F", 0, 10.0, 12.0), TimelineRow(0, 0, "B", 0, 12.0, 15.0),
+            TimelineRow(0, 0, "F", 0, 20.0, 21.0), TimelineRow(0, 0, "B", 0, 21.0, 23.0)]
+    got = one_iteration(rows)
+    assert [(r.kind, r.start_ms, r.end_ms) for r in got] == [("F", 0.0, 1.0), ("B", 1.0, 3.0)]
+
+
+def test_sweep_sizes_divide_the_batch_and_stay_small():
+    assert sweep_sizes(8, 2) == [1, 2, 4, 8]
+    many = sweep_sizes(720, 4)
+    assert len(many) <= 12 and all(720 % m == 0 for m in many)
+    assert 1 in many and 720 in many and 4 in many
+
+
+def test_importing_the_report_package_does_not_import_matplotlib():
+    code = "import sys, planner.report, planner.report.build; print('matplotlib' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_cli_report_json(tmp_path):
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    res = CliRunner().invoke(app, ["report", "--profile", str(ALL["profile"]), "--run", str(ALL["run"]),
+                                   "--out", str(tmp_path / "c"), "--json", "--no-simulate"])
+    assert res.exit_code == 0, res.output
+    data = json.loads(res.stdout)
+    assert Path(data["html"]).is_file()
+    assert {f["key"] for f in data["figures"] if not f["skipped"]} == {"5_profile", "6_predicted_vs_measured"}
+
+
+def test_cli_report_bad_input_exits_2(tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("device,stage\n")
+    out = subprocess.run([sys.executable, "-m", "cli.app", "report", "--timeline", str(bad), "--out", str(tmp_path / "x")],
+                         capture_output=True, text=True)
+    assert out.returncode == 2
+    assert "missing column" in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "x").exists()
