@@ -84,7 +84,7 @@ def generate(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int =
     return _generate(name, n_ranks, n_microbatches, virtual_stages)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=128)
 def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
     if name == "gpipe":
         order = gpipe_order(P, M)

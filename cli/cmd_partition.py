@@ -1,0 +1,104 @@
+"""`pplan partition`: choose stage cuts, micro-batch count, recompute and schedule under memory limits.
+
+Thin: parse flags, call planner.partition.partition, print the report (or JSON), write the plan
+atomically. Everything is computed before the plan file is written, so an error leaves no file.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from cli.common import echo_json, err, progress
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("partition")(partition_cmd)
+
+
+def partition_cmd(
+    profile_path: Path = typer.Argument(..., metavar="PROFILE.csv", help="Profile CSV (from `pplan profile` or profiles/)."),
+    devices: Optional[int] = typer.Option(None, "--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices)."),
+    memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited)."),
+    global_batch: int = typer.Option(..., "--global-batch", help="Samples per iteration (= micro-batches x micro-batch size)."),
+    microbatches: str = typer.Option("auto", "--microbatches", help="auto (every divisor of the batch) or a count M."),
+    schedule: str = typer.Option("auto", "--schedule", help="auto, gpipe, 1f1b, interleaved or zb."),
+    recompute: str = typer.Option("auto", "--recompute", help="auto (per layer, only where memory needs it), none or all."),
+    optimizer: str = typer.Option("adam", "--optimizer", help="adam, adamw, sgd (momentum) or sgd-plain: sets optimizer memory."),
+    bandwidth: str = typer.Option("25GB/s", "--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s."),
+    latency: str = typer.Option("0.01ms", "--latency", help="Link latency per message, e.g. 0.01ms or 5us."),
+    cluster: Optional[Path] = typer.Option(None, "--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json)."),
+    method: str = typer.Option("auto", "--method", help="auto, dp, ilp, uniform, params or time."),
+    time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds the ILP may use over the whole search."),
+    out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),
+) -> None:
+    """Search stage cuts x micro-batches x recompute x schedule; write the fastest plan that fits.
+
+    Every candidate is simulated; the plan records the prediction, the runners-up and the
+    baselines (uniform, parameter- and time-balanced cuts). Exit code 2 with the least memory
+    or the fewest devices that would work when nothing fits.
+    """
+    from planner.calibration import find_calibration
+    from planner.cluster import load_cluster
+    from planner.errors import PplanError
+    from planner.partition import PartitionSettings, partition, summary_dict, summary_text
+    from planner.partition.api import resolve_devices, validate_settings
+    from planner.partition.search import grid_points
+    from planner.plan import plan_to_dict, write_plan
+    from planner.profiling.profile import load_profile
+    from planner.units import parse_bandwidth, parse_bytes, parse_ms
+
+    if out.suffix.lower() != ".json":
+        raise PplanError(f"--out {str(out)!r} must end in .json")
+    if out.exists() and out.is_dir():
+        raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
+    m = microbatches.strip().lower()
+    if m == "auto":
+        n_micro = None
+    else:
+        try:
+            n_micro = int(m)
+        except ValueError:
+            raise PplanError(f"--microbatches {microbatches!r} is neither auto nor an integer", "use --microbatches auto or e.g. 8") from None
+        if n_micro < 1:
+            raise PplanError(f"--microbatches must be at least 1, got {n_micro}")
+    settings = PartitionSettings(
+        n_devices=devices,
+        memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
+        global_batch=global_batch,
+        microbatches=n_micro,
+        schedule=schedule.strip().lower(),
+        recompute=recompute.strip().lower(),
+        optimizer=optimizer.strip().lower(),
+        bandwidth=parse_bandwidth(bandwidth),
+        latency_ms=parse_ms(latency),
+        cluster=load_cluster(cluster) if cluster is not None else None,
+        method=method.strip().lower(),
+        time_limit=time_limit,
+    )
+    if settings.cluster is None and devices is None:
+        raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
+    prof = load_profile(profile_path)
+    validate_settings(prof, settings)
+    cal = find_calibration(profile_path)
+    if sys.stderr.isatty():  # a bar for people; logs and pipes stay quiet
+        n_points = len(grid_points(settings, len(resolve_devices(settings)[0]), prof.n_layers)[0])
+        with progress(n_points, "partition") as bar:
+            result = partition(prof, settings, calibration=cal, on_step=bar.advance)
+    else:
+        result = partition(prof, settings, calibration=cal)
+    write_plan(result.plan, out)
+    if as_json:
+        echo_json({"plan": plan_to_dict(result.plan), "summary": summary_dict(result), "out": str(out)})
+        return
+    typer.echo(summary_text(result))
+    typer.echo("")
+    typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
+    if cal is not None:
+        err("applied the calibration beside the profile")
