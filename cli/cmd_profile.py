@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -14,6 +15,8 @@ from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
 __all__ = ["register"]
+
+_DTYPES = ("float32", "bfloat16", "float16")  # the keys of planner.profiling.profiler.DTYPES
 
 
 def _parse_shape(text: str | None) -> tuple[int, ...] | None:
@@ -108,6 +111,11 @@ def register(app: typer.Typer) -> None:
         if vocab is not None and vocab < 2:
             raise PplanError(f"--vocab {vocab} must be at least 2")
         _check_out(out)
+        # Checked here too, so these mistakes fail before torch is imported (seconds on a small machine).
+        if dtype not in _DTYPES:
+            raise PplanError(f"--dtype {dtype!r} is not supported", f"use one of {', '.join(_DTYPES)}")
+        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
+            raise PplanError(f"--device {device!r} is not supported", "use cpu, cuda or cuda:N")
         from planner.profiling.profiler import profile_model  # imports torch
         from planner.profiling.profile import write_profile
 

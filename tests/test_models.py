@@ -214,3 +214,14 @@ def test_factory_errors_are_one_line(spec, kwargs, words):
 def test_bad_seed():
     with pytest.raises(ModelSpecError, match="seed"):
         build_model("mlp", seed=-1)
+
+
+def test_every_key_is_documented_with_its_default():
+    from planner.models.spec import KEYS
+
+    doc = (ROOT / "docs" / "models.md").read_text(encoding="utf-8")
+    for kind, keys in KEYS.items():
+        section = doc.split(f"## `{kind}`", 1)[1].split("\n## ", 1)[0]
+        for key, ks in keys.items():
+            default = f"{ks.default:g}" if isinstance(ks.default, float) else str(ks.default)
+            assert f"| `{key}` | {default} |" in section, (kind, key, default)

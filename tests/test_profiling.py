@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -74,9 +75,9 @@ def test_shared_input_bytes_and_loss_in_last_layer():
 
 
 def test_synthetic_sleeps_profile_at_their_times():
+    # Medians of many short sleeps: robust to the bursts of delay a loaded machine adds.
     spec = "synthetic:layers=3,fwd_ms=20,bwd_ms=30,weight_frac=0.5,param_bytes=4000/0/4000,act_bytes=1000,hidden=8"
-    p = profile_model(spec, [1, 4], warmup=1, repeats=5)
-    c = p.columns
+    c = profile_model(spec, [2], warmup=1, repeats=15).columns
     assert abs(c["fwd_ms"][:2] - 20).max() < 2, c["fwd_ms"]
     assert abs(c["bwd_ms"][:2] - 30).max() < 2, c["bwd_ms"]
     # layer 0's input is data (no gradient): its whole backward is the weight part;
@@ -84,9 +85,16 @@ def test_synthetic_sleeps_profile_at_their_times():
     assert abs(c["bwd_weight_ms"][0] - 30).max() < 2 and c["bwd_input_ms"][0].max() == 0
     assert abs(c["bwd_input_ms"][1] - 30).max() < 2 and c["bwd_weight_ms"][1].max() < 2
     assert abs(c["bwd_input_ms"][2] - 15).max() < 2 and abs(c["bwd_weight_ms"][2] - 15).max() < 3
+
+
+def test_synthetic_bytes_are_what_the_spec_says():
+    spec = "synthetic:layers=3,fwd_ms=0,bwd_ms=0,param_bytes=4000/0/4000,act_bytes=1000,hidden=8"
+    c = profile_model(spec, [1, 4], warmup=0, repeats=1).columns
     assert c["activation_bytes"][:2].tolist() == [[1000, 4000], [1000, 4000]]
+    assert c["activation_bytes"][2].tolist() == [1000 + 2 * 32, 4000 + 2 * 128]  # + the MSE loss's output and target
     assert c["param_bytes"][:, 0].tolist() == [4000, 0, 4000]
     assert c["output_bytes"][0].tolist() == [32, 128]
+    assert c["shared_input_bytes"].max() == 0
 
 
 def test_synthetic_per_sample_time():
@@ -141,9 +149,9 @@ def test_cli_profile_json(tmp_path):
     assert "profiling" in r.stderr  # progress goes to stderr, never into the JSON
 
 
-def test_cli_profile_table_with_factory(tmp_path):
+def test_cli_profile_table_with_factory(tmp_path, monkeypatch, capsys):
     out = tmp_path / "f.csv"
-    r = _pplan("profile", "-m", "test_models_factories:plain:hidden=6", "--input-shape", "4", "-b", "1,2", "--warmup", "0", "--repeats", "1", "-o", str(out))
+    r = _main_in_process(["profile", "-m", "test_models_factories:plain:hidden=6", "--input-shape", "4", "-b", "1,2", "--warmup", "0", "--repeats", "1", "-o", str(out)], monkeypatch, capsys)
     assert r.returncode == 0, r.stderr
     for word in ("fc0", "act", "fc1", "activations", "wrote"):
         assert word in r.stdout
@@ -160,36 +168,52 @@ BAD_CLI = {
     "zero size": (["-m", "mlp", "-b", "0,1"], "positive"),
     "bad shape": (["-m", "mlp", "--input-shape", "3,a"], "--input-shape"),
     "bad input dtype": (["-m", "mlp", "--input-dtype", "half"], "--input-dtype"),
-    "bad dtype": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--dtype", "float8"], "float8"),
-    "bad device": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--device", "tpu"], "tpu"),
+    "bad dtype": (["-m", "mlp", "--dtype", "float8"], "float8"),
+    "bad device": (["-m", "mlp", "--device", "tpu"], "tpu"),
+    "bad seed": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--seed", "-3"], "seed"),
     "no module": (["-m", "no_such_pkg_q.models:make"], "cannot import"),
     "factory without shape": (["-m", "test_models_factories:plain"], "--input-shape"),
     "fails while profiling": (["-m", "test_models_factories:fails_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"], "layer 1 (picky) failed at micro-batch size 2: RuntimeError: boom at batch two"),
     "out not csv": (["-m", "mlp", "-o", "OUT.txt"], ".csv"),
+    "out is a directory": (["-m", "mlp", "-o", "DIR"], "is a directory"),
 }
 if not torch.cuda.is_available():
     BAD_CLI["no cuda"] = (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--device", "cuda"], "CUDA is not available")
+# A real process for a few (no traceback may escape the interpreter); the rest run main() in-process.
+SUBPROCESS = {"unknown kind", "fails while profiling"}
+
+
+def _main_in_process(args, monkeypatch, capsys):
+    from cli.app import main
+    from cli.common import state
+
+    monkeypatch.setattr(sys, "argv", ["pplan", *args])
+    monkeypatch.setattr(state, "debug", False)
+    monkeypatch.syspath_prepend(str(TESTS))
+    with pytest.raises(SystemExit) as info:
+        main()
+    captured = capsys.readouterr()
+    return subprocess.CompletedProcess(args, info.value.code, captured.out, captured.err)
 
 
 @pytest.mark.parametrize("case", sorted(BAD_CLI))
-def test_cli_errors_exit_2_with_one_line(tmp_path, case):
+def test_cli_errors_exit_2_with_one_line(tmp_path, monkeypatch, capsys, case):
     args, words = BAD_CLI[case]
-    args = [a.replace("OUT", str(tmp_path / "out")) for a in args]
-    out = tmp_path / "out.csv"
+    work = tmp_path / "work"
+    work.mkdir()
+    args = [a.replace("OUT", str(work / "out")).replace("DIR", str(work)) for a in args]
     if "-o" not in args:
-        args += ["-o", str(out)]
-    r = _pplan("profile", *args)
+        args += ["-o", str(work / "out.csv")]
+    if case in SUBPROCESS:
+        r = _pplan("profile", *args)
+    else:
+        r = _main_in_process(["profile", *args], monkeypatch, capsys)
     assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
     assert "Traceback" not in r.stdout + r.stderr
     lines = r.stderr.strip().splitlines()
     assert lines and lines[-1].startswith("pplan: error:") and words in lines[-1], r.stderr
-    assert [l for l in lines if l.startswith("pplan: error:")] == [lines[-1]]
-    assert list(tmp_path.iterdir()) == [], "a failed profile must not leave a file behind"
-
-
-def test_cli_out_is_a_directory(tmp_path):
-    r = _pplan("profile", "-m", "mlp", "-o", str(tmp_path))
-    assert r.returncode == 2 and "is a directory" in r.stderr and "Traceback" not in r.stderr
+    assert [line for line in lines if line.startswith("pplan: error:")] == [lines[-1]]
+    assert list(work.iterdir()) == [], "a failed profile must not leave a file behind"
 
 
 @pytest.mark.cuda
@@ -219,8 +243,11 @@ def test_gpt4_profile_time_and_run_to_run_agreement():
         assert (a.columns[column] == b.columns[column]).all(), column
     for column in ("fwd_ms", "bwd_ms"):
         ratio = b.columns[column] / a.columns[column]
-        print(f"\n{column} run2/run1 per layer x size: min {ratio.min():.3f} max {ratio.max():.3f}; "
+        print(f"\n{column} run2/run1 per layer x size: median {np.median(ratio):.3f}, min {ratio.min():.3f}, max {ratio.max():.3f}; "
               f"within 15%: {(abs(ratio - 1) <= 0.15).mean():.0%} of cells")
+        # Other processes slow a whole run down; what a plan depends on is each layer's share.
+        share = (b.columns[column] / b.columns[column].sum(axis=0)) / (a.columns[column] / a.columns[column].sum(axis=0))
+        print(f"{column} share of the model, run2/run1: min {share.min():.3f}, max {share.max():.3f}")
         big = a.columns[column] > 1.0  # sub-millisecond cells are dominated by scheduling noise
-        assert ((ratio[big] > 0.5) & (ratio[big] < 2.0)).all(), ratio
+        assert ((share[big] > 0.5) & (share[big] < 2.0)).all(), share
     print(f"profile time: {elapsed[0]:.1f} s, {elapsed[1]:.1f} s")

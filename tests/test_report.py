@@ -64,8 +64,7 @@ def test_markdown_index_links_existing_figures(full_report):
 def test_summary_has_the_numbers_that_matter(full_report):
     summary = dict(full_report.summary)
     assert "measured iteration time" in summary
-    assert summary["uniform split"].startswith("does not fit")
-    assert "speedup over params split" in summary
+    assert "does not fit" in summary["uniform split"] and "x faster" in summary["uniform split"]
     assert any(k.startswith("peak memory dev 1") for k in summary)
 
 

@@ -4,8 +4,11 @@
                                       every (stage, kind) median action time of the run (B/I with
                                       their recompute; a split backward's I + W as one point,
                                       because torch runs stage 0's whole backward in its W)
-  comm_latency_ms, comm_bandwidth     from the ping-pong between neighbouring ranks (median over
+  comm_bandwidth_bytes_per_s          from the ping-pong between neighbouring ranks (median over
                                       pairs); kept from the previous calibration when not measured
+  comm_latency_ms                     median of the measured hand-over gaps (sender's end to the
+                                      waiting receiver's start, minus bytes / bandwidth); the
+                                      ping-pong's when the run has none (one rank, several hosts)
   step_overhead_ms                    what is left: measured - simulated with the above (>= 0);
                                       the optimizer step and per-step bookkeeping land here
 """
@@ -82,6 +85,12 @@ def fit_calibration(run: dict[str, Any], plan: Plan, profile: Profile,
         lat = statistics.median(c["latency_ms"] for c in comm)
         bws = [c["bandwidth_bytes_per_s"] for c in comm if c.get("bandwidth_bytes_per_s")]
         bw = statistics.median(bws) if bws else bw
+    gaps = run.get("transfer_gaps") or []
+    if gaps:
+        # What a hand-over costs inside the pipeline (waking the waiting rank included) is the
+        # latency that matters; the ping-pong gives the bandwidth, which separates the two.
+        per_byte = 1e3 / bw if bw else 0.0
+        lat = max(0.0, statistics.median(g - b * per_byte for b, g in gaps))
     cal = Calibration(compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,
                       comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0)
     without = simulate(plan, profile, calibration=cal, record_timeline=False).iteration_ms

@@ -19,7 +19,7 @@ from typing import Any
 from planner.plan import Plan
 from planner.simulation.result import TimelineRow
 
-__all__ = ["FORMAT", "assemble_run", "measured_timeline", "error_pct"]
+__all__ = ["FORMAT", "assemble_run", "measured_timeline", "error_pct", "transfer_gaps"]
 
 FORMAT = "pplan-run/1"
 
@@ -53,6 +53,48 @@ def measured_timeline(records: list[dict[str, Any]]) -> list[TimelineRow]:
     return rows
 
 
+def transfer_gaps(rows: list[TimelineRow], n_stages: int, boundary_bytes: dict[str, list[int]]) -> list[list[float]]:
+    """[bytes, ms] for every cross-device hand-over where the receiver sat waiting for it.
+
+    A hand-over is F(s-1, m) -> F(s, m) or B/I(s+1, m) -> B/I(s, m) on different devices. When
+    the receiver was idle before it (its previous action ended before the sender's), the time
+    from the sender's end to the receiver's start is what one transfer really costs in the
+    pipeline (send, receive and waking the waiting process): calibration fits the link latency
+    to it. Needs one clock for all ranks (a single machine).
+    """
+    begin: dict[tuple[int, str, int], tuple[float, float, int]] = {}  # action -> (start, prev end, device)
+    end_of: dict[tuple[int, str, int], tuple[float, int]] = {}
+    by_dev: dict[int, list[TimelineRow]] = {}
+    for r in rows:
+        if r.kind in ("F", "B", "I", "W", "R", "O"):
+            by_dev.setdefault(r.device, []).append(r)
+    for dev, rs in by_dev.items():
+        rs.sort(key=lambda r: (r.start_ms, r.kind != "R"))
+        prev_end, pending = float("-inf"), None  # pending: an R row waiting for its B/I
+        for r in rs:
+            group = "F" if r.kind == "F" else "BI"
+            if r.kind == "R":
+                pending = (r.start_ms, prev_end)
+            elif r.kind in ("F", "B", "I"):
+                start, before = pending if pending and r.kind != "F" else (r.start_ms, prev_end)
+                begin[(r.stage, group, r.microbatch)] = (start, before, dev)
+                end_of[(r.stage, group, r.microbatch)] = (r.end_ms, dev)
+                pending = None
+            prev_end = r.end_ms
+    out = []
+    for (s, group, m), (start, before, dev) in begin.items():
+        if group == "F":
+            src, nbytes = (s - 1, "F", m), (boundary_bytes.get(str(s)) or [0, 0])[0]
+        else:
+            src, nbytes = (s + 1, "BI", m), (boundary_bytes.get(str(s)) or [0, 0])[1]
+        if not 0 <= src[0] < n_stages or src not in end_of:
+            continue
+        sent, sender = end_of[src]
+        if sender != dev and sent >= before:
+            out.append([float(nbytes), start - sent])
+    return out
+
+
 def _busy(rec: dict[str, Any]) -> float:
     return sum(end - start for _, kind, _, start, end in rec["events"] if kind in ("F", "B", "I", "W", "R", "O"))
 
@@ -71,6 +113,7 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
     for rec in records:
         losses.update(rec["losses"])
     loss_steps = sorted(int(k) for k in losses)
+    boundary = {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()}
     pred_devices = {d["device"]: d for d in prediction.get("devices", [])} if prediction else {}
     ranks = []
     for rec in records:
@@ -119,5 +162,7 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
         "timeline_step": r0["chosen_step"],
         "ranks": ranks,
         "comm": [c for rec in records for c in rec.get("comm", [])],
-        "boundary_bytes": {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()},
+        "boundary_bytes": boundary,
+        "transfer_gaps": transfer_gaps(measured_timeline(records), plan.n_stages, boundary)
+        if len({rec["host"] for rec in records}) == 1 else [],
     }

@@ -139,7 +139,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         step_t0.append(t0)
         step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
         if is_last:
-            loss_log[step] = float(torch.stack([torch.as_tensor(v, dtype=torch.float64) for v in losses]).mean())
+            loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
             _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
         done = step + 1
         if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):

@@ -88,6 +88,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
         gathered: list[Any] | None = [None] * env.world if env.rank == 0 else None
         # gather_object needs a device the backend can move objects through
         dist.gather_object(record, gathered, dst=0)
+        dist.barrier()  # nobody tears down its connections while a peer still talks to it
         return gathered if env.rank == 0 else None
     finally:
         dist.destroy_process_group()
@@ -145,4 +146,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter finalization: gloo's C++ threads can abort the process (SIGABRT,
+    # "terminate called without an active exception") while Python tears down, after the
+    # rank's work is complete and its result is on disk.
+    os._exit(code)

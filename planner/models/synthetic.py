@@ -39,8 +39,10 @@ def _sleep(seconds: float) -> None:
 
 
 def _save_activation(ctx: Any, nbytes: int, device: torch.device) -> None:
-    # fill_ touches every page, so the buffer is resident memory, not a lazy mapping.
-    ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=device).fill_(1))
+    # Left uninitialised: writing hundreds of MB would cost real CPU time and the layer's
+    # time must be the slept time. The allocator (CUDA) and saved-tensor accounting see all
+    # of it; on CPU the pages become resident only if touched, so RSS undercounts it.
+    ctx.save_for_backward(torch.empty(nbytes, dtype=torch.uint8, device=device))
 
 
 class _InputPart(torch.autograd.Function):
@@ -61,23 +63,31 @@ class _InputPart(torch.autograd.Function):
 
 
 class _WeightPart(torch.autograd.Function):
-    """mean(weight) as a scalar; sleeps the weight-gradient backward."""
+    """weight[0] as a scalar; sleeps the weight-gradient backward.
+
+    One element, not a reduction: the forward must not read every parameter byte (real
+    time), while the backward still produces a full parameter-sized gradient, as any layer's.
+    """
 
     @staticmethod
     def forward(ctx: Any, w: torch.Tensor, bwd_s: float, act_nbytes: int) -> torch.Tensor:
         _save_activation(ctx, act_nbytes, w.device)
-        ctx.bwd_s, ctx.shape, ctx.n = bwd_s, w.shape, w.numel()
-        return w.mean()
+        ctx.bwd_s = bwd_s
+        ctx.meta = (w.shape, w.dtype, w.device)
+        return w[0].clone()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple:
         ctx.saved_tensors
         _sleep(ctx.bwd_s)
-        return (grad / ctx.n).expand(ctx.shape).clone(), None, None
+        shape, dtype, device = ctx.meta
+        grad_w = torch.zeros(shape, dtype=dtype, device=device)
+        grad_w[0] = grad
+        return grad_w, None, None
 
 
 class SleepLayer(nn.Module):
-    """y = x + mean(weight), taking the configured time and memory."""
+    """y = x + weight[0], taking the configured time and memory."""
 
     def __init__(self, hidden: int, fwd_ms: float, bwd_ms: float, fwd_ms_per_sample: float,
                  bwd_ms_per_sample: float, weight_frac: float, param_bytes: int, act_bytes: int):

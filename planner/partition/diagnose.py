@@ -101,7 +101,7 @@ def infeasible_error(profile: Profile, settings: PartitionSettings, devices: tup
             if more is not None:
                 hints.append(f"or --devices {more}")
             else:
-                hints.append(f"even {profile.n_layers} devices (one layer each) would not fit {format_bytes(limit)}")
+                hints.append(f"(even {profile.n_layers} devices, one layer each, would not fit {format_bytes(limit)})")
         if settings.recompute != "auto":
             hints.append("or --recompute auto")
         return InfeasibleError(head, " ".join(hints))

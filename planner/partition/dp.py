@@ -13,7 +13,10 @@ cheapest fitting set is the smallest fitting q: "q layers recomputed saves
 k*D(q) - T(q) bytes" is made monotone by a running max over q and searched by bisection.
 
 Every table is an (L+1) x (L+1) numpy array over (i, j); a pass costs O(L^2) vector work per
-stage position, O(L^2 * S) in all.
+stage position, O(L^2 * S) in all. Stage costs are only computed inside a band: a stage whose
+compute alone exceeds a cap cannot be in a plan with a smaller bottleneck, so pass 1 starts
+with a cap of twice the balanced share and raises it to the bottleneck it found when that was
+larger (exactness is kept: see solve_dp); pass 2 uses the optimal bottleneck as its cap.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, eval
 
 __all__ = ["solve_dp", "min_memory_scale"]
 
-_CACHE_ELEMENTS = 8_000_000  # keep pass-1 tables for pass 2 below this many floats (64 MB)
+_CACHE_ELEMENTS = 8_000_000  # keep per-position tables while all of them fit in this many floats (64 MB)
+_H_CACHE = 4  # recompute-saving tables kept (one per in-flight count)
 
 
 def _prefix(x: np.ndarray) -> np.ndarray:
@@ -32,56 +36,59 @@ def _prefix(x: np.ndarray) -> np.ndarray:
 
 
 class _Tables:
-    """Position-independent (i, j) matrices, built once per problem."""
+    """Prefix sums of a problem, and per-position stage tables over a band of (i, j)."""
 
     def __init__(self, p: PartitionProblem):
         L = p.n_layers
-        self.p = p
-        self.L = L
+        self.p, self.L = p, L
         idx = np.arange(L + 1)
-        self.I, self.J = idx[:, None], idx[None, :]
-        self.valid = self.J > self.I
-        bb = np.asarray(p.boundary_bytes, dtype=float)
-        self.bb = bb
-        ps, pa, pc = _prefix(p.static_bytes), _prefix(p.activation_bytes), _prefix(p.compute_ms)
-        self.fixed_bytes = (ps[self.J] - ps[self.I]) + 2.0 * (bb[self.I] + bb[self.J])
-        self.act = pa[self.J] - pa[self.I]
-        self.comp = pc[self.J] - pc[self.I]
-        self._h_cache: dict[float, np.ndarray] = {}
+        self.valid = idx[None, :] > idx[:, None]
+        self.bb = np.asarray(p.boundary_bytes, dtype=float)
+        self.ps, self.pa, self.pc = _prefix(p.static_bytes), _prefix(p.activation_bytes), _prefix(p.compute_ms)
+        self.comp = self.pc[None, :] - self.pc[:, None]
+        self._h_cache: dict[tuple[float, int], np.ndarray] = {}
+        self._band_cache: dict[float, tuple[np.ndarray, ...]] = {}
+        self.ne = 0
         if p.recompute == "all":
-            pin, pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
-            self.kept_all = pin[self.J] - pin[self.I]
-            self.rec_all = pr[self.J] - pr[self.I]
+            self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
             self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
         elif p.recompute == "auto":
             mask = saving_layers(p)
             self.elig = np.flatnonzero(mask)
             ne = len(self.elig)
             self.ne = ne
-            pe = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])
-            self.pe = pe  # pe[i] = index into the eligible list of the first saving layer >= i
-            self.cnt = pe[self.J] - pe[self.I]
+            self.pe = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])  # index of the first saving layer >= i
             a = np.asarray(p.activation_bytes, dtype=float)[self.elig]
             d = a - np.asarray(p.input_bytes, dtype=float)[self.elig]
             self.pf = _prefix(np.asarray(p.recompute_ms, dtype=float)[self.elig])
             pd = _prefix(d)
             q = np.arange(ne + 1)[None, :]
             start = np.arange(ne + 1)[:, None]
-            end = start + q
-            inside = end <= ne
-            endc = np.minimum(end, ne)
+            inside = start + q <= ne
+            endc = np.minimum(start + q, ne)
             self.saved = np.where(inside, pd[endc] - pd[start], -np.inf)  # D(p, q)
             self.trans = np.where(inside, _prefix_runmax(a), np.inf)     # T(p, q)
 
-    def h(self, k: float) -> np.ndarray:
-        """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'): non-decreasing in q."""
-        got = self._h_cache.get(k)
+    def h(self, k: float, qmax: int) -> np.ndarray:
+        """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'), for q <= qmax: non-decreasing in q."""
+        key = (k, qmax)
+        got = self._h_cache.get(key)
         if got is None:
             with np.errstate(invalid="ignore"):
-                g = k * self.saved - self.trans
+                g = k * self.saved[:, :qmax + 1] - self.trans[:, :qmax + 1]
             g = np.where(np.isnan(g), -np.inf, g)
             got = np.maximum.accumulate(g, axis=1)
-            self._h_cache[k] = got
+            if len(self._h_cache) >= _H_CACHE:  # 1F1B has a different k per position: keep memory bounded
+                self._h_cache.pop(next(iter(self._h_cache)))
+            self._h_cache[key] = got
+        return got
+
+    def band(self, limit: float) -> tuple[np.ndarray, np.ndarray]:
+        """(i, j) with i < j and compute(i, j) <= limit: the only stages that can be at most that slow."""
+        got = self._band_cache.get(limit)
+        if got is None:
+            got = np.nonzero(self.valid & (self.comp <= limit))
+            self._band_cache[limit] = got
         return got
 
     def comm(self, s: int) -> tuple[np.ndarray, np.ndarray]:
@@ -92,45 +99,73 @@ class _Tables:
         cout = zero if s == p.n_stages - 1 else np.where(bb > 0, p.link_latency_ms[s] + bb * p.link_ms_per_byte[s], 0.0)
         return cin, cout
 
-    def stage(self, s: int) -> tuple[np.ndarray, np.ndarray]:
-        """(time[i, j] with inf where nothing fits or i >= j, chosen q[i, j]) at position s."""
-        p = self.p
+    def _first_fitting_q(self, k: float, starts: np.ndarray, need: np.ndarray, qmax: int) -> np.ndarray:
+        """Least q <= qmax with H_k(starts, q) >= need (qmax + 1 when none): vectorised bisection."""
+        h = self.h(k, qmax)
+        lo = np.zeros(len(need), dtype=np.int64)
+        hi = np.full(len(need), qmax + 1, dtype=np.int64)
+        while True:
+            active = lo < hi
+            if not active.any():
+                return lo
+            mid = (lo + hi) // 2
+            reach = h[starts, np.minimum(mid, qmax)] >= need
+            hi = np.where(active & reach, mid, hi)
+            lo = np.where(active & ~reach, mid + 1, lo)
+
+    def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,
+        i >= j, or the stage cannot be as fast as `cap` (its compute alone is slower)."""
+        p, L1 = self.p, self.L + 1
         k, budget = float(p.inflight[s]), float(p.budget[s])
-        q = np.zeros((self.L + 1, self.L + 1), dtype=np.int64)
+        speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
+        ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
+        bb = self.bb
+        fixed = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
+        q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
-            mem = self.fixed_bytes + k * self.kept_all + self.trans_all
-            ok = self.valid & (mem <= budget)
-            rec = self.rec_all
+            ok = fixed + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj] <= budget
+            rec = self.pr[jj] - self.pr[ii]
         else:
-            need = self.fixed_bytes + k * self.act - budget
-            ok = self.valid & (need <= 0)
+            need = fixed + k * (self.pa[jj] - self.pa[ii]) - budget
+            ok = need <= 0
             rec = 0.0
             if p.recompute == "auto" and self.ne and np.isfinite(budget):
-                h = self.h(k)
-                over = self.valid & (need > 0)
-                for i in np.flatnonzero(over.any(axis=1)):
-                    cols = np.flatnonzero(over[i])
-                    q[i, cols] = np.searchsorted(h[self.pe[i]], need[i, cols], side="left")
-                ok = self.valid & ((need <= 0) | (q <= self.cnt))
-                pi = self.pe[self.I]
-                rec = self.pf[np.minimum(pi + q, self.ne)] - self.pf[pi]
+                over = np.flatnonzero(~ok)
+                starts = self.pe[ii]
+                count = self.pe[jj[over]] - starts[over]  # saving layers in each stage
+                if over.size:
+                    got = self._first_fitting_q(k, starts[over], need[over], int(count.max()))
+                    q[over] = got
+                    ok[over] = got <= count
+                rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
         cin, cout = self.comm(s)
-        t = (self.comp + rec) / float(p.speed[s]) + float(p.overhead_ms[s]) + cin[:, None] + cout[None, :]
-        return np.where(ok, t, np.inf), q
+        t = (self.pc[jj] - self.pc[ii] + rec) / speed + ovh + cin[ii] + cout[jj]
+        table = np.full((L1, L1), np.inf)
+        table[ii[ok], jj[ok]] = t[ok]
+        if not want_q or p.recompute != "auto":
+            return table, None
+        qs = np.zeros((L1, L1), dtype=np.int32)
+        qs[ii, jj] = q
+        return table, qs
 
     def min_bytes(self, s: int) -> np.ndarray:
         """Least memory over the family for each (i, j) at position s (inf where i >= j)."""
-        p = self.p
+        p, L1 = self.p, self.L + 1
         k = float(p.inflight[s])
+        ii, jj = self.band(np.inf)
+        bb = self.bb
+        mem = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
         if p.recompute == "all":
-            mem = self.fixed_bytes + k * self.kept_all + self.trans_all
+            mem = mem + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj]
         else:
-            mem = self.fixed_bytes + k * self.act
+            mem = mem + k * (self.pa[jj] - self.pa[ii])
             if p.recompute == "auto" and self.ne:
-                pi = np.broadcast_to(self.pe[self.I], mem.shape)
-                best = self.h(k)[pi, np.maximum(self.cnt, 0)]
-                mem = mem - best
-        return np.where(self.valid, mem, np.inf)
+                starts = self.pe[ii]
+                mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]
+        out = np.full((L1, L1), np.inf)
+        out[ii, jj] = mem
+        return out
 
 
 def _range_max(a: np.ndarray) -> np.ndarray:
@@ -160,6 +195,21 @@ def _position_key(p: PartitionProblem, s: int) -> tuple:
     return (float(p.inflight[s]), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
 
 
+def _first_cap(p: PartitionProblem) -> float:
+    """A guess at the bottleneck: twice the balanced share, at least the slowest single layer."""
+    comp = np.asarray(p.compute_ms, dtype=float)
+    share = comp.sum() / float(np.sum(p.speed))
+    return 2.0 * max(share, float(comp.max()) / float(np.min(p.speed))) + float(np.max(p.overhead_ms))
+
+
+def _bottleneck(p: PartitionProblem, table) -> float:
+    L, S = p.n_layers, p.n_stages
+    f = table(0)[0][0].copy()
+    for s in range(1, S):
+        f = np.maximum(f[:, None], table(s)[0]).min(axis=0)
+    return float(f[L])
+
+
 def solve_dp(p: PartitionProblem) -> Solution | None:
     """The optimal solution of `p`, or None when no cut fits the memory budgets."""
     L, S = p.n_layers, p.n_stages
@@ -168,33 +218,35 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
     tab = _Tables(p)
     cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
     keep = S * (L + 1) ** 2 <= _CACHE_ELEMENTS
+    cap = _first_cap(p)
+    final = False  # pass 2 needs the chosen q; pass 1 only times (when tables are not kept)
 
-    def table(s: int) -> tuple[np.ndarray, np.ndarray]:
-        key = _position_key(p, s)
+    def table(s: int) -> tuple[np.ndarray, np.ndarray | None]:
+        key = (_position_key(p, s), cap)
         got = cache.get(key)
         if got is None:
-            got = tab.stage(s)
-            if keep:
-                cache[key] = got
-            else:
+            if not keep:
                 cache.clear()
-                cache[key] = got
+            got = cache[key] = tab.stage(s, cap, want_q=keep or final)
         return got
 
-    # Pass 1: least bottleneck.
-    f = table(0)[0][0].copy()
-    for s in range(1, S):
-        t, _ = table(s)
-        f = np.maximum(f[:, None], t).min(axis=0)
-    z = float(f[L])
+    # Pass 1: least bottleneck. Stages slower than `cap` are left out; the result is exact once
+    # it is <= cap (a left-out stage would be slower), else the found plan's bottleneck is a
+    # valid cap for one more pass; if nothing was found the cap grows.
+    while True:
+        z = _bottleneck(p, table)
+        if z <= cap or not np.isfinite(cap):
+            break
+        cap = z if np.isfinite(z) else (cap * 4 if cap * 4 < _no_cap(p) else np.inf)
     if not np.isfinite(z):
         return None
     limit = z + TIME_TOL * max(1.0, abs(z))
     # Pass 2: least total among stages no slower than the bottleneck.
+    cap, final = limit, True
     t0, q0 = table(0)
     g = np.where(t0[0] <= limit, t0[0], np.inf)
     back: list[np.ndarray] = []
-    qsel: list[np.ndarray] = [q0[0].copy()]
+    qsel: list[np.ndarray] = [q0[0].copy() if q0 is not None else np.zeros(L + 1, dtype=np.int32)]
     cols = np.arange(L + 1)
     for s in range(1, S):
         t, q = table(s)
@@ -202,7 +254,7 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
         arg = cand.argmin(axis=0)
         g = cand[arg, cols]
         back.append(arg)
-        qsel.append(q[arg, cols])
+        qsel.append(q[arg, cols] if q is not None else np.zeros(L + 1, dtype=np.int32))
     cuts = [L]
     for s in range(S - 1, 0, -1):
         cuts.append(int(back[s - 1][cuts[-1]]))
@@ -219,6 +271,12 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
         else:
             rec.append(())
     return evaluate(p, tuple(cuts), tuple(rec), "dp")
+
+
+def _no_cap(p: PartitionProblem) -> float:
+    """A cap above every possible stage time's compute bound (so the band is everything)."""
+    comp = float(np.sum(p.compute_ms))
+    return comp / float(np.min(p.speed)) + float(np.max(p.overhead_ms)) + 1.0
 
 
 def min_memory_scale(p: PartitionProblem) -> tuple[float, tuple[int, ...]] | None:

@@ -20,6 +20,8 @@ DP is faster at every size (docs/planner.md has the timings).
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from planner.errors import PplanError
@@ -43,7 +45,18 @@ def _solver(time_limit: float):
 
     if ilp_solver_name() == "HiGHS":
         return pulp.getSolver("HiGHS", msg=False, timeLimit=time_limit, threads=1)
-    return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
+    with warnings.catch_warnings():  # PuLP 3.3 deprecates the bundled CBC; it is still the one that needs no install
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=time_limit, threads=1)
+
+
+def _var(prob, name: str, low: float | None = None, up: float | None = None, cat: str = "Continuous"):
+    """A variable attached to `prob` (PuLP >= 3.3's API, plain LpVariable before it)."""
+    import pulp
+
+    if hasattr(prob, "add_variable"):
+        return prob.add_variable(name, lowBound=low, upBound=up, cat=cat)
+    return pulp.LpVariable(name, lowBound=low, upBound=up, cat=cat)
 
 
 def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
@@ -58,7 +71,7 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
     if S < 1 or S > L:
         return None
     prob = pulp.LpProblem("pplan_partition", pulp.LpMinimize)
-    w = {(l, s): pulp.LpVariable(f"w_{l}_{s}", cat="Binary") for l in range(L) for s in range(1, S)}
+    w = {(l, s): _var(prob, f"w_{l}_{s}", cat="Binary") for l in range(L) for s in range(1, S)}
 
     def W(l: int, s: int):
         return 1 if s == 0 else (0 if s == S else w[l, s])
@@ -89,14 +102,14 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
         cand = list(range(L))
     else:
         cand = []
-    r = {l: (pulp.LpVariable(f"r_{l}", cat="Binary") if p.recompute == "auto" else 1) for l in cand}
+    r = {l: (_var(prob, f"r_{l}", cat="Binary") if p.recompute == "auto" else 1) for l in cand}
     z = {}
     for l in cand:
         for s in range(S):
             if p.recompute == "all":
                 z[l, s] = y(l, s)
                 continue
-            v = pulp.LpVariable(f"z_{l}_{s}", lowBound=0, upBound=1)
+            v = _var(prob, f"z_{l}_{s}", 0, 1)
             prob += v <= y(l, s)
             prob += v <= r[l]
             prob += v >= y(l, s) + r[l] - 1
@@ -106,14 +119,14 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
             cuts_between = pulp.lpSum(st(x, s) for x in range(e + 1, e2 + 1) for s in range(1, S))
             prob += r[e2] <= r[e] + cuts_between
 
-    zvar = pulp.LpVariable("Z", lowBound=0)
+    zvar = _var(prob, "Z", 0)
     times = []
     for s in range(S):
         k, budget = float(p.inflight[s]), float(p.budget[s])
         bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
         bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
         if np.isfinite(budget):
-            trans = pulp.LpVariable(f"T_{s}", lowBound=0) if cand else 0
+            trans = _var(prob, f"T_{s}", 0) if cand else 0
             for l in cand:
                 prob += trans >= a[l] * z[l, s]
             mem = (pulp.lpSum(y(l, s) * (float(p.static_bytes[l]) + k * a[l]) for l in range(L))

@@ -178,6 +178,8 @@ def measure_layer(
             bwd_input = statistics.median(bwd)
     if inp.device.type == "cuda":
         cuda_peak = _cuda_peak(forward, grad, inp.device)
+        for t in params + [inp]:
+            t.grad = None
     fwd_med, fwd_std = _median_std(fwd)
     bwd_med, bwd_std = _median_std(bwd)
     m = LayerMeasurement(

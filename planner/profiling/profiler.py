@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from planner.errors import ModelSpecError, PplanError
-from planner.models import build_model
+from planner.models import build_model, parse_spec
 from planner.profiling.measure import measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.saved import SavedTensors
@@ -183,7 +183,7 @@ def profile_model(
             "warmup": str(warmup),
             "repeats": str(repeats),
         }
-        if input_shape is not None:
+        if parse_spec(spec)[0] == "factory" and input_shape is not None:
             meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
         meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
         return make_profile([n for n, _ in named], sizes, cols, meta)

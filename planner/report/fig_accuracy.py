@@ -16,6 +16,7 @@ __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines"]
 KEY = "6_predicted_vs_measured"
 TITLE = "Predicted against measured"
 _CALIBRATED_COLOR = "#55A868"
+_EXTRA_COLORS = ("#8172B3", "#937860", "#DA8BC3")
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -34,6 +35,8 @@ def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
         # The same number twice would be two labels for one line.
         if not lines or abs(sim_pred - lines[0][1]) > 1e-3 * max(sim_pred, 1e-9):
             lines.append((f"{inputs.sim_label}", float(sim_pred), _CALIBRATED_COLOR if lines else PREDICTED_COLOR))
+    for i, (label, value) in enumerate(inputs.extra_predictions):
+        lines.append((label, float(value), _EXTRA_COLORS[i % len(_EXTRA_COLORS)]))
     return lines
 
 

@@ -22,37 +22,50 @@ def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0 else None
 
 
+_METHOD_NAMES = {"uniform": "uniform", "params": "params", "time": "time", "dp": "pplan DP", "ilp": "pplan ILP"}
+
+
 def candidates(inputs: ReportInputs, derived: Any = None) -> list[dict[str, Any]]:
     """The plan first, then each baseline: name, iteration_ms, peak_memory_bytes, feasible, is_plan.
 
-    Read from `plan.search["baselines"]` (or from baselines recomputed in `derived`).
+    Read from `plan.search["baselines"]` as `pplan partition` writes it: one row per method with
+    its best candidate and, under `at_plan_setting`, the same method at the plan's schedule and
+    micro-batch count, which is what is compared here when present (only the cuts differ).
     """
     rows: list[dict[str, Any]] = []
     plan = inputs.plan
     if plan is None:
         return rows
-    source = getattr(derived, "baselines", None) or (plan.search or {}).get("baselines") or []
+    search = plan.search or {}
+    source = getattr(derived, "baselines", None) or search.get("baselines") or []
     if isinstance(source, dict):  # {"uniform": {...}, ...}
         source = [{"name": k, **v} for k, v in source.items() if isinstance(v, dict)]
     predicted = plan.predicted or {}
-    peak = _peak(predicted) or _peak(inputs.sim or {})
-    rows.append({"name": "pplan plan", "iteration_ms": _number(predicted.get("iteration_ms"))
+    origin = search.get("source")
+    name = "pplan plan" + (f" (= {origin} split)" if origin in ("uniform", "params", "time") else "")
+    rows.append({"name": name, "iteration_ms": _number(predicted.get("iteration_ms"))
                  or _number((inputs.sim or {}).get("iteration_ms")),
-                 "peak_memory_bytes": peak, "feasible": True, "is_plan": True})
+                 "peak_memory_bytes": _peak(predicted) or _peak(inputs.sim or {}), "feasible": True, "is_plan": True})
     for b in source:
-        if not isinstance(b, dict) or not b.get("name"):
+        if not isinstance(b, dict):
             continue
-        pred = b.get("predicted") if isinstance(b.get("predicted"), dict) else {}
-        row = {
-            "name": str(b["name"]),
-            "iteration_ms": _number(b.get("iteration_ms")) or _number(pred.get("iteration_ms")),
-            "peak_memory_bytes": _peak(b) or _peak(pred),
-            "feasible": bool(b.get("feasible", True)),
+        method = b.get("name") or b.get("method")
+        if not method:
+            continue
+        same = b.get("at_plan_setting") if isinstance(b.get("at_plan_setting"), dict) else None
+        pick = same or b
+        pred = pick.get("predicted") if isinstance(pick.get("predicted"), dict) else {}
+        label = _METHOD_NAMES.get(str(method), str(method))
+        if same is None and b.get("schedule"):
+            label += f" ({b['schedule']}, M={b.get('n_microbatches', '?')})"
+        rows.append({
+            "name": label,
+            "method": str(method),
+            "iteration_ms": _number(pick.get("iteration_ms")) or _number(pred.get("iteration_ms")),
+            "peak_memory_bytes": _peak(pick) or _peak(pred),
+            "feasible": bool(pick.get("feasible", pick.get("fits", True))),
             "is_plan": False,
-        }
-        if "reason" in b:
-            row["reason"] = str(b["reason"])
-        rows.append(row)
+        })
     return rows
 
 

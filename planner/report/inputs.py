@@ -76,6 +76,8 @@ class ReportInputs:
     """How figures name the simulation's prediction (the demo says 'after calibration')."""
     notes: tuple[str, ...] = ()
     """Extra lines for the index (e.g. what was computed rather than read)."""
+    extra_predictions: tuple[tuple[str, float], ...] = ()
+    """(label, iteration ms) of further predictions to compare measured steps with."""
 
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""

@@ -92,18 +92,22 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
 
 
 def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None) -> list[tuple[str, str]]:
+    """One row per baseline: how much slower (or faster) than the plan, and whether it fits."""
     rows = []
     mine = next((b for b in baselines if b.get("is_plan")), None)
     ours = (mine or {}).get("iteration_ms") or predicted
     for b in baselines:
         if b.get("is_plan"):
             continue
-        name = b["name"]
+        parts = []
+        if ours and b.get("iteration_ms"):
+            ratio = b["iteration_ms"] / ours
+            parts.append(f"plan is {ratio:.2f}x {'faster' if ratio >= 1 else 'slower'} "
+                         f"({format_ms(ours)} vs {format_ms(b['iteration_ms'])} predicted)")
         if not b.get("feasible", True):
             need = b.get("peak_memory_bytes")
-            text = "does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else "")
-            rows.append((f"{name} split", text))
-        elif ours and b.get("iteration_ms"):
-            rows.append((f"speedup over {name} split", f"{b['iteration_ms'] / ours:.2f}x "
-                                                      f"({format_ms(b['iteration_ms'])} vs {format_ms(ours)})"))
+            parts.append("does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else ""))
+        else:
+            parts.append("fits")
+        rows.append((f"{b['name']} split", "; ".join(parts)))
     return rows

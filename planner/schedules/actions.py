@@ -82,7 +82,8 @@ def format_order(order: dict[int, list[Action | None]] | dict[int, tuple[Action 
                  mark: tuple[int, int] | None = None) -> str:
     """Rank x step grid as text; `mark=(rank, step)` brackets one cell (used for deadlocks)."""
     steps = max((len(v) for v in order.values()), default=0)
-    width = max([3] + [len(str(a)) + 2 for v in order.values() for a in v if a is not None])
+    # +3: room for the [ ] that marks a cell, and a space between columns
+    width = max([4] + [len(str(a)) + 3 for v in order.values() for a in v if a is not None])
     lines = ["step".ljust(8) + "".join(str(i).rjust(width) for i in range(steps))]
     for rank in sorted(order):
         cells = []

@@ -1,0 +1,140 @@
+"""`pplan bench`: rerunnable benchmarks; each prints a table and writes CSV + Markdown.
+
+    pplan bench planner     DP vs ILP seconds over layers x devices
+    pplan bench simulator   simulated actions per second per schedule
+    pplan bench quality     pplan vs uniform/params/time baselines (--measured: on the executor)
+    pplan bench fidelity    predicted vs measured step time and peak memory (--quick: tiny grid)
+
+Progress goes to stderr; the table to stdout (or JSON with --json); files to --out-dir
+(default reports/bench/), written atomically once the bench has finished.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Optional
+
+import typer
+
+from cli.common import echo_json, err, parse_int_list
+
+__all__ = ["register"]
+
+bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV + Markdown under reports/bench/.",
+                        no_args_is_help=True, rich_markup_mode=None)
+
+_OUT = typer.Option(Path("reports/bench"), "--out-dir", help="Folder for the CSV and Markdown tables.")
+_JSON = typer.Option(False, "--json", help="Print the tables and the machine as JSON instead of text.")
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(bench_app, name="bench")
+
+
+def _finish(tables: list[Any], out_dir: Path, as_json: bool, machine: dict[str, Any]) -> None:
+    from planner.bench import table_text, write_table
+    from planner.errors import PplanError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PplanError(f"--out-dir {str(out_dir)!r} is a file", "give a folder, e.g. reports/bench")
+    written = [p for t in tables for p in write_table(t, out_dir, machine)]
+    if as_json:
+        echo_json({"machine": machine, "tables": [t.as_dict() for t in tables], "files": [str(p) for p in written]})
+        return
+    for t in tables:
+        typer.echo(table_text(t))
+    for p in written:
+        err(f"wrote {p}")
+
+
+def _progress() -> Callable[[str], None]:
+    return lambda message: err(f"[bench] {message}")
+
+
+def _machine() -> dict[str, Any]:
+    from planner.bench import machine_info
+
+    return machine_info()
+
+
+def _check_out(out_dir: Path) -> None:
+    from planner.errors import PplanError
+
+    if out_dir.exists() and not out_dir.is_dir():
+        raise PplanError(f"--out-dir {str(out_dir)!r} is a file", "give a folder, e.g. reports/bench")
+
+
+@bench_app.command("planner")
+def planner_cmd(
+    layers: str = typer.Option("50,200,1000", "--layers", help="Layer counts to plan."),
+    devices: str = typer.Option("4,16,64", "--devices", help="Device counts to plan for."),
+    ilp_time_limit: float = typer.Option(20.0, "--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical."),
+    out_dir: Path = _OUT, as_json: bool = _JSON,
+) -> None:
+    """Seconds to solve one stage-cut problem: DP vs ILP over layers x devices."""
+    from planner.bench import bench_planner
+
+    _check_out(out_dir)
+    machine = _machine()
+    table = bench_planner(parse_int_list(layers, "--layers"), parse_int_list(devices, "--devices"),
+                          ilp_time_limit=ilp_time_limit, progress=_progress())
+    _finish([table], out_dir, as_json, machine)
+
+
+@bench_app.command("simulator")
+def simulator_cmd(
+    sizes: str = typer.Option("8x64,32x256,64x1024", "--sizes", help="STAGESxMICROBATCHES list."),
+    repeat: int = typer.Option(3, "--repeat", help="Warm simulations per cell (the best is reported)."),
+    out_dir: Path = _OUT, as_json: bool = _JSON,
+) -> None:
+    """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
+    from planner.bench import bench_simulator, parse_sizes
+
+    _check_out(out_dir)
+    parsed = parse_sizes(sizes)
+    machine = _machine()
+    table = bench_simulator(parsed, repeat=repeat, progress=_progress())
+    _finish([table], out_dir, as_json, machine)
+
+
+@bench_app.command("quality")
+def quality_cmd(
+    profiles: Optional[list[Path]] = typer.Argument(None, help="Profiles to compare on (default: every CSV under profiles/)."),
+    devices: str = typer.Option("2,4,8", "--devices", help="Device counts."),
+    global_batch: int = typer.Option(32, "--global-batch", help="Samples per iteration."),
+    measured: bool = typer.Option(False, "--measured", help="Also train the plans on the executor (gpt on 2, synthetic on 2 and 4)."),
+    steps: int = typer.Option(5, "--steps", help="--measured: steps per run."),
+    warmup: int = typer.Option(2, "--warmup", help="--measured: untimed first steps."),
+    device: str = typer.Option("cpu", "--device", help="--measured: cpu or cuda."),
+    out_dir: Path = _OUT, as_json: bool = _JSON,
+) -> None:
+    """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
+    from planner.bench import bench_quality, bench_quality_measured
+    from planner.errors import PplanError
+
+    _check_out(out_dir)
+    if steps <= warmup:
+        raise PplanError(f"--steps {steps} must exceed --warmup {warmup}")
+    machine = _machine()
+    tables = [bench_quality(profiles or None, parse_int_list(devices, "--devices"), global_batch, progress=_progress())]
+    if measured:
+        tables.append(bench_quality_measured(steps=steps, warmup=warmup, device=device, progress=_progress()))
+    _finish(tables, out_dir, as_json, machine)
+
+
+@bench_app.command("fidelity")
+def fidelity_cmd(
+    quick: bool = typer.Option(False, "--quick", help="A tiny grid (2 runs): checks the pipeline, not the figures."),
+    steps: int = typer.Option(5, "--steps", help="Steps per run."),
+    warmup: int = typer.Option(2, "--warmup", help="Untimed first steps."),
+    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    out_dir: Path = _OUT, as_json: bool = _JSON,
+) -> None:
+    """Predicted vs measured step time and peak memory over schedules x devices x micro-batch counts."""
+    from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
+
+    _check_out(out_dir)
+    machine = _machine()
+    table = bench_fidelity(QUICK_GRID if quick else DEFAULT_GRID, steps=steps, warmup=warmup, device=device,
+                           progress=_progress())
+    _finish([table], out_dir, as_json, machine)

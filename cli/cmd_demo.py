@@ -1,0 +1,42 @@
+"""`pplan demo`: profile, partition, simulate, run, calibrate and report a built-in gpt on this CPU."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from cli.common import echo_json, err
+
+__all__ = ["register"]
+
+
+def register(app: typer.Typer) -> None:
+    app.command("demo")(demo)
+
+
+def demo(
+    out_dir: Path = typer.Option(Path("reports/demo"), "--out-dir", help="Report folder; inputs go to OUT_DIR/data/."),
+    quick: bool = typer.Option(False, "--quick", help="A smaller model and fewer steps (for tests, about a minute)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a summary."),
+) -> None:
+    """The whole pipeline in one command, on CPU, in about three minutes.
+
+    Profiles a gpt with a large vocabulary, chooses a memory limit that the equal-layer split
+    cannot meet, partitions it over 2 devices, simulates, runs it (one process per device),
+    calibrates the simulator on that run, re-plans, runs again, runs the equal-layer split for
+    comparison, and writes a report. Progress goes to stderr; the numbers that matter to stdout.
+    """
+    from planner.demo import run_demo
+
+    result = run_demo(out_dir, quick=quick, say=err)
+    if as_json:
+        import json
+
+        echo_json(json.loads((result.out_dir / "data" / "demo.json").read_text(encoding="utf-8")))
+        return
+    minutes, seconds = divmod(int(round(result.elapsed_s)), 60)
+    typer.echo(f"pplan demo finished in {minutes}m{seconds:02d}s")
+    typer.echo(f"report: {result.html}  (also {result.out_dir / 'report.md'}; inputs in {result.out_dir / 'data'})")
+    for key, value in result.summary():
+        typer.echo(f"  {key}: {value}")

@@ -1,0 +1,68 @@
+"""What the measured benches share: profile a model, plan it, turn candidates into plans, run one.
+
+Every measured bench goes through the same steps a user takes: `profile_model` writes a
+profile, `partition` plans it, and `run_plan` (the executor behind `pplan run`) trains the plan
+for a few steps and returns the run JSON with the prediction made from that profile. Files go
+to a temporary folder per bench run (nothing is reused from an earlier run).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+from typing import Any, Callable
+
+from planner.errors import PplanError
+
+__all__ = ["profile_to", "candidate_plan", "run_measured", "prediction_of"]
+
+
+def profile_to(spec: str, sizes: list[int], work_dir: Path, progress: Callable[[str], None],
+               device: str = "cpu"):
+    """Profile `spec` at `sizes` into work_dir (once per spec and sizes) and load it back."""
+    from planner.profiling.profile import load_profile, write_profile
+
+    key = hashlib.sha256(f"{spec}|{sizes}|{device}".encode()).hexdigest()[:12]
+    path = work_dir / f"profile-{key}.csv"
+    if not path.exists():
+        from planner.profiling.profiler import profile_model
+
+        progress(f"profiling {spec} at micro-batch sizes {','.join(map(str, sizes))}")
+        prof = profile_model(spec, sizes, device=device, warmup=1, repeats=3)
+        write_profile(prof, path)
+    return load_profile(path)
+
+
+def candidate_plan(plan: Any, cand: Any) -> Any:
+    """The plan a search candidate stands for (a baseline's cuts at its own schedule and M)."""
+    sim = cand.sim.to_dict() if cand.sim is not None else None
+    if sim is not None:
+        sim.pop("memory_timeline", None)
+    return plan.with_(schedule=cand.point.schedule, micro_batch_size=cand.point.micro_batch_size,
+                      n_microbatches=cand.point.n_microbatches, stages=cand.stages, devices=cand.layout.devices,
+                      predicted=sim, search={"method": cand.method, "source": "pplan bench"})
+
+
+def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: int, device: str = "cpu",
+                 timeout_s: float = 300.0) -> dict[str, Any]:
+    """Run `plan` with the executor; the run JSON, or {'error': one line} when it failed."""
+    from planner.execute.options import RunOptions
+    from planner.execute.run import run_plan
+    from planner.plan import write_plan
+
+    plan_path = work_dir / f"{name}.json"
+    write_plan(plan, plan_path)
+    opts = RunOptions(steps=steps, warmup=warmup, device=device, timeout_s=timeout_s)
+    try:
+        outcome = run_plan(plan, opts, plan_path=str(plan_path))
+    except PplanError as e:  # one failed run is a row of the table, not the end of the bench
+        return {"error": e.one_line()}
+    return outcome.run if outcome is not None else {"error": "no result on this rank"}
+
+
+def prediction_of(run: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
+    """(predicted ms, measured ms, max predicted peak bytes) of a run JSON."""
+    if "error" in run:
+        return None, None, None
+    peaks = [r["peak_memory_bytes_predicted"] for r in run["ranks"] if r.get("peak_memory_bytes_predicted") is not None]
+    return run.get("iteration_ms_predicted"), run.get("iteration_ms_measured"), (max(peaks) if peaks else None)

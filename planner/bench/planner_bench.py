@@ -1,0 +1,117 @@
+"""`pplan bench planner`: seconds to solve the stage-cut problem, DP against ILP, over a grid.
+
+Instances: `planner.partition.synthetic.imbalanced(L)` (layer times and sizes spread over two
+orders of magnitude, seed 0) on S identical devices under the 1F1B schedule with M = 2S
+micro-batches, recompute auto, and a memory limit of 1.2x the least memory any cut needs (so
+the memory constraint and the recompute choice are active, as in real use). Both solvers get
+the same PartitionProblem (planner.partition.build); the DP's two passes and the ILP's two
+solves are timed from the problem to the solution.
+
+The ILP runs only where it can finish: each cell has `ilp_time_limit` seconds per solve, and a
+cell is skipped once a smaller instance (fewer layers at the same devices, or fewer devices at
+the same layers) already hit the limit. The table says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from planner.bench.table import Table
+from planner.errors import PplanError
+
+__all__ = ["bench_planner", "planner_problem"]
+
+_MEMORY_SLACK = 1.2
+_REF_BUDGET = 1e15  # any finite budget: min_memory_scale returns the least need / budget
+
+
+def planner_problem(n_layers: int, n_devices: int, seed: int = 0):
+    """The benchmark's PartitionProblem for L layers on S devices (see module docstring)."""
+    from planner.partition.build import Layout, build_problem
+    from planner.partition.dp import min_memory_scale
+    from planner.partition.synthetic import imbalanced
+    from planner.plan import Device, Links
+    from planner.schedules import generate
+    from planner.schedules.memory import stage_inflight_peak
+
+    costs = imbalanced(n_layers, seed=seed).at(1)
+    devices = tuple(Device(f"dev{i}") for i in range(n_devices))
+    layout = Layout(devices, tuple(range(n_devices)), Links())
+    sched = generate("1f1b", n_devices, 2 * n_devices)
+    p = build_problem(costs, layout, stage_inflight_peak(sched), optimizer="adam", recompute="auto")
+    got = min_memory_scale(dataclasses.replace(p, budget=np.full(n_devices, _REF_BUDGET)))
+    if got is None:
+        raise PplanError(f"benchmark instance {n_layers} layers x {n_devices} devices has no cut")
+    return dataclasses.replace(p, budget=np.full(n_devices, _REF_BUDGET * got[0] * _MEMORY_SLACK))
+
+
+def _check(values: Sequence[int], what: str) -> list[int]:
+    vals = list(values)
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
+        raise PplanError(f"{what} {vals} must be positive integers", "e.g. 50,200,1000")
+    return sorted(set(vals))
+
+
+def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int] = (4, 16, 64),
+                  ilp_time_limit: float = 20.0, progress: Callable[[str], None] | None = None) -> Table:
+    """Time the DP and (where practical) the ILP on every layers x devices cell."""
+    from planner.partition.dp import solve_dp
+    from planner.partition.ilp import solve_ilp
+
+    Ls, Ss = _check(layers, "--layers"), _check(devices, "--devices")
+    if not ilp_time_limit > 0:
+        raise PplanError(f"--ilp-time-limit {ilp_time_limit} must be positive", "e.g. 20")
+    say = progress or (lambda _m: None)
+    rows = []
+    failed: set[tuple[int, int]] = set()  # cells where the ILP hit its limit
+    for L in Ls:
+        for S in Ss:
+            if S > L:
+                continue
+            say(f"planner: {L} layers x {S} devices")
+            p = planner_problem(L, S)
+            t0 = time.perf_counter()
+            dp = solve_dp(p)
+            dp_s = time.perf_counter() - t0
+            if dp is None:
+                raise PplanError(f"DP found no plan for {L} layers x {S} devices (benchmark instance is wrong)")
+            smaller = any((l2, s2) in failed for l2 in Ls for s2 in Ss if l2 <= L and s2 <= S)
+            ilp_s, status, same = None, "skipped: a smaller instance hit the limit", None
+            if not smaller:
+                say(f"planner: {L} layers x {S} devices, ILP (limit {ilp_time_limit:g} s per solve)")
+                t0 = time.perf_counter()
+                ilp = solve_ilp(p, time_limit=ilp_time_limit)
+                ilp_s = time.perf_counter() - t0
+                if ilp is not None and ilp.optimal:
+                    status = "optimal"
+                    same = abs(ilp.bottleneck_ms - dp.bottleneck_ms) <= 1e-6 * max(1.0, dp.bottleneck_ms)
+                else:
+                    status = "time limit" + ("" if ilp is None else " (feasible, not proven)")
+                    failed.add((L, S))
+            rows.append((L, S, dp_s, dp.bottleneck_ms, ilp_s, status, same,
+                         (ilp_s / dp_s) if ilp_s is not None and status == "optimal" and dp_s > 0 else None))
+    practical = [(L, S) for L, S, *_rest in rows if _rest[3] == "optimal"]
+    largest = max(practical, key=lambda c: c[0] * c[1]) if practical else None
+    stops = sorted(failed, key=lambda c: c[0] * c[1])
+    notes = (
+        "Instances: imbalanced synthetic layers (seed 0), 1F1B with M = 2 x devices, recompute auto, "
+        f"memory limit {_MEMORY_SLACK}x the least any cut needs; same problem for both solvers.",
+        f"ILP: PuLP, {ilp_time_limit:g} s limit per solve (two solves: bottleneck, then total); "
+        "'same optimum' compares its bottleneck with the DP's.",
+        (f"ILP practical up to {largest[0]} layers x {largest[1]} devices; it first hit the limit at "
+         + ", ".join(f"{L}x{S}" for L, S in stops[:3]) + ".") if stops else "ILP finished every cell.",
+    )
+    return Table(
+        name="planner",
+        title="Planner: seconds to solve one stage-cut problem, DP vs ILP",
+        columns=("layers", "devices", "dp_s", "bottleneck_ms", "ilp_s", "ilp_status", "same_optimum", "ilp_over_dp"),
+        rows=tuple(rows),
+        notes=notes,
+        summary={"ilp_practical_up_to": None if largest is None else f"{largest[0]}x{largest[1]}",
+                 "ilp_first_limit": None if not stops else f"{stops[0][0]}x{stops[0][1]}",
+                 "dp_max_s": max(r[2] for r in rows) if rows else None},
+    )

@@ -1,0 +1,186 @@
+"""`pplan bench quality`: pplan's plans against the uniform, params and time baselines.
+
+Simulated (default): for every committed profile under profiles/ (or the given ones), every
+device count and two memory settings (no limit, and a tight limit of 1.15x the least memory
+any plan of the search can fit in), one `partition` search evaluates pplan and the three
+baselines over the same schedules and micro-batch counts; the simulator judges them all. A
+baseline's cell is its best simulated iteration time over that grid, as a ratio to pplan's
+(above 1 = pplan faster), or empty when none of its plans fits the memory limit.
+
+Measured (`--measured`): the same comparison on the executor, for gpt on 2 devices and the
+synthetic (sleeping) model on 2 and 4, each plan trained for a few steps with `pplan run`'s
+library call. Ratios are measured iteration time over pplan's measured time.
+"""
+
+from __future__ import annotations
+
+import math
+import tempfile
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from planner.bench.table import Table
+from planner.errors import InfeasibleError, PplanError
+
+__all__ = ["bench_quality", "bench_quality_measured", "find_profiles", "MEASURED_CONFIGS"]
+
+BASELINES = ("uniform", "params", "time")
+_TIGHT = 1.15
+_REF = 2**40  # reference budget for the least-memory ratio
+
+# (label, model spec, devices, global batch): small enough for a few seconds per run on 2 cores
+_SYN4 = ("synthetic:layers=8,fwd_ms=4/4/12/4/4/8/4/2,bwd_ms=8/8/24/8/8/16/8/4,"
+         "param_bytes=4MB/1MB/1MB/1MB/1MB/1MB/1MB/8MB,act_bytes=1MB")
+MEASURED_CONFIGS: tuple[tuple[str, str, int, int], ...] = (
+    ("gpt", "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=2048", 2, 8),
+    ("synthetic", _SYN4, 2, 8),
+    ("synthetic", _SYN4, 4, 8),
+)
+
+
+def find_profiles(folder: str | Path = "profiles") -> list[Path]:
+    """Profile CSVs in `folder` (calibration files and hidden files left out), sorted."""
+    d = Path(folder)
+    return sorted(p for p in d.glob("*.csv") if not p.name.startswith("."))
+
+
+def _label(prof: Any, path: Path | None) -> str:
+    return path.name if path is not None else str(prof.meta.get("model") or "synthetic")
+
+
+def _tight_memory(prof: Any, settings: Any, cal: Any) -> int | None:
+    from planner.partition.api import resolve_devices
+    from planner.partition.diagnose import least_memory_scale
+
+    ref = replace(settings, memory_bytes=_REF)
+    devices, links = resolve_devices(ref)
+    lam = least_memory_scale(prof, ref, devices, links, [tuple(range(len(devices)))], cal)
+    return None if not math.isfinite(lam) else int(math.ceil(_REF * lam * _TIGHT))
+
+
+def _best(search: Any, method: str) -> Any:
+    fits = [c for c in search.candidates if c.method == method and c.fits]
+    return min(fits, key=lambda c: c.iteration_ms) if fits else None
+
+
+def bench_quality(profiles: Sequence[str | Path] | None = None, devices: Sequence[int] = (2, 4, 8),
+                  global_batch: int = 32, progress: Callable[[str], None] | None = None) -> Table:
+    """Simulated comparison on committed profiles (synthetic stand-ins when there are none)."""
+    from planner.calibration import find_calibration
+    from planner.partition.api import partition
+    from planner.partition.search import PartitionSettings
+    from planner.profiling.profile import load_profile
+
+    if global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    say = progress or (lambda _m: None)
+    paths = [Path(p) for p in profiles] if profiles else find_profiles()
+    items: list[tuple[Any, Path | None]] = [(load_profile(p), p) for p in paths]
+    notes = []
+    if not items:
+        from planner.partition.synthetic import gpt_like, imbalanced
+
+        items = [(gpt_like(24), None), (imbalanced(64), None)]
+        notes.append("profiles/ holds no profile: synthetic stand-ins (planner.partition.synthetic) were used.")
+    rows = []
+    for prof, path in items:
+        cal = find_calibration(path) if path is not None else None
+        for n in devices:
+            if n > prof.n_layers:
+                continue
+            base = PartitionSettings(n_devices=n, memory_bytes=None, global_batch=global_batch)
+            for mode in ("none", "tight"):
+                label = _label(prof, path)
+                say(f"quality: {label}, {n} devices, memory {mode}")
+                mem = None if mode == "none" else _tight_memory(prof, base, cal)
+                if mode == "tight" and mem is None:
+                    continue
+                settings = replace(base, memory_bytes=mem)
+                try:
+                    result = partition(prof, settings, cal)
+                except InfeasibleError as e:
+                    rows.append((label, n, mem, None, f"infeasible: {e.message[:60]}", *([None, False] * len(BASELINES))))
+                    continue
+                chosen = result.chosen
+                cells: list[Any] = []
+                for b in BASELINES:
+                    best = _best(result.search, b)
+                    cells += [None if best is None else best.iteration_ms / chosen.iteration_ms, best is not None]
+                rows.append((label, n, mem, chosen.iteration_ms,
+                             f"{chosen.point.schedule} M={chosen.point.n_microbatches}", *cells))
+    ratios = [min(r[5 + 2 * k] for k in range(len(BASELINES)) if r[5 + 2 * k] is not None)
+              for r in rows if r[3] is not None and any(r[5 + 2 * k] is not None for k in range(len(BASELINES)))]
+    only_pplan = sum(1 for r in rows if r[3] is not None and not any(r[6 + 2 * k] for k in range(len(BASELINES))))
+    notes += [
+        "x columns: the baseline's best simulated iteration time over the same schedules and micro-batch counts, "
+        "divided by pplan's (above 1: pplan is faster); '-' with fits=no: none of its plans fits the memory limit.",
+        f"memory_limit_bytes: empty = unlimited; otherwise {_TIGHT}x the least memory any plan of the search fits in. "
+        f"Global batch {global_batch}.",
+    ]
+    if ratios:
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        notes.append(f"Best baseline vs pplan, geometric mean over {len(ratios)} settings: {geo:.3f}x; "
+                     f"settings where only pplan fits: {only_pplan}.")
+    else:
+        geo = None
+    cols = ["profile", "devices", "memory_limit_bytes", "pplan_ms", "pplan_choice"]
+    for b in BASELINES:
+        cols += [f"{b}_x", f"{b}_fits"]
+    return Table(name="quality", title="Plan quality: simulated iteration time of baselines relative to pplan",
+                 columns=tuple(cols), rows=tuple(rows), notes=tuple(notes),
+                 summary={"best_baseline_geomean_x": geo, "settings_only_pplan_fits": only_pplan})
+
+
+def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASURED_CONFIGS, steps: int = 5,
+                           warmup: int = 2, device: str = "cpu",
+                           progress: Callable[[str], None] | None = None) -> Table:
+    """pplan's plan and each baseline's best plan, trained on the executor and timed."""
+    from planner.bench.execution import candidate_plan, profile_to, run_measured
+    from planner.partition.api import partition
+    from planner.partition.search import PartitionSettings
+
+    say = progress or (lambda _m: None)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="pplan-bench-") as tmp:
+        work = Path(tmp)
+        for k, (label, spec, n, batch) in enumerate(configs):
+            prof = profile_to(spec, sorted({batch // m for m in range(1, batch + 1) if batch % m == 0}), work, say)
+            result = partition(prof, PartitionSettings(n_devices=n, memory_bytes=None, global_batch=batch))
+            plans = [("pplan", result.plan)]
+            for b in BASELINES:
+                best = _best(result.search, b)
+                if best is not None:
+                    plans.append((b, candidate_plan(result.plan, best)))
+            seen: dict[tuple, dict[str, Any]] = {}
+            measured: dict[str, dict[str, Any]] = {}
+            for method, plan in plans:
+                key = (plan.schedule, plan.n_microbatches, tuple(st.layers for st in plan.stages),
+                       tuple(st.recompute for st in plan.stages))
+                if key not in seen:
+                    say(f"quality --measured: {label} on {n} devices, {method} plan ({plan.schedule}, M={plan.n_microbatches})")
+                    seen[key] = run_measured(plan, work, f"q{k}-{method}", steps=steps, warmup=warmup, device=device)
+                measured[method] = seen[key]
+            ref = measured["pplan"].get("iteration_ms_measured")
+            for method, plan in plans:
+                run = measured[method]
+                meas = run.get("iteration_ms_measured")
+                peaks = [r.get("peak_memory_bytes_measured") for r in run.get("ranks", [])]
+                rows.append((label, n, method, plan.schedule, plan.n_microbatches,
+                             "/".join(str(st.layers[1] - st.layers[0]) for st in plan.stages),
+                             plan.predicted.get("iteration_ms") if plan.predicted else None, meas,
+                             (meas / ref) if meas and ref else None,
+                             max((p for p in peaks if p is not None), default=None), run.get("error")))
+    return Table(
+        name="quality_measured",
+        title="Plan quality, measured: iteration time of each plan trained on the executor",
+        columns=("model", "devices", "method", "schedule", "microbatches", "layers_per_stage", "predicted_ms",
+                 "measured_ms", "measured_x_vs_pplan", "peak_memory_bytes_measured", "error"),
+        rows=tuple(rows),
+        notes=(
+            f"Each plan trained {steps} steps ({warmup} warm-up) on {device}; measured_ms is the median step time.",
+            "A baseline row is that method's best simulated plan over all schedules and micro-batch counts "
+            "(no memory limit); identical plans are run once.",
+            "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((c[0], c[1]) for c in configs).items()),
+        ),
+    )

@@ -1,0 +1,104 @@
+"""`pplan bench simulator`: simulated actions per second for each schedule family.
+
+For each size (stages x micro-batches) and schedule: generating the schedule (torch's IR,
+validated and laid out), the first simulation (compiles the schedule's memory states), and
+the best of `repeat` warm simulations without a timeline (the partitioner's inner loop), plus
+one with the timeline recorded (what `pplan simulate` does). Every stage boundary crosses a
+link, so the link model is exercised. The same method as benchmarks/bench_simulator.py, called
+through the library so the numbers land in a table.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+from planner.bench.table import Table
+from planner.errors import PplanError
+
+__all__ = ["bench_simulator", "parse_sizes", "SCHEDULES"]
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+
+
+def parse_sizes(text: str) -> list[tuple[int, int]]:
+    """'8x64,64x1024' -> [(8, 64), (64, 1024)] (stages x micro-batches)."""
+    out = []
+    for item in text.split(","):
+        if not item.strip():
+            continue
+        a, sep, b = item.strip().lower().partition("x")
+        try:
+            S, M = int(a), int(b)
+        except ValueError:
+            raise PplanError(f"--sizes item {item.strip()!r} is not STAGESxMICROBATCHES", "write it like 8x64,64x1024") from None
+        if not sep or S < 2 or M < 1 or S % 2:
+            raise PplanError(f"--sizes item {item.strip()!r} needs an even stage count >= 2 and micro-batches >= 1",
+                             "interleaved puts 2 stages on each device, e.g. 8x64,64x1024")
+        out.append((S, M))
+    if not out:
+        raise PplanError(f"--sizes {text!r} names no size", "write it like 8x64,64x1024")
+    return out
+
+
+def _stage(s: int, n: int):
+    from planner.cost import StageCost
+
+    # one layer per stage, backward twice the forward, split evenly into I and W
+    return StageCost(first=s, end=s + 1, recompute=(), fwd_ms=1.0, bwd_ms=2.0, bwd_input_ms=1.0,
+                     bwd_weight_ms=1.0, recompute_ms=0.0, optimizer_ms=0.1, param_bytes=1e6,
+                     static_bytes=4e6, kept_bytes=1e5, transient_bytes=0.0,
+                     input_bytes=1e5 if s else 0.0, output_bytes=1e5 if s < n - 1 else 0.0)
+
+
+def bench_simulator(sizes: Sequence[tuple[int, int]] = ((8, 64), (32, 256), (64, 1024)),
+                    schedules: Sequence[str] = SCHEDULES, repeat: int = 3,
+                    progress: Callable[[str], None] | None = None) -> Table:
+    """Time generation and simulation of every schedule at every size."""
+    from planner.plan import Device, Links
+    from planner.schedules import generate
+    from planner.simulate import simulate_costs
+
+    if repeat < 1:
+        raise PplanError(f"--repeat {repeat} must be at least 1")
+    bad = [s for s in schedules if s not in SCHEDULES]
+    if bad:
+        raise PplanError(f"unknown schedule {bad[0]!r}", f"use some of {', '.join(SCHEDULES)}")
+    say = progress or (lambda _m: None)
+    rows = []
+    for S, M in sizes:
+        stages = [_stage(s, S) for s in range(S)]
+        for name in schedules:
+            v = 2 if name == "interleaved" else 1
+            P = S // v
+            say(f"simulator: {name} {S} stages x {M} micro-batches")
+            t0 = time.perf_counter()
+            sch = generate(name, P, M, v)
+            gen_s = time.perf_counter() - t0
+            devices = [Device(f"d{i}") for i in range(P)]
+            placement = [s % P for s in range(S)]
+
+            def run(timeline: bool = False) -> float:
+                t = time.perf_counter()
+                simulate_costs(sch, stages, placement, devices, Links(), micro_batch_size=1, record_timeline=timeline)
+                return time.perf_counter() - t
+
+            first = run()
+            warm = min(run() for _ in range(repeat))
+            with_tl = run(True)
+            n = sum(len(sch.actions(r)) for r in range(P))
+            rows.append((name, S, P, M, n, gen_s, first, warm, n / warm if warm > 0 else None, with_tl))
+    return Table(
+        name="simulator",
+        title="Simulator: actions per second by schedule",
+        columns=("schedule", "stages", "devices", "microbatches", "actions", "generate_s", "first_sim_s",
+                 "warm_sim_s", "actions_per_s", "sim_with_timeline_s"),
+        rows=tuple(rows),
+        notes=(
+            "actions = F/B (or F/I/W for zb) per stage and micro-batch; interleaved runs 2 stages per device.",
+            f"warm_sim_s: best of {repeat} simulations without a timeline (the partitioner's inner loop); "
+            "sim_with_timeline_s records every box and the memory curve, as `pplan simulate` does.",
+            "generate_s includes validation and the deadlock dry run; generated schedules are cached per process.",
+        ),
+        summary={f"{r[0]}_{r[1]}x{r[3]}_actions_per_s": r[8] for r in rows},
+    )

@@ -1,0 +1,145 @@
+"""A benchmark's result table and its files: CSV and Markdown, both headed by the machine.
+
+Every bench returns one or more Tables; `write_table` writes `<out_dir>/<name>.csv` and
+`<name>.md` atomically (an interrupted bench leaves the previous files, never half of one).
+Numbers are stored as measured; rounding happens only when formatting for people.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from planner.atomic import atomic_write_text
+
+__all__ = ["Table", "column", "format_cell", "machine_line", "rows_as_dicts", "table_csv", "table_markdown", "table_text", "write_table"]
+
+
+@dataclass(frozen=True)
+class Table:
+    """Rows measured side by side in one run, with what a reader needs to interpret them."""
+
+    name: str
+    """File stem under the output folder (planner, simulator, quality, ...)."""
+    title: str
+    """One-line heading."""
+    columns: tuple[str, ...]
+    """Column names (also the CSV header)."""
+    rows: tuple[tuple[Any, ...], ...]
+    """One tuple per row, in column order; None prints as '-'."""
+    notes: tuple[str, ...] = ()
+    """Sentences printed under the table (method, limits, what a blank cell means)."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """Headline figures (MAPE, where ILP stops being practical ...) for --json and the docs."""
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "title": self.title, "columns": list(self.columns),
+                "rows": [[_jsonable(v) for v in r] for r in self.rows], "notes": list(self.notes),
+                "summary": {k: _jsonable(v) for k, v in self.summary.items()}}
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    return v
+
+
+def format_cell(v: Any) -> str:
+    """People's rendering: 4 significant digits, thousands separators for big numbers."""
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            return "-"
+        if abs(v) >= 1e5:
+            return f"{v:,.0f}"
+        if abs(v) >= 100:
+            return f"{v:.1f}"
+        return f"{v:.4g}"
+    if isinstance(v, int):
+        return f"{v:,}" if abs(v) >= 1e5 else str(v)
+    return str(v)
+
+
+def _grid(table: Table) -> list[list[str]]:
+    return [list(table.columns)] + [[format_cell(v) for v in row] for row in table.rows]
+
+
+def table_text(table: Table) -> str:
+    """Aligned plain-text table for the terminal (text left, numbers right)."""
+    grid = _grid(table)
+    widths = [max(len(r[i]) for r in grid) for i in range(len(table.columns))]
+    numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in table.rows) for i in range(len(table.columns))]
+    lines = [table.title]
+    for k, row in enumerate(grid):
+        cells = [c.rjust(w) if numeric[i] and k else c.ljust(w) for i, (c, w) in enumerate(zip(row, widths))]
+        lines.append("  ".join(cells).rstrip())
+    lines.extend(f"note: {n}" for n in table.notes)
+    return "\n".join(lines) + "\n"
+
+
+def _md_escape(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def table_markdown(table: Table, machine: dict[str, Any]) -> str:
+    """Markdown: title, machine, the table, notes."""
+    out = [f"# {table.title}", "", machine_line(machine), ""]
+    grid = _grid(table)
+    out.append("| " + " | ".join(_md_escape(c) for c in grid[0]) + " |")
+    out.append("|" + "|".join("---" for _ in grid[0]) + "|")
+    out.extend("| " + " | ".join(_md_escape(c) for c in row) + " |" for row in grid[1:])
+    if table.notes:
+        out.append("")
+        out.extend(f"- {n}" for n in table.notes)
+    out.append("")
+    return "\n".join(out)
+
+
+def machine_line(machine: dict[str, Any]) -> str:
+    """'Measured on ...' sentence for documents."""
+    return (f"Measured {machine.get('date', '?')} on {machine.get('cpu', '?')} "
+            f"({machine.get('cores', '?')} cores, {machine.get('ram_gib', '?')} GiB RAM, load {machine.get('load_1min', '?')}), "
+            f"Python {machine.get('python', '?')}, torch {machine.get('torch', '?')}, numpy {machine.get('numpy', '?')}, "
+            f"ILP solver {machine.get('ilp_solver', '?')}.")
+
+
+def table_csv(table: Table, machine: dict[str, Any]) -> str:
+    """CSV with the machine as leading `# key: value` lines (the profile format's convention)."""
+    out = io.StringIO()
+    for key, value in machine.items():
+        out.write(f"# {key}: {value}\n")
+    w = csv.writer(out, lineterminator="\n")
+    w.writerow(table.columns)
+    for row in table.rows:
+        w.writerow(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in row])
+    return out.getvalue()
+
+
+def write_table(table: Table, out_dir: str | os.PathLike, machine: dict[str, Any]) -> list[Path]:
+    """Write `<out_dir>/<name>.csv` and `.md` atomically; returns the paths."""
+    d = Path(out_dir)
+    paths = [d / f"{table.name}.csv", d / f"{table.name}.md"]
+    atomic_write_text(paths[0], table_csv(table, machine))
+    atomic_write_text(paths[1], table_markdown(table, machine))
+    return paths
+
+
+
+def rows_as_dicts(table: Table) -> list[dict[str, Any]]:
+    """Rows keyed by column name."""
+    return [dict(zip(table.columns, r)) for r in table.rows]
+
+
+def column(table: Table, name: str) -> list[Any]:
+    """One column's values."""
+    i = table.columns.index(name)
+    return [r[i] for r in table.rows]
+

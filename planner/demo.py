@@ -1,0 +1,339 @@
+"""`pplan demo`: the whole pipeline on a built-in gpt, on this machine's CPU, in a few minutes.
+
+profile -> choose a memory limit -> partition -> simulate -> run (measure, calibrate) -> re-plan
+-> re-simulate -> run again -> run the uniform split for comparison -> report.
+
+The memory limit is computed, not hard-coded: the uniform (equal-layer) split's smallest
+possible peak and pplan's are found by bisection over the limit (the partitioner may use
+activation recompute for both); the limit lies between them, so the naive split cannot fit and
+pplan's plan can. Both runs of the planned pipeline are real (`planner.execute`); the accuracy
+after calibration is checked on the second run, not on the run it was fitted to.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from planner.errors import InfeasibleError, PplanError
+from planner.units import format_bytes, format_ms
+
+__all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "run_demo", "choose_memory_limit"]
+
+
+@dataclass(frozen=True)
+class DemoSettings:
+    """What the demo profiles, plans and runs."""
+
+    model: str
+    """Built-in model spec (a gpt with a large vocabulary: heavy embedding and LM head)."""
+    micro_batch_sizes: tuple[int, ...]
+    """Sizes the profile measures."""
+    global_batch: int
+    """Samples per training step."""
+    n_microbatches: int
+    """Micro-batches per step (fixed, so plan and uniform split train the same way)."""
+    n_devices: int
+    """Pipeline devices (one CPU process each)."""
+    steps: int
+    """Training steps per run."""
+    warmup: int
+    """Steps of each run left out of the timing."""
+    profile_repeats: int
+    """Timed repeats per layer and size (the median is kept)."""
+    profile_warmup: int
+    """Untimed runs per layer and size."""
+
+
+FULL = DemoSettings(model="gpt:layers=8,hidden=128,heads=4,seq=128,vocab=16384", micro_batch_sizes=(1, 2, 4),
+                    global_batch=8, n_microbatches=4, n_devices=2, steps=8, warmup=2,
+                    profile_repeats=5, profile_warmup=2)
+QUICK = DemoSettings(model="gpt:layers=6,hidden=32,heads=2,seq=64,vocab=4096", micro_batch_sizes=(1, 2),
+                     global_batch=4, n_microbatches=2, n_devices=2, steps=3, warmup=1,
+                     profile_repeats=2, profile_warmup=1)
+
+
+@dataclass(frozen=True)
+class LimitChoice:
+    """How the demo's memory limit was chosen."""
+
+    limit_bytes: int
+    """The per-device limit."""
+    uniform_floor_bytes: float
+    """Smallest limit under which the uniform split fits (recompute allowed)."""
+    pplan_floor_bytes: float
+    """Smallest limit under which pplan finds a plan."""
+    pplan_fastest_peak_bytes: float
+    """Peak of pplan's fastest plan without a limit."""
+    rule: str
+    """One sentence: why this limit."""
+
+
+@dataclass(frozen=True)
+class DemoResult:
+    """The numbers that matter, and where everything was written."""
+
+    out_dir: Path
+    """Report folder (inputs under data/)."""
+    html: Path
+    """report.html."""
+    limit: LimitChoice
+    """The memory limit and how it was chosen."""
+    first_predicted_ms: float
+    """Prediction for the first run, before calibration."""
+    first_measured_ms: float
+    """Measured step time of the first run."""
+    predicted_ms: float
+    """Prediction for the final plan after calibration."""
+    measured_ms: float
+    """Measured step time of the final plan (second run)."""
+    uniform_predicted_ms: float
+    """Calibrated prediction for the uniform split (same schedule and micro-batches, no limit)."""
+    uniform_measured_ms: float
+    """Measured step time of the uniform split, run without the limit."""
+    peak_predicted_bytes: float
+    """Largest predicted per-device peak of the final plan."""
+    peak_measured_bytes: float | None
+    """Largest measured per-device peak of the final plan."""
+    elapsed_s: float
+    """Wall time of the whole demo."""
+
+    def summary(self) -> list[tuple[str, str]]:
+        """(quantity, value) rows: printed at the end and shown first in the report."""
+        lim = self.limit
+        def err(p: float, m: float) -> str:
+            return f"{(p - m) / m:+.1%}" if m > 0 else "n/a"
+        peak = f"predicted {format_bytes(self.peak_predicted_bytes)}"
+        if self.peak_measured_bytes:
+            peak += f", measured {format_bytes(self.peak_measured_bytes)}"
+        return [
+            ("memory limit per device", f"{format_bytes(lim.limit_bytes)} ({lim.rule})"),
+            ("uniform split", f"needs at least {format_bytes(lim.uniform_floor_bytes)}: does not fit"),
+            ("peak memory of pplan's plan", f"{peak}; limit {format_bytes(lim.limit_bytes)}"),
+            ("step time before calibration", f"predicted {format_ms(self.first_predicted_ms)}, measured "
+                                             f"{format_ms(self.first_measured_ms)} "
+                                             f"({err(self.first_predicted_ms, self.first_measured_ms)})"),
+            ("step time after calibration", f"predicted {format_ms(self.predicted_ms)}, measured "
+                                            f"{format_ms(self.measured_ms)} ({err(self.predicted_ms, self.measured_ms)}; "
+                                            "a new run, not the one calibrated on)"),
+            ("speedup over the uniform split", f"{self.uniform_measured_ms / self.measured_ms:.2f}x measured "
+                                               f"({format_ms(self.uniform_measured_ms)} vs {format_ms(self.measured_ms)}, "
+                                               f"uniform run without the limit), "
+                                               f"{self.uniform_predicted_ms / self.predicted_ms:.2f}x predicted"),
+        ]
+
+
+def _stderr(message: str) -> None:
+    sys.stderr.write(message + "\n")
+    sys.stderr.flush()
+
+
+def _settings(profile: Any, s: DemoSettings, limit: float | None, method: str = "auto") -> Any:
+    from planner.partition.search import PartitionSettings
+
+    return PartitionSettings(n_devices=s.n_devices, memory_bytes=None if limit is None else int(limit),
+                             global_batch=s.global_batch, microbatches=s.n_microbatches, method=method)
+
+
+def _min_feasible(profile: Any, s: DemoSettings, method: str, high: float) -> float:
+    """Smallest limit (within 0.1%) under which `method` finds a plan; `high` must be feasible."""
+    from planner.partition.api import partition
+
+    lo, hi = 0.0, float(high)
+    while hi - lo > 1e-3 * hi:
+        mid = (lo + hi) / 2
+        try:
+            partition(profile, _settings(profile, s, mid, method))
+            hi = mid
+        except InfeasibleError:
+            lo = mid
+    return hi
+
+
+def choose_memory_limit(profile: Any, s: DemoSettings) -> LimitChoice:
+    """A limit the uniform split cannot meet and pplan can, from the profile alone.
+
+    If pplan's fastest plan peaks below the uniform split's floor, the limit is halfway between
+    (pplan loses nothing); otherwise it lies three quarters of the way from pplan's floor to the
+    uniform split's, leaving pplan room to trade recompute for speed.
+    """
+    from planner.partition.api import partition
+
+    fastest = partition(profile, _settings(profile, s, None))
+    fast_peak = max(fastest.chosen.sim.peak_memory_bytes)
+    uniform = partition(profile, _settings(profile, s, None, "uniform"))
+    u_floor = _min_feasible(profile, s, "uniform", max(uniform.chosen.sim.peak_memory_bytes))
+    p_floor = _min_feasible(profile, s, "auto", fast_peak)
+    if p_floor >= u_floor * 0.999:
+        raise PplanError(f"the demo model gives pplan no memory advantage (pplan needs {format_bytes(p_floor)}, "
+                         f"the uniform split {format_bytes(u_floor)})", "use a model with a larger vocabulary")
+    if fast_peak < u_floor * 0.99:
+        limit = (fast_peak + u_floor) / 2
+        rule = (f"halfway between the peak of pplan's fastest plan, {format_bytes(fast_peak)}, and the least the "
+                f"uniform split can need, {format_bytes(u_floor)}")
+    else:
+        limit = p_floor + 0.75 * (u_floor - p_floor)
+        rule = (f"between the least pplan can need, {format_bytes(p_floor)}, and the least the uniform split can "
+                f"need, {format_bytes(u_floor)}")
+    return LimitChoice(int(limit), u_floor, p_floor, fast_peak, rule)
+
+
+def _uniform_plan(plan: Any) -> Any:
+    """The plan's schedule and micro-batches with equal layer counts per stage, no recompute, no limit."""
+    from planner.partition.baselines import uniform_cuts
+    from planner.plan import StagePlan
+
+    cuts = uniform_cuts(plan.n_layers, plan.n_stages)
+    stages = tuple(StagePlan(device=st.device, layers=(cuts[i], cuts[i + 1])) for i, st in enumerate(plan.stages))
+    devices = tuple(replace(d, memory_bytes=None) for d in plan.devices)
+    return plan.with_(stages=stages, devices=devices, predicted=None, search=None)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    from planner.atomic import atomic_write_text
+
+    atomic_write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
+             say: Callable[[str], None] | None = None) -> DemoResult:
+    """Run the whole pipeline and write the report to `out_dir` (inputs under `out_dir/data`)."""
+    from planner.calibration import calibration_path_for, load_calibration
+    from planner.execute.options import RunOptions
+    from planner.execute.run import run_plan
+    from planner.partition.api import partition
+    from planner.plan import write_plan
+    from planner.profiling.profile import load_profile, write_profile
+    from planner.profiling.profiler import profile_model
+    from planner.report import ReportInputs, build_report
+    from planner.simulate import simulate
+    from planner.simulation.timeline import write_timeline
+
+    s = QUICK if quick else FULL
+    started = time.perf_counter()
+    out = Path(out_dir)
+    data = out / "data"
+    data.mkdir(parents=True, exist_ok=True)
+    emit = say or _stderr
+
+    def step(n: int, text: str) -> None:
+        emit(f"[{time.perf_counter() - started:5.0f}s] {n}/8 {text}")
+
+    threads = max(1, _cores() // s.n_devices)  # what each rank of the run gets
+    step(1, f"profiling {s.model} at micro-batch sizes {','.join(map(str, s.micro_batch_sizes))} "
+            f"({threads} thread{'s' if threads > 1 else ''}, as each pipeline rank will have)")
+    seen = [0]
+
+    def profiled(done: int, total: int, note: str) -> None:
+        if done == total or done - seen[0] >= max(1, total // 6):
+            seen[0] = done
+            emit(f"        {done}/{total} layer measurements ({note})")
+
+    prof_path = data / "profile.csv"
+    cal_path = calibration_path_for(prof_path)
+    cal_path.unlink(missing_ok=True)  # a calibration from an earlier demo would skew the first prediction
+    measured = profile_model(s.model, list(s.micro_batch_sizes), warmup=s.profile_warmup, repeats=s.profile_repeats,
+                             threads=threads, command="pplan demo" + (" --quick" if quick else ""), on_step=profiled)
+    write_profile(measured, prof_path)
+    profile = load_profile(prof_path)  # carries its path and checksum into the plans
+
+    step(2, "choosing a memory limit the uniform split cannot meet")
+    limit = choose_memory_limit(profile, s)
+    emit(f"        limit {format_bytes(limit.limit_bytes)} per device: {limit.rule}")
+
+    step(3, f"partitioning over {s.n_devices} devices under {format_bytes(limit.limit_bytes)}")
+    first = partition(profile, _settings(profile, s, limit.limit_bytes)).plan
+    write_plan(first, data / "plan_first.json")
+    emit(f"        {_describe(first)}; predicted {format_ms(first.predicted['iteration_ms'])} per step")
+
+    step(4, f"running it: {s.steps} steps on {s.n_devices} processes, then calibrating the simulator")
+    opts = RunOptions(steps=s.steps, warmup=s.warmup, device="cpu", calibrate=True, threads=threads)
+    run1 = run_plan(first, opts, plan_path=str(data / "plan_first.json"), profile_path=str(prof_path),
+                    out=data / "run_first.json", timeline_path=data / "measured_timeline_first.csv")
+    fit = run1.run.get("calibration_fit") or {}
+    emit(f"        measured {format_ms(run1.run['iteration_ms_measured'])}, predicted "
+         f"{format_ms(run1.run['iteration_ms_predicted'])}; calibration written to {cal_path}")
+
+    step(5, "re-planning and re-simulating with the calibration")
+    cal = load_calibration(cal_path)
+    final = partition(profile, _settings(profile, s, limit.limit_bytes), calibration=cal).plan
+    write_plan(final, data / "plan.json")
+    sim = simulate(final, profile, calibration=cal)
+    sim_dict = sim.to_dict()
+    _write_json(data / "sim.json", sim_dict)
+    write_timeline(sim.timeline, data / "timeline.csv")
+    uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
+    emit(f"        {_describe(final)}; predicted {format_ms(sim.iteration_ms)} per step")
+
+    step(6, "running the re-planned pipeline to check the calibrated prediction")
+    run2 = run_plan(final, replace(opts, calibrate=False), plan_path=str(data / "plan.json"),
+                    profile_path=str(prof_path), out=data / "run.json", timeline_path=data / "measured_timeline.csv")
+
+    step(7, "running the uniform split (same schedule and micro-batches, limit lifted) for comparison")
+    uniform = _uniform_plan(final)
+    write_plan(uniform, data / "plan_uniform.json")
+    uniform_pred = simulate(uniform, profile, calibration=cal, record_timeline=False).iteration_ms
+    run3 = run_plan(uniform, replace(opts, calibrate=False), plan_path=str(data / "plan_uniform.json"),
+                    profile_path=str(prof_path), out=data / "run_uniform.json")
+
+    peaks_meas = [r.get("peak_memory_bytes_measured") for r in run2.run["ranks"]]
+    result = DemoResult(
+        out_dir=out, html=out / "report.html", limit=limit,
+        first_predicted_ms=float(fit.get("predicted_ms_before") or run1.run["iteration_ms_predicted"]),
+        first_measured_ms=float(run1.run["iteration_ms_measured"]),
+        predicted_ms=float(sim.iteration_ms), measured_ms=float(run2.run["iteration_ms_measured"]),
+        uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.run["iteration_ms_measured"]),
+        peak_predicted_bytes=float(max(sim.peak_memory_bytes)),
+        peak_measured_bytes=float(max(peaks_meas)) if all(isinstance(p, (int, float)) for p in peaks_meas) else None,
+        elapsed_s=0.0,
+    )
+
+    step(8, f"writing the report to {out}")
+    inputs = ReportInputs(
+        profile=profile, plan=final, sim=sim_dict, run=run2.run, timeline=tuple(sim.timeline),
+        measured_timeline=tuple(run2.timeline), sim_label="after calibration",
+        extra_predictions=(("before calibration", uncalibrated_ms),),
+        sources={"profile": str(prof_path), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),
+                 "run": str(data / "run.json"), "timeline": str(data / "timeline.csv"),
+                 "measured_timeline": str(data / "measured_timeline.csv")},
+        notes=(f"Made by `pplan demo{' --quick' if quick else ''}`: model {s.model}, global batch {s.global_batch} "
+               f"in {s.n_microbatches} micro-batches, {s.n_devices} CPU processes, {s.steps} steps per run "
+               f"({s.warmup} warm-up).",
+               "The first run (data/run_first.json) calibrated the simulator; the figures show the re-planned "
+               "pipeline and its own run (data/run.json)."),
+    )
+    build_report(inputs, out, title="pplan demo: a gpt pipeline on 2 CPU processes",
+                 extra_summary=tuple(result.summary()), simulate=True)
+    result = replace(result, elapsed_s=time.perf_counter() - started)
+    _write_json(data / "demo.json", _result_dict(result))
+    return result
+
+
+def _describe(plan: Any) -> str:
+    cuts = " | ".join(f"{st.layers[0]}-{st.layers[1] - 1}" + (f" (recompute {len(st.recompute)})" if st.recompute else "")
+                      for st in plan.stages)
+    return f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, layers {cuts}"
+
+
+def _result_dict(r: DemoResult) -> dict[str, Any]:
+    return {
+        "limit_bytes": r.limit.limit_bytes, "uniform_floor_bytes": r.limit.uniform_floor_bytes,
+        "pplan_floor_bytes": r.limit.pplan_floor_bytes, "pplan_fastest_peak_bytes": r.limit.pplan_fastest_peak_bytes,
+        "first_predicted_ms": r.first_predicted_ms, "first_measured_ms": r.first_measured_ms,
+        "predicted_ms": r.predicted_ms, "measured_ms": r.measured_ms,
+        "uniform_predicted_ms": r.uniform_predicted_ms, "uniform_measured_ms": r.uniform_measured_ms,
+        "peak_predicted_bytes": r.peak_predicted_bytes, "peak_measured_bytes": r.peak_measured_bytes,
+        "elapsed_s": r.elapsed_s, "summary": [{"quantity": k, "value": v} for k, v in r.summary()],
+    }

@@ -1,0 +1,269 @@
+"""trace_layers: torch.fx trace of any nn.Module, grouped into pipeline layers, with tensor bytes.
+
+Grouping rule (docs/graph.md explains it with examples). Walk the traced program in order:
+- Each node that runs inside a submodule belongs to the *outermost called* submodule
+  (`depth=1`; with depth=k the k-th outermost, so `layer1.0` instead of `layer1`). A new layer
+  starts whenever that module differs from the current layer's: a layer is one uninterrupted
+  run of one module's calls (two consecutive calls of one module are one layer).
+- Free operations at the top level of `forward` (`x + y`, `torch.cat`, `F.relu`, `.view`)
+  join the layer that is running when they are reached, i.e. that of the nearest preceding
+  module call; those before the first module call join layer 0. With depth=k, glue code
+  inside an outer module between its depth-k children joins the running layer too.
+- The model's inputs belong to layer 0 and its output to the last layer.
+- A top-level parameter or buffer (`self.pos`) is read by every layer that uses it, never sent.
+So every layer is a contiguous stretch of the program, which is exactly how
+`torch.distributed.pipelining.pipeline()` splits a program at `pipe_split()` markers, and a
+cut after layer c is a split at the first module call of layer c+1.
+
+A module with parameters called in two separate places (weights shared between layers) is
+refused; a parameter-free one (a shared `nn.MaxPool2d`) gives one layer per run, named
+`pool`, `pool@2`, ...
+
+Bytes are measured by running the traced graph once on `example_input` (no_grad, eval mode,
+restored afterwards) and divided by its batch size (the first dimension of the first tensor).
+"""
+
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from typing import Any
+
+import networkx as nx
+import torch
+import torch.fx as fx
+from torch import nn
+from torch.utils._pytree import tree_leaves
+
+from planner.errors import ModelSpecError
+from planner.graph.edges import SkipEdge
+from planner.graph.layers import LayerGraph, Value
+
+__all__ = ["trace_layers", "build_layer_module", "group_nodes"]
+
+_MESSAGE_LIMIT = 300
+
+
+def _short(e: BaseException) -> str:
+    text = " ".join(f"{type(e).__name__}: {e}".split())
+    return text[:_MESSAGE_LIMIT] + ("..." if len(text) > _MESSAGE_LIMIT else "")
+
+
+def _stack_paths(node: fx.Node) -> list[str]:
+    stack = node.meta.get("nn_module_stack") or {}
+    paths = [entry[0] if isinstance(entry, tuple) else str(entry) for entry in stack.values()]
+    paths = [p for p in paths if p]  # torch.export adds the root module as ''
+    if not paths and node.op == "call_module":
+        paths = [str(node.target)]
+    return paths
+
+
+def _key(node: fx.Node, depth: int, current: str | None) -> str | None:
+    """The module path that owns `node`, or None for top-level glue (see module docstring)."""
+    paths = _stack_paths(node)
+    if not paths:
+        return None
+    if len(paths) >= depth:
+        return paths[depth - 1]
+    if current is not None and current.startswith(paths[-1] + "."):
+        return None  # glue inside an outer module, between its depth-k children
+    return paths[-1]
+
+
+def _has_params(module: nn.Module | None, path: str) -> bool:
+    if module is None:
+        return False
+    try:
+        sub = module.get_submodule(path)
+    except AttributeError:
+        return False
+    return any(True for _ in sub.parameters())
+
+
+def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int) -> tuple[dict[fx.Node, int], list[str], list[str], list[fx.Node]]:
+    """(layer of each node, layer names, layer module paths, top-level parameter reads).
+
+    `module` (None: skip the check) is asked whether a re-run module holds parameters.
+    """
+    layer_of: dict[fx.Node, int] = {}
+    keys: list[str] = []
+    names: list[str] = []
+    runs_of: dict[str, list[int]] = defaultdict(list)
+    shared: list[fx.Node] = []
+    for node in nodes:
+        if node.op == "placeholder":
+            layer_of[node] = 0
+            continue
+        if node.op == "output":
+            continue
+        key = _key(node, depth, keys[-1] if keys else None)
+        if key is None:
+            if node.op == "get_attr":
+                shared.append(node)
+            else:
+                layer_of[node] = max(len(keys) - 1, 0)
+            continue
+        if not keys or key != keys[-1]:
+            if runs_of[key] and _has_params(module, key):
+                first = runs_of[key][0]
+                raise ModelSpecError(
+                    f"module {key!r} holds parameters and is called in two separate places (layer {first} {names[first]!r} and layer {len(keys)})",
+                    "pipeline stages cannot share weights: give each place its own module, or trace with a larger depth")
+            runs_of[key].append(len(keys))
+            names.append(key if len(runs_of[key]) == 1 else f"{key}@{len(runs_of[key])}")
+            keys.append(key)
+        layer_of[node] = len(keys) - 1
+    if not keys:
+        raise ModelSpecError(f"{type(module).__name__ if module is not None else 'the model'}.forward calls no submodule, so it has no layers to pipeline",
+                             "build the model from child modules (nn.Module attributes) and call them in forward")
+    for node in nodes:
+        if node.op == "output":
+            layer_of[node] = len(keys) - 1
+    return layer_of, names, keys, shared
+
+
+def _nbytes(value: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tree_leaves(value) if isinstance(t, torch.Tensor))
+
+
+class _Sizer(fx.Interpreter):
+    """Runs the graph once, recording the bytes of the wanted nodes' outputs."""
+
+    def __init__(self, gm: fx.GraphModule, wanted: set[str]):
+        super().__init__(gm)
+        self.wanted = wanted
+        self.sizes: dict[str, int] = {}
+
+    def run_node(self, n: fx.Node) -> Any:
+        out = super().run_node(n)
+        if n.name in self.wanted:
+            self.sizes[n.name] = _nbytes(out)
+        return out
+
+
+def _measure(gm: fx.GraphModule, args: tuple, wanted: set[str], model: str) -> dict[str, int]:
+    modes = [(m, m.training) for m in gm.modules()]
+    try:
+        gm.eval()  # eval: a size pass must not move BatchNorm running statistics
+        with torch.no_grad():
+            sizer = _Sizer(gm, wanted)
+            sizer.run(*args)
+    except Exception as e:
+        raise ModelSpecError(f"the traced {model} fails on the example input: {_short(e)}", "check the example input's shape and dtype") from None
+    finally:
+        for m, training in modes:
+            m.training = training
+    return sizer.sizes
+
+
+def _per_sample(nbytes: int, batch: int) -> int:
+    return int(round(nbytes / batch))
+
+
+def trace_layers(module: nn.Module, example_input: Any, depth: int = 1) -> LayerGraph:
+    """Trace `module` with torch.fx and group its program into layers (module docstring).
+
+    `example_input` is a tensor or a tuple of positional tensors whose first dimension is
+    the batch. Raises ModelSpecError (one line) when fx cannot trace the forward
+    (data-dependent control flow), the example fails, weights are shared across layers, or
+    forward calls no submodule.
+    """
+    if depth < 1:
+        raise ModelSpecError(f"grouping depth {depth} must be at least 1")
+    args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    if not tensors or tensors[0].dim() == 0 or tensors[0].shape[0] < 1:
+        raise ModelSpecError("the example input needs a tensor whose first dimension is the batch (>= 1)")
+    batch = int(tensors[0].shape[0])
+    model = type(module).__name__
+    try:
+        gm = fx.symbolic_trace(module)
+    except Exception as e:
+        raise ModelSpecError(f"torch.fx cannot trace {model}.forward: {_short(e)}",
+                             "remove data-dependent control flow (if/for on tensor values) from forward, or move it inside a child module") from None
+
+    nodes = list(gm.graph.nodes)
+    layer_of, names, keys, shared = group_nodes(module, nodes, depth)
+    n = len(names)
+    placeholders = [nd for nd in nodes if nd.op == "placeholder"]
+    if len(placeholders) != len(args):
+        raise ModelSpecError(f"{model}.forward takes {len(placeholders)} input(s) but the example gives {len(args)}")
+    output = next(nd for nd in nodes if nd.op == "output")
+
+    crossing: dict[fx.Node, tuple[int, ...]] = {}
+    for nd in nodes:
+        if nd in layer_of and nd.op != "output":
+            consumers = sorted({layer_of[u] for u in nd.users if u in layer_of} - {layer_of[nd]})
+            if consumers and consumers[0] < layer_of[nd]:  # impossible for a program-order grouping
+                raise RuntimeError(f"internal: {nd.name} in layer {layer_of[nd]} feeds earlier layer {consumers[0]}")
+            if consumers:
+                crossing[nd] = tuple(consumers)
+    sizes = _measure(gm, args, {nd.name for nd in crossing} | {output.name}, model)
+
+    values = tuple(Value(nd.name, layer_of[nd], cons, _per_sample(sizes[nd.name], batch)) for nd, cons in crossing.items())
+    chain = [0] * n
+    merged: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+    for v in values:
+        if v.consumers == (v.producer + 1,):
+            chain[v.producer] += v.bytes_per_sample
+        else:
+            merged[(v.producer, v.consumers)] += v.bytes_per_sample
+    chain[n - 1] = _per_sample(sizes[output.name], batch)
+    skip = tuple(sorted(SkipEdge(src, cons[-1], b, cons[:-1]) for (src, cons), b in merged.items()))
+
+    fx_nodes: list[list[str]] = [[] for _ in range(n)]
+    for nd in nodes:
+        if nd in layer_of:
+            fx_nodes[layer_of[nd]].append(nd.name)
+        elif nd in shared:
+            for layer in sorted({layer_of[u] for u in nd.users if u in layer_of}):
+                fx_nodes[layer].append(nd.name)
+
+    g = nx.DiGraph()
+    for i in range(n):
+        g.add_node(i, name=names[i], module=keys[i], fx_nodes=tuple(fx_nodes[i]))
+    for v in values:
+        for c in v.consumers:
+            if g.has_edge(v.producer, c):
+                g.edges[v.producer, c]["bytes_per_sample"] += v.bytes_per_sample
+                g.edges[v.producer, c]["values"] += (v.name,)
+            else:
+                g.add_edge(v.producer, c, bytes_per_sample=v.bytes_per_sample, values=(v.name,), skip=c != v.producer + 1)
+
+    return LayerGraph(
+        names=tuple(names),
+        modules=tuple(keys),
+        fx_nodes=tuple(tuple(f) for f in fx_nodes),
+        graph=g,
+        skip_edges=skip,
+        output_bytes_per_sample=tuple(chain),
+        input_bytes_per_sample=_per_sample(sum(_nbytes(a) for a in args), batch),
+        input_names=tuple(p.name for p in placeholders),
+        values=values,
+        batch_size=batch,
+        depth=depth,
+        module=gm,
+    )
+
+
+def build_layer_module(lg: LayerGraph, i: int) -> fx.GraphModule:
+    """Layer i of `lg` as a GraphModule (see LayerGraph.layer_module)."""
+    by_name = {nd.name: nd for nd in lg.module.graph.nodes}
+    graph = fx.Graph()
+    env: dict[fx.Node, fx.Node] = {}
+    for name in lg.layer_inputs(i):
+        env[by_name[name]] = graph.placeholder(name)
+    result: Any = None
+    for name in lg.fx_nodes[i]:
+        nd = by_name[name]
+        if nd.op == "placeholder":
+            continue
+        if nd.op == "output":
+            result = (fx.map_arg(nd.args[0], lambda a: env[a]),)
+            continue
+        env[nd] = graph.node_copy(nd, lambda a: env[a])
+    if result is None:
+        result = tuple(env[by_name[name]] for name in lg.layer_outputs(i))
+    graph.output(result)
+    return fx.GraphModule(lg.module, graph, class_name="Layer" + re.sub(r"\W", "_", f"{i}_{lg.names[i]}"))
+

@@ -1,0 +1,119 @@
+"""`pplan partition` on the command line: output, determinism, and one-line errors that write nothing."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.partition.synthetic import gpt_like
+from planner.plan import load_plan
+from planner.profiling.profile import write_profile
+
+ROOT = Path(__file__).resolve().parents[1]
+CLUSTER = ROOT / "examples" / "cluster.json"
+
+
+@pytest.fixture(scope="module")
+def profile_csv(tmp_path_factory):
+    path = tmp_path_factory.mktemp("prof") / "gpt.csv"
+    write_profile(gpt_like(n_blocks=8, hidden=512, seq=256, vocab=32000), path)
+    return path
+
+
+def pplan(monkeypatch, capsys, *args):
+    """Run the real entry point in-process: (exit code, stdout, stderr)."""
+    from cli.app import main
+
+    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
+    code = 0
+    try:
+        main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_partition_writes_a_plan_and_explains_it(monkeypatch, capsys, profile_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    code, stdout, _ = pplan(monkeypatch, capsys, "partition", profile_csv, "--devices", 4, "--memory", "4GiB",
+                            "--global-batch", 32, "--out", out)
+    assert code == 0
+    plan = load_plan(out)
+    assert plan.n_devices == 4 and plan.global_batch == 32 and plan.profile_path == str(profile_csv)
+    assert plan.predicted["iteration_ms"] > 0 and len(plan.predicted["devices"]) == 4
+    for word in ("stage", "bottleneck", "why", "baselines", "wrote"):
+        assert word in stdout
+
+
+def test_json_output_and_byte_identical_plans(monkeypatch, capsys, profile_csv, tmp_path):
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    args = ["partition", profile_csv, "--devices", 2, "--memory", "3GiB", "--global-batch", 16, "--json"]
+    code, stdout, _ = pplan(monkeypatch, capsys, *args, "--out", a)
+    assert code == 0
+    data = json.loads(stdout)
+    assert data["plan"]["schedule"] == data["summary"]["runners_up"][0]["schedule"]
+    assert {"stages", "devices", "baselines", "bottleneck_stage"} <= set(data["summary"])
+    assert pplan(monkeypatch, capsys, *args, "--out", b)[0] == 0
+    assert a.read_bytes() == b.read_bytes()
+
+
+def test_cluster_option(monkeypatch, capsys, profile_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    code, stdout, _ = pplan(monkeypatch, capsys, "partition", profile_csv, "--cluster", CLUSTER, "--global-batch", 16, "--out", out)
+    assert code == 0, stdout
+    plan = load_plan(out)
+    assert {d.name for d in plan.devices} >= {"old-gpu"} and len(plan.links.pairs) == 5
+
+
+def _bad_cluster(tmp_path, text):
+    p = tmp_path / "bad_cluster.json"
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize("case", [
+    "tiny_memory", "too_many_devices", "zero_devices", "indivisible", "unknown_schedule", "unknown_method",
+    "corrupt_profile", "missing_profile", "cluster_syntax", "cluster_unknown_device", "bad_memory", "bad_microbatches",
+    "no_devices",
+])
+def test_bad_input_is_one_line_exit_2_and_no_file(monkeypatch, capsys, profile_csv, tmp_path, case):
+    out = tmp_path / "plan.json"
+    # indices: 2-3 devices, 4-5 memory, 6-7 batch, 8-9 out
+    base = ["partition", profile_csv, "--devices", 4, "--memory", "4GiB", "--global-batch", 32, "--out", out]
+    corrupt = tmp_path / "corrupt.csv"
+    corrupt.write_text("layer,name,micro_batch_size,fwd_ms\n0,a,1,oops\n")
+    args = {
+        "tiny_memory": base[:4] + ["--memory", "100MiB"] + base[6:],
+        "too_many_devices": base[:2] + ["--devices", 11] + base[4:],
+        "zero_devices": base[:2] + ["--devices", 0] + base[4:],
+        "indivisible": base + ["--microbatches", 7],
+        "unknown_schedule": base + ["--schedule", "pipedream"],
+        "unknown_method": base + ["--method", "genetic"],
+        "corrupt_profile": ["partition", corrupt] + base[2:],
+        "missing_profile": ["partition", tmp_path / "nope.csv"] + base[2:],
+        "cluster_syntax": base[:2] + ["--cluster", _bad_cluster(tmp_path, "{'devices': ")] + base[4:],
+        "cluster_unknown_device": base[:2] + ["--cluster", _bad_cluster(
+            tmp_path, json.dumps({"devices": [{"name": "a"}, {"name": "b"}], "links": [{"a": "a", "b": "z", "bandwidth": "1GB/s"}]}))] + base[4:],
+        "bad_memory": base[:4] + ["--memory", "lots"] + base[6:],
+        "bad_microbatches": base + ["--microbatches", "many"],
+        "no_devices": base[:2] + base[4:],
+    }[case]
+    code, stdout, stderr = pplan(monkeypatch, capsys, *args)
+    assert code == 2, (stdout, stderr)
+    assert "Traceback" not in stderr + stdout
+    lines = [ln for ln in stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pplan: error:"), stderr
+    assert not out.exists()
+    if case == "tiny_memory":
+        assert "--memory" in lines[0] and "least memory" in lines[0]
+
+
+def test_real_entry_point_in_a_subprocess(profile_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    run = subprocess.run([sys.executable, "-m", "cli.app", "partition", str(profile_csv), "--devices", "2", "--memory", "50MiB",
+                          "--global-batch", "8", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.startswith("pplan: error: no plan fits")
+    assert not out.exists()
