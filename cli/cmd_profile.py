@@ -93,6 +93,7 @@ def register(app: typer.Typer) -> None:
         warmup: int = typer.Option(2, "--warmup", help="Untimed runs before measuring."),
         repeats: int = typer.Option(5, "--repeats", help="Timed runs; the median is recorded."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the batch."),
+        timer: str = typer.Option("sched", "--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time."),
         threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
         out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile CSV to write (atomically)."),
         input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32."),
@@ -114,6 +115,8 @@ def register(app: typer.Typer) -> None:
         # Checked here too, so these mistakes fail before torch is imported (seconds on a small machine).
         if dtype not in _DTYPES:
             raise PplanError(f"--dtype {dtype!r} is not supported", f"use one of {', '.join(_DTYPES)}")
+        if timer not in ("sched", "wall"):
+            raise PplanError(f"--timer {timer!r} must be sched or wall")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise PplanError(f"--device {device!r} is not supported", "use cpu, cuda or cuda:N")
         from planner.profiling.profiler import profile_model  # imports torch
@@ -129,7 +132,7 @@ def register(app: typer.Typer) -> None:
         try:
             result = profile_model(
                 model, sizes, device=device, dtype=dtype, warmup=warmup, repeats=repeats, seed=seed,
-                threads=threads, input_shape=shape, input_dtype=input_dtype, vocab=vocab,
+                threads=threads, timer=timer, input_shape=shape, input_dtype=input_dtype, vocab=vocab,
                 command="pplan " + shlex.join(sys.argv[1:]), on_step=step,
             )
         finally:

@@ -57,17 +57,16 @@ def test_pipeline_splits_where_planned_and_sends_direct_bytes(cuts):
     assert names == {n for n, _ in model.named_parameters()}
 
 
-def _worker(rank: int, world: int, init: str, cuts: list[int], out: str) -> None:
+def _worker(rank: int, world: int, init: str, cuts: list[int], schedule: str, out: str) -> None:
     import torch.distributed as dist
-    from torch.distributed.pipelining import ScheduleGPipe
-    from torch.distributed.pipelining import schedules
+    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, schedules
 
+    torch.set_num_threads(1)  # several ranks share two cores
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
-    torch.manual_seed(0)
     sent: list[tuple[str, int, int]] = []
     real = schedules._batch_p2p
 
-    def counting(ops, desc=None):
+    def counting(ops, desc=None):  # every p2p the schedule issues passes here
         for op in ops:
             if op.op is dist.isend:
                 sent.append((desc or "", op.peer, op.tensor.numel() * op.tensor.element_size()))
@@ -79,43 +78,82 @@ def _worker(rank: int, world: int, init: str, cuts: list[int], out: str) -> None
     lg = trace_layers(model, x[:MB])
     pipe = pipeline(model, (x[:MB],), split_spec=split_spec(lg, cuts))
     stage = pipe.build_stage(rank, torch.device("cpu"))
-    sched = ScheduleGPipe(stage, n_microbatches=4, loss_fn=model.loss_fn)
+    kind = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[schedule]
+    sched = kind(stage, n_microbatches=4, loss_fn=model.loss_fn)
     losses: list[torch.Tensor] = []
     if rank == 0:
         sched.step(x)
-    else:
+    elif rank == world - 1:
         sched.step(target=y, losses=losses)
+    else:
+        sched.step()
     grads = {n: p.grad.tolist() for n, p in stage.submod.named_parameters()}
     Path(out, f"rank{rank}.json").write_text(json.dumps({
         "sent": sent, "grads": grads, "losses": [float(v.detach()) for v in losses]}))
     dist.destroy_process_group()
 
 
-def test_two_rank_gloo_step_matches_single_process(tmp_path):
-    cuts = [4]
+def _run(tmp_path: Path, world: int, cuts: list[int], schedule: str) -> list[dict]:
     ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, 2, str(tmp_path / "init"), cuts, str(tmp_path))) for r in range(2)]
+    procs = [ctx.Process(target=_worker, args=(r, world, str(tmp_path / "init"), cuts, schedule, str(tmp_path)))
+             for r in range(world)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(180)
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
-    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
+
+def _reference() -> tuple[torch.nn.Module, list[float]]:
     model = build()
     x, y = model.make_batch(4 * MB, 1)
     losses = [model.loss_fn(model(xb), yb) for xb, yb in zip(x.split(MB), y.split(MB))]
     (sum(losses) / len(losses)).backward()  # the schedule scales gradients by 1/n_microbatches
-    assert np.allclose(ranks[1]["losses"], [float(v.detach()) for v in losses], rtol=1e-5)
+    return model, [float(v.detach()) for v in losses]
+
+
+def _check_grads(ranks: list[dict], model: torch.nn.Module) -> None:
     ref = dict(model.named_parameters())
+    assert sum(len(r["grads"]) for r in ranks) == len(ref)
     for r in ranks:
         for name, g in r["grads"].items():
             assert np.allclose(g, ref[name].grad.numpy(), rtol=1e-4, atol=1e-6), name
 
-    lg = trace_layers(model, x[:MB])
+
+def _sent_per_microbatch(ranks: list[dict], direction: str) -> np.ndarray:
+    """(S, S) bytes rank i sent rank j per micro-batch, forward activations or backward gradients."""
+    out = np.zeros((len(ranks), len(ranks)))
+    for i, r in enumerate(ranks):
+        for desc, peer, nbytes in r["sent"]:
+            if desc.startswith(direction):  # fwd_send, fwd_send_bwd_recv / bwd_send, bwd_send_fwd_recv
+                out[i, peer] += nbytes / 4
+    return out
+
+
+def test_two_rank_gloo_gpipe_step_matches_single_process(tmp_path):
+    cuts = [4]
+    ranks = _run(tmp_path, 2, cuts, "gpipe")
+    model, losses = _reference()
+    assert np.allclose(ranks[1]["losses"], losses, rtol=1e-5)
+    _check_grads(ranks, model)
+
+    lg = trace_layers(model, model.make_batch(MB, 0)[0])
     per_mb = lg.crossing_bytes(MB)[cuts[0]]  # two stages: direct and hop by hop agree
-    fwd = [b for desc, peer, b in ranks[0]["sent"] if desc == "fwd_send" and peer == 1]
-    bwd = [b for desc, peer, b in ranks[1]["sent"] if desc == "bwd_send" and peer == 0]
-    assert sum(fwd) == sum(bwd) == 4 * per_mb
+    assert _sent_per_microbatch(ranks, "fwd")[0, 1] == per_mb
+    assert _sent_per_microbatch(ranks, "bwd")[1, 0] == per_mb
+    fwd = [b for desc, peer, b in ranks[0]["sent"] if desc == "fwd_send"]
     # Per micro-batch three tensors: mid's output m, and the skips e2 and e1, sent separately.
     assert sorted(fwd) == sorted([1024 * MB, 2048 * MB, 4096 * MB] * 4)
+
+
+def test_three_rank_1f1b_sends_skips_directly(tmp_path):
+    cuts = [2, 6]
+    ranks = _run(tmp_path, 3, cuts, "1f1b")
+    model, _ = _reference()
+    _check_grads(ranks, model)
+    lg = trace_layers(model, model.make_batch(MB, 0)[0])
+    want = direct_send_bytes(lg.n_layers, cuts, np.array(lg.output_bytes_per_sample) * MB, lg.skip_edges, MB)
+    assert np.array_equal(_sent_per_microbatch(ranks, "fwd"), want)
+    assert np.array_equal(_sent_per_microbatch(ranks, "bwd"), want.T)
+    assert want[0, 2] > 0  # e1 goes from rank 0 straight to rank 2, not through rank 1

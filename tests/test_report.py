@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -89,18 +88,19 @@ def test_plan_and_profile_alone_are_simulated_here(tmp_path):
 def test_no_simulate_uses_only_given_files(tmp_path):
     rep = build_report(load_inputs(profile=ALL["profile"], plan=ALL["plan"]), tmp_path / "ns", simulate=False)
     assert {f.key for f in rep.figures if not f.skipped} == {"4_baselines", "5_profile"}
+    assert "not drawn: it covers 8 layers, the profile has 3" in md
 
 
 def test_failed_report_leaves_previous_report_untouched(tmp_path, monkeypatch):
     out = tmp_path / "r"
     build_report(load_inputs(profile=ALL["profile"], run=ALL["run"]), out, simulate=False)
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
-    from planner.report import fig_profile
+    from planner.report import fig_memory
 
     def boom(*_a, **_k):
         raise RuntimeError("drawing failed")
 
-    monkeypatch.setattr(fig_profile, "draw", boom)
+    monkeypatch.setattr(fig_memory, "draw", boom)  # after figure 1 was drawn
     with pytest.raises(RuntimeError):
         build_report(load_inputs(**ALL), out)
     after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
@@ -110,7 +110,7 @@ def test_failed_report_leaves_previous_report_untouched(tmp_path, monkeypatch):
 
 def test_rebuild_replaces_figures_and_drops_stale_ones(tmp_path):
     out = tmp_path / "r"
-    build_report(load_inputs(**ALL), out, simulate=False)
+    build_report(load_inputs(profile=ALL["profile"], run=ALL["run"]), out, simulate=False)
     assert (out / "figures/6_predicted_vs_measured.png").exists()
     build_report(load_inputs(profile=ALL["profile"]), out, simulate=False, formats=("svg",))
     assert sorted(p.name for p in (out / "figures").iterdir()) == ["5_profile.svg"]
@@ -118,8 +118,9 @@ def test_rebuild_replaces_figures_and_drops_stale_ones(tmp_path):
 
 
 def test_same_inputs_give_identical_files(tmp_path):
-    a = build_report(load_inputs(**ALL), tmp_path / "a" / "r", simulate=False)
-    b = build_report(load_inputs(**ALL), tmp_path / "b" / "r", simulate=False)
+    few = dict(profile=ALL["profile"], plan=ALL["plan"], run=ALL["run"])
+    a = build_report(load_inputs(**few), tmp_path / "a" / "r", simulate=False)
+    b = build_report(load_inputs(**few), tmp_path / "b" / "r", simulate=False)
     for fig in a.figures:
         if not fig.skipped:
             name = f"figures/{fig.key}.svg"
@@ -208,3 +209,18 @@ def test_cli_report_bad_input_exits_2(tmp_path):
     assert out.returncode == 2
     assert "missing column" in out.stderr and "Traceback" not in out.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_plan_of_another_model_is_reported_not_fatal(tmp_path):
+    import numpy as np
+
+    from planner.profiling.profile import make_profile, write_profile
+
+    cols = {c: np.ones((3, 1)) for c in ("fwd_ms", "bwd_ms", "param_bytes", "activation_bytes", "output_bytes")}
+    other = tmp_path / "other.csv"
+    write_profile(make_profile(["a", "b", "c"], [1], cols), other)
+    rep = build_report(load_inputs(profile=other, plan=ALL["plan"]), tmp_path / "mix")
+    md = rep.markdown.read_text()
+    assert "could not be simulated" in md and "8 layers" in md
+    assert {f.key for f in rep.figures if not f.skipped} == {"4_baselines", "5_profile"}
+    assert "not drawn: it covers 8 layers, the profile has 3" in md

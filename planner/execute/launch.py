@@ -130,10 +130,13 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
                 causes.sort(key=lambda x: x[1])  # real causes before "connection closed" echoes
                 text = causes[0][0]
                 if len(causes) > 1:
-                    text += f" (then {len(causes) - 1} other rank(s) failed: {causes[1][0]})"
+                    text += f" (then {', '.join(c[0].split(':')[0] for c in causes[1:])})"
                 if causes[0][2] == 2:
                     raise PplanError(text)
-                raise RunError(text, "the remaining ranks were stopped; rerun with --verbose for their output")
+                hint = "the other ranks were stopped; rerun with --verbose for their output"
+                if causes[0][1]:
+                    hint = ("a rank waited for a peer in vain (peer hung, dead or slower than --timeout); " + hint)
+                raise RunError(text, hint)
             time.sleep(_POLL_S)
         for t in pumps:
             t.join(timeout=5.0)

@@ -160,13 +160,34 @@ def _per_sample(nbytes: int, batch: int) -> int:
     return int(round(nbytes / batch))
 
 
-def trace_layers(module: nn.Module, example_input: Any, depth: int = 1) -> LayerGraph:
+class _Tracer(fx.Tracer):
+    """fx's tracer; with `opaque`, modules at the grouping depth are recorded as one call."""
+
+    def __init__(self, depth: int, opaque: bool):
+        super().__init__()
+        self.depth, self.opaque = depth, opaque
+
+    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
+        # module_stack already holds the module being called: its length is its call depth.
+        if self.opaque and len(self.module_stack) >= self.depth:
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _symbolic_trace(module: nn.Module, depth: int, opaque: bool) -> fx.GraphModule:
+    tracer = _Tracer(depth, opaque)
+    graph = tracer.trace(module)
+    return fx.GraphModule(tracer.root, graph, type(module).__name__)
+
+
+def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: bool = False) -> LayerGraph:
     """Trace `module` with torch.fx and group its program into layers (module docstring).
 
     `example_input` is a tensor or a tuple of positional tensors whose first dimension is
-    the batch. Raises ModelSpecError (one line) when fx cannot trace the forward
-    (data-dependent control flow), the example fails, weights are shared across layers, or
-    forward calls no submodule.
+    the batch. `opaque=True` records each layer module as one call instead of tracing into
+    it: for layer modules whose own forward fx cannot trace. Raises ModelSpecError (one
+    line) when fx cannot trace the forward (data-dependent control flow), the example
+    fails, weights are shared across layers, or forward calls no submodule.
     """
     if depth < 1:
         raise ModelSpecError(f"grouping depth {depth} must be at least 1")
@@ -177,10 +198,10 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1) -> Layer
     batch = int(tensors[0].shape[0])
     model = type(module).__name__
     try:
-        gm = fx.symbolic_trace(module)
+        gm = _symbolic_trace(module, depth, opaque)
     except Exception as e:
         raise ModelSpecError(f"torch.fx cannot trace {model}.forward: {_short(e)}",
-                             "remove data-dependent control flow (if/for on tensor values) from forward, or move it inside a child module") from None
+                             "remove data-dependent control flow (if/for on tensor values) from forward; if it is inside the layer modules, trace with opaque=True") from None
 
     nodes = list(gm.graph.nodes)
     layer_of, names, keys, shared = group_nodes(module, nodes, depth)

@@ -122,6 +122,7 @@ def _seed(profile: Profile) -> int:
 def _row(c: Candidate, chosen: Candidate) -> dict[str, Any]:
     row: dict[str, Any] = {
         "method": c.method,
+        "polish_moves": c.polished,
         "schedule": c.point.schedule,
         "n_microbatches": c.point.n_microbatches,
         "micro_batch_size": c.point.micro_batch_size,
@@ -155,7 +156,7 @@ def baseline_rows(search: Search, chosen: Candidate) -> list[dict[str, Any]]:
     """Per method other than the plan's: its best simulated candidate, and at the plan's point."""
     rows = []
     for method in ("dp", "ilp", "uniform", "params", "time"):
-        mine = [c for c in search.candidates if c.method == method]
+        mine = [c for c in search.candidates if c.method == method and not c.polished]
         if not mine or method == chosen.method:
             continue
         best = min(mine, key=lambda c: (not c.fits, c.iteration_ms if c.fits else c.peak_over_limit))
@@ -177,6 +178,7 @@ def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, sear
     record = {
         "method": settings.method,
         "source": chosen.method,
+        "polish_moves": chosen.polished,
         "optimal": chosen.optimal if chosen.method in ("dp", "ilp") else None,
         "objective": "min over cuts and recompute of max stage time per micro-batch (incl. recompute and sends), "
                      "then min total; per-stage memory with the schedule's in-flight count <= device limit; "

@@ -74,6 +74,8 @@ def stage_recompute(p: PartitionProblem, s: int, i: int, j: int,
     if p.recompute == "all":
         rec = tuple(range(i, j))
         return rec, stage_bytes(p, s, i, j, rec) <= budget
+    if not start and stage_bytes(p, s, i, j, ()) <= budget:
+        return (), True  # fits without recompute: nothing is cheaper
     mask = saving_layers(p)
     elig = [l for l in range(i, j) if mask[l]]
     first, least, _ = _family(p, s, i, j, elig)

@@ -21,13 +21,13 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cluster import Cluster, pipeline_orders
-from planner.cost import optimizer_factor
+from planner.cost import optimizer_factor, stage_cost
 from planner.errors import PplanError, ScheduleError
 from planner.partition.baselines import BASELINES, baseline_cuts
-from planner.partition.build import Layout, build_problem, stage_costs, stage_plans
+from planner.partition.build import Layout, build_problem, stage_plans
 from planner.partition.dp import solve_dp
-from planner.partition.problem import RECOMPUTE_MODES, PartitionProblem, evaluate
-from planner.partition.recompute import assign_recompute
+from planner.partition.problem import RECOMPUTE_MODES, PartitionProblem, stage_bytes, stage_time
+from planner.partition.recompute import stage_recompute
 from planner.plan import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate
@@ -38,6 +38,8 @@ __all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candid
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
 INTERLEAVED_V = 2  # stages per device for the interleaved schedule
+POLISH_TOP = 3  # candidates the simulator-driven polish starts from
+POLISH_ROUNDS = 4  # passes over all cuts (each move is one simulation)
 
 
 @dataclass(frozen=True)
@@ -103,9 +105,11 @@ class Candidate:
     stage_bytes: tuple[float, ...] = ()
     """Per-stage memory by the cost model with the schedule's in-flight count."""
     optimal: bool = True
-    """False when the solver stopped early (ILP time limit)."""
+    """False when the solver stopped early (ILP time limit); a polished candidate keeps its origin's flag."""
     note: str = ""
     """Why it is missing or does not fit."""
+    polished: int = 0
+    """Cut moves the simulator-driven polish made (0: the method's own cuts)."""
 
     @property
     def fits(self) -> bool:
@@ -139,7 +143,7 @@ class Search:
     """Everything the search evaluated."""
 
     candidates: tuple[Candidate, ...]
-    """Best candidate per (method, grid point) over device orders."""
+    """Best candidate per (method, grid point) over device orders, plus polished ones (best first)."""
     pool: tuple[str, ...]
     """Methods the plan may come from."""
     skipped: tuple[str, ...]
@@ -186,6 +190,17 @@ class _Evaluator:
     def __init__(self, profile: Profile, settings: PartitionSettings, calibration: Calibration | None):
         self.profile, self.settings, self.calibration = profile, settings, calibration
         self._costs: dict[int, LayerCosts] = {}
+        self._cuts: dict[tuple[str, int, bytes], tuple[int, ...]] = {}
+
+    def baseline(self, method: str, n_stages: int, b: int) -> tuple[int, ...]:
+        """A baseline's cuts (cached: parameter-balanced cuts do not depend on b)."""
+        costs = self.costs(b)
+        weights = np.asarray(costs.param_bytes if method == "params" else costs.fwd_ms + costs.bwd_ms, dtype=float)
+        key = (method, n_stages, weights.tobytes())
+        if key not in self._cuts:
+            self._cuts[key] = baseline_cuts(method, n_stages, np.asarray(costs.param_bytes, dtype=float),
+                                            np.asarray(costs.fwd_ms, dtype=float) + np.asarray(costs.bwd_ms, dtype=float))
+        return self._cuts[key]
 
     def costs(self, b: int) -> LayerCosts:
         if b not in self._costs:
@@ -200,15 +215,31 @@ class _Evaluator:
 
     def candidate(self, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
                   cuts: tuple[int, ...] | None, rec: tuple[tuple[int, ...], ...] | None,
-                  optimal: bool = True, note: str = "") -> Candidate:
+                  optimal: bool = True, note: str = "", memo: dict | None = None) -> Candidate:
+        """Recompute sets for `cuts` (refined from `rec`), then the simulator's verdict.
+
+        `memo` caches per-stage work for one problem: candidates of one grid point (and the
+        polish's trial moves) share most of their stages.
+        """
         if cuts is None:
             return Candidate(method, point, layout, None, None, optimal=optimal, note=note or "no stage cut fits the memory limits")
-        rec, model_fits = assign_recompute(problem, cuts, rec)
-        sol = evaluate(problem, cuts, rec, method)
+        memo = {} if memo is None else memo
         costs = self.costs(point.micro_batch_size)
+        per_stage = []
+        for s in range(len(cuts) - 1):
+            i, j = cuts[s], cuts[s + 1]
+            start = None if rec is None else rec[s]
+            key = (s, i, j, start)
+            got = memo.get(key)
+            if got is None:
+                r, _ = stage_recompute(problem, s, i, j, start)
+                got = memo[key] = (r, stage_time(problem, s, i, j, r), stage_bytes(problem, s, i, j, r),
+                                   stage_cost(costs, i, j, r, self.settings.optimizer, layout.devices[layout.device_of(s)].speed))
+            per_stage.append(got)
+        sets = tuple(x[0] for x in per_stage)
         sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)
         sim = simulate_costs(
-            sched, stage_costs(costs, layout, cuts, rec, self.settings.optimizer),
+            sched, [x[3] for x in per_stage],
             [layout.device_of(s) for s in range(layout.n_stages)], layout.devices, layout.links,
             micro_batch_size=point.micro_batch_size, optimizer=self.settings.optimizer,
             calibration=self.calibration, interpolated=costs.interpolated,
@@ -216,8 +247,8 @@ class _Evaluator:
         if not sim.fits:
             worst = int(np.argmax([pk / lim if lim else 0.0 for pk, lim in zip(sim.peak_memory_bytes, sim.memory_limit_bytes)]))
             note = note or f"device {layout.devices[worst].name} needs {sim.peak_memory_bytes[worst]:.4g} B > limit {sim.memory_limit_bytes[worst]}"
-        return Candidate(method, point, layout, stage_plans(layout, cuts, rec), sim, sol.stage_ms, sol.stage_bytes,
-                         optimal=optimal, note=note)
+        return Candidate(method, point, layout, stage_plans(layout, cuts, sets), sim,
+                         tuple(x[1] for x in per_stage), tuple(x[2] for x in per_stage), optimal=optimal, note=note)
 
 
 def _typical_bytes(profile: Profile, settings: PartitionSettings) -> float:
@@ -241,10 +272,10 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     pool = ("dp",) + BASELINES if settings.method == "auto" else (settings.method,)
     ev = _Evaluator(profile, settings, calibration)
     deadline = time.monotonic() + settings.time_limit
-    best: dict[tuple[str, GridPoint], Candidate] = {}
+    best: dict[tuple[str, GridPoint, bool], Candidate] = {}
 
     def keep(c: Candidate) -> None:
-        key = (c.method, c.point)
+        key = (c.method, c.point, c.polished > 0)
         if key not in best or rank_key(c) < rank_key(best[key]):
             best[key] = c
 
@@ -253,19 +284,57 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
             on_step(f"{point.schedule} M={point.n_microbatches}")
         for layout in layouts_for(devices, links, orders, point.virtual_stages):
             problem = ev.problem(point, layout)
+            memo: dict = {}
             for method in (solver,) + BASELINES:
-                keep(_solve(ev, method, point, layout, problem, deadline))
+                keep(_solve(ev, method, point, layout, problem, deadline, memo))
             if solver == "ilp":
-                keep(_solve(ev, "dp", point, layout, problem, deadline))
+                keep(_solve(ev, "dp", point, layout, problem, deadline, memo))
+    # Polish: the DP optimises a per-micro-batch proxy; the simulator is the real objective.
+    # Hill-climb the best few candidates of the pool by moving single cuts one layer.
+    # A named baseline method (--method uniform ...) keeps its own cuts untouched.
+    top = [c for c in sorted(best.values(), key=rank_key) if c.method in pool and c.fits][:POLISH_TOP]
+    if settings.method in BASELINES:
+        top = []
+    for cand in top:
+        polished = _polish(ev, cand)
+        if polished is not cand:
+            keep(polished)
     ordered = tuple(sorted(best.values(), key=rank_key))
     return Search(candidates=ordered, pool=pool, skipped=tuple(skipped), calibration=calibration)
 
 
+def _polish(ev: _Evaluator, cand: Candidate) -> Candidate:
+    """First-improvement hill climbing on the cuts, judged by the simulator (deterministic)."""
+    assert cand.stages is not None
+    point, layout = cand.point, cand.layout
+    problem = ev.problem(point, layout)
+    memo: dict = {}
+    cuts = [st.layers[0] for st in cand.stages] + [cand.stages[-1].layers[1]]
+    best, moves = cand, 0
+    for _ in range(POLISH_ROUNDS):
+        improved = False
+        for s in range(1, len(cuts) - 1):
+            for delta in (-1, 1):
+                trial = cuts.copy()
+                trial[s] += delta
+                if not trial[s - 1] < trial[s] < trial[s + 1]:
+                    continue
+                c = ev.candidate(cand.method, point, layout, problem, tuple(trial), None, optimal=False, memo=memo)
+                if c.fits and c.iteration_ms < best.iteration_ms * (1 - 1e-9):
+                    best, cuts, improved, moves = c, trial, True, moves + 1
+        if not improved:
+            break
+    if best is cand:
+        return cand
+    return Candidate(best.method, point, layout, best.stages, best.sim, best.stage_ms, best.stage_bytes,
+                     optimal=cand.optimal, note=best.note, polished=moves)
+
+
 def _solve(ev: _Evaluator, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
-           deadline: float) -> Candidate:
+           deadline: float, memo: dict) -> Candidate:
     if method == "dp":
         sol = solve_dp(problem)
-        return ev.candidate("dp", point, layout, problem, sol and sol.cuts, sol and sol.recompute)
+        return ev.candidate("dp", point, layout, problem, sol and sol.cuts, sol and sol.recompute, memo=memo)
     if method == "ilp":
         from planner.partition.ilp import solve_ilp
 
@@ -274,8 +343,6 @@ def _solve(ev: _Evaluator, method: str, point: GridPoint, layout: Layout, proble
             return ev.candidate("ilp", point, layout, problem, None, None, optimal=False, note="ILP time limit reached before this point")
         sol = solve_ilp(problem, time_limit=max(1.0, left))
         return ev.candidate("ilp", point, layout, problem, sol and sol.cuts, sol and sol.recompute,
-                            optimal=bool(sol and sol.optimal), note="" if sol else "ILP found no cut that fits")
-    costs = ev.costs(point.micro_batch_size)
-    cuts = baseline_cuts(method, layout.n_stages, np.asarray(costs.param_bytes, dtype=float),
-                         np.asarray(costs.fwd_ms, dtype=float) + np.asarray(costs.bwd_ms, dtype=float))
-    return ev.candidate(method, point, layout, problem, cuts, None, optimal=False)
+                            optimal=bool(sol and sol.optimal), note="" if sol else "ILP found no cut that fits", memo=memo)
+    cuts = ev.baseline(method, layout.n_stages, point.micro_batch_size)
+    return ev.candidate(method, point, layout, problem, cuts, None, optimal=False, memo=memo)

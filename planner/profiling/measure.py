@@ -5,7 +5,11 @@ Method (docs/profile-format.md repeats it for users):
   and marked requires_grad, as a pipeline stage receives it; the first layer's input is the
   data and needs no gradient). The last layer's forward includes the loss.
 - fwd_ms / bwd_ms are medians over `repeats` runs after `warmup` runs; on CUDA the device is
-  synchronised around each run. Backward runs on one retained graph with a fixed random
+  synchronised around each run. With the `sched` timer (default where Linux reports it) each
+  run's wall time has the time this thread spent runnable but waiting for a CPU subtracted
+  (the run-queue delay in /proc/thread-self/schedstat): what other processes cost the
+  measurement, not the layer. Exact with one torch thread; with several, only the calling
+  thread's waits are removed. Backward runs on one retained graph with a fixed random
   output gradient, parameter and input gradients cleared before each run.
 - bwd_input_ms is the median of autograd.grad with respect to the layer input alone (the
   zero-bubble I step); bwd_weight_ms = bwd_ms - bwd_input_ms, the rest of the work (W).
@@ -23,6 +27,7 @@ Method (docs/profile-format.md repeats it for users):
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from dataclasses import dataclass
@@ -33,7 +38,9 @@ import torch
 from planner.errors import ModelSpecError
 from planner.profiling.saved import SavedTensors, tensor_bytes
 
-__all__ = ["LayerMeasurement", "measure_layer", "optimizer_ms", "timed_ms"]
+__all__ = ["TIMERS", "LayerMeasurement", "RunQueueWait", "measure_layer", "optimizer_ms", "timed_ms"]
+
+TIMERS = ("sched", "wall")
 
 
 @dataclass(frozen=True)
@@ -70,24 +77,60 @@ def _sync_for(device: torch.device) -> Callable[[], None]:
     return lambda: None
 
 
+class RunQueueWait:
+    """Milliseconds the calling thread has spent runnable but not running (Linux schedstat).
+
+    `available` is False where the kernel does not report it; `ms()` then returns 0.
+    """
+
+    def __init__(self) -> None:
+        try:
+            self._fd: int | None = os.open("/proc/thread-self/schedstat", os.O_RDONLY)
+            self.ms()
+        except (OSError, ValueError, IndexError):
+            self.close()
+
+    @property
+    def available(self) -> bool:
+        return self._fd is not None
+
+    def ms(self) -> float:
+        if self._fd is None:
+            return 0.0
+        # fields: ns on the CPU, ns waiting on a run queue, time slices
+        return int(os.pread(self._fd, 128, 0).split()[1]) / 1e6
+
+    def close(self) -> None:
+        if getattr(self, "_fd", None) is not None:
+            os.close(self._fd)
+        self._fd = None
+
+
 def timed_ms(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable[[], None],
-             before: Callable[[], None] | None = None) -> list[float]:
-    """Wall times of `repeats` calls of fn after `warmup` calls, ms.
+             before: Callable[[], None] | None = None, timer: str = "sched") -> list[float]:
+    """Times of `repeats` calls of fn after `warmup` calls, ms (see module docstring for timers).
 
     fn's result is dropped only after the clock stops: freeing a graph is not the forward.
     """
+    waits = RunQueueWait() if timer == "sched" else None
     samples = []
-    for i in range(warmup + repeats):
-        if before is not None:
-            before()
-        sync()
-        t0 = time.perf_counter()
-        result = fn()
-        sync()
-        elapsed = (time.perf_counter() - t0) * 1e3
-        del result
-        if i >= warmup:
-            samples.append(elapsed)
+    try:
+        for i in range(warmup + repeats):
+            if before is not None:
+                before()
+            sync()
+            w0 = waits.ms() if waits else 0.0
+            t0 = time.perf_counter()
+            result = fn()
+            sync()
+            elapsed = (time.perf_counter() - t0) * 1e3
+            waited = (waits.ms() - w0) if waits else 0.0
+            del result
+            if i >= warmup:
+                samples.append(max(elapsed - waited, 0.0))
+    finally:
+        if waits:
+            waits.close()
     return samples
 
 
@@ -133,6 +176,7 @@ def measure_layer(
     grad_seed: int = 0,
     prev_saved: SavedTensors | None = None,
     name: str = "layer",
+    timer: str = "sched",
 ) -> tuple[LayerMeasurement, torch.Tensor, SavedTensors]:
     """Measure `layer` on `inp` (see module docstring).
 
@@ -154,7 +198,7 @@ def measure_layer(
     if not isinstance(y, torch.Tensor):
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tensor", "each pipeline layer must return one tensor")
     flops = _count_flops(forward)
-    fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync)
+    fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     bwd: list[float] = []
     bwd_input = 0.0
@@ -168,11 +212,11 @@ def measure_layer(
             for t in leaves:
                 t.grad = None
 
-        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, before=clear)
+        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, before=clear, timer=timer)
         clear()
         if inp.requires_grad and params:
             samples = timed_ms(lambda: torch.autograd.grad(out, [inp], grad, retain_graph=True, allow_unused=True),
-                               warmup=warmup, repeats=repeats, sync=sync)
+                               warmup=warmup, repeats=repeats, sync=sync, timer=timer)
             bwd_input = min(statistics.median(samples), statistics.median(bwd))
         elif inp.requires_grad:
             bwd_input = statistics.median(bwd)
@@ -204,7 +248,7 @@ def _cuda_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: t
     return max(int(peak), 0)
 
 
-def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int) -> float:
+def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int, timer: str = "sched") -> float:
     """Median time of one Adam step over copies of the layer's trainable parameters, ms."""
     params = [p for p in layer.parameters() if p.requires_grad]
     if not params:
@@ -214,5 +258,5 @@ def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int) -> float:
         c.grad = torch.full_like(c, 1e-3)
     opt = torch.optim.Adam(copies, lr=1e-3)
     # The first step allocates Adam's state: always warm up at least once.
-    samples = timed_ms(opt.step, warmup=max(warmup, 1), repeats=repeats, sync=_sync_for(copies[0].device))
+    samples = timed_ms(opt.step, warmup=max(warmup, 1), repeats=repeats, sync=_sync_for(copies[0].device), timer=timer)
     return statistics.median(samples)

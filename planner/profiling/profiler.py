@@ -19,7 +19,7 @@ import torch
 
 from planner.errors import ModelSpecError, PplanError
 from planner.models import build_model, parse_spec
-from planner.profiling.measure import measure_layer, optimizer_ms
+from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.saved import SavedTensors
 
@@ -117,12 +117,19 @@ def profile_model(
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float",
     vocab: int | None = None,
+    timer: str = "sched",
     command: str | None = None,
     on_step: Callable[[int, int, str], None] | None = None,
 ) -> Profile:
     """Measure every layer of `spec` at every size; `on_step(done, total, note)` after each."""
     sizes = sorted(micro_batch_sizes)
     _check_args(sizes, dtype, warmup, repeats, threads)
+    if timer not in TIMERS:
+        raise PplanError(f"timer {timer!r} is not one of {', '.join(TIMERS)}")
+    if timer == "sched":
+        probe = RunQueueWait()
+        timer = "sched" if probe.available else "wall"  # not every kernel reports run-queue waits
+        probe.close()
     dev, tdtype = resolve_device(device), DTYPES[dtype]
     bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
     old_threads = torch.get_num_threads()
@@ -146,7 +153,7 @@ def profile_model(
                 try:
                     m, h, saved = measure_layer(
                         layer, inp, loss_fn=bundle.loss_fn if last else None, target=target if last else None,
-                        warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name,
+                        warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
                     )
                 except PplanError:
                     raise
@@ -163,7 +170,7 @@ def profile_model(
                 prev.release()
             del h, inp, prev, x, target
             gc.collect()
-        opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats) for _, layer in named])
+        opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer) for _, layer in named])
         cols["optimizer_ms"] = np.repeat(opt[:, None], len(sizes), axis=1)
         param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
         cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], len(sizes), axis=1)
@@ -182,6 +189,7 @@ def profile_model(
             "input_bytes_per_sample": f"{input_bytes:g}",
             "warmup": str(warmup),
             "repeats": str(repeats),
+            "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
         }
         if parse_spec(spec)[0] == "factory" and input_shape is not None:
             meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))

@@ -5,7 +5,6 @@ Both need the plan and its profile, and the simulator (`planner.simulate`).
 
 from __future__ import annotations
 
-import importlib.util
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -74,10 +73,6 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
     return sorted(chosen)
 
 
-def _simulator_available() -> bool:
-    return importlib.util.find_spec("planner.simulate") is not None
-
-
 def _simulate_plan(plan: Any, profile: Any) -> tuple[dict[str, Any], list[TimelineRow]]:
     """Simulation JSON and timeline of `plan`, with the profile's calibration if it has one."""
     from planner.calibration import find_calibration
@@ -85,9 +80,7 @@ def _simulate_plan(plan: Any, profile: Any) -> tuple[dict[str, Any], list[Timeli
 
     calibration = find_calibration(profile.path)
     result = simulate(plan, profile, calibration=calibration)
-    data = result.to_dict()
-    data["calibrated"] = calibration is not None
-    return data, [TimelineRow(*row) for row in result.timeline]
+    return result.to_dict(), [TimelineRow(*row) for row in result.timeline]
 
 
 def _sweep(plan: Any, profile: Any, sizes: list[int]) -> list[SweepPoint]:
@@ -113,16 +106,24 @@ def _sweep(plan: Any, profile: Any, sizes: list[int]) -> list[SweepPoint]:
 
 
 def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -> Derived:
-    """Simulate the plan if no simulation was given, and sweep micro-batch counts and schedules."""
+    """Simulate the plan if no simulation was given, and sweep micro-batch counts and schedules.
+
+    A plan the simulator rejects (another model's profile, sizes a schedule cannot run) is
+    not fatal: the figures that need the simulation are skipped and the index says why.
+    """
     if inputs.plan is None or inputs.profile is None:
         return Derived(sweep_skipped="needs a plan and its profile (--plan and --profile) to simulate the sweep")
-    if not _simulator_available():
-        return Derived(sweep_skipped="the simulator (planner.simulate) is not installed")
+    from planner.calibration import find_calibration
+
     notes: list[str] = []
     completed = inputs
     if inputs.sim is None or inputs.timeline is None:
         say("simulating the plan")
-        sim, timeline = _simulate_plan(inputs.plan, inputs.profile)
+        try:
+            sim, timeline = _simulate_plan(inputs.plan, inputs.profile)
+        except PplanError as e:
+            reason = f"the plan could not be simulated with this profile: {e.one_line()}"
+            return Derived(sweep_skipped=reason, notes=(reason,))
         changes: dict[str, Any] = {}
         if inputs.sim is None:
             changes["sim"] = sim
@@ -131,8 +132,9 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
             changes["timeline"] = tuple(timeline)
             notes.append("The simulated timeline was computed here from the plan and the profile.")
         completed = replace(inputs, **changes)
-        if sim.get("calibrated"):
-            notes.append("The simulation applies the calibration found beside the profile.")
+    if find_calibration(inputs.profile.path) is not None:
+        notes.append("What is simulated here (the sweep, and the simulation when no --sim was given) applies the "
+                     "calibration found beside the profile.")
     say("sweeping micro-batch counts and schedules")
     try:
         points = _sweep(inputs.plan, inputs.profile, sweep_sizes(inputs.plan.global_batch, inputs.plan.n_devices))
@@ -140,4 +142,3 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
         return Derived(inputs=completed, sweep_skipped=f"the sweep failed: {e.one_line()}", notes=tuple(notes))
     return Derived(inputs=completed, sweep=tuple(points), notes=tuple(notes),
                    sweep_skipped=None if points else "no schedule could run the plan at any micro-batch count")
-

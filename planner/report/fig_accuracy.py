@@ -16,6 +16,7 @@ __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines"]
 KEY = "6_predicted_vs_measured"
 TITLE = "Predicted against measured"
 _CALIBRATED_COLOR = "#55A868"
+_LABEL_BOX = {"facecolor": "white", "alpha": 0.85, "lw": 0, "pad": 1}
 _EXTRA_COLORS = ("#8172B3", "#937860", "#DA8BC3")
 
 
@@ -27,14 +28,19 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
     """(label, iteration ms, color) of each distinct prediction to compare the steps with."""
     lines: list[tuple[str, float, str]] = []
-    run_pred = inputs.run.get("iteration_ms_predicted") if inputs.run else None
-    if isinstance(run_pred, (int, float)) and run_pred > 0:
-        lines.append(("predicted by the plan", float(run_pred), PREDICTED_COLOR))
+    run = inputs.run or {}
+    run_pred = run.get("iteration_ms_predicted")
     sim_pred = inputs.sim.get("iteration_ms") if inputs.sim else None
-    if isinstance(sim_pred, (int, float)) and sim_pred > 0:
-        # The same number twice would be two labels for one line.
-        if not lines or abs(sim_pred - lines[0][1]) > 1e-3 * max(sim_pred, 1e-9):
-            lines.append((f"{inputs.sim_label}", float(sim_pred), _CALIBRATED_COLOR if lines else PREDICTED_COLOR))
+    same = (isinstance(run_pred, (int, float)) and isinstance(sim_pred, (int, float))
+            and abs(sim_pred - run_pred) <= 1e-3 * max(sim_pred, 1e-9))
+    if isinstance(run_pred, (int, float)) and run_pred > 0:
+        # One number from two files is one line, named after the simulation when it was named.
+        label = inputs.sim_label if same and inputs.sim_label != "simulation" else "predicted at run time"
+        if run.get("calibration") and "calibrat" not in label:
+            label += " (calibrated)"
+        lines.append((label, float(run_pred), PREDICTED_COLOR))
+    if isinstance(sim_pred, (int, float)) and sim_pred > 0 and not same:
+        lines.append((inputs.sim_label, float(sim_pred), _CALIBRATED_COLOR if lines else PREDICTED_COLOR))
     for i, (label, value) in enumerate(inputs.extra_predictions):
         lines.append((label, float(value), _EXTRA_COLORS[i % len(_EXTRA_COLORS)]))
     return lines
@@ -54,8 +60,8 @@ def _rank_rows(inputs: ReportInputs) -> list[dict]:
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
-    fig = new_figure(13.0, 4.4)
-    ax_busy, ax_mem, ax_step = fig.subplots(1, 3, width_ratios=[1, 1, 1.7])
+    fig = new_figure(14.0, 4.6)
+    ax_busy, ax_mem, ax_step = fig.subplots(1, 3, width_ratios=[1, 1.4, 1.6])
     ranks = _rank_rows(inputs)
     sim_devices = {d.get("device"): d for d in (inputs.sim or {}).get("devices", []) or []}
     w = 0.38
@@ -93,7 +99,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax_mem.set_xticks(x, labels)
         ax_mem.set_ylabel(f"peak memory ({unit})")
         ax_mem.set_title("Peak memory per device")
-        ax_mem.set_ylim(0, top / div * 1.25)
+        ax_mem.set_ylim(0, top / div * (1.6 if _has_breakdowns(ranks) else 1.25))  # room for the legend
     else:
         for ax in (ax_busy, ax_mem):
             ax.text(0.5, 0.5, "run JSON has no per-rank data", ha="center", va="center", transform=ax.transAxes)
@@ -101,7 +107,15 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax.grid(axis="x", visible=False)
         lo, hi = ax.get_ylim()
         ax.set_ylim(0, hi * 1.1)
-        ax.legend(loc="upper center", ncols=3, fontsize=8)
+    ax_busy.legend(loc="upper center", ncols=3, fontsize=8)
+    handles, labels = ax_mem.get_legend_handles_labels()
+    if ranks and _has_breakdowns(ranks):
+        from matplotlib.patches import Patch
+
+        handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///"))
+        labels.append("measured (hatched)")
+    if handles:
+        ax_mem.legend(handles, labels, loc="upper center", ncols=3, fontsize=8)
 
     _draw_steps(ax_step, inputs)
     return fig
@@ -126,8 +140,7 @@ def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: flo
             for i, (p, m) in enumerate(zip(pred_tot, bottom)):
                 if p > 0:
                     ax.annotate(f"{(p - m) / m:+.0%}" if m > 0 else "", (x[i] + w / 2, m), ha="center", va="bottom",
-                                fontsize=8, xytext=(0, 2), textcoords="offset points")
-    ax.bar([], [], color="white", edgecolor="#555555", hatch="///", label="measured (hatched)")
+                                fontsize=8, xytext=(0, 2), textcoords="offset points", bbox=_LABEL_BOX)
     ax.set_xlabel("left bar predicted, right bar measured")
 
 
@@ -138,7 +151,8 @@ def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w
         if np.isfinite(p) and np.isfinite(m) and m > 0:
             # Labelled like the run JSON's error_pct: (predicted - measured) / measured.
             ax.annotate(f"{(p - m) / m:+.0%}", (bm.get_x() + bm.get_width() / 2, bm.get_height()),
-                        ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points")
+                        ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points",
+                        bbox=_LABEL_BOX)
 
 
 def _draw_steps(ax: Any, inputs: ReportInputs) -> None:

@@ -64,7 +64,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     div, unit = bytes_axis(top)
 
     x = np.arange(len(devices))
-    labels = [f"{d.get('name') or 'dev'} (dev {d.get('device', i)})" for i, d in enumerate(devices)]
+    labels = [_label(d, i) for i, d in enumerate(devices)]
     bottom = np.zeros(len(devices))
     for part in MEMORY_PARTS:
         values = np.array([float((d.get("memory") or {}).get(part, 0)) for d in devices]) / div
@@ -86,17 +86,27 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     for i, peak in enumerate(peaks):
         lim = limits[i]
         note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
-        ax_bar.text(i, bottom[i], note, ha="center", va="bottom", fontsize=8.5)
+        # Above whatever is highest here (bar, limit line, measured marker) so nothing overlaps.
+        top_here = max([bottom[i]] + ([float(lim) / div] if lim else [])
+                       + ([measured[devices[i].get("device", i)] / div] if devices[i].get("device", i) in measured else []))
+        ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=8.5, xytext=(0, 4),
+                        textcoords="offset points")
     ax_bar.set_xticks(x, labels)
     ax_bar.set_ylabel(f"peak memory ({unit})")
     ax_bar.set_title("Predicted peak memory by kind")
-    ax_bar.set_ylim(0, top / div * 1.3)
+    ax_bar.set_ylim(0, top / div * 1.45)
     ax_bar.grid(axis="x", visible=False)
     ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
 
     if ax_t is not None:
         _draw_timeline(ax_t, inputs, devices, limits, div, unit)
     return fig
+
+
+def _label(d: dict, i: int) -> str:
+    dev = d.get("device", i)
+    name = d.get("name")
+    return f"dev {dev}" if not name or name == f"dev{dev}" else f"{name} (dev {dev})"
 
 
 def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[dict], limits: list, div: float, unit: str) -> None:
@@ -109,7 +119,7 @@ def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[dict], limits: l
         t = [float(p[0]) for p in pts] + [max(t_end, float(pts[-1][0]))]
         y = [float(p[1]) / div for p in pts] + [float(pts[-1][1]) / div]
         color = device_color(int(d.get("device", i)))
-        ax.step(t, y, where="post", color=color, lw=1.6, label=f"{d.get('name') or 'dev'} (dev {d.get('device', i)})")
+        ax.step(t, y, where="post", color=color, lw=1.6, label=_label(d, i))
     distinct = sorted({float(v) for v in limits if v})
     for j, lim in enumerate(distinct):
         # One line per distinct limit: equal limits would hide each other.

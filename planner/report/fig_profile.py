@@ -22,22 +22,31 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 
 
 def _micro_batch_size(inputs: ReportInputs) -> int:
-    if inputs.plan is not None:
+    if _plan_matches(inputs):
         return inputs.plan.micro_batch_size
     return inputs.profile.micro_batch_sizes[0]
+
+
+def _plan_matches(inputs: ReportInputs) -> bool:
+    plan = inputs.plan
+    return plan is not None and plan.stages[-1].layers[1] == inputs.profile.n_layers
 
 
 def caption(inputs: ReportInputs) -> str:
     b = _micro_batch_size(inputs)
     text = (f"Forward and backward time (top) and parameter and activation bytes (bottom) of each layer "
             f"at micro-batch size {b}.")
-    if inputs.plan is not None:
+    if _plan_matches(inputs):
         text += " Shaded bands are the plan's stages; hatched activation bars are recomputed layers."
+    elif inputs.plan is not None:
+        text += (f" The plan's stages are not drawn: it covers {inputs.plan.stages[-1].layers[1]} layers, "
+                 f"the profile has {inputs.profile.n_layers}.")
     return text
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
-    profile, plan = inputs.profile, inputs.plan
+    profile = inputs.profile
+    plan = inputs.plan if _plan_matches(inputs) else None
     b = _micro_batch_size(inputs)
     costs = profile.at(b)
     n = profile.n_layers

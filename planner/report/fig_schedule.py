@@ -30,7 +30,14 @@ def caption(inputs: ReportInputs) -> str:
     text = ("Each row is a device; boxes are forward (F), backward (B, or I and W when split), recompute (R) "
             "and optimizer (O) work, numbered by micro-batch; thin grey bars are transfers the device sends; "
             "the hatched band is idle time (the bubble). ")
-    return text + "Shown: " + " and ".join(parts) + ", on one time axis."
+    text += "Shown: " + " and ".join(parts) + ", on one time axis."
+    sim_ms = (inputs.sim or {}).get("iteration_ms")
+    if inputs.timeline and isinstance(sim_ms, (int, float)):
+        drawn = max(r.end_ms for r in inputs.timeline) - min(r.start_ms for r in inputs.timeline)
+        if sim_ms > drawn * 1.005:
+            text += (f" The simulated iteration time, {sim_ms:.1f} ms, also includes {sim_ms - drawn:.1f} ms per step "
+                     "that the calibration attributes to no action (step overhead), not drawn here.")
+    return text
 
 
 def one_iteration(rows: Sequence[TimelineRow]) -> list[TimelineRow]:

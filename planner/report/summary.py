@@ -102,8 +102,11 @@ def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None) -> 
         parts = []
         if ours and b.get("iteration_ms"):
             ratio = b["iteration_ms"] / ours
-            parts.append(f"plan is {ratio:.2f}x {'faster' if ratio >= 1 else 'slower'} "
-                         f"({format_ms(ours)} vs {format_ms(b['iteration_ms'])} predicted)")
+            if abs(ratio - 1) < 0.005:
+                parts.append(f"as fast as the plan ({format_ms(b['iteration_ms'])} predicted)")
+            else:
+                parts.append(f"plan is {ratio if ratio >= 1 else 1 / ratio:.2f}x {'faster' if ratio >= 1 else 'slower'} "
+                             f"({format_ms(ours)} vs {format_ms(b['iteration_ms'])} predicted)")
         if not b.get("feasible", True):
             need = b.get("peak_memory_bytes")
             parts.append("does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else ""))

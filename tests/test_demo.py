@@ -1,0 +1,74 @@
+"""`pplan demo`: the memory limit it chooses, the comparison plan, and one quick end-to-end run."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.demo import QUICK, DemoSettings, _uniform_plan, choose_memory_limit
+from planner.errors import InfeasibleError
+from planner.partition.api import partition
+from planner.partition.search import PartitionSettings
+from planner.plan import load_plan
+from planner.profiling.profile import load_profile
+
+DATA = Path(__file__).parent / "data" / "report"
+SETTINGS = DemoSettings(model="gpt:layers=6", micro_batch_sizes=(1, 2, 4), global_batch=8, n_microbatches=4,
+                        n_devices=2, steps=1, warmup=0, profile_repeats=1, profile_warmup=0)
+
+
+def _settings(limit: int, method: str) -> PartitionSettings:
+    return PartitionSettings(n_devices=2, memory_bytes=limit, global_batch=8, microbatches=4, method=method)
+
+
+def test_limit_rules_out_the_uniform_split_but_not_pplan():
+    profile = load_profile(DATA / "profile.csv")
+    choice = choose_memory_limit(profile, SETTINGS)
+    assert choice.pplan_floor_bytes < choice.limit_bytes < choice.uniform_floor_bytes
+    with pytest.raises(InfeasibleError):
+        partition(profile, _settings(choice.limit_bytes, "uniform"))
+    plan = partition(profile, _settings(choice.limit_bytes, "auto")).plan
+    assert max(d["peak_memory_bytes"] for d in plan.predicted["devices"]) <= choice.limit_bytes
+    # The floors are tight: a little more memory and the uniform split fits.
+    partition(profile, _settings(int(choice.uniform_floor_bytes * 1.01), "uniform"))
+
+
+def test_uniform_comparison_plan_keeps_schedule_and_drops_limit_and_recompute():
+    plan = load_plan(DATA / "plan.json")
+    uniform = _uniform_plan(plan)
+    assert [st.layers for st in uniform.stages] == [(0, 4), (4, 8)]
+    assert all(not st.recompute for st in uniform.stages)
+    assert all(d.memory_bytes is None for d in uniform.devices)
+    assert (uniform.schedule, uniform.n_microbatches, uniform.micro_batch_size) == \
+        (plan.schedule, plan.n_microbatches, plan.micro_batch_size)
+
+
+@pytest.mark.slow
+def test_quick_demo_end_to_end(tmp_path):
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "-m", "cli.app", "demo", "--quick", "--out-dir", str(out), "--json"],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout)
+    # progress on stderr, every stage announced
+    for n in range(1, 9):
+        assert re.search(rf"\] {n}/8 ", proc.stderr), n
+    assert result["pplan_floor_bytes"] < result["limit_bytes"] < result["uniform_floor_bytes"]
+    assert result["peak_predicted_bytes"] <= result["limit_bytes"]
+    for key in ("first_measured_ms", "measured_ms", "uniform_measured_ms", "predicted_ms", "first_predicted_ms"):
+        assert result[key] > 0, key
+    names = {row["quantity"] for row in result["summary"]}
+    assert {"memory limit per device", "speedup over the uniform split", "step time before calibration",
+            "step time after calibration"} <= names
+    for name in ("profile.csv", "profile.calibration.json", "plan.json", "plan_first.json", "sim.json",
+                 "timeline.csv", "run.json", "run_first.json", "run_uniform.json", "measured_timeline.csv"):
+        assert (out / "data" / name).is_file(), name
+    md = (out / "report.md").read_text()
+    assert "Skipped" not in md, md
+    assert len(list((out / "figures").glob("*.png"))) == 6
+    assert QUICK.model in md

@@ -1,0 +1,126 @@
+"""Calibration fitting and the run JSON assembly, on hand-made measurements (no processes)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from planner.calibration import Calibration
+from planner.execute.calibrate import fit_calibration, fit_compute
+from planner.execute.commbench import fit_line
+from planner.execute.results import assemble_run, error_pct, measured_timeline, transfer_gaps
+from planner.plan import Device, Plan, StagePlan
+from planner.profiling.profile import make_profile
+from planner.simulate import plan_stage_costs, simulate
+
+
+def _profile():
+    L = 4
+    cols = {
+        "fwd_ms": np.array([[2.0], [3.0], [1.0], [4.0]]),
+        "bwd_ms": np.array([[4.0], [6.0], [2.0], [8.0]]),
+        "param_bytes": np.full((L, 1), 1000.0),
+        "activation_bytes": np.full((L, 1), 500.0),
+        "output_bytes": np.full((L, 1), 40_000.0),
+    }
+    return make_profile([f"l{i}" for i in range(L)], [2], cols)
+
+
+def _plan(schedule="1f1b") -> Plan:
+    return Plan(schedule=schedule, micro_batch_size=2, n_microbatches=4,
+                stages=(StagePlan(0, (0, 1)), StagePlan(1, (1, 3)), StagePlan(2, (3, 4))),
+                devices=(Device("a"), Device("b"), Device("c")), model="mlp:layers=4")
+
+
+def test_fit_line_recovers_latency_and_bandwidth():
+    points = [(b, 0.05 + b / 2e9 * 1e3) for b in (256.0, 65536.0, 1048576.0)]
+    lat, bw = fit_line(points)
+    assert lat == pytest.approx(0.05, rel=1e-6)
+    assert bw == pytest.approx(2e9, rel=1e-6)
+
+
+def test_fit_compute_recovers_scale_and_overhead_and_falls_back_through_the_origin():
+    pts = [(p, 1.5 * p + 0.3, "") for p in (1.0, 2.0, 5.0, 8.0)]
+    assert fit_compute(pts) == pytest.approx((1.5, 0.3))
+    # measured below a line with positive slope through the points: a negative overhead is
+    # unphysical, so the fit goes through the origin instead
+    scale, overhead = fit_compute([(1.0, 0.5, ""), (2.0, 1.9, ""), (4.0, 4.1, "")])
+    assert overhead == 0.0 and 0.9 < scale < 1.1
+
+
+def test_fit_calibration_recovers_what_produced_the_measurements():
+    prof, plan = _profile(), _plan()
+    truth = Calibration(compute_scale=1.3, action_overhead_ms=0.4, comm_latency_ms=0.2,
+                        comm_bandwidth_bytes_per_s=1e9, step_overhead_ms=0.0)
+    stages, _ = plan_stage_costs(plan, prof)
+    measured = simulate(plan, prof, calibration=truth, record_timeline=False).iteration_ms + 3.0
+    ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": truth.apply_compute(st.fwd_ms),
+                                                      f"{s}B": truth.apply_compute(st.bwd_ms)}}
+             for s, st in enumerate(stages)]
+    run = {"iteration_ms_measured": measured, "ranks": ranks,
+           "comm": [{"latency_ms": 0.01, "bandwidth_bytes_per_s": 1e9}],
+           "transfer_gaps": [[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5}
+    cal, report = fit_calibration(run, plan, prof)
+    assert cal.compute_scale == pytest.approx(1.3)
+    assert cal.action_overhead_ms == pytest.approx(0.4)
+    assert cal.comm_latency_ms == pytest.approx(0.2)  # the in-pipeline gaps, not the ping-pong
+    assert cal.comm_bandwidth_bytes_per_s == pytest.approx(1e9)
+    assert cal.step_overhead_ms == pytest.approx(3.0)
+    assert report["error_pct_after"] == pytest.approx(0.0, abs=1e-9)
+    assert report["error_pct_before"] < -10  # the identity calibration was far too optimistic
+    assert cal.fitted_from["schedule"] == "1f1b"
+
+
+def test_split_backward_is_fitted_as_one_point():
+    prof, plan = _profile(), _plan("zb")
+    stages, _ = plan_stage_costs(plan, prof)
+    # torch runs stage 0's whole backward in its W (its I has no input gradient to compute)
+    ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": 2 * st.fwd_ms,
+              f"{s}I": 0.0 if s == 0 else 2 * st.bwd_input_ms,
+              f"{s}W": 2 * st.bwd_ms if s == 0 else 2 * st.bwd_weight_ms}} for s, st in enumerate(stages)]
+    run = {"iteration_ms_measured": 100.0, "ranks": ranks}
+    cal, _ = fit_calibration(run, plan, prof)
+    assert cal.compute_scale == pytest.approx(2.0)
+    assert cal.action_overhead_ms == pytest.approx(0.0, abs=1e-9)
+
+
+def _record(rank: int, device: int, events, t0: float, host: str = "h", losses=None, step_ms=(9.0, 5.0, 7.0, 6.0)):
+    return {"rank": rank, "device": device, "host": host, "pid": 1, "stages": [rank], "runtime": "Schedule1F1B",
+            "first_step": 0, "step_ms": list(step_ms), "measured_steps": [1, 2, 3], "chosen_step": 3,
+            "chosen_t0": t0, "events": events, "action_ms": {}, "losses": losses or {},
+            "memory": {"peak_bytes": 100, "measure": "tracked", "breakdown": {"total": 100}},
+            "comm": [], "boundary_bytes": {str(rank): [8, 8]}, "threads": 1}
+
+
+def test_timeline_shares_one_clock_on_one_machine_and_gaps_are_measured():
+    r0 = _record(0, 0, [[0, "F", 0, 0.0, 1.0], [0, "B", 0, 4.0, 6.0], [0, "O", -1, 6.0, 6.5]], t0=10.0)
+    r1 = _record(1, 1, [[1, "F", 0, 0.5, 2.0], [1, "B", 0, 2.0, 3.5], [1, "O", -1, 3.5, 4.0]], t0=10.0005)
+    rows = measured_timeline([r0, r1])
+    f1 = next(r for r in rows if r.device == 1 and r.kind == "F")
+    assert f1.start_ms == pytest.approx(1.0)  # 0.5 ms after its own start, which was 0.5 ms later
+    assert next(r for r in rows if r.kind == "O" and r.device == 0).stage == -1
+    gaps = transfer_gaps(rows, 2, {"0": [0, 8], "1": [8, 0]})
+    # F(0,0) ends at 1.0, F(1,0) starts at 1.0 -> 0; B(1,0) ends at 4.0, B(0,0) starts at 4.0 -> 0
+    assert sorted(g for _, g in gaps) == pytest.approx([0.0, 0.0])
+    # on two machines the clocks cannot be compared: each rank keeps its own origin
+    far = measured_timeline([r0, dict(r1, host="other")])
+    assert next(r for r in far if r.device == 1 and r.kind == "F").start_ms == pytest.approx(0.5)
+
+
+def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
+    recs = [_record(1, 1, [], 0.0, losses={"0": 2.0, "1": 1.5, "2": 1.2, "3": 1.0}),
+            _record(0, 0, [[0, "F", 0, 0.0, 1.0], [0, "O", -1, 1.0, 1.5]], 0.0)]
+    pred = {"iteration_ms": 5.0, "devices": [{"device": 0, "busy_ms": 1.0, "peak_memory_bytes": 90, "memory": {}},
+                                             {"device": 1, "busy_ms": 1.0, "peak_memory_bytes": 110, "memory": {}}]}
+    run = assemble_run(recs, _plan(), plan_path="p.json", device_type="cpu", steps=4, warmup=1,
+                       prediction=pred, prediction_source="test", calibration=None)
+    assert run["iteration_ms_measured"] == 6.0  # median of 5, 7, 6 (step 0 is warm-up)
+    assert run["error_pct"] == pytest.approx(100 * (5 - 6) / 6)
+    assert run["losses"] == [2.0, 1.5, 1.2, 1.0]
+    assert [r["rank"] for r in run["ranks"]] == [0, 1]
+    assert run["ranks"][0]["busy_ms"] == pytest.approx(1.5)
+    assert run["ranks"][1]["peak_memory_bytes_predicted"] == 110
+    assert error_pct(None, 3.0) is None and math.isclose(error_pct(3.3, 3.0), 10.0)
+

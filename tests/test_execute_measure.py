@@ -1,0 +1,98 @@
+"""Executor measurement in one process: saved-activation tracking, action timing, recompute."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from planner.execute.measure import ActionRecorder, MemoryTracker, recorder, set_tracker
+from planner.execute.stages import Checkpointed
+
+
+def _mlp() -> nn.Sequential:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+
+
+def test_tracker_counts_saved_activations_once_and_frees_them_after_backward():
+    model = _mlp()
+    x = torch.randn(16, 32)
+    tk = MemoryTracker(exclude=list(model.parameters()) + [x])
+    with tk:
+        out = model(x)
+    # Linear(32,64) saves x (excluded), Tanh saves its output (16x64 floats), Linear(64,8) saves
+    # its input = the same tanh output: one storage, counted once.
+    assert tk.live == 16 * 64 * 4
+    assert tk.peak == tk.live
+    out.sum().backward()
+    del out
+    assert tk.live == 0
+    assert tk.peak == 16 * 64 * 4
+
+
+def test_tracker_ignores_parameters():
+    lin = nn.Linear(8, 8)
+    x = torch.randn(4, 8, requires_grad=True)
+    tk = MemoryTracker(exclude=list(lin.parameters()))
+    with tk:
+        y = lin(x)
+    assert tk.live == 4 * 8 * 4  # x only, not the weight the matmul also saves
+    y.sum().backward()
+
+
+def test_checkpointed_layer_keeps_only_its_input_and_reports_a_transient():
+    torch.manual_seed(0)
+    inner = nn.Sequential(nn.Linear(32, 128), nn.Tanh(), nn.Linear(128, 32))
+    layer = Checkpointed(inner)
+    x = torch.randn(8, 32, requires_grad=True)
+    tk = MemoryTracker(exclude=list(layer.parameters()))
+    set_tracker(tk)
+    try:
+        with tk:
+            y = layer(x)
+        kept = tk.live
+        assert kept == 8 * 32 * 4  # the checkpoint's input, nothing inside the layer
+        transient = tk.transient_bytes[id(layer)]
+        assert transient >= 8 * 128 * 4  # un-checkpointed the layer saves at least the tanh output
+        rec = recorder()
+        rec.clear()
+        rec.record(0, "B", 0, lambda: y.sum().backward())
+    finally:
+        set_tracker(None)
+    kinds = [e.kind for e in rec.events]
+    assert kinds == ["R", "B"]  # the recompute ran inside the backward and got its own row
+    r, b = rec.events
+    assert r.start <= r.end == b.start <= b.end
+    assert tk.peak >= kept + transient
+    assert tk.transient == 0  # reset when the backward ended
+
+
+def test_checkpointed_gradients_equal_plain_layer():
+    torch.manual_seed(0)
+    plain = nn.Sequential(nn.Linear(16, 16), nn.GELU())
+    wrapped = Checkpointed(plain)
+    x = torch.randn(4, 16)
+    plain(x).pow(2).sum().backward()
+    g1 = [p.grad.clone() for p in plain.parameters()]
+    for p in plain.parameters():
+        p.grad = None
+    wrapped(x).pow(2).sum().backward()
+    for a, p in zip(g1, plain.parameters()):
+        assert torch.equal(a, p.grad)
+
+
+def test_recorder_keeps_actions_in_execution_order_and_extends_forward_by_the_loss():
+    rec = ActionRecorder()
+    rec.record(1, "F", 0, lambda: time.sleep(0.002))
+    rec.extend_forward(1, 0, lambda: time.sleep(0.002))
+    rec.record(1, "I", 0, lambda: None)
+    rec.record(1, "W", 0, lambda: None)
+    assert [(e.stage, e.kind, e.microbatch) for e in rec.events] == [(1, "F", 0), (1, "I", 0), (1, "W", 0)]
+    f = rec.events[0]
+    assert f.end - f.start >= 0.004
+    with pytest.raises(ValueError):
+        rec.record(1, "B", 1, lambda: (_ for _ in ()).throw(ValueError("boom")))
+    assert rec.events[-1].kind == "B"  # a failed action is still timed

@@ -1,0 +1,103 @@
+"""What `pplan run` refuses before starting any process (exit code 2, one line)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from planner.errors import PlanError, PplanError, ScheduleError
+from planner.execute import RunOptions
+from planner.execute.checkpoint import finish_save, prepare_save, save_rank_file
+from planner.execute.preflight import cpu_rank_cap, preflight
+from planner.execute.run import run_plan
+from planner.plan import load_plan
+
+from test_run_support import pplan, write_plan, write_synthetic_profile
+
+CPU = RunOptions(device="cpu", steps=4)
+
+
+def test_a_plan_with_another_layer_count_than_its_model_is_refused(tmp_path):
+    plan = load_plan(write_plan(tmp_path / "p.json", "mlp:layers=5", "1f1b", 2, [(0, 2), (2, 4)]))
+    with pytest.raises(PlanError, match="cover 4 layers but model 'mlp:layers=5' has 5"):
+        preflight(plan, CPU)
+
+
+def test_a_changed_profile_is_refused_unless_forced(tmp_path):
+    prof = tmp_path / "syn.csv"
+    spec = write_synthetic_profile(prof, 4, 2)
+    plan = load_plan(write_plan(tmp_path / "p.json", spec, "1f1b", 2, [(0, 2), (2, 4)], profile=prof))
+    assert preflight(plan, CPU).profile.n_layers == 4
+    prof.write_text(prof.read_text().replace(",10.0,", ",11.0,"))
+    with pytest.raises(PlanError, match="changed since the plan was made"):
+        preflight(plan, CPU)
+    assert preflight(plan, CPU, force=True).profile is not None
+
+
+def test_a_profile_of_another_model_is_refused(tmp_path):
+    prof = tmp_path / "syn.csv"
+    write_synthetic_profile(prof, 6, 2)
+    plan = load_plan(write_plan(tmp_path / "p.json", "synthetic:layers=4", "1f1b", 2, [(0, 2), (2, 4)]))
+    with pytest.raises(PlanError, match="has 6 layers"):
+        preflight(plan, CPU, profile_override=str(prof))
+
+
+def test_too_many_cpu_ranks_are_refused_unless_forced(tmp_path):
+    n = cpu_rank_cap() + 1
+    plan = load_plan(write_plan(tmp_path / "p.json", f"synthetic:layers={n}", "gpipe", n, [(i, i + 1) for i in range(n)]))
+    with pytest.raises(PplanError, match=f"asks for {n} CPU ranks"):
+        preflight(plan, CPU)
+    assert preflight(plan, CPU, force=True).device_type == "cpu"
+
+
+def test_cuda_without_a_gpu_is_refused(tmp_path):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    plan = load_plan(write_plan(tmp_path / "p.json", "mlp:layers=4", "1f1b", 2, [(0, 2), (2, 4)]))
+    with pytest.raises(PplanError, match="no usable CUDA device"):
+        preflight(plan, RunOptions(device="cuda"))
+    assert preflight(plan, RunOptions(device="auto")).device_type == "cpu"
+
+
+def test_sizes_torch_cannot_run_are_refused(tmp_path):
+    plan = load_plan(write_plan(tmp_path / "p.json", "mlp:layers=4", "1f1b", 2, [(0, 2), (2, 4)], n_microbatches=1))
+    with pytest.raises(ScheduleError, match="at least as many micro-batches as ranks"):
+        preflight(plan, CPU)
+
+
+def test_a_checkpoint_already_at_the_step_count_is_refused(tmp_path):
+    plan = load_plan(write_plan(tmp_path / "p.json", "mlp:layers=4", "1f1b", 2, [(0, 2), (2, 4)]))
+    prepare_save(tmp_path / "ck", 4)
+    for r in range(2):
+        save_rank_file(tmp_path / "ck", 4, r, {})
+    finish_save(tmp_path / "ck", 4, plan, 2)
+    with pytest.raises(PplanError, match="already at step 4 >= --steps 4"):
+        preflight(plan, RunOptions(device="cpu", steps=4, checkpoint_dir=str(tmp_path / "ck")))
+    assert preflight(plan, RunOptions(device="cpu", steps=6, checkpoint_dir=str(tmp_path / "ck"))).resume_step == 4
+
+
+def test_calibrate_without_a_profile_is_refused_before_launch(tmp_path):
+    plan = load_plan(write_plan(tmp_path / "p.json", "mlp:layers=4", "1f1b", 2, [(0, 2), (2, 4)]))
+    with pytest.raises(PplanError, match="--calibrate needs the plan's profile"):
+        run_plan(plan, RunOptions(device="cpu", calibrate=True))
+
+
+@pytest.mark.parametrize("bad", [{"steps": 0}, {"warmup": -1}, {"lr": 0.0}, {"device": "tpu"},
+                                 {"checkpoint_every": 2}, {"timeout_s": 0}])
+def test_run_options_are_validated(bad):
+    with pytest.raises(PplanError):
+        RunOptions(**bad)
+
+
+def test_cli_refuses_a_mismatched_plan_with_exit_code_2_and_one_line(tmp_path):
+    path = write_plan(tmp_path / "p.json", "mlp:layers=6", "1f1b", 2, [(0, 2), (2, 4)])
+    start = time.monotonic()
+    res = pplan("run", str(path), "--device", "cpu")
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pplan: error:")]
+    assert len(lines) == 1 and "cover 4 layers" in lines[0]
+    assert "step 1/" not in res.stderr  # no rank ever started
+    assert time.monotonic() - start < 30

@@ -1,0 +1,102 @@
+"""A rank that dies or hangs ends `pplan run` quickly, naming it, with no process left (slow)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from test_run_support import REPO, synthetic_spec, write_plan
+
+
+def _children(pid: int) -> dict[int, int]:
+    """pid -> RANK of the processes whose parent is `pid`."""
+    out = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            if ppid != pid:
+                continue
+            env = (entry / "environ").read_bytes().split(b"\0")
+        except (OSError, ValueError, IndexError):
+            continue
+        rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), -1)
+        out[int(entry.name)] = rank
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str]]:
+    plan = write_plan(tmp_path / "plan.json", synthetic_spec(2, fwd_ms=50, bwd_ms=100), "1f1b", 2,
+                      [(0, 1), (1, 2)], n_microbatches=2)
+    proc = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(plan), "--device", "cpu", "--steps", "200", *extra],
+                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True).start()
+    deadline = time.monotonic() + 90
+    while not any("step 1/" in ln for ln in lines):
+        assert proc.poll() is None, "".join(lines)
+        assert time.monotonic() < deadline, "the run did not start"
+        time.sleep(0.1)
+    return proc, lines
+
+
+def _finish(proc: subprocess.Popen, lines: list[str], ranks: dict[int, int], within: float) -> str:
+    start = time.monotonic()
+    try:
+        proc.wait(timeout=within)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        for pid in ranks:
+            os.kill(pid, signal.SIGKILL)
+        pytest.fail(f"pplan run did not exit within {within} s")
+    assert time.monotonic() - start < within
+    time.sleep(0.2)
+    assert [pid for pid in ranks if _alive(pid)] == []  # no rank outlives the launcher
+    return "".join(lines)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_ends_the_run_within_30_s_naming_the_rank(tmp_path):
+    proc, lines = _start(tmp_path)
+    ranks = _children(proc.pid)
+    assert sorted(ranks.values()) == [0, 1]
+    victim = next(pid for pid, r in ranks.items() if r == 1)
+    os.kill(victim, signal.SIGKILL)
+    err = _finish(proc, lines, ranks, within=30)
+    assert proc.returncode == 1
+    msg = [ln for ln in err.splitlines() if ln.startswith("pplan: error:")]
+    assert len(msg) == 1 and "rank 1 was killed by SIGKILL" in msg[0], err
+
+
+@pytest.mark.slow
+def test_a_hung_rank_fails_the_run_after_the_process_group_timeout(tmp_path):
+    proc, lines = _start(tmp_path, "--timeout", "4")
+    ranks = _children(proc.pid)
+    victim = next(pid for pid, r in ranks.items() if r == 1)
+    os.kill(victim, signal.SIGSTOP)  # alive but silent: only the timeout can tell
+    try:
+        err = _finish(proc, lines, ranks, within=30)
+    finally:
+        if _alive(victim):
+            os.kill(victim, signal.SIGKILL)
+    assert proc.returncode != 0
+    msg = [ln for ln in err.splitlines() if ln.startswith("pplan: error:")]
+    assert len(msg) == 1 and "rank 0 failed" in msg[0], err
