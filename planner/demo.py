@@ -51,7 +51,7 @@ class DemoSettings:
 
 
 FULL = DemoSettings(model="gpt:layers=8,hidden=128,heads=4,seq=128,vocab=16384", micro_batch_sizes=(1, 2, 4),
-                    global_batch=8, n_microbatches=4, n_devices=2, steps=8, warmup=2,
+                    global_batch=8, n_microbatches=4, n_devices=2, steps=12, warmup=2,
                     profile_repeats=5, profile_warmup=2)
 QUICK = DemoSettings(model="gpt:layers=6,hidden=32,heads=2,seq=64,vocab=4096", micro_batch_sizes=(1, 2),
                      global_batch=4, n_microbatches=2, n_devices=2, steps=3, warmup=1,
@@ -113,7 +113,8 @@ class DemoResult:
             peak += f", measured {format_bytes(self.peak_measured_bytes)}"
         return [
             ("memory limit per device", f"{format_bytes(lim.limit_bytes)} ({lim.rule})"),
-            ("uniform split", f"needs at least {format_bytes(lim.uniform_floor_bytes)}: does not fit"),
+            ("least memory the uniform split needs", f"{format_bytes(lim.uniform_floor_bytes)} per device, recompute "
+                                                     "allowed: above the limit, so it cannot run"),
             ("peak memory of pplan's plan", f"{peak}; limit {format_bytes(lim.limit_bytes)}"),
             ("step time before calibration", f"predicted {format_ms(self.first_predicted_ms)}, measured "
                                              f"{format_ms(self.first_measured_ms)} "

@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from planner.errors import PplanError
-from planner.graph import SkipEdge, crossing_bytes, direct_send_bytes, passthrough_bytes, stage_ranges
+from planner.graph import SkipEdge, crossing_bytes, direct_send_bytes, layer_input_bytes, passthrough_bytes, stage_ranges
 
 # A 6-layer model: 0 -> 1 -> ... -> 5 chain, tensor A (layer 0) read by 1 and 4, B (2) read by 5.
 OUT = [0, 10, 20, 30, 40, 50]  # chain bytes; layer 0 sends A only, which is a skip
@@ -33,6 +33,14 @@ def test_passthrough_counts_only_tensors_the_stage_forwards_without_reading():
     assert passthrough_bytes(3, 5, EDGES) == 7     # A ends at 4, inside
     assert passthrough_bytes(3, 4, EDGES, micro_batch_size=2) == 214
     assert passthrough_bytes(0, 6, EDGES) == 0
+
+
+def test_layer_inputs_are_the_previous_chain_plus_skips_read_there():
+    assert [layer_input_bytes(i, OUT, EDGES) for i in range(1, 6)] == [100, 10, 20, 130, 47]
+    assert layer_input_bytes(4, OUT, EDGES, micro_batch_size=2) == 30 + 200  # output bytes are per micro-batch already
+    assert layer_input_bytes(2, [5, 6, 7]) == 6  # a chain: recompute_input_bytes
+    with pytest.raises(PplanError, match="no earlier layer"):
+        layer_input_bytes(0, OUT, EDGES)
 
 
 def test_direct_sends_go_from_producer_stage_to_each_reader_stage_once():
@@ -99,6 +107,9 @@ def test_against_brute_force(case):
         for t in {stage[c] for c in cons} - {stage[p]}:
             direct[stage[p], t] += b
     assert np.array_equal(direct_send_bytes(n, cuts, out, edges), direct)
+    for layer in range(1, n):
+        reads = sum(b for p, cons, b in tensors if layer in cons)
+        assert layer_input_bytes(layer, out, edges) == reads
     for first, end in ranges:
         through = sum(b for p, cons, b in tensors if p < first and max(cons) >= end and not any(first <= c < end for c in cons))
         assert passthrough_bytes(first, end, edges) == through

@@ -142,3 +142,23 @@ def test_bad_profile_on_the_command_line(tmp_path, monkeypatch, capsys, case):
     lines = captured.err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pplan: error:") and str(bad) in lines[0], captured.err
     assert not plan.exists()
+
+
+REFERENCE = sorted((Path(__file__).resolve().parents[1] / "profiles").glob("*.csv"))
+
+
+@pytest.mark.parametrize("path", REFERENCE, ids=[p.name for p in REFERENCE])
+def test_reference_profiles_load_match_their_model_and_are_documented(path):
+    from planner.models import build_model
+
+    p = load_profile(path)
+    readme = (path.parent / "README.md").read_text(encoding="utf-8")
+    assert p.meta["command"] in readme, "profiles/README.md must give the exact command"
+    assert p.micro_batch_sizes[-1] >= 32 and float(p.meta["input_bytes_per_sample"]) > 0
+    layers = build_model(p.meta["model"], seed=int(p.meta["seed"])).layers
+    assert p.names == tuple(n for n, _ in layers.named_children())
+    assert p.columns["param_bytes"][:, 0].tolist() == [sum(t.numel() * 4 for t in m.parameters()) for _, m in layers.named_children()]
+
+
+def test_there_are_reference_profiles():
+    assert len(REFERENCE) >= 5

@@ -63,7 +63,7 @@ def test_markdown_index_links_existing_figures(full_report):
 def test_summary_has_the_numbers_that_matter(full_report):
     summary = dict(full_report.summary)
     assert "measured iteration time" in summary
-    assert "does not fit" in summary["uniform split"] and "x faster" in summary["uniform split"]
+    assert "does not fit" in summary["vs uniform split"] and "x faster" in summary["vs uniform split"]
     assert any(k.startswith("peak memory dev 1") for k in summary)
 
 
@@ -88,7 +88,6 @@ def test_plan_and_profile_alone_are_simulated_here(tmp_path):
 def test_no_simulate_uses_only_given_files(tmp_path):
     rep = build_report(load_inputs(profile=ALL["profile"], plan=ALL["plan"]), tmp_path / "ns", simulate=False)
     assert {f.key for f in rep.figures if not f.skipped} == {"4_baselines", "5_profile"}
-    assert "not drawn: it covers 8 layers, the profile has 3" in md
 
 
 def test_failed_report_leaves_previous_report_untouched(tmp_path, monkeypatch):

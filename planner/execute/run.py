@@ -10,6 +10,7 @@ process is one rank: it joins the job and rank 0 writes the results.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 from dataclasses import dataclass
@@ -49,9 +50,16 @@ def predict(plan: Plan, pf: Preflight) -> tuple[dict[str, Any] | None, str | Non
     if pf.profile is not None:
         from planner.simulate import simulate
 
+        import numpy as np
+
         cal = find_calibration(pf.profile.path)
-        sim = simulate(plan, pf.profile, calibration=cal, record_timeline=False)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
+            sim = simulate(plan, pf.profile, calibration=cal, record_timeline=False)
         source = "simulate(profile + calibration)" if cal else "simulate(profile)"
+        values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
+        if not all(math.isfinite(v) for v in values):
+            raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
+                             "the profile's numbers are absurdly large; re-profile the model")
         return sim.to_dict(), source, cal
     if plan.predicted and isinstance(plan.predicted.get("iteration_ms"), (int, float)):
         return plan.predicted, "plan.predicted", None
@@ -75,6 +83,9 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     if opts.calibrate and pf.profile is None:
         raise PplanError("--calibrate needs the plan's profile (to compare with and to store the calibration beside)",
                          "pass --profile PROFILE.csv")
+    # Predict before launching: a profile or calibration that cannot give a number fails in a
+    # second, not after the whole run.
+    prediction, source, used_cal = predict(plan, pf)
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
     if env is None:
@@ -85,7 +96,6 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
         records = run_worker(cfg, env)
         if records is None:
             return None
-    prediction, source, used_cal = predict(plan, pf)
     run = assemble_run(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
                        warmup=opts.warmup, prediction=prediction, prediction_source=source,
                        calibration=_cal_dict(used_cal))

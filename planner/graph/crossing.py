@@ -33,7 +33,7 @@ import numpy as np
 from planner.errors import PplanError
 from planner.graph.edges import SkipEdge, as_skip_edges
 
-__all__ = ["crossing_bytes", "passthrough_bytes", "direct_send_bytes", "stage_ranges"]
+__all__ = ["crossing_bytes", "passthrough_bytes", "layer_input_bytes", "direct_send_bytes", "stage_ranges"]
 
 
 def _checked(n_layers: int, skip_edges: Iterable[Sequence]) -> tuple[SkipEdge, ...]:
@@ -82,6 +82,20 @@ def passthrough_bytes(first: int, end: int, skip_edges: Iterable[Sequence] = (),
         if e.src < first and e.dst >= end and not any(first <= c < end for c in e.also_to):
             total += e.bytes_per_sample
     return float(total * micro_batch_size)
+
+
+def layer_input_bytes(layer: int, output_bytes_per_layer: Sequence[float], skip_edges: Iterable[Sequence] = (),
+                      micro_batch_size: int = 1) -> float:
+    """Bytes layer `layer` (>= 1) reads from earlier layers: what a checkpoint of it keeps.
+
+    The chain bytes of layer-1 plus every skip edge that lists `layer` among its consumers
+    (for a chain: output_bytes[layer-1], today's `recompute_input_bytes`). Layer 0 reads
+    the model input, which the profile gives as input_bytes_per_sample.
+    """
+    if not 1 <= layer < len(output_bytes_per_layer):
+        raise PplanError(f"layer {layer} has no earlier layer to read from (layers 1..{len(output_bytes_per_layer) - 1})")
+    skips = sum(e.bytes_per_sample for e in as_skip_edges(skip_edges) if layer in e.consumers)
+    return float(output_bytes_per_layer[layer - 1]) + float(skips * micro_batch_size)
 
 
 def stage_ranges(n_layers: int, cuts: Iterable[int]) -> list[tuple[int, int]]:

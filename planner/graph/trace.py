@@ -131,6 +131,7 @@ class _Sizer(fx.Interpreter):
 
     def __init__(self, gm: fx.GraphModule, wanted: set[str]):
         super().__init__(gm)
+        self.extra_traceback = False  # its graph dump on failure takes seconds; the error names the op
         self.wanted = wanted
         self.sizes: dict[str, int] = {}
 

@@ -14,7 +14,9 @@ from typing import Any, Callable
 from planner.calibration import Calibration
 from planner.cluster import pipeline_orders
 from planner.cost import optimizer_factor
-from planner.errors import ClusterError, PplanError, ScheduleError
+import numpy as np
+
+from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
@@ -56,8 +58,25 @@ def resolve_devices(settings: PartitionSettings) -> tuple[tuple[Device, ...], Li
     return devices, Links(bandwidth_bytes_per_s=settings.bandwidth, latency_ms=settings.latency_ms)
 
 
+_LIMITS = {"fwd_ms": 1e9, "bwd_ms": 1e9, "bwd_input_ms": 1e9, "bwd_weight_ms": 1e9, "optimizer_ms": 1e9,
+           "param_bytes": 1e18, "activation_bytes": 1e18, "output_bytes": 1e18}  # ~11 days, an exabyte
+
+
+def _check_magnitudes(profile: Profile) -> None:
+    """Refuse values no device has (they would overflow the planner's sums into inf/nan)."""
+    for column, limit in _LIMITS.items():
+        data = profile.columns[column]
+        bad = np.argwhere(data > limit)
+        if bad.size:
+            layer, k = (int(x) for x in bad[0])
+            raise ProfileError(f"{profile.path or 'profile'}: layer {layer} ({profile.names[layer]}) has {column}={data[layer, k]:.3g} "
+                               f"at micro_batch_size {profile.micro_batch_sizes[k]}, beyond any device (limit {limit:.0e})",
+                               "check the profile's units (ms and bytes)")
+
+
 def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
     """Raise a one-line PplanError for anything the search cannot start with."""
+    _check_magnitudes(profile)
     L = profile.n_layers
     n = settings.n_devices
     if settings.cluster is None and (n is None or n < 1):

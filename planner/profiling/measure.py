@@ -20,7 +20,7 @@ Method (docs/profile-format.md repeats it for users):
   input included when saved (backward needs it), parameters and buffers excluded.
   shared_input_bytes: the part of it the previous layer saved too (its output, e.g. a ReLU
   result, saved again as this layer's input): within one stage it is held once.
-- flops: torch.utils.flop_counter over one forward (0 where it counts nothing).
+- flops: torch.utils.flop_counter over one forward without a graph (0 where it counts nothing).
 - cuda_peak_bytes: on CUDA, the allocator's peak during one forward+backward above what was
   allocated before it (gradients it creates included).
 """
@@ -146,7 +146,7 @@ def _cpu_flash_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: 
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-def _count_flops(forward: Callable[[], Any]) -> int:
+def _flop_counter() -> Any:
     from torch.utils.flop_counter import FlopCounterMode, flop_registry
 
     # torch counts the CUDA attention kernels but not the CPU flash kernel SDPA uses here.
@@ -154,10 +154,7 @@ def _count_flops(forward: Callable[[], Any]) -> int:
     op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
     if op is not None and op not in flop_registry:
         extra[op] = _cpu_flash_flops
-    with FlopCounterMode(display=False, custom_mapping=extra) as counter:
-        result = forward()
-    del result
-    return int(counter.get_total_flops())
+    return FlopCounterMode(display=False, custom_mapping=extra)
 
 
 def _output_gradient(out: torch.Tensor, seed: int) -> torch.Tensor:
@@ -197,7 +194,11 @@ def measure_layer(
         y, out = forward()
     if not isinstance(y, torch.Tensor):
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tensor", "each pipeline layer must return one tensor")
-    flops = _count_flops(forward)
+    # Counted in a pass of its own: the counter hooks every module's backward, and the graph
+    # above is the one whose backward is timed. No graph is needed to count a forward.
+    with torch.no_grad(), _flop_counter() as counter:
+        forward()
+    flops = int(counter.get_total_flops())
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     bwd: list[float] = []

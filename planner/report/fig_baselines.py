@@ -123,7 +123,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     for bar, r in zip(bars, rows):
         text = f"{r['iteration_ms']:.1f} ms" if r["iteration_ms"] else "n/a"
         if r["iteration_ms"] and plan_ms and not r["is_plan"]:
-            text += f"  ({r['iteration_ms'] / plan_ms:.2f}x)"
+            text += f"  ({r['iteration_ms'] / plan_ms:.2f}x the plan's)"
         if not r["feasible"]:
             text += "  infeasible"
         ax_t.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5)
@@ -149,4 +149,16 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     ax_m.set_xlim(0, max(peaks + [limit or 0.0, 1.0]) / div * 1.5)
     for ax in (ax_t, ax_m):
         ax.grid(axis="y", visible=False)
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    handles = [Patch(facecolor=_PLAN_COLOR, label="pplan's plan")]
+    if any(r["feasible"] and not r["is_plan"] for r in rows):
+        handles.append(Patch(facecolor=_BASE_COLOR, label="baseline that fits"))
+    if any(not r["feasible"] for r in rows):
+        handles.append(Patch(facecolor=_INFEASIBLE_COLOR, hatch="///", edgecolor="#C44E52",
+                             label="does not fit the memory limit"))
+    if limit:
+        handles.append(Line2D([], [], **LIMIT_STYLE, label="memory limit"))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles))
     return fig

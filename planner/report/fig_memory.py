@@ -51,9 +51,10 @@ def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     devices = sorted(inputs.sim["devices"], key=lambda d: d.get("device", 0))
     has_tl = _has_timeline(inputs)
-    fig = new_figure(11.5 if has_tl else 6.5, 4.6)
+    bar_w = max(1.0, len(devices) / 5)
+    fig = new_figure((11.5 if has_tl else 6.5) + 2.5 * (bar_w - 1), 4.6)
     if has_tl:
-        ax_bar, ax_t = fig.subplots(1, 2, width_ratios=[1, 1.6])
+        ax_bar, ax_t = fig.subplots(1, 2, width_ratios=[bar_w, 1.6])
     else:
         ax_bar, ax_t = fig.subplots(1, 1), None
 
@@ -83,14 +84,18 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
             ax_bar.plot([i], [value / div], marker="D", ms=8, color=MEASURED_COLOR, mec="white", ls="none",
                         label=None if meas_drawn else "measured peak")
             meas_drawn = True
+    many = len(devices) > 4  # long labels would collide: numbers only
     for i, peak in enumerate(peaks):
         lim = limits[i]
-        note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
+        if many:
+            note = f"{peak / div:.3g}" + (f"\n{peak / float(lim):.0%}" if lim else "")
+        else:
+            note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
         # Above whatever is highest here (bar, limit line, measured marker) so nothing overlaps.
         top_here = max([bottom[i]] + ([float(lim) / div] if lim else [])
                        + ([measured[devices[i].get("device", i)] / div] if devices[i].get("device", i) in measured else []))
-        ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=8.5, xytext=(0, 4),
-                        textcoords="offset points")
+        ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=7.5 if many else 8.5,
+                        xytext=(0, 4), textcoords="offset points")
     ax_bar.set_xticks(x, labels)
     ax_bar.set_ylabel(f"peak memory ({unit})")
     ax_bar.set_title("Predicted peak memory by kind")

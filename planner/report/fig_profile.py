@@ -114,5 +114,7 @@ def _draw_stages(ax_t: Any, ax_m: Any, plan: Any, costs: Any) -> None:
                 ax.axvline(first - 0.5, color="#333333", ls="--", lw=1)
         stage_ms = float(np.sum(costs.fwd_ms[first:end]) + np.sum(costs.bwd_ms[first:end]))
         name = plan.devices[st.device].name if st.device < len(plan.devices) else f"dev{st.device}"
-        ax_t.text((first + end - 1) / 2, 0.97, f"stage {s} on {name}\n{stage_ms:.1f} ms F+B",
+        narrow = (end - first) < max(2, len(costs.fwd_ms) / 12)  # a full label would spill over neighbours
+        label = f"s{s}" if narrow else f"stage {s} on {name}\n{stage_ms:.1f} ms F+B"
+        ax_t.text((first + end - 1) / 2, 0.97, label,
                   transform=ax_t.get_xaxis_transform(), ha="center", va="top", fontsize=8.5, color="#333333")

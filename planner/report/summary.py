@@ -112,5 +112,5 @@ def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None) -> 
             parts.append("does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else ""))
         else:
             parts.append("fits")
-        rows.append((f"{b['name']} split", "; ".join(parts)))
+        rows.append((f"vs {b['name']} split", "; ".join(parts)))
     return rows

@@ -1,0 +1,263 @@
+"""Interrupting a command leaves nothing half-done; --debug shows what ordinary runs hide.
+
+SIGINT reaches `pplan partition`, `simulate` and `profile` mid-run (after they have used some
+CPU, or printed their first progress line): each must exit 130 without a traceback and leave
+neither its output nor a temporary file. Interrupting or killing `pplan run` must
+leave no rank process behind, found by scanning /proc (no psutil): a process whose
+environment names the launcher as its parent (PPLAN_PARENT_PID), or that shares its process
+group.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BAD = ROOT / "tests" / "data" / "bad"
+_CLK = os.sysconf("SC_CLK_TCK")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "PPLAN_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
+    env.update(extra)
+    return env
+
+
+class _Proc:
+    """A `python -m cli.app` subprocess whose stderr is collected line by line as it comes."""
+
+    def __init__(self, args: list[str], cwd: Path):
+        self.p = subprocess.Popen([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=_env(),
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                  text=True, start_new_session=True)
+        self.lines: list[str] = []
+        self._t = threading.Thread(target=self._pump, daemon=True)
+        self._t.start()
+
+    def _pump(self) -> None:
+        assert self.p.stderr is not None
+        for line in self.p.stderr:
+            self.lines.append(line)
+
+    @property
+    def stderr(self) -> str:
+        return "".join(self.lines)
+
+    def wait_for_line(self, needle: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.p.poll() is None:
+            if any(needle in ln for ln in self.lines):
+                return True
+            time.sleep(0.05)
+        return any(needle in ln for ln in self.lines)
+
+    def wait_for_cpu(self, seconds: float, timeout: float) -> bool:
+        """Until the process has used `seconds` of CPU (imports done, real work under way)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline and self.p.poll() is None:
+            if _cpu_s(self.p.pid) >= seconds:
+                return True
+            time.sleep(0.05)
+        return False
+
+    def finish(self, timeout: float = 60) -> int:
+        try:
+            code = self.p.wait(timeout=timeout)
+        finally:
+            if self.p.poll() is None:
+                self.p.kill()
+                self.p.wait()
+        self._t.join(timeout=5)
+        if self.p.stdout is not None:
+            self.p.stdout.close()
+        return code
+
+
+def _cpu_s(pid: int) -> float:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _CLK  # utime + stime
+
+
+def _leftovers(folder: Path) -> list[str]:
+    if not folder.exists():
+        return []
+    return sorted(p.name for p in folder.iterdir() if p.name.endswith(".tmp") or p.name.startswith("."))
+
+
+def _assert_interrupted(proc: _Proc, code: int, outputs: list[Path]) -> None:
+    err = proc.stderr
+    assert code == 130, f"exit code {code}, expected 130 (interrupted); stderr:\n{err}"
+    assert "Traceback" not in err, err
+    for out in outputs:
+        assert not out.exists(), f"{out} was written although the command was interrupted"
+        assert not _leftovers(out.parent), _leftovers(out.parent)
+
+
+def test_sigint_during_partition_leaves_no_plan(tmp_path: Path) -> None:
+    from planner.partition.synthetic import imbalanced
+    from planner.profiling.profile import write_profile
+
+    prof = tmp_path / "big.csv"
+    write_profile(imbalanced(2000, seed=1, sizes=(1, 2)), prof)
+    out = tmp_path / "out" / "plan.json"
+    proc = _Proc(["partition", str(prof), "--devices", "8", "--global-batch", "64", "--out", str(out)], tmp_path)
+    assert proc.wait_for_cpu(1.5, timeout=120), f"partition ended before it could be interrupted:\n{proc.stderr}"
+    proc.p.send_signal(signal.SIGINT)
+    _assert_interrupted(proc, proc.finish(), [out])
+
+
+def test_sigint_during_simulate_leaves_no_output(tmp_path: Path) -> None:
+    from planner.partition.synthetic import uniform_layers
+    from planner.profiling.profile import write_profile
+
+    S, M = 64, 2048  # ~260k actions with a timeline: seconds of work
+    write_profile(uniform_layers(S), tmp_path / "prof.csv")
+    plan = {"schedule": "gpipe", "micro_batch_size": 1, "n_microbatches": M, "devices": S,
+            "stages": [{"device": i, "layers": [i, i + 1]} for i in range(S)], "profile": {"path": "prof.csv"}}
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    (tmp_path / "out").mkdir()
+    out, timeline = tmp_path / "out" / "sim.json", tmp_path / "out" / "tl.csv"
+    proc = _Proc(["simulate", str(tmp_path / "plan.json"), "--out", str(out), "--timeline", str(timeline)], tmp_path)
+    assert proc.wait_for_cpu(1.2, timeout=120), f"simulate ended before it could be interrupted:\n{proc.stderr}"
+    proc.p.send_signal(signal.SIGINT)
+    _assert_interrupted(proc, proc.finish(), [out, timeline])
+
+
+def test_sigint_during_profile_leaves_no_profile(tmp_path: Path) -> None:
+    out = tmp_path / "out" / "p.csv"
+    proc = _Proc(["profile", "--model", "synthetic:layers=6,fwd_ms=60,bwd_ms=60", "-b", "1,2,4", "--repeats", "3",
+                  "--out", str(out)], tmp_path)
+    # the first progress line comes after the first measurement: the command is mid-run
+    assert proc.wait_for_line("profiling", timeout=120), f"no progress line:\n{proc.stderr}"
+    proc.p.send_signal(signal.SIGINT)
+    _assert_interrupted(proc, proc.finish(), [out])
+
+
+# ---- pplan run: no process outlives the launcher -----------------------------------------------
+
+def _environ(pid: int) -> dict[str, str]:
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return {}
+    return dict(kv.split("=", 1) for kv in raw.decode("utf-8", "replace").split("\0") if "=" in kv)
+
+
+def _pgid(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _descendants(launcher: int) -> list[int]:
+    """Live processes started for the launcher: its process group, or its ranks (marked in their environment)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == launcher:
+            continue
+        pid = int(entry.name)
+        try:
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":  # a zombie has exited; its parent only has not reaped it yet
+            continue
+        if _pgid(pid) == launcher or _environ(pid).get("PPLAN_PARENT_PID") == str(launcher):
+            found.append(pid)
+    return found
+
+
+def _wait_gone(launcher: int, timeout: float) -> list[int]:
+    deadline = time.monotonic() + timeout
+    left = _descendants(launcher)
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = _descendants(launcher)
+    return left
+
+
+def _run_plan(tmp_path: Path) -> Path:
+    plan = {"model": "synthetic:layers=2,fwd_ms=100,bwd_ms=100,param_bytes=1000,act_bytes=1000,hidden=8",
+            "n_layers": 2, "schedule": "gpipe", "micro_batch_size": 1, "n_microbatches": 2, "devices": 2,
+            "stages": [{"device": 0, "layers": [0, 1]}, {"device": 1, "layers": [1, 2]}]}
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan))
+    return path
+
+
+def _kill_leftovers(pids: list[int]) -> None:
+    for pid in pids:  # only the ranks this test started, by id
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"])
+def test_stopping_pplan_run_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
+    plan = _run_plan(tmp_path)
+    out = tmp_path / "out" / "run.json"
+    proc = _Proc(["run", str(plan), "--steps", "500", "--warmup", "1", "--device", "cpu", "--out", str(out)], tmp_path)
+    launcher = proc.p.pid
+    try:
+        assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
+        ranks = _descendants(launcher)
+        assert len(ranks) >= 2, f"expected the 2 rank processes, found {ranks}"
+        proc.p.send_signal(sig)
+        code = proc.finish(timeout=60)
+        left = _wait_gone(launcher, timeout=20)
+    finally:
+        if proc.p.poll() is None:
+            proc.p.kill()
+            proc.p.wait()
+        stray = _descendants(launcher)
+        _kill_leftovers(stray)
+    assert not left, f"rank processes {left} outlived `pplan run` stopped by {sig.name}"
+    assert not out.exists()
+    if sig == signal.SIGINT:
+        assert code == 130, f"exit code {code}; stderr:\n{proc.stderr}"
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+# ---- --debug ------------------------------------------------------------------------------------
+
+def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=_env(**env), capture_output=True,
+                          text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_debug_shows_the_traceback_that_ordinary_runs_hide(tmp_path: Path, how: str) -> None:
+    args = ["partition", str(BAD / "profile_nan.csv"), "--devices", "2", "--global-batch", "4",
+            "--out", str(tmp_path / "plan.json")]
+    plain = _cli(args, tmp_path)
+    assert plain.returncode == 2 and "Traceback" not in plain.stderr
+    assert plain.stderr.strip().startswith("pplan: error:") and len(plain.stderr.strip().splitlines()) == 1
+    debug = _cli(["--debug", *args], tmp_path) if how == "flag" else _cli(args, tmp_path, PPLAN_DEBUG="1")
+    assert debug.returncode != 0
+    assert "Traceback (most recent call last)" in debug.stderr, debug.stderr
+    assert "ProfileError" in debug.stderr and "not a finite number" in debug.stderr
+    assert "load_profile" in debug.stderr  # the frames ordinary runs hide
+    assert not (tmp_path / "plan.json").exists()
+
+
+def test_debug_flag_works_for_every_command_that_fails(tmp_path: Path) -> None:
+    plan = str(BAD / "plan_stages_overlap.json")
+    for args in (["simulate", plan], ["run", plan], ["report", "--plan", plan, "--out", str(tmp_path / "r")]):
+        got = _cli(["--debug", *args], tmp_path)
+        assert got.returncode != 0 and "Traceback" in got.stderr and "PlanError" in got.stderr, (args, got.stderr)
