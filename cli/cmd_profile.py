@@ -94,7 +94,7 @@ def register(app: typer.Typer) -> None:
         repeats: int = typer.Option(5, "--repeats", help="Timed runs; the median is recorded."),
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the batch."),
         timer: str = typer.Option("sched", "--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time."),
-        threads: int | None = typer.Option(None, "--threads", help="torch CPU threads (default: torch's choice)."),
+        threads: int = typer.Option(1, "--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings."),
         out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile CSV to write (atomically)."),
         input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32."),
         input_dtype: str = typer.Option("float", "--input-dtype", help="Factory models: float or long."),

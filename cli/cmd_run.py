@@ -72,15 +72,28 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
                       calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose)
-    err(f"running {plan_path}: {plan.n_devices} rank(s), {opts.steps} step(s)")
+    from planner.execute.worker import read_env
+
+    env = read_env()
+    if env is None or env.rank == 0:
+        err(f"running {plan_path}: {plan.n_devices} rank(s), {opts.steps} step(s)"
+            + (f" under torchrun ({env.world} processes)" if env else ""))
     outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
                        force=force, out=out, timeline_path=timeline)
-    if outcome is None:  # a non-zero rank under torchrun: rank 0 reports
-        return
-    if json_out:
-        echo_json(outcome.run)
-    else:
-        print_run(outcome.run, out, timeline)
+    if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
+        if json_out:
+            echo_json(outcome.run)
+        else:
+            print_run(outcome.run, out, timeline)
+    if env is not None:
+        # Under torchrun this process was a rank: leave without interpreter finalization, where
+        # gloo's threads can abort an otherwise successful rank (see planner.execute.worker).
+        import os
+        import sys
+
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def run_options(calibrate_default: bool) -> dict[str, Any]:

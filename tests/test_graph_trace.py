@@ -43,6 +43,8 @@ def test_unet_groups_by_top_level_child_with_cat_joining_the_previous_module(une
     assert lg.fx_nodes[5] == ("up2", "cat") and lg.fx_nodes[7] == ("up1", "cat_1")
     assert lg.fx_nodes[2] == tuple(f"enc2_{i}" for i in range(6))
     assert lg.batch_size == 3 and lg.depth == 1
+    model, x, _ = unet
+    assert trace_layers(model, x) == lg  # deterministic (graph and GraphModule not compared)
 
 
 def test_unet_edge_bytes_equal_tensor_sizes(unet):

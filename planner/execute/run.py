@@ -78,6 +78,9 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
              timeline_path: str | os.PathLike | None = None) -> RunOutcome | None:
     """Run `plan`; returns the outcome (None on ranks other than 0 under torchrun)."""
     env = read_env()
+    if env is not None and env.world != plan.n_devices:
+        raise PplanError(f"torchrun started {env.world} processes but the plan has {plan.n_devices} devices",
+                         f"start {plan.n_devices} in total (--nnodes x --nproc-per-node)")
     pf = preflight(plan, opts, plan_path=plan_path, profile_override=profile_path, force=force,
                    under_torchrun=env is not None, local_world=env.local_world if env else None)
     if opts.calibrate and pf.profile is None:
@@ -108,6 +111,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
         cal_path = str(calibration_path_for(pf.profile.path))
         write_calibration(fitted, cal_path)
         run["calibration_fit"] = dict(report, path=cal_path, calibration=_cal_dict(fitted))
+    run = _finite(run)
     if out is not None:
         atomic_write_text(out, json.dumps(run, indent=2, allow_nan=False) + "\n")
     if timeline_path is not None:
@@ -115,6 +119,17 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
 
         write_timeline(rows, timeline_path)
     return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path)
+
+
+def _finite(obj: Any) -> Any:
+    """The run with non-finite numbers as null (JSON has no inf/nan)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _cal_dict(cal: Calibration | None) -> dict[str, Any] | None:

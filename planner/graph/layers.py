@@ -56,7 +56,7 @@ class LayerGraph:
     """Module path each layer calls first (the key pipeline split points use)."""
     fx_nodes: tuple[tuple[str, ...], ...]
     """Per layer, the fx node names it runs, in program order (inputs in layer 0, output in the last)."""
-    graph: "networkx.DiGraph"
+    graph: "networkx.DiGraph" = field(compare=False)
     """Layer-level data-flow graph (see class docstring). Treat as read-only."""
     skip_edges: tuple[SkipEdge, ...]
     """Tensors read beyond the next layer, merged per (producer, consumers): the profile's edge lines."""

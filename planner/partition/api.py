@@ -70,7 +70,7 @@ def _check_magnitudes(profile: Profile) -> None:
         if bad.size:
             layer, k = (int(x) for x in bad[0])
             raise ProfileError(f"{profile.path or 'profile'}: layer {layer} ({profile.names[layer]}) has {column}={data[layer, k]:.3g} "
-                               f"at micro_batch_size {profile.micro_batch_sizes[k]}, beyond any device (limit {limit:.0e})",
+                               f"at micro_batch_size {profile.micro_batch_sizes[k]}: too large for any device (limit {limit:.0e})",
                                "check the profile's units (ms and bytes)")
 
 

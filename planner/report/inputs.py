@@ -19,6 +19,7 @@ from typing import Any
 from planner.errors import PplanError
 from planner.plan import Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
+from planner.simulation.result import TIMELINE_COLUMNS
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -32,7 +33,6 @@ __all__ = [
     "load_inputs",
 ]
 
-TIMELINE_COLUMNS = ("device", "stage", "kind", "microbatch", "start_ms", "end_ms")
 TIMELINE_KINDS = ("F", "B", "I", "W", "R", "C", "O")
 
 

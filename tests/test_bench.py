@@ -1,0 +1,133 @@
+"""`pplan bench`: tables, files and the machine line (speeds are printed by the benches, never asserted)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.bench import Table, bench_planner, bench_quality, bench_simulator, machine_info, parse_sizes, write_table
+from planner.bench.table import table_markdown, table_text
+from planner.errors import PplanError
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def test_machine_is_described_without_importing_torch() -> None:
+    info = machine_info(with_solver=False)
+    for key in ("date", "cpu", "cores", "ram_gib", "python", "torch", "numpy"):
+        assert info[key] not in (None, ""), key
+    assert info["cores"] >= 1
+    code = "import sys; from planner.bench import machine_info; machine_info(); print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_table_files_carry_the_machine_and_every_row(tmp_path: Path) -> None:
+    t = Table("demo", "Demo table", ("name", "seconds", "ok"), (("a|b", 0.000123456, True), ("c", None, False)),
+              notes=("a note",))
+    machine = {"date": "2026-01-01T00:00:00Z", "cpu": "Test CPU", "cores": 2}
+    paths = write_table(t, tmp_path / "out", machine)
+    assert [p.name for p in paths] == ["demo.csv", "demo.md"]
+    text = paths[0].read_text()
+    assert text.startswith("# date: 2026-01-01T00:00:00Z\n# cpu: Test CPU\n")
+    rows = list(csv.reader(line for line in text.splitlines() if not line.startswith("#")))
+    assert rows[0] == ["name", "seconds", "ok"] and rows[1] == ["a|b", "0.000123456", "True"] and rows[2] == ["c", "", "False"]
+    md = paths[1].read_text()
+    assert "Test CPU" in md and "| a\\|b | 0.0001235 | yes |" in md and "- a note" in md
+    assert table_markdown(t, machine) == md
+    assert "Demo table" in table_text(t) and "note: a note" in table_text(t)
+    assert not [p for p in (tmp_path / "out").iterdir() if p.suffix == ".tmp"]
+
+
+def test_parse_sizes() -> None:
+    assert parse_sizes("8x64, 64X1024") == [(8, 64), (64, 1024)]
+    for bad in ("", "8", "8x", "7x64", "axb", "0x4"):
+        with pytest.raises(PplanError):
+            parse_sizes(bad)
+
+
+def test_simulator_bench_counts_every_action() -> None:
+    t = bench_simulator([(4, 8)], repeat=1)
+    rows = {r[0]: dict(zip(t.columns, r)) for r in t.rows}
+    assert set(rows) == {"gpipe", "1f1b", "interleaved", "zb"}
+    assert rows["gpipe"]["actions"] == rows["1f1b"]["actions"] == 2 * 4 * 8
+    assert rows["zb"]["actions"] == 3 * 4 * 8
+    assert rows["interleaved"]["devices"] == 2
+    assert all(r["actions_per_s"] > 0 for r in rows.values())
+
+
+def test_planner_bench_dp_and_ilp_agree_on_a_small_grid() -> None:
+    t = bench_planner(layers=[6, 10], devices=[2], ilp_time_limit=30)
+    assert [(r[0], r[1]) for r in t.rows] == [(6, 2), (10, 2)]
+    for row in t.rows:
+        r = dict(zip(t.columns, row))
+        assert r["dp_s"] > 0 and r["bottleneck_ms"] > 0
+        if r["ilp_status"] == "optimal":  # on a slow machine the ILP may time out; then it says so
+            assert r["same_optimum"] is True
+        else:
+            assert r["ilp_status"].startswith(("time limit", "skipped"))
+    with pytest.raises(PplanError):
+        bench_planner(layers=[0], devices=[2])
+
+
+def test_quality_bench_compares_baselines_with_pplan(tmp_path: Path) -> None:
+    from planner.partition.synthetic import imbalanced
+    from planner.profiling.profile import write_profile
+
+    path = tmp_path / "imb.csv"
+    write_profile(imbalanced(12, seed=3, sizes=(1, 2, 4)), path)
+    t = bench_quality([path], devices=[2, 3], global_batch=4)
+    assert {(r[0], r[1]) for r in t.rows} == {("imb.csv", 2), ("imb.csv", 3)}
+    for row in t.rows:
+        r = dict(zip(t.columns, row))
+        assert r["pplan_ms"] > 0
+        for b in ("uniform", "params", "time"):
+            if r[f"{b}_fits"]:
+                # pplan's plan is the fastest that fits among all it evaluated, baselines included
+                assert r[f"{b}_x"] >= 1 - 1e-9
+            else:
+                assert r[f"{b}_x"] is None
+    assert any(r[2] is not None for r in t.rows)  # the tight-memory setting ran
+
+
+def test_bench_cli_prints_json_and_writes_files(tmp_path: Path) -> None:
+    got = _cli(["bench", "simulator", "--sizes", "4x8", "--repeat", "1", "--out-dir", str(tmp_path / "b"), "--json"], tmp_path)
+    assert got.returncode == 0, got.stderr
+    data = json.loads(got.stdout)
+    assert data["machine"]["cores"] >= 1 and data["tables"][0]["name"] == "simulator"
+    assert sorted(p.name for p in (tmp_path / "b").iterdir()) == ["simulator.csv", "simulator.md"]
+    assert "[bench] simulator:" in got.stderr  # progress goes to stderr
+
+
+def test_bench_cli_refuses_a_file_as_out_dir(tmp_path: Path) -> None:
+    (tmp_path / "f").write_text("x")
+    got = _cli(["bench", "simulator", "--sizes", "4x8", "--out-dir", str(tmp_path / "f")], tmp_path)
+    assert got.returncode == 2 and "is a file" in got.stderr and "Traceback" not in got.stderr
+
+
+@pytest.mark.slow
+def test_fidelity_quick_runs_the_executor_and_reports_errors(tmp_path: Path) -> None:
+    got = _cli(["bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--out-dir", str(tmp_path), "--json"],
+               tmp_path, timeout=600)
+    assert got.returncode == 0, got.stderr
+    table = json.loads(got.stdout)["tables"][0]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert [(r["schedule"], r["microbatches"]) for r in rows] == [("gpipe", 2), ("1f1b", 2)]
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["measured_peak_bytes"] > 0
+        assert r["time_err_pct"] == pytest.approx(100 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"])
+    assert table["summary"]["completed"] == 2 and table["summary"]["mape_time_pct"] is not None
+    assert (tmp_path / "fidelity.md").read_text().count("MAPE") == 1
