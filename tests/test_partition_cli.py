@@ -117,3 +117,18 @@ def test_real_entry_point_in_a_subprocess(profile_csv, tmp_path):
                           "--global-batch", "8", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.startswith("pplan: error: no plan fits")
     assert not out.exists()
+
+
+def test_calibration_beside_the_profile_is_applied(monkeypatch, capsys, tmp_path):
+    from planner.calibration import Calibration, calibration_path_for, write_calibration
+
+    prof = tmp_path / "gpt.csv"
+    write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), prof)
+    plain, scaled = tmp_path / "plain.json", tmp_path / "scaled.json"
+    args = ["partition", prof, "--devices", 2, "--global-batch", 8, "--microbatches", 4, "--schedule", "gpipe"]
+    assert pplan(monkeypatch, capsys, *args, "--out", plain)[0] == 0
+    write_calibration(Calibration(compute_scale=3.0), calibration_path_for(prof))
+    assert pplan(monkeypatch, capsys, *args, "--out", scaled)[0] == 0
+    a, b = load_plan(plain), load_plan(scaled)
+    assert b.search["calibrated"] and not a.search["calibrated"]
+    assert b.predicted["iteration_ms"] > 2.5 * a.predicted["iteration_ms"]

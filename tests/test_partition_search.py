@@ -84,7 +84,7 @@ def test_plan_is_deterministic_and_simulates_to_its_prediction(gpt):
     assert a.plan.profile_sha256 == gpt.sha256
     search = a.plan.search
     assert search["candidates"][0]["iteration_ms"] == a.plan.predicted["iteration_ms"]
-    assert {r["method"] for r in search["baselines"]} == {"uniform", "params", "time"} - {a.chosen.method} | ({"dp"} if a.chosen.method != "dp" else set())
+    assert {r["method"] for r in search["baselines"]} == {"uniform", "params", "time"} - {a.chosen.origin} | ({"dp"} if a.chosen.origin != "dp" else set())
     for row in search["baselines"]:
         if row["fits"]:
             assert row["slowdown_vs_plan"] >= 1 - 1e-12
@@ -96,10 +96,10 @@ def test_plan_is_deterministic_and_simulates_to_its_prediction(gpt):
 def test_dp_method_is_at_least_as_balanced_as_baselines(gpt):
     res = partition(gpt, PartitionSettings(n_devices=4, memory_bytes=None, global_batch=32, method="dp",
                                            schedule="1f1b", microbatches=8))
-    dp = next(c for c in res.search.candidates if c.method == "dp" and not c.polished)
+    dp = next(c for c in res.search.candidates if c.method == "dp")
     assert res.chosen.iteration_ms <= dp.iteration_ms
     for c in res.search.candidates:
-        if c.point == dp.point and c.method != "dp" and not c.polished:
+        if c.point == dp.point and c.origin != "dp" and not c.polished:
             assert dp.bottleneck_ms <= c.bottleneck_ms + 1e-9
 
 
@@ -195,10 +195,10 @@ def test_calibration_enters_the_prediction():
 def test_ilp_method_reaches_the_dp_objective():
     prof = random_profile(np.random.default_rng(5), 6)
     res = partition(prof, PartitionSettings(n_devices=2, memory_bytes=None, global_batch=4, method="ilp", schedule="1f1b"))
-    assert res.chosen.method == "ilp" and res.plan.search["optimal"] is True
+    assert res.chosen.origin == "ilp" and res.plan.search["optimal"] is True
     for point in {c.point for c in res.search.candidates}:
-        ilp = next(c for c in res.search.candidates if c.point == point and c.method == "ilp" and not c.polished)
-        dp = next(c for c in res.search.candidates if c.point == point and c.method == "dp" and not c.polished)
+        ilp = next(c for c in res.search.candidates if c.point == point and c.method == "ilp")
+        dp = next(c for c in res.search.candidates if c.point == point and c.method == "dp")
         assert ilp.bottleneck_ms == pytest.approx(dp.bottleneck_ms, rel=1e-9)
 
 

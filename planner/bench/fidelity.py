@@ -67,6 +67,10 @@ def _mape(values: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _fmt_pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:.1f}%"
+
+
 def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5, warmup: int = 2,
                    device: str = "cpu", progress: Callable[[str], None] | None = None) -> Table:
     """Run every grid point on the executor and compare with the simulator's prediction."""
@@ -108,11 +112,16 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
     time_mape = _mape([r[6] for r in rows])
     mem_mape = _mape([r[9] for r in rows])
     ok = sum(1 for r in rows if r[6] is not None)
+    groups = {f"{g.label}/{g.devices}": None for g in grid}
+    per_group = {k: (_mape([r[6] for r in rows if f"{r[0]}/{r[1]}" == k]), _mape([r[9] for r in rows if f"{r[0]}/{r[1]}" == k]))
+                 for k in groups}
     notes = (
         f"{ok} of {len(rows)} runs completed; each trained {steps} steps ({warmup} warm-up) on {device}, "
         "measured_ms = median step time; predictions from the profile alone (no calibration).",
         f"MAPE step time: {'-' if time_mape is None else f'{time_mape:.1f}%'}; "
         f"MAPE peak memory (mean over ranks): {'-' if mem_mape is None else f'{mem_mape:.1f}%'}.",
+        "MAPE by model/devices (time, memory): " + "; ".join(
+            f"{k} {_fmt_pct(t)}, {_fmt_pct(m)}" for k, (t, m) in per_group.items()) + ".",
         "time_err_pct = 100 x (predicted - measured) / measured; mem_err_pct averages |error| over the ranks.",
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),
     )
@@ -123,5 +132,6 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
                  "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error"),
         rows=tuple(rows),
         notes=notes,
-        summary={"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok},
+        summary={"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
+                 "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()}},
     )

@@ -1,8 +1,12 @@
 """Executing a plan with torch.distributed.pipelining: launch, stages, measurement, calibration.
 
-Importing this package does not import torch; the modules that train do, when used.
+    from planner.execute import RunOptions, run_plan
+    outcome = run_plan(load_plan("plan.json"), RunOptions(steps=10), plan_path="plan.json")
+
+Importing this package does not import torch (the ranks do); docs/executor.md has the details.
 """
 
 from planner.execute.options import RunOptions
+from planner.execute.run import RunOutcome, run_plan
 
-__all__ = ["RunOptions"]
+__all__ = ["RunOptions", "RunOutcome", "run_plan"]

@@ -152,15 +152,16 @@ class _Held:
 class MemoryTracker:
     """Live and peak bytes of saved activations (per storage) on this rank."""
 
-    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+    def __init__(self, exclude: Iterable[torch.Tensor] = (), transient_bytes: dict[int, int] | None = None):
         self._exclude = {_storage(t)[0] for t in exclude}
         self._refs: dict[int, list[int]] = {}  # storage -> [holders, bytes]
         self.live = 0
         self.transient = 0
         self.peak = 0
         self.peak_transient = 0
-        self.transient_bytes: dict[int, int] = {}
-        """id(checkpointed layer) -> its activations, measured once without checkpointing."""
+        self.transient_bytes: dict[int, int] = {} if transient_bytes is None else transient_bytes
+        """id(checkpointed layer) -> its activations, measured once without checkpointing (shared
+        between trackers so the measuring forward runs in an earlier step than the measured one)."""
         self._hooks: Any = None
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:

@@ -108,18 +108,23 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     step_events: list[list[list[Any]]] = []
     step_t0: list[float] = []
     memory: dict[str, Any] = {}
+    probes: dict[int, int] = {}
     for step in range(start_step, n_steps):
         x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
         x, y = _to(x, device), _to(y, device)
         tk = None
-        if step == mem_step:
-            tk = MemoryTracker(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)])
+        if opts.track_memory and step in (start_step, mem_step):
+            # the first step only measures what checkpointed layers hold while recomputed
+            tk = MemoryTracker(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)],
+                               transient_bytes=probes)
             set_tracker(tk)
-            if device.type == "cuda":
+            if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
         losses: list[Any] = []
         args = (x,) if is_first else ()
         dist.barrier()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
         rec.clear()
         t0 = time.perf_counter()
         with tk if tk is not None else contextlib.nullcontext():
@@ -132,8 +137,9 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             check_executed_order(plan, rank, rec.events)
         if tk is not None:
             set_tracker(None)
-            memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
-        local = torch.tensor([(t1 - t0) * 1e3], dtype=torch.float64)
+            if step == mem_step:
+                memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
+        local = torch.tensor([(t1 - t0) * 1e3], dtype=torch.float64, device=device)  # NCCL: on the GPU
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
         step_ms.append(float(local.item()))
         step_t0.append(t0)

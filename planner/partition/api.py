@@ -20,7 +20,7 @@ from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
-    INTERLEAVED_V, METHODS, Candidate, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
+    INTERLEAVED_V, MAX_GLOBAL_BATCH, METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
 )
 from planner.plan import Device, Links, Plan
 from planner.profiling.profile import Profile
@@ -63,7 +63,12 @@ _LIMITS = {"fwd_ms": 1e9, "bwd_ms": 1e9, "bwd_input_ms": 1e9, "bwd_weight_ms": 1
 
 
 def _check_magnitudes(profile: Profile) -> None:
-    """Refuse values no device has (they would overflow the planner's sums into inf/nan)."""
+    """Refuse values no device has (they would overflow the planner's sums into inf/nan), and
+    a profile without any compute time (there would be nothing to balance or to predict)."""
+    total = (profile.columns["fwd_ms"] + profile.columns["bwd_ms"]).sum(axis=0)
+    if not np.all(total > 0):
+        raise ProfileError(f"{profile.path or 'profile'}: every layer has fwd_ms = bwd_ms = 0 at micro_batch_size "
+                           f"{profile.micro_batch_sizes[int(np.argmin(total))]}", "profile the model again; times must be measured")
     for column, limit in _LIMITS.items():
         data = profile.columns[column]
         bad = np.argwhere(data > limit)
@@ -88,12 +93,15 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
         raise PplanError(f"{count} devices but the profile has only {L} layers", f"use --devices {L} or fewer (each stage needs a layer)")
     if settings.global_batch < 1:
         raise PplanError(f"--global-batch must be at least 1, got {settings.global_batch}")
+    if settings.global_batch > MAX_GLOBAL_BATCH:
+        raise PplanError(f"--global-batch {settings.global_batch} is absurdly large (more than {MAX_GLOBAL_BATCH:.0e} samples per iteration)",
+                         "give the samples per optimizer step, e.g. --global-batch 512")
     m = settings.microbatches
     if m is not None:
         if m < 1:
             raise PplanError(f"--microbatches must be at least 1 or auto, got {m}")
         if settings.global_batch % m:
-            ok = ",".join(str(d) for d in range(1, settings.global_batch + 1) if settings.global_batch % d == 0)
+            ok = ",".join(str(d) for d in divisors(settings.global_batch))
             raise PplanError(f"global batch {settings.global_batch} is not divisible by --microbatches {m}",
                              f"use one of {ok[:120]} or --microbatches auto")
     if settings.schedule != "auto" and settings.schedule not in SCHEDULE_NAMES:
@@ -150,7 +158,7 @@ def _row(c: Candidate, chosen: Candidate) -> dict[str, Any]:
         "bubble_fraction": c.sim.bubble_fraction if c.sim else None,
         "bottleneck_ms": c.bottleneck_ms if c.stage_ms else None,
         "peak_memory_bytes": int(max(c.sim.peak_memory_bytes)) if c.sim else None,
-        "slowdown_vs_plan": (c.sim.iteration_ms / chosen.sim.iteration_ms) if c.sim and chosen.sim else None,
+        "slowdown_vs_plan": (c.sim.iteration_ms / chosen.sim.iteration_ms) if c.sim and chosen.sim and chosen.sim.iteration_ms > 0 else None,
     }
     if c.stages is not None:
         row["cuts"] = [st.layers[0] for st in c.stages] + [c.stages[-1].layers[1]]
@@ -164,7 +172,7 @@ def runners_up(search: Search, chosen: Candidate, n: int = RUNNERS_UP) -> list[C
     seen, out = set(), []
     for c in search.candidates:  # already sorted best first
         key = (c.point.schedule, c.point.n_microbatches)
-        if c.method not in search.pool or key in seen:
+        if c.origin not in search.pool or key in seen:
             continue
         seen.add(key)
         out.append(c)
@@ -175,8 +183,8 @@ def baseline_rows(search: Search, chosen: Candidate) -> list[dict[str, Any]]:
     """Per method other than the plan's: its best simulated candidate, and at the plan's point."""
     rows = []
     for method in ("dp", "ilp", "uniform", "params", "time"):
-        mine = [c for c in search.candidates if c.method == method and not c.polished]
-        if not mine or method == chosen.method:
+        mine = [c for c in search.candidates if c.method == method]
+        if not mine or method == chosen.origin:
             continue
         best = min(mine, key=lambda c: (not c.fits, c.iteration_ms if c.fits else c.peak_over_limit))
         same = next((c for c in mine if c.point == chosen.point), None)
@@ -196,9 +204,9 @@ def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, sear
     bottleneck = max(range(len(chosen.stage_ms)), key=lambda s: (chosen.stage_ms[s], -s))
     record = {
         "method": settings.method,
-        "source": chosen.method,
+        "source": chosen.origin,
         "polish_moves": chosen.polished,
-        "optimal": chosen.optimal if chosen.method in ("dp", "ilp") else None,
+        "optimal": chosen.optimal if chosen.origin in ("dp", "ilp") else None,
         "objective": "min over cuts and recompute of max stage time per micro-batch (incl. recompute and sends), "
                      "then min total; per-stage memory with the schedule's in-flight count <= device limit; "
                      "candidates ranked by simulated iteration time",

@@ -38,6 +38,8 @@ __all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candid
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
 INTERLEAVED_V = 2  # stages per device for the interleaved schedule
+MAX_AUTO_MICROBATCHES = 1024  # auto searches M up to this (a forced --microbatches may go beyond)
+MAX_GLOBAL_BATCH = 10**8  # samples per iteration; beyond is a typo
 POLISH_TOP = 3  # candidates the simulator-driven polish starts from
 POLISH_ROUNDS = 4  # passes over all cuts (each move is one simulation)
 
@@ -91,7 +93,7 @@ class Candidate:
     """One evaluated plan: a method's cuts at one grid point and device order."""
 
     method: str
-    """dp, ilp, uniform, params or time."""
+    """dp, ilp, uniform, params or time; "<that>+polish" after the simulator-driven polish."""
     point: GridPoint
     """Schedule and micro-batching."""
     layout: Layout
@@ -116,6 +118,11 @@ class Candidate:
         return self.sim is not None and self.sim.fits
 
     @property
+    def origin(self) -> str:
+        """The method whose cuts this started from (method without "+polish")."""
+        return self.method.split("+")[0]
+
+    @property
     def iteration_ms(self) -> float:
         return self.sim.iteration_ms if self.sim is not None else float("inf")
 
@@ -134,7 +141,7 @@ class Candidate:
 def rank_key(c: Candidate) -> tuple:
     """Fits first, then fastest; ties by method, schedule and M (deterministic)."""
     methods = ("dp", "ilp") + BASELINES
-    return (not c.fits, round(c.iteration_ms, 9), methods.index(c.method), SCHEDULE_NAMES.index(c.point.schedule),
+    return (not c.fits, round(c.iteration_ms, 9), methods.index(c.origin), c.polished > 0, SCHEDULE_NAMES.index(c.point.schedule),
             c.point.n_microbatches, c.layout.order)
 
 
@@ -152,18 +159,27 @@ class Search:
     """Calibration applied (None when the profile has none)."""
 
     def best(self, methods: tuple[str, ...] | None = None) -> Candidate | None:
-        pool = [c for c in self.candidates if c.method in (methods or self.pool)]
+        pool = [c for c in self.candidates if c.origin in (methods or self.pool)]
         return min(pool, key=rank_key) if pool else None
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """Divisors of n, ascending (trial division up to sqrt(n))."""
+    small, large = [], []
+    d = 1
+    while d * d <= n:
+        if n % d == 0:
+            small.append(d)
+            if d * d != n:
+                large.append(n // d)
+        d += 1
+    return small + large[::-1]
 
 
 def grid_points(settings: PartitionSettings, n_devices: int, n_layers: int) -> tuple[list[GridPoint], list[str]]:
     """Runnable (schedule, M) points and the reasons others were skipped."""
     names = SCHEDULE_NAMES if settings.schedule == "auto" else (settings.schedule,)
-    ms = [settings.microbatches] if settings.microbatches else divisors(settings.global_batch)
+    ms = [settings.microbatches] if settings.microbatches else [m for m in divisors(settings.global_batch) if m <= MAX_AUTO_MICROBATCHES]
     points, skipped = [], []
     for name in names:
         v = INTERLEAVED_V if name == "interleaved" else 1
@@ -275,7 +291,7 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     best: dict[tuple[str, GridPoint, bool], Candidate] = {}
 
     def keep(c: Candidate) -> None:
-        key = (c.method, c.point, c.polished > 0)
+        key = (c.method, c.point)
         if key not in best or rank_key(c) < rank_key(best[key]):
             best[key] = c
 
@@ -292,7 +308,7 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     # Polish: the DP optimises a per-micro-batch proxy; the simulator is the real objective.
     # Hill-climb the best few candidates of the pool by moving single cuts one layer.
     # A named baseline method (--method uniform ...) keeps its own cuts untouched.
-    top = [c for c in sorted(best.values(), key=rank_key) if c.method in pool and c.fits][:POLISH_TOP]
+    top = [c for c in sorted(best.values(), key=rank_key) if c.origin in pool and c.fits][:POLISH_TOP]
     if settings.method in BASELINES:
         top = []
     for cand in top:
@@ -326,7 +342,7 @@ def _polish(ev: _Evaluator, cand: Candidate) -> Candidate:
             break
     if best is cand:
         return cand
-    return Candidate(best.method, point, layout, best.stages, best.sim, best.stage_ms, best.stage_bytes,
+    return Candidate(f"{cand.method}+polish", point, layout, best.stages, best.sim, best.stage_ms, best.stage_bytes,
                      optimal=cand.optimal, note=best.note, polished=moves)
 
 

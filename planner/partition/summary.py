@@ -57,7 +57,7 @@ def _why(result: PartitionResult) -> list[str]:
     for c in runners_up(result.search, chosen):
         mark = "<- plan" if c is chosen else ""
         rows.append([
-            c.point.schedule, str(c.point.n_microbatches), str(c.point.micro_batch_size), c.method + ("+polish" if c.polished else ""),
+            c.point.schedule, str(c.point.n_microbatches), str(c.point.micro_batch_size), c.method,
             format_ms(c.iteration_ms) if c.sim else "-",
             _pct(c.sim.bubble_fraction) if c.sim else "-",
             format_ms(c.bottleneck_ms) if c.stage_ms else "-",
@@ -66,7 +66,7 @@ def _why(result: PartitionResult) -> list[str]:
         ])
     lines = [f"why {chosen.point.schedule} x {chosen.point.n_microbatches}: best (schedule, M) by simulated iteration time"]
     lines += _table(["schedule", "M", "b", "method", "iteration", "bubble", "bottleneck/mb", "peak/limit", "fits", ""], rows)
-    others = [c for c in result.search.candidates if c.method == chosen.method and not c.polished]
+    others = [c for c in result.search.candidates if c.method == chosen.origin]
     smaller = [c for c in others if c.fits and c.point.n_microbatches > chosen.point.n_microbatches]
     larger = [c for c in others if c.fits and c.point.n_microbatches < chosen.point.n_microbatches]
     notes = []
@@ -104,13 +104,14 @@ def summary_text(result: PartitionResult) -> str:
     assert sim is not None and chosen.stages is not None
     search = plan.search or {}
     limit = {d.memory_bytes for d in plan.devices}
-    lim_text = format_bytes(next(iter(limit))) if len(limit) == 1 and None not in limit else "per-device limits"
+    lim_text = ("unlimited memory" if limit == {None} else
+                format_bytes(next(iter(limit))) if len(limit) == 1 else "per-device memory limits")
     proof = "" if search.get("optimal") is None else (" (optimal)" if search.get("optimal") else " (time limit: best found)")
     lines = [
         f"profile {prof.path or '<memory>'}: {prof.n_layers} layers; {plan.n_devices} devices x {lim_text}; global batch {plan.global_batch}"
         + ("; calibrated" if search.get("calibrated") else ""),
         f"plan: {plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, recompute {search.get('recompute')}, "
-        f"cuts by {chosen.method}{proof}" + (f", then {chosen.polished} cut move(s) by the simulator-driven polish" if chosen.polished else ""),
+        f"cuts by {chosen.origin}{proof}" + (f", then {chosen.polished} cut move(s) by the simulator-driven polish" if chosen.polished else ""),
         f"predicted: {format_ms(sim.iteration_ms)} per iteration, bubble {_pct(sim.bubble_fraction)}, "
         f"{sim.throughput_samples_per_s:.1f} samples/s" + (" (costs interpolated at this micro-batch size)" if sim.interpolated else ""),
         "",

@@ -10,7 +10,8 @@ Method (docs/profile-format.md repeats it for users):
   (the run-queue delay in /proc/thread-self/schedstat): what other processes cost the
   measurement, not the layer. Exact with one torch thread; with several, only the calling
   thread's waits are removed. Backward runs on one retained graph with a fixed random
-  output gradient, parameter and input gradients cleared before each run.
+  output gradient; gradients accumulate from run to run, as they do for every micro-batch
+  after the first (allocating fresh parameter gradients each run would time page faults).
 - bwd_input_ms is the median of autograd.grad with respect to the layer input alone (the
   zero-bubble I step); bwd_weight_ms = bwd_ms - bwd_input_ms, the rest of the work (W).
   Timing W alone would repeat the activation-gradient chain inside the layer, which a real
@@ -213,7 +214,8 @@ def measure_layer(
             for t in leaves:
                 t.grad = None
 
-        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, before=clear, timer=timer)
+        clear()
+        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, timer=timer)
         clear()
         if inp.requires_grad and params:
             samples = timed_ms(lambda: torch.autograd.grad(out, [inp], grad, retain_graph=True, allow_unused=True),
