@@ -139,6 +139,7 @@ def quality_section(quick: bool) -> None:
     print("-" * len(header))
     worst = 1.0
     ooms = {"uniform": 0, "params": 0, "time": 0}
+    no_rec = {"plan": 0, "uniform": 0, "params": 0, "time": 0}  # OOMs when nobody may recompute
     rows = 0
     for name, prof in _profiles(quick):
         for n in (4, 8):
@@ -174,8 +175,17 @@ def quality_section(quick: bool) -> None:
                 raw = f"{best_base / dp_ms:.2f}x" if np.isfinite(best_base) and np.isfinite(dp_ms) else ("OOM" if not np.isfinite(dp_ms) else "-")
                 print(f"{name[:22]:<22} {n:>3} {mem:>10} {plan:<26} {plan_ms:>9.1f} {cells[0]:>8} {cells[1]:>8} {cells[2]:>8} {raw:>8}")
                 rows += 1
+                try:
+                    strict = partition(prof, replace(settings, recompute="none"))
+                    for method in ("uniform", "params", "time"):
+                        no_rec[method] += not any(c.method == method and c.fits for c in strict.search.candidates)
+                except PplanError:
+                    no_rec["plan"] += 1
+                    for method in ("uniform", "params", "time"):
+                        no_rec[method] += 1
     print(f"\n{rows} settings; plan never slower than a baseline: {worst >= 1 - 1e-12} (smallest ratio {worst:.3f}); "
           f"baseline OOMs: {ooms}")
+    print(f"with --recompute none at the same memory, settings where nothing fits: {no_rec}")
     print("raw DP = best fitting baseline / the DP's own cuts before the polish: below 1.00x a baseline beat the raw DP.")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.partition.api import PartitionResult, baseline_rows, runners_up
+from planner.schedules import SCHEDULE_NAMES
 from planner.units import format_bytes, format_ms
 
 __all__ = ["summary_dict", "summary_text"]
@@ -76,7 +77,8 @@ def _why(result: PartitionResult) -> list[str]:
     if larger:
         c = min(larger, key=lambda c: c.iteration_ms)
         notes.append(f"fewer, larger micro-batches (best {c.point.schedule} M={c.point.n_microbatches}) cost {_pct(c.iteration_ms / chosen.iteration_ms - 1)} more: a larger bubble")
-    unfit = sorted({f"{c.point.schedule} M={c.point.n_microbatches}" for c in others if not c.fits})
+    unfit_points = sorted({(SCHEDULE_NAMES.index(c.point.schedule), c.point.n_microbatches) for c in others if not c.fits})
+    unfit = [f"{SCHEDULE_NAMES[k]} M={m}" for k, m in unfit_points]
     if unfit:
         notes.append(f"{len(unfit)} (schedule, M) do not fit memory: {', '.join(unfit[:6])}{' ...' if len(unfit) > 6 else ''}")
     return lines + [f"  {n}" for n in notes]
