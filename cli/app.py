@@ -47,6 +47,17 @@ for _name in COMMANDS:
     _module.register(app)
 
 
+def _interrupt_of(exit_exc: SystemExit) -> KeyboardInterrupt | None:
+    """The Ctrl-C behind a SystemExit, if any: typer turns KeyboardInterrupt into a silent
+    exit 130 (SystemExit <- typer Exit <- KeyboardInterrupt), so look down the chain."""
+    seen = exit_exc.__context__
+    while seen is not None:
+        if isinstance(seen, KeyboardInterrupt):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
 def main() -> None:
     """Console-script entry: run the app, turning user errors into exit code 2."""
     if "--debug" in sys.argv[1:]:
@@ -61,6 +72,14 @@ def main() -> None:
     except KeyboardInterrupt:
         if state.debug:
             raise
+        sys.stderr.write("pplan: interrupted\n")
+        sys.exit(130)
+    except SystemExit as e:
+        interrupt = _interrupt_of(e)
+        if interrupt is None:
+            raise
+        if state.debug:
+            raise interrupt from None
         sys.stderr.write("pplan: interrupted\n")
         sys.exit(130)
 

@@ -26,6 +26,10 @@ def atomic_open(path: str | os.PathLike, mode: str = "w") -> Iterator[TextIO]:
             yield fh
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp creates 0600 files; give the result the permissions a plain open() would.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

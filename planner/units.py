@@ -69,9 +69,9 @@ def parse_ms(text: str | float, what: str = "latency") -> float:
     if isinstance(text, (int, float)):
         value, unit = float(text), "ms"
     else:
-        value, unit = _split(text, what, "0.01ms")
         if text.strip().startswith("-"):
             raise PplanError(f"{what} {text!r} is negative", "give e.g. 0.01ms")
+        value, unit = _split(text, what, "0.01ms")
     scale = {"": 1.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}.get(unit)
     if scale is None:
         raise PplanError(f"unknown time unit in {what} {text!r}", "use s, ms, us or ns")

@@ -42,6 +42,7 @@ __all__ = [
     "evaluate",
     "recompute_family",
     "saving_layers",
+    "fits",
 ]
 
 RECOMPUTE_MODES = ("auto", "none", "all")
@@ -174,5 +175,3 @@ def fits(p: PartitionProblem, sol: Solution) -> bool:
     """True when every stage is within its position's budget."""
     return all(m <= float(b) for m, b in zip(sol.stage_bytes, p.budget))
 
-
-__all__ += ["fits"]

@@ -33,6 +33,7 @@ from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate
 from planner.schedules.memory import stage_inflight_peak
 from planner.simulate import SimResult, simulate_costs
+from planner.units import format_bytes
 
 __all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for"]
 
@@ -262,7 +263,8 @@ class _Evaluator:
         )
         if not sim.fits:
             worst = int(np.argmax([pk / lim if lim else 0.0 for pk, lim in zip(sim.peak_memory_bytes, sim.memory_limit_bytes)]))
-            note = note or f"device {layout.devices[worst].name} needs {sim.peak_memory_bytes[worst]:.4g} B > limit {sim.memory_limit_bytes[worst]}"
+            note = note or (f"device {layout.devices[worst].name} needs {format_bytes(sim.peak_memory_bytes[worst])}"
+                            f" > limit {format_bytes(sim.memory_limit_bytes[worst] or 0)}")
         return Candidate(method, point, layout, stage_plans(layout, cuts, sets), sim,
                          tuple(x[1] for x in per_stage), tuple(x[2] for x in per_stage), optimal=optimal, note=note)
 
@@ -288,7 +290,7 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     pool = ("dp",) + BASELINES if settings.method == "auto" else (settings.method,)
     ev = _Evaluator(profile, settings, calibration)
     deadline = time.monotonic() + settings.time_limit
-    best: dict[tuple[str, GridPoint, bool], Candidate] = {}
+    best: dict[tuple[str, GridPoint], Candidate] = {}
 
     def keep(c: Candidate) -> None:
         key = (c.method, c.point)

@@ -1,4 +1,4 @@
-"""Per-layer measurements: the Profile type and its CSV format (measurement lives in `measure`)."""
+"""Per-layer measurements: the Profile type and its CSV format (this package), measurement (`measure`, `profiler`, `saved`)."""
 
 from planner.profiling.profile import (
     OPTIONAL_COLUMNS,

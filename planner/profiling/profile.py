@@ -253,7 +253,7 @@ def read_profile_text(text: str, source: str = "<profile>", sha256: str | None =
     for layer in range(n_layers):
         pb = {columns["param_bytes"][layer, k] for k in range(len(sizes))}
         if len(pb) > 1:
-            raise ProfileError(f"{source}: layer {layer} has different param_bytes at different micro-batch sizes ({sorted(pb)})", "parameter bytes do not depend on the batch")
+            raise ProfileError(f"{source}: layer {layer} has different param_bytes at different micro-batch sizes ({', '.join(f'{int(v)}' for v in sorted(pb))})", "parameter bytes do not depend on the batch")
     if "bwd_input_ms" not in present and "bwd_weight_ms" not in present:
         columns["bwd_input_ms"] = columns["bwd_ms"] / 2
         columns["bwd_weight_ms"] = columns["bwd_ms"] / 2
@@ -274,6 +274,19 @@ def read_profile_text(text: str, source: str = "<profile>", sha256: str | None =
     )
 
 
+# Values beyond these describe no real device (11 days per layer, an exabyte) and would
+# overflow the planner's and simulator's sums into inf: refuse them at the door, once.
+_MAX_MS = 1e9
+_MAX_BYTES = 1e18
+_MAX_FLOPS = 1e24
+
+
+def _num_limit(column: str) -> float:
+    if column == "flops":
+        return _MAX_FLOPS
+    return _MAX_MS if column.endswith("_ms") or column.endswith("_std") else _MAX_BYTES
+
+
 def _num_cell(cell: str, source: str, lineno: int, column: str) -> float:
     text = cell.strip()
     try:
@@ -284,6 +297,9 @@ def _num_cell(cell: str, source: str, lineno: int, column: str) -> float:
         raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not a finite number")
     if value < 0:
         raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is negative", "times and bytes are >= 0")
+    if value > _num_limit(column):
+        unit = "ms" if _num_limit(column) == _MAX_MS else "bytes" if _num_limit(column) == _MAX_BYTES else "flops"
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is beyond any real device (limit {_num_limit(column):.0e} {unit})", "check the units: times in ms, sizes in bytes")
     return value
 
 
