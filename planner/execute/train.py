@@ -61,15 +61,19 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
 
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
     mods = build_stage_modules(plan, bundle.layers, rank)
+    # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
+    bundle.layers._modules.clear()
     boundary: dict[int, list[int]] = {}
     for m in mods:
         m.module.to(device)
         boundary[m.stage] = [0, 0]
+        handles: list[Any] = []
 
-        def hook(mod: Any, args: Any, out: Any, s: int = m.stage) -> None:
-            boundary[s] = [_tensor_bytes(args), _tensor_bytes(out)]
+        def hook(mod: Any, args: Any, out: Any, s: int = m.stage, handles: list = handles) -> None:
+            boundary[s] = [_tensor_bytes(args), _tensor_bytes(out)]  # one micro-batch's boundary tensors
+            handles[0].remove()
 
-        m.module.register_forward_hook(hook)
+        handles.append(m.module.register_forward_hook(hook))
     stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
     rec = recorder()
     if device.type == "cuda":
@@ -95,7 +99,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             opt.load_state_dict(state["optimizer"])
             torch.set_rng_state(state["rng"])
             loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
-            if rank == world - 1 or is_last:
+            if is_last:
                 _progress(f"resuming from {folder} (step {start_step})")
 
     comm = []

@@ -299,7 +299,7 @@ def _num_cell(cell: str, source: str, lineno: int, column: str) -> float:
         raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is negative", "times and bytes are >= 0")
     if value > _num_limit(column):
         unit = "ms" if _num_limit(column) == _MAX_MS else "bytes" if _num_limit(column) == _MAX_BYTES else "flops"
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is beyond any real device (limit {_num_limit(column):.0e} {unit})", "check the units: times in ms, sizes in bytes")
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is too large for any real device (limit {_num_limit(column):.0e} {unit})", "check the units: times in ms, sizes in bytes")
     return value
 
 
