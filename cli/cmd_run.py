@@ -38,6 +38,10 @@ def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> N
         typer.echo(f"{r['rank']:>4}  {r['device']:>6}  {','.join(map(str, r['stages'])):<8}  {format_ms(r['busy_ms']):>9}  "
                    f"{format_ms(bp) if bp is not None else 'n/a':>9}  {format_bytes(mm) if mm is not None else 'n/a':>10}  "
                    f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r['memory_measure'] or ''}")
+    for r in run["ranks"]:
+        lim, mm = r.get("memory_limit_bytes"), r["peak_memory_bytes_measured"]
+        if lim is not None and mm is not None and mm > lim:
+            err(f"warning: rank {r['rank']} peaked at {format_bytes(mm)}, above its device's limit {format_bytes(lim)} in the plan")
     if run["losses"]:
         typer.echo(f"loss: {run['losses'][0]:.6f} (step {run['loss_steps'][0] + 1}) -> {run['losses'][-1]:.6f} (step {run['loss_steps'][-1] + 1})")
     fit = run.get("calibration_fit")

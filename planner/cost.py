@@ -21,6 +21,12 @@ Memory on a device:
   buffers     = 2 x (stage input bytes + stage output bytes): one received activation and its
                 outgoing gradient, one sent activation and its incoming gradient
 
+Models that are not a chain (LayerCosts with skip edges, planner.graph): a stage [first, end)
+receives crossing_bytes[first-1] and sends crossing_bytes[end-1] (every tensor crossing the
+cut, hop by hop); kept also holds the pass-through tensors it only forwards
+(planner.graph.passthrough_bytes); a recomputed layer keeps everything it reads from earlier
+layers (LayerCosts.layer_input_bytes). Without skip edges these are the chain's numbers.
+
 `in_flight` (micro-batches whose activations are held at once) is a property of the schedule,
 computed from its action order in `planner.schedules.memory`.
 """
@@ -33,6 +39,7 @@ from typing import Iterable
 import numpy as np
 
 from planner.errors import PplanError
+from planner.graph.crossing import passthrough_bytes
 from planner.profiling.profile import LayerCosts
 
 __all__ = [
@@ -119,8 +126,17 @@ class MemoryBreakdown:
 
 
 def recompute_input_bytes(costs: LayerCosts, layer: int) -> float:
-    """Bytes a checkpointed layer keeps: its input (the previous layer's output)."""
+    """Bytes a checkpointed layer keeps: its input (the previous layer's output, plus skip tensors it reads)."""
+    if costs.layer_input_bytes is not None:
+        return float(costs.layer_input_bytes[layer])
     return float(costs.output_bytes[layer - 1]) if layer > 0 else float(costs.input_bytes)
+
+
+def _boundary_bytes(costs: LayerCosts, cut: int) -> float:
+    """Bytes crossing the cut after layer `cut` per micro-batch."""
+    if costs.crossing_bytes is not None:
+        return float(costs.crossing_bytes[cut])
+    return float(costs.output_bytes[cut])
 
 
 def stage_cost(
@@ -150,6 +166,8 @@ def stage_cost(
         recompute_input_bytes(costs, i) if i in rec_set else float(costs.activation_bytes[i])
         for i in range(first, end)
     )
+    if costs.skip_edges:
+        kept += passthrough_bytes(first, end, costs.skip_edges, costs.micro_batch_size)
     transient = max((float(costs.activation_bytes[i]) for i in rec), default=0.0)
     return StageCost(
         first=first,
@@ -165,8 +183,8 @@ def stage_cost(
         static_bytes=params * (2.0 + optimizer_factor(optimizer)),
         kept_bytes=kept,
         transient_bytes=transient,
-        input_bytes=recompute_input_bytes(costs, first) if first > 0 else 0.0,
-        output_bytes=float(costs.output_bytes[end - 1]) if end < n else 0.0,
+        input_bytes=_boundary_bytes(costs, first - 1) if first > 0 else 0.0,
+        output_bytes=_boundary_bytes(costs, end - 1) if end < n else 0.0,
     )
 
 

@@ -51,8 +51,8 @@ class DemoSettings:
 
 
 FULL = DemoSettings(model="gpt:layers=8,hidden=128,heads=4,seq=128,vocab=16384", micro_batch_sizes=(1, 2, 4),
-                    global_batch=8, n_microbatches=4, n_devices=2, steps=12, warmup=2,
-                    profile_repeats=5, profile_warmup=2)
+                    global_batch=16, n_microbatches=8, n_devices=2, steps=16, warmup=3,
+                    profile_repeats=9, profile_warmup=2)
 QUICK = DemoSettings(model="gpt:layers=6,hidden=32,heads=2,seq=64,vocab=4096", micro_batch_sizes=(1, 2),
                      global_batch=4, n_microbatches=2, n_devices=2, steps=3, warmup=1,
                      profile_repeats=2, profile_warmup=1)

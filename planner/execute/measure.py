@@ -22,6 +22,8 @@ from typing import Any, Callable, Iterable
 
 import torch
 
+from planner.profiling.saved import storage_key
+
 __all__ = ["Event", "ActionRecorder", "MemoryTracker", "recorder", "tracker", "set_tracker"]
 
 
@@ -127,22 +129,12 @@ class ActionRecorder:
         schedule._maybe_compute_loss = _maybe_compute_loss
 
 
-def _storage(t: torch.Tensor) -> tuple[int, int]:
-    try:
-        st = t.untyped_storage()
-        if st.data_ptr():
-            return st.data_ptr(), st.nbytes()
-    except (RuntimeError, NotImplementedError):
-        pass
-    return -id(t), t.numel() * t.element_size()
-
-
 class _Held:
     """What autograd stores instead of a tracked tensor: releases its bytes when freed."""
 
     __slots__ = ("tensor", "key", "owner")
 
-    def __init__(self, tensor: torch.Tensor, key: int, owner: "MemoryTracker"):
+    def __init__(self, tensor: torch.Tensor, key: Any, owner: "MemoryTracker"):
         self.tensor, self.key, self.owner = tensor, key, owner
 
     def __del__(self) -> None:
@@ -153,8 +145,8 @@ class MemoryTracker:
     """Live and peak bytes of saved activations (per storage) on this rank."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = (), transient_bytes: dict[int, int] | None = None):
-        self._exclude = {_storage(t)[0] for t in exclude}
-        self._refs: dict[int, list[int]] = {}  # storage -> [holders, bytes]
+        self._exclude = {storage_key(t)[0] for t in exclude}
+        self._refs: dict[Any, list[int]] = {}  # storage -> [holders, bytes]
         self.live = 0
         self.transient = 0
         self.peak = 0
@@ -165,10 +157,10 @@ class MemoryTracker:
         self._hooks: Any = None
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
-        self._exclude.update(_storage(t)[0] for t in tensors)
+        self._exclude.update(storage_key(t)[0] for t in tensors)
 
     def pack(self, t: torch.Tensor) -> Any:
-        key, nbytes = _storage(t)
+        key, nbytes = storage_key(t)  # counted per storage, as `pplan profile` counts
         if key in self._exclude:
             return t
         ref = self._refs.get(key)
@@ -184,7 +176,7 @@ class MemoryTracker:
     def unpack(h: Any) -> torch.Tensor:
         return h.tensor if isinstance(h, _Held) else h
 
-    def _release(self, key: int) -> None:
+    def _release(self, key: Any) -> None:
         ref = self._refs.get(key)
         if ref is None:
             return
@@ -201,10 +193,6 @@ class MemoryTracker:
         if self.live + self.transient > self.peak:
             self.peak = self.live + self.transient
             self.peak_transient = self.transient
-
-    def reset_peak(self) -> None:
-        self.peak = self.live + self.transient
-        self.peak_transient = self.transient
 
     def __enter__(self) -> "MemoryTracker":
         self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)

@@ -23,7 +23,7 @@ from planner.execute.options import RunOptions
 from planner.plan import Plan
 from planner.profiling.profile import Profile, load_profile
 
-__all__ = ["Preflight", "preflight", "cpu_rank_cap", "resolve_profile_path"]
+__all__ = ["Preflight", "preflight", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
 
 
 @dataclass(frozen=True)
@@ -42,13 +42,17 @@ class Preflight:
     """Steps already done according to the checkpoint directory (0 when starting fresh)."""
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
 def cpu_rank_cap() -> int:
     """Most CPU ranks `pplan run` starts without --force."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:
-        cores = os.cpu_count() or 1
-    return max(8, 4 * cores)
+    return max(8, 4 * available_cores())
 
 
 def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:

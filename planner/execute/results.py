@@ -128,6 +128,7 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
             "busy_ms_predicted": pd.get("busy_ms"),
             "peak_memory_bytes_measured": mem.get("peak_bytes"),
             "peak_memory_bytes_predicted": pd.get("peak_memory_bytes"),
+            "memory_limit_bytes": plan.devices[rec["device"]].memory_bytes,
             "memory_measure": mem.get("measure"),
             "memory_measured": mem.get("breakdown"),
             "memory_predicted": pd.get("memory"),

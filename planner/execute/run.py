@@ -22,7 +22,7 @@ from planner.calibration import Calibration, calibration_path_for, find_calibrat
 from planner.errors import PplanError
 from planner.execute.launch import launch_local
 from planner.execute.options import RunOptions
-from planner.execute.preflight import Preflight, preflight
+from planner.execute.preflight import Preflight, available_cores, preflight
 from planner.execute.results import assemble_run, measured_timeline
 from planner.execute.worker import read_env, run_worker
 from planner.plan import Plan, plan_to_dict
@@ -66,13 +66,6 @@ def predict(plan: Plan, pf: Preflight) -> tuple[dict[str, Any] | None, str | Non
     return None, None, None
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,
              force: bool = False, out: str | os.PathLike | None = None,
              timeline_path: str | os.PathLike | None = None) -> RunOutcome | None:
@@ -92,7 +85,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
     if env is None:
-        threads = opts.threads or max(1, _cores() // plan.n_devices)
+        threads = opts.threads or max(1, available_cores() // plan.n_devices)
         with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
             records = launch_local(cfg, plan.n_devices, Path(tmp), threads, verbose=opts.verbose)
     else:

@@ -25,18 +25,11 @@ from planner.execute.options import RunOptions
 from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
                                     rank_device, step_seed)
 from planner.plan import Plan
+from planner.profiling.saved import tensor_bytes
 
 __all__ = ["train_rank"]
 
 _COMPUTE = ("F", "B", "I", "W", "R")
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, (tuple, list)):
-        return sum(_tensor_bytes(o) for o in obj)
-    return 0
 
 
 def _to(obj: Any, device: torch.device) -> Any:
@@ -70,7 +63,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         handles: list[Any] = []
 
         def hook(mod: Any, args: Any, out: Any, s: int = m.stage, handles: list = handles) -> None:
-            boundary[s] = [_tensor_bytes(args), _tensor_bytes(out)]  # one micro-batch's boundary tensors
+            boundary[s] = [tensor_bytes(args), tensor_bytes(out)]  # one micro-batch's boundary tensors
             handles[0].remove()
 
         handles.append(m.module.register_forward_hook(hook))
@@ -133,7 +126,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         t0 = time.perf_counter()
         with tk if tk is not None else contextlib.nullcontext():
             schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
-        grad_bytes = sum(_tensor_bytes(p.grad) for p in params if p.grad is not None)
+        grad_bytes = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
         rec.record(mods[0].stage, "O", -1, opt.step)
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
@@ -207,8 +200,8 @@ def _action_medians(steps: list[list[list[Any]]]) -> dict[str, float]:
 
 def _memory(params: list, grad_bytes: int, opt: Any, tk: MemoryTracker, mods: list, boundary: dict,
             plan: Plan, device: torch.device) -> dict[str, Any]:
-    weights = sum(_tensor_bytes(p) for p in params)
-    state = sum(_tensor_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+    weights = sum(tensor_bytes(p) for p in params)
+    state = sum(tensor_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
     buffers = 0
     for m in mods:
         inp, out = boundary.get(m.stage, [0, 0])

@@ -48,18 +48,12 @@ def read_env() -> Env | None:
     return Env(rank, world, local_rank, local_world)
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
     """Train this rank; rank 0 returns every rank's record, the others None."""
     import torch
     import torch.distributed as dist
 
+    from planner.execute.preflight import available_cores
     from planner.execute.train import train_rank
 
     plan = plan_from_dict(cfg["plan"])
@@ -67,7 +61,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
     if env.world != plan.n_devices:
         raise RunError(f"the job has {env.world} processes but the plan has {plan.n_devices} devices",
                        f"start {plan.n_devices} processes in total (torchrun --nnodes x --nproc-per-node)")
-    torch.set_num_threads(opts.threads or max(1, _cores() // max(1, env.local_world)))
+    torch.set_num_threads(opts.threads or max(1, available_cores() // max(1, env.local_world)))
     use_cuda = cfg.get("device_type") == "cuda"
     if use_cuda:
         if env.local_rank >= torch.cuda.device_count():

@@ -9,6 +9,14 @@ under `torch.manual_seed(seed)`, and returns one of:
      batch dim) and `--input-dtype` (`float`: standard normal; `long`: tokens below
      `--vocab`), the target random normal of the output's shape and the loss mean squared
      error. The output shape is found by one forward pass on a batch of 1.
+  4. any other `nn.Module` whose `forward` torch.fx can trace (skip connections, branches:
+     a U-Net, a ResNet written with `x + block(x)` at the top level), with `make_batch` and
+     `loss_fn` as in 2, or with `--input-shape` as in 3. It is traced on a batch of 1
+     (planner.graph.trace_layers: layers = the top-level modules it calls, in program order)
+     and `layers` is a `planner.graph.GraphSequential`: an nn.Sequential whose children run
+     the traced layers one after the other, passing the dict of tensors that cross each cut,
+     with the LayerGraph (skip edges, per-layer modules) as `layers.graph`. A forward fx
+     cannot trace fails here with one line (ModelSpecError). docs/graph.md has the details.
 The current directory is put on sys.path first, so `mymodels:build` finds ./mymodels.py.
 """
 
@@ -84,11 +92,14 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     made = _call(_load(p["module"], p["callable"], spec), dict(p["kwargs"]), seed, spec)
     if isinstance(made, ModelBundle):
         return made
-    if not isinstance(made, nn.Sequential) or len(made) == 0:
-        raise ModelSpecError(f"model {spec!r}: the factory returned {type(made).__name__}, not a non-empty nn.Sequential", "return nn.Sequential(OrderedDict(name=layer, ...)) or a ModelBundle")
+    traced = isinstance(made, nn.Module) and not isinstance(made, nn.Sequential)
+    if not traced and (not isinstance(made, nn.Sequential) or len(made) == 0):
+        raise ModelSpecError(f"model {spec!r}: the factory returned {type(made).__name__}, not a non-empty nn.Sequential or another nn.Module", "return nn.Sequential(OrderedDict(name=layer, ...)), an nn.Module whose forward torch.fx can trace, or a ModelBundle")
     make_batch, loss_fn = getattr(made, "make_batch", None), getattr(made, "loss_fn", None)
     if callable(make_batch) and callable(loss_fn):
         x, _ = make_batch(1, 0)
+        if traced:
+            return _traced_bundle(made, spec, x, make_batch, loss_fn)
         return ModelBundle(spec, made, make_batch, loss_fn, int(x.numel() * x.element_size()))
     if input_shape is None:
         raise ModelSpecError(f"model {spec!r} does not say what its input is", "give --input-shape (one sample, e.g. 3,32,32) and --input-dtype, or set make_batch and loss_fn on the Sequential")
@@ -103,7 +114,7 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
         except Exception as e:
             raise ModelSpecError(f"model {spec!r} fails on an input of shape (1, {', '.join(map(str, input_shape))}): {type(e).__name__}: {e}", "check --input-shape and --input-dtype") from None
     if not isinstance(out, torch.Tensor):
-        raise ModelSpecError(f"model {spec!r}: the last layer returns {type(out).__name__}, not a tensor")
+        raise ModelSpecError(f"model {spec!r}: the {'model' if traced else 'last layer'} returns {type(out).__name__}, not a tensor")
     out_shape = tuple(out.shape[1:])
 
     def make(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -113,5 +124,20 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         return F.mse_loss(output.float(), target.float())
 
+    if traced:
+        return _traced_bundle(made, spec, make_input(1, 0), make, mse)
     per_sample = int(torch.Size(input_shape).numel() * (8 if input_dtype == "long" else 4))
     return ModelBundle(spec, made, make, mse, per_sample)
+
+
+def _traced_bundle(model: nn.Module, spec: str, example: Any, make_batch: Callable[[int, int], tuple[Any, Any]],
+                   loss_fn: Callable[[Any, Any], Any]) -> ModelBundle:
+    """Case 4 of the module docstring: trace, then wrap the layers as a GraphSequential."""
+    from planner.graph.sequential import as_sequential
+    from planner.graph.trace import trace_layers
+
+    try:
+        lg = trace_layers(model, example)
+    except ModelSpecError as e:
+        raise ModelSpecError(f"model {spec!r}: {e.message}", e.hint) from None
+    return ModelBundle(spec, as_sequential(lg, source=model), make_batch, loss_fn, lg.input_bytes_per_sample)

@@ -7,6 +7,9 @@ state factor); kept and transient activation bytes and boundary buffers as plann
 A stage position's budget is its device's limit divided by the stages per device (interleaved
 chunks share a device; the split is conservative), less a 1e-9 safety margin so a plan that
 fits here also fits in the simulator despite floating-point summation order.
+For a model that is not a chain the boundary bytes are planner.cost's crossing bytes, a
+recomputed layer's input what it reads from all earlier layers, and the skip edges travel
+along (bytes per micro-batch) for the pass-through term.
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, optimizer_factor, stage_cost
+from planner.graph.edges import SkipEdge
 from planner.partition.problem import PartitionProblem
 from planner.plan import Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts
@@ -80,6 +84,12 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
     out = np.asarray(costs.output_bytes, dtype=float)
     input_bytes = np.concatenate([[float(costs.input_bytes)], out[:-1]])
     boundary = np.concatenate([[0.0], out[:-1], [0.0]])
+    passthrough: tuple = ()
+    if costs.skip_edges:  # not a chain: the same bytes planner.cost charges
+        input_bytes = np.asarray(costs.layer_input_bytes, dtype=float)
+        boundary = np.concatenate([[0.0], np.asarray(costs.crossing_bytes, dtype=float), [0.0]])
+        b = costs.micro_batch_size
+        passthrough = tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
     budgets, speeds = np.empty(S), np.empty(S)
     for s in range(S):
         dev = layout.devices[layout.device_of(s)]
@@ -100,6 +110,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         link_latency_ms=lat,
         link_ms_per_byte=mpb,
         recompute=recompute,
+        passthrough_edges=passthrough,
     )
 
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, saving_layers
+from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, passthrough_table, saving_layers
 
 __all__ = ["solve_dp", "min_memory_scale"]
 
@@ -46,6 +46,7 @@ class _Tables:
         self.bb = np.asarray(p.boundary_bytes, dtype=float)
         self.ps, self.pa, self.pc = _prefix(p.static_bytes), _prefix(p.activation_bytes), _prefix(p.compute_ms)
         self.comp = self.pc[None, :] - self.pc[:, None]
+        self.pt = passthrough_table(p)  # None for a chain; else per-(i, j) bytes held in flight
         self._h_cache: dict[tuple[float, int], np.ndarray] = {}
         self._band_cache: dict[float, tuple[np.ndarray, ...]] = {}
         self.ne = 0
@@ -122,6 +123,8 @@ class _Tables:
         ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
         bb = self.bb
         fixed = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
+        if self.pt is not None:
+            fixed = fixed + k * self.pt[ii, jj]
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
             ok = fixed + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj] <= budget
@@ -156,6 +159,8 @@ class _Tables:
         ii, jj = self.band(np.inf)
         bb = self.bb
         mem = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
+        if self.pt is not None:
+            mem = mem + k * self.pt[ii, jj]
         if p.recompute == "all":
             mem = mem + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj]
         else:

@@ -9,7 +9,10 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient).
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
-  Memory  sum_l y(static + k_s a) - k_s sum_l z (a - in) + T[s] + 2 (bytes in + bytes out) <= budget_s
+  Memory  sum_l y(static + k_s a) - k_s sum_l z (a - in) + T[s] + 2 (bytes in + bytes out)
+          + k_s sum_e bytes_e h[e,s] <= budget_s
+  h[e,s]  >= 1 - sum of y[l,s] over layers l outside e's gaps (l <= src, l >= dst or a reader),
+          >= 0: stage s holds skip tensor e it only forwards (non-chain models; none for a chain)
   Time    t_s = (sum_l y c + sum_l z rc) / speed_s + overhead_s + sends at both boundaries <= Z
 
 Pass 1 minimises Z; pass 2 bounds every t_s by the optimal Z and minimises sum_s t_s, as the DP
@@ -132,6 +135,11 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
             mem = (pulp.lpSum(y(l, s) * (float(p.static_bytes[l]) + k * a[l]) for l in range(L))
                    - k * pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand)
                    + trans + 2 * bytes_in + 2 * bytes_out)
+            for n, e in enumerate(p.passthrough_edges):
+                hold = _var(prob, f"h_{n}_{s}", 0)
+                outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]
+                prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
+                mem = mem + k * float(e.bytes_per_sample) * hold
             prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
         comp = (pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L))
                 + pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand))

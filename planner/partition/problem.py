@@ -13,7 +13,13 @@ Stage time (one micro-batch, ms):
     send = latency + bytes x ms_per_byte of that link (0 when no bytes cross it)
 Stage memory (bytes, planner.cost's model with the schedule's in-flight count):
     m_s = sum static_l + 2 (boundary_bytes[i] + boundary_bytes[j])
-          + k_s (sum_{l not in R} activation_l + sum_{l in R} input_l) + max_{l in R} activation_l
+          + k_s (sum_{l not in R} activation_l + sum_{l in R} input_l + passthrough(i, j))
+          + max_{l in R} activation_l
+For a model that is not a chain (planner.graph) boundary_bytes are the crossing bytes of each
+cut (skip tensors included), input_l what layer l reads from all earlier layers, and
+passthrough(i, j) the skip tensors the stage only forwards (produced before i, read at or
+after j, read nowhere in [i, j)): a term of the stage as a whole, not of its layers, so the
+DP and ILP take it from `passthrough_table` / `passthrough_edges`. 0 for a chain.
 Objective: minimise the bottleneck max_s t_s; among plans with that bottleneck (within
 TIME_TOL), minimise the total sum_s t_s; subject to m_s <= budget_s for every s.
 
@@ -32,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.graph.crossing import passthrough_bytes
+
 __all__ = [
     "RECOMPUTE_MODES",
     "TIME_TOL",
@@ -43,6 +51,8 @@ __all__ = [
     "recompute_family",
     "saving_layers",
     "fits",
+    "stage_passthrough",
+    "passthrough_table",
 ]
 
 RECOMPUTE_MODES = ("auto", "none", "all")
@@ -79,6 +89,8 @@ class PartitionProblem:
     """Length S-1: transfer ms per byte between positions s and s+1 (0 on one device)."""
     recompute: str = "auto"
     """Recompute family: auto, none or all (module docstring)."""
+    passthrough_edges: tuple = ()
+    """Skip edges (planner.graph.SkipEdge) whose `bytes_per_sample` holds bytes per micro-batch; () for a chain."""
 
     @property
     def n_layers(self) -> int:
@@ -133,10 +145,41 @@ def stage_time(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]
     return t
 
 
+def stage_passthrough(p: PartitionProblem, i: int, j: int) -> float:
+    """Bytes per micro-batch stage [i, j) holds for skip tensors it only forwards (0 for a chain)."""
+    if not p.passthrough_edges:
+        return 0.0
+    return passthrough_bytes(i, j, p.passthrough_edges)
+
+
+def passthrough_table(p: PartitionProblem) -> np.ndarray | None:
+    """(L+1, L+1) array: [i, j] = stage_passthrough(p, i, j) where i < j; None for a chain.
+
+    A skip tensor with producer src and readers c_1 < ... < c_m is held by stage [i, j)
+    exactly when, for two consecutive points a < b of (src, c_1, ..., c_m), a < i < j <= b:
+    a block of the table per gap, added with a 2-D difference array (O(edges x readers + L^2)).
+    """
+    if not p.passthrough_edges:
+        return None
+    L = p.n_layers
+    diff = np.zeros((L + 2, L + 2))
+    for e in p.passthrough_edges:
+        points = (e.src,) + tuple(e.also_to) + (e.dst,)
+        for a, b in zip(points, points[1:]):
+            w = float(e.bytes_per_sample)
+            diff[a + 1, a + 1] += w
+            diff[a + 1, b + 1] -= w
+            diff[b + 1, a + 1] -= w
+            diff[b + 1, b + 1] += w
+    return diff.cumsum(axis=0).cumsum(axis=1)[: L + 1, : L + 1]
+
+
 def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
     """Memory m_s of layers [i, j) at position s with `rec` recomputed (module docstring)."""
     rs = set(rec)
     kept = sum(float(p.input_bytes[l]) if l in rs else float(p.activation_bytes[l]) for l in range(i, j))
+    if p.passthrough_edges:
+        kept += stage_passthrough(p, i, j)
     transient = max((float(p.activation_bytes[l]) for l in rec), default=0.0)
     static = float(np.sum(p.static_bytes[i:j]))
     buffers = 2.0 * (float(p.boundary_bytes[i]) + float(p.boundary_bytes[j]))

@@ -24,6 +24,11 @@ Method (docs/profile-format.md repeats it for users):
 - flops: torch.utils.flop_counter over one forward without a graph (0 where it counts nothing).
 - cuda_peak_bytes: on CUDA, the allocator's peak during one forward+backward above what was
   allocated before it (gradients it creates included).
+- A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
+  tuple of outputs: the same method, with one fixed random gradient per output that
+  requires grad (seeds grad_seed, grad_seed + 1, ...) and bwd_input_ms taken with respect to
+  every input that requires grad. Its output_bytes here count all outputs; the profiler keeps
+  only the chain part.
 """
 
 from __future__ import annotations
@@ -165,7 +170,7 @@ def _output_gradient(out: torch.Tensor, seed: int) -> torch.Tensor:
 
 def measure_layer(
     layer: torch.nn.Module,
-    inp: torch.Tensor,
+    inp: torch.Tensor | tuple,
     *,
     loss_fn: Callable[[Any, Any], torch.Tensor] | None = None,
     target: Any = None,
@@ -182,7 +187,14 @@ def measure_layer(
     and its backward starts from the loss. Returns the measurement, the layer's output
     (detached, sharing storage with what the layer saved) and the saved-tensor record, which
     the caller passes as `prev_saved` to the next layer and then releases.
+
+    With a tuple `inp` the layer is called as layer(*inp) and must return a tuple (a traced
+    layer, planner.graph); the loss then takes its first output, and the returned output is
+    the tuple, each tensor detached.
     """
+    if isinstance(inp, tuple):
+        return _measure_multi(layer, inp, loss_fn=loss_fn, target=target, warmup=warmup, repeats=repeats,
+                              grad_seed=grad_seed, prev_saved=prev_saved, name=name, timer=timer)
     sync = _sync_for(inp.device)
     params = [p for p in layer.parameters() if p.requires_grad]
 
@@ -236,6 +248,86 @@ def measure_layer(
         output_bytes=tensor_bytes(y), flops=flops, cuda_peak_bytes=cuda_peak,
     )
     return m, y.detach(), saved
+
+
+def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[Any, Any], torch.Tensor] | None,
+                   target: Any, warmup: int, repeats: int, grad_seed: int, prev_saved: SavedTensors | None,
+                   name: str, timer: str) -> tuple[LayerMeasurement, tuple, SavedTensors]:
+    """measure_layer for a layer with a tuple of inputs and outputs (same method, module docstring)."""
+    tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
+    device = tensors[0].device if tensors else next((p.device for p in layer.parameters()), torch.device("cpu"))
+    sync = _sync_for(device)
+    params = [p for p in layer.parameters() if p.requires_grad]
+    grad_inputs = [t for t in tensors if t.requires_grad]
+
+    def forward() -> tuple[Any, Any]:
+        y = layer(*inputs)
+        return (y, loss_fn(y[0], target)) if loss_fn is not None else (y, y)
+
+    saved = SavedTensors(exclude=[*layer.parameters(), *layer.buffers()])
+    with saved:
+        y, out = forward()
+    if not isinstance(y, tuple):
+        raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tuple of outputs", "build traced layers with planner.graph (LayerGraph.layer_module)")
+    with torch.no_grad(), _flop_counter() as counter:
+        forward()
+    flops = int(counter.get_total_flops())
+    fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+
+    if loss_fn is not None:
+        roots = [out] if out.requires_grad else []
+        grads: list[torch.Tensor] | None = None
+    else:
+        roots = [t for t in y if isinstance(t, torch.Tensor) and t.requires_grad]
+        grads = [_output_gradient(t, grad_seed + k) for k, t in enumerate(roots)]
+    bwd: list[float] = []
+    bwd_input = 0.0
+    cuda_peak = 0
+    if roots:
+        leaves = params + grad_inputs
+
+        def clear() -> None:
+            for t in leaves:
+                t.grad = None
+
+        clear()
+        bwd = timed_ms(lambda: torch.autograd.backward(roots, grads, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+        clear()
+        if grad_inputs and params:
+            samples = timed_ms(lambda: torch.autograd.grad(roots, grad_inputs, grads, retain_graph=True, allow_unused=True),
+                               warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+            bwd_input = min(statistics.median(samples), statistics.median(bwd))
+        elif grad_inputs:
+            bwd_input = statistics.median(bwd)
+    if device.type == "cuda":
+        def run() -> None:
+            got, loss = forward()
+            rs = [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
+            if rs and all(r.requires_grad for r in rs):
+                torch.autograd.backward(rs, grads)
+
+        cuda_peak = _cuda_peak_of(run, device)
+        for t in params + grad_inputs:
+            t.grad = None
+    fwd_med, fwd_std = _median_std(fwd)
+    bwd_med, bwd_std = _median_std(bwd)
+    m = LayerMeasurement(
+        fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
+        bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
+        activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
+        output_bytes=tensor_bytes(y), flops=flops, cuda_peak_bytes=cuda_peak,
+    )
+    return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
+
+
+def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
+    """Allocator peak above the starting point while `run` (a forward and backward) runs."""
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    base = torch.cuda.memory_allocated(device)
+    run()
+    torch.cuda.synchronize(device)
+    return max(int(torch.cuda.max_memory_allocated(device) - base), 0)
 
 
 def _cuda_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None, device: torch.device) -> int:

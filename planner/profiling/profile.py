@@ -13,6 +13,10 @@ cuda_peak_bytes, shared_input_bytes (default 0: bytes of the layer's saved input
 previous layer also saves, so a stage holding both keeps them once). Unknown extra columns
 are ignored (and not written back). docs/profile-format.md has the full description.
 
+A model that is not a chain adds one `# edge: <src>-><readers> <bytes_per_sample>` line per
+skip tensor among the metadata (planner.graph.edges; docs/graph.md); a chain has none, so
+its text is what it always was.
+
 Loading validates everything a hand-edited file can get wrong and raises ProfileError with
 the file, line and column.
 """
@@ -31,6 +35,8 @@ import numpy as np
 
 from planner.atomic import atomic_write_text
 from planner.errors import ProfileError
+from planner.graph.crossing import crossing_bytes, layer_input_bytes
+from planner.graph.edges import EDGE_KEY, edge_lines, read_edges
 
 __all__ = [
     "FORMAT",
@@ -88,6 +94,12 @@ class LayerCosts:
     """True when micro_batch_size was not measured and these values are interpolated."""
     shared_input_bytes: np.ndarray | None = None
     """Bytes of each layer's saved input also saved by the layer before (count once within a stage)."""
+    skip_edges: tuple = ()
+    """Skip edges of a non-chain model (planner.graph.SkipEdge, bytes per sample); () for a chain."""
+    crossing_bytes: np.ndarray | None = None
+    """Length n_layers-1: bytes crossing the cut after each layer, skip tensors included (None: a chain, output_bytes[:-1])."""
+    layer_input_bytes: np.ndarray | None = None
+    """Per layer, bytes it reads from earlier layers (layer 0: input_bytes), what a checkpoint keeps (None: a chain)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +120,8 @@ class Profile:
     """Where it was loaded from, if anywhere."""
     sha256: str | None = None
     """Checksum of the file's bytes (plans record it)."""
+    skip_edges: tuple = ()
+    """Skip edges from `# edge:` lines (planner.graph.SkipEdge); () for a chain."""
 
     @property
     def n_layers(self) -> int:
@@ -134,12 +148,23 @@ class Profile:
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
             "activation_bytes", "output_bytes", "shared_input_bytes")}
+        input_bytes = self.input_bytes_per_sample * micro_batch_size
+        graph: dict = {}
+        if self.skip_edges:  # a chain keeps exactly the arrays (and code path) it always had
+            out, edges, n = cols["output_bytes"], self.skip_edges, self.n_layers
+            graph = {
+                "skip_edges": self.skip_edges,
+                "crossing_bytes": crossing_bytes(n, out, edges, micro_batch_size),
+                "layer_input_bytes": np.array([float(input_bytes)] + [
+                    layer_input_bytes(i, out, edges, micro_batch_size) for i in range(1, n)]),
+            }
         return LayerCosts(
             micro_batch_size=micro_batch_size,
             param_bytes=self.columns["param_bytes"][:, 0].copy(),
-            input_bytes=self.input_bytes_per_sample * micro_batch_size,
+            input_bytes=input_bytes,
             interpolated=interpolated,
             **cols,
+            **graph,
         )
 
     def _column_at(self, name: str, b: int) -> np.ndarray:
@@ -192,7 +217,8 @@ def read_profile_text(text: str, source: str = "<profile>", sha256: str | None =
         line = lines[first].lstrip("#").strip()
         if ":" in line:
             key, value = line.split(":", 1)
-            meta[key.strip()] = value.strip()
+            if key.strip() != EDGE_KEY:  # repeated edge lines are parsed by read_edges below
+                meta[key.strip()] = value.strip()
         first += 1
     if first >= len(lines):
         raise ProfileError(f"{source}: empty profile (no header row)", "the first non-comment line must be the header: " + ",".join(REQUIRED_COLUMNS))
@@ -271,6 +297,7 @@ def read_profile_text(text: str, source: str = "<profile>", sha256: str | None =
         meta=meta,
         path=None if source.startswith("<") else source,
         sha256=sha256 or _sha256(text.encode("utf-8")),
+        skip_edges=read_edges(lines, n_layers, source),
     )
 
 
@@ -326,6 +353,8 @@ def profile_to_text(profile: Profile) -> str:
     meta = {"format": FORMAT, **{k: v for k, v in profile.meta.items() if k != "format"}}
     for key, value in meta.items():
         out.write(f"# {key}: {value}\n")
+    for line in edge_lines(profile.skip_edges):  # none for a chain: its text is unchanged
+        out.write(line + "\n")
     cols = list(REQUIRED_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in profile.present]
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(cols)
@@ -349,10 +378,13 @@ def make_profile(
     micro_batch_sizes: list[int],
     columns: dict[str, np.ndarray],
     meta: dict[str, str] | None = None,
+    skip_edges: tuple = (),
 ) -> Profile:
     """Build a Profile from arrays (n_layers, n_sizes), validated by a text round-trip.
 
     Used by the profiler and by tests; routing through the CSV reader keeps one validator.
+    `skip_edges` (planner.graph.SkipEdge or (src, dst, bytes_per_sample[, also_to]) tuples)
+    become `# edge:` lines.
     """
     present = frozenset(c for c in OPTIONAL_COLUMNS if c in columns)
     draft = Profile(
@@ -361,6 +393,7 @@ def make_profile(
         columns={c: np.asarray(columns.get(c, np.zeros((len(names), len(micro_batch_sizes)))), dtype=float) for c in _NUMERIC},
         present=present,
         meta=dict(meta or {}),
+        skip_edges=tuple(skip_edges),
     )
     return read_profile_text(profile_to_text(draft))
 

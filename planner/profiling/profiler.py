@@ -4,6 +4,13 @@ Each micro-batch size gets a fresh batch from the model's `make_batch(size, seed
 through the layers in order, each layer measured on the real output of the one before
 (planner.profiling.measure describes the method). The optimizer step is measured once per
 layer: it does not depend on the micro-batch size.
+
+A model that is not a chain (its `layers` is a planner.graph.GraphSequential) is measured
+through its LayerGraph: layer i is `lg.layer_module(i)`, called on the real values it reads
+(`lg.layer_inputs(i)`, each detached and requiring grad as a stage receives it) and giving
+the real values later layers read. Its output_bytes keep only what the next layer alone
+reads; every other value becomes a skip edge (`# edge:` line) whose bytes per sample are
+measured at the largest micro-batch size, in the profiled dtype.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ import datetime as _dt
 import gc
 import platform
 import time
+from collections import defaultdict
 from typing import Any, Callable
 
 import numpy as np
@@ -21,7 +29,7 @@ from planner.errors import ModelSpecError, PplanError
 from planner.models import build_model, parse_spec
 from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
-from planner.profiling.saved import SavedTensors
+from planner.profiling.saved import SavedTensors, tensor_bytes
 
 __all__ = ["DTYPES", "profile_model", "resolve_device"]
 
@@ -90,12 +98,20 @@ def _failure(spec: str, index: int, name: str, size: int, e: Exception) -> Pplan
     return ModelSpecError(f"model {spec!r}: layer {index} ({name}) failed at micro-batch size {size}: {type(e).__name__}: {text}", "run with --debug for the traceback")
 
 
+def _inputs_to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
+    """A traced model's input: a tensor, or a tuple of them (several forward arguments)."""
+    if isinstance(x, tuple):
+        return tuple(_to_device(t, dev, dtype) for t in x)
+    return _to_device(x, dev, dtype)
+
+
 def _warm_up(bundle: Any, layers: torch.nn.Module, size: int, seed: int, dev: torch.device, dtype: torch.dtype) -> None:
     """One untimed training step of the whole model: first-call costs (allocator growth,
     kernel selection, lazy initialisation) would otherwise land on the first measurements."""
     x, target = bundle.make_batch(size, seed)
+    move = _inputs_to_device if getattr(layers, "graph", None) is not None else _to_device
     try:
-        bundle.loss_fn(layers(_to_device(x, dev, dtype)), _to_device(target, dev, dtype)).backward()
+        bundle.loss_fn(layers(move(x, dev, dtype)), _to_device(target, dev, dtype)).backward()
     except PplanError:
         raise
     except Exception:
@@ -138,11 +154,22 @@ def profile_model(
     started = time.perf_counter()
     try:
         layers = bundle.layers.to(device=dev, dtype=tdtype).train()
-        named = list(layers.named_children())
+        lg = getattr(layers, "graph", None)  # a traced non-chain model (planner.graph.GraphSequential)
+        if lg is not None:
+            named = [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)]
+        else:
+            named = list(layers.named_children())
         cols = {c: np.zeros((len(named), len(sizes))) for c in _COLUMNS}
         _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
         input_bytes = 0.0
+        skip: dict[tuple[int, tuple[int, ...]], float] = {}
         for k, size in enumerate(sizes):
+            if lg is not None:
+                input_bytes, skip = _measure_graph(
+                    lg, named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed, warmup=warmup,
+                    repeats=repeats, timer=timer, on_step=on_step, n_steps=len(sizes) * len(named))
+                gc.collect()
+                continue
             x, target = bundle.make_batch(size, seed)
             h, target = _to_device(x, dev, tdtype), _to_device(target, dev, tdtype)
             input_bytes = h.numel() * h.element_size() / size
@@ -194,6 +221,75 @@ def profile_model(
         if parse_spec(spec)[0] == "factory" and input_shape is not None:
             meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
         meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
+        if lg is not None:
+            edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
+            return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)
         return make_profile([n for n, _ in named], sizes, cols, meta)
     finally:
         torch.set_num_threads(old_threads)
+
+
+def _received(value: Any) -> Any:
+    """A value as a pipeline stage receives it: detached, floating tensors requiring grad."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().requires_grad_(value.is_floating_point())
+    return value
+
+
+def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: str, size: int, k: int,
+                   cols: dict[str, np.ndarray], *, dev: torch.device, dtype: torch.dtype, seed: int, warmup: int,
+                   repeats: int, timer: str, on_step: Callable[[int, int, str], None] | None,
+                   n_steps: int) -> tuple[float, dict[tuple[int, tuple[int, ...]], float]]:
+    """Measure every layer of a traced model at one size (module docstring); fills column k.
+
+    Returns (input bytes per sample, skip-edge bytes at this size keyed by (src, readers)).
+    """
+    x, target = bundle.make_batch(size, seed)
+    inputs = _inputs_to_device(x, dev, dtype)
+    inputs = inputs if isinstance(inputs, tuple) else (inputs,)
+    target = _to_device(target, dev, dtype)
+    env: dict[str, Any] = dict(zip(lg.input_names, inputs))
+    last_reader = {v.name: max(v.consumers) for v in lg.values}
+    by_producer: dict[int, list[Any]] = defaultdict(list)
+    for v in lg.values:
+        by_producer[v.producer].append(v)
+    skip: dict[tuple[int, tuple[int, ...]], float] = defaultdict(float)
+    n = len(named)
+    prev: SavedTensors | None = None
+    for i, (name, layer) in enumerate(named):
+        args = tuple(env[v] if i == 0 else _received(env[v]) for v in lg.layer_inputs(i))
+        last = i == n - 1
+        try:
+            m, outs, saved = measure_layer(
+                layer, args, loss_fn=bundle.loss_fn if last else None, target=target if last else None,
+                warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
+            )
+        except PplanError:
+            raise
+        except Exception as e:  # the model's own code failed: one line naming where
+            raise _failure(spec, i, name, size, e) from e
+        if prev is not None:
+            prev.release()
+        prev = saved
+        for c in _COLUMNS:
+            cols[c][i, k] = getattr(m, c)
+        made = dict(zip(lg.layer_outputs(i), outs))
+        if last:
+            cols["output_bytes"][i, k] = tensor_bytes(outs[0])
+        else:  # the chain edge stays in output_bytes; the rest travels further: skip edges
+            chain = 0
+            for v in by_producer[i]:
+                nbytes = tensor_bytes(made[v.name])
+                if v.consumers == (i + 1,):
+                    chain += nbytes
+                else:
+                    skip[(i, v.consumers)] += nbytes
+            cols["output_bytes"][i, k] = chain
+        env.update(made)
+        for dead in [name_ for name_ in env if last_reader.get(name_, -1) <= i]:
+            del env[dead]  # read by no later layer: free it, as a pipeline would
+        if on_step:
+            on_step(k * n + i + 1, n_steps, f"micro-batch {size} {name}")
+    if prev is not None:
+        prev.release()
+    return tensor_bytes(inputs) / size, dict(skip)
