@@ -23,7 +23,7 @@ from typing import Any, Callable
 from planner.errors import InfeasibleError, PplanError
 from planner.units import format_bytes, format_ms
 
-__all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "run_demo", "choose_memory_limit"]
+__all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread"]
 
 
 @dataclass(frozen=True)
@@ -102,6 +102,8 @@ class DemoResult:
     """Largest measured per-device peak of the final plan."""
     elapsed_s: float
     """Wall time of the whole demo."""
+    noisy: tuple[str, ...] = ()
+    """Runs whose step times varied so much that another load probably shared the machine."""
 
     def summary(self) -> list[tuple[str, str]]:
         """(quantity, value) rows: printed at the end and shown first in the report."""
@@ -123,10 +125,28 @@ class DemoResult:
                                             f"{format_ms(self.measured_ms)} ({err(self.predicted_ms, self.measured_ms)}; "
                                             "a new run, not the one calibrated on)"),
             ("speedup over the uniform split", f"{self.uniform_measured_ms / self.measured_ms:.2f}x measured "
-                                               f"({format_ms(self.uniform_measured_ms)} vs {format_ms(self.measured_ms)}, "
-                                               f"uniform run without the limit), "
-                                               f"{self.uniform_predicted_ms / self.predicted_ms:.2f}x predicted"),
-        ]
+                                               f"({format_ms(self.uniform_measured_ms)} vs {format_ms(self.measured_ms)}), "
+                                               f"{self.uniform_predicted_ms / self.predicted_ms:.2f}x predicted; the uniform "
+                                               "split run as a user would if memory allowed: same schedule and "
+                                               "micro-batches, no recompute, limit lifted"),
+        ] + ([("timing noise", f"step times of {', '.join(self.noisy)} varied by more than {NOISE:.0%} of their "
+                               "median: something else was probably running; rerun on a quiet machine")]
+             if self.noisy else [])
+
+
+NOISE = 0.25  # (90th - 10th percentile) / median of a run's timed steps above this: flagged as noisy
+
+
+def step_spread(run: dict[str, Any]) -> float:
+    """(90th - 10th percentile) / median of the run's timed steps (0 with fewer than 3)."""
+    import numpy as np
+
+    steps = run.get("step_ms") or []
+    timed = [steps[i] for i in run.get("measured_steps") or range(len(steps)) if i < len(steps)]
+    if len(timed) < 3:
+        return 0.0
+    p10, p50, p90 = np.percentile(timed, [10, 50, 90])
+    return float((p90 - p10) / p50) if p50 > 0 else 0.0
 
 
 def _stderr(message: str) -> None:
@@ -289,6 +309,11 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
     run3 = run_plan(uniform, replace(opts, calibrate=False), plan_path=str(data / "plan_uniform.json"),
                     profile_path=str(prof_path), out=data / "run_uniform.json")
 
+    runs = (("the first run", run1.run), ("the second run", run2.run), ("the uniform split's run", run3.run))
+    noisy = tuple(name for name, r in runs if step_spread(r) > NOISE)
+    if noisy:
+        emit(f"        warning: step times of {', '.join(noisy)} varied by more than {NOISE:.0%}: the machine "
+             "seems busy with something else, so the times are noisy")
     peaks_meas = [r.get("peak_memory_bytes_measured") for r in run2.run["ranks"]]
     result = DemoResult(
         out_dir=out, html=out / "report.html", limit=limit,
@@ -298,7 +323,7 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
         uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.run["iteration_ms_measured"]),
         peak_predicted_bytes=float(max(sim.peak_memory_bytes)),
         peak_measured_bytes=float(max(peaks_meas)) if all(isinstance(p, (int, float)) for p in peaks_meas) else None,
-        elapsed_s=0.0,
+        elapsed_s=0.0, noisy=noisy,
     )
 
     step(8, f"writing the report to {out}")
@@ -336,5 +361,5 @@ def _result_dict(r: DemoResult) -> dict[str, Any]:
         "predicted_ms": r.predicted_ms, "measured_ms": r.measured_ms,
         "uniform_predicted_ms": r.uniform_predicted_ms, "uniform_measured_ms": r.uniform_measured_ms,
         "peak_predicted_bytes": r.peak_predicted_bytes, "peak_measured_bytes": r.peak_measured_bytes,
-        "elapsed_s": r.elapsed_s, "summary": [{"quantity": k, "value": v} for k, v in r.summary()],
+        "elapsed_s": r.elapsed_s, "noisy_runs": list(r.noisy), "summary": [{"quantity": k, "value": v} for k, v in r.summary()],
     }

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.demo import QUICK, DemoSettings, _uniform_plan, choose_memory_limit
+from planner.demo import NOISE, QUICK, DemoSettings, _uniform_plan, choose_memory_limit, step_spread
 from planner.errors import InfeasibleError
 from planner.partition.api import partition
 from planner.partition.search import PartitionSettings
@@ -46,6 +46,14 @@ def test_uniform_comparison_plan_keeps_schedule_and_drops_limit_and_recompute():
     assert all(d.memory_bytes is None for d in uniform.devices)
     assert (uniform.schedule, uniform.n_microbatches, uniform.micro_batch_size) == \
         (plan.schedule, plan.n_microbatches, plan.micro_batch_size)
+
+
+def test_step_spread_flags_a_run_disturbed_halfway_and_ignores_warmup():
+    steady = {"step_ms": [900.0] + [700.0 + (i % 3) for i in range(12)], "measured_steps": list(range(1, 13))}
+    assert step_spread(steady) < 0.01  # the slow first (warm-up) step does not count
+    disturbed = {"step_ms": [700.0] * 7 + [1100.0] * 6, "measured_steps": list(range(13))}
+    assert step_spread(disturbed) > NOISE
+    assert step_spread({"step_ms": [1.0, 2.0]}) == 0.0
 
 
 @pytest.mark.slow

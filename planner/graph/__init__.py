@@ -2,7 +2,7 @@
 
 Pure parts (import without torch, networkx or matplotlib; safe for partition/simulate):
   edges     SkipEdge, the profile's `# edge:` lines (edge_lines, read_edges, add_edge_lines)
-  crossing  crossing_bytes, passthrough_bytes, layer_input_bytes, direct_send_bytes, stage_ranges
+  crossing  crossing_bytes, passthrough_bytes, layer_input_bytes(s), direct_send_bytes, stage_ranges
   layers    LayerGraph, Value (data types)
 Torch parts, imported on first use of their names:
   trace     trace_layers(module, example_input) -> LayerGraph
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.graph.crossing import crossing_bytes, direct_send_bytes, layer_input_bytes, passthrough_bytes, stage_ranges
+from planner.graph.crossing import crossing_bytes, direct_send_bytes, layer_input_bytes, layer_inputs, passthrough_bytes, stage_ranges
 from planner.graph.edges import EDGE_KEY, SkipEdge, add_edge_lines, as_skip_edges, edge_lines, read_edges
 from planner.graph.layers import OUTPUT, LayerGraph, Value
 
 __all__ = [
     "EDGE_KEY", "OUTPUT", "GraphSequential", "LayerGraph", "SkipEdge", "Value",
     "add_edge_lines", "as_sequential", "as_skip_edges", "crossing_bytes", "direct_send_bytes", "draw_layer_graph",
-    "edge_lines", "layer_input_bytes", "split_policy", "passthrough_bytes", "read_edges", "split_spec",
+    "edge_lines", "layer_input_bytes", "layer_inputs", "split_policy", "passthrough_bytes", "read_edges", "split_spec",
     "stage_ranges", "trace_layers",
 ]
 

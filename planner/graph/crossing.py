@@ -33,7 +33,7 @@ import numpy as np
 from planner.errors import PplanError
 from planner.graph.edges import SkipEdge, as_skip_edges
 
-__all__ = ["crossing_bytes", "passthrough_bytes", "layer_input_bytes", "direct_send_bytes", "stage_ranges"]
+__all__ = ["crossing_bytes", "passthrough_bytes", "layer_input_bytes", "layer_inputs", "direct_send_bytes", "stage_ranges"]
 
 
 def _checked(n_layers: int, skip_edges: Iterable[Sequence]) -> tuple[SkipEdge, ...]:
@@ -96,6 +96,14 @@ def layer_input_bytes(layer: int, output_bytes_per_layer: Sequence[float], skip_
         raise PplanError(f"layer {layer} has no earlier layer to read from (layers 1..{len(output_bytes_per_layer) - 1})")
     skips = sum(e.bytes_per_sample for e in as_skip_edges(skip_edges) if layer in e.consumers)
     return float(output_bytes_per_layer[layer - 1]) + float(skips * micro_batch_size)
+
+
+def layer_inputs(n_layers: int, output_bytes_per_layer: Sequence[float], skip_edges: Iterable[Sequence] = (),
+                 micro_batch_size: int = 1, input_bytes: float = 0.0) -> np.ndarray:
+    """`layer_input_bytes` of every layer as an array; layer 0 reads the model input, `input_bytes`."""
+    edges = as_skip_edges(skip_edges)
+    return np.array([float(input_bytes)] + [layer_input_bytes(i, output_bytes_per_layer, edges, micro_batch_size)
+                                            for i in range(1, n_layers)])
 
 
 def stage_ranges(n_layers: int, cuts: Iterable[int]) -> list[tuple[int, int]]:

@@ -123,12 +123,14 @@ def _leading(lines: list[str]) -> Iterable[tuple[int, str, str]]:
             yield i + 1, key.strip(), value
 
 
-def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: str = "<profile>") -> tuple[SkipEdge, ...]:
+def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: str = "<profile>",
+               max_bytes: float | None = None) -> tuple[SkipEdge, ...]:
     """Parse and validate the `# edge:` lines of a profile's leading metadata block.
 
     `text` is the whole profile text (or its lines). With `n_layers` the destinations are
     range-checked. Raises ProfileError naming `source`, the line number and the bad value on
-    a malformed line, src >= dst, a layer out of range, negative bytes, or a repeated
+    a malformed line, src >= dst, a layer out of range, negative bytes, bytes above
+    `max_bytes` (a size no real device has: the profile's column limit), or a repeated
     (src, consumers) pair. Returns the edges sorted by (src, dst).
     """
     lines = text.splitlines() if isinstance(text, str) else list(text)
@@ -138,6 +140,9 @@ def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: s
         if key != EDGE_KEY:
             continue
         edge = _parse(value, lineno, source, n_layers)
+        if max_bytes is not None and edge.bytes_per_sample > max_bytes:
+            raise ProfileError(f"{source}:{lineno}: edge {format_edge(edge)!r}: {edge.bytes_per_sample} bytes per sample is too large for any real device (limit {max_bytes:.0e} bytes)",
+                               "check the units: sizes in bytes")
         ident = (edge.src, edge.consumers)
         if ident in seen:
             raise ProfileError(f"{source}:{lineno}: edge {format_edge(edge)!r} repeats {edge.src}->{','.join(map(str, edge.consumers))} (first on line {seen[ident]})", "add the bytes into one line")

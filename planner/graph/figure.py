@@ -2,6 +2,7 @@
 
     python -m planner.graph.figure --model tests.unet_model:build --cuts 2,6 -o reports/unet_graph.png
     python -m planner.graph.figure --profile my.csv --cuts 3 -o graph.png
+    python -m planner.graph.figure --plan plan.json -o graph.png     (the plan's cuts and profile)
 
 Layers sit left to right in the traced order. A straight arrow carries what layer i+1 reads
 from layer i; an arc above the row goes from a skip tensor's producer to each consumer beyond
@@ -22,7 +23,7 @@ import numpy as np
 from planner.atomic import atomic_write_bytes
 from planner.errors import PplanError
 from planner.graph.crossing import crossing_bytes, stage_ranges
-from planner.graph.edges import as_skip_edges, read_edges
+from planner.graph.edges import as_skip_edges
 from planner.units import format_bytes
 
 __all__ = ["draw_layer_graph", "main"]
@@ -113,16 +114,23 @@ def _from_profile(path: str) -> tuple[list[str], list[float], tuple, str]:
     prof = load_profile(path)
     size = prof.micro_batch_sizes[0]
     out = list(prof.columns["output_bytes"][:, 0] / size)
-    with open(path, encoding="utf-8-sig") as fh:
-        edges = read_edges(fh.read(), prof.n_layers, path)
-    return list(prof.names), out, edges, prof.meta.get("model", path)
+    return list(prof.names), out, prof.skip_edges, prof.meta.get("model", path)
+
+
+def _plan_cuts(path: str) -> tuple[list[int], str | None]:
+    """(cuts after these layers, the profile the plan names) of a plan JSON."""
+    from planner.plan import load_plan
+
+    plan = load_plan(path)
+    return [st.layers[1] - 1 for st in plan.stages[:-1]], plan.profile_path
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m planner.graph.figure", description=__doc__.splitlines()[0])
-    src = ap.add_mutually_exclusive_group(required=True)
+    src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", help="module:factory[:key=value,...] returning an nn.Module with make_batch")
     src.add_argument("--profile", help="a profile CSV (with # edge: lines)")
+    ap.add_argument("--plan", help="a plan JSON: draw its cuts (and its profile unless --model/--profile is given)")
     ap.add_argument("--cuts", default="", help="cut after these layers, e.g. 2,6")
     ap.add_argument("--batch", type=int, default=2, help="example batch size for tracing")
     ap.add_argument("--depth", type=int, default=1, help="grouping depth (1: outermost called modules)")
@@ -131,6 +139,11 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         cuts = [int(c) for c in a.cuts.split(",") if c.strip()]
+        if a.plan:
+            cuts, planned = _plan_cuts(a.plan)
+            a.profile = a.profile or (None if a.model else planned)
+        if not (a.model or a.profile):
+            raise PplanError("nothing to draw", "give --model, --profile or --plan (with a profile path)")
         names, out, edges, label = _from_model(a.model, a.batch, a.depth, a.opaque) if a.model else _from_profile(a.profile)
         draw_layer_graph(names, out, edges, a.output, cuts, title=f"{label}: {len(names)} layers, cuts {cuts}; bytes per sample")
     except (PplanError, ValueError) as e:
@@ -142,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{i:3d} {name:<16} chain {format_bytes(out[i]):>10}{after}")
     for e in as_skip_edges(edges):
         print(f"skip {e.src}->{','.join(map(str, e.consumers))}: {format_bytes(e.bytes_per_sample)}")
+    print(f"cuts after layers {cuts}")
     print(f"wrote {a.output}")
     return 0
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from planner.atomic import atomic_write_text
 from planner.errors import ProfileError
-from planner.graph.crossing import crossing_bytes, layer_input_bytes
+from planner.graph.crossing import crossing_bytes, layer_inputs
 from planner.graph.edges import EDGE_KEY, edge_lines, read_edges
 
 __all__ = [
@@ -152,12 +152,8 @@ class Profile:
         graph: dict = {}
         if self.skip_edges:  # a chain keeps exactly the arrays (and code path) it always had
             out, edges, n = cols["output_bytes"], self.skip_edges, self.n_layers
-            graph = {
-                "skip_edges": self.skip_edges,
-                "crossing_bytes": crossing_bytes(n, out, edges, micro_batch_size),
-                "layer_input_bytes": np.array([float(input_bytes)] + [
-                    layer_input_bytes(i, out, edges, micro_batch_size) for i in range(1, n)]),
-            }
+            graph = {"skip_edges": edges, "crossing_bytes": crossing_bytes(n, out, edges, micro_batch_size),
+                     "layer_input_bytes": layer_inputs(n, out, edges, micro_batch_size, input_bytes)}
         return LayerCosts(
             micro_batch_size=micro_batch_size,
             param_bytes=self.columns["param_bytes"][:, 0].copy(),
@@ -297,7 +293,7 @@ def read_profile_text(text: str, source: str = "<profile>", sha256: str | None =
         meta=meta,
         path=None if source.startswith("<") else source,
         sha256=sha256 or _sha256(text.encode("utf-8")),
-        skip_edges=read_edges(lines, n_layers, source),
+        skip_edges=read_edges(lines, n_layers, source, max_bytes=_MAX_BYTES),
     )
 
 

@@ -143,7 +143,7 @@ def render_html(doc: ReportDocument) -> str:
 
 
 def _default_mode() -> int:
-    """Permissions a plain new file gets under the current umask (usually 0644)."""
+    """Permissions a plain new file gets under the current umask (usually 0644; folders add x)."""
     mask = os.umask(0)
     os.umask(mask)
     return 0o666 & ~mask
@@ -160,9 +160,8 @@ def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, byte
         raise PplanError(f"cannot create report folder {str(out)!r}: {e.strerror}") from None
     tmp = Path(tempfile.mkdtemp(prefix=f".{FIGURES_DIR}.", suffix=".tmp", dir=out))
     old: Path | None = None
-    mode = _default_mode()
     try:
-        os.chmod(tmp, mode | 0o111)  # mkdtemp makes 0700; a report is meant to be shared
+        os.chmod(tmp, _default_mode() | 0o111)  # mkdtemp makes 0700; a report is meant to be shared
         for name, data in sorted(figure_files.items()):
             (tmp / name).write_bytes(data)
         final = out / FIGURES_DIR
@@ -171,9 +170,8 @@ def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, byte
             os.rmdir(old)
             os.rename(final, old)
         os.rename(tmp, final)
-        for name, text in (("report.html", page), ("report.md", markdown)):
-            atomic_write_text(out / name, text)
-            os.chmod(out / name, mode)  # the temporary file behind the rename is 0600
+        atomic_write_text(out / "report.html", page)
+        atomic_write_text(out / "report.md", markdown)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         if old is not None and not (out / FIGURES_DIR).exists():

@@ -96,8 +96,8 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 def caption(inputs: ReportInputs) -> str:
     return ("Predicted iteration time (left) and largest per-device peak memory (right) of pplan's plan and "
             "of the baseline splits: equal layer counts (uniform), equal parameter bytes (params) and equal "
-            "compute time (time), each with the plan's schedule and micro-batches. Red hatched bars do not fit "
-            "the memory limit (dashed line).")
+            "compute time (time), as `pplan partition` evaluated them: the plan's schedule and micro-batches, "
+            "with recompute added where it helps them fit. Red hatched bars do not fit the memory limit (dashed).")
 
 
 def _limit(inputs: ReportInputs) -> float | None:

@@ -37,7 +37,8 @@ def caption(inputs: ReportInputs) -> str:
     text = (f"Forward and backward time (top) and parameter and activation bytes (bottom) of each layer "
             f"at micro-batch size {b}.")
     if _plan_matches(inputs):
-        text += " Shaded bands are the plan's stages; hatched activation bars are recomputed layers."
+        text += (" Shaded bands are the plan's stages, labelled with their time per micro-batch (F+B, and R for "
+                 "the forward a recomputed layer repeats); hatched activation bars are recomputed layers.")
     elif inputs.plan is not None:
         text += (f" The plan's stages are not drawn: it covers {inputs.plan.stages[-1].layers[1]} layers, "
                  f"the profile has {inputs.profile.n_layers}.")
@@ -112,9 +113,12 @@ def _draw_stages(ax_t: Any, ax_m: Any, plan: Any, costs: Any) -> None:
             ax.axvspan(first - 0.5, end - 0.5, color=color, alpha=0.08, lw=0)
             if first > 0:
                 ax.axvline(first - 0.5, color="#333333", ls="--", lw=1)
-        stage_ms = float(np.sum(costs.fwd_ms[first:end]) + np.sum(costs.bwd_ms[first:end]))
+        # Recomputed layers run their forward again during the backward: count it.
+        stage_ms = float(np.sum(costs.fwd_ms[first:end]) + np.sum(costs.bwd_ms[first:end])
+                         + sum(float(costs.fwd_ms[i]) for i in st.recompute))
         name = plan.devices[st.device].name if st.device < len(plan.devices) else f"dev{st.device}"
         narrow = (end - first) < max(2, len(costs.fwd_ms) / 12)  # a full label would spill over neighbours
-        label = f"s{s}" if narrow else f"stage {s} on {name}\n{stage_ms:.1f} ms F+B"
+        kinds = "F+B+R" if st.recompute else "F+B"
+        label = f"s{s}" if narrow else f"stage {s} on {name}\n{stage_ms:.1f} ms {kinds}"
         ax_t.text((first + end - 1) / 2, 0.97, label,
                   transform=ax_t.get_xaxis_transform(), ha="center", va="top", fontsize=8.5, color="#333333")

@@ -87,30 +87,33 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
             parts.append(f"limit {format_bytes(limit)} ({worst / limit:.0%} used)")
         if parts:
             rows.append((f"peak memory dev {dev}", ", ".join(parts)))
-    rows += _baseline_rows(baselines or [], predicted)
+    recompute = (inputs.plan.search or {}).get("recompute") if inputs.plan is not None else None
+    rows += _baseline_rows(baselines or [], predicted, recompute)
     return rows
 
 
-def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None) -> list[tuple[str, str]]:
-    """One row per baseline: how much slower (or faster) than the plan, and whether it fits."""
+def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None,
+                   recompute: str | None = None) -> list[tuple[str, str]]:
+    """One row per baseline (as `pplan partition` evaluated it): fits or not, and time against the plan."""
     rows = []
     mine = next((b for b in baselines if b.get("is_plan")), None)
     ours = (mine or {}).get("iteration_ms") or predicted
+    with_recompute = recompute not in (None, "none")
     for b in baselines:
         if b.get("is_plan"):
             continue
         parts = []
-        if ours and b.get("iteration_ms"):
-            ratio = b["iteration_ms"] / ours
-            if abs(ratio - 1) < 0.005:
-                parts.append(f"as fast as the plan ({format_ms(b['iteration_ms'])} predicted)")
-            else:
-                parts.append(f"plan is {ratio if ratio >= 1 else 1 / ratio:.2f}x {'faster' if ratio >= 1 else 'slower'} "
-                             f"({format_ms(ours)} vs {format_ms(b['iteration_ms'])} predicted)")
         if not b.get("feasible", True):
             need = b.get("peak_memory_bytes")
-            parts.append("does not fit the memory limit" + (f" (needs {format_bytes(need)})" if need else ""))
+            parts.append("does not fit the memory limit" + (
+                f": needs {format_bytes(need)}{' even with recompute' if with_recompute else ''}" if need else ""))
         else:
             parts.append("fits")
+        if ours and b.get("iteration_ms"):
+            ratio = b["iteration_ms"] / ours
+            detail = f"{format_ms(b['iteration_ms'])} predicted"
+            if abs(ratio - 1) >= 0.005:
+                detail += f", {ratio:.2f}x the plan's {format_ms(ours)}"
+            parts.append(detail)
         rows.append((f"vs {b['name']} split", "; ".join(parts)))
     return rows
