@@ -101,6 +101,17 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
     return "cuda"
 
 
+NON_CHAIN_HINT = ("plan and simulate it with pplan partition/simulate; running non-chain models needs "
+                  "torch's pipeline() splitting, not yet wired into pplan run (docs/graph.md)")
+
+
+def _refuse_non_chain(skip_edges: Any, model: str | None) -> None:
+    """Stages of a model with skip connections exchange several tensors per cut, which the
+    executor's stage construction does not do yet: refuse before any process starts."""
+    if skip_edges:
+        raise PlanError(f"model {model!r} is not a chain ({len(skip_edges)} skip connection(s) cross layers)", NON_CHAIN_HINT)
+
+
 def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
               force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
     """Run every check that needs no process group; raise on the first problem."""
@@ -125,6 +136,7 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
                 raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
                                 f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
         profile = load_profile(path)
+        _refuse_non_chain(profile.skip_edges, plan.model)
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")

@@ -53,6 +53,11 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     from planner.models import build_model
 
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
+    graph = getattr(bundle.layers, "graph", None)
+    if graph is not None and graph.skip_edges:  # no profile to check up front: refuse here
+        from planner.execute.preflight import _refuse_non_chain
+
+        _refuse_non_chain(graph.skip_edges, plan.model)
     mods = build_stage_modules(plan, bundle.layers, rank)
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
     bundle.layers._modules.clear()
