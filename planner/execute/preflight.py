@@ -101,15 +101,21 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
     return "cuda"
 
 
-NON_CHAIN_HINT = ("plan and simulate it with pplan partition/simulate; running non-chain models needs "
-                  "torch's pipeline() splitting, not yet wired into pplan run (docs/graph.md)")
+NON_CHAIN_HINT = ("re-plan with --schedule gpipe or 1f1b, one stage per device and --recompute none; "
+                  "other plans of non-chain models can be simulated, not run yet (docs/graph.md)")
 
 
-def _refuse_non_chain(skip_edges: Any, model: str | None) -> None:
-    """Stages of a model with skip connections exchange several tensors per cut, which the
-    executor's stage construction does not do yet: refuse before any process starts."""
-    if skip_edges:
-        raise PlanError(f"model {model!r} is not a chain ({len(skip_edges)} skip connection(s) cross layers)", NON_CHAIN_HINT)
+def _refuse_non_chain(plan: Plan, skip_edges: Any) -> None:
+    """A model with skip connections runs on stages split by torch's pipeline(): gpipe or 1f1b,
+    one stage per device, no recompute. Refuse anything else before any process starts."""
+    if not skip_edges:
+        return
+    from planner.execute.stages import non_chain_unsupported
+
+    why = non_chain_unsupported(plan)
+    if why is not None:
+        raise PlanError(f"model {plan.model!r} is not a chain ({len(skip_edges)} skip connection(s) cross layers) "
+                        f"and the plan has {why}", NON_CHAIN_HINT)
 
 
 def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
@@ -136,7 +142,7 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
                 raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
                                 f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
         profile = load_profile(path)
-        _refuse_non_chain(profile.skip_edges, plan.model)
+        _refuse_non_chain(plan, profile.skip_edges)
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")

@@ -37,6 +37,9 @@ __all__ = [
     "rank_device",
     "stages_of_rank",
     "build_stage_modules",
+    "is_non_chain",
+    "non_chain_unsupported",
+    "build_traced_stages",
     "plan_schedule",
     "make_schedule",
     "check_executed_order",
@@ -148,6 +151,78 @@ def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int) -> list[St
         wrapped = [Checkpointed(layer) if first + i in rec else layer for i, layer in enumerate(kept)]
         out.append(StageModule(stage=s, first=first, end=stop, module=nn.Sequential(*wrapped), layers=kept))
     return out
+
+
+def is_non_chain(layers: nn.Module) -> bool:
+    """Whether `layers` is a traced model with skip edges (a GraphSequential of a non-chain model)."""
+    graph = getattr(layers, "graph", None)
+    return graph is not None and bool(graph.skip_edges)
+
+
+def non_chain_unsupported(plan: Plan) -> str | None:
+    """Why `plan` cannot run on traced (pipeline()-split) stages, or None when it can."""
+    if plan.schedule not in ("gpipe", "1f1b") or plan.n_stages != plan.n_devices:
+        return (f"schedule {plan.schedule!r} with {plan.n_stages} stages on {plan.n_devices} devices: "
+                "only gpipe and 1f1b with one stage per device run non-chain models")
+    if any(st.recompute for st in plan.stages):
+        return "recompute layers: activation checkpointing inside a traced stage is not supported yet"
+    return None
+
+
+class _LayerView:
+    """Layer i of a traced stage for state dicts: the stage module's entries under layer i's keys."""
+
+    def __init__(self, stage_module: nn.Module, keys: list[str]):
+        self.module, self.keys = stage_module, keys
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        sd = self.module.state_dict()
+        return {k: sd[k] for k in self.keys}
+
+    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        missing = set(self.keys) - set(state)
+        if missing:
+            raise RunError(f"checkpoint lacks {sorted(missing)[:3]} for a traced stage", "resume with the plan it was saved by")
+        self.module.load_state_dict(state, strict=False)
+
+
+def build_traced_stages(plan: Plan, bundle: Any, rank: int, device: torch.device,
+                        group: Any = None) -> tuple[list[StageModule], list[Any]]:
+    """A non-chain model's stages on this rank: torch's pipeline() split at the plan's cuts.
+
+    Exports the user's module (`bundle.layers.source`) on one micro-batch, splits it with
+    `split_policy(lg, cuts)` (skip tensors relayed stage to stage) and builds this rank's
+    PipelineStage. StageModule.module is the traced stage module; StageModule.layers gives
+    per-layer state dicts (layer i owns the keys of `bundle.layers[i]`) for checkpoints.
+    """
+    from torch.distributed.pipelining import pipeline
+
+    from planner.graph.pipe import split_policy
+
+    why = non_chain_unsupported(plan)
+    if why is not None:
+        raise PlanError(f"model {plan.model!r} is not a chain and the plan has {why}",
+                        "re-plan with --schedule gpipe or 1f1b, one stage per device and --recompute none")
+    lg = bundle.layers.graph
+    if lg.n_layers != plan.stages[-1].layers[1]:
+        raise PlanError(f"plan covers {plan.stages[-1].layers[1]} layers but model {plan.model!r} has {lg.n_layers}",
+                        "re-plan from a profile of this model")
+    cuts = [st.layers[1] - 1 for st in plan.stages[:-1]]
+    x = bundle.make_batch(plan.micro_batch_size, 0)[0]
+    pipe = pipeline(bundle.layers.source, tuple(x) if isinstance(x, (tuple, list)) else (x,),
+                    split_policy=split_policy(lg, cuts))
+    if pipe.num_stages != plan.n_stages:
+        raise RunError(f"pipeline() made {pipe.num_stages} stages of the plan's {plan.n_stages}",
+                       "report this model: the traced split differs from the plan")
+    children = list(bundle.layers.children())
+    mods, stages = [], []
+    for s in stages_of_rank(plan, rank):
+        first, stop = plan.stages[s].layers
+        sub = pipe.get_stage_module(s).to(device)
+        views = [_LayerView(sub, list(children[i].state_dict())) for i in range(first, stop)]
+        mods.append(StageModule(stage=s, first=first, end=stop, module=sub, layers=views))
+        stages.append(pipe.build_stage(s, device, group))
+    return mods, stages
 
 
 def plan_schedule(plan: Plan) -> PipelineSchedule:

@@ -22,8 +22,8 @@ import torch.distributed as dist
 from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, recorder, set_tracker
 from planner.execute.options import RunOptions
-from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
-                                    rank_device, step_seed)
+from planner.execute.stages import (build_stage_modules, build_traced_stages, check_executed_order, is_non_chain,
+                                    make_optimizer, make_schedule, rank_device, step_seed)
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
 
@@ -53,14 +53,17 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     from planner.models import build_model
 
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
-    graph = getattr(bundle.layers, "graph", None)
-    if graph is not None and graph.skip_edges:  # no profile to check up front: refuse here
-        from planner.execute.preflight import _refuse_non_chain
-
-        _refuse_non_chain(graph.skip_edges, plan.model)
-    mods = build_stage_modules(plan, bundle.layers, rank)
+    traced = is_non_chain(bundle.layers)
+    if traced:
+        # Skip connections: torch's pipeline() splits the user's module at the plan's cuts
+        # (build_traced_stages refuses what it cannot run: interleaved, zb, recompute).
+        mods, stages = build_traced_stages(plan, bundle, rank, device)
+    else:
+        mods = build_stage_modules(plan, bundle.layers, rank)
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
     bundle.layers._modules.clear()
+    if traced:
+        bundle.layers.__dict__["source"] = None
     boundary: dict[int, list[int]] = {}
     for m in mods:
         m.module.to(device)
@@ -72,7 +75,8 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             handles[0].remove()
 
         handles.append(m.module.register_forward_hook(hook))
-    stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
+    if not traced:
+        stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
     rec = recorder()
     if device.type == "cuda":
         rec.sync = lambda: torch.cuda.synchronize(device)
