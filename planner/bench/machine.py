@@ -12,18 +12,9 @@ import platform
 from importlib import metadata
 from typing import Any
 
+from planner.hostinfo import cpu_model
+
 __all__ = ["machine_info"]
-
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "unknown"
 
 
 def _ram_gib() -> float | None:
@@ -68,7 +59,7 @@ def machine_info(with_solver: bool = True) -> dict[str, Any]:
         load = None
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": _cores(),
         "ram_gib": _ram_gib(),
         "load_1min": load,

@@ -146,6 +146,19 @@ def _median_std(samples: list[float]) -> tuple[float, float]:
     return statistics.median(samples), statistics.stdev(samples) if len(samples) > 1 else 0.0
 
 
+def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
+             output_bytes: int, flops: int, cuda_peak: int) -> "LayerMeasurement":
+    """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
+    fwd_med, fwd_std = _median_std(fwd)
+    bwd_med, bwd_std = _median_std(bwd)
+    return LayerMeasurement(
+        fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
+        bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
+        activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
+        output_bytes=output_bytes, flops=flops, cuda_peak_bytes=cuda_peak,
+    )
+
+
 def _cpu_flash_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
     from torch.utils.flop_counter import sdpa_flop_count
 
@@ -239,14 +252,7 @@ def measure_layer(
         cuda_peak = _cuda_peak(forward, grad, inp.device)
         for t in params + [inp]:
             t.grad = None
-    fwd_med, fwd_std = _median_std(fwd)
-    bwd_med, bwd_std = _median_std(bwd)
-    m = LayerMeasurement(
-        fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
-        bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
-        activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
-        output_bytes=tensor_bytes(y), flops=flops, cuda_peak_bytes=cuda_peak,
-    )
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak)
     return m, y.detach(), saved
 
 
@@ -309,14 +315,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         cuda_peak = _cuda_peak_of(run, device)
         for t in params + grad_inputs:
             t.grad = None
-    fwd_med, fwd_std = _median_std(fwd)
-    bwd_med, bwd_std = _median_std(bwd)
-    m = LayerMeasurement(
-        fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
-        bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
-        activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
-        output_bytes=tensor_bytes(y), flops=flops, cuda_peak_bytes=cuda_peak,
-    )
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak)
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import gc
-import platform
 import time
 from collections import defaultdict
 from typing import Any, Callable
@@ -26,6 +25,7 @@ import numpy as np
 import torch
 
 from planner.errors import ModelSpecError, PplanError
+from planner.hostinfo import cpu_model
 from planner.models import build_model, parse_spec
 from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
@@ -62,14 +62,24 @@ def resolve_device(device: str) -> torch.device:
 def _device_name(dev: torch.device) -> str:
     if dev.type == "cuda":
         return torch.cuda.get_device_name(dev)
+    return cpu_model()
+
+
+def _measure_checked(spec: str, size: int, i: int, name: str, layer: torch.nn.Module, inputs: Any,
+                     loss_bundle: Any, target: Any, *, warmup: int, repeats: int, seed: int,
+                     prev: Any, timer: str) -> tuple[Any, Any, Any]:
+    """measure_layer on layer i (with the loss when `loss_bundle` is given: the last layer);
+    a failure of the model's own code becomes one line naming the layer and size."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
+        return measure_layer(
+            layer, inputs, loss_fn=loss_bundle.loss_fn if loss_bundle is not None else None,
+            target=target if loss_bundle is not None else None, warmup=warmup, repeats=repeats,
+            grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
+        )
+    except PplanError:
+        raise
+    except Exception as e:
+        raise _failure(spec, i, name, size, e) from e
 
 
 def _to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
@@ -177,15 +187,8 @@ def profile_model(
             for i, (name, layer) in enumerate(named):
                 inp = h if i == 0 else h.detach().requires_grad_(h.is_floating_point())
                 last = i == len(named) - 1
-                try:
-                    m, h, saved = measure_layer(
-                        layer, inp, loss_fn=bundle.loss_fn if last else None, target=target if last else None,
-                        warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
-                    )
-                except PplanError:
-                    raise
-                except Exception as e:  # the model's own code failed: one line naming where
-                    raise _failure(spec, i, name, size, e) from e
+                m, h, saved = _measure_checked(spec, size, i, name, layer, inp, bundle if last else None, target,
+                                               warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
                 if prev is not None:
                     prev.release()
                 prev = saved
@@ -259,15 +262,8 @@ def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: An
     for i, (name, layer) in enumerate(named):
         args = tuple(env[v] if i == 0 else _received(env[v]) for v in lg.layer_inputs(i))
         last = i == n - 1
-        try:
-            m, outs, saved = measure_layer(
-                layer, args, loss_fn=bundle.loss_fn if last else None, target=target if last else None,
-                warmup=warmup, repeats=repeats, grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
-            )
-        except PplanError:
-            raise
-        except Exception as e:  # the model's own code failed: one line naming where
-            raise _failure(spec, i, name, size, e) from e
+        m, outs, saved = _measure_checked(spec, size, i, name, layer, args, bundle if last else None, target,
+                                          warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
         if prev is not None:
             prev.release()
         prev = saved
