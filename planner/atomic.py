@@ -12,7 +12,9 @@ import tempfile
 from pathlib import Path
 from typing import Iterator, TextIO
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open"]
+from planner.errors import PplanError
+
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open", "ensure_writable_file", "ensure_writable_dir"]
 
 
 @contextlib.contextmanager
@@ -47,3 +49,42 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically."""
     with atomic_open(path, "wb") as fh:
         fh.write(data)
+
+
+def _first_existing(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def _probe_dir(folder: Path, what: str, target: Path) -> None:
+    """Create (and remove) a temporary file in `folder`: the only test that holds for root too."""
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".pplan-probe.", dir=folder)
+    except OSError as e:
+        raise PplanError(f"cannot write {what} {str(target)!r}: {folder} is not writable ({e.strerror})", "choose a writable path") from None
+    os.close(fd)
+    os.unlink(tmp)
+
+
+def ensure_writable_dir(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work starts, a folder that cannot be created or written.
+
+    Creates nothing that stays: the nearest existing ancestor is probed with a temporary file.
+    """
+    target = Path(path)
+    existing = _first_existing(target)
+    if not existing.is_dir():
+        raise PplanError(f"cannot write {what} {str(target)!r}: {str(existing)!r} is not a folder", "choose a path under a folder")
+    _probe_dir(existing, what, target)
+
+
+def ensure_writable_file(path: str | os.PathLike, what: str) -> None:
+    """Refuse, before any work starts, an output file that could not be written at the end."""
+    target = Path(path)
+    if target.is_dir():
+        raise PplanError(f"cannot write {what} {str(target)!r}: it is a folder", "give a file name")
+    if target.exists() and not target.is_file():
+        raise PplanError(f"cannot write {what} {str(target)!r}: it is not a regular file", "give a file name")
+    ensure_writable_dir(target.parent if str(target.parent) else Path("."), what)
