@@ -73,8 +73,11 @@ def ensure_writable_dir(path: str | os.PathLike, what: str) -> None:
 
     Creates nothing that stays: the nearest existing ancestor is probed with a temporary file.
     """
-    target = Path(path)
-    existing = _first_existing(target)
+    _check_folder(Path(path), what, Path(path))
+
+
+def _check_folder(folder: Path, what: str, target: Path) -> None:
+    existing = _first_existing(folder)
     if not existing.is_dir():
         raise PplanError(f"cannot write {what} {str(target)!r}: {str(existing)!r} is not a folder", "choose a path under a folder")
     _probe_dir(existing, what, target)
@@ -87,4 +90,4 @@ def ensure_writable_file(path: str | os.PathLike, what: str) -> None:
         raise PplanError(f"cannot write {what} {str(target)!r}: it is a folder", "give a file name")
     if target.exists() and not target.is_file():
         raise PplanError(f"cannot write {what} {str(target)!r}: it is not a regular file", "give a file name")
-    ensure_writable_dir(target.parent if str(target.parent) else Path("."), what)
+    _check_folder(target.parent, what, target)
