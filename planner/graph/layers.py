@@ -102,7 +102,7 @@ class LayerGraph:
         """
         self._check(i)
         if i not in self._layer_modules:
-            from planner.graph.trace import build_layer_module
+            from planner.graph.layer_module import build_layer_module  # lazy: it needs torch.fx
 
             self._layer_modules[i] = build_layer_module(self, i)
         return self._layer_modules[i]

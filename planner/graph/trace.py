@@ -25,7 +25,6 @@ restored afterwards) and divided by its batch size (the first dimension of the f
 
 from __future__ import annotations
 
-import re
 from collections import defaultdict
 from typing import Any
 
@@ -37,6 +36,7 @@ from torch.utils._pytree import tree_leaves
 
 from planner.errors import ModelSpecError
 from planner.graph.edges import SkipEdge
+from planner.graph.layer_module import build_layer_module
 from planner.graph.layers import LayerGraph, Value
 
 __all__ = ["trace_layers", "build_layer_module", "group_nodes"]
@@ -266,26 +266,3 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
         depth=depth,
         module=gm,
     )
-
-
-def build_layer_module(lg: LayerGraph, i: int) -> fx.GraphModule:
-    """Layer i of `lg` as a GraphModule (see LayerGraph.layer_module)."""
-    by_name = {nd.name: nd for nd in lg.module.graph.nodes}
-    graph = fx.Graph()
-    env: dict[fx.Node, fx.Node] = {}
-    for name in lg.layer_inputs(i):
-        env[by_name[name]] = graph.placeholder(name)
-    result: Any = None
-    for name in lg.fx_nodes[i]:
-        nd = by_name[name]
-        if nd.op == "placeholder":
-            continue
-        if nd.op == "output":
-            result = (fx.map_arg(nd.args[0], lambda a: env[a]),)
-            continue
-        env[nd] = graph.node_copy(nd, lambda a: env[a])
-    if result is None:
-        result = tuple(env[by_name[name]] for name in lg.layer_outputs(i))
-    graph.output(result)
-    return fx.GraphModule(lg.module, graph, class_name="Layer" + re.sub(r"\W", "_", f"{i}_{lg.names[i]}"))
-
