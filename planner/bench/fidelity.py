@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from planner.bench.table import Table
 from planner.errors import PplanError
+from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity"]
 
@@ -25,7 +26,7 @@ _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/1
           "param_bytes=2MB,act_bytes=1MB")
 _GPT = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=2048"
 _SYN_QUICK = "synthetic:layers=4,fwd_ms=4/6/4/6,bwd_ms=8/12/8/12,param_bytes=1MB,act_bytes=1MB"
-_ALL = ("gpipe", "1f1b", "interleaved", "zb")
+_ALL = SCHEDULE_NAMES
 
 
 @dataclass(frozen=True)

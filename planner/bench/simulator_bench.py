@@ -4,8 +4,8 @@ For each size (stages x micro-batches) and schedule: generating the schedule (to
 validated and laid out), the first simulation (compiles the schedule's memory states), and
 the best of `repeat` warm simulations without a timeline (the partitioner's inner loop), plus
 one with the timeline recorded (what `pplan simulate` does). Every stage boundary crosses a
-link, so the link model is exercised. The same method as benchmarks/bench_simulator.py, called
-through the library so the numbers land in a table.
+link, so the link model is exercised. Every schedule of the registry
+(planner.schedules.SCHEDULE_NAMES) is timed unless `schedules` narrows it.
 """
 
 from __future__ import annotations
@@ -15,10 +15,11 @@ from typing import Callable, Sequence
 
 from planner.bench.table import Table
 from planner.errors import PplanError
+from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 __all__ = ["bench_simulator", "parse_sizes", "SCHEDULES"]
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULES = SCHEDULE_NAMES  # the registry's names (kept under the old name for importers)
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -69,7 +70,7 @@ def bench_simulator(sizes: Sequence[tuple[int, int]] = ((8, 64), (32, 256), (64,
     for S, M in sizes:
         stages = [_stage(s, S) for s in range(S)]
         for name in schedules:
-            v = 2 if name == "interleaved" else 1
+            v = get_schedule(name).virtual_stages
             P = S // v
             say(f"simulator: {name} {S} stages x {M} micro-batches")
             t0 = time.perf_counter()

@@ -11,20 +11,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy as np
+
 from planner.calibration import Calibration
 from planner.cluster import pipeline_orders
 from planner.cost import optimizer_factor
-import numpy as np
-
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
-    INTERLEAVED_V, MAX_GLOBAL_BATCH, METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
+    MAX_GLOBAL_BATCH, METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
 )
 from planner.plan import Device, Links, Plan
 from planner.profiling.profile import Profile
-from planner.schedules import SCHEDULE_NAMES, check_sizes
+from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
 
 __all__ = ["PartitionResult", "partition", "resolve_devices", "validate_settings", "RUNNERS_UP"]
 
@@ -113,9 +113,10 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
     optimizer_factor(settings.optimizer)
     if not settings.time_limit > 0:
         raise PplanError(f"--time-limit must be positive, got {settings.time_limit}")
-    if settings.schedule == "interleaved" and count * INTERLEAVED_V > L:
-        raise PplanError(f"interleaved needs {INTERLEAVED_V} stages per device ({count * INTERLEAVED_V}) but the model has {L} layers",
-                         f"use --devices {L // INTERLEAVED_V} or fewer, or another schedule")
+    v = get_schedule(settings.schedule).virtual_stages if settings.schedule != "auto" else 1
+    if v > 1 and count * v > L:
+        raise PplanError(f"{settings.schedule} needs {v} stages per device ({count * v}) but the model has {L} layers",
+                         f"use --devices {L // v} or fewer, or another schedule")
 
 
 def partition(profile: Profile, settings: PartitionSettings, calibration: Calibration | None = None,
@@ -126,8 +127,7 @@ def partition(profile: Profile, settings: PartitionSettings, calibration: Calibr
     points, skipped = grid_points(settings, len(devices), profile.n_layers)
     if not points:
         if settings.schedule != "auto" and settings.microbatches:
-            check_sizes(settings.schedule, len(devices), settings.microbatches,
-                        INTERLEAVED_V if settings.schedule == "interleaved" else 1)
+            check_sizes(settings.schedule, len(devices), settings.microbatches, get_schedule(settings.schedule).virtual_stages)
         raise ScheduleError(f"no schedule can run at these sizes: {skipped[0] if skipped else 'nothing to try'}",
                             "try --schedule auto and --microbatches auto")
     search = run_search(profile, settings, devices, links, calibration, on_step)

@@ -1,15 +1,11 @@
 """From profile costs and a device layout to a PartitionProblem, and from a solution to StageCosts.
 
-The problem's numbers are planner.cost's, so the DP, the baselines and the simulator judge a
-plan with one model: stage time = (fwd + bwd + recomputed fwd) / speed, scaled and padded by
-the calibration exactly as the simulator applies it; static memory = weights x (2 + optimizer
-state factor); kept and transient activation bytes and boundary buffers as planner.cost says.
-A stage position's budget is its device's limit divided by the stages per device (interleaved
-chunks share a device; the split is conservative), less a 1e-9 safety margin so a plan that
-fits here also fits in the simulator despite floating-point summation order.
-For a model that is not a chain the boundary bytes are planner.cost's crossing bytes, a
-recomputed layer's input what it reads from all earlier layers, and the skip edges travel
-along (bytes per micro-batch) for the pass-through term.
+The problem's arrays are planner.cost's (layer_arrays, link_terms, microbatch_overhead_ms),
+so the DP, the baselines and the simulator judge a plan with one model; this module only adds
+what depends on the layout. A stage position's budget is its device's limit divided by the
+stages per device (interleaved chunks share a device; the split is conservative), less a 1e-9
+safety margin so a plan that fits here also fits in the simulator despite floating-point
+summation order.
 """
 
 from __future__ import annotations
@@ -20,8 +16,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.calibration import Calibration
-from planner.cost import StageCost, optimizer_factor, stage_cost
-from planner.graph.edges import SkipEdge
+from planner.cost import StageCost, layer_arrays, link_between, link_terms, microbatch_overhead_ms, stage_cost
 from planner.partition.problem import PartitionProblem
 from planner.plan import Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts
@@ -58,19 +53,12 @@ class Layout:
 
 
 def _links(layout: Layout, calibration: Calibration | None) -> tuple[np.ndarray, np.ndarray]:
+    """Per boundary between positions s and s+1: planner.cost's (latency ms, ms per byte)."""
     S = layout.n_stages
     lat = np.zeros(max(S - 1, 0))
     mpb = np.zeros(max(S - 1, 0))
     for s in range(S - 1):
-        a, b = layout.device_of(s), layout.device_of(s + 1)
-        if a == b:
-            continue
-        bw, la = layout.links.between(a, b)
-        if calibration is not None and calibration.comm_bandwidth_bytes_per_s is not None:
-            bw = calibration.comm_bandwidth_bytes_per_s
-        if calibration is not None and calibration.comm_latency_ms is not None:
-            la = calibration.comm_latency_ms
-        lat[s], mpb[s] = la, 1e3 / bw
+        lat[s], mpb[s] = link_terms(link_between(layout.links, layout.device_of(s), layout.device_of(s + 1)), calibration)
     return lat, mpb
 
 
@@ -79,17 +67,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
                   split_backward: bool = False) -> PartitionProblem:
     """The stage-cut instance for these costs, devices and the schedule's in-flight counts."""
     S = layout.n_stages
-    scale = calibration.compute_scale if calibration is not None else 1.0
-    overhead = calibration.action_overhead_ms if calibration is not None else 0.0
-    out = np.asarray(costs.output_bytes, dtype=float)
-    input_bytes = np.concatenate([[float(costs.input_bytes)], out[:-1]])
-    boundary = np.concatenate([[0.0], out[:-1], [0.0]])
-    passthrough: tuple = ()
-    if costs.skip_edges:  # not a chain: the same bytes planner.cost charges
-        input_bytes = np.asarray(costs.layer_input_bytes, dtype=float)
-        boundary = np.concatenate([[0.0], np.asarray(costs.crossing_bytes, dtype=float), [0.0]])
-        b = costs.micro_batch_size
-        passthrough = tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
+    arrays = layer_arrays(costs, optimizer, calibration)
     budgets, speeds = np.empty(S), np.empty(S)
     for s in range(S):
         dev = layout.devices[layout.device_of(s)]
@@ -97,20 +75,20 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         speeds[s] = dev.speed
     lat, mpb = _links(layout, calibration)
     return PartitionProblem(
-        compute_ms=(np.asarray(costs.fwd_ms, dtype=float) + np.asarray(costs.bwd_ms, dtype=float)) * scale,
-        recompute_ms=np.asarray(costs.fwd_ms, dtype=float) * scale,
-        static_bytes=np.asarray(costs.param_bytes, dtype=float) * (2.0 + optimizer_factor(optimizer)),
-        activation_bytes=np.asarray(costs.activation_bytes, dtype=float),
-        input_bytes=input_bytes,
-        boundary_bytes=boundary,
+        compute_ms=arrays.compute_ms,
+        recompute_ms=arrays.recompute_ms,
+        static_bytes=arrays.static_bytes,
+        activation_bytes=arrays.activation_bytes,
+        input_bytes=arrays.checkpoint_bytes,
+        boundary_bytes=arrays.boundary_bytes,
         inflight=np.asarray(inflight, dtype=float),
         budget=budgets,
         speed=speeds,
-        overhead_ms=np.full(S, overhead * (3 if split_backward else 2)),
+        overhead_ms=np.full(S, microbatch_overhead_ms(calibration, split_backward)),
         link_latency_ms=lat,
         link_ms_per_byte=mpb,
         recompute=recompute,
-        passthrough_edges=passthrough,
+        passthrough_edges=arrays.skip_edges,
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from planner.cost import recompute_saving, stage_bytes, stage_time_ms, transfer_ms
 from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, passthrough_table, saving_layers
 
 __all__ = ["solve_dp", "min_memory_scale"]
@@ -76,7 +77,7 @@ class _Tables:
         got = self._h_cache.get(key)
         if got is None:
             with np.errstate(invalid="ignore"):
-                g = k * self.saved[:, :qmax + 1] - self.trans[:, :qmax + 1]
+                g = recompute_saving(k, self.saved[:, :qmax + 1], self.trans[:, :qmax + 1])
             g = np.where(np.isnan(g), -np.inf, g)
             got = np.maximum.accumulate(g, axis=1)
             if len(self._h_cache) >= _H_CACHE:  # 1F1B has a different k per position: keep memory bounded
@@ -96,8 +97,8 @@ class _Tables:
         """Per i: send of the input gradient; per j: send of the output (position s)."""
         p, bb = self.p, self.bb
         zero = np.zeros(self.L + 1)
-        cin = zero if s == 0 else np.where(bb > 0, p.link_latency_ms[s - 1] + bb * p.link_ms_per_byte[s - 1], 0.0)
-        cout = zero if s == p.n_stages - 1 else np.where(bb > 0, p.link_latency_ms[s] + bb * p.link_ms_per_byte[s], 0.0)
+        cin = zero if s == 0 else transfer_ms(bb, p.link_latency_ms[s - 1], p.link_ms_per_byte[s - 1])
+        cout = zero if s == p.n_stages - 1 else transfer_ms(bb, p.link_latency_ms[s], p.link_ms_per_byte[s])
         return cin, cout
 
     def _first_fitting_q(self, k: float, starts: np.ndarray, need: np.ndarray, qmax: int) -> np.ndarray:
@@ -122,15 +123,13 @@ class _Tables:
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
         ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
         bb = self.bb
-        fixed = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
-        if self.pt is not None:
-            fixed = fixed + k * self.pt[ii, jj]
+        static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
-            ok = fixed + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj] <= budget
+            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj]) <= budget
             rec = self.pr[jj] - self.pr[ii]
         else:
-            need = fixed + k * (self.pa[jj] - self.pa[ii]) - budget
+            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, 0.0) - budget
             ok = need <= 0
             rec = 0.0
             if p.recompute == "auto" and self.ne and np.isfinite(budget):
@@ -143,7 +142,7 @@ class _Tables:
                     ok[over] = got <= count
                 rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
         cin, cout = self.comm(s)
-        t = (self.pc[jj] - self.pc[ii] + rec) / speed + ovh + cin[ii] + cout[jj]
+        t = stage_time_ms(self.pc[jj] - self.pc[ii], rec, speed, ovh, cin[ii], cout[jj])
         table = np.full((L1, L1), np.inf)
         table[ii[ok], jj[ok]] = t[ok]
         if not want_q or p.recompute != "auto":
@@ -158,13 +157,11 @@ class _Tables:
         k = float(p.inflight[s])
         ii, jj = self.band(np.inf)
         bb = self.bb
-        mem = self.ps[jj] - self.ps[ii] + 2.0 * (bb[ii] + bb[jj])
-        if self.pt is not None:
-            mem = mem + k * self.pt[ii, jj]
+        static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
         if p.recompute == "all":
-            mem = mem + k * (self.pin[jj] - self.pin[ii]) + self.trans_all[ii, jj]
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj])
         else:
-            mem = mem + k * (self.pa[jj] - self.pa[ii])
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, 0.0)
             if p.recompute == "auto" and self.ne:
                 starts = self.pe[ii]
                 mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]

@@ -9,11 +9,11 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient).
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
-  Memory  sum_l y(static + k_s a) - k_s sum_l z (a - in) + T[s] + 2 (bytes in + bytes out)
-          + k_s sum_e bytes_e h[e,s] <= budget_s
+  Memory  planner.cost.stage_bytes(static = sum_l y static, bytes in, bytes out, k_s,
+          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s]) <= budget_s
   h[e,s]  >= 1 - sum of y[l,s] over layers l outside e's gaps (l <= src, l >= dst or a reader),
           >= 0: stage s holds skip tensor e it only forwards (non-chain models; none for a chain)
-  Time    t_s = (sum_l y c + sum_l z rc) / speed_s + overhead_s + sends at both boundaries <= Z
+  Time    t_s = planner.cost.stage_time_ms(sum_l y c, sum_l z rc, speed_s, overhead_s, sends) <= Z
 
 Pass 1 minimises Z; pass 2 bounds every t_s by the optimal Z and minimises sum_s t_s, as the DP
 does. Memory rows are scaled by the budget and tightened by 1e-6 so a solution within the
@@ -27,6 +27,7 @@ import warnings
 
 import numpy as np
 
+from planner.cost import stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
 from planner.partition.problem import PartitionProblem, Solution, evaluate, saving_layers
 
@@ -63,7 +64,7 @@ def _var(prob, name: str, low: float | None = None, up: float | None = None, cat
 
 
 def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
-    return 0.0 if nbytes <= 0 else float(p.link_latency_ms[boundary] + nbytes * p.link_ms_per_byte[boundary])
+    return transfer_ms(nbytes, p.link_latency_ms[boundary], p.link_ms_per_byte[boundary])
 
 
 def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
@@ -132,22 +133,23 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
             trans = _var(prob, f"T_{s}", 0) if cand else 0
             for l in cand:
                 prob += trans >= a[l] * z[l, s]
-            mem = (pulp.lpSum(y(l, s) * (float(p.static_bytes[l]) + k * a[l]) for l in range(L))
-                   - k * pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand)
-                   + trans + 2 * bytes_in + 2 * bytes_out)
+            kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
+                    - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
             for n, e in enumerate(p.passthrough_edges):
                 hold = _var(prob, f"h_{n}_{s}", 0)
                 outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]
                 prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
-                mem = mem + k * float(e.bytes_per_sample) * hold
+                kept = kept + float(e.bytes_per_sample) * hold
+            static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
+            mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
             prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
-        comp = (pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L))
-                + pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand))
-        t = (1.0 / float(p.speed[s])) * comp + float(p.overhead_ms[s])
-        if s > 0:
-            t = t + pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L))
-        if s < S - 1:
-            t = t + pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L))
+        t = stage_time_ms(
+            pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L)),
+            pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand),
+            float(p.speed[s]), float(p.overhead_ms[s]),
+            pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L)) if s > 0 else 0.0,
+            pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L)) if s < S - 1 else 0.0,
+        )
         times.append(t)
         prob += zvar >= t
 

@@ -6,12 +6,12 @@ the schedule's in-flight count k_s and the links to the neighbouring positions.
 
 A solution is S contiguous non-empty layer ranges [i_s, j_s) and a recompute set R_s per stage.
 
-Stage time (one micro-batch, ms):
+Stage time (one micro-batch, ms; planner.cost.stage_time_ms):
     t_s = (sum_{l in [i,j)} compute_l + sum_{l in R_s} recompute_l) / speed_s + overhead_s
           + send(s-1 <- s, boundary_bytes[i])   (input gradient back; s > 0)
           + send(s -> s+1, boundary_bytes[j])   (output forward;    s < S-1)
-    send = latency + bytes x ms_per_byte of that link (0 when no bytes cross it)
-Stage memory (bytes, planner.cost's model with the schedule's in-flight count):
+    send = latency + bytes x ms_per_byte of that link (0 when no bytes cross it; planner.cost.transfer_ms)
+Stage memory (bytes; planner.cost.stage_bytes with the schedule's in-flight count):
     m_s = sum static_l + 2 (boundary_bytes[i] + boundary_bytes[j])
           + k_s (sum_{l not in R} activation_l + sum_{l in R} input_l + passthrough(i, j))
           + max_{l in R} activation_l
@@ -38,6 +38,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from planner.cost import kept_bytes, stage_time_ms, transfer_ms, transient_bytes
+from planner.cost import stage_bytes as cost_stage_bytes
 from planner.graph.crossing import passthrough_bytes
 
 __all__ = [
@@ -129,20 +131,16 @@ def saving_layers(p: PartitionProblem) -> np.ndarray:
 
 
 def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
-    if nbytes <= 0:
-        return 0.0
-    return float(p.link_latency_ms[boundary] + nbytes * p.link_ms_per_byte[boundary])
+    return transfer_ms(nbytes, p.link_latency_ms[boundary], p.link_ms_per_byte[boundary])
 
 
 def stage_time(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
-    """Time t_s of layers [i, j) at position s with `rec` recomputed (module docstring)."""
-    comp = float(np.sum(p.compute_ms[i:j])) + float(sum(p.recompute_ms[l] for l in rec))
-    t = comp / float(p.speed[s]) + float(p.overhead_ms[s])
-    if s > 0:
-        t += _send(p, s - 1, float(p.boundary_bytes[i]))
-    if s < p.n_stages - 1:
-        t += _send(p, s, float(p.boundary_bytes[j]))
-    return t
+    """Time t_s of layers [i, j) at position s with `rec` recomputed (planner.cost.stage_time_ms)."""
+    return float(stage_time_ms(
+        float(np.sum(p.compute_ms[i:j])), float(sum(p.recompute_ms[l] for l in rec)), float(p.speed[s]), float(p.overhead_ms[s]),
+        _send(p, s - 1, float(p.boundary_bytes[i])) if s > 0 else 0.0,
+        _send(p, s, float(p.boundary_bytes[j])) if s < p.n_stages - 1 else 0.0,
+    ))
 
 
 def stage_passthrough(p: PartitionProblem, i: int, j: int) -> float:
@@ -175,15 +173,12 @@ def passthrough_table(p: PartitionProblem) -> np.ndarray | None:
 
 
 def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
-    """Memory m_s of layers [i, j) at position s with `rec` recomputed (module docstring)."""
-    rs = set(rec)
-    kept = sum(float(p.input_bytes[l]) if l in rs else float(p.activation_bytes[l]) for l in range(i, j))
-    if p.passthrough_edges:
-        kept += stage_passthrough(p, i, j)
-    transient = max((float(p.activation_bytes[l]) for l in rec), default=0.0)
-    static = float(np.sum(p.static_bytes[i:j]))
-    buffers = 2.0 * (float(p.boundary_bytes[i]) + float(p.boundary_bytes[j]))
-    return static + buffers + float(p.inflight[s]) * kept + transient
+    """Memory m_s of layers [i, j) at position s with `rec` recomputed (planner.cost.stage_bytes)."""
+    return float(cost_stage_bytes(
+        float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), float(p.inflight[s]),
+        kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges),
+        transient_bytes(p.activation_bytes, rec),
+    ))
 
 
 def recompute_family(p: PartitionProblem, i: int, j: int) -> list[tuple[int, ...]]:

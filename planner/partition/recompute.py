@@ -6,13 +6,15 @@ family's cheapest fitting set, a given start set (the DP's), and a ratio greedy 
 memory saved per ms of recompute, under each cap on the largest recomputed activation, since
 that activation comes back as the transient), and keeps the fastest that fits. The result is
 never slower than the start. Baselines get their sets here too, so every method is judged
-with the same recompute policy. When nothing fits it returns the least-memory set it saw.
+with the same recompute policy. Candidate sets are screened with planner.cost.recompute_saving
+and accepted only when planner.partition.problem.stage_bytes (the cost model) fits. When nothing fits it returns the least-memory set it saw.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from planner.cost import recompute_saving
 from planner.partition.problem import PartitionProblem, saving_layers, stage_bytes
 
 __all__ = ["stage_recompute", "assign_recompute"]
@@ -30,7 +32,7 @@ def _family(p: PartitionProblem, s: int, i: int, j: int, elig: list[int]) -> tup
         return (() if base <= budget else None), (), base
     a = np.asarray(p.activation_bytes, dtype=float)[elig]
     d = a - np.asarray(p.input_bytes, dtype=float)[elig]
-    mem = base - k * np.concatenate([[0.0], np.cumsum(d)]) + np.concatenate([[0.0], np.maximum.accumulate(a)])
+    mem = base - recompute_saving(k, np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.maximum.accumulate(a)]))
     fitting = np.flatnonzero(mem <= budget)
     least = int(np.argmin(mem))
     first = tuple(elig[: int(fitting[0])]) if fitting.size else None
@@ -54,10 +56,10 @@ def _greedy(p: PartitionProblem, s: int, i: int, j: int, elig: list[int]) -> tup
             if a[l] > cap:
                 continue
             chosen.append(l)
-            saved += k * d[l]
+            saved += d[l]
             top = max(top, a[l])
             ms += f[l]
-            if saved - top >= need:
+            if recompute_saving(k, saved, top) >= need:
                 key = (ms, len(chosen), tuple(sorted(chosen)))
                 if best is None or key < best:
                     best = key

@@ -30,7 +30,7 @@ from planner.partition.problem import RECOMPUTE_MODES, PartitionProblem, stage_b
 from planner.partition.recompute import stage_recompute
 from planner.plan import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import SCHEDULE_NAMES, check_sizes, generate
+from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
 from planner.schedules.memory import stage_inflight_peak
 from planner.simulate import SimResult, simulate_costs
 from planner.units import format_bytes
@@ -38,7 +38,7 @@ from planner.units import format_bytes
 __all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for"]
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
-INTERLEAVED_V = 2  # stages per device for the interleaved schedule
+INTERLEAVED_V = get_schedule("interleaved").virtual_stages  # kept for importers; the registry decides
 MAX_AUTO_MICROBATCHES = 1024  # auto searches M up to this (a forced --microbatches may go beyond)
 MAX_GLOBAL_BATCH = 10**8  # samples per iteration; beyond is a typo
 POLISH_TOP = 3  # candidates the simulator-driven polish starts from
@@ -183,7 +183,7 @@ def grid_points(settings: PartitionSettings, n_devices: int, n_layers: int) -> t
     ms = [settings.microbatches] if settings.microbatches else [m for m in divisors(settings.global_batch) if m <= MAX_AUTO_MICROBATCHES]
     points, skipped = [], []
     for name in names:
-        v = INTERLEAVED_V if name == "interleaved" else 1
+        v = get_schedule(name).virtual_stages
         if n_devices * v > n_layers:
             skipped.append(f"{name}: needs {n_devices * v} stages but the model has {n_layers} layers")
             continue

@@ -1,10 +1,11 @@
 """Pipeline schedules as data: generators, size checks, validation and their memory profile.
 
 `generate(name, n_ranks, n_microbatches, virtual_stages)` returns a PipelineSchedule (per-rank
-ordered actions, torch's IR) laid out on the unit-step grid. Names: gpipe, 1f1b, interleaved
-(v >= 2 stages per rank, stage s on rank s mod P), zb (ZB-H1). Generated schedules are
-validated once and cached: they are immutable and the partitioner asks for the same sizes
-thousands of times.
+ordered actions, torch's IR) laid out on the unit-step grid. The families and what each
+supports are in one registry (`get_schedule(name)`, `SCHEDULES`, `SCHEDULE_NAMES`: gpipe,
+1f1b, interleaved with v >= 2 stages per rank (stage s on rank s mod P), zb = ZB-H1).
+Generated schedules are validated once and cached: they are immutable and the partitioner
+asks for the same sizes thousands of times.
 """
 
 from __future__ import annotations
@@ -12,39 +13,35 @@ from __future__ import annotations
 import functools
 
 from planner.errors import ScheduleError
-from planner.schedules.actions import Action, PipelineSchedule, format_order, parse_action
-from planner.schedules.gpipe import gpipe_order
-from planner.schedules.interleaved import interleaved_order, rounds
-from planner.schedules.onefoneb import one_f_one_b_order
+from planner.schedules.actions import Action, ActionKind, PipelineSchedule, format_order, parse_action
+from planner.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleSpec, get_schedule
 from planner.schedules.validate import spaced_order, validate
-from planner.schedules.zero_bubble import zb_h1_order
 
 __all__ = [
+    "SCHEDULES",
     "SCHEDULE_NAMES",
     "Action",
+    "ActionKind",
     "PipelineSchedule",
     "ScheduleError",
+    "ScheduleSpec",
     "check_sizes",
     "format_order",
     "from_csv_rows",
     "generate",
+    "get_schedule",
     "parse_action",
     "valid_microbatches",
     "validate",
 ]
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved", "zb")
 _MAX_ACTIONS = 50_000_000  # beyond this a schedule would not fit in memory as Python objects
 
 
 def valid_microbatches(name: str, n_ranks: int, n_microbatches: int) -> bool:
     """True when torch's schedule class of that name accepts this micro-batch count."""
-    if name == "1f1b":
-        return n_microbatches >= n_ranks
-    if name in ("interleaved", "zb"):
-        n_rounds, _ = rounds(n_ranks, n_microbatches)
-        return n_microbatches % n_rounds == 0
-    return True
+    spec = SCHEDULES.get(name)
+    return spec is None or spec.valid_microbatches(n_ranks, n_microbatches)
 
 
 def check_sizes(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> None:
@@ -55,23 +52,22 @@ def check_sizes(name: str, n_ranks: int, n_microbatches: int, virtual_stages: in
     M to be a multiple of their round count max(1, M // P) (any M <= P, or multiples of P,
     qualify); interleaved needs v >= 2 stages per rank, the others exactly 1.
     """
-    if name not in SCHEDULE_NAMES:
-        raise ScheduleError(f"unknown schedule {name!r}", f"use one of {', '.join(SCHEDULE_NAMES)}")
+    spec = get_schedule(name)
     for what, value in (("ranks", n_ranks), ("micro-batches", n_microbatches), ("virtual stages", virtual_stages)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ScheduleError(f"schedule {name}: {what} must be a positive integer, got {value!r}")
-    if name == "interleaved" and virtual_stages < 2:
-        raise ScheduleError(f"schedule interleaved needs at least 2 stages per rank, got {virtual_stages}", "give it 2x (or more) as many stages as devices, or use 1f1b")
-    if name != "interleaved" and virtual_stages != 1:
+    if spec.multi_chunk and virtual_stages < 2:
+        raise ScheduleError(f"schedule {name} needs at least 2 stages per rank, got {virtual_stages}", "give it 2x (or more) as many stages as devices, or use 1f1b")
+    if not spec.multi_chunk and virtual_stages != 1:
         raise ScheduleError(f"schedule {name} runs one stage per rank, got {virtual_stages}", "use interleaved for several stages per rank")
     if 2 * n_ranks * virtual_stages * n_microbatches > _MAX_ACTIONS:
         raise ScheduleError(f"schedule {name}: {n_ranks} ranks x {virtual_stages} stages x {n_microbatches} micro-batches is too large to simulate", "use fewer micro-batches")
-    if not valid_microbatches(name, n_ranks, n_microbatches):
+    if not spec.valid_microbatches(n_ranks, n_microbatches):
         M, P = n_microbatches, n_ranks
-        if name == "1f1b":
-            raise ScheduleError(f"schedule 1f1b needs at least as many micro-batches as ranks (torch's Schedule1F1B): M={M} < P={P}", f"use --microbatches {P} or more, or gpipe")
-        lower = next(m for m in range(M, 0, -1) if valid_microbatches(name, P, m))
-        upper = next(m for m in range(M, 2 * M + P) if valid_microbatches(name, P, m))
+        if spec.microbatches == "at-least-ranks":
+            raise ScheduleError(f"schedule {name} needs at least as many micro-batches as ranks (torch's {spec.torch_class}): M={M} < P={P}", f"use --microbatches {P} or more, or gpipe")
+        lower = next(m for m in range(M, 0, -1) if spec.valid_microbatches(P, m))
+        upper = next(m for m in range(M, 2 * M + P) if spec.valid_microbatches(P, m))
         raise ScheduleError(
             f"schedule {name} needs the micro-batch count to be a multiple of its round count max(1, M // P) (torch's rule): M={M}, P={P}",
             f"use {lower} or {upper} micro-batches (a multiple of {P} always works)",
@@ -86,14 +82,7 @@ def generate(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int =
 
 @functools.lru_cache(maxsize=128)
 def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
-    if name == "gpipe":
-        order = gpipe_order(P, M)
-    elif name == "1f1b":
-        order = one_f_one_b_order(P, M)
-    elif name == "interleaved":
-        order = interleaved_order(P, M, v)
-    else:
-        order = zb_h1_order(P, M)
+    order = SCHEDULES[name].order(P, M, v)
     draft = PipelineSchedule(
         name=name, n_ranks=P, n_stages=P * v, n_microbatches=M,
         stage_rank=tuple(s % P for s in range(P * v)),

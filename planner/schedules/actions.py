@@ -1,8 +1,9 @@
 """The schedule IR: per-rank ordered lists of actions, as torch.distributed.pipelining writes them.
 
-An action is (stage, kind, micro-batch), printed `1F0`, `0B3`, `2I1`, `2W1`. Kinds:
-F forward, B full backward, I input-gradient half and W weight-gradient half of a split
-backward (zero-bubble schedules). `None` in a rank's list is an idle slot, kept only so a
+An action is (stage, kind, micro-batch), printed `1F0`, `0B3`, `2I1`, `2W1`. Kinds are the
+enum ActionKind (torch's `_ComputationType` letters): F forward, B full backward, I
+input-gradient half and W weight-gradient half of a split backward (zero-bubble schedules).
+An ActionKind is a `str`, so `Action(0, "F", 0)` and `a.kind == "F"` keep working. `None` in a rank's list is an idle slot, kept only so a
 schedule can be compared step for step with torch's `pipeline_order`; the simulator and
 executor skip it.
 """
@@ -11,12 +12,40 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from enum import Enum
 
 from planner.errors import ScheduleError
 
-__all__ = ["KINDS", "Action", "PipelineSchedule", "parse_action", "format_order"]
+__all__ = ["ActionKind", "KINDS", "N_KINDS", "Action", "PipelineSchedule", "parse_action", "format_order"]
 
-KINDS = ("F", "B", "I", "W")
+
+class ActionKind(str, Enum):
+    """What an action computes; the value is the letter torch writes (`0F3`)."""
+
+    FORWARD = "F"
+    FULL_BACKWARD = "B"
+    BACKWARD_INPUT = "I"
+    BACKWARD_WEIGHT = "W"
+
+    # A str subclass that hashes and prints as its letter: equal to "F" and found under "F" in
+    # dicts and sets (Enum would hash the member name), and f"{kind}" writes "F".
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @property
+    def code(self) -> int:
+        """0..3 in declaration order: the integer the compiled schedule indexes tables by."""
+        return _CODE[self]
+
+
+_CODE = {k: i for i, k in enumerate(ActionKind)}
+KINDS = tuple(k.value for k in ActionKind)  # letters by code: KINDS[kind.code] == kind
+N_KINDS = len(KINDS)
 _ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
 
 
@@ -26,10 +55,18 @@ class Action:
 
     stage: int
     """Global stage index (0 = first layers of the model)."""
-    kind: str
-    """F, B, I or W."""
+    kind: ActionKind
+    """F, B, I or W (a plain letter is converted; ScheduleError for anything else)."""
     microbatch: int
     """Micro-batch index, 0-based."""
+
+    def __post_init__(self) -> None:
+        if type(self.kind) is not ActionKind:  # generators pass members; skip the lookup for them
+            try:
+                kind = ActionKind(self.kind)
+            except ValueError:
+                raise ScheduleError(f"action kind {self.kind!r} is not one of {', '.join(KINDS)}") from None
+            object.__setattr__(self, "kind", kind)
 
     def __str__(self) -> str:
         return f"{self.stage}{self.kind}{self.microbatch}"
@@ -63,7 +100,8 @@ class PipelineSchedule:
     @property
     def split_backward(self) -> bool:
         """True when backward is split into I and W (zero-bubble family)."""
-        return any(a is not None and a.kind in "IW" for acts in self.order.values() for a in acts)
+        split = (ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT)
+        return any(a is not None and a.kind in split for acts in self.order.values() for a in acts)
 
     def actions(self, rank: int) -> list[Action]:
         """The rank's actions without idle slots."""

@@ -3,8 +3,8 @@
 The validator (unit-time dry run), the spacing of generated orders, the memory model and the
 simulator all walk a schedule the same way, so they share this module. Actions are numbered
 
-    key = kind_code * n_stages + stage        (kind_code: F=0, B=1, I=2, W=3)
-    id  = key * n_microbatches + microbatch
+    key = kind_code * n_stages + stage        (kind_code = ActionKind.code: F=0, B=1, I=2, W=3)
+    id  = key * n_microbatches + microbatch   (`action_id`, the one place this is written)
 
 so per-(stage, kind) tables are plain lists indexed by `key` and per-action state by `id`.
 Compiling a schedule costs one pass over its actions; the result is cached on the schedule
@@ -17,12 +17,23 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.errors import ScheduleError
-from planner.schedules.actions import KINDS, Action, PipelineSchedule, format_order, parse_action
+from planner.schedules.actions import KINDS, N_KINDS, Action, ActionKind, PipelineSchedule, format_order, parse_action
 
-__all__ = ["KIND_CODE", "CompiledSchedule", "SweepResult", "compile_schedule", "sweep"]
+__all__ = [
+    "KIND_CODE", "CODE_F", "CODE_B", "CODE_I", "CODE_W", "N_KINDS",
+    "CompiledSchedule", "SweepResult", "action_id", "compile_schedule", "sweep",
+]
 
-KIND_CODE = {k: i for i, k in enumerate(KINDS)}
-_F, _B, _I, _W = 0, 1, 2, 3
+KIND_CODE = {k: k.code for k in ActionKind}  # ActionKind (or its letter) -> code
+# Codes of the kinds, for the integer tables and numpy masks of the compiled schedule.
+CODE_F, CODE_B, CODE_I, CODE_W = (ActionKind.FORWARD.code, ActionKind.FULL_BACKWARD.code,
+                                  ActionKind.BACKWARD_INPUT.code, ActionKind.BACKWARD_WEIGHT.code)
+_F, _B, _I, _W = CODE_F, CODE_B, CODE_I, CODE_W
+
+
+def action_id(kind_code: int, stage: int, microbatch: int, n_stages: int, n_microbatches: int) -> int:
+    """The integer id of an action (module docstring); `CompiledSchedule.split_id` inverts it."""
+    return (kind_code * n_stages + stage) * n_microbatches + microbatch
 _CACHE_ATTR = "_pplan_compiled"
 
 
@@ -53,10 +64,29 @@ class CompiledSchedule:
     rank_keys: tuple[tuple[tuple[int, int], ...], ...]
     """rank -> (key, count) for each kind of action it runs (busy time = sum count x duration)."""
 
+    @property
+    def n_keys(self) -> int:
+        """Length of the per-(kind, stage) tables: one entry per key."""
+        return N_KINDS * self.n_stages
+
+    @property
+    def n_ids(self) -> int:
+        """Length of the per-action tables: one entry per possible action id."""
+        return self.n_keys * self.n_microbatches
+
+    def id_of(self, action: Action) -> int:
+        """The id of `action` in this schedule."""
+        return action_id(KIND_CODE[action.kind], action.stage, action.microbatch, self.n_stages, self.n_microbatches)
+
+    def split_id(self, aid: int) -> tuple[int, int, int]:
+        """(kind code, stage, micro-batch) of an action id."""
+        key, mb = divmod(aid, self.n_microbatches)
+        kind, stage = divmod(key, self.n_stages)
+        return kind, stage, mb
+
     def describe(self, action_id: int) -> str:
         """`'2F5'` for an action id."""
-        key, mb = divmod(action_id, self.n_microbatches)
-        kind, stage = divmod(key, self.n_stages)
+        kind, stage, mb = self.split_id(action_id)
         return f"{stage}{KINDS[kind]}{mb}"
 
 
@@ -100,7 +130,7 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
     if sorted(sch.order) != list(range(R)):
         raise ScheduleError(f"schedule {sch.name!r}: order has ranks {sorted(sch.order)[:16]}, expected 0..{R - 1}")
     stage_rank = sch.stage_rank
-    n_ids = 4 * S * M
+    n_ids = N_KINDS * S * M
     pos = [-1] * n_ids  # id -> index within its rank's compute-only list
     ids_r, pos_r = [], []
     for rank in range(R):
@@ -117,7 +147,7 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
                 raise ScheduleError(f"schedule {sch.name!r}: action {a} on rank {rank} step {step} is outside {S} stages x {M} micro-batches")
             if stage_rank[s] != rank:
                 raise ScheduleError(f"schedule {sch.name!r}: action {a} is on rank {rank} but stage {s} belongs to rank {stage_rank[s]}")
-            aid = (kind * S + s) * M + m
+            aid = action_id(kind, s, m, S, M)
             if pos[aid] >= 0:
                 raise ScheduleError(f"schedule {sch.name!r}: action {a} appears twice (rank {rank} step {step})")
             pos[aid] = len(ids)
@@ -129,10 +159,7 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
     bwd_kind = [0] * (S * M)  # (stage, mb) -> kind code of its input-gradient action
     for s in range(S):
         for m in range(M):
-            f = (_F * S + s) * M + m
-            b = (_B * S + s) * M + m
-            i = (_I * S + s) * M + m
-            w = (_W * S + s) * M + m
+            f, b, i, w = (action_id(k, s, m, S, M) for k in (_F, _B, _I, _W))
             name = f"stage {s} micro-batch {m}"
             if pos[f] < 0:
                 raise ScheduleError(f"schedule {sch.name!r}: {name} has no forward ({s}F{m})", "every micro-batch needs one F per stage")
@@ -156,19 +183,19 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
             key, m = divmod(aid, M)
             kind, s = divmod(key, S)
             if kind == _F:
-                deps.append(((_F * S + s - 1) * M + m) if s > 0 else -1)
+                deps.append(action_id(_F, s - 1, m, S, M) if s > 0 else -1)
             elif kind == _W or s == S - 1:
                 deps.append(-1)  # local inputs only: the order check above guarantees them
             else:
-                deps.append((bwd_kind[(s + 1) * M + m] * S + s + 1) * M + m)
+                deps.append(action_id(bwd_kind[(s + 1) * M + m], s + 1, m, S, M))
         deps_r.append(tuple(deps))
-    key_counts = [0] * (4 * S)
+    key_counts = [0] * (N_KINDS * S)
     for ids in ids_r:
         for aid in ids:
             key_counts[aid // M] += 1
     rank_stages = tuple(tuple(s for s in range(S) if stage_rank[s] == r) for r in range(R))
     rank_keys = tuple(
-        tuple((k * S + s, key_counts[k * S + s]) for s in rank_stages[r] for k in range(4) if key_counts[k * S + s])
+        tuple((k * S + s, key_counts[k * S + s]) for s in rank_stages[r] for k in range(N_KINDS) if key_counts[k * S + s])
         for r in range(R)
     )
     return CompiledSchedule(
@@ -196,7 +223,7 @@ def sweep(
     a global event queue. Raises ScheduleError with the rank x step grid on deadlock.
     """
     M = cs.n_microbatches
-    n_ids = 4 * cs.n_stages * M
+    n_ids = cs.n_ids
     start = [-1.0] * n_ids
     end = [-1.0] * n_ids
     ready = [-1.0] * n_ids

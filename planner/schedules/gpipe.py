@@ -7,15 +7,17 @@ micro-batches of activations at its peak.
 
 from __future__ import annotations
 
-from planner.schedules.actions import Action
+from planner.schedules.actions import Action, ActionKind
 
 __all__ = ["gpipe_order"]
+
+_F, _B = ActionKind.FORWARD, ActionKind.FULL_BACKWARD  # members, not letters: Action need not convert them
 
 
 def gpipe_order(n_ranks: int, n_microbatches: int) -> dict[int, list[Action]]:
     """rank -> compute actions (no idle slots) of a GPipe schedule."""
     M = n_microbatches
     return {
-        r: [Action(r, "F", m) for m in range(M)] + [Action(r, "B", m) for m in range(M)]
+        r: [Action(r, _F, m) for m in range(M)] + [Action(r, _B, m) for m in range(M)]
         for r in range(n_ranks)
     }

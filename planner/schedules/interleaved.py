@@ -12,9 +12,11 @@ f/v, b/v.
 
 from __future__ import annotations
 
-from planner.schedules.actions import Action
+from planner.schedules.actions import Action, ActionKind
 
 __all__ = ["interleaved_order", "rounds"]
+
+_F, _B = ActionKind.FORWARD, ActionKind.FULL_BACKWARD  # members, not letters: Action need not convert them
 
 
 def rounds(n_ranks: int, n_microbatches: int) -> tuple[int, int]:
@@ -37,12 +39,12 @@ def interleaved_order(n_ranks: int, n_microbatches: int, virtual_stages: int) ->
 
         def forward(k: int) -> None:
             local = (k // per_round) % v
-            acts.append(Action(local * P + r, "F", next_f[local]))
+            acts.append(Action(local * P + r, _F, next_f[local]))
             next_f[local] += 1
 
         def backward(k: int) -> None:
             local = v - 1 - ((k - warmup) // per_round) % v
-            acts.append(Action(local * P + r, "B", next_b[local]))
+            acts.append(Action(local * P + r, _B, next_b[local]))
             next_b[local] += 1
 
         for k in range(warmup):

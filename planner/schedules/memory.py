@@ -16,7 +16,7 @@ import numpy as np
 
 from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
-from planner.schedules.compiled import CompiledSchedule, compile_schedule
+from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 
 __all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "rank_inflight_states"]
 
@@ -56,12 +56,13 @@ def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_
         alloc = np.zeros((ids.size, len(stages)), dtype=np.int64)
         free = np.zeros_like(alloc)
         rows = np.arange(ids.size)
-        is_f = kind == 0
+        is_f = kind == CODE_F
         alloc[rows[is_f], col[is_f]] = 1
-        last = ((kind == 1) | (kind == 3)) if cs.split_backward else kind == 1
+        # activations are freed by the last backward action of the micro-batch: B, or W when split
+        last = ((kind == CODE_B) | (kind == CODE_W)) if cs.split_backward else kind == CODE_B
         free[rows[last], col[last]] = 1
         during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
-        bwd_stage = np.where((kind == 1) | (kind == 2), stage, -1)
+        bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
         uniq = np.unique(np.column_stack([during, bwd_stage]), axis=0).tolist()
         out.append((stages, [(tuple(u[:-1]), u[-1]) for u in uniq]))
     return out

@@ -8,9 +8,11 @@ micro-batches of activations are held on stage r.
 
 from __future__ import annotations
 
-from planner.schedules.actions import Action
+from planner.schedules.actions import Action, ActionKind
 
 __all__ = ["one_f_one_b_order"]
+
+_F, _B = ActionKind.FORWARD, ActionKind.FULL_BACKWARD  # members, not letters: Action need not convert them
 
 
 def one_f_one_b_order(n_ranks: int, n_microbatches: int) -> dict[int, list[Action]]:
@@ -19,10 +21,10 @@ def one_f_one_b_order(n_ranks: int, n_microbatches: int) -> dict[int, list[Actio
     order: dict[int, list[Action]] = {}
     for r in range(n_ranks):
         warmup = min(M, n_ranks - r)
-        acts = [Action(r, "F", m) for m in range(warmup)]
+        acts = [Action(r, _F, m) for m in range(warmup)]
         for i in range(M - warmup):
-            acts.append(Action(r, "B", i))
-            acts.append(Action(r, "F", warmup + i))
-        acts.extend(Action(r, "B", m) for m in range(M - warmup, M))
+            acts.append(Action(r, _B, i))
+            acts.append(Action(r, _F, warmup + i))
+        acts.extend(Action(r, _B, m) for m in range(M - warmup, M))
         order[r] = acts
     return order

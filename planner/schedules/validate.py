@@ -10,7 +10,7 @@ The same unit-step run lays generated schedules out on a step grid (`spaced_orde
 from __future__ import annotations
 
 from planner.schedules.actions import Action, PipelineSchedule
-from planner.schedules.compiled import KIND_CODE, CompiledSchedule, compile_schedule, sweep
+from planner.schedules.compiled import CompiledSchedule, compile_schedule, sweep
 
 __all__ = ["validate", "unit_steps", "spaced_order"]
 
@@ -18,7 +18,7 @@ __all__ = ["validate", "unit_steps", "spaced_order"]
 def unit_steps(schedule: PipelineSchedule) -> tuple[CompiledSchedule, list[float]]:
     """Compile and dry-run with unit-time actions; returns (compiled, start step per action id)."""
     cs = compile_schedule(schedule)
-    n_keys = 4 * cs.n_stages
+    n_keys = cs.n_keys
     res = sweep(cs, [1.0] * n_keys, [0.0] * n_keys, [-1] * n_keys, 0, order=schedule.order)
     return cs, res.start
 
@@ -39,7 +39,7 @@ def spaced_order(schedule: PipelineSchedule) -> dict[int, tuple[Action | None, .
     for r in range(cs.n_ranks):
         row: list[Action | None] = []
         for a in (x for x in schedule.order[r] if x is not None):
-            aid = (KIND_CODE[a.kind] * cs.n_stages + a.stage) * cs.n_microbatches + a.microbatch
+            aid = cs.id_of(a)
             row.extend([None] * (int(start[aid]) - len(row)))
             row.append(a)
         out[r] = tuple(row)

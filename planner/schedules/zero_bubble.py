@@ -11,9 +11,11 @@ peak as 1F1B's first stage, which sets 1F1B's peak.
 
 from __future__ import annotations
 
-from planner.schedules.actions import Action
+from planner.schedules.actions import Action, ActionKind
 
 __all__ = ["zb_h1_order"]
+
+_F, _I, _W = ActionKind.FORWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT  # members, not letters: Action need not convert them
 
 
 def zb_h1_order(n_ranks: int, n_microbatches: int) -> dict[int, list[Action]]:
@@ -22,18 +24,18 @@ def zb_h1_order(n_ranks: int, n_microbatches: int) -> dict[int, list[Action]]:
     order: dict[int, list[Action]] = {}
     for r in range(P):
         warmup = min(P - 1 - r, M)
-        acts = [Action(r, "F", m) for m in range(warmup)]
+        acts = [Action(r, _F, m) for m in range(warmup)]
         f = warmup
         i = w = 0
         for k in range(warmup, M + warmup):
             if k < M:
-                acts.append(Action(r, "F", f))
+                acts.append(Action(r, _F, f))
                 f += 1
-            acts.append(Action(r, "I", i))
+            acts.append(Action(r, _I, i))
             i += 1
             if k - warmup >= r:
-                acts.append(Action(r, "W", w))
+                acts.append(Action(r, _W, w))
                 w += 1
-        acts.extend(Action(r, "W", m) for m in range(w, M))
+        acts.extend(Action(r, _W, m) for m in range(w, M))
         order[r] = acts
     return order

@@ -11,9 +11,10 @@ Model (docs/simulator.md):
   planner.cost; the timeline shows that part as an R row).
 - Each device ends the iteration with its optimizer step after its last backward work;
   iteration time = max over devices of that end (+ calibration.step_overhead_ms).
-- Calibration: compute times pass through Calibration.apply_compute; the optimizer step is
-  scaled by compute_scale only; comm_latency_ms / comm_bandwidth_bytes_per_s replace every
-  link's values.
+- Calibration: compute times pass through planner.cost.action_ms (scale, plus the per-action
+  overhead); the optimizer step is scaled only (cost.scaled_ms); a transfer costs
+  cost.link_ms, where comm_latency_ms / comm_bandwidth_bytes_per_s replace every link's values.
+Every duration and byte count comes from planner.cost; this module only orders them in time.
 """
 
 from __future__ import annotations
@@ -21,11 +22,11 @@ from __future__ import annotations
 from typing import Sequence
 
 from planner.calibration import Calibration
-from planner.cost import StageCost, stage_memory
+from planner.cost import StageCost, action_ms, link_between, link_ms, scaled_ms, stage_memory
 from planner.errors import PlanError
 from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
-from planner.schedules.compiled import CompiledSchedule, SweepResult, compile_schedule, sweep
+from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, SweepResult, compile_schedule, sweep
 from planner.schedules.memory import activation_peaks
 from planner.simulation.result import SimResult, TimelineRow
 
@@ -54,7 +55,7 @@ def simulate_costs(
     """
     cs = compile_schedule(schedule)
     cal = calibration or _IDENTITY
-    S, M = cs.n_stages, cs.n_microbatches
+    M = cs.n_microbatches
     rank_device = _rank_devices(cs, stages, stage_device, devices)
     dur, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal)
     res = sweep(cs, dur, send_ms, link, n_links, order=schedule.order)
@@ -64,7 +65,7 @@ def simulate_costs(
     opt_end = [0.0] * n_dev
     busy = [0.0] * n_dev
     for r, d in enumerate(rank_device):
-        opt = sum(stages[s].optimizer_ms for s in cs.rank_stages[r]) * cal.compute_scale
+        opt = scaled_ms(sum(stages[s].optimizer_ms for s in cs.rank_stages[r]), cal)
         opt_start[d] = res.device_end[r]
         opt_end[d] = res.device_end[r] + opt
         busy[d] = opt + sum(n * dur[k] for k, n in cs.rank_keys[r])
@@ -123,44 +124,36 @@ def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Seq
             links: Links, cal: Calibration) -> tuple[list[float], list[float], list[int], int]:
     """Per key (kind * S + stage): compute ms, transfer ms of the output, directed link id."""
     S = cs.n_stages
-    apply = cal.apply_compute
-    dur = [0.0] * (4 * S)
-    send = [0.0] * (4 * S)
-    link = [-1] * (4 * S)
+    dur = [0.0] * cs.n_keys
+    send = [0.0] * cs.n_keys
+    link = [-1] * cs.n_keys
     link_ids: dict[tuple[int, int], int] = {}
     for s, st in enumerate(stages):
-        dur[s] = apply(st.fwd_ms)
-        dur[S + s] = apply(st.bwd_ms)
-        dur[2 * S + s] = apply(st.bwd_input_ms)
-        dur[3 * S + s] = apply(st.bwd_weight_ms)
+        for code, ms in ((CODE_F, st.fwd_ms), (CODE_B, st.bwd_ms), (CODE_I, st.bwd_input_ms), (CODE_W, st.bwd_weight_ms)):
+            dur[code * S + s] = action_ms(ms, cal)
         # F sends its output to stage s+1; B/I send the input gradient (same size) to stage s-1
-        for key, dst, nbytes in ((s, s + 1, st.output_bytes), (S + s, s - 1, st.input_bytes), (2 * S + s, s - 1, st.input_bytes)):
+        for code, dst, nbytes in ((CODE_F, s + 1, st.output_bytes), (CODE_B, s - 1, st.input_bytes), (CODE_I, s - 1, st.input_bytes)):
             if not 0 <= dst < S or nbytes <= 0:
                 continue
             a, b = stage_device[s], stage_device[dst]
             if a == b:
                 continue
-            bw, lat = links.between(a, b)
-            if cal.comm_bandwidth_bytes_per_s is not None:
-                bw = cal.comm_bandwidth_bytes_per_s
-            if cal.comm_latency_ms is not None:
-                lat = cal.comm_latency_ms
-            send[key] = lat + nbytes / bw * 1e3
+            key = code * S + s
+            send[key] = link_ms(nbytes, link_between(links, a, b), cal)
             link[key] = link_ids.setdefault((a, b), len(link_ids))
     return dur, send, link, len(link_ids)
 
 
 def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], stage_device: Sequence[int],
                    cal: Calibration, rank_device: list[int], opt_start: list[float], opt_end: list[float]) -> tuple[TimelineRow, ...]:
-    S, M = cs.n_stages, cs.n_microbatches
     rows: list[TimelineRow] = []
     for r in range(cs.n_ranks):
         d = rank_device[r]
         for a in cs.ids[r]:
-            key, m = divmod(a, M)
-            kind, s = divmod(key, S)
+            kind, s, m = cs.split_id(a)
             t0, t1 = res.start[a], res.end[a]
-            rec = stages[s].recompute_ms * cal.compute_scale if kind in (1, 2) else 0.0
+            # the recompute part of B/I: its scaled forward (the action's overhead stays in B/I)
+            rec = scaled_ms(stages[s].recompute_ms, cal) if kind in (CODE_B, CODE_I) else 0.0
             if rec > 0:
                 rows.append(TimelineRow(d, s, "R", m, t0, t0 + rec))
                 t0 += rec
@@ -175,7 +168,6 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
 def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost],
                      rank_device: list[int], memory: list) -> dict[int, tuple[tuple[float, float], ...]]:
     """Device -> (time, total bytes) after each change, replaying the rank's order of events."""
-    S, M = cs.n_stages, cs.n_microbatches
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for r in range(cs.n_ranks):
         d = rank_device[r]
@@ -189,18 +181,17 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                 points.append((t, level))
 
         for a in cs.ids[r]:
-            key = a // M
-            kind, s = divmod(key, S)
+            kind, s, _ = cs.split_id(a)
             st = stages[s]
-            if kind == 0:
+            if kind == CODE_F:
                 change(res.start[a], st.kept_bytes)
-            elif kind == 1:
+            elif kind == CODE_B:
                 change(res.start[a], st.transient_bytes)
                 change(res.end[a], -st.transient_bytes - st.kept_bytes)
-            elif kind == 2:
+            elif kind == CODE_I:
                 change(res.start[a], st.transient_bytes)
                 change(res.end[a], -st.transient_bytes)
-            else:
+            else:  # W frees what its I left
                 change(res.end[a], -st.kept_bytes)
         out[d] = tuple(points)
     return out

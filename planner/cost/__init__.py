@@ -1,0 +1,71 @@
+"""The one cost model: (profile costs, a stage, a device, links) -> time and bytes. Pure, no torch.
+
+Every consumer prices a plan through this package: the partitioner's solvers (DP, ILP, brute
+force, baselines, recompute refinement) through the per-layer arrays and the formulas
+`stage_time_ms` / `stage_bytes`, the simulator through `StageCost`, `action_ms` and `link_ms`,
+reports and the executor's preflight through `stage_cost` and `stage_memory`.
+tests/test_cost_consumers.py holds each of them to it.
+
+  compute   layer and stage times, the calibration's scale and overheads   (cost.compute)
+  memory    weights, gradients, optimizer state, activations with recompute, buffers (cost.memory)
+  comm      a transfer over a link, with the calibration's overrides        (cost.comm)
+  stage     StageCost of a layer range, and its partitioner figures         (cost.stage)
+  arrays    the per-layer arrays a PartitionProblem is built from           (cost.arrays)
+
+Models that are not a chain (LayerCosts with skip edges, planner.graph): a stage [first, end)
+receives the crossing bytes of the cut before `first` and sends those of the cut before `end`
+(every tensor crossing the cut, hop by hop); kept bytes also hold the pass-through tensors it
+only forwards (planner.graph.passthrough_bytes); a recomputed layer keeps everything it reads
+from earlier layers (LayerCosts.layer_input_bytes). Without skip edges these are the chain's
+numbers.
+
+Data and tensor parallel terms (all-reduce of gradients, sharded optimizer state) belong here
+too, as further modules beside these.
+"""
+
+from planner.cost.arrays import LayerArrays, layer_arrays
+from planner.cost.comm import Link, link_between, link_ms, link_terms, transfer_ms
+from planner.cost.compute import (
+    action_ms, actions_per_microbatch, compute_terms, layer_compute_ms, microbatch_overhead_ms, scaled_ms,
+    stage_time_ms,
+)
+from planner.cost.memory import (
+    OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
+    recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
+    transient_bytes,
+)
+from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
+
+__all__ = [
+    "OPTIMIZER_STATE_FACTOR",
+    "LayerArrays",
+    "Link",
+    "MemoryBreakdown",
+    "StageCost",
+    "action_ms",
+    "actions_per_microbatch",
+    "boundary_bytes",
+    "checkpoint_input_bytes",
+    "compute_terms",
+    "kept_bytes",
+    "layer_arrays",
+    "layer_compute_ms",
+    "link_between",
+    "link_ms",
+    "link_terms",
+    "microbatch_ms",
+    "microbatch_overhead_ms",
+    "optimizer_factor",
+    "recompute_input_bytes",
+    "recompute_saving",
+    "scaled_ms",
+    "scaled_skip_edges",
+    "stage_bytes",
+    "stage_cost",
+    "stage_memory",
+    "stage_peak_bytes",
+    "stage_time_ms",
+    "static_bytes_per_layer",
+    "transfer_ms",
+    "transient_bytes",
+]

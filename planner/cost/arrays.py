@@ -1,0 +1,56 @@
+"""The cost model as per-layer arrays: what every stage-cut solver is handed.
+
+torchgpipe and Alpa turn a profile into one cost table and hand it to pure solvers; this is
+pplan's. Each array has one entry per layer (boundary bytes one per cut position), already in
+the units the partitioner sums: compute calibrated at speed 1, static bytes with the
+optimizer's state, what a checkpoint keeps. planner.partition.build adds the per-position
+terms (device speed, budget, in-flight count, links) to make a PartitionProblem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.calibration import Calibration
+from planner.cost.compute import layer_compute_ms
+from planner.cost.memory import boundary_bytes, checkpoint_input_bytes, scaled_skip_edges, static_bytes_per_layer
+from planner.graph.edges import SkipEdge
+from planner.profiling.profile import LayerCosts
+
+__all__ = ["LayerArrays", "layer_arrays"]
+
+
+@dataclass(frozen=True)
+class LayerArrays:
+    """Per-layer costs of one micro-batch size (length L unless said otherwise)."""
+
+    compute_ms: np.ndarray
+    """Forward + backward at speed 1, calibrated, ms."""
+    recompute_ms: np.ndarray
+    """Extra time when the layer is recomputed (its forward again, calibrated), ms."""
+    static_bytes: np.ndarray
+    """Weights + gradients + optimizer state, bytes."""
+    activation_bytes: np.ndarray
+    """Bytes kept for the backward per micro-batch."""
+    checkpoint_bytes: np.ndarray
+    """Bytes kept instead when the layer is recomputed (its input) per micro-batch."""
+    boundary_bytes: np.ndarray
+    """Length L+1: bytes crossing the cut before layer x (0 at x = 0 and x = L)."""
+    skip_edges: tuple[SkipEdge, ...]
+    """Skip edges with bytes per micro-batch (the pass-through term); () for a chain."""
+
+
+def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
+    """The per-layer cost arrays of `costs` for this optimizer and calibration."""
+    compute, recompute = layer_compute_ms(costs, calibration)
+    return LayerArrays(
+        compute_ms=compute,
+        recompute_ms=recompute,
+        static_bytes=static_bytes_per_layer(costs.param_bytes, optimizer),
+        activation_bytes=np.asarray(costs.activation_bytes, dtype=float),
+        checkpoint_bytes=checkpoint_input_bytes(costs),
+        boundary_bytes=boundary_bytes(costs),
+        skip_edges=scaled_skip_edges(costs),
+    )

@@ -1,0 +1,173 @@
+"""Memory of a stage: static state, activations in flight, recompute, boundary buffers.
+
+On a device running a stage [first, end) with recompute set R (layers checkpointed):
+
+  weights      = sum param_bytes
+  gradients    = weights (same dtype as the parameters)
+  optimizer    = state factor x weights: Adam/AdamW keep two moments (2x), SGD with momentum
+                 one buffer (1x), plain SGD none. torch keeps state in the parameter dtype.
+  activations  = in_flight x kept + transient, where
+                 kept = sum activation_bytes of layers not in R
+                      + sum checkpoint input bytes of layers in R (a checkpoint keeps its input)
+                      + pass-through bytes (skip tensors the stage only forwards)
+                 transient = the largest activation_bytes in R: during its backward one
+                 micro-batch of that layer's activations lives again
+  buffers      = 2 x (bytes in + bytes out): one received activation and its outgoing gradient,
+                 one sent activation and its incoming gradient
+
+`stage_bytes` is that sum, written once; it takes numbers, numpy arrays (the DP prices every
+(first, end) at once) or PuLP expressions (the ILP's memory rows), so every solver charges the
+same formula. Recomputing layers lowers the no-recompute memory by `recompute_saving`.
+`in_flight` (micro-batches held at once) is a property of the schedule
+(planner.schedules.memory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from planner.errors import PplanError
+from planner.graph.crossing import passthrough_bytes
+from planner.graph.edges import SkipEdge
+from planner.profiling.profile import LayerCosts
+
+__all__ = [
+    "OPTIMIZER_STATE_FACTOR",
+    "MemoryBreakdown",
+    "optimizer_factor",
+    "static_bytes_per_layer",
+    "checkpoint_input_bytes",
+    "recompute_input_bytes",
+    "boundary_bytes",
+    "scaled_skip_edges",
+    "kept_bytes",
+    "transient_bytes",
+    "stage_bytes",
+    "recompute_saving",
+    "stage_memory",
+]
+
+OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-plain": 0.0}
+
+
+def optimizer_factor(optimizer: str) -> float:
+    """Optimizer state bytes per parameter byte."""
+    try:
+        return OPTIMIZER_STATE_FACTOR[optimizer]
+    except KeyError:
+        raise PplanError(f"unknown optimizer {optimizer!r}", f"choose one of {', '.join(OPTIMIZER_STATE_FACTOR)}") from None
+
+
+def static_bytes_per_layer(param_bytes: Any, optimizer: str) -> np.ndarray:
+    """Per layer: weights + gradients + optimizer state."""
+    return np.asarray(param_bytes, dtype=float) * (2.0 + optimizer_factor(optimizer))
+
+
+def checkpoint_input_bytes(costs: LayerCosts) -> np.ndarray:
+    """Per layer: bytes a checkpointed layer keeps, its input (the previous layer's output, or the
+    model input for layer 0; for a model that is not a chain, everything it reads from earlier layers)."""
+    if costs.layer_input_bytes is not None:
+        return np.asarray(costs.layer_input_bytes, dtype=float)
+    out = np.asarray(costs.output_bytes, dtype=float)
+    return np.concatenate([[float(costs.input_bytes)], out[:-1]])
+
+
+def recompute_input_bytes(costs: LayerCosts, layer: int) -> float:
+    """Bytes a checkpointed `layer` keeps (one entry of checkpoint_input_bytes)."""
+    return float(checkpoint_input_bytes(costs)[layer])
+
+
+def boundary_bytes(costs: LayerCosts) -> np.ndarray:
+    """Length L+1: bytes per micro-batch crossing the cut before layer x (0 at x = 0 and x = L).
+
+    A chain sends the previous layer's output; otherwise every tensor crossing the cut, hop by
+    hop (LayerCosts.crossing_bytes, skip tensors included).
+    """
+    inner = costs.crossing_bytes if costs.crossing_bytes is not None else np.asarray(costs.output_bytes, dtype=float)[:-1]
+    return np.concatenate([[0.0], np.asarray(inner, dtype=float), [0.0]])
+
+
+def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
+    """The skip edges with `bytes_per_sample` holding bytes per micro-batch; () for a chain."""
+    b = costs.micro_batch_size
+    return tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
+
+
+def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
+               recompute: Iterable[int], edges: Sequence[SkipEdge] = ()) -> float:
+    """Bytes stage [first, end) keeps per micro-batch in flight (module docstring).
+
+    `edges` are scaled_skip_edges (bytes per micro-batch); none for a chain.
+    """
+    rec = set(recompute)
+    kept = sum(float(checkpoint_input[i]) if i in rec else float(activation[i]) for i in range(first, end))
+    if edges:
+        kept += passthrough_bytes(first, end, edges)
+    return kept
+
+
+def transient_bytes(activation: Sequence[float], recompute: Iterable[int]) -> float:
+    """Bytes alive again during the backward of the largest recomputed layer (0 without recompute)."""
+    return max((float(activation[i]) for i in recompute), default=0.0)
+
+
+def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any) -> Any:
+    """Peak bytes of a stage: static + buffers + in_flight x kept + transient (module docstring).
+
+    Pure arithmetic: numbers, numpy arrays and PuLP expressions all work.
+    """
+    return static + 2.0 * (bytes_in + bytes_out) + in_flight * kept + transient
+
+
+def recompute_saving(in_flight: Any, kept_saved: Any, transient: Any) -> Any:
+    """Bytes a recompute set saves against no recompute: in_flight x (kept bytes it saves) - its transient.
+
+    stage_bytes(..., kept - kept_saved, transient) equals stage_bytes(..., kept, 0) minus this.
+    """
+    return in_flight * kept_saved - transient
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Peak memory of one device, by kind, in bytes."""
+
+    weights: float
+    """Parameters."""
+    gradients: float
+    """Parameter gradients (same size as the weights)."""
+    optimizer: float
+    """Optimizer state."""
+    activations: float
+    """Activations at the schedule's peak, recompute transients included."""
+    buffers: float
+    """Send/receive buffers at the stage boundaries."""
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.gradients + self.optimizer + self.activations + self.buffers
+
+    def as_dict(self) -> dict[str, int]:
+        return {
+            "weights": int(self.weights), "gradients": int(self.gradients),
+            "optimizer": int(self.optimizer), "activations": int(self.activations),
+            "buffers": int(self.buffers), "total": int(self.total),
+        }
+
+
+def stage_memory(stages: list, peak_activation_bytes: float, optimizer: str = "adam") -> MemoryBreakdown:
+    """Peak memory of a device running `stages` (StageCost), given the schedule's peak activation bytes.
+
+    `peak_activation_bytes` comes from the schedule (in-flight micro-batches x kept bytes,
+    plus transients); see planner.schedules.memory.
+    """
+    params = sum(s.param_bytes for s in stages)
+    return MemoryBreakdown(
+        weights=params,
+        gradients=params,
+        optimizer=params * optimizer_factor(optimizer),
+        activations=peak_activation_bytes,
+        buffers=sum(s.buffer_bytes for s in stages),
+    )

@@ -1,0 +1,121 @@
+"""One stage priced: StageCost (what the simulator consumes) and the per-stage figures the
+partitioner's objective and memory rows charge for it.
+
+`stage_cost` sums a contiguous layer range with planner.cost.compute's and
+planner.cost.memory's rules; `microbatch_ms` and `stage_peak_bytes` turn a StageCost into the
+partitioner's per-micro-batch time and per-stage memory, so a solver's reported figures can be
+checked against the cost model directly (tests/test_cost_consumers.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Iterable
+
+import numpy as np
+
+from planner.calibration import Calibration
+from planner.cost.compute import compute_terms, microbatch_overhead_ms
+from planner.cost.memory import (
+    boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor, scaled_skip_edges, stage_bytes, transient_bytes,
+)
+from planner.errors import PplanError
+from planner.profiling.profile import LayerCosts
+
+__all__ = ["StageCost", "stage_cost", "microbatch_ms", "stage_peak_bytes"]
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """Per-micro-batch time and per-stage memory of a contiguous layer range."""
+
+    first: int
+    """First layer (inclusive)."""
+    end: int
+    """End layer (exclusive)."""
+    recompute: tuple[int, ...]
+    """Layers whose activations are recomputed in backward."""
+    fwd_ms: float
+    """Forward of one micro-batch, ms."""
+    bwd_ms: float
+    """Full backward of one micro-batch including recompute, ms."""
+    bwd_input_ms: float
+    """Input-gradient part (I) including recompute, ms."""
+    bwd_weight_ms: float
+    """Weight-gradient part (W), ms."""
+    recompute_ms: float
+    """The part of bwd_ms spent re-running forwards, ms."""
+    optimizer_ms: float
+    """Optimizer step for this stage's parameters, ms."""
+    param_bytes: float
+    """Weights of the stage."""
+    static_bytes: float
+    """Weights + gradients + optimizer state."""
+    kept_bytes: float
+    """Activation bytes held per micro-batch in flight."""
+    transient_bytes: float
+    """Extra bytes alive during one recomputed layer's backward."""
+    input_bytes: float
+    """Bytes received per micro-batch (0 for the first stage)."""
+    output_bytes: float
+    """Bytes sent per micro-batch (0 for the last stage)."""
+
+    @property
+    def buffer_bytes(self) -> float:
+        return 2.0 * (self.input_bytes + self.output_bytes)
+
+
+def stage_cost(
+    costs: LayerCosts,
+    first: int,
+    end: int,
+    recompute: Iterable[int] = (),
+    optimizer: str = "adam",
+    speed: float = 1.0,
+) -> StageCost:
+    """Cost of layers [first, end) with `recompute` checkpointed, on a device of relative `speed`."""
+    n = len(costs.fwd_ms)
+    if not (0 <= first < end <= n):
+        raise PplanError(f"stage layers [{first}, {end}) are outside the model's 0..{n}")
+    rec = tuple(sorted(set(recompute)))
+    for layer in rec:
+        if not first <= layer < end:
+            raise PplanError(f"recompute layer {layer} is outside its stage [{first}, {end})")
+    if speed <= 0:
+        raise PplanError(f"device speed {speed} must be positive")
+    sl = slice(first, end)
+    fwd = float(np.sum(costs.fwd_ms[sl]))
+    rec_ms = float(sum(costs.fwd_ms[i] for i in rec))
+    params = float(np.sum(costs.param_bytes[sl]))
+    boundary = boundary_bytes(costs)
+    return StageCost(
+        first=first,
+        end=end,
+        recompute=rec,
+        fwd_ms=fwd / speed,
+        bwd_ms=(float(np.sum(costs.bwd_ms[sl])) + rec_ms) / speed,
+        bwd_input_ms=(float(np.sum(costs.bwd_input_ms[sl])) + rec_ms) / speed,
+        bwd_weight_ms=float(np.sum(costs.bwd_weight_ms[sl])) / speed,
+        recompute_ms=rec_ms / speed,
+        optimizer_ms=float(np.sum(costs.optimizer_ms[sl])) / speed,
+        param_bytes=params,
+        static_bytes=params * (2.0 + optimizer_factor(optimizer)),
+        kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs)),
+        transient_bytes=transient_bytes(costs.activation_bytes, rec),
+        input_bytes=float(boundary[first]),
+        output_bytes=float(boundary[end]),
+    )
+
+
+def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, split_backward: bool = False,
+                  send_in_ms: float = 0.0, send_out_ms: float = 0.0) -> float:
+    """The partitioner's time of one micro-batch on `stage` (planner.cost.compute.stage_time_ms),
+    from its StageCost: calibrated forward + backward (recompute included) + per-action overheads + sends."""
+    scale = compute_terms(calibration)[0]
+    return (stage.fwd_ms + stage.bwd_ms) * scale + microbatch_overhead_ms(calibration, split_backward) + send_in_ms + send_out_ms
+
+
+def stage_peak_bytes(stage: StageCost, in_flight: float) -> float:
+    """The partitioner's memory of `stage` holding `in_flight` micro-batches (planner.cost.memory.stage_bytes)."""
+    return stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
+                       stage.kept_bytes, stage.transient_bytes)

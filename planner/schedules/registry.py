@@ -1,0 +1,105 @@
+"""The registry of schedule families: everything pplan knows about a schedule, by name.
+
+As torch's `get_schedule_class(name)` maps a name to its class, `get_schedule(name)` maps it
+to a ScheduleSpec: the generator of its per-rank order, the torch class that runs it and how,
+and what it supports (split backward, chunks per rank, micro-batch counts, non-chain models,
+recompute). Size checks, the partitioner's grid, the executor and the benchmarks read these
+fields instead of testing names, so adding a schedule is one generator and one entry here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal
+
+from planner.errors import ScheduleError
+from planner.schedules.actions import Action
+from planner.schedules.gpipe import gpipe_order
+from planner.schedules.interleaved import interleaved_order, rounds
+from planner.schedules.onefoneb import one_f_one_b_order
+from planner.schedules.zero_bubble import zb_h1_order
+
+__all__ = ["MicrobatchRule", "TorchRuntime", "ScheduleSpec", "SCHEDULES", "SCHEDULE_NAMES", "get_schedule"]
+
+Order = dict[int, list[Action]]
+MicrobatchRule = Literal["any", "at-least-ranks", "multiple-of-rounds"]
+TorchRuntime = Literal["class", "class-if-same-order", "csv"]
+
+
+@dataclass(frozen=True)
+class ScheduleSpec:
+    """One schedule family: how to generate it, how torch runs it, and what it supports."""
+
+    name: str
+    """The name plans and the command line use."""
+    order: Callable[[int, int, int], Order]
+    """(ranks P, micro-batches M, chunks per rank v) -> rank -> compute actions (no idle slots)."""
+    torch_class: str
+    """The torch.distributed.pipelining class whose order the generator reproduces."""
+    torch_runtime: TorchRuntime
+    """How the executor runs it: `class` (the class's own code runs this order), `class-if-same-order`
+    (the class, after its pipeline_order is checked equal to the plan's), `csv` (torch's
+    _PipelineScheduleRuntime loads the plan's actions)."""
+    virtual_stages: int
+    """Chunks (stages) per rank the partitioner plans with."""
+    multi_chunk: bool
+    """True when it needs >= 2 chunks per rank (stage s on rank s mod P); False: exactly 1."""
+    split_backward: bool
+    """True when the backward is split into I and W (zero-bubble)."""
+    microbatches: MicrobatchRule
+    """torch's rule on M: any; at-least-ranks (M >= P); multiple-of-rounds (M a multiple of max(1, M // P))."""
+    non_chain: bool
+    """True when the executor runs it for a model that is not a chain (pipeline()-split stages)."""
+    recompute: bool
+    """True when recomputed layers (activation checkpointing) run under it."""
+    description: str
+    """One line for help texts and docs."""
+
+    def valid_microbatches(self, n_ranks: int, n_microbatches: int) -> bool:
+        """True when torch's class accepts this micro-batch count on `n_ranks` ranks."""
+        if self.microbatches == "at-least-ranks":
+            return n_microbatches >= n_ranks
+        if self.microbatches == "multiple-of-rounds":
+            n_rounds, _ = rounds(n_ranks, n_microbatches)
+            return n_microbatches % n_rounds == 0
+        return True
+
+
+def _one_chunk(fn: Callable[[int, int], Order]) -> Callable[[int, int, int], Order]:
+    """A generator with one stage per rank, in the registry's (P, M, v) signature."""
+    def order(n_ranks: int, n_microbatches: int, virtual_stages: int) -> Order:
+        return fn(n_ranks, n_microbatches)
+
+    order.__name__ = fn.__name__
+    return order
+
+
+SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
+    ScheduleSpec(
+        name="gpipe", order=_one_chunk(gpipe_order), torch_class="ScheduleGPipe", torch_runtime="class",
+        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="any", non_chain=True,
+        recompute=True, description="GPipe: every forward, then every backward"),
+    ScheduleSpec(
+        name="1f1b", order=_one_chunk(one_f_one_b_order), torch_class="Schedule1F1B", torch_runtime="class",
+        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks", non_chain=True,
+        recompute=True, description="1F1B (PipeDream-Flush): warm-up forwards, then one backward per forward"),
+    ScheduleSpec(
+        name="interleaved", order=interleaved_order, torch_class="ScheduleInterleaved1F1B",
+        torch_runtime="class-if-same-order", virtual_stages=2, multi_chunk=True, split_backward=False,
+        microbatches="multiple-of-rounds", non_chain=False, recompute=True,
+        description="interleaved 1F1B (Megatron-LM): several stages per rank"),
+    ScheduleSpec(
+        name="zb", order=_one_chunk(zb_h1_order), torch_class="ScheduleInterleavedZeroBubble", torch_runtime="csv",
+        virtual_stages=1, multi_chunk=False, split_backward=True, microbatches="multiple-of-rounds", non_chain=False,
+        recompute=True, description="ZB-H1 zero bubble: 1F1B with the backward split into I and W"),
+)}
+# The order matters: it breaks ties between equally fast plans (planner.partition.search).
+SCHEDULE_NAMES: tuple[str, ...] = tuple(SCHEDULES)
+
+
+def get_schedule(name: str) -> ScheduleSpec:
+    """The spec of schedule `name`; ScheduleError naming the known ones otherwise."""
+    try:
+        return SCHEDULES[name]
+    except (KeyError, TypeError):
+        raise ScheduleError(f"unknown schedule {name!r}", f"use one of {', '.join(SCHEDULE_NAMES)}") from None

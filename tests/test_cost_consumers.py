@@ -1,0 +1,176 @@
+"""Every consumer of the cost model charges what planner.cost says (DESIGN.md: one cost model).
+
+On random small instances (chains and models with skip edges, heterogeneous devices and links,
+with and without a calibration, every recompute mode and schedule), the stage figures that the
+DP, the ILP and brute force report, and the action, transfer and memory figures the simulator
+produces, are compared with the cost model's own: planner.cost.stage_cost for the stage,
+microbatch_ms / stage_peak_bytes for the partitioner's objective and memory, action_ms,
+scaled_ms and link_ms for the simulator.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from planner.calibration import Calibration
+from planner.cost import (
+    action_ms, link_between, link_ms, microbatch_ms, scaled_ms, stage_cost, stage_memory, stage_peak_bytes,
+)
+from planner.partition.brute import solve_brute
+from planner.partition.build import Layout, build_problem, stage_costs
+from planner.partition.dp import solve_dp
+from planner.partition.ilp import solve_ilp
+from planner.partition.problem import Solution
+from planner.plan import Device, Links
+from planner.profiling.profile import LayerCosts, make_profile
+from planner.schedules import SCHEDULE_NAMES, generate, get_schedule
+from planner.schedules.memory import activation_peaks, stage_inflight_peak
+from planner.simulation.engine import simulate_costs
+
+REL = 1e-9  # summation order differs between the solvers' arrays and StageCost's sums
+MB = 2  # micro-batch size the instances are priced at (skip-edge bytes scale with it)
+
+
+def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, str, str]:
+    """(costs, layout, schedule name, calibration, optimizer, recompute mode) of one random instance."""
+    rng = np.random.default_rng(seed)
+    schedule = SCHEDULE_NAMES[seed % len(SCHEDULE_NAMES)]
+    v = get_schedule(schedule).virtual_stages
+    P = int(rng.integers(2, 4)) if v == 1 else 2
+    L = int(rng.integers(P * v + 1, P * v + 4))
+    sizes = [1, MB]
+    per = lambda lo, hi: np.round(rng.uniform(lo, hi, L))[:, None] * np.asarray(sizes)[None, :]  # noqa: E731
+    cols = {
+        "fwd_ms": np.round(rng.uniform(0.5, 4.0, L), 3)[:, None] * np.asarray(sizes)[None, :],
+        "param_bytes": np.repeat(np.round(rng.uniform(1e5, 4e6, L))[:, None], 2, axis=1),
+        "activation_bytes": per(1e5, 3e6),
+        "output_bytes": per(1e4, 1e6),
+        "optimizer_ms": np.repeat(np.round(rng.uniform(0.0, 0.5, L), 3)[:, None], 2, axis=1),
+    }
+    cols["bwd_ms"] = np.round(cols["fwd_ms"] * rng.uniform(1.5, 2.5, L)[:, None], 3)
+    edges: tuple = ()
+    if seed % 3 == 0 and L >= 4:  # not a chain: skip tensors cross cuts and pass through stages
+        edges = ((0, L - 1, int(rng.integers(1e4, 5e5))), (1, L - 2, int(rng.integers(1e4, 5e5)), (2,)) if L >= 5 else ())
+        edges = tuple(e for e in edges if e)
+    prof = make_profile([f"l{i}" for i in range(L)], sizes, cols, {"input_bytes_per_sample": "4096"}, skip_edges=edges)
+    costs = prof.at(MB)
+    speeds = rng.choice([0.5, 1.0, 2.0], P)
+    static = float(np.sum(costs.param_bytes)) * 4.0
+    acts = float(np.sum(costs.activation_bytes))
+    limit = None if seed % 4 == 1 else int((static + 2.5 * acts) / P * rng.uniform(0.7, 1.6))
+    devices = tuple(Device(f"d{i}", memory_bytes=limit, speed=float(speeds[i])) for i in range(P))
+    links = Links(bandwidth_bytes_per_s=float(rng.choice([1e9, 25e9])), latency_ms=float(rng.choice([0.0, 0.05])),
+                  pairs=((0, 1, 5e8, 0.2),))
+    calibration = None if seed % 2 else Calibration(compute_scale=float(rng.uniform(0.8, 1.5)), action_overhead_ms=0.03,
+                                                     comm_latency_ms=0.1 if seed % 4 == 0 else None,
+                                                     comm_bandwidth_bytes_per_s=2e9 if seed % 4 == 0 else None)
+    layout = Layout(devices=devices, order=tuple(range(P)), links=links, virtual_stages=v)
+    optimizer = ("adam", "sgd", "sgd-plain")[seed % 3]
+    recompute = ("auto", "none", "all", "auto")[(seed // 3) % 4]
+    return costs, layout, schedule, calibration, optimizer, recompute
+
+
+def _sends(costs: LayerCosts, layout: Layout, cal: Calibration | None, cuts: tuple[int, ...], s: int) -> tuple[float, float]:
+    """The cost model's send of the input gradient and of the output of stage s."""
+    sc = stage_cost(costs, cuts[s], cuts[s + 1])
+    S = len(cuts) - 1
+    send_in = link_ms(sc.input_bytes, link_between(layout.links, layout.device_of(s - 1), layout.device_of(s)), cal) if s > 0 else 0.0
+    send_out = link_ms(sc.output_bytes, link_between(layout.links, layout.device_of(s), layout.device_of(s + 1)), cal) if s < S - 1 else 0.0
+    return send_in, send_out
+
+
+def _check_solution(sol: Solution, costs: LayerCosts, layout: Layout, cal: Calibration | None, optimizer: str,
+                    inflight: list[int], split: bool, budget: np.ndarray) -> None:
+    for s in range(len(sol.cuts) - 1):
+        i, j = sol.cuts[s], sol.cuts[s + 1]
+        sc = stage_cost(costs, i, j, sol.recompute[s], optimizer, layout.devices[layout.device_of(s)].speed)
+        send_in, send_out = _sends(costs, layout, cal, sol.cuts, s)
+        assert sol.stage_ms[s] == pytest.approx(microbatch_ms(sc, cal, split, send_in, send_out), rel=REL)
+        assert sol.stage_bytes[s] == pytest.approx(stage_peak_bytes(sc, inflight[s]), rel=REL)
+        assert stage_peak_bytes(sc, inflight[s]) <= budget[s] * (1 + REL)
+
+
+SEEDS = range(48)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dp_and_brute_force_charge_the_cost_model(seed: int) -> None:
+    costs, layout, name, cal, optimizer, recompute = _instance(seed)
+    sched = generate(name, layout.n_ranks, 4, layout.virtual_stages)
+    inflight = stage_inflight_peak(sched)
+    p = build_problem(costs, layout, inflight, optimizer=optimizer, recompute=recompute, calibration=cal,
+                      split_backward=sched.split_backward)
+    dp, brute = solve_dp(p), solve_brute(p)
+    assert (dp is None) == (brute is None)
+    for sol in (dp, brute):
+        if sol is not None:
+            _check_solution(sol, costs, layout, cal, optimizer, inflight, sched.split_backward, p.budget)
+
+
+@pytest.mark.parametrize("seed", SEEDS[::4])
+def test_ilp_charges_the_cost_model(seed: int) -> None:
+    pytest.importorskip("pulp")
+    costs, layout, name, cal, optimizer, recompute = _instance(seed)
+    sched = generate(name, layout.n_ranks, 4, layout.virtual_stages)
+    inflight = stage_inflight_peak(sched)
+    p = build_problem(costs, layout, inflight, optimizer=optimizer, recompute=recompute, calibration=cal,
+                      split_backward=sched.split_backward)
+    sol = solve_ilp(p, time_limit=20)
+    if sol is not None:
+        _check_solution(sol, costs, layout, cal, optimizer, inflight, sched.split_backward, p.budget)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_simulator_charges_the_cost_model(seed: int) -> None:
+    costs, layout, name, cal, optimizer, recompute = _instance(seed)
+    M = 4
+    sched = generate(name, layout.n_ranks, M, layout.virtual_stages)
+    S = layout.n_stages
+    cuts = tuple(int(round(x)) for x in np.linspace(0, len(costs.fwd_ms), S + 1))
+    rec = tuple(tuple(range(cuts[s], cuts[s + 1]))[: s % 2 + (recompute == "all")] for s in range(S))
+    stages = stage_costs(costs, layout, cuts, rec, optimizer)
+    placement = [layout.device_of(s) for s in range(S)]
+    sim = simulate_costs(sched, stages, placement, layout.devices, layout.links, micro_batch_size=MB,
+                         optimizer=optimizer, calibration=cal, record_timeline=True)
+    durations = {"F": "fwd_ms", "B": "bwd_ms", "I": "bwd_input_ms", "W": "bwd_weight_ms"}
+    for row in sim.timeline:
+        took = row.end_ms - row.start_ms
+        if row.kind in durations:
+            st = stages[row.stage]
+            want = action_ms(getattr(st, durations[row.kind]), cal)
+            if row.kind in "BI":  # the recompute part is drawn as its own R row just before
+                want -= scaled_ms(st.recompute_ms, cal)
+            assert took == pytest.approx(want, rel=REL, abs=1e-9)
+        elif row.kind == "R":
+            assert took == pytest.approx(scaled_ms(stages[row.stage].recompute_ms, cal), rel=REL, abs=1e-9)
+        elif row.kind == "O":
+            opt = sum(stages[s].optimizer_ms for s in range(S) if placement[s] == row.device)
+            assert took == pytest.approx(scaled_ms(opt, cal), rel=REL, abs=1e-9)
+        elif row.kind == "C":  # a transfer may wait for its link, then costs the cost model's link_ms
+            st = stages[row.stage]
+            # the output leaves before this stage's backward of the micro-batch can start (that
+            # backward needs the next stage's forward of it); the input gradient leaves after
+            forward = row.start_ms < _first_backward(sim, row.stage, row.microbatch)
+            dst = row.stage + 1 if forward else row.stage - 1
+            nbytes = st.output_bytes if forward else st.input_bytes
+            want = link_ms(nbytes, link_between(layout.links, placement[row.stage], placement[dst]), cal)
+            assert took == pytest.approx(want, rel=REL, abs=1e-9)
+    peaks = activation_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
+    for r in range(layout.n_ranks):
+        d = layout.order[r]
+        mine = [stages[s] for s in range(S) if placement[s] == d]
+        want = stage_memory(mine, peaks[r], optimizer)
+        assert sim.memory[d] == want
+        if layout.virtual_stages == 1:  # the partitioner's bound: the schedule's peak count x kept + transient
+            k = stage_inflight_peak(sched)[placement.index(d)]
+            assert want.total <= stage_peak_bytes(mine[0], k) * (1 + REL)
+        busy = sum(M * (action_ms(st.fwd_ms, cal) + (action_ms(st.bwd_input_ms, cal) + action_ms(st.bwd_weight_ms, cal)
+                                                     if sched.split_backward else action_ms(st.bwd_ms, cal)))
+                   for st in mine) + scaled_ms(sum(st.optimizer_ms for st in mine), cal)
+        assert sim.busy_ms[d] == pytest.approx(busy, rel=REL)
+
+
+def _first_backward(sim, stage: int, microbatch: int) -> float:
+    """Start of the backward (its recompute row included) of `stage` for `microbatch`."""
+    return min(r.start_ms for r in sim.timeline if r.kind in ("B", "I", "R") and r.stage == stage and r.microbatch == microbatch)
