@@ -15,7 +15,7 @@ from cli.common import state
 from planner.errors import PplanError
 
 # One module per command, each defining `register(app)`; order = order in `pplan --help`.
-COMMANDS = ["profile", "partition", "simulate", "run", "calibrate", "report", "demo", "bench"]
+COMMANDS = ["profile", "partition", "simulate", "run", "calibrate", "report", "demo", "bench", "hardware"]
 
 app = typer.Typer(
     name="pplan",
@@ -47,6 +47,7 @@ SHORT_HELP = {
     "report": "Write figures and an HTML/Markdown report under reports/NAME/.",
     "demo": "Profile, plan, simulate, run, calibrate and report a gpt, on CPU.",
     "bench": "Benchmarks: planner and simulator speed, plan quality, fidelity.",
+    "hardware": "Hardware presets (FLOP/s, memory, links), or one device in full.",
 }
 
 for _name in COMMANDS:

@@ -1,0 +1,209 @@
+"""Hardware you may not have: accelerator presets and user JSON files, without torch.
+
+A `Hardware` is one device (GPU, or one CPU core) and the links around it: peak dense FLOP/s
+in 16-bit and 32-bit, memory capacity and bandwidth, link bandwidth within a node and between
+nodes, and message latencies. Presets (`PRESETS`) come from vendor datasheets (docs/hardware.md
+lists the sources); a user file has the same keys as `pplan hardware NAME --json` prints:
+
+    {"format": "pplan-hardware/1", "name": "my-gpu",
+     "peak_bf16_flops_per_s": 312e12, "peak_fp32_flops_per_s": 19.5e12,
+     "memory_bytes": "80GiB", "memory_bandwidth_bytes_per_s": "2TB/s",
+     "intra_node_bandwidth_bytes_per_s": "300GB/s", "inter_node_bandwidth_bytes_per_s": "200Gbit/s",
+     "intra_node_latency_ms": 0.01, "inter_node_latency_ms": 0.02, "gpus_per_node": 8,
+     "source": "where the numbers come from"}
+
+Sizes, bandwidths and latencies may be plain numbers (bytes, bytes/s, ms) or strings with
+units (planner.units); `format` and `source` are optional. Unknown keys are refused with the
+nearest known one; every value must be finite, positive (latencies: >= 0) and within bounds.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import types
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+from planner.errors import ClusterError, PplanError
+from planner.jsonio import check_keys, nearest, read_json_file
+from planner.units import parse_bandwidth, parse_bytes, parse_ms
+
+__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
+
+FORMAT = "pplan-hardware/1"
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+"""Bytes per element of the dtypes pplan profiles in."""
+_MAX_FILE_BYTES = 1 << 20  # a hardware file is a few hundred bytes
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One device and its links, in SI units (bytes, bytes/s, FLOP/s, ms)."""
+
+    name: str
+    """Short identifier, e.g. `a100-80gb` (written into analytic profiles)."""
+    peak_bf16_flops_per_s: float
+    """Peak dense bf16/fp16 tensor FLOP/s (no sparsity)."""
+    peak_fp32_flops_per_s: float
+    """Peak dense fp32 FLOP/s without TF32 (torch's default for matmuls)."""
+    memory_bytes: int
+    """Device memory capacity, bytes."""
+    memory_bandwidth_bytes_per_s: float
+    """Peak device memory bandwidth, bytes/s."""
+    intra_node_bandwidth_bytes_per_s: float
+    """Link bandwidth to another device of the same node, bytes/s per direction."""
+    inter_node_bandwidth_bytes_per_s: float
+    """Network bandwidth to other nodes, bytes/s per device per direction."""
+    intra_node_latency_ms: float
+    """Latency of one message within a node, ms."""
+    inter_node_latency_ms: float
+    """Latency of one message between nodes, ms."""
+    gpus_per_node: int
+    """Devices per node by default."""
+    source: str
+    """Where the numbers come from (datasheet, measurement)."""
+
+    def __post_init__(self) -> None:
+        where = f"hardware {str(self.name)[:60]!r}"
+        _text(self.name, "name", where, True)
+        _text(self.source, "source", where, False)
+        for key in _REQUIRED[1:]:
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)):
+                raise ClusterError(f"{where}: {key} must be a number, got {str(value)[:60]!r}")
+            _check_range(float(value), key, where)
+            if key in ("gpus_per_node", "memory_bytes") and value != int(value):
+                raise ClusterError(f"{where}: {key} must be a whole number, got {value:g}")
+
+    def peak_flops_per_s(self, dtype: str) -> float:
+        """Peak FLOP/s for matmuls in `dtype` (float32 -> fp32 peak, bfloat16/float16 -> 16-bit)."""
+        if dtype == "float32":
+            return self.peak_fp32_flops_per_s
+        if dtype in ("bfloat16", "float16"):
+            return self.peak_bf16_flops_per_s
+        raise PplanError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(DTYPE_BYTES)}")
+
+
+
+# Bounds no real device reaches: beyond them a value is a typo or a unit mistake.
+_FLOPS_MAX = 1e18        # an exaFLOP/s per device: beyond any chip
+_BYTES_MAX = 2**50       # a pebibyte of device memory
+_BW_MAX = 1e15           # as planner.units.parse_bandwidth
+_LATENCY_MAX_MS = 1e4    # ten seconds per message
+_NODE_MAX = 4096
+_TEXT_MAX = 500
+_REQUIRED = tuple(f.name for f in fields(Hardware) if f.name != "source")
+_KNOWN = ("format",) + tuple(f.name for f in fields(Hardware))
+
+
+def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
+    """The JSON object of `hw` (what a user file holds), format first."""
+    return {"format": FORMAT, **asdict(hw)}
+
+
+def _number(raw: Any, key: str, where: str) -> float:
+    if isinstance(raw, bool) or not isinstance(raw, (int, float, str)):
+        raise ClusterError(f"{where}: {key} must be a number, got {str(raw)[:60]!r}")
+    try:
+        if key == "memory_bytes":
+            return float(parse_bytes(raw, key))
+        if key.endswith("_bandwidth_bytes_per_s"):
+            return parse_bandwidth(raw)
+        if key.endswith("_latency_ms"):
+            return parse_ms(raw, key)
+        value = float(raw)
+    except PplanError as e:
+        raise ClusterError(f"{where}: {key}: {e.message}", e.hint) from None
+    except ValueError:
+        raise ClusterError(f"{where}: {key} {str(raw)[:60]!r} is not a number", "FLOP/s are plain numbers such as 312e12") from None
+    return value
+
+
+def _check_range(value: float, key: str, where: str) -> None:
+    if key.endswith("_latency_ms"):
+        low, high, unit = 0.0, _LATENCY_MAX_MS, "ms"
+    elif key == "gpus_per_node":
+        low, high, unit = 1.0, _NODE_MAX, "devices"
+    else:
+        high, unit = {"memory_bytes": (_BYTES_MAX, "bytes")}.get(
+            key, (_FLOPS_MAX, "FLOP/s") if key.startswith("peak_") else (_BW_MAX, "bytes/s"))
+        low = None
+    if not math.isfinite(value):
+        raise ClusterError(f"{where}: {key} {value!r} is not finite")
+    if low is None and value <= 0:
+        raise ClusterError(f"{where}: {key} must be positive, got {value:g}")
+    if low is not None and value < low:
+        raise ClusterError(f"{where}: {key} must be at least {low:g}, got {value:g}")
+    if value > high:
+        raise ClusterError(f"{where}: {key} {value:g} is beyond any real device (limit {high:g} {unit})", "check the units: bytes, bytes/s, FLOP/s, ms")
+
+
+def _text(raw: Any, key: str, where: str, required: bool) -> str:
+    if not isinstance(raw, str) or (required and not raw.strip()):
+        raise ClusterError(f"{where}: {key} must be a non-empty string")
+    if len(raw) > _TEXT_MAX or any(ord(c) < 32 for c in raw):
+        raise ClusterError(f"{where}: {key} must be one line of at most {_TEXT_MAX} characters")
+    return raw.strip()
+
+
+_GB, _GIB = 10**9, 2**30
+_NVIDIA = "NVIDIA datasheet"
+PRESETS: Mapping[str, Hardware] = types.MappingProxyType({
+    "a100-40gb": Hardware(
+        "a100-40gb", 312e12, 19.5e12, 40 * _GB, 1.555e12, 300e9, 25e9, 0.01, 0.02, 8,
+        f"{_NVIDIA} A100 SXM4 40GB (HBM2 1,555 GB/s); NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand port per GPU"),
+    "a100-80gb": Hardware(
+        "a100-80gb", 312e12, 19.5e12, 80 * _GB, 2.039e12, 300e9, 25e9, 0.01, 0.02, 8,
+        f"{_NVIDIA} A100 SXM4 80GB (HBM2e 2,039 GB/s); NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand port per GPU"),
+    "h100-80gb": Hardware(
+        "h100-80gb", 989e12, 67e12, 80 * _GB, 3.35e12, 450e9, 50e9, 0.01, 0.02, 8,
+        f"{_NVIDIA} H100 SXM5 80GB (HBM3 3.35 TB/s); NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR InfiniBand port per GPU"),
+    "h200": Hardware(
+        "h200", 989e12, 67e12, 141 * _GB, 4.8e12, 450e9, 50e9, 0.01, 0.02, 8,
+        f"{_NVIDIA} H200 SXM 141GB (HBM3e 4.8 TB/s), compute and NVLink4 as H100 SXM; DGX H200: 8 GPUs, 400 Gb/s per GPU"),
+    "cpu": Hardware(
+        "cpu", 96e9, 96e9, 12 * _GIB, 16e9, 2.5e9, 1.25e9, 0.5, 0.5, 2,
+        "generic x86-64 core, conservative: one core per device (pplan run gives each stage one thread), AVX2 2 FMA x 8 fp32 lanes "
+        "x 2 FLOP at 3 GHz = 96 GFLOP/s, no bf16 matrix units (bf16 = fp32); half of a 2-core 24 GiB machine; 16 GB/s per-core "
+        "DRAM stream; between processes gloo at 2.5 GB/s, 0.5 ms (pplan calibrate, reports/example); 10 GbE between nodes"),
+})
+"""Built-in hardware by name (docs/hardware.md has the table and the sources)."""
+
+
+def hardware_from_dict(data: Any, source: str = "<hardware>") -> Hardware:
+    """Validate a parsed hardware JSON object (module docstring) into a Hardware."""
+    if not isinstance(data, dict):
+        raise ClusterError(f"{source}: a hardware file must be a JSON object", "print one with `pplan hardware a100-80gb --json`")
+    check_keys(data, _KNOWN, source, ClusterError)
+    if data.get("format", FORMAT) != FORMAT:
+        raise ClusterError(f"{source}: format {str(data.get('format'))[:40]!r} is not supported (this pplan reads {FORMAT})")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise ClusterError(f"{source}: missing key(s) {', '.join(missing)}", "print a complete example with `pplan hardware a100-80gb --json`")
+    values: dict[str, Any] = {"name": _text(data["name"], "name", source, True)}
+    for key in _REQUIRED[1:]:
+        value = _number(data[key], key, source)
+        _check_range(value, key, source)
+        if key in ("gpus_per_node", "memory_bytes"):
+            if value != int(value):
+                raise ClusterError(f"{source}: {key} must be a whole number, got {value:g}")
+            value = int(value)
+        values[key] = value
+    values["source"] = _text(data.get("source", f"user file {source}"), "source", source, False)
+    return Hardware(**values)
+
+
+def load_hardware(name_or_path: str | os.PathLike) -> Hardware:
+    """A preset by name (`a100-80gb`, ...) or a user JSON file; ClusterError says what is wrong."""
+    text = str(name_or_path)
+    if text in PRESETS:
+        return PRESETS[text]
+    looks_like_file = text.endswith(".json") or os.sep in text or "/" in text or Path(text).exists()
+    if not looks_like_file:
+        guess = nearest(text, PRESETS)
+        hint = f"did you mean {guess!r}? " if guess else ""
+        raise ClusterError(f"unknown hardware {text[:60]!r}", f"{hint}presets: {', '.join(PRESETS)}; or give a JSON file (see `pplan hardware`)")
+    data = read_json_file(text, "hardware file", ClusterError, max_bytes=_MAX_FILE_BYTES)
+    return hardware_from_dict(data, source=text)
