@@ -8,6 +8,11 @@ so that `partition` and `simulate` pick it up without a flag. Fields (all option
   comm_latency_ms        replaces the plan's link latency between processes
   comm_bandwidth_bytes_per_s  replaces the plan's link bandwidth
   step_overhead_ms       added once per iteration (optimizer bookkeeping, barriers)
+  fitted_from            where the numbers came from (run, schedule, n_ranks, n_microbatches,
+                         measured_ms, error_pct_before, error_pct_after): informational
+
+Values must lie in RANGES (compute_scale 0.001 to 1000, times up to a day in ms, bandwidth 1 B/s
+to 1e15 B/s); any key not listed here, at either level, is refused with the nearest known one.
 """
 
 from __future__ import annotations
@@ -21,15 +26,55 @@ from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
+from planner.jsonio import check_keys, read_json_file
+from planner.plan import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
 __all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration"]
 
 FORMAT = "pplan-calibration/1"
 
+# Physically meaningful ranges (name -> (low, high)): a pipeline is not a thousand times faster
+# or slower than its layers timed alone, and no overhead lasts a day. Outside them a value is a
+# typo or a hostile file, and would overflow to inf in the simulator or its printing.
+MIN_COMPUTE_SCALE, MAX_COMPUTE_SCALE = 1e-3, 1e3
+MAX_OVERHEAD_MS = MAX_LATENCY_MS  # a day, in ms
+RANGES: dict[str, tuple[float, float]] = {
+    "compute_scale": (MIN_COMPUTE_SCALE, MAX_COMPUTE_SCALE),
+    "action_overhead_ms": (0.0, MAX_OVERHEAD_MS),
+    "comm_latency_ms": (0.0, MAX_LATENCY_MS),
+    "comm_bandwidth_bytes_per_s": (MIN_BANDWIDTH, MAX_BANDWIDTH),
+    "step_overhead_ms": (0.0, MAX_OVERHEAD_MS),
+}
+# `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_calibration);
+# pplan never reads it back to compute anything, but its keys are fixed, so they are checked too.
+FITTED_FROM_KEYS = ("run", "schedule", "n_ranks", "n_microbatches", "measured_ms", "error_pct_before", "error_pct_after")
+CALIBRATION_KEYS = ("format", *RANGES, "fitted_from")
+
+
+def _check_value(name: str, value: Any) -> None:
+    low, high = RANGES[name]
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise PplanError(f"calibration {name} must be a number, got {type(value).__name__} {value!r}"[:200])
+    if not (math.isfinite(value) and low <= value <= high):
+        raise PplanError(f"calibration {name} {value!r} is out of range ({low:g} to {high:g})", _HINTS[name])
+
+
+_HINTS = {
+    "compute_scale": "it multiplies profiled compute times; refit it with `pplan calibrate` or re-profile on this machine",
+    "action_overhead_ms": "it is added to every compute action, in ms",
+    "comm_latency_ms": "it is the link latency in ms, e.g. 0.01",
+    "comm_bandwidth_bytes_per_s": "it is the link bandwidth in bytes/s, e.g. 25e9",
+    "step_overhead_ms": "it is added once per iteration, in ms",
+}
+
 
 @dataclass(frozen=True)
 class Calibration:
-    """Corrections the simulator applies on top of a profile (identity by default)."""
+    """Corrections the simulator applies on top of a profile (identity by default).
+
+    Checked on construction (PplanError naming the value), so a fit that went wrong cannot be
+    written, and whatever `write_calibration` writes `load_calibration` reads back.
+    """
 
     compute_scale: float = 1.0
     """Factor on profiled compute times."""
@@ -44,6 +89,19 @@ class Calibration:
     fitted_from: dict[str, Any] = field(default_factory=dict)
     """Where the numbers came from (run file, residual error): informational."""
 
+    def __post_init__(self) -> None:
+        for name in RANGES:
+            value = getattr(self, name)
+            if value is not None or name in ("compute_scale", "action_overhead_ms", "step_overhead_ms"):
+                _check_value(name, value)
+        if not isinstance(self.fitted_from, dict):
+            raise PplanError(f"calibration fitted_from must be an object, got {type(self.fitted_from).__name__}")
+        check_keys(self.fitted_from, FITTED_FROM_KEYS, "calibration fitted_from", PplanError)
+        for key, value in self.fitted_from.items():
+            finite = not isinstance(value, float) or math.isfinite(value)
+            if not (value is None or isinstance(value, (str, int, float))) or not finite:
+                raise PplanError(f"calibration fitted_from.{key} must be a string, a finite number or null, got {value!r}"[:200])
+
     def apply_compute(self, ms: float) -> float:
         return ms * self.compute_scale + self.action_overhead_ms
 
@@ -55,27 +113,27 @@ def calibration_path_for(profile_path: str | os.PathLike) -> Path:
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
+    """Read a calibration JSON (bounded read, strict JSON, no unknown keys, values in range)."""
     p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise PplanError(f"calibration {str(p)!r} does not exist", "make one with `pplan run --calibrate`")
     try:
-        data = json.loads(p.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise PplanError(f"calibration {str(p)!r} does not exist", "make one with `pplan run --calibrate`") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise PplanError(f"calibration {str(p)!r} is not valid JSON ({e})") from None
+        data = read_json_file(p, "calibration", PplanError)
+    except PplanError as e:
+        # strict-JSON refusals name the path first; say what the file is
+        rest = e.message[len(str(p)):].lstrip(":") if e.message.startswith(str(p)) else None
+        if rest is None:
+            raise
+        raise PplanError(f"calibration {str(p)!r} is not valid JSON ({rest.strip()})", e.hint) from None
     if not isinstance(data, dict) or data.get("format", FORMAT) != FORMAT:
         raise PplanError(f"calibration {str(p)!r} is not a {FORMAT} file")
-    kwargs: dict[str, Any] = {}
-    for name in ("compute_scale", "action_overhead_ms", "comm_latency_ms", "comm_bandwidth_bytes_per_s", "step_overhead_ms"):
-        if data.get(name) is None:
-            continue
-        value = data[name]
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-            raise PplanError(f"calibration {str(p)!r}: {name} must be a finite number >= 0, got {value!r}")
-        kwargs[name] = float(value)
-    if kwargs.get("compute_scale", 1.0) <= 0 or kwargs.get("comm_bandwidth_bytes_per_s", 1.0) <= 0:
-        raise PplanError(f"calibration {str(p)!r}: compute_scale and comm_bandwidth_bytes_per_s must be positive")
-    fitted = data.get("fitted_from") if isinstance(data.get("fitted_from"), dict) else {}
-    return Calibration(fitted_from=fitted, **kwargs)
+    try:
+        check_keys(data, CALIBRATION_KEYS, "calibration", PplanError)
+        kwargs: dict[str, Any] = {name: data[name] for name in RANGES if data.get(name) is not None}
+        fitted = data.get("fitted_from")
+        return Calibration(fitted_from={} if fitted is None else fitted, **kwargs)
+    except PplanError as e:
+        raise PplanError(f"{p}: {e.message}", e.hint) from None
 
 
 def find_calibration(profile_path: str | os.PathLike | None) -> Calibration | None:

@@ -10,7 +10,9 @@ File format (JSON, `pplan-cluster/1`; examples/cluster.json):
 Nodes carry memory_bytes (None = take --memory) and speed (relative compute speed: profile
 times are divided by it); edges carry bandwidth (bytes/s) and latency (ms). A pair without a
 link uses default_link (or --bandwidth/--latency when the file has none). Sizes accept the
-units of planner.units (40GiB, 300GB/s, 5us) or plain numbers (bytes, bytes/s, ms).
+units of planner.units (40GiB, 300GB/s, 5us) or plain numbers (bytes, bytes/s, ms). An optional
+"description" holds free text for people. Any other key, at any level, is refused with the
+nearest known one (`devices[0]: unknown key 'memroy'; did you mean 'memory'?`).
 
 Pipeline order: consecutive stages talk over the link between their devices, so the devices
 are ordered along a Hamiltonian path minimising the slowest hop's transfer time, then the sum
@@ -19,7 +21,6 @@ are ordered along a Hamiltonian path minimising the slowest hop's transfer time,
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,13 +29,19 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import ClusterError, PplanError
-from planner.plan import Device, Links
+from planner.jsonio import check_keys, read_json_file
+from planner.plan import MAX_SPEED, MIN_SPEED, Device, Links
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
-__all__ = ["FORMAT", "EXACT_MAX", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "pipeline_orders"]
+__all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "pipeline_orders"]
 
 FORMAT = "pplan-cluster/1"
 EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
+# Every key a cluster file may hold, per object level; anything else is refused with the nearest one.
+CLUSTER_KEYS = ("format", "description", "devices", "default_link", "links")  # description: free text for people
+DEVICE_KEYS = ("name", "memory", "speed")
+DEFAULT_LINK_KEYS = ("bandwidth", "latency")
+LINK_KEYS = ("a", "b", "bandwidth", "latency")
 
 
 @dataclass(frozen=True)
@@ -80,16 +87,9 @@ class Cluster:
 def load_cluster(path: str | os.PathLike) -> Cluster:
     """Read and validate a cluster JSON file (ClusterError names the problem)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ClusterError(f"cluster file {str(p)!r} does not exist", "see examples/cluster.json for the format") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ClusterError(f"cannot read cluster file {str(p)!r} ({type(e).__name__})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ClusterError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})", "see examples/cluster.json for the format") from None
+    if not p.exists() and not p.is_symlink():
+        raise ClusterError(f"cluster file {str(p)!r} does not exist", "see examples/cluster.json for the format")
+    data = read_json_file(p, "cluster file", ClusterError)
     return cluster_from_dict(data, source=str(p))
 
 
@@ -105,6 +105,8 @@ def _value(d: dict, key: str, parse, where: str, required: bool = True) -> Any:
         return parse(raw)
     except PplanError as e:
         raise ClusterError(f"{where}.{key}: {e.message}", e.hint) from None
+    except OverflowError:  # an integer too large for a float (only from Python callers: JSON caps digits)
+        raise ClusterError(f"{where}.{key} is out of range") from None
 
 
 def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
@@ -112,7 +114,10 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
     if not isinstance(data, dict):
         raise ClusterError(f"{source}: a cluster must be a JSON object with 'devices'")
     if data.get("format", FORMAT) != FORMAT:
-        raise ClusterError(f"{source}: format {data.get('format')!r} is not supported (this pplan reads {FORMAT})")
+        raise ClusterError(f"{source}: format {str(data.get('format'))[:60]!r} is not supported (this pplan reads {FORMAT})")
+    check_keys(data, CLUSTER_KEYS, f"{source}: cluster", ClusterError)
+    if not isinstance(data.get("description", ""), str):
+        raise ClusterError(f"{source}: 'description' must be a string (free text for people)")
     devices = data.get("devices")
     if not isinstance(devices, list) or not devices:
         raise ClusterError(f"{source}: 'devices' must be a non-empty list", "see examples/cluster.json")
@@ -121,6 +126,7 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
         where = f"{source}: devices[{i}]"
         if not isinstance(dv, dict):
             raise ClusterError(f"{where} must be an object with name, memory, speed")
+        check_keys(dv, DEVICE_KEYS, where, ClusterError)
         name = dv.get("name")
         if not isinstance(name, str) or not name.strip():
             raise ClusterError(f"{where} needs a non-empty string 'name'")
@@ -128,12 +134,14 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
             raise ClusterError(f"{where}: device name {name!r} appears twice")
         memory = _value(dv, "memory", lambda v: parse_bytes(v, "memory"), where, required=False)
         speed = dv.get("speed", 1.0)
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not 0 < float(speed) < 1e6:
-            raise ClusterError(f"{where}.speed must be a positive number (relative compute speed), got {speed!r}")
+        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+            raise ClusterError(f"{where}.speed must be a positive number (relative compute speed, {MIN_SPEED:g} to {MAX_SPEED:g}), "
+                               f"got {speed!r}"[:200])
         g.add_node(name, index=i, memory_bytes=memory, speed=float(speed))
     default = data.get("default_link") or {}
     if not isinstance(default, dict):
         raise ClusterError(f"{source}: 'default_link' must be an object with bandwidth and latency")
+    check_keys(default, DEFAULT_LINK_KEYS, f"{source}: default_link", ClusterError)
     d_bw = _value(default, "bandwidth", parse_bandwidth, f"{source}: default_link", required=False)
     d_lat = _value(default, "latency", parse_ms, f"{source}: default_link", required=False)
     links = data.get("links", [])
@@ -143,6 +151,7 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
         where = f"{source}: links[{j}]"
         if not isinstance(ln, dict):
             raise ClusterError(f"{where} must be an object with a, b, bandwidth, latency")
+        check_keys(ln, LINK_KEYS, where, ClusterError)
         a, b = ln.get("a"), ln.get("b")
         for end in (a, b):
             if end not in g:

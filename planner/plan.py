@@ -8,6 +8,11 @@ Minimal hand-written plan (everything else has defaults):
 `layers` is half-open [first, end). With v stages per device (interleaved schedules) stage s
 runs on device s mod n_devices. Written plans carry the format tag, model spec and seed,
 the profile's path and checksum, device memory limits, links and the simulator's prediction.
+
+Reading is strict: a key pplan does not know, at any level (PLAN_KEYS, DEVICE_KEYS, ... below,
+including `predicted` and `search`), is refused with the nearest known one, and numbers must lie
+in physically meaningful ranges (MAX_MEMORY_BYTES, MIN/MAX_BANDWIDTH, ...). `global_batch` is
+derived and must equal micro_batch_size x n_microbatches when given.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError
+from planner.jsonio import check_keys, read_json_file
 
 __all__ = [
     "FORMAT",
@@ -39,6 +45,39 @@ FORMAT = "pplan-plan/1"
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
 DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
 DEFAULT_LATENCY_MS = 0.01
+
+# Physically meaningful ranges: a value outside is a typo or a hostile file, and left alone it
+# overflows to inf in the simulator (1e-300 B/s) or allocates without bound (10**12 micro-batches).
+# The command line's parsers (planner.units) and the cluster file use the same limits.
+MAX_MEMORY_BYTES = 2**60  # an exbibyte
+MIN_BANDWIDTH = 1.0  # bytes/s
+MAX_BANDWIDTH = 1e15  # bytes/s, a petabyte per second
+MAX_LATENCY_MS = 86_400_000.0  # a day
+MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # relative compute speed
+MAX_GLOBAL_BATCH = 10**8  # samples per iteration (= planner.partition.search.MAX_GLOBAL_BATCH)
+MAX_SEED = 2**62
+
+# Every key a plan may hold, per object level; anything else is refused with the nearest one.
+PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
+             "global_batch", "optimizer", "devices", "links", "stages", "predicted", "search")
+PROFILE_KEYS = ("path", "sha256")
+DEVICE_KEYS = ("name", "memory_bytes", "speed")
+LINKS_KEYS = ("bandwidth_bytes_per_s", "latency_ms", "pairs")
+PAIR_KEYS = ("a", "b", "bandwidth_bytes_per_s", "latency_ms")
+STAGE_KEYS = ("device", "layers", "recompute")
+# `predicted` is the simulation JSON (SimResult.to_dict, docs/simulator.md) without memory_timeline
+MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "buffers", "total")
+PREDICTED_DEVICE_KEYS = ("device", "name", "busy_ms", "idle_ms", "peak_memory_bytes", "memory", "memory_limit_bytes")
+PREDICTED_KEYS = ("iteration_ms", "bubble_fraction", "throughput_samples_per_s", "schedule", "n_microbatches",
+                  "micro_batch_size", "interpolated", "devices")
+# `search` is what planner.partition.api (and `pplan bench`) record about how the plan was chosen
+SEARCH_KEYS = ("method", "source", "polish_moves", "optimal", "objective", "recompute", "schedule", "n_microbatches",
+               "micro_batch_size", "device_order", "bottleneck_stage", "stage_ms", "stage_memory_bytes", "calibrated",
+               "candidates", "baselines", "skipped")
+SEARCH_ROW_KEYS = ("method", "polish_moves", "schedule", "n_microbatches", "micro_batch_size", "fits", "iteration_ms",
+                   "bubble_fraction", "bottleneck_ms", "peak_memory_bytes", "slowdown_vs_plan", "cuts", "note",
+                   "at_plan_setting")
+AT_PLAN_SETTING_KEYS = ("fits", "iteration_ms", "peak_memory_bytes")
 
 
 @dataclass(frozen=True)
@@ -155,8 +194,13 @@ def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
         raise PlanError(f"plan schedule {plan.schedule!r} is unknown", f"use one of {', '.join(SCHEDULES)}")
     if plan.micro_batch_size < 1 or plan.n_microbatches < 1:
         raise PlanError(f"micro_batch_size {plan.micro_batch_size} and n_microbatches {plan.n_microbatches} must be at least 1")
+    if plan.micro_batch_size * plan.n_microbatches > MAX_GLOBAL_BATCH:
+        raise PlanError(f"micro_batch_size {plan.micro_batch_size} x n_microbatches {plan.n_microbatches} is too large "
+                        f"(more than {MAX_GLOBAL_BATCH:.0e} samples per iteration)", "check the plan's numbers")
     if not plan.devices:
         raise PlanError("plan has no devices")
+    _check_devices(plan.devices)
+    _check_links(plan.links, len(plan.devices))
     if not plan.stages:
         raise PlanError("plan has no stages")
     expected_first = 0
@@ -196,6 +240,46 @@ def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
         raise PlanError("schedule 'interleaved' needs at least 2 stages per device", "give 2x (or more) as many stages as devices")
 
 
+def _in_range(value: float, low: float, high: float) -> bool:
+    return low <= value <= high  # False for NaN
+
+
+def _check_devices(devices: tuple[Device, ...]) -> None:
+    for i, dv in enumerate(devices):
+        mem = dv.memory_bytes
+        if mem is not None and not _in_range(mem, 1, MAX_MEMORY_BYTES):
+            raise PlanError(f"devices[{i}].memory_bytes {mem:.4g} is out of range (1 to {MAX_MEMORY_BYTES:.3g} bytes)",
+                            "give the device's memory in bytes, e.g. 85899345920 for 80 GiB")
+        if not _in_range(dv.speed, MIN_SPEED, MAX_SPEED):
+            raise PlanError(f"devices[{i}].speed {dv.speed!r} is out of range ({MIN_SPEED:g} to {MAX_SPEED:g})",
+                            "speed is relative compute speed: 1.0 for the profiled device")
+
+
+def _check_link(bw: float, lat: float, where: str) -> None:
+    if not _in_range(bw, MIN_BANDWIDTH, MAX_BANDWIDTH):
+        raise PlanError(f"{where}bandwidth_bytes_per_s {bw!r} is out of range ({MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} bytes/s)",
+                        "plan links need positive bandwidth, e.g. 25e9 for 25 GB/s")
+    if not _in_range(lat, 0.0, MAX_LATENCY_MS):
+        raise PlanError(f"{where}latency_ms {lat!r} is out of range (0 to {MAX_LATENCY_MS:g} ms)",
+                        "plan links need non-negative latency in ms, e.g. 0.01")
+
+
+def _check_links(links: Links, n_devices: int) -> None:
+    _check_link(links.bandwidth_bytes_per_s, links.latency_ms, "links.")
+    seen = set()
+    for j, (a, b, bw, lat) in enumerate(links.pairs):
+        where = f"links.pairs[{j}]."
+        for end in (a, b):
+            if not 0 <= end < n_devices:
+                raise PlanError(f"links.pairs[{j}]: device {end} is out of range (plan has {n_devices} devices)")
+        if a == b:
+            raise PlanError(f"links.pairs[{j}] links device {a} to itself")
+        if frozenset((a, b)) in seen:
+            raise PlanError(f"links.pairs[{j}]: the link {a}-{b} is given twice", "keep one of them")
+        seen.add(frozenset((a, b)))
+        _check_link(bw, lat, where)
+
+
 # ---- JSON -------------------------------------------------------------------------------------
 
 def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
@@ -214,51 +298,95 @@ def _get(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) 
     return value
 
 
+def _object(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise PlanError(f"plan field {where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def _objects(value: Any, where: str, known: tuple[str, ...]) -> list[dict]:
+    """`value` as a list of objects whose keys are all in `known`."""
+    if not isinstance(value, list):
+        raise PlanError(f"plan field {where} must be a list, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        check_keys(_object(item, f"{where}[{i}]"), known, f"{where}[{i}]", PlanError)
+    return value
+
+
+def _check_predicted(predicted: dict) -> None:
+    """The simulator's prediction: the simulation JSON's keys, at every level."""
+    check_keys(predicted, PREDICTED_KEYS, "predicted", PlanError)
+    for i, dev in enumerate(_objects(predicted.get("devices") or [], "predicted.devices", PREDICTED_DEVICE_KEYS)):
+        if dev.get("memory") is not None:
+            check_keys(_object(dev["memory"], f"predicted.devices[{i}].memory"), MEMORY_KEYS, f"predicted.devices[{i}].memory", PlanError)
+
+
+def _check_search(search: dict) -> None:
+    """How the partitioner chose: its record's keys, at every level."""
+    check_keys(search, SEARCH_KEYS, "search", PlanError)
+    for name in ("candidates", "baselines"):
+        for i, row in enumerate(_objects(search.get(name) or [], f"search.{name}", SEARCH_ROW_KEYS)):
+            if row.get("at_plan_setting") is not None:
+                where = f"search.{name}[{i}].at_plan_setting"
+                check_keys(_object(row["at_plan_setting"], where), AT_PLAN_SETTING_KEYS, where, PlanError)
+
+
 def plan_from_dict(d: Any) -> Plan:
-    """Build and validate a Plan from parsed JSON; PlanError names the bad field."""
+    """Build and validate a Plan from parsed JSON; PlanError names the bad field.
+
+    Every key at every level must be one pplan knows (a typo such as `memroy` or `optimiser`
+    would otherwise be silently ignored); numbers must lie in physically meaningful ranges.
+    """
     if not isinstance(d, dict):
         raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
-        raise PlanError(f"plan format {fmt!r} is not supported (this pplan reads {FORMAT})")
+        raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
+    check_keys(d, PLAN_KEYS, "plan", PlanError)
+    raw_stages = _objects(_get(d, "stages", list, ""), "stages", STAGE_KEYS)
     raw_devices = _get(d, "devices", (int, list), "")
     if isinstance(raw_devices, int):
         if raw_devices < 1:
             raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
+        n_devices = raw_devices
+    else:
+        n_devices = len(_objects(raw_devices, "devices", DEVICE_KEYS))
+    stages = []
+    for i, st in enumerate(raw_stages):
+        where = f"stages[{i}]."
+        layers = _get(st, "layers", list, where)
+        if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
+            raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}"[:200])
+        rec = _get(st, "recompute", list, where, [])
+        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec):
+            raise PlanError(f"plan field {where}recompute must be a list of layer indices, got {rec!r}"[:200])
+        device = _get(st, "device", int, where, i % n_devices if n_devices else 0)
+        stages.append(StagePlan(device=device, layers=(layers[0], layers[1]), recompute=tuple(sorted(set(rec)))))
+    if isinstance(raw_devices, int):
+        if raw_devices > max(1, len(stages)):  # refused before a huge count allocates that many devices
+            raise PlanError(f"plan field devices is {raw_devices} but the plan has {len(stages)} stages",
+                            "every device needs at least one stage")
         devices = tuple(Device(name=f"dev{i}") for i in range(raw_devices))
     else:
         devs = []
         for i, dv in enumerate(raw_devices):
             where = f"devices[{i}]."
-            if not isinstance(dv, dict):
-                raise PlanError(f"plan field devices[{i}] must be an object")
             mem = _get(dv, "memory_bytes", (int, float, type(None)), where, None)
             if mem is not None and mem <= 0:
                 raise PlanError(f"plan field {where}memory_bytes must be positive, got {mem}")
+            if mem is not None and mem > MAX_MEMORY_BYTES:
+                raise PlanError(f"plan field {where}memory_bytes {mem:.4g} is absurdly large (more than {MAX_MEMORY_BYTES:.3g} bytes)",
+                                "give the device's memory in bytes, e.g. 85899345920 for 80 GiB")
             speed = float(_get(dv, "speed", (int, float), where, 1.0))
             if speed <= 0:
                 raise PlanError(f"plan field {where}speed must be positive, got {speed}")
             devs.append(Device(name=str(_get(dv, "name", str, where, f"dev{i}")), memory_bytes=None if mem is None else int(mem), speed=speed))
         devices = tuple(devs)
-    stages = []
-    for i, st in enumerate(_get(d, "stages", list, "")):
-        where = f"stages[{i}]."
-        if not isinstance(st, dict):
-            raise PlanError(f"plan field stages[{i}] must be an object")
-        layers = _get(st, "layers", list, where)
-        if len(layers) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in layers):
-            raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}")
-        rec = _get(st, "recompute", list, where, [])
-        if not all(isinstance(x, int) and not isinstance(x, bool) for x in rec):
-            raise PlanError(f"plan field {where}recompute must be a list of layer indices, got {rec!r}")
-        device = _get(st, "device", int, where, i % len(devices) if devices else 0)
-        stages.append(StagePlan(device=device, layers=(layers[0], layers[1]), recompute=tuple(sorted(set(rec)))))
     links_d = _get(d, "links", dict, "", {})
+    check_keys(links_d, LINKS_KEYS, "links", PlanError)
     pairs = []
-    for j, pr in enumerate(_get(links_d, "pairs", list, "links.", [])):
+    for j, pr in enumerate(_objects(_get(links_d, "pairs", list, "links.", []), "links.pairs", PAIR_KEYS)):
         w = f"links.pairs[{j}]."
-        if not isinstance(pr, dict):
-            raise PlanError(f"plan field links.pairs[{j}] must be an object")
         pairs.append((_get(pr, "a", int, w), _get(pr, "b", int, w), float(_get(pr, "bandwidth_bytes_per_s", (int, float), w)), float(_get(pr, "latency_ms", (int, float), w))))
     links = Links(
         bandwidth_bytes_per_s=float(_get(links_d, "bandwidth_bytes_per_s", (int, float), "links.", DEFAULT_BANDWIDTH)),
@@ -268,6 +396,16 @@ def plan_from_dict(d: Any) -> Plan:
     if links.bandwidth_bytes_per_s <= 0 or links.latency_ms < 0 or any(p[2] <= 0 or p[3] < 0 for p in pairs):
         raise PlanError("plan links need positive bandwidth and non-negative latency")
     profile = _get(d, "profile", (dict, type(None)), "", None) or {}
+    check_keys(profile, PROFILE_KEYS, "profile", PlanError)
+    predicted = _get(d, "predicted", (dict, type(None)), "", None)
+    if predicted is not None:
+        _check_predicted(predicted)
+    search = _get(d, "search", (dict, type(None)), "", None)
+    if search is not None:
+        _check_search(search)
+    seed = _get(d, "seed", int, "", 0)
+    if abs(seed) > MAX_SEED:
+        raise PlanError(f"plan field seed {seed} is out of range (at most 2**62 in magnitude)")
     plan = Plan(
         schedule=_get(d, "schedule", str, ""),
         micro_batch_size=_get(d, "micro_batch_size", int, ""),
@@ -277,18 +415,23 @@ def plan_from_dict(d: Any) -> Plan:
         optimizer=_get(d, "optimizer", str, "", "adam"),
         links=links,
         model=_get(d, "model", (str, type(None)), "", None),
-        seed=_get(d, "seed", int, "", 0),
+        seed=seed,
         n_layers=_get(d, "n_layers", (int, type(None)), "", None),
         profile_path=_get(profile, "path", (str, type(None)), "profile.", None),
         profile_sha256=_get(profile, "sha256", (str, type(None)), "profile.", None),
-        predicted=_get(d, "predicted", (dict, type(None)), "", None),
-        search=_get(d, "search", (dict, type(None)), "", None),
+        predicted=predicted,
+        search=search,
     )
     from planner.cost import OPTIMIZER_STATE_FACTOR
 
     if plan.optimizer not in OPTIMIZER_STATE_FACTOR:
-        raise PlanError(f"plan optimizer {plan.optimizer!r} is unknown", f"use one of {', '.join(OPTIMIZER_STATE_FACTOR)}")
+        raise PlanError(f"plan optimizer {plan.optimizer[:60]!r} is unknown", f"use one of {', '.join(OPTIMIZER_STATE_FACTOR)}")
     validate_plan(plan)
+    written = _get(d, "global_batch", (int, type(None)), "", None)
+    if written is not None and written != plan.global_batch:
+        raise PlanError(f"plan field global_batch {written} is not micro_batch_size {plan.micro_batch_size} x "
+                        f"n_microbatches {plan.n_microbatches} = {plan.global_batch}",
+                        "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
     return plan
 
 
@@ -323,20 +466,11 @@ def plan_to_json(plan: Plan) -> str:
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
-    """Read and validate a plan JSON file."""
+    """Read and validate a plan JSON file (bounded read, strict JSON, no unknown keys)."""
     p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)") from None
-    except (UnicodeDecodeError, IsADirectoryError):
-        raise PlanError(f"plan {str(p)!r} is not a UTF-8 JSON file") from None
-    except OSError as e:
-        raise PlanError(f"cannot read plan {str(p)!r}: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PlanError(f"{p}:{e.lineno}:{e.colno}: invalid JSON ({e.msg})") from None
+    if not p.exists() and not p.is_symlink():
+        raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)")
+    data = read_json_file(p, "plan", PlanError)
     try:
         return plan_from_dict(data)
     except PlanError as e:
@@ -344,8 +478,13 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
-    """Write `plan` atomically as JSON."""
-    atomic_write_text(path, plan_to_json(plan))
+    """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would refuse."""
+    text = plan_to_json(plan)
+    try:
+        plan_from_dict(json.loads(text))
+    except PlanError as e:
+        raise PlanError(f"not writing plan {str(path)!r}, it could not be read back: {e.message}", e.hint) from None
+    atomic_write_text(path, text)
 
 
 __all__ += ["plan_to_json", "validate_plan", "DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS"]

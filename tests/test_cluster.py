@@ -37,6 +37,14 @@ def test_example_cluster_loads_as_a_graph():
     ({"devices": [{"name": "a"}], "links": [{"a": "a", "b": "a", "bandwidth": "1GB/s"}]}, "itself"),
     ({"devices": [{"name": "a"}, {"name": "b"}], "links": [{"a": "a", "b": "b"}]}, "bandwidth"),
     ({"format": "pplan-cluster/9", "devices": [{"name": "a"}]}, "not supported"),
+    ({"devices": [{"name": "a", "memroy": "1GiB"}]}, "devices[0]: unknown key 'memroy'; did you mean 'memory'?"),
+    ({"devices": [{"name": "a"}], "default_link": {"bandwith": "1GB/s"}}, "unknown key 'bandwith'; did you mean 'bandwidth'?"),
+    ({"devices": [{"name": "a"}, {"name": "b"}], "links": [{"a": "a", "b": "b", "bandwidth": "1GB/s", "latancy": 1}]},
+     "links[0]: unknown key 'latancy'; did you mean 'latency'?"),
+    ({"devices": [{"name": "a"}], "link": []}, "unknown key 'link'; did you mean 'links'?"),
+    ({"devices": [{"name": "a", "speed": 1e-9}]}, "speed"),
+    ({"devices": [{"name": "a", "memory": 10**400}]}, "out of range"),
+    ({"devices": [{"name": "a"}], "description": 5}, "description"),
 ])
 def test_bad_cluster_descriptions_are_one_line_errors(data, needle):
     with pytest.raises(ClusterError) as info:
@@ -48,6 +56,12 @@ def test_unreadable_cluster_files(tmp_path):
     bad = tmp_path / "c.json"
     bad.write_text("{not json")
     with pytest.raises(ClusterError, match="invalid JSON"):
+        load_cluster(bad)
+    bad.write_text('{"devices": [{"name": "a", "name": "b"}]}')
+    with pytest.raises(ClusterError, match="appears twice"):
+        load_cluster(bad)
+    bad.write_text('{"devices": [{"name": "a", "speed": 1e400}]}')
+    with pytest.raises(ClusterError, match="out of range"):
         load_cluster(bad)
     with pytest.raises(ClusterError, match="does not exist"):
         load_cluster(tmp_path / "missing.json")

@@ -41,12 +41,40 @@ def _with(**changes):
     (_with(optimizer="lion"), "optimizer"),
     (_with(schedule="interleaved"), "2 stages per device"),
     ([1, 2], "JSON object"),
+    (_with(optimiser="adam"), "unknown key 'optimiser'; did you mean 'optimizer'?"),
+    (_with(stages=[{"device": 0, "layers": [0, 3], "recompute_layers": []}, {"device": 1, "layers": [3, 6]}]),
+     "stages[0]: unknown key 'recompute_layers'; did you mean 'recompute'?"),
+    (_with(links={"latency_ms": -1}), "non-negative latency"),
+    (_with(links={"bandwidth_bytes_per_s": 1e-300}), "out of range"),
+    (_with(n_microbatches=10**12), "too large"),
+    (_with(devices=10**9), "devices is 1000000000 but the plan has 2 stages"),
+    (_with(global_batch=31), "global_batch 31 is not"),
+    (_with(predicted={"iteration_ms": 1.0, "bubble": 0.1}), "predicted: unknown key 'bubble'"),
+    (_with(search={"method": "dp", "candidate": []}), "search: unknown key 'candidate'; did you mean 'candidates'?"),
 ])
 def test_bad_plans_are_refused_with_one_line(data, fragment):
     with pytest.raises(PlanError) as e:
         plan_from_dict(data)
     assert fragment in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_plan_json_is_read_strictly(tmp_path):
+    p = tmp_path / "p.json"
+    p.write_text('{"schedule": "1f1b", "schedule": "gpipe"}')
+    with pytest.raises(PlanError, match="appears twice"):
+        load_plan(p)
+    p.write_text('{"n_microbatches": ' + "9" * 5000 + "}")
+    with pytest.raises(PlanError, match="5000 digits"):
+        load_plan(p)
+
+
+def test_written_plan_with_prediction_round_trips(tmp_path):
+    from planner.plan import PREDICTED_KEYS, SEARCH_KEYS
+
+    plan = plan_from_dict(_with(predicted={k: None for k in PREDICTED_KEYS}, search={k: None for k in SEARCH_KEYS}))
+    write_plan(plan, tmp_path / "p.json")
+    assert plan_to_json(load_plan(tmp_path / "p.json")) == (tmp_path / "p.json").read_text()
 
 
 def test_layer_count_is_checked():

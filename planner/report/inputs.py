@@ -9,15 +9,16 @@ from __future__ import annotations
 
 import csv
 import io
-import json
 import math
 import os
+import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
+from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
-from planner.plan import Plan, load_plan
+from planner.jsonio import MAX_JSON_BYTES, check_keys, read_bounded_text, read_json_file
+from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import TIMELINE_COLUMNS
 
@@ -34,6 +35,27 @@ __all__ = [
 ]
 
 TIMELINE_KINDS = ("F", "B", "I", "W", "R", "C", "O")
+
+# Every key a simulation or run JSON may hold, per object level (what `pplan simulate --out` and
+# `pplan run --out` write: planner/simulation/result.py, planner/execute/results.py and run.py).
+# Anything else is refused with the nearest known key; a new field must be added here too.
+SIM_KEYS = (*PREDICTED_KEYS, "memory_timeline")
+RUN_KEYS = ("format", "plan", "model", "schedule", "runtime", "device_type", "n_ranks", "n_stages", "micro_batch_size",
+            "n_microbatches", "optimizer", "steps", "first_step", "warmup", "iteration_ms_measured",
+            "iteration_ms_predicted", "error_pct", "prediction_source", "calibration", "losses", "loss_steps", "diverged",
+            "step_ms", "measured_steps", "timeline_step", "ranks", "comm", "boundary_bytes", "transfer_gaps",
+            "calibration_fit")
+DIVERGED_KEYS = ("step", "loss")
+RANK_KEYS = ("rank", "device", "host", "stages", "busy_ms", "busy_ms_predicted", "peak_memory_bytes_measured",
+             "peak_memory_bytes_predicted", "memory_limit_bytes", "memory_measure", "memory_measured", "memory_predicted",
+             "rss_peak_bytes", "action_ms", "threads")
+COMM_KEYS = ("a", "b", "latency_ms", "bandwidth_bytes_per_s", "points")
+CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
+                        "compute_points", "path", "calibration")
+COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
+# Objects keyed by data rather than field names: device or stage indices, and stage+kind ("0F")
+_INDEX_KEY = re.compile(r"[0-9]{1,9}")
+_ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
 
 
 @dataclass(frozen=True)
@@ -142,28 +164,34 @@ def read_timeline(path: str | os.PathLike) -> tuple[TimelineRow, ...]:
 
 
 def _read_text(path: str | os.PathLike, what: str) -> str:
-    p = Path(path)
-    try:
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise PplanError(f"{what} {str(p)!r} does not exist") from None
-    except IsADirectoryError:
-        raise PplanError(f"{what} {str(p)!r} is a directory, not a file") from None
-    except UnicodeDecodeError:
-        raise PplanError(f"{what} {str(p)!r} is not UTF-8 text") from None
-    except OSError as e:
-        raise PplanError(f"cannot read {what} {str(p)!r}: {e.strerror}") from None
+    """A bounded read of a regular file (no FIFO, device or file larger than any real one)."""
+    return read_bounded_text(path, what, PplanError, MAX_JSON_BYTES)
 
 
 def _read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    text = _read_text(path, what)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise PplanError(f"{path}:{e.lineno}:{e.colno}: invalid JSON in {what} ({e.msg})") from None
+    data = read_json_file(path, what, PplanError)
     if not isinstance(data, dict):
         raise PplanError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
     return data
+
+
+def _keys(data: Any, known: tuple[str, ...], where: str, source: str) -> None:
+    """Refuse a key of the object `data` (when it is one) that is not in `known`."""
+    if isinstance(data, dict):
+        check_keys(data, known, f"{source}: {where}", PplanError)
+
+
+def _data_keys(data: Any, pattern: re.Pattern, what: str, where: str, source: str) -> None:
+    """Refuse a key of `data` (an object keyed by indices) that does not look like one."""
+    if isinstance(data, dict):
+        for key in data:
+            if not pattern.fullmatch(key):
+                raise _bad(source, f"{where}: unknown key {key[:60]!r}", f"its keys are {what}")
+
+
+def _list_of_objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = data.get(key)
+    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
 
 
 def _require_numbers(data: dict[str, Any], keys: tuple[str, ...], source: str, what: str, hint: str) -> None:
@@ -183,6 +211,11 @@ def load_sim(path: str | os.PathLike) -> dict[str, Any]:
 def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
     """Raise PplanError unless `data` has the simulation fields the figures read."""
     hint = "give the JSON that `pplan simulate` writes"
+    _keys(data, SIM_KEYS, "simulation", source)
+    for i, dev in enumerate(_list_of_objects(data, "devices")):
+        _keys(dev, PREDICTED_DEVICE_KEYS, f"devices[{i}]", source)
+        _keys(dev.get("memory"), MEMORY_KEYS, f"devices[{i}].memory", source)
+    _data_keys(data.get("memory_timeline"), _INDEX_KEY, "device indices", "memory_timeline", source)
     _require_numbers(data, ("iteration_ms",), source, "simulation", hint)
     devices = data.get("devices", [])
     if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
@@ -206,6 +239,7 @@ def load_run(path: str | os.PathLike) -> dict[str, Any]:
 def check_run(data: dict[str, Any], source: str = "<run>") -> None:
     """Raise PplanError unless `data` has the run fields the figures read."""
     hint = "give the JSON that `pplan run` writes"
+    check_run_keys(data, source)
     _require_numbers(data, ("iteration_ms_measured",), source, "run", hint)
     steps = data.get("step_ms", [])
     if not isinstance(steps, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
@@ -213,6 +247,27 @@ def check_run(data: dict[str, Any], source: str = "<run>") -> None:
     ranks = data.get("ranks", [])
     if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
         raise _bad(source, "run field 'ranks' must be a list of objects", hint)
+
+
+def check_run_keys(data: dict[str, Any], source: str = "<run>") -> None:
+    """Refuse any key, at any level of a run JSON, that `pplan run` does not write (nearest one suggested)."""
+    _keys(data, RUN_KEYS, "run", source)
+    _keys(data.get("diverged"), DIVERGED_KEYS, "diverged", source)
+    for i, rank in enumerate(_list_of_objects(data, "ranks")):
+        _keys(rank, RANK_KEYS, f"ranks[{i}]", source)
+        for key in ("memory_measured", "memory_predicted"):
+            _keys(rank.get(key), MEMORY_KEYS, f"ranks[{i}].{key}", source)
+        _data_keys(rank.get("action_ms"), _ACTION_KEY, "stage and action kind such as '0F'", f"ranks[{i}].action_ms", source)
+    for i, comm in enumerate(_list_of_objects(data, "comm")):
+        _keys(comm, COMM_KEYS, f"comm[{i}]", source)
+    _data_keys(data.get("boundary_bytes"), _INDEX_KEY, "stage indices", "boundary_bytes", source)
+    _keys(data.get("calibration"), CALIBRATION_KEYS, "calibration", source)
+    fit = data.get("calibration_fit")
+    _keys(fit, CALIBRATION_FIT_KEYS, "calibration_fit", source)
+    if isinstance(fit, dict):
+        _keys(fit.get("calibration"), CALIBRATION_KEYS, "calibration_fit.calibration", source)
+        for i, point in enumerate(_list_of_objects(fit, "compute_points")):
+            _keys(point, COMPUTE_POINT_KEYS, f"calibration_fit.compute_points[{i}]", source)
 
 
 def load_inputs(
@@ -241,4 +296,4 @@ def load_inputs(
     )
 
 
-__all__ += ["check_sim", "check_run"]
+__all__ += ["check_sim", "check_run", "check_run_keys", "SIM_KEYS", "RUN_KEYS"]
