@@ -29,6 +29,7 @@ from typing import Any
 import networkx as nx
 
 from planner.errors import ClusterError, PplanError
+from planner.cost.comm import link_between, link_ms
 from planner.jsonio import check_keys, read_json_file
 from planner.plan import MAX_SPEED, MIN_SPEED, Device, Links
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
@@ -170,7 +171,7 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
 # ---- pipeline order -----------------------------------------------------------------------------
 
 def _hop_costs(links: Links, n: int, nbytes: float) -> list[list[float]]:
-    return [[0.0 if a == b else links.transfer_ms(a, b, max(nbytes, 1.0)) for b in range(n)] for a in range(n)]
+    return [[0.0 if a == b else link_ms(max(nbytes, 1.0), link_between(links, a, b)) for b in range(n)] for a in range(n)]
 
 
 def best_path(links: Links, n: int, nbytes: float) -> tuple[int, ...]:

@@ -27,6 +27,7 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError
 from planner.jsonio import check_keys, read_json_file
+from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 __all__ = [
     "FORMAT",
@@ -42,7 +43,7 @@ __all__ = [
 ]
 
 FORMAT = "pplan-plan/1"
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb")
+SCHEDULES = SCHEDULE_NAMES  # the registry is the one list of schedule names
 DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
 DEFAULT_LATENCY_MS = 0.01
 
@@ -122,12 +123,6 @@ class Links:
                 return bw, lat
         return self.bandwidth_bytes_per_s, self.latency_ms
 
-    def transfer_ms(self, a: int, b: int, nbytes: float) -> float:
-        """Time to move `nbytes` from device a to b (0 on the same device)."""
-        if a == b or nbytes <= 0:
-            return 0.0
-        bw, lat = self.between(a, b)
-        return lat + nbytes / bw * 1e3
 
 
 @dataclass(frozen=True)
@@ -230,14 +225,15 @@ def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
     if used != sorted(list(range(n_dev)) * v):
         raise PlanError(f"stage devices {[st.device for st in plan.stages]} do not use each of the {n_dev} devices {v} time(s)")
     if v > 1:
-        if plan.schedule != "interleaved":
-            raise PlanError(f"{v} stages per device needs schedule 'interleaved', not {plan.schedule!r}")
+        if not get_schedule(plan.schedule).multi_chunk:
+            multi = [spec.name for spec in map(get_schedule, SCHEDULE_NAMES) if spec.multi_chunk]
+            raise PlanError(f"{v} stages per device needs a schedule that runs several chunks per device ({', '.join(multi)}), not {plan.schedule!r}")
         order = [plan.stages[s].device for s in range(len(plan.stages))]
         first_round = order[:n_dev]
         if any(order[s] != first_round[s % n_dev] for s in range(len(order))):
             raise PlanError(f"interleaved stages must loop over the devices in one fixed order; got {order}")
-    elif plan.schedule == "interleaved":
-        raise PlanError("schedule 'interleaved' needs at least 2 stages per device", "give 2x (or more) as many stages as devices")
+    elif get_schedule(plan.schedule).multi_chunk:
+        raise PlanError(f"schedule {plan.schedule!r} needs at least 2 stages per device", "give 2x (or more) as many stages as devices")
 
 
 def _in_range(value: float, low: float, high: float) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.cost import link_between, link_ms
 from planner.cluster import EXACT_MAX, _held_karp, _score, best_path, cluster_from_dict, load_cluster, pipeline_orders
 from planner.errors import ClusterError
 from planner.partition import PartitionSettings, partition
@@ -79,7 +80,7 @@ def test_exact_path_matches_enumeration_of_all_orders():
         n = int(rng.integers(3, 7))
         links = _random_links(rng, n)
         path = best_path(links, n, 1e6)
-        cost = [[0.0 if a == b else links.transfer_ms(a, b, 1e6) for b in range(n)] for a in range(n)]
+        cost = [[0.0 if a == b else link_ms(1e6, link_between(links, a, b)) for b in range(n)] for a in range(n)]
         best = min(_score(cost, p) for p in itertools.permutations(range(n)))
         assert sorted(path) == list(range(n))
         assert _score(cost, path) == pytest.approx(best)
@@ -90,7 +91,7 @@ def test_large_clusters_use_the_heuristic_and_return_an_order():
     n = EXACT_MAX + 4
     links = _random_links(rng, n)
     path = best_path(links, n, 1e6)
-    cost = [[0.0 if a == b else links.transfer_ms(a, b, 1e6) for b in range(n)] for a in range(n)]
+    cost = [[0.0 if a == b else link_ms(1e6, link_between(links, a, b)) for b in range(n)] for a in range(n)]
     assert sorted(path) == list(range(n))
     assert _score(cost, path) <= _score(cost, tuple(range(n)))
     small = _held_karp([row[:8] for row in cost[:8]])

@@ -2,6 +2,7 @@ import json
 
 import pytest
 
+from planner.cost import link_between, link_ms
 from planner.errors import PlanError
 from planner.plan import Links, load_plan, plan_from_dict, plan_to_json, write_plan
 
@@ -103,6 +104,6 @@ def test_load_plan_reports_json_position(tmp_path):
 
 def test_links_transfer_time():
     links = Links(bandwidth_bytes_per_s=1e9, latency_ms=0.5, pairs=((0, 2, 1e8, 1.0),))
-    assert links.transfer_ms(0, 1, 1e6) == pytest.approx(0.5 + 1.0)
-    assert links.transfer_ms(2, 0, 1e6) == pytest.approx(1.0 + 10.0)
-    assert links.transfer_ms(1, 1, 1e9) == 0.0
+    assert link_ms(1e6, link_between(links, 0, 1)) == pytest.approx(0.5 + 1.0)
+    assert link_ms(1e6, link_between(links, 2, 0)) == pytest.approx(1.0 + 10.0)
+    assert link_ms(1e9, link_between(links, 1, 1)) == 0.0

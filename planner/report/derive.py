@@ -76,6 +76,7 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
 def _simulate_plan(plan: Any, profile: Any) -> tuple[dict[str, Any], list[TimelineRow]]:
     """Simulation JSON and timeline of `plan`, with the profile's calibration if it has one."""
     from planner.calibration import find_calibration
+    from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
     from planner.simulate import simulate
 
     calibration = find_calibration(profile.path)
@@ -87,10 +88,11 @@ def _sweep(plan: Any, profile: Any, sizes: list[int]) -> list[SweepPoint]:
     """The plan's cuts under each schedule it can use and each micro-batch count in `sizes`."""
     from planner.calibration import find_calibration
     from planner.errors import ScheduleError
+    from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
     from planner.simulate import simulate
 
     calibration = find_calibration(profile.path)
-    schedules = ("interleaved",) if plan.virtual_stages > 1 else ("gpipe", "1f1b", "zb")
+    schedules = tuple(n for n in SCHEDULE_NAMES if get_schedule(n).multi_chunk == (plan.virtual_stages > 1))
     points = []
     for name in schedules:
         for m in sizes:
