@@ -1,0 +1,203 @@
+"""Data- and tensor-parallel cost terms: collectives, ZeRO memory, placement, model FLOPs. Pure.
+
+N GPUs = D x P x T. These functions turn one pipeline's per-layer costs (planner.cost) into the
+costs of one GPU of a (D, P, T) layout, so the exact pipeline DP and the simulator price a
+3-D plan with the same formulas as a plain pipeline (planner.partition.parallel_search).
+
+Collectives (ring algorithms, Patarasuk & Yuan 2009; what NCCL runs for large messages), on r
+ranks, n bytes, link bandwidth bw (bytes/s per direction) and per-step latency a:
+    all-reduce      2(r-1) a + 2(r-1)/r * n / bw
+    all-gather      (r-1) a + (r-1)/r * n / bw      (n = the gathered size)
+    reduce-scatter  (r-1) a + (r-1)/r * n / bw      (n = the size before scattering)
+
+Tensor parallelism (Megatron, Shoeybi et al. 2019; Narayanan et al. SC21 section 2.3): every
+layer's compute, weights, optimizer step and (with sequence parallelism, Korthikanti et al.
+2022) kept activations divide by T; each transformer block adds two all-reduces of its b*s*h
+output in the forward and two in the backward, on the intra-node link (T stays within a node).
+A recomputed block runs its forward all-reduces again.
+
+Data parallelism: one gradient synchronisation per iteration over the D replicas of a stage,
+an all-reduce of the stage's gradient bytes (ZeRO 1/2: reduce-scatter of gradients then
+all-gather of the updated weights, the same bytes; ZeRO 3: the reduce-scatter only). It runs
+after the stage's last backward; bucketed, it overlaps the backward of that last micro-batch
+and nothing else (`exposed_sync_ms`), a conservative assumption: Megatron-LM (2021) did not
+overlap at all, DeepSpeed and torch DDP overlap within the last backward.
+
+ZeRO (Rajbhandari et al. 2020), mixed precision with Adam: 16 bytes per parameter, 2 bf16
+weights + 2 bf16 gradients + 12 fp32 master weights, momentum and variance; stage 1 divides
+the 12 by D, stage 2 also the gradients, stage 3 also the weights, and then gathers each
+layer's weights before its forward and again before its backward (all-gather, per micro-batch,
+not overlapped: conservative).
+
+Placement (Narayanan et al. SC21, section 3.3): T innermost within a node, then pipeline
+neighbours, then D outermost; a group uses the intra-node link when it fits in one node,
+else the inter-node link (bandwidth per GPU).
+
+Model FLOPs per iteration (Narayanan et al. SC21, eq. 3), GPT with B samples of s tokens, l
+blocks of width h, vocabulary V: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without recompute and
+96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute (the forward twice).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from planner.errors import PplanError
+from planner.profiling.profile import LayerCosts
+
+__all__ = [
+    "WEIGHT_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "BYTES_PER_PARAM",
+    "Link2", "Placement", "placement",
+    "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
+    "zero_bytes_per_param", "grad_sync_ms", "exposed_sync_ms", "zero3_gather_ms",
+    "tensor_parallel_costs", "tp_layers",
+    "gpt_model_flops", "profile_model_flops",
+]
+
+WEIGHT_BYTES = 2.0
+"""bf16 weights per parameter."""
+GRAD_BYTES = 2.0
+"""bf16 gradients per parameter."""
+OPTIMIZER_BYTES = 12.0
+"""fp32 master weights, Adam momentum and variance per parameter."""
+BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
+
+
+@dataclass(frozen=True)
+class Link2:
+    """One link class: bandwidth (bytes/s per direction) and latency per message step (ms)."""
+
+    bandwidth: float
+    """Bytes per second per direction."""
+    latency_ms: float
+    """Latency of one step of a collective, ms."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Which links each kind of traffic of a (D, P, T) layout uses."""
+
+    tp: Link2
+    """Tensor-parallel all-reduces (within a node)."""
+    dp: Link2
+    """Data-parallel gradient synchronisation."""
+    pp: tuple[Link2, ...]
+    """Per pipeline boundary s -> s+1 (length P-1)."""
+
+
+def placement(dp: int, pp: int, tp: int, gpus_per_node: int, intra: Link2, inter: Link2) -> Placement:
+    """Links of a layout: rank = t + T*(p + P*d), nodes of `gpus_per_node` consecutive ranks.
+
+    T must divide gpus_per_node. Pipeline boundary s -> s+1 is intra-node when stages s and s+1
+    of replica 0 share a node; the data-parallel ring is intra-node only when all D*P*T ranks
+    fit in one node (a ring is as slow as its slowest link).
+    """
+    if gpus_per_node % tp:
+        raise PplanError(f"tensor-parallel size {tp} does not divide {gpus_per_node} GPUs per node",
+                         "tensor parallelism stays within a node: use a divisor of the GPUs per node")
+    node = [(s * tp) // gpus_per_node for s in range(pp)]
+    pp_links = tuple(intra if node[s] == node[s + 1] else inter for s in range(pp - 1))
+    return Placement(tp=intra, dp=intra if dp * pp * tp <= gpus_per_node else inter, pp=pp_links)
+
+
+def allreduce_ms(nbytes: Any, ranks: int, link: Link2) -> Any:
+    """Ring all-reduce of `nbytes` over `ranks`: 2(r-1) latency + 2(r-1)/r * n / bw, ms (0 for r = 1)."""
+    if ranks <= 1:
+        return 0.0 * np.asarray(nbytes, dtype=float)
+    r = float(ranks)
+    return 2 * (r - 1) * link.latency_ms + 2 * (r - 1) / r * np.asarray(nbytes, dtype=float) / link.bandwidth * 1e3
+
+
+def allgather_ms(nbytes: Any, ranks: int, link: Link2) -> Any:
+    """Ring all-gather producing `nbytes` on each of `ranks`: (r-1) latency + (r-1)/r * n / bw, ms."""
+    if ranks <= 1:
+        return 0.0 * np.asarray(nbytes, dtype=float)
+    r = float(ranks)
+    return (r - 1) * link.latency_ms + (r - 1) / r * np.asarray(nbytes, dtype=float) / link.bandwidth * 1e3
+
+
+reduce_scatter_ms = allgather_ms
+"""Ring reduce-scatter of `nbytes` (before scattering): the same steps and bytes as all-gather."""
+
+
+def zero_bytes_per_param(dp: int, zero: int) -> float:
+    """Static bytes per parameter on one GPU (bf16 + Adam, 16 in all) under ZeRO stage `zero` over `dp` replicas."""
+    if zero not in (0, 1, 2, 3):
+        raise PplanError(f"ZeRO stage must be 0..3, got {zero!r}")
+    d = float(dp)
+    return (WEIGHT_BYTES / (d if zero >= 3 else 1.0) + GRAD_BYTES / (d if zero >= 2 else 1.0)
+            + OPTIMIZER_BYTES / (d if zero >= 1 else 1.0))
+
+
+def grad_sync_ms(grad_bytes: float, dp: int, zero: int, link: Link2) -> float:
+    """Per-iteration gradient synchronisation of one stage's `grad_bytes` (bf16) over `dp` replicas, ms.
+
+    ZeRO 0: all-reduce. ZeRO 1/2: reduce-scatter + all-gather of the updated weights (as many
+    bytes as the all-reduce). ZeRO 3: reduce-scatter only (weights are gathered when used).
+    """
+    if dp <= 1:
+        return 0.0
+    if zero >= 3:
+        return float(reduce_scatter_ms(grad_bytes, dp, link))
+    return float(allreduce_ms(grad_bytes, dp, link))
+
+
+def exposed_sync_ms(sync_ms: float, last_backward_ms: float) -> float:
+    """The part of the gradient sync on the critical path: it overlaps the stage's last backward only."""
+    return max(0.0, sync_ms - last_backward_ms)
+
+
+def zero3_gather_ms(param_bytes: Any, dp: int, link: Link2) -> Any:
+    """ZeRO-3: all-gather of a layer's (bf16) weights over `dp` ranks, once per forward and once per backward, ms."""
+    return allgather_ms(param_bytes, dp, link)
+
+
+def tp_layers(names: tuple[str, ...]) -> np.ndarray:
+    """Mask of layers that are transformer blocks (names `block*`); every layer when none is."""
+    mask = np.array([n.startswith("block") for n in names], dtype=bool)
+    return mask if mask.any() else np.ones(len(names), dtype=bool)
+
+
+def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2,
+                          dp: int = 1, zero: int = 0, dp_link: Link2 | None = None,
+                          compute_scale: float = 1.0) -> LayerCosts:
+    """One GPU's share of `costs` under T-way tensor parallelism (and the ZeRO-3 gathers over D).
+
+    Compute (forward, both backward halves, optimizer step), parameter bytes and kept
+    activations of every layer divide by T; blocks add 2 all-reduces of their output in the
+    forward and 2 in the input-gradient backward; ZeRO-3 adds an all-gather of the layer's
+    weights (its T-shard) to the forward and to the backward. Output bytes (what a pipeline
+    boundary sends) stay whole: Megatron (2021) sends the full activation between stages.
+    ZeRO 1+ also divides the optimizer step by D (each rank updates its shard).
+    `compute_scale` multiplies every compute time (not communication): a calibration of how far
+    the profile's kernels are from the real ones (1 = as profiled).
+    """
+    t = float(tp) / float(compute_scale)
+    out = np.asarray(costs.output_bytes, dtype=float)
+    comm = np.where(blocks, 2.0 * allreduce_ms(out, tp, tp_link), 0.0) if tp > 1 else np.zeros(len(out))
+    params = np.asarray(costs.param_bytes, dtype=float) / t
+    gather = zero3_gather_ms(params, dp, dp_link) if (zero >= 3 and dp > 1 and dp_link is not None) else 0.0
+    fwd = np.asarray(costs.fwd_ms, dtype=float) / t + comm + gather
+    bwd_in = np.asarray(costs.bwd_input_ms, dtype=float) / t + comm + gather
+    bwd_w = np.asarray(costs.bwd_weight_ms, dtype=float) / t
+    opt = np.asarray(costs.optimizer_ms, dtype=float) / t / (dp if zero >= 1 else 1)
+    act = np.asarray(costs.activation_bytes, dtype=float) / t
+    return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
+                   optimizer_ms=opt, param_bytes=params, activation_bytes=act)
+
+
+def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool) -> float:
+    """Narayanan et al. (SC21, eq. 3) model FLOPs of one iteration of a GPT over `batch` samples."""
+    B, s, l, h, V = float(batch), float(seq), float(layers), float(hidden), float(vocab)
+    if recompute:
+        return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
+    return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
+
+
+def profile_model_flops(fwd_flops_per_microbatch: float, n_microbatches_total: float, recompute_fwd_flops: float = 0.0) -> float:
+    """Model FLOPs from a profile's `flops` column: forward + backward = 3 x forward per micro-batch,
+    plus the recomputed layers' forward again; `n_microbatches_total` over all replicas."""
+    return (3.0 * fwd_flops_per_microbatch + recompute_fwd_flops) * n_microbatches_total

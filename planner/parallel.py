@@ -1,0 +1,86 @@
+"""The data x pipeline x tensor parallel layout of a plan: `ParallelConfig(dp, pp, tp, zero)`.
+
+N GPUs = dp (data-parallel replicas) x pp (pipeline stages) x tp (tensor-parallel ranks).
+Placement (Narayanan et al., SC21): tp innermost, within one node; pipeline neighbours next
+(on the fastest links left); dp outermost. `zero` is the ZeRO stage (Rajbhandari et al., 2020)
+of the data-parallel group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights sharded.
+
+A plan JSON holds it as the object `"parallel": {"dp": D, "pp": P, "tp": T, "zero": Z}`
+(`to_dict` / `from_dict`); `parse_parallel("dp=8,pp=12,tp=4")` reads the command-line form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from planner.errors import PplanError
+
+__all__ = ["ParallelConfig", "ZERO_STAGES", "parse_parallel"]
+
+ZERO_STAGES = (0, 1, 2, 3)
+_MAX_DEGREE = 1 << 20
+_KEYS = ("dp", "pp", "tp", "zero")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """Degrees of data, pipeline and tensor parallelism, and the ZeRO stage."""
+
+    dp: int = 1
+    """Data-parallel replicas (D)."""
+    pp: int = 1
+    """Pipeline stages, one GPU group each (P)."""
+    tp: int = 1
+    """Tensor-parallel ranks per stage, within one node (T)."""
+    zero: int = 0
+    """ZeRO stage of the data-parallel group (0..3)."""
+
+    def __post_init__(self) -> None:
+        for key in ("dp", "pp", "tp"):
+            value = getattr(self, key)
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_DEGREE:
+                raise PplanError(f"parallel {key} must be a whole number in 1..{_MAX_DEGREE}, got {value!r}", "e.g. dp=8,pp=12,tp=4")
+        if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
+            raise PplanError(f"ZeRO stage must be one of 0, 1, 2, 3, got {self.zero!r}")
+
+    @property
+    def gpus(self) -> int:
+        """dp x pp x tp."""
+        return self.dp * self.pp * self.tp
+
+    def to_dict(self) -> dict[str, int]:
+        """The plan JSON object."""
+        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "zero": self.zero}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> "ParallelConfig":
+        """Read the plan JSON object; PplanError names an unknown key or a bad value."""
+        if not isinstance(data, Mapping):
+            raise PplanError("a plan's parallel entry must be an object like {\"dp\": 8, \"pp\": 12, \"tp\": 4, \"zero\": 1}")
+        unknown = sorted(set(data) - set(_KEYS))
+        if unknown:
+            raise PplanError(f"unknown key(s) in parallel: {', '.join(map(str, unknown))[:80]}", f"known keys: {', '.join(_KEYS)}")
+        return cls(**{k: data[k] for k in _KEYS if k in data})
+
+    def describe(self) -> str:
+        """`dp=8,pp=12,tp=4` (and `,zero=1` when sharded)."""
+        text = f"dp={self.dp},pp={self.pp},tp={self.tp}"
+        return text + (f",zero={self.zero}" if self.zero else "")
+
+
+def parse_parallel(text: str, zero: int = 0) -> ParallelConfig:
+    """`dp=D,pp=P,tp=T` (any order, missing degrees 1; `zero=Z` allowed) -> ParallelConfig."""
+    values: dict[str, int] = {"zero": zero}
+    for item in str(text).split(","):
+        if not item.strip():
+            continue
+        key, eq, raw = item.partition("=")
+        key = key.strip()
+        if not eq or key not in _KEYS:
+            raise PplanError(f"cannot read {item.strip()[:40]!r} in --parallel {str(text)[:60]!r}", "write auto or dp=D,pp=P,tp=T")
+        try:
+            values[key] = int(raw.strip())
+        except ValueError:
+            raise PplanError(f"--parallel {key}={raw.strip()[:20]!r} is not a whole number") from None
+    return ParallelConfig(**values)

@@ -1,0 +1,481 @@
+"""The cluster question: data x pipeline x tensor parallelism, `plan_parallel(...) -> ParallelResult`.
+
+For N = nodes x gpus_per_node GPUs and a global batch B, every layout D x P x T = N (T in
+{1, 2, 4, 8} dividing the GPUs per node, P at most the layers), micro-batch size b (the
+profile's sizes and powers of two, D*b dividing B; M = B / (D*b) micro-batches per replica),
+schedule (the registry's) and recompute (none / full) is a candidate:
+
+1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's division, / T / P)
+   above the limit -> skipped, and remembered for the InfeasibleError;
+2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
+   + the exposed gradient sync; candidates are solved in that order;
+3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
+   profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
+   with ZeRO and T division), until a dozen fit;
+4. judge: the best few by the DP's bottleneck are simulated (planner.simulation), with each
+   stage's exposed gradient sync added before its optimizer step; the fastest that fits wins.
+
+Reported: iteration time, samples/s, tokens/s, per-GPU peak memory, achieved TFLOP/s per GPU
+(model FLOPs as Narayanan et al. 2021 for a gpt profile, or from the profile's flops column,
+over iteration time x N) and MFU (forward + backward FLOPs only, over N x peak).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+
+from planner.cost import stage_cost
+from planner.cost.parallel import (
+    Link2, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement, tensor_parallel_costs, tp_layers,
+    zero_bytes_per_param,
+)
+from planner.errors import InfeasibleError, ModelSpecError, PplanError, ScheduleError
+from planner.hardware import Hardware, load_hardware
+from planner.models.spec import parse_spec
+from planner.parallel import ParallelConfig, parse_parallel
+from planner.partition.build import Layout, build_problem
+from planner.partition.dp import solve_dp
+from planner.partition.search import divisors
+from planner.plan import Device, Links
+from planner.profiling.profile import LayerCosts, Profile
+from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
+from planner.schedules.memory import stage_inflight_peak
+from planner.simulate import simulate_costs
+from planner.units import format_bytes
+
+__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "TP_DEGREES", "RECOMPUTE_CHOICES"]
+
+TP_DEGREES = (1, 2, 4, 8)
+RECOMPUTE_CHOICES = ("none", "full", "auto")
+ANALYTIC_SIZES = (1, 2, 4, 8)
+_MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops far earlier)
+_MAX_MICROBATCHES = 4096
+
+
+@dataclass(frozen=True)
+class ParallelCandidate:
+    """One simulated (D, P, T, b, schedule, recompute) plan."""
+
+    config: ParallelConfig
+    """dp, pp, tp and ZeRO stage."""
+    schedule: str
+    """Pipeline schedule."""
+    micro_batch_size: int
+    """Samples per micro-batch (b)."""
+    n_microbatches: int
+    """Micro-batches per replica per iteration (M = B / (D b))."""
+    recompute: str
+    """none or full (every layer's activations recomputed)."""
+    cuts: tuple[int, ...]
+    """Stage boundaries (P*v + 1 layer indices)."""
+    iteration_ms: float
+    """Simulated iteration time, gradient sync and optimizer step included, ms."""
+    samples_per_s: float
+    """Global batch / iteration time."""
+    tokens_per_s: float
+    """samples/s x sequence length."""
+    peak_memory_bytes: float
+    """Largest per-GPU peak: ZeRO static state + activations + buffers."""
+    memory: dict
+    """That GPU's breakdown: weights, gradients, optimizer, activations, buffers (bytes)."""
+    tflops_per_gpu: float
+    """Achieved model TFLOP/s per GPU (recompute's FLOPs counted when recomputing, as Narayanan et al.)."""
+    mfu: float
+    """Forward + backward model FLOPs / (iteration time x GPUs x peak)."""
+    bubble_fraction: float
+    """Simulated idle share of the pipeline."""
+    grad_sync_ms: float
+    """Largest stage's data-parallel gradient sync (before overlap), ms."""
+    tp_comm_ms: float
+    """Tensor-parallel all-reduce time per micro-batch on the busiest stage (forward + backward), ms."""
+    fits: bool
+    """Peak memory within the GPU's memory."""
+
+
+@dataclass(frozen=True)
+class ParallelResult:
+    """The chosen layout, the runners-up and what the search did."""
+
+    best: ParallelCandidate
+    """Fastest plan that fits."""
+    candidates: tuple[ParallelCandidate, ...]
+    """Every simulated plan, best first."""
+    gpus: int
+    """N = nodes x gpus_per_node."""
+    gpus_per_node: int
+    """GPUs per node."""
+    hardware: str
+    """Hardware name."""
+    global_batch: int
+    """Samples per iteration (B)."""
+    seq: int
+    """Tokens per sample (1 when the profile does not say)."""
+    flops_source: str
+    """How model FLOPs were counted."""
+    layouts: int
+    """(D, P, T) layouts considered."""
+    solved: int
+    """Pipeline DPs run."""
+    skipped: tuple[str, ...]
+    """Layouts left out, with the reason."""
+
+
+@dataclass(frozen=True)
+class _Task:
+    cfg: ParallelConfig
+    b: int
+    m: int
+    schedule: str
+    v: int
+    recompute: str
+    estimate_ms: float
+
+
+class _Ctx:
+    """Shared state: the profile's costs per (b, T, D), the model's FLOPs and the links."""
+
+    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
+        self.profile, self.hw, self.gpn, self.zero = profile, hw, gpn, zero
+        self.compute_scale, self.overlap = compute_scale, overlap
+        self.blocks = tp_layers(profile.names)
+        self.intra = Link2(hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_latency_ms)
+        self.inter = Link2(hw.inter_node_bandwidth_bytes_per_s, hw.inter_node_latency_ms)
+        self._raw: dict[int, LayerCosts] = {}
+        self._tp: dict[tuple, LayerCosts] = {}
+        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
+
+    def raw(self, b: int) -> LayerCosts:
+        if b not in self._raw:
+            self._raw[b] = self.profile.at(b)
+        return self._raw[b]
+
+    def costs(self, cfg: ParallelConfig, b: int) -> LayerCosts:
+        key = (b, cfg.tp, cfg.dp if self.zero >= 3 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
+        if key not in self._tp:
+            place = placement(cfg.dp, cfg.pp, cfg.tp, self.gpn, self.intra, self.inter)
+            self._tp[key] = tensor_parallel_costs(self.raw(b), self.blocks, cfg.tp, place.tp, cfg.dp, self.zero, place.dp,
+                                                   self.compute_scale)
+        return self._tp[key]
+
+
+def _model_info(profile: Profile) -> dict | None:
+    try:
+        kind, p = parse_spec(profile.meta.get("model", ""))
+    except (ModelSpecError, PplanError):
+        return None
+    return p if kind == "gpt" else None
+
+
+def _flops_fn(profile: Profile, gpt: dict | None, batch: int):
+    """(recompute: bool) -> (achieved FLOPs, forward + backward FLOPs) of one iteration."""
+    if gpt is not None:
+        args = (batch, gpt["seq"], gpt["layers"], gpt["hidden"], gpt["vocab"])
+        return (lambda rec: (gpt_model_flops(*args, rec), gpt_model_flops(*args, False))), "Narayanan et al. 2021, eq. 3"
+    if "flops" in profile.present:
+        k = 0
+        fwd = float(np.sum(profile.columns["flops"][:, k])) / profile.micro_batch_sizes[k] * batch
+        return (lambda rec: ((4.0 if rec else 3.0) * fwd, 3.0 * fwd)), "profile flops column: 3 x forward (+1 x forward recomputed)"
+    return (lambda rec: (0.0, 0.0)), "none (the profile has no flops column)"
+
+
+def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
+    if forced is not None:
+        if forced.gpus != n:
+            raise PplanError(f"--parallel {forced.describe()} uses {forced.gpus} GPUs but the cluster has {n}",
+                             "make dp x pp x tp equal nodes x gpus per node, or use --parallel auto")
+        if gpn % forced.tp:
+            raise PplanError(f"tp={forced.tp} does not divide {gpn} GPUs per node", "tensor parallelism stays within a node")
+        if forced.pp > n_layers:
+            raise PplanError(f"pp={forced.pp} but the profile has {n_layers} layers", f"use pp={n_layers} or fewer")
+        return [forced], []
+    out, skipped = [], []
+    for t in TP_DEGREES:
+        if gpn % t or n % t:
+            continue
+        for p in divisors(n // t):
+            if p > n_layers:
+                break
+            out.append(ParallelConfig(dp=n // (t * p), pp=p, tp=t))
+    return out, skipped
+
+
+def _bubble(schedule: str, p: int, v: int) -> float:
+    """Idle micro-batch slots of a schedule with p ranks (the estimate's closed forms)."""
+    if schedule == "interleaved":
+        return (p - 1) / v
+    if schedule == "zb":
+        return (p - 1) / 3.0
+    return float(p - 1)
+
+
+def plan_parallel(
+    profile: Profile | None = None,
+    *,
+    model: str | None = None,
+    hardware: Hardware | str,
+    nodes: int,
+    gpus_per_node: int | None = None,
+    global_batch: int,
+    parallel: ParallelConfig | str | None = "auto",
+    zero: int = 0,
+    recompute: str = "auto",
+    schedules: Sequence[str] | None = None,
+    micro_batch_sizes: Sequence[int] | None = None,
+    memory_bytes: int | None = None,
+    top_k: int = 4,
+    compute_scale: float = 1.0,
+    overlap_grad_sync: bool = True,
+) -> ParallelResult:
+    """The fastest (D, P, T) x b x schedule x recompute plan of `profile` (or an analytic profile of
+    the gpt spec `model`) on `nodes` x `gpus_per_node` GPUs of `hardware` (module docstring).
+
+    `parallel`: "auto" / None to search, or a ParallelConfig / "dp=D,pp=P,tp=T" to force the layout
+    (its zero wins over `zero` only when given as a ParallelConfig). `recompute`: none, full or
+    auto (both). `compute_scale` multiplies every profiled compute time (a calibration; 1 = as
+    profiled). `overlap_grad_sync`: the gradient sync overlaps each stage's last backward (True)
+    or runs entirely after it (False, as Megatron-LM 2021 and DeepSpeed's pipeline engine did).
+    InfeasibleError when nothing fits, naming the GPUs or memory that would.
+    """
+    if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
+        raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
+    gpn = int(gpus_per_node or hw.gpus_per_node)
+    if nodes < 1 or gpn < 1:
+        raise PplanError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpn}")
+    if global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    if recompute not in RECOMPUTE_CHOICES:
+        raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
+    forced: ParallelConfig | None = None
+    if isinstance(parallel, ParallelConfig):
+        forced, zero = parallel, parallel.zero
+    elif parallel not in (None, "auto"):
+        forced = parse_parallel(str(parallel), zero)
+    ParallelConfig(zero=zero)  # validates the stage
+    if profile is None:
+        if model is None:
+            raise PplanError("give a profile or a gpt model spec", "e.g. model='gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200'")
+        from planner.profiling.analytic import analytic_profile
+        profile = analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
+    n = nodes * gpn
+    mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
+    gpt = _model_info(profile)
+    seq = int(gpt["seq"]) if gpt else 1
+    flops, flops_source = _flops_fn(profile, gpt, global_batch)
+    names = tuple(schedules or SCHEDULE_NAMES)
+    for name in names:
+        get_schedule(name)
+    recs = ("none", "full") if recompute == "auto" else (recompute,)
+    sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
+    ctx = _Ctx(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync)
+    L = profile.n_layers
+    layouts, skipped = _layouts(n, gpn, L, forced)
+    layouts = [replace(c, zero=zero) for c in layouts]
+
+    tasks: list[_Task] = []
+    need_min = math.inf  # least per-GPU static bytes over layouts that were skipped for memory
+    for cfg in layouts:
+        static = ctx.params * zero_bytes_per_param(cfg.dp, zero) / (cfg.tp * cfg.pp)
+        if static > mem:
+            need_min = min(need_min, static)
+            skipped.append(f"{cfg.describe()}: weights, gradients and optimizer state alone need {format_bytes(static)} per GPU")
+            continue
+        for b in sizes:
+            if global_batch % (cfg.dp * b):
+                continue
+            m = global_batch // (cfg.dp * b)
+            if m > _MAX_MICROBATCHES:
+                continue
+            costs = ctx.costs(cfg, b)
+            per_mb = float(np.sum(costs.fwd_ms) + np.sum(costs.bwd_ms))
+            refwd = float(np.sum(costs.fwd_ms))
+            place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+            sync = float(allreduce_ms(ctx.params * 2.0 / (cfg.tp * cfg.pp), cfg.dp, place.dp)) if cfg.dp > 1 else 0.0
+            opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
+            for name in names:
+                v = get_schedule(name).virtual_stages
+                if cfg.pp * v > L or (cfg.pp == 1 and v > 1):
+                    continue
+                try:
+                    check_sizes(name, cfg.pp, m, v)
+                except ScheduleError:
+                    continue
+                for rec in recs:
+                    t_mb = (per_mb + (refwd if rec == "full" else 0.0)) / cfg.pp
+                    est = (m + _bubble(name, cfg.pp, v)) * t_mb + (max(0.0, sync - t_mb) if overlap_grad_sync else sync) + opt
+                    tasks.append(_Task(cfg, b, m, name, v, rec, est))
+    tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.recompute))
+
+    # Branch and bound: a task's estimate is a lower bound of its DP-based estimate (the
+    # bottleneck stage is at least the balanced share), so solving stops once the next task's
+    # estimate exceeds the top_k-th best DP-based estimate found (or after _MAX_SOLVES).
+    solved, found = 0, []
+    min_scale = math.inf
+    keep = max(1, top_k)
+    for task in tasks:
+        if len(found) >= keep and task.estimate_ms > sorted(f[0] for f in found)[keep - 1]:
+            break
+        if solved >= _MAX_SOLVES and found:
+            break
+        got = _solve(ctx, task, mem, gpn)
+        solved += 1
+        if isinstance(got, float):
+            min_scale = min(min_scale, got)
+            continue
+        found.append(got)
+    if not found:
+        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
+    found.sort(key=lambda x: x[0])
+    sims = [_simulate(ctx, task, sol, mem, gpn, flops, seq, global_batch, n) for _, task, sol in found[:keep]]
+    sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
+    if not sims[0].fits:
+        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
+    return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
+                          global_batch=global_batch, seq=seq, flops_source=flops_source, layouts=len(layouts),
+                          solved=solved, skipped=tuple(skipped))
+
+
+def _layout(cfg: ParallelConfig, v: int, mem: float, gpn: int, ctx: _Ctx) -> Layout:
+    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+    devices = tuple(Device(name=f"stage{i}", memory_bytes=int(mem)) for i in range(cfg.pp))
+    pairs = tuple((s, s + 1, l.bandwidth, l.latency_ms) for s, l in enumerate(place.pp))
+    links = Links(bandwidth_bytes_per_s=ctx.inter.bandwidth, latency_ms=ctx.inter.latency_ms, pairs=pairs)
+    return Layout(devices=devices, order=tuple(range(cfg.pp)), links=links, virtual_stages=v)
+
+
+def _static(ctx: _Ctx, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
+    return np.asarray(costs.param_bytes, dtype=float) / 2.0 * zero_bytes_per_param(cfg.dp, ctx.zero)
+
+
+@functools.lru_cache(maxsize=256)
+def _inflight_cached(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    return tuple(stage_inflight_peak(generate(name, p, m, v)))
+
+
+def _inflight(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate once
+    M >= 2P (checked for every registry schedule in tests/test_parallel_search.py), so their
+    counts come from the schedule generated at M = 2P, cheap whatever M is."""
+    if name == "gpipe":
+        return (m,) * (p * v)
+    return _inflight_cached(name, p, min(m, 2 * p), v)
+
+
+def _solve(ctx: _Ctx, task: _Task, mem: float, gpn: int):
+    """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
+    cfg = task.cfg
+    costs = ctx.costs(cfg, task.b)
+    layout = _layout(cfg, task.v, mem, gpn, ctx)
+    prob = build_problem(costs, layout, _inflight(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
+                         recompute="all" if task.recompute == "full" else "none",
+                         split_backward=get_schedule(task.schedule).split_backward)
+    prob = replace(prob, static_bytes=_static(ctx, costs, cfg))
+    sol = solve_dp(prob)
+    if sol is None:
+        from planner.partition.dp import min_memory_scale
+        got = min_memory_scale(prob)
+        return got[0] * mem if got else math.inf
+    return (_dp_estimate(ctx, task, costs, sol), task, sol)
+
+
+def _dp_estimate(ctx: _Ctx, task: _Task, costs: LayerCosts, sol) -> float:
+    """(M + bubble) x v x bottleneck + the largest stage's gradient sync (exposed) and optimizer step:
+    never below the task's balanced estimate."""
+    cfg = task.cfg
+    place = placement(cfg.dp, cfg.pp, cfg.tp, ctx.gpn, ctx.intra, ctx.inter)
+    cuts = sol.cuts
+    params = np.concatenate([[0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=float))])
+    opt = np.concatenate([[0.0], np.cumsum(np.asarray(costs.optimizer_ms, dtype=float))])
+    per_rank: dict[int, float] = {}
+    for s in range(len(cuts) - 1):
+        sync = grad_sync_ms(params[cuts[s + 1]] - params[cuts[s]], cfg.dp, ctx.zero, place.dp)
+        tail = max(0.0, sync - sol.bottleneck_ms) if ctx.overlap else sync
+        r = s % cfg.pp
+        per_rank[r] = per_rank.get(r, 0.0) + tail + opt[cuts[s + 1]] - opt[cuts[s]]
+    return (task.m + _bubble(task.schedule, cfg.pp, task.v)) * task.v * sol.bottleneck_ms + max(per_rank.values())
+
+
+def _simulate(ctx: _Ctx, task: _Task, sol, mem: float, gpn: int, flops, seq: int, batch: int, n: int) -> ParallelCandidate:
+    cfg = task.cfg
+    costs = ctx.costs(cfg, task.b)
+    layout = _layout(cfg, task.v, mem, gpn, ctx)
+    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+    sched = generate(task.schedule, cfg.pp, task.m, task.v)
+    cuts = sol.cuts
+    stages, syncs = [], []
+    bpp = zero_bytes_per_param(cfg.dp, ctx.zero)
+    for s in range(len(cuts) - 1):
+        st = stage_cost(costs, cuts[s], cuts[s + 1], sol.recompute[s], "adam")
+        sync = grad_sync_ms(st.param_bytes, cfg.dp, ctx.zero, place.dp)
+        syncs.append(sync)
+        stages.append(replace(st, optimizer_ms=st.optimizer_ms + (exposed_sync_ms(sync, st.bwd_ms) if ctx.overlap else sync),
+                              static_bytes=st.param_bytes / 2.0 * bpp))
+    sim = simulate_costs(sched, stages, [layout.device_of(s) for s in range(len(stages))], layout.devices, layout.links,
+                         micro_batch_size=task.b)
+    peak, breakdown = 0.0, {}
+    for r in range(cfg.pp):
+        params = sum(st.param_bytes for i, st in enumerate(stages) if layout.device_of(i) == r) / 2.0
+        mb = sim.memory[r]
+        parts = {
+            "weights": params * 2.0 / (cfg.dp if ctx.zero >= 3 else 1),
+            "gradients": params * 2.0 / (cfg.dp if ctx.zero >= 2 else 1),
+            "optimizer": params * 12.0 / (cfg.dp if ctx.zero >= 1 else 1),
+            "activations": mb.activations,
+            "buffers": mb.buffers,
+        }
+        total = sum(parts.values())
+        if total > peak:
+            peak, breakdown = total, {k: int(x) for k, x in parts.items()} | {"total": int(total)}
+    it = sim.iteration_ms
+    achieved, fwd_bwd = flops(task.recompute == "full")
+    tp_comm = 0.0
+    if cfg.tp > 1:
+        out = np.asarray(costs.output_bytes, dtype=float)
+        per_layer = np.where(ctx.blocks, 4.0 * allreduce_ms(out, cfg.tp, place.tp), 0.0)
+        tp_comm = max(float(np.sum(per_layer[cuts[s]:cuts[s + 1]])) for s in range(len(cuts) - 1))
+    sec = it / 1e3
+    return ParallelCandidate(
+        config=cfg, schedule=task.schedule, micro_batch_size=task.b, n_microbatches=task.m, recompute=task.recompute,
+        cuts=tuple(int(c) for c in cuts), iteration_ms=it, samples_per_s=batch / sec, tokens_per_s=batch * seq / sec,
+        peak_memory_bytes=peak, memory=breakdown, tflops_per_gpu=achieved / (sec * n) / 1e12,
+        mfu=fwd_bwd / (sec * n * ctx.hw.peak_bf16_flops_per_s), bubble_fraction=sim.bubble_fraction,
+        grad_sync_ms=max(syncs) if syncs else 0.0, tp_comm_ms=tp_comm, fits=peak <= mem,
+    )
+
+
+def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: float, hw: Hardware,
+                forced: ParallelConfig | None, zero: int, absolute: bool = False) -> InfeasibleError:
+    need = min(need_static, need_peak) if not absolute else need_peak
+    where = f"--parallel {forced.describe()}" if forced else "every dp x pp x tp layout"
+    if not math.isfinite(need):
+        return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU with {where} on {n} GPUs",
+                               "try --recompute auto, a higher --zero, or more GPUs")
+    ratio = need / mem
+    more = int(math.ceil(n * ratio / gpn)) * gpn
+    hint = (f"the least memory-hungry layout needs about {format_bytes(need)} per GPU: use about {more} GPUs "
+            f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_bytes(need)}")
+    if zero < 3:
+        hint += f", or --zero {zero + 1}"
+    return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU ({hw.name}) with {where} on {n} GPUs", hint)
+
+
+def format_parallel(result: ParallelResult, n_rows: int = 6) -> str:
+    """A table of the best plans for people (the CLI prints it)."""
+    head = (f"{result.gpus} x {result.hardware} ({result.gpus // result.gpus_per_node} nodes x {result.gpus_per_node}), "
+            f"global batch {result.global_batch}, seq {result.seq}; {result.layouts} layouts, {result.solved} pipeline DPs; "
+            f"FLOPs: {result.flops_source}")
+    cols = ("dp", "pp", "tp", "zero", "sched", "b", "M", "recomp", "iter ms", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak mem", "fits")
+    rows = []
+    for c in result.candidates[:n_rows]:
+        rows.append((str(c.config.dp), str(c.config.pp), str(c.config.tp), str(c.config.zero), c.schedule, str(c.micro_batch_size),
+                     str(c.n_microbatches), c.recompute, f"{c.iteration_ms:,.1f}", f"{c.samples_per_s:,.2f}", f"{c.tokens_per_s:,.0f}",
+                     f"{c.tflops_per_gpu:.1f}", f"{100 * c.mfu:.1f}%", format_bytes(c.peak_memory_bytes), "yes" if c.fits else "no"))
+    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
+    lines = [head, "  ".join(h.rjust(w) for h, w in zip(cols, widths))]
+    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
+    return "\n".join(lines)

@@ -1,0 +1,109 @@
+"""planner.cost.parallel (data/tensor-parallel terms) and planner.parallel.ParallelConfig."""
+
+import math
+
+import numpy as np
+import pytest
+
+from planner.cost.parallel import (
+    BYTES_PER_PARAM, Link2, allgather_ms, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement,
+    tensor_parallel_costs, tp_layers, zero_bytes_per_param,
+)
+from planner.errors import PplanError
+from planner.parallel import ParallelConfig, parse_parallel
+from planner.profiling.analytic import analytic_profile
+
+INTRA, INTER = Link2(300e9, 0.01), Link2(25e9, 0.02)
+
+
+def test_ring_collectives_follow_the_textbook_formulas():
+    n = 1e9
+    assert allreduce_ms(n, 1, INTRA) == 0.0
+    assert allreduce_ms(n, 8, INTRA) == pytest.approx(2 * 7 * 0.01 + 2 * 7 / 8 * n / 300e9 * 1e3)
+    assert allgather_ms(n, 4, INTER) == pytest.approx(3 * 0.02 + 3 / 4 * n / 25e9 * 1e3)
+    # an all-reduce moves twice an all-gather's bytes
+    assert allreduce_ms(n, 4, Link2(1e9, 0.0)) == pytest.approx(2 * allgather_ms(n, 4, Link2(1e9, 0.0)))
+
+
+def test_zero_stages_divide_optimizer_then_gradients_then_weights():
+    assert BYTES_PER_PARAM == 16
+    assert zero_bytes_per_param(8, 0) == 16
+    assert zero_bytes_per_param(8, 1) == pytest.approx(2 + 2 + 12 / 8)
+    assert zero_bytes_per_param(8, 2) == pytest.approx(2 + 14 / 8)
+    assert zero_bytes_per_param(8, 3) == pytest.approx(16 / 8)
+    assert zero_bytes_per_param(1, 3) == 16
+    with pytest.raises(PplanError):
+        zero_bytes_per_param(2, 4)
+
+
+def test_grad_sync_and_overlap():
+    g = 4e9
+    assert grad_sync_ms(g, 1, 0, INTER) == 0.0
+    assert grad_sync_ms(g, 8, 1, INTER) == pytest.approx(allreduce_ms(g, 8, INTER))
+    assert grad_sync_ms(g, 8, 3, INTER) == pytest.approx(allgather_ms(g, 8, INTER))  # reduce-scatter only
+    assert exposed_sync_ms(10.0, 4.0) == 6.0 and exposed_sync_ms(3.0, 4.0) == 0.0
+
+
+def test_placement_tp_in_node_pipeline_then_data_outermost():
+    p = placement(dp=2, pp=4, tp=2, gpus_per_node=8, intra=INTRA, inter=INTER)
+    assert p.tp == INTRA and p.pp == (INTRA, INTRA, INTRA) and p.dp == INTER
+    p = placement(dp=1, pp=4, tp=4, gpus_per_node=8, intra=INTRA, inter=INTER)
+    assert p.pp == (INTRA, INTER, INTRA)  # stages 0,1 on node 0; 2,3 on node 1
+    assert placement(dp=2, pp=2, tp=2, gpus_per_node=8, intra=INTRA, inter=INTER).dp == INTRA
+    with pytest.raises(PplanError, match="divide"):
+        placement(dp=1, pp=1, tp=3, gpus_per_node=8, intra=INTRA, inter=INTER)
+
+
+def test_gpt_model_flops_is_narayanan_eq3():
+    B, s, l, h, V = 1536, 2048, 96, 12288, 51200
+    plain = gpt_model_flops(B, s, l, h, V, recompute=False)
+    assert plain == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)))
+    rec = gpt_model_flops(B, s, l, h, V, recompute=True)
+    assert rec == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)))
+    # about 6 x params x tokens without recompute (175B parameters)
+    assert plain / (6 * 175e9 * B * s) == pytest.approx(1.0, rel=0.1)
+
+
+def test_tensor_parallel_costs_divide_compute_and_add_block_allreduces():
+    prof = analytic_profile("gpt:layers=4,hidden=1024,heads=16,seq=512,vocab=8192", "a100-80gb", "bfloat16", [2])
+    c = prof.at(2)
+    blocks = tp_layers(prof.names)
+    assert blocks.tolist() == [False, True, True, True, True, False]
+    t4 = tensor_parallel_costs(c, blocks, 4, INTRA)
+    comm = 2 * allreduce_ms(c.output_bytes[1], 4, INTRA)  # two all-reduces of b*s*h
+    assert c.output_bytes[1] == 2 * 512 * 1024 * 2
+    assert t4.fwd_ms[1] == pytest.approx(c.fwd_ms[1] / 4 + comm)
+    assert t4.bwd_input_ms[1] == pytest.approx(c.bwd_input_ms[1] / 4 + comm)
+    assert t4.bwd_weight_ms[1] == pytest.approx(c.bwd_weight_ms[1] / 4)
+    assert t4.fwd_ms[0] == pytest.approx(c.fwd_ms[0] / 4)  # no all-reduce outside blocks
+    np.testing.assert_allclose(t4.bwd_ms, t4.bwd_input_ms + t4.bwd_weight_ms)
+    np.testing.assert_allclose(t4.param_bytes, c.param_bytes / 4)
+    np.testing.assert_allclose(t4.activation_bytes, c.activation_bytes / 4)
+    np.testing.assert_allclose(t4.output_bytes, c.output_bytes)
+    one = tensor_parallel_costs(c, blocks, 1, INTRA)
+    np.testing.assert_allclose(one.fwd_ms, c.fwd_ms)
+    z3 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=3, dp_link=INTER)
+    assert z3.fwd_ms[1] == pytest.approx(c.fwd_ms[1] + allgather_ms(c.param_bytes[1], 8, INTER))
+    z1 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=1, dp_link=INTER)
+    np.testing.assert_allclose(z1.optimizer_ms, c.optimizer_ms / 8)
+    slow = tensor_parallel_costs(c, blocks, 4, INTRA, compute_scale=2.0)
+    assert slow.fwd_ms[1] == pytest.approx(2 * c.fwd_ms[1] / 4 + comm)
+
+
+def test_parallel_config_round_trip_and_validation():
+    cfg = ParallelConfig(dp=8, pp=12, tp=4, zero=1)
+    assert cfg.gpus == 384
+    assert ParallelConfig.from_dict(cfg.to_dict()) == cfg
+    assert cfg.to_dict() == {"dp": 8, "pp": 12, "tp": 4, "zero": 1}
+    assert parse_parallel("tp=4, pp=12,dp=8", zero=1) == cfg
+    assert parse_parallel("dp=8,pp=12,tp=4,zero=1") == cfg
+    for bad in ({"dp": 0}, {"tp": 1.5}, {"zero": 4}, {"pp": True}):
+        with pytest.raises(PplanError):
+            ParallelConfig(**bad)
+    with pytest.raises(PplanError, match="unknown"):
+        ParallelConfig.from_dict({"dp": 1, "ep": 2})
+    with pytest.raises(PplanError):
+        parse_parallel("dp=two")
+    with pytest.raises(PplanError):
+        parse_parallel("dp8")
+    assert math.isclose(ParallelConfig().gpus, 1)
