@@ -27,7 +27,7 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
-from planner.plan import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
+from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
 __all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration"]
 

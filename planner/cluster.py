@@ -31,7 +31,8 @@ import networkx as nx
 from planner.errors import ClusterError, PplanError
 from planner.cost.comm import link_between, link_ms
 from planner.jsonio import check_keys, read_json_file
-from planner.plan import MAX_SPEED, MIN_SPEED, Device, Links
+from planner.limits import MAX_SPEED, MIN_SPEED
+from planner.plan import Device, Links
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
 __all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "pipeline_orders"]

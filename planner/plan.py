@@ -27,6 +27,9 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError
 from planner.jsonio import check_keys, read_json_file
+from planner.limits import (
+    MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SEED, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED,
+)
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 __all__ = [
@@ -46,17 +49,9 @@ FORMAT = "pplan-plan/1"
 SCHEDULES = SCHEDULE_NAMES  # the registry is the one list of schedule names
 DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
 DEFAULT_LATENCY_MS = 0.01
+OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")  # planner.cost.memory prices the state of each
 
-# Physically meaningful ranges: a value outside is a typo or a hostile file, and left alone it
-# overflows to inf in the simulator (1e-300 B/s) or allocates without bound (10**12 micro-batches).
-# The command line's parsers (planner.units) and the cluster file use the same limits.
-MAX_MEMORY_BYTES = 2**60  # an exbibyte
-MIN_BANDWIDTH = 1.0  # bytes/s
-MAX_BANDWIDTH = 1e15  # bytes/s, a petabyte per second
-MAX_LATENCY_MS = 86_400_000.0  # a day
-MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # relative compute speed
-MAX_GLOBAL_BATCH = 10**8  # samples per iteration (= planner.partition.search.MAX_GLOBAL_BATCH)
-MAX_SEED = 2**62
+# Bounds on every number (planner.limits), re-exported for importers of the plan module.
 
 # Every key a plan may hold, per object level; anything else is refused with the nearest one.
 PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
@@ -418,10 +413,8 @@ def plan_from_dict(d: Any) -> Plan:
         predicted=predicted,
         search=search,
     )
-    from planner.cost import OPTIMIZER_STATE_FACTOR
-
-    if plan.optimizer not in OPTIMIZER_STATE_FACTOR:
-        raise PlanError(f"plan optimizer {plan.optimizer[:60]!r} is unknown", f"use one of {', '.join(OPTIMIZER_STATE_FACTOR)}")
+    if plan.optimizer not in OPTIMIZERS:
+        raise PlanError(f"plan optimizer {plan.optimizer[:60]!r} is unknown", f"use one of {', '.join(OPTIMIZERS)}")
     validate_plan(plan)
     written = _get(d, "global_batch", (int, type(None)), "", None)
     if written is not None and written != plan.global_batch:

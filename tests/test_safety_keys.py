@@ -371,7 +371,7 @@ def test_bounds_of_plan_values_are_inclusive() -> None:
 
 
 def test_max_global_batch_matches_the_partitioner() -> None:
-    from planner.partition.search import MAX_GLOBAL_BATCH
+    from planner.limits import MAX_GLOBAL_BATCH
     from planner.plan import MAX_GLOBAL_BATCH as PLAN_MAX
 
     assert PLAN_MAX == MAX_GLOBAL_BATCH

@@ -50,6 +50,7 @@ __all__ = [
     "stage_memory",
 ]
 
+# Optimizer state per parameter byte, one entry per name the plan accepts (planner.plan.OPTIMIZERS).
 OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-plain": 0.0}
 
 

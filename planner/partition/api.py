@@ -17,10 +17,11 @@ from planner.calibration import Calibration
 from planner.cluster import pipeline_orders
 from planner.cost import optimizer_factor
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
+from planner.limits import MAX_GLOBAL_BATCH
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
-    MAX_GLOBAL_BATCH, METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
+    METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
 )
 from planner.plan import Device, Links, Plan
 from planner.profiling.profile import Profile

@@ -40,7 +40,6 @@ __all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candid
 METHODS = ("auto", "dp", "ilp") + BASELINES
 INTERLEAVED_V = get_schedule("interleaved").virtual_stages  # kept for importers; the registry decides
 MAX_AUTO_MICROBATCHES = 1024  # auto searches M up to this (a forced --microbatches may go beyond)
-MAX_GLOBAL_BATCH = 10**8  # samples per iteration; beyond is a typo
 POLISH_TOP = 3  # candidates the simulator-driven polish starts from
 POLISH_ROUNDS = 4  # passes over all cuts (each move is one simulation)
 
