@@ -58,10 +58,13 @@ def _machine() -> dict[str, Any]:
 
 
 def _check_out(out_dir: Path) -> None:
+    """Refuse, before the bench runs, a folder its tables could not be written to."""
+    from planner.atomic import ensure_writable_dir
     from planner.errors import PplanError
 
     if out_dir.exists() and not out_dir.is_dir():
         raise PplanError(f"--out-dir {str(out_dir)!r} is a file", "give a folder, e.g. reports/bench")
+    ensure_writable_dir(out_dir, "--out-dir")
 
 
 @bench_app.command("planner")

@@ -54,10 +54,13 @@ def partition_cmd(
     from planner.profiling.profile import load_profile
     from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
+    from planner.atomic import ensure_writable_file
+
     if out.suffix.lower() != ".json":
         raise PplanError(f"--out {str(out)!r} must end in .json")
     if out.exists() and out.is_dir():
         raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
+    ensure_writable_file(out, "--out")  # before the search: a plan that cannot be written is not searched for
     m = microbatches.strip().lower()
     if m == "auto":
         n_micro = None

@@ -37,6 +37,9 @@ def _check_out(out: Path) -> None:
         raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as profiles/gpt.csv")
     if out.suffix.lower() != ".csv":
         raise PplanError(f"--out {str(out)!r} should end in .csv", "profiles are CSV files, e.g. profiles/gpt.csv")
+    from planner.atomic import ensure_writable_file
+
+    ensure_writable_file(out, "--out")  # before minutes of measuring
 
 
 def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:

@@ -37,9 +37,11 @@ def report(
     --sim/--timeline is given, and micro-batch counts and schedules are swept.
     """
     from planner.report import build_report, load_inputs, parse_formats, report_dir
+    from planner.report.build import check_report_dir
 
     fmts = parse_formats(formats)
     out_dir = report_dir(name, out)
+    check_report_dir(out_dir)  # before reading or simulating anything
     inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
                          measured_timeline=measured_timeline)
     result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,

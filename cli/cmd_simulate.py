@@ -44,17 +44,20 @@ def simulate_cmd(
     """
     from dataclasses import replace
 
+    from planner.atomic import ensure_writable_file
     from planner.calibration import find_calibration, load_calibration
     from planner.plan import load_plan
     from planner.simulation.sweep import parse_sweep
 
-    plan = load_plan(plan_path)
     sweep_spec = parse_sweep(sweep) if sweep is not None else None
     if sweep_spec is not None and timeline is not None:
         raise _err("--timeline cannot be combined with --sweep", "run one simulation per timeline")
     for path, suffixes, flag in ((plot, (".png", ".svg"), "--plot"), (out, (".json",), "--out"), (timeline, (".csv",), "--timeline")):
         if path is not None and path.suffix.lower() not in suffixes:
             raise _err(f"{flag} {str(path)!r} must end in {' or '.join(suffixes)}")
+        if path is not None:
+            ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
+    plan = load_plan(plan_path)
     prof, prof_path = _load_profile(plan, plan_path, profile)
     cal = load_calibration(calibration) if calibration is not None else find_calibration(prof_path)
     plan = _what_if(plan, schedule, microbatches, micro_batch_size, bandwidth, latency)

@@ -242,9 +242,12 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
     from planner.simulate import simulate
     from planner.simulation.timeline import write_timeline
 
+    from planner.atomic import ensure_writable_dir
+
     s = QUICK if quick else FULL
     started = time.perf_counter()
     out = Path(out_dir)
+    ensure_writable_dir(out, "demo report folder")  # before minutes of profiling and training
     data = out / "data"
     data.mkdir(parents=True, exist_ok=True)
     emit = say or _stderr

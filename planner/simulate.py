@@ -6,20 +6,41 @@
 
 The model (communication overlap, FIFO links, recompute, optimizer, calibration) is described
 in planner.simulation.engine and docs/simulator.md.
+
+Bounds, checked before anything is allocated: a plan of more than MAX_SIMULATED_ACTIONS
+compute actions (stages x micro-batches x 2, or x 3 for zb's split backward) is refused
+with ScheduleError (a timeline costs about 1.2 kB and ~20 us per action: 4 million actions are
+~5 GB and a minute or two); a plan whose layers all have zero forward and backward time is
+refused with ProfileError (there is no iteration time, and throughput would be infinite).
 """
 
 from __future__ import annotations
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, stage_cost
-from planner.errors import PlanError
+from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 from planner.schedules import generate
 from planner.simulation.engine import simulate_costs
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
-__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
+__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "MAX_SIMULATED_ACTIONS",
+           "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
+
+MAX_SIMULATED_ACTIONS = 4_000_000
+
+
+def check_action_count(schedule: str, n_stages: int, n_microbatches: int) -> int:
+    """The number of compute actions of a plan; ScheduleError beyond MAX_SIMULATED_ACTIONS."""
+    per = 3 if schedule == "zb" else 2
+    n = per * n_stages * n_microbatches
+    if n > MAX_SIMULATED_ACTIONS:
+        most = max(1, MAX_SIMULATED_ACTIONS // (per * max(1, n_stages)))
+        raise ScheduleError(f"{n_stages} stages x {n_microbatches} micro-batches is {n:,} actions to simulate, beyond "
+                            f"the simulator's bound of {MAX_SIMULATED_ACTIONS:,}",
+                            f"use at most {most:,} micro-batches with {n_stages} stages (larger micro-batches instead)")
+    return n
 
 
 def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], bool]:
@@ -28,6 +49,11 @@ def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], boo
         raise PlanError(f"plan is for {plan.n_layers} layers but the profile has {profile.n_layers}", "simulate with the profile the plan was made from (--profile)")
     plan.validate(profile.n_layers)
     costs = profile.at(plan.micro_batch_size)
+    total = sum(float(costs.fwd_ms[i]) + float(costs.bwd_ms[i]) for st in plan.stages for i in range(*st.layers))
+    if not total > 0:
+        where = f"{profile.path!r}" if getattr(profile, "path", None) else "the profile"
+        raise ProfileError(f"{where}: every layer of the plan has fwd_ms = bwd_ms = 0 at micro_batch_size "
+                           f"{plan.micro_batch_size}: there is no time to simulate", "profile the model again; times must be measured")
     stages = [
         stage_cost(costs, st.layers[0], st.layers[1], st.recompute, plan.optimizer, plan.devices[st.device].speed)
         for st in plan.stages
@@ -42,6 +68,7 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
     The micro-batch size selects the profile's rows (interpolated if not measured: the result's
     `interpolated` says so). ScheduleError if the schedule cannot run at the plan's sizes.
     """
+    check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches)
     stages, interpolated = plan_stage_costs(plan, profile)
     schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
     return simulate_costs(

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from planner.errors import PlanError, RunError
+from planner.errors import PlanError, PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.plan import Plan, StagePlan, Device
 
@@ -76,3 +76,91 @@ def test_a_save_of_another_plan_is_refused(tmp_path):
         ckpt.latest_checkpoint(tmp_path, _plan(cut=1))
     # the schedule is not part of the fingerprint: weights do not depend on it
     assert ckpt.fingerprint(_plan()) == ckpt.fingerprint(_plan().with_(schedule="gpipe"))
+
+
+# ---- files someone else wrote: crafted pickles, damaged saves, folders that are not ours ----------
+
+class _Evil:
+    """Unpickling this runs a shell command (what a crafted checkpoint would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.marker}",))
+
+
+def test_a_crafted_pickle_is_refused_and_nothing_runs(tmp_path):
+    plan = _plan()
+    _save(tmp_path, 2, plan)
+    folder = tmp_path / "step-00000002"
+    marker = tmp_path / "pwned"
+    torch.save({"layers": {0: _Evil(marker)}}, folder / "rank0.pt")
+    with pytest.raises(PplanError) as info:
+        ckpt.load_rank_file(folder, 0)
+    assert "refused" in info.value.one_line() and "rank0.pt" in info.value.one_line()
+    assert "\n" not in info.value.one_line()
+    assert not marker.exists()
+
+
+def _truncate(path, keep=0.5):
+    data = path.read_bytes()
+    path.write_bytes(data[: int(len(data) * keep)])
+
+
+def test_a_truncated_newest_save_falls_back_to_the_previous_one(tmp_path):
+    plan = _plan()
+    _save(tmp_path, 2, plan)
+    _save(tmp_path, 4, plan)
+    _truncate(tmp_path / "step-00000004" / "rank1.pt")
+    found = ckpt.resume_point(tmp_path, plan)
+    assert found.step == 2 and found.folder.name == "step-00000002"
+    assert len(found.skipped) == 1 and "step-00000004/rank1.pt" in found.skipped[0] and "truncated" in found.skipped[0]
+    assert ckpt.latest_checkpoint(tmp_path, plan)[0] == 2
+    # a file altered in place (same size) is caught by its checksum
+    path = tmp_path / "step-00000002" / "rank0.pt"
+    data = bytearray(path.read_bytes())
+    data[-30] ^= 0xFF
+    path.write_bytes(bytes(data))
+    with pytest.raises(PplanError, match=r"step-00000004/rank1\.pt .*no earlier complete save"):
+        ckpt.resume_point(tmp_path, plan)
+
+
+def test_cleanup_deletes_only_folders_pplan_wrote(tmp_path):
+    plan = _plan()
+    mine = tmp_path / "step-00000001"  # a user's folder that happens to look like a save, without a marker
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    other = tmp_path / "step-00000003"  # a user's folder with a COMPLETE.json that is not pplan's
+    other.mkdir()
+    (other / "COMPLETE.json").write_text('{"mine": true}')
+    (tmp_path / "results").mkdir()
+    for step in (2, 4, 5, 6):
+        _save(tmp_path, step, plan)
+    names = sorted(p.name for p in tmp_path.iterdir())
+    assert names == ["results", "step-00000001", "step-00000003", "step-00000005", "step-00000006"]
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
+def test_a_save_never_replaces_a_folder_it_did_not_write(tmp_path):
+    theirs = tmp_path / ".tmp-step-00000002"
+    theirs.mkdir(parents=True)
+    (theirs / "keep.txt").write_text("x")
+    with pytest.raises(PplanError, match="not written by pplan"):
+        ckpt.check_save_targets(tmp_path, [1, 2])
+    with pytest.raises(RunError, match="not written by pplan"):
+        ckpt.prepare_save(tmp_path, 2)
+    assert (theirs / "keep.txt").exists()
+    final = tmp_path / "step-00000004"
+    final.mkdir()
+    (final / "keep.txt").write_text("x")
+    with pytest.raises(PplanError, match="step-00000004"):
+        ckpt.check_save_targets(tmp_path, [4])
+    ckpt.check_save_targets(tmp_path, [3])  # nothing in the way
+    # a stale temporary folder of pplan's own is replaced
+    ckpt.prepare_save(tmp_path, 6)
+    ckpt.save_rank_file(tmp_path, 6, 0, {"step": 6})
+    ckpt.prepare_save(tmp_path, 6)
+    assert sorted(p.name for p in (tmp_path / ".tmp-step-00000006").iterdir()) == [ckpt.SAVE_MARKER]

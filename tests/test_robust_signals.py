@@ -261,3 +261,80 @@ def test_debug_flag_works_for_every_command_that_fails(tmp_path: Path) -> None:
     for args in (["simulate", plan], ["run", plan], ["report", "--plan", plan, "--out", str(tmp_path / "r")]):
         got = _cli(["--debug", *args], tmp_path)
         assert got.returncode != 0 and "Traceback" in got.stderr and "PlanError" in got.stderr, (args, got.stderr)
+
+
+# ---- pplan run: no temporary run folder outlives the launcher; a stopped rank is named ---------
+
+def _run_folders(tmp: Path) -> list[str]:
+    return sorted(d.name for d in tmp.iterdir() if d.name.startswith("pplan-run-"))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["sigterm", "sighup", "sigkill"])
+def test_stopping_pplan_run_leaves_no_run_folder(tmp_path: Path, sig: signal.Signals) -> None:
+    plan = _run_plan(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    p = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(plan), "--steps", "500", "--warmup", "1",
+                          "--device", "cpu"], cwd=tmp_path, env=_env(TMPDIR=str(tmp)), stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = _Proc.__new__(_Proc)  # reuse the line collector around this Popen (TMPDIR differs)
+    proc.p, proc.lines = p, []
+    proc._t = threading.Thread(target=proc._pump, daemon=True)
+    proc._t.start()
+    launcher = p.pid
+    try:
+        assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
+        assert _run_folders(tmp), "no run folder while running"
+        p.send_signal(sig)
+        code = proc.finish(timeout=60)
+        left = _wait_gone(launcher, timeout=20)
+        deadline = time.monotonic() + 10  # after SIGKILL the ranks remove it when they notice (0.5 s polls)
+        while _run_folders(tmp) and time.monotonic() < deadline:
+            time.sleep(0.2)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _kill_leftovers(_descendants(launcher))
+    assert not left, f"rank processes {left} outlived `pplan run` stopped by {sig.name}"
+    assert _run_folders(tmp) == [], f"left behind in TMPDIR after {sig.name}"
+    if sig != signal.SIGKILL:
+        assert code == -sig, f"exit {code}: pplan run should end by the signal it got"
+        assert "Traceback" not in proc.stderr, proc.stderr
+
+
+def _rank_pids(launcher: int) -> dict[int, int]:
+    """RANK -> pid of the launcher's rank processes."""
+    out = {}
+    for pid in _descendants(launcher):
+        rank = _environ(pid).get("RANK")
+        if rank is not None and _environ(pid).get("PPLAN_PARENT_PID") == str(launcher):
+            out[int(rank)] = pid
+    return out
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_is_named_not_the_peers_that_waited_for_it(tmp_path: Path) -> None:
+    plan = _run_plan(tmp_path)
+    proc = _Proc(["run", str(plan), "--steps", "500", "--warmup", "1", "--device", "cpu", "--timeout", "5"], tmp_path)
+    launcher = proc.p.pid
+    victim = None
+    try:
+        assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
+        ranks = _rank_pids(launcher)
+        assert sorted(ranks) == [0, 1], ranks
+        victim = ranks[1]
+        os.kill(victim, signal.SIGSTOP)  # alive, silent: its peer times out waiting for it
+        code = proc.finish(timeout=90)
+    finally:
+        if victim is not None:
+            try:
+                os.kill(victim, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        _kill_leftovers(_descendants(launcher))
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("pplan: error:")]
+    assert code == 1 and len(errors) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert errors[0].startswith("pplan: error: rank 1 stopped answering"), errors[0]

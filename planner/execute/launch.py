@@ -6,6 +6,13 @@ the launcher. The launcher forwards the ranks' progress lines, keeps the last li
 error messages, and polls: the first rank to exit non-zero ends the run — the others are
 terminated (then killed) at once and RunError names the rank and its cause. Ranks also watch
 the launcher and exit if it disappears, so no process outlives `pplan run`.
+
+A rank that hangs makes its peers fail after the process-group timeout, and the first failure
+would then blame a healthy peer ("rank 0 failed: ... timed out"). So the launcher also reads
+each live rank's state in /proc: a rank whose process is stopped (state T or t: SIGSTOP, a
+debugger) is named as the one that stopped answering, ahead of the peers that gave up waiting
+for it; and a rank stopped for longer than the timeout ends the run even when no peer notices
+(e.g. a single rank).
 """
 
 from __future__ import annotations
@@ -74,12 +81,27 @@ def _cause(rank: int, code: int, run_dir: Path, tail: collections.deque) -> tupl
     return f"rank {rank} exited with code {code}: {' '.join(last.split())[:300]}", False, 1
 
 
+def _state(pid: int) -> str:
+    """The process's state letter from /proc (R, S, D, T, t, Z, ...), or '' when unknown."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return ""
+
+
+def _stopped(procs: list[subprocess.Popen]) -> list[int]:
+    """Ranks whose process is alive but stopped (SIGSTOP, SIGTSTP, a debugger)."""
+    return [r for r, p in enumerate(procs) if p.poll() is None and _state(p.pid) in ("T", "t")]
+
+
 def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate every live rank, then kill what is left after a grace period."""
+    """Terminate every live rank (a stopped one is continued so it can act on it), then kill
+    what is left after a grace period."""
     for p in procs:
         if p.poll() is None:
             try:
                 p.terminate()
+                os.kill(p.pid, signal.SIGCONT)
             except ProcessLookupError:
                 pass
     deadline = time.monotonic() + _TERM_S
@@ -105,6 +127,8 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
     procs: list[subprocess.Popen] = []
     tails = [collections.deque(maxlen=60) for _ in range(n_ranks)]
     pumps = []
+    timeout_s = float((cfg.get("options") or {}).get("timeout_s") or 300.0)
+    stopped_since: dict[int, float] = {}
     try:
         for r in range(n_ranks):
             env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
@@ -119,9 +143,19 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
             codes = [p.poll() for p in procs]
             if all(c == 0 for c in codes):
                 break
+            now = time.monotonic()
+            halted = _stopped(procs)
+            stopped_since = {r: stopped_since.get(r, now) for r in halted}
+            overdue = [r for r, t in stopped_since.items() if now - t > timeout_s]
+            if overdue and all(c in (None, 0) for c in codes):
+                _stop(procs)
+                raise RunError(f"rank {overdue[0]} stopped answering: its process has been stopped (SIGSTOP or a debugger) "
+                               f"for more than --timeout {timeout_s:g} s",
+                               "the other ranks were stopped; continue a stopped rank (SIGCONT) or leave it alone, then rerun")
             if any(c not in (None, 0) for c in codes):
                 time.sleep(_GRACE_S)
                 codes = [p.poll() for p in procs]
+                halted = sorted(set(halted) | set(_stopped(procs)))
                 _stop(procs)
                 for t in pumps:
                     t.join(timeout=1.0)
@@ -131,6 +165,13 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
                 text = causes[0][0]
                 if len(causes) > 1:
                     text += f" (then {', '.join(c[0].split(':')[0] for c in causes[1:])})"
+                if halted and causes[0][2] != 2:
+                    # the stopped rank is the cause; the failed ones gave up waiting for it
+                    names = ", ".join(f"rank {r}" for r in halted)
+                    raise RunError(f"{names} stopped answering: its process was stopped (SIGSTOP or a debugger) while "
+                                   f"its peers waited; then {text}",
+                                   "continue a stopped rank (SIGCONT) or leave it alone, then rerun; --timeout sets how "
+                                   "long peers wait")
                 if causes[0][2] == 2:
                     raise PplanError(text)
                 hint = "the other ranks were stopped; rerun with --verbose for their output"

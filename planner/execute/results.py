@@ -9,10 +9,15 @@ Definitions (docs/executor.md):
   peak_memory_bytes_measured  CUDA: the allocator's peak; CPU: weights + gradients + optimizer
                          state (from the tensors) + peak saved activations (saved-tensor hooks) +
                          boundary buffers (2 x (input + output) bytes of one micro-batch)
+  losses                 mean loss of each step in loss_steps; JSON has no inf/NaN, so a loss
+                         that is not finite is written as null
+  diverged               null, or {"step": k, "loss": "inf" | "-inf" | "nan"}: the first step
+                         (0-based) whose loss was not finite; the run stopped after it
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from typing import Any
 
@@ -113,6 +118,13 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
     for rec in records:
         losses.update(rec["losses"])
     loss_steps = sorted(int(k) for k in losses)
+    bad = [k for k in loss_steps if not math.isfinite(losses[str(k)])]
+    stops = [rec.get("diverged_step") for rec in records if rec.get("diverged_step") is not None]
+    diverged = None
+    if bad or stops:
+        step = bad[0] if bad else min(stops)
+        value = losses.get(str(step))
+        diverged = {"step": step, "loss": "unknown" if value is None else str(value)}
     boundary = {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()}
     pred_devices = {d["device"]: d for d in prediction.get("devices", [])} if prediction else {}
     ranks = []
@@ -158,6 +170,7 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
         "calibration": calibration,
         "losses": [losses[str(k)] for k in loss_steps],
         "loss_steps": loss_steps,
+        "diverged": diverged,
         "step_ms": step_ms,
         "measured_steps": measured,
         "timeline_step": r0["chosen_step"],

@@ -5,21 +5,32 @@
 
 Locally it starts one process per plan device; under torchrun (RANK and WORLD_SIZE set) this
 process is one rank: it joins the job and rank 0 writes the results.
+
+A run whose loss stops being finite (a too-large --lr) ends after that step on every rank;
+the run JSON is still written, with the losses so far (the non-finite one as null, its text in
+`diverged.loss`), and RunError says where it diverged. SIGTERM or SIGHUP of a local run stops
+the ranks and removes the run folder (`pplan-run-*` in the temporary directory) before the
+process ends by that signal.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
+import sys
 import tempfile
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, write_calibration
-from planner.errors import PplanError
+from planner.errors import PplanError, RunError
+from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, available_cores, preflight
@@ -84,10 +95,13 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     prediction, source, used_cal = predict(plan, pf)
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
+    if opts.checkpoint_dir:
+        cfg["resume"] = _resume(plan, opts, say=env is None or env.rank == 0)
     if env is None:
         threads = opts.threads or max(1, available_cores() // plan.n_devices)
-        with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
-            records = launch_local(cfg, plan.n_devices, Path(tmp), threads, verbose=opts.verbose)
+        with _signals_end_the_run():
+            with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
+                records = launch_local(cfg, plan.n_devices, Path(tmp), threads, verbose=opts.verbose)
     else:
         records = run_worker(cfg, env)
         if records is None:
@@ -96,6 +110,14 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                        warmup=opts.warmup, prediction=prediction, prediction_source=source,
                        calibration=_cal_dict(used_cal))
     rows = measured_timeline(records)
+    if run.get("diverged"):
+        _write(_finite(run), rows, out, timeline_path)
+        d = run["diverged"]
+        kept = f"; wrote the run with the losses so far to {str(out)!r} (non-finite as null)" if out is not None else ""
+        raise RunError(f"training diverged: the loss became {d['loss']} at step {d['step'] + 1} of {opts.steps} "
+                       f"(--lr {opts.lr:g}, optimizer {plan.optimizer}){kept}",
+                       "lower --lr" + ("" if out is not None else "; pass --out to keep the losses of such a run")
+                       + ("; no checkpoint was saved from the diverged weights" if opts.checkpoint_dir else ""))
     fitted, cal_path = None, None
     if opts.calibrate and pf.profile is not None:
         from planner.execute.calibrate import fit_calibration
@@ -105,13 +127,73 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
         write_calibration(fitted, cal_path)
         run["calibration_fit"] = dict(report, path=cal_path, calibration=_cal_dict(fitted))
     run = _finite(run)
+    _write(run, rows, out, timeline_path)
+    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path)
+
+
+def _write(run: dict[str, Any], rows: list[TimelineRow], out: str | os.PathLike | None,
+           timeline_path: str | os.PathLike | None) -> None:
     if out is not None:
         atomic_write_text(out, json.dumps(run, indent=2, allow_nan=False) + "\n")
     if timeline_path is not None:
         from planner.simulation.timeline import write_timeline
 
         write_timeline(rows, timeline_path)
-    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path)
+
+
+def _resume(plan: Plan, opts: RunOptions, say: bool) -> dict[str, Any]:
+    """Choose, once for every rank, the save to resume from; refuse saves that cannot be made."""
+    found = ckpt.resume_point(opts.checkpoint_dir, plan)
+    if found is not None and found.skipped and say:
+        for line in found.skipped:
+            sys.stderr.write(f"pplan: warning: checkpoint {line}; skipping that save\n")
+        sys.stderr.write(f"pplan: warning: resuming from the previous complete save {found.folder} (step {found.step})\n")
+        sys.stderr.flush()
+    start = found.step if found is not None else 0
+    ckpt.check_save_targets(opts.checkpoint_dir, ckpt.save_steps(start, opts.steps, opts.checkpoint_every))
+    return {"step": start, "folder": str(found.folder) if found is not None else None}
+
+
+class _Ended(BaseException):
+    """SIGTERM/SIGHUP arrived: unwind (stop the ranks, remove the run folder), then die by it."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _signals_end_the_run():
+    """Turn SIGTERM and SIGHUP into an exception for the duration of a local run, so the
+    `finally` blocks stop the ranks and remove the temporary run folder; afterwards the
+    process ends by the same signal (exit status 128 + signal), as it would have."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    fired: list[int] = []
+
+    def handler(signum: int, _frame: Any) -> None:
+        if fired:
+            return  # already unwinding: let the cleanup finish
+        fired.append(signum)
+        raise _Ended(signum)
+
+    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    old = {sig: signal.signal(sig, handler) for sig in sigs}
+    try:
+        yield
+    except _Ended as e:
+        for sig, h in old.items():
+            signal.signal(sig, h)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(e.signum, signal.SIG_DFL)
+        os.kill(os.getpid(), e.signum)
+        raise SystemExit(128 + e.signum) from None  # not reached: the signal ends the process
+    finally:
+        if not fired:
+            for sig, h in old.items():
+                signal.signal(sig, h)
 
 
 def _finite(obj: Any) -> Any:

@@ -4,16 +4,29 @@ Step timing: all ranks meet at a barrier before each step; a rank's step time ru
 the barrier to the end of its optimizer step, and the step's time is the slowest rank's (an
 all-reduce of the maxima, outside the timed region). Synthetic data: step k trains on
 make_batch(global batch, step_seed(seed, k)), so a resumed run sees the same data.
+
+Random numbers: after the model is built, each rank seeds torch (CPU and CUDA), numpy and
+Python's `random` from (plan seed, rank) (rank_seed), so dropout and any other randomness in the
+model draw the same numbers in every run of the plan; checkpoints save and restore all of
+these states, so a resumed run continues the uninterrupted one bit for bit.
+
+Divergence: when the loss of a step is not finite (inf/NaN), every rank stops after that step
+(the flag travels with the step-time all-reduce) and no checkpoint of the diverged weights is
+saved; the record's `diverged_step` says where.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import math
 import os
+import random
 import socket
 import statistics
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -24,10 +37,11 @@ from planner.execute.measure import MemoryTracker, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.stages import (build_stage_modules, build_traced_stages, check_executed_order, is_non_chain,
                                     make_optimizer, make_schedule, rank_device, step_seed)
+from planner.errors import PplanError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
 
-__all__ = ["train_rank"]
+__all__ = ["train_rank", "rank_seed", "seed_rank", "rng_state", "set_rng_state"]
 
 _COMPUTE = ("F", "B", "I", "W", "R")
 
@@ -45,9 +59,87 @@ def _progress(text: str) -> None:
     sys.stderr.flush()
 
 
+def rank_seed(plan_seed: int, rank: int) -> int:
+    """The seed of rank `rank`'s random number generators in a run of a plan with `plan_seed`."""
+    digest = hashlib.sha256(f"pplan-rank-seed:{plan_seed}:{rank}".encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
+
+
+def seed_rank(plan_seed: int, rank: int) -> None:
+    """Seed torch (and CUDA), numpy and Python's random for this rank."""
+    import numpy as np
+
+    s = rank_seed(plan_seed, rank)
+    torch.manual_seed(s)  # seeds every CUDA device too
+    np.random.seed(s)
+    random.seed(s)
+
+
+def rng_state(device: torch.device) -> dict[str, Any]:
+    """Every random generator's state, as tensors and plain data (loadable with weights_only)."""
+    import numpy as np
+
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    out: dict[str, Any] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
+                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss": py_gauss},
+    }
+    if device.type == "cuda":
+        out["cuda"] = torch.cuda.get_rng_state(device)
+    return out
+
+
+def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
+    """Restore what rng_state saved (a checkpoint of an older pplan holds only torch's)."""
+    import numpy as np
+
+    if isinstance(state, torch.Tensor):  # the old layout: torch's CPU state alone
+        torch.set_rng_state(state)
+        return
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        n = state["numpy"]
+        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    if "python" in state:
+        p = state["python"]
+        random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
+    if "cuda" in state and device.type == "cuda":
+        torch.cuda.set_rng_state(state["cuda"], device)
+
+
+_METADATA_INFERENCE = ("_forward_metadata_inference", "_backward_metadata_inference", "_shape_inference")
+
+
+def _rng_neutral(stage: Any, device: torch.device) -> None:
+    """Make torch's metadata inference (an extra forward/backward of the stage module on its
+    first step, in torch's private methods) leave every random generator as it found it: a
+    run resumed at step k would otherwise draw different dropout masks at step k than the
+    uninterrupted run, which did that inference at step 0."""
+    for name in _METADATA_INFERENCE:
+        fn = getattr(stage, name, None)
+        if not callable(fn):
+            continue
+
+        def neutral(*args: Any, _fn: Any = fn, **kwargs: Any) -> Any:
+            saved = rng_state(device)
+            try:
+                return _fn(*args, **kwargs)
+            finally:
+                set_rng_state(saved, device)
+
+        setattr(stage, name, neutral)
+
+
 def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
-               model_kwargs: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Train this rank's stages; returns what it measured (gathered by rank 0)."""
+               model_kwargs: dict[str, Any] | None = None, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Train this rank's stages; returns what it measured (gathered by rank 0).
+
+    `resume` ({"step": k, "folder": path}, chosen once by run_plan) is the save to continue
+    from; without it the newest intact save in opts.checkpoint_dir is used.
+    """
     from torch.distributed.pipelining import PipelineStage
 
     from planner.models import build_model
@@ -82,6 +174,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         rec.sync = lambda: torch.cuda.synchronize(device)
     for st in stages:
         rec.wrap_stage(st)
+        _rng_neutral(st, device)
     schedule, runtime = make_schedule(plan, stages, bundle.loss_fn, opts.prefer_torch)
     rec.wrap_loss(schedule)
     params = [p for m in mods for p in m.module.parameters()]
@@ -89,18 +182,27 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     is_first = any(st.is_first for st in stages)
     is_last = any(st.is_last for st in stages)
 
+    seed_rank(plan.seed, rank)
     start_step, loss_log = 0, {}
     if opts.checkpoint_dir:
-        found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
+        if resume is not None:
+            found = (int(resume["step"]), Path(resume["folder"])) if resume.get("folder") else None
+        else:
+            found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
         if found is not None:
             start_step, folder = found
             state = ckpt.load_rank_file(folder, rank)
-            for m in mods:
-                for i, layer in enumerate(m.layers):
-                    layer.load_state_dict(state["layers"][m.first + i])
-            opt.load_state_dict(state["optimizer"])
-            torch.set_rng_state(state["rng"])
-            loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
+            try:
+                for m in mods:
+                    for i, layer in enumerate(m.layers):
+                        layer.load_state_dict(state["layers"][m.first + i])
+                opt.load_state_dict(state["optimizer"])
+                set_rng_state(state["rng"], device)
+                loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
+            except (KeyError, TypeError, ValueError, RuntimeError) as e:
+                text = " ".join(str(e).split())[:200]
+                raise PplanError(f"checkpoint file {folder / f'rank{rank}.pt'} does not fit this plan's stages: "
+                                 f"{type(e).__name__}: {text}", "use another --checkpoint-dir") from None
             if is_last:
                 _progress(f"resuming from {folder} (step {start_step})")
 
@@ -115,6 +217,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     step_t0: list[float] = []
     memory: dict[str, Any] = {}
     probes: dict[int, int] = {}
+    diverged_step: int | None = None
     for step in range(start_step, n_steps):
         x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
         x, y = _to(x, device), _to(y, device)
@@ -145,17 +248,24 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             set_tracker(None)
             if step == mem_step:
                 memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
-        local = torch.tensor([(t1 - t0) * 1e3], dtype=torch.float64, device=device)  # NCCL: on the GPU
+        bad = 0.0
+        if is_last:
+            loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
+            bad = 0.0 if math.isfinite(loss_log[step]) else 1.0
+        # [step time, loss not finite]: every rank learns both in one all-reduce, outside the timing
+        local = torch.tensor([(t1 - t0) * 1e3, bad], dtype=torch.float64, device=device)  # NCCL: on the GPU
         dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        step_ms.append(float(local.item()))
+        step_ms.append(float(local[0].item()))
         step_t0.append(t0)
         step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
         if is_last:
-            loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
             _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
+        if float(local[1].item()) > 0:
+            diverged_step = step  # stop here; the diverged weights are not checkpointed
+            break
         done = step + 1
         if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):
-            _save(opts.checkpoint_dir, done, rank, world, plan, mods, opt, loss_log)
+            _save(opts.checkpoint_dir, done, rank, world, plan, mods, opt, loss_log, device)
 
     # The step whose time is the median of the measured ones stands for the run in the timeline.
     measured = list(range(min(opts.warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
@@ -176,6 +286,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "events": events,
         "action_ms": _action_medians([step_events[i] for i in measured]),
         "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last else {},
+        "diverged_step": diverged_step,
         "memory": memory,
         "comm": comm,
         "boundary_bytes": {str(s): v for s, v in boundary.items()},
@@ -231,7 +342,8 @@ def _memory(params: list, grad_bytes: int, opt: Any, tk: MemoryTracker, mods: li
     return mem
 
 
-def _save(root: str, step: int, rank: int, world: int, plan: Plan, mods: list, opt: Any, losses: dict) -> None:
+def _save(root: str, step: int, rank: int, world: int, plan: Plan, mods: list, opt: Any, losses: dict,
+          device: torch.device) -> None:
     if rank == 0:
         ckpt.prepare_save(root, step)
     dist.barrier()
@@ -239,7 +351,7 @@ def _save(root: str, step: int, rank: int, world: int, plan: Plan, mods: list, o
         "step": step,
         "layers": {m.first + i: layer.state_dict() for m in mods for i, layer in enumerate(m.layers)},
         "optimizer": opt.state_dict(),
-        "rng": torch.get_rng_state(),
+        "rng": rng_state(device),
         "losses": {str(k): v for k, v in losses.items()},
     }
     ckpt.save_rank_file(root, step, rank, state)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -35,16 +36,36 @@ class Env:
         self.rank, self.world, self.local_rank, self.local_world = rank, world, local_rank, local_world
 
 
+_JOB_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
 def read_env() -> Env | None:
-    """The job position, or None when not started by torchrun or the launcher."""
-    if "RANK" not in os.environ or "WORLD_SIZE" not in os.environ:
-        return None
+    """The job position, or None when not started by torchrun or the launcher.
+
+    A job is RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT together (torchrun sets all four).
+    Neither RANK nor WORLD_SIZE: a plain local run. Some but not all, or values that cannot be a job
+    (RANK outside 0..WORLD_SIZE-1), are refused with one line: a stray RANK or WORLD_SIZE left
+    in a shell would otherwise make `pplan run` wait for peers that never come.
+    """
+    present = [v for v in _JOB_VARS if os.environ.get(v, "") != ""]
+    if "RANK" not in present and "WORLD_SIZE" not in present:
+        return None  # MASTER_ADDR/MASTER_PORT alone are harmless leftovers: a local run
+    shown = ", ".join(f"{v}={os.environ[v]!r}" for v in present)
+    hint = f"unset {' '.join(present)} for a local run, or start under torchrun (which sets {', '.join(_JOB_VARS)})"
+    missing = [v for v in _JOB_VARS if v not in present]
+    if missing:
+        raise PplanError(f"the environment has {shown} but not {', '.join(missing)}: neither a local run nor a torchrun job",
+                       hint)
     try:
         rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ.get("LOCAL_RANK", rank))
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        port = int(os.environ["MASTER_PORT"])
     except ValueError:
-        raise RunError("RANK / WORLD_SIZE / LOCAL_RANK are not integers", "start under torchrun or without those variables") from None
+        raise PplanError(f"RANK / WORLD_SIZE / LOCAL_RANK / MASTER_PORT are not all integers ({shown})", hint) from None
+    if world < 1 or not 0 <= rank < world or not 0 <= local_rank < max(1, local_world) or not 0 < port < 65536:
+        raise PplanError(f"the environment's job is impossible ({shown}): RANK must be in 0..WORLD_SIZE-1 and "
+                       "MASTER_PORT a TCP port", hint)
     return Env(rank, world, local_rank, local_world)
 
 
@@ -69,16 +90,15 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
                            "start at most one process per GPU on each machine")
         device = torch.device("cuda", env.local_rank)
         torch.cuda.set_device(device)
-        dist.init_process_group("nccl", rank=env.rank, world_size=env.world,
-                                timeout=timedelta(seconds=opts.timeout_s), device_id=device)
+        _join("nccl", env, opts.timeout_s, device_id=device)
     else:
         device = torch.device("cpu")
-        dist.init_process_group("gloo", rank=env.rank, world_size=env.world, timeout=timedelta(seconds=opts.timeout_s))
+        _join("gloo", env, opts.timeout_s)
     try:
         model_kwargs = dict(cfg.get("model_kwargs") or {})
         if "input_shape" in model_kwargs:  # JSON turned the tuple into a list
             model_kwargs["input_shape"] = tuple(model_kwargs["input_shape"])
-        record = train_rank(plan, opts, env.rank, env.world, device, model_kwargs)
+        record = train_rank(plan, opts, env.rank, env.world, device, model_kwargs, resume=cfg.get("resume"))
         gathered: list[Any] | None = [None] * env.world if env.rank == 0 else None
         # gather_object needs a device the backend can move objects through
         dist.gather_object(record, gathered, dst=0)
@@ -88,12 +108,29 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
         dist.destroy_process_group()
 
 
-def _watch_parent(parent: int) -> None:
-    """Exit if the launcher dies (no rank outlives `pplan run`)."""
+def _join(backend: str, env: Env, timeout_s: float, **kw: Any) -> None:
+    """init_process_group, with a failure to reach the job as one line (RunError)."""
+    import torch.distributed as dist
+
+    try:
+        dist.init_process_group(backend, rank=env.rank, world_size=env.world, timeout=timedelta(seconds=timeout_s), **kw)
+    except Exception as e:  # noqa: BLE001 - torch raises DistNetworkError, ValueError, RuntimeError...
+        text = " ".join(str(e).split())[:300]
+        where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
+        raise RunError(f"rank {env.rank} could not join the {env.world}-process job at {where} ({backend}): "
+                       f"{type(e).__name__}: {text}",
+                       "start every rank (torchrun), check MASTER_ADDR/MASTER_PORT, or raise --timeout") from None
+
+
+def _watch_parent(parent: int, run_dir: str | None = None) -> None:
+    """Exit if the launcher dies (no rank outlives `pplan run`), removing its run folder
+    (a launcher killed by SIGKILL cannot remove it itself)."""
 
     def loop() -> None:
         while True:
             if os.getppid() != parent:
+                if run_dir and Path(run_dir).name.startswith("pplan-run-"):
+                    shutil.rmtree(run_dir, ignore_errors=True)
                 os._exit(1)
             time.sleep(0.5)
 
@@ -115,7 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     cfg = json.loads(Path(argv[0]).read_text(encoding="utf-8"))
     if os.environ.get(PARENT_ENV):
-        _watch_parent(int(os.environ[PARENT_ENV]))
+        _watch_parent(int(os.environ[PARENT_ENV]), cfg.get("run_dir"))
     env = read_env()
     rank = env.rank if env else -1
     run_dir = cfg.get("run_dir")

@@ -19,6 +19,7 @@ import datetime as _dt
 import gc
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -31,7 +32,7 @@ from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optim
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.saved import SavedTensors, tensor_bytes
 
-__all__ = ["DTYPES", "profile_model", "resolve_device"]
+__all__ = ["DTYPES", "profile_model", "resolve_device", "check_batch_fits"]
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _COLUMNS = (
@@ -118,7 +119,7 @@ def _inputs_to_device(x: object, dev: torch.device, dtype: torch.dtype) -> objec
 def _warm_up(bundle: Any, layers: torch.nn.Module, size: int, seed: int, dev: torch.device, dtype: torch.dtype) -> None:
     """One untimed training step of the whole model: first-call costs (allocator growth,
     kernel selection, lazy initialisation) would otherwise land on the first measurements."""
-    x, target = bundle.make_batch(size, seed)
+    x, target = _make_batch(bundle, bundle.spec, size, seed)
     move = _inputs_to_device if getattr(layers, "graph", None) is not None else _to_device
     try:
         bundle.loss_fn(layers(move(x, dev, dtype)), _to_device(target, dev, dtype)).backward()
@@ -128,6 +129,68 @@ def _warm_up(bundle: Any, layers: torch.nn.Module, size: int, seed: int, dev: to
         return  # measure_layer reports the failure with the layer that causes it
     finally:
         layers.zero_grad(set_to_none=True)
+
+
+def _available_ram() -> int | None:
+    """Bytes this process could still allocate: MemAvailable, capped by a cgroup limit."""
+    avail: int | None = None
+    try:
+        with open("/proc/meminfo", encoding="utf-8") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+        if limit != "max":
+            room = max(0, int(limit) - used)
+            avail = room if avail is None else min(avail, room)
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def check_batch_fits(bundle: Any, spec: str, sizes: list[int], dev: torch.device, seed: int = 0) -> None:
+    """Refuse, before allocating it, a micro-batch whose input and target alone exceed the
+    memory this machine has left (RAM, and the GPU's free memory with --device cuda).
+
+    The bytes per sample come from a batch of one; a batch of `size` holds `size` times that.
+    """
+    x, target = bundle.make_batch(1, seed)
+    per_sample = tensor_bytes(x) + tensor_bytes(target)
+    if per_sample <= 0:
+        return
+    largest = max(sizes)
+    need = per_sample * largest
+    room = [("RAM", _available_ram())]
+    if dev.type == "cuda":
+        free, _total = torch.cuda.mem_get_info(dev)
+        room.append((f"{dev} memory", int(free)))
+    for where, avail in room:
+        if avail is not None and need > avail:
+            from planner.units import format_bytes
+
+            fits = max(0, avail // per_sample)
+            raise PplanError(
+                f"micro-batch size {largest} of model {spec!r} needs {format_bytes(need)} for its input and target alone "
+                f"({format_bytes(per_sample)} per sample), more than the {format_bytes(avail)} of {where} available",
+                f"the input alone would fit up to {fits:,} samples and the layers need several times more: profile much "
+                "smaller sizes, e.g. 1,2,4,8" if fits else "this model's samples do not fit this machine")
+
+
+def _make_batch(bundle: Any, spec: str, size: int, seed: int) -> tuple[Any, Any]:
+    """bundle.make_batch, with an allocation failure as one line."""
+    try:
+        return bundle.make_batch(size, seed)
+    except PplanError:
+        raise
+    except (RuntimeError, MemoryError) as e:  # torch.OutOfMemoryError is a RuntimeError
+        text = " ".join(str(e).split())[:_MESSAGE_LIMIT]
+        raise PplanError(f"model {spec!r}: making a batch of {size} failed: {type(e).__name__}: {text}",
+                         "profile smaller micro-batch sizes") from None
 
 
 def profile_model(
@@ -158,6 +221,7 @@ def profile_model(
         probe.close()
     dev, tdtype = resolve_device(device), DTYPES[dtype]
     bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
+    check_batch_fits(bundle, spec, sizes, dev, seed)
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -180,7 +244,7 @@ def profile_model(
                     repeats=repeats, timer=timer, on_step=on_step, n_steps=len(sizes) * len(named))
                 gc.collect()
                 continue
-            x, target = bundle.make_batch(size, seed)
+            x, target = _make_batch(bundle, spec, size, seed)
             h, target = _to_device(x, dev, tdtype), _to_device(target, dev, tdtype)
             input_bytes = h.numel() * h.element_size() / size
             prev: SavedTensors | None = None
@@ -247,7 +311,7 @@ def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: An
 
     Returns (input bytes per sample, skip-edge bytes at this size keyed by (src, readers)).
     """
-    x, target = bundle.make_batch(size, seed)
+    x, target = _make_batch(bundle, spec, size, seed)
     inputs = _inputs_to_device(x, dev, dtype)
     inputs = inputs if isinstance(inputs, tuple) else (inputs,)
     target = _to_device(target, dev, dtype)

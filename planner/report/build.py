@@ -22,7 +22,7 @@ from planner.report.inputs import ReportInputs
 from planner.report.style import render, style_context
 from planner.report.summary import key_numbers
 
-__all__ = ["FIGURES", "FORMATS", "Report", "build_report", "parse_formats", "report_dir"]
+__all__ = ["FIGURES", "FORMATS", "Report", "build_report", "check_report_dir", "parse_formats", "report_dir"]
 
 # Figure modules in index order; each has KEY, TITLE, missing(), caption(), draw().
 FIGURES: tuple[ModuleType, ...] = (fig_schedule, fig_memory, fig_sweep, fig_baselines, fig_profile, fig_accuracy)
@@ -68,6 +68,16 @@ def report_dir(name: str | None = None, out: str | os.PathLike | None = None, ro
     return Path(root) / name
 
 
+def check_report_dir(out_dir: str | os.PathLike) -> None:
+    """Refuse, before any work, a report folder that could not be written at the end."""
+    from planner.atomic import ensure_writable_dir
+
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise PplanError(f"report folder {str(out)!r} exists and is a file", "choose another --out or --name")
+    ensure_writable_dir(out, "report folder")
+
+
 def build_report(
     inputs: ReportInputs,
     out_dir: str | os.PathLike,
@@ -85,6 +95,7 @@ def build_report(
     """
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
+    check_report_dir(out)  # before simulating and drawing
     derived = derive(inputs, say) if simulate else Derived()
     if derived.inputs is not None:
         inputs = derived.inputs

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -73,11 +74,13 @@ class SimResult:
         return all(lim is None or peak <= lim for peak, lim in zip(self.peak_memory_bytes, self.memory_limit_bytes))
 
     def to_dict(self) -> dict[str, Any]:
-        """The simulation JSON layout (docs/simulator.md)."""
+        """The simulation JSON layout (docs/simulator.md); a throughput that is not finite (an
+        iteration of 0 ms) is written as null, since JSON has no infinity."""
+        tput = self.throughput_samples_per_s
         return {
             "iteration_ms": self.iteration_ms,
             "bubble_fraction": self.bubble_fraction,
-            "throughput_samples_per_s": self.throughput_samples_per_s,
+            "throughput_samples_per_s": tput if math.isfinite(tput) else None,
             "schedule": self.schedule,
             "n_microbatches": self.n_microbatches,
             "micro_batch_size": self.micro_batch_size,
