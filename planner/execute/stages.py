@@ -29,7 +29,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import PlanError, RunError
 from planner.execute.measure import recorder, tracker
 from planner.plan import Plan
-from planner.schedules import PipelineSchedule, generate
+from planner.schedules import SCHEDULE_NAMES, PipelineSchedule, generate, get_schedule
 
 __all__ = [
     "Checkpointed",
@@ -161,9 +161,10 @@ def is_non_chain(layers: nn.Module) -> bool:
 
 def non_chain_unsupported(plan: Plan) -> str | None:
     """Why `plan` cannot run on traced (pipeline()-split) stages, or None when it can."""
-    if plan.schedule not in ("gpipe", "1f1b") or plan.n_stages != plan.n_devices:
+    if not get_schedule(plan.schedule).non_chain or plan.n_stages != plan.n_devices:
+        allowed = [n for n in SCHEDULE_NAMES if get_schedule(n).non_chain]
         return (f"schedule {plan.schedule!r} with {plan.n_stages} stages on {plan.n_devices} devices: "
-                "only gpipe and 1f1b with one stage per device run non-chain models")
+                f"only {' and '.join(allowed)} with one stage per device run non-chain models")
     if any(st.recompute for st in plan.stages):
         return "recompute layers: activation checkpointing inside a traced stage is not supported yet"
     return None
@@ -245,20 +246,21 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     later ranks), which the planner's generators reproduce; `check_executed_order` verifies it
     on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here.
     """
-    from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
+    from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
     sched = plan_schedule(plan)
+    spec = get_schedule(plan.schedule)
     M = plan.n_microbatches
-    if prefer_torch and plan.schedule == "gpipe":
-        return ScheduleGPipe(stages[0], M, loss_fn=loss_fn), "ScheduleGPipe"
-    if prefer_torch and plan.schedule == "1f1b":
-        return Schedule1F1B(stages[0], M, loss_fn=loss_fn), "Schedule1F1B"
-    if prefer_torch and plan.schedule == "interleaved":
-        obj = ScheduleInterleaved1F1B(stages, M, loss_fn=loss_fn)
+    if prefer_torch and spec.torch_runtime in ("class", "class-if-same-order"):
+        cls = getattr(pipelining, spec.torch_class)
+        # single-stage classes take this rank's one stage, multi-chunk ones the list
+        obj = cls(stages if spec.multi_chunk else stages[0], M, loss_fn=loss_fn)
+        if spec.torch_runtime == "class":
+            return obj, spec.torch_class
         want = {r: [str(a) for a in sched.actions(r)] for r in range(sched.n_ranks)}
         if _compute_order(obj.pipeline_order) == want:
-            return obj, "ScheduleInterleaved1F1B"
+            return obj, spec.torch_class
     runtime = _PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
     fd, path = tempfile.mkstemp(prefix="pplan-schedule-", suffix=".csv")
     try:
