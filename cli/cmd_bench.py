@@ -1,6 +1,7 @@
 """`pplan bench`: rerunnable benchmarks; each prints a table and writes CSV + Markdown.
 
     pplan bench planner     DP vs ILP seconds over layers x devices
+    pplan bench published   predicted vs published TFLOP/s per GPU of large data x pipeline x tensor runs
     pplan bench simulator   simulated actions per second per schedule
     pplan bench quality     pplan vs uniform/params/time baselines (--measured: on the executor)
     pplan bench fidelity    predicted vs measured step time and peak memory (--quick: tiny grid)
@@ -98,6 +99,16 @@ def simulator_cmd(
     machine = _machine()
     table = bench_simulator(parsed, repeat=repeat, progress=_progress())
     _finish([table], out_dir, as_json, machine)
+
+
+@bench_app.command("published")
+def published_cmd(out_dir: Path = _OUT, as_json: bool = _JSON) -> None:
+    """Predict published large runs (Megatron-LM weak scaling, BLOOM-176B) from their settings; error per row."""
+    from planner.bench.published import published_table
+
+    _check_out(out_dir)
+    machine = _machine()
+    _finish([published_table()], out_dir, as_json, machine)
 
 
 @bench_app.command("quality")

@@ -35,6 +35,11 @@ def partition_cmd(
     cluster: Optional[Path] = typer.Option(None, "--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json)."),
     method: str = typer.Option("auto", "--method", help="auto, dp, ilp, uniform, params or time."),
     time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds the ILP may use over the whole search."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets)."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes."),
+    parallel: str = typer.Option("auto", "--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4."),
+    zero: int = typer.Option(0, "--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights)."),
     out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),
 ) -> None:
@@ -61,6 +66,10 @@ def partition_cmd(
     if out.exists() and out.is_dir():
         raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
     ensure_writable_file(out, "--out")  # before the search: a plan that cannot be written is not searched for
+    if nodes is not None or hardware is not None:
+        _partition_cluster(profile_path, nodes=nodes, gpus_per_node=gpus_per_node, hardware=hardware, parallel=parallel,
+                           zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json)
+        return
     m = microbatches.strip().lower()
     if m == "auto":
         n_micro = None
@@ -105,3 +114,34 @@ def partition_cmd(
     typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
     if cal is not None:
         err("applied the calibration beside the profile")
+
+
+def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: int | None, hardware: str | None,
+                       parallel: str, zero: int, global_batch: int, recompute: str, memory: str | None, out: Path,
+                       as_json: bool) -> None:
+    """`--nodes/--hardware`: the data x pipeline x tensor search (planner.partition.parallel_search)."""
+    from planner.errors import PplanError
+    from planner.hardware import load_hardware
+    from planner.partition.parallel_plan import parallel_plan
+    from planner.partition.parallel_search import format_parallel, plan_parallel
+    from planner.plan import plan_to_dict, write_plan
+    from planner.profiling.profile import load_profile
+    from planner.units import parse_bytes
+
+    if nodes is None or hardware is None:
+        raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
+    hw = load_hardware(hardware)
+    prof = load_profile(profile_path)
+    mode = recompute.strip().lower()
+    result = plan_parallel(prof, hardware=hw, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
+                           parallel=parallel.strip().lower(), zero=zero,
+                           recompute={"all": "full"}.get(mode, mode),
+                           memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
+    plan = parallel_plan(result, prof, hw)
+    write_plan(plan, out)
+    if as_json:
+        echo_json({"plan": plan_to_dict(plan), "out": str(out)})
+        return
+    typer.echo(format_parallel(result))
+    typer.echo("")
+    typer.echo(f"wrote {out}  (plan of one pipeline replica with parallel {plan.parallel.describe()})")

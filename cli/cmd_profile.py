@@ -103,6 +103,8 @@ def register(app: typer.Typer) -> None:
         input_dtype: str = typer.Option("float", "--input-dtype", help="Factory models: float or long."),
         vocab: int | None = typer.Option(None, "--vocab", help="Factory models with --input-dtype long: token ids below this."),
         json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
+        analytic: bool = typer.Option(False, "--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md)."),
+        hardware: str | None = typer.Option(None, "--hardware", help="With --analytic: a preset (see `pplan hardware`) or a hardware JSON file."),
     ) -> None:
         """Measure forward/backward time and memory of every layer at each micro-batch size."""
         from planner.models import parse_spec
@@ -115,6 +117,9 @@ def register(app: typer.Typer) -> None:
         if vocab is not None and vocab < 2:
             raise PplanError(f"--vocab {vocab} must be at least 2")
         _check_out(out)
+        if analytic or hardware is not None:
+            _analytic(model, sizes, hardware, dtype, out, json_out)
+            return
         # Checked here too, so these mistakes fail before torch is imported (seconds on a small machine).
         if dtype not in _DTYPES:
             raise PplanError(f"--dtype {dtype!r} is not supported", f"use one of {', '.join(_DTYPES)}")
@@ -147,3 +152,18 @@ def register(app: typer.Typer) -> None:
             echo_json(summary)
         else:
             _print_table(summary)
+
+
+def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, out: Path, json_out: bool) -> None:
+    """`--analytic`: the roofline profile of planner.profiling.analytic, no torch imported."""
+    from planner.profiling.analytic import write_analytic_profile
+
+    if hardware is None:
+        raise PplanError("--analytic needs --hardware", "e.g. --hardware a100-80gb (see `pplan hardware`)")
+    result = write_analytic_profile(model, hardware, dtype, sizes, out, command="pplan " + shlex.join(sys.argv[1:]))
+    summary = _summary(result, out, result.sha256)
+    if json_out:
+        echo_json(summary)
+    else:
+        typer.echo(f"wrote {out}: analytic profile of {model} on {hardware} ({dtype}), {result.n_layers} layers, "
+                   f"micro-batch sizes {','.join(map(str, sizes))}")

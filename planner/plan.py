@@ -25,11 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from planner.atomic import atomic_write_text
-from planner.errors import PlanError
+from planner.errors import PlanError, PplanError
 from planner.jsonio import check_keys, read_json_file
 from planner.limits import (
     MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SEED, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED,
 )
+from planner.parallel import ParallelConfig
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 __all__ = [
@@ -55,7 +56,7 @@ OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")  # planner.cost.memory prices
 
 # Every key a plan may hold, per object level; anything else is refused with the nearest one.
 PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
-             "global_batch", "optimizer", "devices", "links", "stages", "predicted", "search")
+             "global_batch", "parallel", "optimizer", "devices", "links", "stages", "predicted", "search")
 PROFILE_KEYS = ("path", "sha256")
 DEVICE_KEYS = ("name", "memory_bytes", "speed")
 LINKS_KEYS = ("bandwidth_bytes_per_s", "latency_ms", "pairs")
@@ -65,7 +66,9 @@ STAGE_KEYS = ("device", "layers", "recompute")
 MEMORY_KEYS = ("weights", "gradients", "optimizer", "activations", "buffers", "total")
 PREDICTED_DEVICE_KEYS = ("device", "name", "busy_ms", "idle_ms", "peak_memory_bytes", "memory", "memory_limit_bytes")
 PREDICTED_KEYS = ("iteration_ms", "bubble_fraction", "throughput_samples_per_s", "schedule", "n_microbatches",
-                  "micro_batch_size", "interpolated", "devices")
+                  "micro_batch_size", "interpolated", "devices",
+                  # plans with data/tensor parallelism (planner.partition.parallel_search) add these
+                  "tokens_per_s", "tflops_per_gpu", "mfu", "grad_sync_ms", "tp_comm_ms", "hardware")
 # `search` is what planner.partition.api (and `pplan bench`) record about how the plan was chosen
 SEARCH_KEYS = ("method", "source", "polish_moves", "optimal", "objective", "recompute", "schedule", "n_microbatches",
                "micro_batch_size", "device_order", "bottleneck_stage", "stage_ms", "stage_memory_bytes", "calibrated",
@@ -152,10 +155,14 @@ class Plan:
     """The simulator's prediction (iteration_ms, bubble_fraction, ...)."""
     search: dict[str, Any] | None = None
     """How the partitioner chose (method, runners-up, baselines): informational."""
+    parallel: ParallelConfig | None = None
+    """Data/tensor parallelism around the pipeline (None: one pipeline, dp = tp = 1)."""
 
     @property
     def global_batch(self) -> int:
-        return self.micro_batch_size * self.n_microbatches
+        """Samples per iteration: every data-parallel replica runs n_microbatches x micro_batch_size."""
+        dp = self.parallel.dp if self.parallel is not None else 1
+        return dp * self.micro_batch_size * self.n_microbatches
 
     @property
     def n_devices(self) -> int:
@@ -395,6 +402,11 @@ def plan_from_dict(d: Any) -> Plan:
     if search is not None:
         _check_search(search)
     seed = _get(d, "seed", int, "", 0)
+    parallel_d = _get(d, "parallel", (dict, type(None)), "", None)
+    try:
+        parallel = ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
+    except PplanError as e:
+        raise PlanError(e.message, e.hint) from None
     if abs(seed) > MAX_SEED:
         raise PlanError(f"plan field seed {seed} is out of range (at most 2**62 in magnitude)")
     plan = Plan(
@@ -412,13 +424,15 @@ def plan_from_dict(d: Any) -> Plan:
         profile_sha256=_get(profile, "sha256", (str, type(None)), "profile.", None),
         predicted=predicted,
         search=search,
+        parallel=parallel,
     )
     if plan.optimizer not in OPTIMIZERS:
         raise PlanError(f"plan optimizer {plan.optimizer[:60]!r} is unknown", f"use one of {', '.join(OPTIMIZERS)}")
     validate_plan(plan)
     written = _get(d, "global_batch", (int, type(None)), "", None)
     if written is not None and written != plan.global_batch:
-        raise PlanError(f"plan field global_batch {written} is not micro_batch_size {plan.micro_batch_size} x "
+        dp = f"dp {plan.parallel.dp} x " if plan.parallel is not None else ""
+        raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {plan.micro_batch_size} x "
                         f"n_microbatches {plan.n_microbatches} = {plan.global_batch}",
                         "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
     return plan
@@ -435,6 +449,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     d["micro_batch_size"] = plan.micro_batch_size
     d["n_microbatches"] = plan.n_microbatches
     d["global_batch"] = plan.global_batch
+    if plan.parallel is not None:  # absent in one-pipeline plans, whose text stays as it was
+        d["parallel"] = plan.parallel.to_dict()
     d["optimizer"] = plan.optimizer
     d["devices"] = [{"name": dv.name, "memory_bytes": dv.memory_bytes, "speed": dv.speed} for dv in plan.devices]
     d["links"] = {

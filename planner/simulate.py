@@ -68,6 +68,12 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
     The micro-batch size selects the profile's rows (interpolated if not measured: the result's
     `interpolated` says so). ScheduleError if the schedule cannot run at the plan's sizes.
     """
+    if plan.parallel is not None and (plan.parallel.dp > 1 or plan.parallel.tp > 1):
+        # The engine below times one pipeline; the data/tensor-parallel terms live in the 3D
+        # search (planner.partition.parallel_search), whose prediction the plan records.
+        raise PlanError(f"plan uses parallel {plan.parallel.describe()}: this simulator times one pipeline without "
+                        "data or tensor parallelism", "its prediction is the plan's `predicted` (from `pplan partition --nodes`); "
+                        "re-run that command to change settings")
     check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches)
     stages, interpolated = plan_stage_costs(plan, profile)
     schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)

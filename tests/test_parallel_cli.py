@@ -1,0 +1,59 @@
+"""Data x pipeline x tensor planning through the CLI: analytic profile -> partition --nodes -> plan JSON."""
+
+import json
+
+import pytest
+
+from planner.plan import load_plan, plan_from_dict, plan_to_json
+
+GPT = "gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
+
+
+@pytest.fixture
+def analytic_csv(pplan, tmp_path):
+    path = tmp_path / "gpt.csv"
+    code, _, err = pplan("profile", "--analytic", "--model", GPT, "--hardware", "a100-80gb", "--dtype", "bfloat16",
+                         "-b", "1,2,4,8", "-o", path)
+    assert code == 0, err
+    return path
+
+
+def test_partition_nodes_writes_a_plan_with_its_parallel_layout(pplan, analytic_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    code, stdout, err = pplan("partition", analytic_csv, "--nodes", 2, "--gpus-per-node", 8, "--hardware", "a100-80gb",
+                              "--global-batch", 256, "--parallel", "dp=4,pp=2,tp=2", "--out", out)
+    assert code == 0, err
+    plan = load_plan(out)
+    assert (plan.parallel.dp, plan.parallel.pp, plan.parallel.tp) == (4, 2, 2)
+    assert plan.n_devices == 2 and plan.global_batch == 256  # dp x micro-batch size x micro-batches
+    assert plan.predicted["tflops_per_gpu"] > 0 and 0 < plan.predicted["mfu"] < 1
+    assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == plan.n_layers
+    assert "TFLOP/s/GPU" in stdout and "dp=4,pp=2,tp=2" in stdout
+    assert plan_to_json(plan_from_dict(json.loads(out.read_text()))) == out.read_text()  # round trip
+
+
+def test_parallel_plan_is_refused_by_the_one_pipeline_simulator(pplan, analytic_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    assert pplan("partition", analytic_csv, "--nodes", 1, "--hardware", "a100-80gb", "--global-batch", 64,
+                 "--parallel", "dp=8", "--out", out)[0] == 0
+    code, _, err = pplan("simulate", out)
+    assert code == 2 and "dp=8" in err and "Traceback" not in err
+
+
+def test_too_little_memory_names_what_would_fit_and_writes_nothing(pplan, analytic_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    code, _, err = pplan("partition", analytic_csv, "--nodes", 1, "--hardware", "a100-40gb", "--memory", "4GiB",
+                         "--parallel", "dp=8", "--global-batch", 512, "--out", out)
+    assert code == 2 and "GPUs" in err and "--zero 1" in err
+    assert len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_nodes_without_hardware_is_one_line(pplan, analytic_csv, tmp_path):
+    code, _, err = pplan("partition", analytic_csv, "--nodes", 2, "--global-batch", 64, "--out", tmp_path / "p.json")
+    assert code == 2 and "--hardware" in err
+
+
+def test_plan_without_parallel_has_no_parallel_key(pplan, analytic_csv, tmp_path):
+    out = tmp_path / "plan.json"
+    assert pplan("partition", analytic_csv, "--devices", 2, "--global-batch", 16, "--out", out)[0] == 0
+    assert "parallel" not in json.loads(out.read_text()) and load_plan(out).parallel is None
