@@ -11,7 +11,7 @@ import typer
 
 from planner.errors import PplanError
 
-__all__ = ["state", "fail", "echo_json", "parse_int_list", "progress", "err"]
+__all__ = ["state", "echo_json", "parse_int_list", "progress", "err"]
 
 
 class _State:
@@ -26,11 +26,6 @@ state = _State()
 def err(message: str) -> None:
     """Print to stderr (progress, warnings), never to stdout (which may be --json)."""
     typer.echo(message, err=True)
-
-
-def fail(message: str, hint: str | None = None) -> "typer.Exit":
-    """Raise a PplanError from CLI-level validation (one line, exit code 2)."""
-    raise PplanError(message, hint)
 
 
 def echo_json(data: Any) -> None:

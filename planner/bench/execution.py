@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 from planner.errors import PplanError
 
-__all__ = ["profile_to", "candidate_plan", "run_measured", "prediction_of"]
+__all__ = ["profile_to", "candidate_plan", "run_measured"]
 
 
 def profile_to(spec: str, sizes: list[int], work_dir: Path, progress: Callable[[str], None],
@@ -58,11 +58,3 @@ def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: in
     except PplanError as e:  # one failed run is a row of the table, not the end of the bench
         return {"error": e.one_line()}
     return outcome.run if outcome is not None else {"error": "no result on this rank"}
-
-
-def prediction_of(run: dict[str, Any]) -> tuple[float | None, float | None, float | None]:
-    """(predicted ms, measured ms, max predicted peak bytes) of a run JSON."""
-    if "error" in run:
-        return None, None, None
-    peaks = [r["peak_memory_bytes_predicted"] for r in run["ranks"] if r.get("peak_memory_bytes_predicted") is not None]
-    return run.get("iteration_ms_predicted"), run.get("iteration_ms_measured"), (max(peaks) if peaks else None)

@@ -17,7 +17,7 @@ from typing import Any
 
 from planner.atomic import atomic_write_text
 
-__all__ = ["Table", "column", "format_cell", "machine_line", "rows_as_dicts", "table_csv", "table_markdown", "table_text", "write_table"]
+__all__ = ["Table", "column", "format_cell", "machine_line", "table_csv", "table_markdown", "table_text", "write_table"]
 
 
 @dataclass(frozen=True)
@@ -133,13 +133,7 @@ def write_table(table: Table, out_dir: str | os.PathLike, machine: dict[str, Any
 
 
 
-def rows_as_dicts(table: Table) -> list[dict[str, Any]]:
-    """Rows keyed by column name."""
-    return [dict(zip(table.columns, r)) for r in table.rows]
-
-
 def column(table: Table, name: str) -> list[Any]:
     """One column's values."""
     i = table.columns.index(name)
     return [r[i] for r in table.rows]
-

@@ -43,9 +43,6 @@ from planner.profiling.saved import tensor_bytes
 
 __all__ = ["train_rank", "rank_seed", "seed_rank", "rng_state", "set_rng_state"]
 
-_COMPUTE = ("F", "B", "I", "W", "R")
-
-
 def _to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
         return obj.to(device)

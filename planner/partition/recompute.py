@@ -17,7 +17,7 @@ import numpy as np
 from planner.cost import recompute_saving
 from planner.partition.problem import PartitionProblem, saving_layers, stage_bytes
 
-__all__ = ["stage_recompute", "assign_recompute"]
+__all__ = ["stage_recompute"]
 
 
 def _cost(p: PartitionProblem, rec: tuple[int, ...]) -> float:
@@ -86,14 +86,3 @@ def stage_recompute(p: PartitionProblem, s: int, i: int, j: int,
     if not fitting:
         return least, False
     return min(fitting, key=lambda r: (_cost(p, r), len(r), r)), True
-
-
-def assign_recompute(p: PartitionProblem, cuts: tuple[int, ...],
-                     start: tuple[tuple[int, ...], ...] | None = None) -> tuple[tuple[tuple[int, ...], ...], bool]:
-    """Per-stage sets for `cuts` and whether every stage fits."""
-    sets, ok = [], True
-    for s in range(len(cuts) - 1):
-        rec, fits = stage_recompute(p, s, cuts[s], cuts[s + 1], None if start is None else start[s])
-        sets.append(rec)
-        ok = ok and fits
-    return tuple(sets), ok

@@ -76,7 +76,6 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
 def _simulate_plan(plan: Any, profile: Any) -> tuple[dict[str, Any], list[TimelineRow]]:
     """Simulation JSON and timeline of `plan`, with the profile's calibration if it has one."""
     from planner.calibration import find_calibration
-    from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
     from planner.simulate import simulate
 
     calibration = find_calibration(profile.path)

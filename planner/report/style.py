@@ -111,9 +111,4 @@ def bytes_axis(max_bytes: float) -> tuple[float, str]:
     return 1.0, "B"
 
 
-def time_axis(max_ms: float) -> tuple[float, str]:
-    """(divisor, unit) for durations up to `max_ms`: ms below 10 s, else s."""
-    return (1000.0, "s") if max_ms >= 10_000 else (1.0, "ms")
-
-
-__all__ += ["style_context", "time_axis"]
+__all__ += ["style_context"]

@@ -107,10 +107,6 @@ class PipelineSchedule:
         """The rank's actions without idle slots."""
         return [a for a in self.order[rank] if a is not None]
 
-    def stages_of(self, rank: int) -> list[int]:
-        """Stages that `rank` runs, ascending."""
-        return [s for s, r in enumerate(self.stage_rank) if r == rank]
-
     def to_csv_rows(self) -> list[list[str]]:
         """One row per rank, torch's CSV layout (empty cell = idle)."""
         return [["" if a is None else str(a) for a in self.order[r]] for r in range(self.n_ranks)]

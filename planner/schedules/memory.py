@@ -18,16 +18,10 @@ from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 
-__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "rank_inflight_states"]
+__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks"]
 
 _ATTR = "_pplan_inflight"
 _State = tuple[tuple[int, ...], int]
-
-
-def rank_inflight_states(schedule: PipelineSchedule, rank: int) -> tuple[tuple[int, ...], list[_State]]:
-    """(the rank's stages, distinct states) where a state is (micro-batches held per local stage,
-    global stage whose B/I runs then or -1) while one of the rank's actions runs."""
-    return _states(schedule)[rank]
 
 
 def _states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:

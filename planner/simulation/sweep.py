@@ -17,10 +17,7 @@ from planner.plan import Plan
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES
 
-__all__ = ["SWEEP_PARAMETERS", "SweepRow", "parse_sweep", "run_sweep", "sweep_figure"]
-
-SWEEP_PARAMETERS = ("microbatches", "schedule")
-
+__all__ = ["SweepRow", "parse_sweep", "run_sweep", "sweep_figure"]
 
 @dataclass(frozen=True)
 class SweepRow:
