@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import json
+import math
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -14,26 +15,26 @@ __all__ = ["register"]
 
 
 def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: bool) -> None:
+    """Fit from a run JSON already on disk. Nothing is built or imported (no model code runs)."""
+    from planner.atomic import ensure_writable_file
     from planner.calibration import calibration_path_for, find_calibration, write_calibration
     from planner.errors import PplanError
     from planner.execute.calibrate import fit_calibration
     from planner.execute.preflight import resolve_profile_path
+    from planner.jsonio import read_json_file
     from planner.plan import load_plan
     from planner.profiling.profile import load_profile
 
     plan = load_plan(plan_path)
-    try:
-        run = json.loads(run_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as e:
-        raise PplanError(f"cannot read run {str(run_path)!r} ({e})", "give the JSON that `pplan run --out` wrote") from None
-    if not isinstance(run, dict) or "iteration_ms_measured" not in run or "ranks" not in run:
-        raise PplanError(f"{run_path} is not a run JSON", "give the JSON that `pplan run --out` wrote")
+    run = read_json_file(run_path, "run", PplanError)
+    _check_run(run, plan, str(run_path))
     path = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
     if path is None:
         raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
     prof = load_profile(path)
-    cal, report = fit_calibration(run, plan, prof, previous=find_calibration(prof.path), run_path=str(run_path))
     target = calibration_path_for(prof.path)
+    ensure_writable_file(target, "calibration")
+    cal, report = fit_calibration(run, plan, prof, previous=find_calibration(prof.path), run_path=str(run_path))
     write_calibration(cal, target)
     report["path"] = str(target)
     if json_out:
@@ -43,6 +44,59 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
                    f"step_overhead {cal.step_overhead_ms:.3f} ms")
         typer.echo(f"prediction error on {run_path}: before {report['error_pct_before']:+.1f}%, after {report['error_pct_after']:+.1f}%")
         typer.echo(f"wrote {target}")
+
+
+_NOT_A_RUN = "give the JSON that `pplan run --out` wrote"
+
+
+def _number(value: Any, where: str, *, positive: bool = False) -> None:
+    from planner.errors import PplanError
+
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
+            or (positive and value == 0):
+        raise PplanError(f"{where} is {str(value)[:40]!r}, not a {'positive' if positive else 'non-negative'} finite number", _NOT_A_RUN)
+
+
+def _check_run(run: Any, plan: Any, source: str) -> None:
+    """The fields fit_calibration reads, checked: a hand-edited or foreign run fails on one line."""
+    from planner.errors import PplanError
+
+    if not isinstance(run, dict) or "iteration_ms_measured" not in run or "ranks" not in run:
+        raise PplanError(f"{source} is not a run JSON", _NOT_A_RUN)
+    _number(run["iteration_ms_measured"], f"{source}: iteration_ms_measured", positive=True)
+    ranks = run["ranks"]
+    if not isinstance(ranks, list) or not ranks:
+        raise PplanError(f"{source}: ranks must be a non-empty list", _NOT_A_RUN)
+    for i, rank in enumerate(ranks):
+        where = f"{source}: ranks[{i}]"
+        if not isinstance(rank, dict) or not isinstance(rank.get("stages"), list):
+            raise PplanError(f"{where} must be an object with a list of stages", _NOT_A_RUN)
+        for s in rank["stages"]:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < plan.n_stages:
+                raise PplanError(f"{where}: stage {repr(s)[:40]} is not a stage of the plan (0..{plan.n_stages - 1})",
+                                 "give the run of this plan")
+        acts = rank.get("action_ms")
+        if acts is not None and not isinstance(acts, dict):
+            raise PplanError(f"{where}: action_ms must be an object", _NOT_A_RUN)
+        for key, value in (acts or {}).items():
+            _number(value, f"{where}: action_ms[{str(key)[:20]!r}]")
+    comm = run.get("comm") or []
+    if not isinstance(comm, list):
+        raise PplanError(f"{source}: comm must be a list", _NOT_A_RUN)
+    for i, c in enumerate(comm):
+        if not isinstance(c, dict) or "latency_ms" not in c:
+            raise PplanError(f"{source}: comm[{i}] must be an object with latency_ms", _NOT_A_RUN)
+        _number(c["latency_ms"], f"{source}: comm[{i}].latency_ms")
+        if c.get("bandwidth_bytes_per_s") is not None:
+            _number(c["bandwidth_bytes_per_s"], f"{source}: comm[{i}].bandwidth_bytes_per_s")
+    gaps = run.get("transfer_gaps") or []
+    if not isinstance(gaps, list):
+        raise PplanError(f"{source}: transfer_gaps must be a list", _NOT_A_RUN)
+    for i, g in enumerate(gaps):
+        if not isinstance(g, list) or len(g) != 2:
+            raise PplanError(f"{source}: transfer_gaps[{i}] must be a [bytes, ms] pair", _NOT_A_RUN)
+        for v in g:
+            _number(v, f"{source}: transfer_gaps[{i}]")
 
 
 def register(app: typer.Typer) -> None:
@@ -57,11 +111,16 @@ def register(app: typer.Typer) -> None:
         checkpoint_dir: Path | None = o["checkpoint_dir"], checkpoint_every: int = o["checkpoint_every"],
         timeout: float = o["timeout"], threads: int = o["threads"], runtime: str = o["runtime"],
         force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
+        model: str | None = o["model"], trust_model: bool = o["trust_model"],
     ) -> None:
-        """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile."""
+        """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
+
+        As with `pplan run`, a module:factory model runs only with --model SPEC (the same string) or --trust-model.
+        """
         if from_run is not None:
             _from_run(plan, from_run, profile, json_out)
             return
         run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                     calibrate=True, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
-                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out)
+                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
+                    model=model, trust_model=trust_model)

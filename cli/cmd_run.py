@@ -13,7 +13,7 @@ import typer
 from cli.common import echo_json, err
 from planner.units import format_bytes, format_ms
 
-__all__ = ["register", "run_command", "print_run"]
+__all__ = ["register", "run_command", "run_options", "check_outputs", "print_run"]
 
 
 def _pct(x: float | None) -> str:
@@ -58,21 +58,40 @@ def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> N
             typer.echo(f"wrote {what} {path}")
 
 
+def check_outputs(out: Path | None, timeline: Path | None, checkpoint_dir: Path | None) -> None:
+    """Refuse, before anything is read or launched, an output that could not be written at the end."""
+    from planner.atomic import ensure_writable_dir, ensure_writable_file
+
+    for what, path in (("--out", out), ("--timeline", timeline)):
+        if path is not None:
+            ensure_writable_file(path, what)
+    if checkpoint_dir is not None:
+        ensure_writable_dir(checkpoint_dir, "--checkpoint-dir")
+
+
 def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Path | None, timeline: Path | None,
                 profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
-                timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool) -> None:
-    """Shared body of `pplan run` and `pplan calibrate`."""
+                timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool,
+                model: str | None = None, trust_model: bool = False) -> None:
+    """Shared body of `pplan run` and `pplan calibrate`.
+
+    Everything that can be refused is refused before the plan's model is imported or any rank
+    starts: the options, every output path, a `module:factory` model the user did not name
+    (planner.models.trust), then the plan itself (planner.execute.preflight).
+    """
     from planner.errors import PplanError
     from planner.execute.options import RunOptions
     from planner.execute.run import run_plan
+    from planner.models.trust import check_model_trusted
     from planner.plan import load_plan
 
     if runtime not in ("torch", "plan"):
         raise PplanError(f"--runtime {runtime!r} is unknown", "use torch (torch's schedule classes) or plan (the plan's action lists)")
-    for what, path in (("--out", out), ("--timeline", timeline)):
-        if path is not None and path.is_dir():
-            raise PplanError(f"{what} {str(path)!r} is a directory", "give a file name")
+    check_outputs(out, timeline, checkpoint_dir)
     plan = load_plan(plan_path)
+    check_model_trusted(plan.model, model, trust_model, source=f"plan {str(plan_path)!r}")
+    if calibrate:
+        _check_calibration_writable(plan, plan_path, profile)
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
                       calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose)
@@ -100,6 +119,17 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         os._exit(0)
 
 
+def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None) -> None:
+    """--calibrate writes beside the profile at the end of the run: refuse an unwritable place now."""
+    from planner.atomic import ensure_writable_file
+    from planner.calibration import calibration_path_for
+    from planner.execute.preflight import resolve_profile_path
+
+    path = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
+    if path is not None:  # no profile: run_plan refuses --calibrate with its own message
+        ensure_writable_file(calibration_path_for(path), "calibration")
+
+
 def run_options(calibrate_default: bool) -> dict[str, Any]:
     """typer parameters shared by `run` and `calibrate`."""
     return dict(
@@ -119,6 +149,8 @@ def run_options(calibrate_default: bool) -> dict[str, Any]:
         force=typer.Option(False, "--force", help="Run despite a changed profile or more CPU ranks than the machine sensibly runs."),
         verbose=typer.Option(False, "--verbose", "-v", help="Show every line the ranks print."),
         json_out=typer.Option(False, "--json", help="Print the run JSON instead of a summary."),
+        model=typer.Option(None, "--model", "-m", help="The plan's model spec, repeated to vouch for a module:factory model (it is imported and run)."),
+        trust_model=typer.Option(False, "--trust-model", help="Import and run the plan's module:factory model without repeating it in --model."),
     )
 
 
@@ -133,8 +165,14 @@ def register(app: typer.Typer) -> None:
         calibrate: bool = o["calibrate"], checkpoint_dir: Path | None = o["checkpoint_dir"],
         checkpoint_every: int = o["checkpoint_every"], timeout: float = o["timeout"], threads: int = o["threads"],
         runtime: str = o["runtime"], force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
+        model: str | None = o["model"], trust_model: bool = o["trust_model"],
     ) -> None:
-        """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction."""
+        """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
+
+        A plan whose model is a module:factory runs only with --model SPEC (the same string) or --trust-model:
+        the factory is Python code the plan file names.
+        """
         run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                     calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
-                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out)
+                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
+                    model=model, trust_model=trust_model)

@@ -81,6 +81,25 @@ BAD_TEXT = {
     "header only": (GOOD.splitlines()[2] + "\n", ["no data rows"]),
     "wrong format": (GOOD.replace(FORMAT, "pplan-profile/9"), ["pplan-profile/9", "not supported"]),
     "duplicate column": (GOOD.replace("output_bytes", "output_bytes,fwd_ms").replace(",4\n", ",4,1\n").replace(",8\n", ",8,1\n"), ["duplicated column", "fwd_ms"]),
+    # sizes are bounded by what the file holds: one absurd index is refused at its line
+    "layer index 1e9": (GOOD + "1000000000,x,1,1,1,1,1,1\n", [":8:", "layer index 1000000000", "beyond the file's 5 data row(s)"]),
+    "layer index past the rows": (GOOD + "9,x,1,1,1,1,1,1\n", [":8:", "layer 9 but layer index 2 is missing", "5 data row(s)"]),
+    "micro-batch 1e12": (_replace_cell(GOOD, 3, "micro_batch_size", "1000000000000"), [":4:", "micro_batch_size", "larger than any micro-batch"]),
+    # metadata is validated like the columns, with its line
+    "meta input_bytes inf": (GOOD.replace("input_bytes_per_sample: 16", "input_bytes_per_sample: inf"), [":2:", "'input_bytes_per_sample'", "'inf'", "finite"]),
+    "meta input_bytes nan": (GOOD.replace("input_bytes_per_sample: 16", "input_bytes_per_sample: nan"), [":2:", "'nan'", "finite"]),
+    "meta input_bytes -1": (GOOD.replace("input_bytes_per_sample: 16", "input_bytes_per_sample: -1"), [":2:", "'-1'", ">= 0"]),
+    "meta input_bytes text": (GOOD.replace("input_bytes_per_sample: 16", "input_bytes_per_sample: lots"), [":2:", "'lots'", "not a number"]),
+    "meta input_shape": (GOOD.replace("# input_bytes", "# input_shape: 3,x\n# input_bytes"), [":2:", "'input_shape'", "'3,x'"]),
+    "meta input_shape zero": (GOOD.replace("# input_bytes", "# input_shape: 3,0\n# input_bytes"), [":2:", "'input_shape'", "at least 1"]),
+    "meta input_shape huge": (GOOD.replace("# input_bytes", "# input_shape: 100000,100000\n# input_bytes"), [":2:", "elements per sample"]),
+    "meta input_dtype": (GOOD.replace("# input_bytes", "# input_dtype: half\n# input_bytes"), [":2:", "'half'", "float, long"]),
+    "meta vocab": (GOOD.replace("# input_bytes", "# vocab: -3\n# input_bytes"), [":2:", "'vocab'", "out of range"]),
+    "meta seed -5": (GOOD.replace("# input_bytes", "# seed: -5\n# input_bytes"), [":2:", "'seed'", "'-5'", "out of range"]),
+    "meta seed text": (GOOD.replace("# input_bytes", "# seed: zero\n# input_bytes"), [":2:", "'seed'", "not an integer"]),
+    "meta elapsed_s": (GOOD.replace("# input_bytes", "# elapsed_s: soon\n# input_bytes"), [":2:", "'elapsed_s'", "not a number"]),
+    "meta unknown key": (GOOD.replace("# input_bytes", "# seeed: 3\n# input_bytes"), [":2:", "unknown metadata key 'seeed'", "did you mean 'seed'"]),
+    "meta key twice": (GOOD.replace("# input_bytes_per_sample: 16", "# input_bytes_per_sample: 16\n# input_bytes_per_sample: 17"), [":3:", "given twice", "first on line 2"]),
 }
 
 
@@ -162,3 +181,74 @@ def test_reference_profiles_load_match_their_model_and_are_documented(path):
 
 def test_there_are_reference_profiles():
     assert len(REFERENCE) >= 5
+
+
+def test_comment_lines_without_a_colon_are_ignored():
+    p = read_profile_text(GOOD.replace("# input_bytes", "# measured on Tuesday, by hand\n#\n# input_bytes"))
+    assert p.input_bytes_per_sample == 16 and set(p.meta) == {"format", "input_bytes_per_sample"}
+
+
+def test_every_metadata_key_pplan_writes_loads(tmp_path):
+    """The profiler's keys (a factory model's input description too) and the generators' keys."""
+    from planner.partition.synthetic import imbalanced
+
+    meta = {"model": "mymodels:build:width=8", "seed": "3", "device": "cpu", "device_name": "Some CPU", "dtype": "float32",
+            "torch": "2.5.0", "threads": "1", "date": "2026-01-01T00:00:00Z", "command": "pplan profile -m mymodels:build",
+            "input_bytes_per_sample": "16", "warmup": "1", "repeats": "3", "timer": "wall", "input_shape": "4",
+            "input_dtype": "float", "vocab": "", "elapsed_s": "1.5", "source": "x", "analytic": "true", "hardware": "h200"}
+    p = read_profile_text(GOOD)
+    q = make_profile(list(p.names), list(p.micro_batch_sizes), dict(p.columns), meta)
+    write_profile(q, tmp_path / "q.csv")
+    assert load_profile(tmp_path / "q.csv").meta == {"format": FORMAT, **meta}
+    assert imbalanced(8).meta["source"].startswith("planner.partition.synthetic")
+
+
+COMMITTED = sorted({*(Path(__file__).resolve().parents[1] / "profiles").glob("*.csv"), *(Path(__file__).parent / "data").glob("*profile*.csv"),
+                    Path(__file__).parent / "data" / "report" / "profile.csv", Path(__file__).parent / "data" / "bad" / "good_profile.csv"})
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=[p.name for p in COMMITTED])
+def test_committed_profiles_still_load(path):
+    assert load_profile(path).n_layers >= 1
+
+
+def test_many_micro_batch_sizes_load_in_linear_time():
+    """50,000 sizes took 77 s (a list scan per row and column); dict lookups make it linear."""
+    n = 50_000
+    rows = ["layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes"]
+    rows += [f"0,a,{s},{s},{2 * s},100,{s},{s}" for s in range(n, 0, -1)]  # any order
+    p = read_profile_text("\n".join(rows) + "\n")
+    assert p.micro_batch_sizes[:3] == (1, 2, 3) and len(p.micro_batch_sizes) == n
+    assert p.at(777).fwd_ms[0] == 777 and not p.at(777).interpolated
+    assert p.at(2 * n).fwd_ms[0] == 2 * n  # proportional beyond the largest
+
+
+def test_interpolation_between_measured_sizes():
+    p = read_profile_text(GOOD.replace(",2,2.0,4.0,", ",4,2.0,4.0,").replace(",2,3.0,6.0,", ",4,3.0,6.0,"))
+    costs = p.at(3)
+    assert costs.interpolated and costs.fwd_ms.tolist() == pytest.approx([1 + 2 / 3, 2.5])
+
+
+def test_the_layer_limit_is_what_the_docs_say():
+    from planner.profiling.profile import MAX_LAYERS
+
+    assert f"more than {MAX_LAYERS:,} layers" in DOC.read_text(encoding="utf-8")
+    header = "layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes\n"
+    at_limit = header + "".join(f"{i},l{i},1,1,2,10,1,1\n" for i in range(MAX_LAYERS))
+    assert read_profile_text(at_limit).n_layers == MAX_LAYERS
+    with pytest.raises(ProfileError, match=f"<profile>:{MAX_LAYERS + 2}: layer index {MAX_LAYERS} means more than {MAX_LAYERS} layers"):
+        read_profile_text(at_limit + f"{MAX_LAYERS},x,1,1,2,10,1,1\n")
+
+
+def test_edge_lines_are_bounded_by_the_layer_count():
+    from planner.graph.edges import MAX_EDGES_PER_LAYER
+
+    n = 20
+    header = "layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes\n"
+    rows = "".join(f"{i},l{i},1,1,2,10,1,1\n" for i in range(n))
+    edges = [f"# edge: {s}->{d} 4\n" for s in range(n) for d in range(s + 2, n)]
+    assert len(edges) > MAX_EDGES_PER_LAYER * n
+    ok = "".join(edges[:MAX_EDGES_PER_LAYER * n])
+    assert len(read_profile_text(ok + header + rows).skip_edges) == MAX_EDGES_PER_LAYER * n
+    with pytest.raises(ProfileError, match=f"<profile>:{MAX_EDGES_PER_LAYER * n + 1}: more than {MAX_EDGES_PER_LAYER * n} edge lines for {n} layers"):
+        read_profile_text("".join(edges) + header + rows)

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import PlanError, PplanError
+from planner.errors import PlanError, PplanError, ProfileError
 from planner.execute.options import RunOptions
+from planner.jsonio import read_bounded_bytes
 from planner.plan import Plan
-from planner.profiling.profile import Profile, load_profile
+from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 
 __all__ = ["Preflight", "preflight", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
 
@@ -71,7 +72,7 @@ def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, overri
 def _model_kwargs(profile: Profile | None) -> dict[str, Any]:
     if profile is None or not profile.meta.get("input_shape"):
         return {}
-    meta = profile.meta
+    meta = profile.meta  # validated when the profile was loaded (planner.profiling.profile.META_KEYS)
     out: dict[str, Any] = {"input_shape": tuple(int(x) for x in meta["input_shape"].split(",") if x.strip())}
     if meta.get("input_dtype"):
         out["input_dtype"] = meta["input_dtype"]
@@ -136,12 +137,15 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     profile = None
     path = resolve_profile_path(plan, plan_path, profile_override)
     if path is not None and path.exists():
+        # One bounded read (a FIFO or /dev/zero named by the plan is refused, not waited on),
+        # hashed and then parsed from the same bytes.
+        data = read_bounded_bytes(path, "profile", ProfileError, MAX_PROFILE_BYTES)
         if plan.profile_sha256 and not profile_override and not force:
-            sha = hashlib.sha256(path.read_bytes()).hexdigest()
+            sha = hashlib.sha256(data).hexdigest()
             if sha != plan.profile_sha256:
                 raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
                                 f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
-        profile = load_profile(path)
+        profile = profile_from_bytes(data, str(path))
         _refuse_non_chain(plan, profile.skip_edges)
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",

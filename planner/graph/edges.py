@@ -24,9 +24,13 @@ from typing import Iterable, NamedTuple, Sequence
 
 from planner.errors import ProfileError
 
-__all__ = ["EDGE_KEY", "SkipEdge", "as_skip_edges", "edge_lines", "format_edge", "read_edges", "add_edge_lines"]
+__all__ = ["EDGE_KEY", "MAX_EDGES_PER_LAYER", "SkipEdge", "as_skip_edges", "edge_lines", "format_edge", "read_edges", "add_edge_lines"]
 
 EDGE_KEY = "edge"
+# A real model has a few skip tensors per layer (a U-Net one per resolution, a DenseNet block
+# one per layer, its consumers merged on one line); the planner's costs grow with the edge
+# count, so a profile may hold at most this many edge lines per layer.
+MAX_EDGES_PER_LAYER = 8
 _LINE = re.compile(r"^\s*(\S+?)\s*->\s*(\S+?)\s+(\S+)\s*$")
 
 
@@ -130,15 +134,20 @@ def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: s
     `text` is the whole profile text (or its lines). With `n_layers` the destinations are
     range-checked. Raises ProfileError naming `source`, the line number and the bad value on
     a malformed line, src >= dst, a layer out of range, negative bytes, bytes above
-    `max_bytes` (a size no real device has: the profile's column limit), or a repeated
-    (src, consumers) pair. Returns the edges sorted by (src, dst).
+    `max_bytes` (a size no real device has: the profile's column limit), a repeated
+    (src, consumers) pair, or (with `n_layers`) more than MAX_EDGES_PER_LAYER lines per
+    layer. Linear in the lines. Returns the edges sorted by (src, dst).
     """
     lines = text.splitlines() if isinstance(text, str) else list(text)
     seen: dict[tuple[int, tuple[int, ...]], int] = {}
     out = []
+    limit = None if n_layers is None else MAX_EDGES_PER_LAYER * n_layers
     for lineno, key, value in _leading(lines):
         if key != EDGE_KEY:
             continue
+        if limit is not None and len(out) >= limit:
+            raise ProfileError(f"{source}:{lineno}: more than {limit} edge lines for {n_layers} layers "
+                               f"(at most {MAX_EDGES_PER_LAYER} per layer)", "merge the consumers of one tensor on one line: `# edge: 0->3,5,7 4096`")
         edge = _parse(value, lineno, source, n_layers)
         if max_bytes is not None and edge.bytes_per_sample > max_bytes:
             raise ProfileError(f"{source}:{lineno}: edge {format_edge(edge)!r}: {edge.bytes_per_sample} bytes per sample is too large for any real device (limit {max_bytes:.0e} bytes)",

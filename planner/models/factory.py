@@ -37,7 +37,7 @@ from planner.models.bundle import ModelBundle
 
 __all__ = ["build_factory", "random_input_maker"]
 
-_DTYPES = {"float": torch.float32, "long": torch.long}
+_DTYPES = {"float": torch.float32, "long": torch.long}  # the keys are planner.models.spec.INPUT_DTYPES
 
 
 def _load(module: str, name: str, spec: str) -> Callable[..., Any]:

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from planner.errors import ModelSpecError
 
-__all__ = ["BUILTIN_KINDS", "KEYS", "KeySpec", "parse_spec", "layer_count", "describe_keys"]
+__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "layer_count", "describe_keys"]
 
 
 @dataclass(frozen=True)
@@ -68,6 +68,8 @@ KEYS: dict[str, dict[str, KeySpec]] = {
     },
 }
 BUILTIN_KINDS = tuple(KEYS)
+# --input-dtype of a plain factory Sequential (planner.models.factory); profiles record it.
+INPUT_DTYPES = ("float", "long")
 # Values beyond these are typos, and would make `build_model` allocate absurd amounts.
 _MAX_INT = 10**7
 _MAX_MS = 3_600_000.0
