@@ -14,6 +14,9 @@ import pytest
 from planner.bench import Table, bench_planner, bench_quality, bench_simulator, machine_info, parse_sizes, write_table
 from planner.bench.table import table_markdown, table_text
 from planner.errors import PplanError
+from planner.partition.api import partition
+from planner.partition.search import PartitionSettings
+from planner.profiling.profile import load_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -69,15 +72,14 @@ def test_simulator_bench_counts_every_action() -> None:
 
 
 def test_planner_bench_dp_and_ilp_agree_on_a_small_grid() -> None:
-    t = bench_planner(layers=[6, 10], devices=[2], ilp_time_limit=30)
+    # These ILPs solve in tens of milliseconds; the 120 s limit only guards against a hang, so
+    # the ILP must finish and agree: a time-out here is a failure, not a skip.
+    t = bench_planner(layers=[6, 10], devices=[2], ilp_time_limit=120)
     assert [(r[0], r[1]) for r in t.rows] == [(6, 2), (10, 2)]
     for row in t.rows:
         r = dict(zip(t.columns, row))
         assert r["dp_s"] > 0 and r["bottleneck_ms"] > 0
-        if r["ilp_status"] == "optimal":  # on a slow machine the ILP may time out; then it says so
-            assert r["same_optimum"] is True
-        else:
-            assert r["ilp_status"].startswith(("time limit", "skipped"))
+        assert r["ilp_status"] == "optimal" and r["same_optimum"] is True, r
     with pytest.raises(PplanError):
         bench_planner(layers=[0], devices=[2])
 
@@ -90,16 +92,22 @@ def test_quality_bench_compares_baselines_with_pplan(tmp_path: Path) -> None:
     write_profile(imbalanced(12, seed=3, sizes=(1, 2, 4)), path)
     t = bench_quality([path], devices=[2, 3], global_batch=4)
     assert {(r[0], r[1]) for r in t.rows} == {("imb.csv", 2), ("imb.csv", 3)}
+    assert any(r[2] is not None for r in t.rows)  # the tight-memory setting ran
     for row in t.rows:
         r = dict(zip(t.columns, row))
-        assert r["pplan_ms"] > 0
-        for b in ("uniform", "params", "time"):
-            if r[f"{b}_fits"]:
-                # pplan's plan is the fastest that fits among all it evaluated, baselines included
-                assert r[f"{b}_x"] >= 1 - 1e-9
-            else:
-                assert r[f"{b}_x"] is None
-    assert any(r[2] is not None for r in t.rows)  # the tight-memory setting ran
+        # pplan_ms is what partition() itself predicts for that setting (not some other run)
+        settings = PartitionSettings(n_devices=r["devices"], memory_bytes=r["memory_limit_bytes"], global_batch=4)
+        assert r["pplan_ms"] == pytest.approx(partition(load_profile(path), settings).plan.predicted["iteration_ms"], rel=1e-12)
+        xs = {b: r[f"{b}_x"] for b in ("dp", "uniform", "params", "time")}
+        for b, x in xs.items():
+            assert (x is None) == (not r[f"{b}_fits"]), b
+        # pplan keeps the fastest fitting candidate of these methods: one of them is its plan
+        # (x == 1). A ratio against the wrong denominator would break this, where x >= 1 cannot.
+        assert min(x for x in xs.values() if x is not None) == pytest.approx(1.0, rel=1e-12)
+    # this seeded imbalanced model is where a naive split loses: on 3 devices the uniform split is
+    # slower than pplan's plan (simulated, so a fixed number; the bench reports 1.086x and 1.148x)
+    three = [dict(zip(t.columns, row)) for row in t.rows if row[1] == 3]
+    assert three and all(r["uniform_x"] > 1.05 for r in three)
 
 
 def test_bench_cli_prints_json_and_writes_files(tmp_path: Path) -> None:

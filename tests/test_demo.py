@@ -78,5 +78,10 @@ def test_quick_demo_end_to_end(tmp_path):
         assert (out / "data" / name).is_file(), name
     md = (out / "report.md").read_text()
     assert "Skipped" not in md, md
-    assert len(list((out / "figures").glob("*.png"))) == 6
+    from test_run_support import assert_drawn_png
+
+    pngs = sorted((out / "figures").glob("*.png"))
+    assert len(pngs) == 6
+    for png in pngs:
+        assert_drawn_png(png, min_width=600, min_height=300)  # decodes, full size, something drawn
     assert QUICK.model in md

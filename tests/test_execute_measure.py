@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 import torch
 from torch import nn
@@ -84,15 +82,34 @@ def test_checkpointed_gradients_equal_plain_layer():
         assert torch.equal(a, p.grad)
 
 
-def test_recorder_keeps_actions_in_execution_order_and_extends_forward_by_the_loss():
+class _Clock:
+    """Stands in for measure's `time`: perf_counter reads seconds that only `advance` moves."""
+
+    def __init__(self) -> None:
+        self.now = 50.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+def test_recorder_keeps_actions_in_execution_order_and_extends_forward_by_the_loss(monkeypatch):
+    from planner.execute import measure
+
+    clock = _Clock()
+    monkeypatch.setattr(measure, "time", clock)
     rec = ActionRecorder()
-    rec.record(1, "F", 0, lambda: time.sleep(0.002))
-    rec.extend_forward(1, 0, lambda: time.sleep(0.002))
-    rec.record(1, "I", 0, lambda: None)
+    rec.record(1, "F", 0, lambda: clock.advance(0.002))
+    rec.extend_forward(1, 0, lambda: clock.advance(0.003))
+    rec.record(1, "I", 0, lambda: clock.advance(0.004))
     rec.record(1, "W", 0, lambda: None)
     assert [(e.stage, e.kind, e.microbatch) for e in rec.events] == [(1, "F", 0), (1, "I", 0), (1, "W", 0)]
-    f = rec.events[0]
-    assert f.end - f.start >= 0.004
+    f, i, w = rec.events
+    assert (f.start, f.end) == (50.0, pytest.approx(50.005))  # the loss (3 ms) extends F (2 ms)
+    assert i.end - i.start == pytest.approx(0.004) and w.end == w.start == i.end
     with pytest.raises(ValueError):
-        rec.record(1, "B", 1, lambda: (_ for _ in ()).throw(ValueError("boom")))
+        rec.record(1, "B", 1, lambda: (clock.advance(0.001), (_ for _ in ()).throw(ValueError("boom"))))
+    assert rec.events[-1].end - rec.events[-1].start == pytest.approx(0.001)
     assert rec.events[-1].kind == "B"  # a failed action is still timed

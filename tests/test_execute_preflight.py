@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from planner.errors import PlanError, PplanError, ScheduleError
@@ -94,10 +92,8 @@ def test_run_options_are_validated(bad):
 
 def test_cli_refuses_a_mismatched_plan_with_exit_code_2_and_one_line(tmp_path):
     path = write_plan(tmp_path / "p.json", "mlp:layers=6", "1f1b", 2, [(0, 2), (2, 4)])
-    start = time.monotonic()
-    res = pplan("run", str(path), "--device", "cpu")
+    res = pplan("run", str(path), "--device", "cpu")  # its 120 s timeout only guards against a hang
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pplan: error:")]
     assert len(lines) == 1 and "cover 4 layers" in lines[0]
-    assert "step 1/" not in res.stderr  # no rank ever started
-    assert time.monotonic() - start < 30
+    assert "step 1/" not in res.stderr  # no rank ever started: refused before launch, not after

@@ -350,7 +350,11 @@ def test_figure_draws_a_plans_cuts_from_its_profile(tmp_path, capsys):
     assert main(["--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "g.png")]) == 0
     out = capsys.readouterr().out
     assert f"cuts after layers {cuts}" in out and len(cuts) == 2
-    assert "skip 0->1,7: 4.0 KiB" in out and (tmp_path / "g.png").read_bytes().startswith(b"\x89PNG")
+    assert "skip 0->1,7: 4.0 KiB" in out
+    from test_graph_figure import layer_graph_counts
+
+    assert layer_graph_counts(tmp_path / "g.png") == (plan.n_layers, 2, True)  # drawn: every layer, both cuts
     assert main(["--plan", str(tmp_path / "plan.json"), "--cuts", "1", "-o", str(tmp_path / "h.png")]) == 0
     assert f"cuts after layers {cuts}" in capsys.readouterr().out  # the plan's cuts win
+    assert layer_graph_counts(tmp_path / "h.png") == (plan.n_layers, 2, True)  # in the picture too
     assert main(["-o", str(tmp_path / "i.png")]) == 2 and "nothing to draw" in capsys.readouterr().err

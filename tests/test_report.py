@@ -31,14 +31,38 @@ def _referenced(html: str) -> list[str]:
     return re.findall(r'(?:src|href)="([^"]+)"', html)
 
 
+def _svg_texts(path: Path) -> str:
+    """The figure's texts: with svg.fonttype "path" matplotlib draws glyphs as paths and keeps each
+    text as an XML comment beside them."""
+    return "\n".join(re.findall(r"<!-- (.*?) -->", path.read_text(encoding="utf-8")))
+
+
 def test_full_report_draws_every_figure_in_both_formats(full_report):
+    from planner.report.style import KIND_COLORS
+    from test_run_support import assert_drawn_png
+
     assert [f.skipped for f in full_report.figures] == [None] * 6
+    sim = json.loads(ALL["sim"].read_text())
+    # what each figure must say, taken from the fixtures (plan: 1f1b, M=4, devices dev0 and dev1)
+    says = {
+        "1_schedule": [f"Predicted: {sim['iteration_ms']:.2f} ms", "Measured: ", "1f1b, 4 micro-batches of 2 on 2 devices",
+                       "F forward", "B backward", "O optimizer step", "0: dev0", "1: dev1"],
+        "2_memory": ["Predicted peak memory by kind", "memory limit", "measured peak", "activations"],
+        "3_microbatch_sweep": ["plan: 1f1b, M=4", "Bubble fraction", "global batch 8"],
+        "4_baselines": ["pplan plan", "uniform", f"{sim['iteration_ms']:.1f} ms"],
+        "5_profile": ["stage 0 on dev0", "stage 1 on dev1", "0 embed", "Per-layer profile at micro-batch size 2"],
+        "6_predicted_vs_measured": ["Busy time per device", "Peak memory per device", "predicted", "measured"],
+    }
+    assert sorted(says) == sorted(f.key for f in full_report.figures)
     for fig in full_report.figures:
         png = full_report.out_dir / f"figures/{fig.key}.png"
         svg = full_report.out_dir / f"figures/{fig.key}.svg"
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-        assert b"<svg" in svg.read_bytes()[:2000]
-        assert fig.png is not None and len(fig.png) > 10_000  # a real picture, not an empty canvas
+        colors = (KIND_COLORS["F"], KIND_COLORS["B"]) if fig.key == "1_schedule" else ()  # the Gantt's boxes
+        assert_drawn_png(png, min_width=600, min_height=300, colors=colors)  # decodes, right size, something drawn
+        assert fig.png == png.read_bytes()  # what the HTML embeds is the file
+        texts = _svg_texts(svg)
+        for phrase in says[fig.key]:
+            assert phrase in texts, (fig.key, phrase)
 
 
 def test_html_is_self_contained_and_links_only_existing_files(full_report):

@@ -1,45 +1,88 @@
 """Four sleeping stages on four processes: measured vs simulated time and memory (slow).
 
-Sleep-dominated timing is robust on a shared 2-core machine (sleeping processes do not compete
-for the cores), so the prediction is checked with a tolerance; memory is deterministic.
+Nothing here passes or fails on how fast the machine is. The sleeping layers give the checks
+that load cannot break: each action sleeps to a deadline, so it is never shorter than its set
+time, and a measured step never beats the simulated critical path; the ranks run the plan's
+order; a hand-over never starts before its sender ended (one monotonic clock on one machine).
+How close measured comes to predicted is printed here and judged by `pplan bench fidelity`.
+Memory is deterministic and checked tightly.
 """
 
 from __future__ import annotations
 
+import csv
 import json
+import math
 
 import pytest
 
 from planner.calibration import calibration_path_for, load_calibration
+from planner.schedules import generate
 
 from test_run_support import pplan, write_plan, write_synthetic_profile
+
+S, M, F_MS, B_MS = 4, 8, 10.0, 20.0
+CLOCK_MS = 0.01  # slack for the timeline's rounding of times to CSV text, not for speed
 
 
 @pytest.mark.slow
 def test_four_sleeping_stages_match_the_simulation_and_calibrate(tmp_path):
     prof = tmp_path / "syn.csv"
-    spec = write_synthetic_profile(prof, 4, 2, fwd_ms=10, bwd_ms=20, param_bytes=4096, act_bytes=2000)
-    plan = write_plan(tmp_path / "plan.json", spec, "1f1b", 4, [(i, i + 1) for i in range(4)],
-                      micro_batch_size=2, n_microbatches=8, profile=prof)
+    spec = write_synthetic_profile(prof, S, 2, fwd_ms=F_MS, bwd_ms=B_MS, param_bytes=4096, act_bytes=2000)
+    plan = write_plan(tmp_path / "plan.json", spec, "1f1b", S, [(i, i + 1) for i in range(S)],
+                      micro_batch_size=2, n_microbatches=M, profile=prof)
     res = pplan("run", str(plan), "--device", "cpu", "--steps", "4", "--warmup", "1", "--calibrate",
-                "--out", str(tmp_path / "run.json"), "--timeline", str(tmp_path / "t.csv"), timeout=240)
+                "--out", str(tmp_path / "run.json"), "--timeline", str(tmp_path / "t.csv"), timeout=600)
     assert res.returncode == 0, res.stderr
     run = json.loads((tmp_path / "run.json").read_text())
     print(f"measured {run['iteration_ms_measured']:.1f} ms, predicted {run['iteration_ms_predicted']:.1f} ms, "
           f"error {run['error_pct']:+.1f}%")
-    # (M + S - 1) x (f + b) = 11 x 30 ms = 330 ms; measured adds runtime overhead and hand-overs
-    assert run["iteration_ms_predicted"] == pytest.approx(330, abs=1)
-    assert -25 < run["error_pct"] <= 2
+    # (M + S - 1) x (f + b) = 11 x 30 ms = 330 ms: the simulation, exact
+    assert run["iteration_ms_predicted"] == pytest.approx((M + S - 1) * (F_MS + B_MS), abs=1)
+    # one-sided: the runtime can only add to the slept critical path (error = (pred - meas) / meas)
+    assert run["iteration_ms_measured"] >= run["iteration_ms_predicted"] - CLOCK_MS
+    assert run["error_pct"] == pytest.approx(100 * (run["iteration_ms_predicted"] - run["iteration_ms_measured"])
+                                             / run["iteration_ms_measured"])
     for r in run["ranks"]:
         assert r["memory_measure"] == "tracked"
         assert r["peak_memory_bytes_measured"] == pytest.approx(r["peak_memory_bytes_predicted"], rel=0.05)
         assert r["memory_measured"]["activations"] == pytest.approx(r["memory_predicted"]["activations"], rel=0.05)
+
+    # calibration: its invariants, not its values (those follow the machine's load)
     fit = run["calibration_fit"]
-    assert abs(fit["error_pct_after"]) < 1e-6
     cal = load_calibration(calibration_path_for(prof))
-    assert 0.9 < cal.compute_scale < 1.5 and cal.comm_latency_ms is not None
-    rows = (tmp_path / "t.csv").read_text().splitlines()
-    assert rows[0] == "device,stage,kind,microbatch,start_ms,end_ms"
-    kinds = {ln.split(",")[2] for ln in rows[1:]}
-    assert kinds == {"F", "B", "O"}
-    assert len(rows) - 1 == 4 * (2 * 8 + 1)  # every F and B of every rank, and each optimizer step
+    assert cal.compute_scale > 0 and cal.action_overhead_ms >= 0 and cal.step_overhead_ms >= 0
+    assert cal.comm_latency_ms is not None and math.isfinite(cal.comm_latency_ms)
+    # every action sleeps at least its profiled time, so no measured point lies below it
+    for p in fit["compute_points"]:
+        assert p["measured_ms"] >= p["profiled_ms"] - CLOCK_MS, p
+    # step_overhead_ms absorbs what is left, so after the fit the prediction meets the measurement
+    # (unless the fitted actions alone already overshoot it, when step_overhead_ms is 0)
+    assert abs(fit["error_pct_after"]) < 1e-6 or (cal.step_overhead_ms == 0 and fit["error_pct_after"] > 0)
+
+    with open(tmp_path / "t.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert list(rows[0]) == ["device", "stage", "kind", "microbatch", "start_ms", "end_ms"]
+    assert {r["kind"] for r in rows} == {"F", "B", "O"}
+    assert len(rows) == S * (2 * M + 1)  # every F and B of every rank, and each optimizer step
+    sched = generate("1f1b", S, M)
+    done: dict[tuple[int, str, int], float] = {}
+    for dev in range(S):
+        mine = sorted((r for r in rows if int(r["device"]) == dev), key=lambda r: float(r["start_ms"]))
+        assert [(int(r["stage"]), r["kind"], int(r["microbatch"])) for r in mine if r["kind"] != "O"] == \
+               [(a.stage, str(a.kind), a.microbatch) for a in sched.actions(dev)], dev  # the plan's order
+        assert mine[-1]["kind"] == "O"  # the optimizer step comes last
+        for r in mine:
+            start, end = float(r["start_ms"]), float(r["end_ms"])
+            assert end >= start
+            if r["kind"] in ("F", "B"):
+                assert end - start >= (F_MS if r["kind"] == "F" else B_MS) - CLOCK_MS, r  # never shorter than its sleep
+                done[(int(r["stage"]), r["kind"], int(r["microbatch"]))] = end
+    for r in rows:  # hand-overs: F from the stage before, B from the stage after (and its own F)
+        s, kind, m, start = int(r["stage"]), r["kind"], int(r["microbatch"]), float(r["start_ms"])
+        if kind == "F" and s > 0:
+            assert start >= done[(s - 1, "F", m)] - CLOCK_MS, r
+        if kind == "B":
+            assert start >= done[(s, "F", m)] - CLOCK_MS, r
+            if s < S - 1:
+                assert start >= done[(s + 1, "B", m)] - CLOCK_MS, r

@@ -51,7 +51,13 @@ def test_predicted_and_measured_share_one_time_axis() -> None:
     top, bottom = fig.axes[:2]
     assert top.get_xlim() == bottom.get_xlim()
     assert top.get_xlim()[1] >= 2 * r.iteration_ms
-    assert gantt_png(r.timeline, measured=measured)[:4] == b"\x89PNG"
+    from planner.report.style import KIND_COLORS
+    from test_run_support import assert_drawn_png
+
+    # rendered, decoded: both panels show the zb schedule's I and W boxes and the recompute R
+    px = assert_drawn_png(gantt_png(r.timeline, measured=measured), colors=tuple(KIND_COLORS[k] for k in "FIWR"))
+    alone = assert_drawn_png(gantt_png(r.timeline))
+    assert px.shape[0] > alone.shape[0]  # two panels stack higher than one
 
 
 def test_draw_gantt_on_given_axes_returns_kinds() -> None:

@@ -123,6 +123,10 @@ class ActionRecorder:
         compute = schedule._maybe_compute_loss
 
         def _maybe_compute_loss(stage: Any, output: Any, target_mbs: Any, mb_index: int, *rest: Any) -> Any:
+            # torch calls this on every stage, after the forward's send is posted: only the last
+            # stage computes a loss, so only there does the call belong to the forward's time.
+            if not stage.is_last:
+                return compute(stage, output, target_mbs, mb_index, *rest)
             return self.extend_forward(stage.stage_index, mb_index,
                                        lambda: compute(stage, output, target_mbs, mb_index, *rest))
 
