@@ -26,7 +26,7 @@ def test_partition_nodes_writes_a_plan_with_its_parallel_layout(pplan, analytic_
     plan = load_plan(out)
     assert (plan.parallel.dp, plan.parallel.pp, plan.parallel.tp) == (4, 2, 2)
     assert plan.n_devices == 2 and plan.global_batch == 256  # dp x micro-batch size x micro-batches
-    assert plan.predicted["tflops_per_gpu"] > 0 and 0 < plan.predicted["mfu"] < 1
+    assert plan.predicted.tflops_per_gpu > 0 and 0 < plan.predicted.mfu < 1
     assert plan.stages[0].layers[0] == 0 and plan.stages[-1].layers[1] == plan.n_layers
     assert "TFLOP/s/GPU" in stdout and "dp=4,pp=2,tp=2" in stdout
     assert plan_to_json(plan_from_dict(json.loads(out.read_text()))) == out.read_text()  # round trip

@@ -5,7 +5,8 @@ import pytest
 from planner.cost.parallel import gpt_model_flops
 from planner.errors import InfeasibleError, PplanError
 from planner.parallel import ParallelConfig
-from planner.partition.parallel_search import _inflight, format_parallel, plan_parallel
+from planner.partition.parallel_eval import inflight_peaks
+from planner.partition.parallel_search import format_parallel, plan_parallel
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
 from planner.schedules.memory import stage_inflight_peak
 
@@ -21,7 +22,7 @@ def test_inflight_shortcut_matches_the_generated_schedule():
                     check_sizes(name, p, m, v)
                 except Exception:
                     continue
-                assert _inflight(name, p, m, v) == tuple(stage_inflight_peak(generate(name, p, m, v))), (name, p, m)
+                assert inflight_peaks(name, p, m, v) == tuple(stage_inflight_peak(generate(name, p, m, v))), (name, p, m)
 
 
 def test_auto_plan_is_a_valid_layout_with_consistent_metrics():

@@ -43,7 +43,7 @@ def test_partition_writes_a_plan_and_explains_it(monkeypatch, capsys, profile_cs
     assert code == 0
     plan = load_plan(out)
     assert plan.n_devices == 4 and plan.global_batch == 32 and plan.profile_path == str(profile_csv)
-    assert plan.predicted["iteration_ms"] > 0 and len(plan.predicted["devices"]) == 4
+    assert plan.predicted.iteration_ms > 0 and len(plan.predicted.devices) == 4
     for word in ("stage", "bottleneck", "why", "baselines", "wrote"):
         assert word in stdout
 
@@ -130,5 +130,5 @@ def test_calibration_beside_the_profile_is_applied(monkeypatch, capsys, tmp_path
     write_calibration(Calibration(compute_scale=3.0), calibration_path_for(prof))
     assert pplan(monkeypatch, capsys, *args, "--out", scaled)[0] == 0
     a, b = load_plan(plain), load_plan(scaled)
-    assert b.search["calibrated"] and not a.search["calibrated"]
-    assert b.predicted["iteration_ms"] > 2.5 * a.predicted["iteration_ms"]
+    assert b.search.calibrated and not a.search.calibrated
+    assert b.predicted.iteration_ms > 2.5 * a.predicted.iteration_ms

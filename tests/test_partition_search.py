@@ -11,8 +11,8 @@ from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.partition import PartitionSettings, partition, summary_dict, summary_text
 from planner.partition.build import Layout, stage_costs
 from planner.partition.dp import solve_dp
-from planner.partition.search import GridPoint, _Evaluator
-from planner.partition.synthetic import _build, gpt_like, uniform_layers
+from planner.partition.search import GridPoint, CandidateEvaluator
+from planner.partition.synthetic import gpt_like, synthetic_profile, uniform_layers
 from planner.plan import Device, Links, StagePlan, plan_to_json
 from planner.profiling.profile import make_profile
 from planner.schedules import SCHEDULE_NAMES, generate
@@ -48,7 +48,7 @@ def test_dp_feasible_plans_fit_in_the_simulator_on_random_instances():
         devices = tuple(Device(f"d{i}", limit, speed=float(rng.choice([1.0, 0.5]))) for i in range(n))
         layout = Layout(devices, tuple(range(n)), Links(bandwidth_bytes_per_s=1e9, latency_ms=0.02), v)
         settings = PartitionSettings(n_devices=n, memory_bytes=limit, global_batch=4 * m, recompute=("auto", "none", "all")[case % 3])
-        ev = _Evaluator(prof, settings, None)
+        ev = CandidateEvaluator(prof, settings, None)
         point = GridPoint(schedule, m, 4, v)
         problem = ev.problem(point, layout)
         sol = solve_dp(problem)
@@ -79,26 +79,26 @@ def test_plan_is_deterministic_and_simulates_to_its_prediction(gpt):
     assert plan_to_json(a.plan) == plan_to_json(b.plan)
     a.plan.validate(gpt.n_layers)
     again = simulate(a.plan, gpt)
-    assert again.iteration_ms == pytest.approx(a.plan.predicted["iteration_ms"], rel=1e-12)
+    assert again.iteration_ms == pytest.approx(a.plan.predicted.iteration_ms, rel=1e-12)
     assert again.fits
     assert a.plan.model == gpt.meta["model"] and a.plan.seed == 0 and a.plan.n_layers == gpt.n_layers
     assert a.plan.profile_sha256 == gpt.sha256
     search = a.plan.search
-    assert search["candidates"][0]["iteration_ms"] == a.plan.predicted["iteration_ms"]
-    assert {r["method"] for r in search["baselines"]} == {"uniform", "params", "time"} - {a.chosen.origin} | ({"dp"} if a.chosen.origin != "dp" else set())
+    assert search.candidates[0].iteration_ms == a.plan.predicted.iteration_ms
+    assert {r.method for r in search.baselines} == {"uniform", "params", "time"} - {a.chosen.origin} | ({"dp"} if a.chosen.origin != "dp" else set())
     # each baseline row is what its cuts really simulate to, and its slowdown is that time over the
     # plan's (">= 1" alone would hold by construction: the plan is the fastest candidate)
-    for row in search["baselines"]:
-        c = row["cuts"]
-        alt = replace(a.plan, schedule=row["schedule"], n_microbatches=row["n_microbatches"],
-                      micro_batch_size=row["micro_batch_size"],
+    for row in search.baselines:
+        c = row.cuts
+        alt = replace(a.plan, schedule=row.schedule, n_microbatches=row.n_microbatches,
+                      micro_batch_size=row.micro_batch_size,
                       stages=tuple(StagePlan(i, (c[i], c[i + 1])) for i in range(len(c) - 1)))
         sim = simulate(alt, gpt)
-        assert sim.iteration_ms == pytest.approx(row["iteration_ms"], rel=1e-12), row["method"]
-        assert max(sim.peak_memory_bytes) == pytest.approx(row["peak_memory_bytes"], rel=1e-12)
-        assert row["fits"] == (max(sim.peak_memory_bytes) <= parse_bytes("4GiB"))
-        assert row["slowdown_vs_plan"] == pytest.approx(row["iteration_ms"] / a.plan.predicted["iteration_ms"], rel=1e-12)
-    assert max(r["slowdown_vs_plan"] for r in search["baselines"]) > 1.1  # the uniform split loses on this model
+        assert sim.iteration_ms == pytest.approx(row.iteration_ms, rel=1e-12), row.method
+        assert max(sim.peak_memory_bytes) == pytest.approx(row.peak_memory_bytes, rel=1e-12)
+        assert row.fits == (max(sim.peak_memory_bytes) <= parse_bytes("4GiB"))
+        assert row.slowdown_vs_plan == pytest.approx(row.iteration_ms / a.plan.predicted.iteration_ms, rel=1e-12)
+    assert max(r.slowdown_vs_plan for r in search.baselines) > 1.1  # the uniform split loses on this model
     text = summary_text(a)
     assert "bottleneck: stage" in text and "baselines" in text and "<- plan" in text
     assert summary_dict(a)["stages"][0]["first_name"] == "embed"
@@ -117,7 +117,7 @@ def test_dp_method_is_at_least_as_balanced_as_baselines(gpt):
 
 def _overhead_profile(overhead_samples: float):
     n = 16
-    return _build([f"l{i}" for i in range(n)], np.full(n, 1.0), np.full(n, 1e6), np.full(n, 1e5), np.full(n, 1e3),
+    return synthetic_profile([f"l{i}" for i in range(n)], np.full(n, 1.0), np.full(n, 1e6), np.full(n, 1e5), np.full(n, 1e3),
                   overhead_samples, (1, 2, 4, 8, 16, 32, 64), {})
 
 
@@ -132,7 +132,7 @@ def test_microbatch_count_weighs_inefficiency_against_the_bubble():
 def test_recompute_only_where_memory_needs_it(gpt):
     free = partition(gpt, PartitionSettings(n_devices=4, memory_bytes=None, global_batch=32))
     assert all(not st.recompute for st in free.plan.stages)
-    roomy = max(free.plan.predicted["devices"][d]["peak_memory_bytes"] for d in range(4))
+    roomy = max(free.plan.predicted.devices[d].peak_memory_bytes for d in range(4))
     tight_limit = int(roomy * 0.35)
     tight = partition(gpt, PartitionSettings(n_devices=4, memory_bytes=tight_limit, global_batch=32))
     assert tight.chosen.fits and max(tight.chosen.sim.peak_memory_bytes) <= tight_limit
@@ -142,8 +142,8 @@ def test_recompute_only_where_memory_needs_it(gpt):
     # hold by construction, since the recompute search includes every no-recompute plan.)
     none = partition(gpt, PartitionSettings(n_devices=4, memory_bytes=tight_limit, global_batch=32, recompute="none"))
     assert all(not st.recompute for st in none.plan.stages)
-    assert none.plan.predicted["iteration_ms"] > tight.plan.predicted["iteration_ms"] * 1.01
-    assert tight.plan.predicted["iteration_ms"] > free.plan.predicted["iteration_ms"] * 1.01  # the limit costs time
+    assert none.plan.predicted.iteration_ms > tight.plan.predicted.iteration_ms * 1.01
+    assert tight.plan.predicted.iteration_ms > free.plan.predicted.iteration_ms * 1.01  # the limit costs time
 
 
 def test_closed_form_uniform_stages_without_communication():
@@ -152,8 +152,8 @@ def test_closed_form_uniform_stages_without_communication():
         res = partition(prof, PartitionSettings(n_devices=4, memory_bytes=None, global_batch=8, microbatches=8,
                                                 schedule=name, latency_ms=0.0))
         f, b = 2 * 1.0, 2 * 2.0  # two layers per stage, micro-batch of 1
-        assert res.plan.predicted["iteration_ms"] == pytest.approx((8 + 4 - 1) * (f + b))
-        assert res.plan.predicted["bubble_fraction"] == pytest.approx((4 - 1) / (8 + 4 - 1))
+        assert res.plan.predicted.iteration_ms == pytest.approx((8 + 4 - 1) * (f + b))
+        assert res.plan.predicted.bubble_fraction == pytest.approx((4 - 1) / (8 + 4 - 1))
         assert [st.layers for st in res.plan.stages] == [(0, 2), (2, 4), (4, 6), (6, 8)]
 
 
@@ -193,22 +193,22 @@ def test_bad_settings_raise_one_line_errors(gpt, kwargs, error):
 def test_interpolated_micro_batch_sizes_are_flagged():
     prof = uniform_layers(n_layers=8, sizes=(1, 4))
     res = partition(prof, PartitionSettings(n_devices=2, memory_bytes=None, global_batch=8, microbatches=4, schedule="gpipe"))
-    assert res.plan.micro_batch_size == 2 and res.plan.predicted["interpolated"] is True
+    assert res.plan.micro_batch_size == 2 and res.plan.predicted.interpolated is True
 
 
 def test_calibration_enters_the_prediction():
     prof = uniform_layers(n_layers=8, out_bytes=0.0, sizes=(1, 2))
     settings = PartitionSettings(n_devices=2, memory_bytes=None, global_batch=4, microbatches=4, schedule="gpipe", latency_ms=0.0)
-    plain = partition(prof, settings).plan.predicted["iteration_ms"]
+    plain = partition(prof, settings).plan.predicted.iteration_ms
     scaled = partition(prof, settings, calibration=Calibration(compute_scale=2.0)).plan
-    assert scaled.predicted["iteration_ms"] == pytest.approx(2 * plain)
-    assert scaled.search["calibrated"] is True
+    assert scaled.predicted.iteration_ms == pytest.approx(2 * plain)
+    assert scaled.search.calibrated is True
 
 
 def test_ilp_method_reaches_the_dp_objective():
     prof = random_profile(np.random.default_rng(5), 6)
     res = partition(prof, PartitionSettings(n_devices=2, memory_bytes=None, global_batch=4, method="ilp", schedule="1f1b"))
-    assert res.chosen.origin == "ilp" and res.plan.search["optimal"] is True
+    assert res.chosen.origin == "ilp" and res.plan.search.optimal is True
     for point in {c.point for c in res.search.candidates}:
         ilp = next(c for c in res.search.candidates if c.point == point and c.method == "ilp")
         dp = next(c for c in res.search.candidates if c.point == point and c.method == "dp")

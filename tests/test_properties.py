@@ -104,7 +104,7 @@ def test_partition_plans_are_valid_fit_and_simulate_to_their_prediction(data, se
     assert sim.fits, (sim.peak_memory_bytes, sim.memory_limit_bytes)
     for peak, dev in zip(sim.peak_memory_bytes, plan.devices):
         assert dev.memory_bytes is None or peak <= dev.memory_bytes
-    assert sim.iteration_ms == pytest.approx(plan.predicted["iteration_ms"], rel=1e-9)
+    assert sim.iteration_ms == pytest.approx(plan.predicted.iteration_ms, rel=1e-9)
     # the plan survives its own JSON, byte for byte
     again = plan_from_dict(json.loads(plan_to_json(plan)))
     assert plan_to_json(again) == plan_to_json(plan)

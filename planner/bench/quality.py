@@ -173,7 +173,7 @@ def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASUR
                 peaks = [r.get("peak_memory_bytes_measured") for r in run.get("ranks", [])]
                 rows.append((label, n, method, plan.schedule, plan.n_microbatches,
                              "/".join(str(st.layers[1] - st.layers[0]) for st in plan.stages),
-                             plan.predicted.get("iteration_ms") if plan.predicted else None, meas,
+                             plan.predicted.iteration_ms if plan.predicted else None, meas,
                              (meas / ref) if meas and ref else None,
                              max((p for p in peaks if p is not None), default=None), run.get("error")))
     return Table(

@@ -13,9 +13,12 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.atomic import atomic_write_text
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 __all__ = ["Table", "column", "format_cell", "machine_line", "table_csv", "table_markdown", "table_text", "write_table"]
 
@@ -41,6 +44,13 @@ class Table:
         return {"name": self.name, "title": self.title, "columns": list(self.columns),
                 "rows": [[_jsonable(v) for v in r] for r in self.rows], "notes": list(self.notes),
                 "summary": {k: _jsonable(v) for k, v in self.summary.items()}}
+
+    def to_frame(self) -> "pd.DataFrame":
+        """The rows as a pandas DataFrame with the table's columns (numbers as measured, None kept
+        as missing), for your own analysis; pandas is imported here only."""
+        import pandas as pd
+
+        return pd.DataFrame([list(r) for r in self.rows], columns=list(self.columns))
 
 
 def _jsonable(v: Any) -> Any:

@@ -14,16 +14,15 @@ from typing import Any, Callable
 import numpy as np
 
 from planner.calibration import Calibration
-from planner.cluster import pipeline_orders
 from planner.cost import optimizer_factor
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
 from planner.limits import MAX_GLOBAL_BATCH
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
-    METHODS, Candidate, divisors, PartitionSettings, Search, _typical_bytes, grid_points, run_search,
+    METHODS, Candidate, divisors, PartitionSettings, Search, device_orders, grid_points, run_search,
 )
-from planner.plan import Device, Links, Plan
+from planner.plan import AtPlanSetting, BaselineRow, Device, Links, Plan, SearchRecord, SearchRow
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
 
@@ -134,8 +133,7 @@ def partition(profile: Profile, settings: PartitionSettings, calibration: Calibr
     search = run_search(profile, settings, devices, links, calibration, on_step)
     chosen = search.best()
     if chosen is None or not chosen.fits:
-        orders = [tuple(range(len(devices)))] if settings.cluster is None else pipeline_orders(devices, links, _typical_bytes(profile, settings))
-        raise infeasible_error(profile, settings, devices, links, orders, calibration)
+        raise infeasible_error(profile, settings, devices, links, device_orders(profile, settings, devices, links), calibration)
     plan = _plan(profile, settings, chosen, search, links)
     return PartitionResult(plan=plan, chosen=chosen, search=search, profile=profile)
 
@@ -148,6 +146,7 @@ def _seed(profile: Profile) -> int:
 
 
 def _row(c: Candidate, chosen: Candidate) -> dict[str, Any]:
+    """The search-row fields of candidate `c` (iteration time, memory, cuts) next to the chosen one."""
     row: dict[str, Any] = {
         "method": c.method,
         "polish_moves": c.polished,
@@ -162,10 +161,15 @@ def _row(c: Candidate, chosen: Candidate) -> dict[str, Any]:
         "slowdown_vs_plan": (c.sim.iteration_ms / chosen.sim.iteration_ms) if c.sim and chosen.sim and chosen.sim.iteration_ms > 0 else None,
     }
     if c.stages is not None:
-        row["cuts"] = [st.layers[0] for st in c.stages] + [c.stages[-1].layers[1]]
+        row["cuts"] = tuple(st.layers[0] for st in c.stages) + (c.stages[-1].layers[1],)
     if c.note and not c.fits:
         row["note"] = c.note
     return row
+
+
+def search_row(c: Candidate, chosen: Candidate) -> SearchRow:
+    """Candidate `c` as a row of the plan's search record (a runner-up)."""
+    return SearchRow(**_row(c, chosen))
 
 
 def runners_up(search: Search, chosen: Candidate, n: int = RUNNERS_UP) -> list[Candidate]:
@@ -180,7 +184,7 @@ def runners_up(search: Search, chosen: Candidate, n: int = RUNNERS_UP) -> list[C
     return out[:n]
 
 
-def baseline_rows(search: Search, chosen: Candidate) -> list[dict[str, Any]]:
+def baseline_rows(search: Search, chosen: Candidate) -> list[BaselineRow]:
     """Per method other than the plan's: its best simulated candidate, and at the plan's point."""
     rows = []
     for method in ("dp", "ilp", "uniform", "params", "time"):
@@ -189,41 +193,39 @@ def baseline_rows(search: Search, chosen: Candidate) -> list[dict[str, Any]]:
             continue
         best = min(mine, key=lambda c: (not c.fits, c.iteration_ms if c.fits else c.peak_over_limit))
         same = next((c for c in mine if c.point == chosen.point), None)
-        row = _row(best, chosen)
-        row["at_plan_setting"] = None if same is None else {
-            "fits": same.fits, "iteration_ms": same.sim.iteration_ms if same.sim else None,
-            "peak_memory_bytes": int(max(same.sim.peak_memory_bytes)) if same.sim else None,
-        }
-        rows.append(row)
+        at = None if same is None else AtPlanSetting(
+            fits=same.fits, iteration_ms=same.sim.iteration_ms if same.sim else None,
+            peak_memory_bytes=int(max(same.sim.peak_memory_bytes)) if same.sim else None,
+        )
+        rows.append(BaselineRow(**_row(best, chosen), at_plan_setting=at))
     return rows
 
 
 def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, search: Search, links: Links) -> Plan:
     sim = chosen.sim
     assert sim is not None and chosen.stages is not None
-    predicted = {k: v for k, v in sim.to_dict().items() if k != "memory_timeline"}
     bottleneck = max(range(len(chosen.stage_ms)), key=lambda s: (chosen.stage_ms[s], -s))
-    record = {
-        "method": settings.method,
-        "source": chosen.origin,
-        "polish_moves": chosen.polished,
-        "optimal": chosen.optimal if chosen.origin in ("dp", "ilp") else None,
-        "objective": "min over cuts and recompute of max stage time per micro-batch (incl. recompute and sends), "
-                     "then min total; per-stage memory with the schedule's in-flight count <= device limit; "
-                     "candidates ranked by simulated iteration time",
-        "recompute": settings.recompute,
-        "schedule": chosen.point.schedule,
-        "n_microbatches": chosen.point.n_microbatches,
-        "micro_batch_size": chosen.point.micro_batch_size,
-        "device_order": list(chosen.layout.order),
-        "bottleneck_stage": bottleneck,
-        "stage_ms": list(chosen.stage_ms),
-        "stage_memory_bytes": [int(b) for b in chosen.stage_bytes],
-        "calibrated": search.calibration is not None,
-        "candidates": [_row(c, chosen) for c in runners_up(search, chosen)],
-        "baselines": baseline_rows(search, chosen),
-        "skipped": list(search.skipped),
-    }
+    record = SearchRecord(
+        method=settings.method,
+        source=chosen.origin,
+        polish_moves=chosen.polished,
+        optimal=chosen.optimal if chosen.origin in ("dp", "ilp") else None,
+        objective="min over cuts and recompute of max stage time per micro-batch (incl. recompute and sends), "
+                  "then min total; per-stage memory with the schedule's in-flight count <= device limit; "
+                  "candidates ranked by simulated iteration time",
+        recompute=settings.recompute,
+        schedule=chosen.point.schedule,
+        n_microbatches=chosen.point.n_microbatches,
+        micro_batch_size=chosen.point.micro_batch_size,
+        device_order=tuple(chosen.layout.order),
+        bottleneck_stage=bottleneck,
+        stage_ms=tuple(chosen.stage_ms),
+        stage_memory_bytes=tuple(int(b) for b in chosen.stage_bytes),
+        calibrated=search.calibration is not None,
+        candidates=tuple(search_row(c, chosen) for c in runners_up(search, chosen)),
+        baselines=tuple(baseline_rows(search, chosen)),
+        skipped=tuple(search.skipped),
+    )
     return Plan(
         schedule=chosen.point.schedule,
         micro_batch_size=chosen.point.micro_batch_size,
@@ -237,6 +239,6 @@ def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, sear
         n_layers=profile.n_layers,
         profile_path=profile.path,
         profile_sha256=profile.sha256,
-        predicted=predicted,
+        predicted=sim.prediction(),
         search=record,
     )

@@ -16,7 +16,7 @@ from dataclasses import replace
 from planner.calibration import Calibration
 from planner.errors import InfeasibleError
 from planner.partition.dp import min_memory_scale
-from planner.partition.search import PartitionSettings, _Evaluator, grid_points, layouts_for
+from planner.partition.search import PartitionSettings, CandidateEvaluator, grid_points, layouts_for
 from planner.plan import Device, Links
 from planner.profiling.profile import Profile
 from planner.units import format_bytes
@@ -31,7 +31,7 @@ def least_memory_scale(profile: Profile, settings: PartitionSettings, devices: t
 
     Returns early once a ratio <= `stop_below` is found (a yes/no question needs no minimum).
     """
-    ev = _Evaluator(profile, settings, calibration)
+    ev = CandidateEvaluator(profile, settings, calibration)
     points, _ = grid_points(settings, len(devices), profile.n_layers)
     best = math.inf
     for point in points:

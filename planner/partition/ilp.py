@@ -23,6 +23,8 @@ DP is faster at every size (docs/planner.md has the timings).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import warnings
 
 import numpy as np
@@ -67,25 +69,31 @@ def _send(p: PartitionProblem, boundary: int, nbytes: float) -> float:
     return transfer_ms(nbytes, p.link_latency_ms[boundary], p.link_ms_per_byte[boundary])
 
 
-def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
-    """Solve `p` with an ILP; None when infeasible. Solution.optimal is False on a time-out."""
+@dataclass(frozen=True)
+class _Cuts:
+    """The cut variables: w[l, s] = 1 when layer l lies in stage s or later (s = 1..S-1)."""
+
+    w: dict
+    S: int
+
+    def W(self, l: int, s: int):
+        return 1 if s == 0 else (0 if s == self.S else self.w[l, s])
+
+    def y(self, l: int, s: int):
+        """1 when layer l is in stage s."""
+        return self.W(l, s) - self.W(l, s + 1)
+
+    def st(self, x: int, s: int):
+        """1 when stage s (>= 1) starts at layer x (>= 1)."""
+        return self.w[x, s] - self.w[x - 1, s]
+
+
+def _cut_variables(prob, L: int, S: int) -> _Cuts:
+    """Cut variables with contiguity: stages in order, each at least one layer."""
     import pulp
 
-    L, S = p.n_layers, p.n_stages
-    if S < 1 or S > L:
-        return None
-    prob = pulp.LpProblem("pplan_partition", pulp.LpMinimize)
     w = {(l, s): _var(prob, f"w_{l}_{s}", cat="Binary") for l in range(L) for s in range(1, S)}
-
-    def W(l: int, s: int):
-        return 1 if s == 0 else (0 if s == S else w[l, s])
-
-    def y(l: int, s: int):
-        return W(l, s) - W(l, s + 1)
-
-    def st(x: int, s: int):  # stage s (>= 1) starts at layer x (>= 1)
-        return w[x, s] - w[x - 1, s]
-
+    cuts = _Cuts(w, S)
     for s in range(1, S):
         prob += w[0, s] == 0
         prob += w[L - 1, s] == 1
@@ -95,11 +103,15 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
             for l in range(L):
                 prob += w[l, s + 1] <= w[l, s]
     for s in range(S):
-        prob += pulp.lpSum(y(l, s) for l in range(L)) >= 1
+        prob += pulp.lpSum(cuts.y(l, s) for l in range(L)) >= 1
+    return cuts
 
-    a = np.asarray(p.activation_bytes, dtype=float)
-    inp = np.asarray(p.input_bytes, dtype=float)
-    bb = np.asarray(p.boundary_bytes, dtype=float)
+
+def _recompute_variables(prob, p: PartitionProblem, cuts: _Cuts) -> tuple[list[int], dict, dict]:
+    """(candidate layers, r[l] = 1 when l is recomputed, z[l, s] = r[l] and l in stage s)."""
+    import pulp
+
+    L, S = p.n_layers, p.n_stages
     if p.recompute == "auto":
         cand = [int(l) for l in np.flatnonzero(saving_layers(p))]
     elif p.recompute == "all":
@@ -111,52 +123,77 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
     for l in cand:
         for s in range(S):
             if p.recompute == "all":
-                z[l, s] = y(l, s)
+                z[l, s] = cuts.y(l, s)
                 continue
             v = _var(prob, f"z_{l}_{s}", 0, 1)
-            prob += v <= y(l, s)
+            prob += v <= cuts.y(l, s)
             prob += v <= r[l]
-            prob += v >= y(l, s) + r[l] - 1
+            prob += v >= cuts.y(l, s) + r[l] - 1
             z[l, s] = v
     if p.recompute == "auto":
         for e, e2 in zip(cand, cand[1:]):
-            cuts_between = pulp.lpSum(st(x, s) for x in range(e + 1, e2 + 1) for s in range(1, S))
+            cuts_between = pulp.lpSum(cuts.st(x, s) for x in range(e + 1, e2 + 1) for s in range(1, S))
             prob += r[e2] <= r[e] + cuts_between
+    return cand, r, z
 
+
+def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int], z: dict):
+    """Stage s's time per micro-batch (an expression), after adding its memory constraint."""
+    import pulp
+
+    L, S, y, st = p.n_layers, p.n_stages, cuts.y, cuts.st
+    a = np.asarray(p.activation_bytes, dtype=float)
+    inp = np.asarray(p.input_bytes, dtype=float)
+    bb = np.asarray(p.boundary_bytes, dtype=float)
+    k, budget = float(p.inflight[s]), float(p.budget[s])
+    bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
+    bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
+    if np.isfinite(budget):
+        trans = _var(prob, f"T_{s}", 0) if cand else 0
+        for l in cand:
+            prob += trans >= a[l] * z[l, s]
+        kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
+                - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
+        for n, e in enumerate(p.passthrough_edges):
+            hold = _var(prob, f"h_{n}_{s}", 0)
+            outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]
+            prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
+            kept = kept + float(e.bytes_per_sample) * hold
+        static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
+        mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
+        prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
+    return stage_time_ms(
+        pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L)),
+        pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand),
+        float(p.speed[s]), float(p.overhead_ms[s]),
+        pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L)) if s > 0 else 0.0,
+        pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L)) if s < S - 1 else 0.0,
+    )
+
+
+def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
+    """Solve `p` with an ILP; None when infeasible. Solution.optimal is False on a time-out.
+
+    Two passes: minimize the bottleneck stage time, then the total within _PASS2_TOL of it."""
+    import pulp
+
+    L, S = p.n_layers, p.n_stages
+    if S < 1 or S > L:
+        return None
+    prob = pulp.LpProblem("pplan_partition", pulp.LpMinimize)
+    cuts = _cut_variables(prob, L, S)
+    cand, r, z = _recompute_variables(prob, p, cuts)
     zvar = _var(prob, "Z", 0)
     times = []
     for s in range(S):
-        k, budget = float(p.inflight[s]), float(p.budget[s])
-        bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
-        bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
-        if np.isfinite(budget):
-            trans = _var(prob, f"T_{s}", 0) if cand else 0
-            for l in cand:
-                prob += trans >= a[l] * z[l, s]
-            kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
-                    - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
-            for n, e in enumerate(p.passthrough_edges):
-                hold = _var(prob, f"h_{n}_{s}", 0)
-                outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]
-                prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
-                kept = kept + float(e.bytes_per_sample) * hold
-            static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
-            mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
-            prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
-        t = stage_time_ms(
-            pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L)),
-            pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand),
-            float(p.speed[s]), float(p.overhead_ms[s]),
-            pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L)) if s > 0 else 0.0,
-            pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L)) if s < S - 1 else 0.0,
-        )
+        t = _stage_time(prob, p, cuts, s, cand, z)
         times.append(t)
         prob += zvar >= t
 
     prob.setObjective(zvar)
     if not _run(prob, time_limit):
         return None
-    first = _extract(p, w, r, cand)
+    first = _extract(p, cuts.w, r, cand)
     optimal = prob.sol_status == pulp.LpSolutionOptimal
     limit = first.bottleneck_ms * (1 + _PASS2_TOL) + 1e-12
     for s in range(S):
@@ -164,7 +201,7 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
     prob.setObjective(pulp.lpSum(times))
     if not _run(prob, time_limit):
         return first
-    second = _extract(p, w, r, cand)
+    second = _extract(p, cuts.w, r, cand)
     optimal = optimal and prob.sol_status == pulp.LpSolutionOptimal
     best = second if second.total_ms <= first.total_ms and second.bottleneck_ms <= limit else first
     return Solution(**{**best.__dict__, "method": "ilp", "optimal": optimal})

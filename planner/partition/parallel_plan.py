@@ -12,7 +12,7 @@ from __future__ import annotations
 from planner.cost.parallel import Link2, placement
 from planner.hardware import Hardware
 from planner.partition.parallel_search import ParallelCandidate, ParallelResult
-from planner.plan import Device, Links, Plan, StagePlan
+from planner.plan import Device, Links, Plan, Prediction, StagePlan
 from planner.profiling.profile import Profile
 
 __all__ = ["parallel_plan"]
@@ -34,20 +34,12 @@ def parallel_plan(result: ParallelResult, profile: Profile, hardware: Hardware,
         first, end = c.cuts[s], c.cuts[s + 1]
         recompute = tuple(range(first, end)) if c.recompute == "full" else ()
         stages.append(StagePlan(device=s % cfg.pp, layers=(first, end), recompute=recompute))
-    predicted = {
-        "iteration_ms": c.iteration_ms,
-        "bubble_fraction": c.bubble_fraction,
-        "throughput_samples_per_s": c.samples_per_s,
-        "schedule": c.schedule,
-        "n_microbatches": c.n_microbatches,
-        "micro_batch_size": c.micro_batch_size,
-        "tokens_per_s": c.tokens_per_s,
-        "tflops_per_gpu": c.tflops_per_gpu,
-        "mfu": c.mfu,
-        "grad_sync_ms": c.grad_sync_ms,
-        "tp_comm_ms": c.tp_comm_ms,
-        "hardware": hardware.name,
-    }
+    predicted = Prediction(
+        iteration_ms=c.iteration_ms, bubble_fraction=c.bubble_fraction, throughput_samples_per_s=c.samples_per_s,
+        schedule=c.schedule, n_microbatches=c.n_microbatches, micro_batch_size=c.micro_batch_size,
+        tokens_per_s=c.tokens_per_s, tflops_per_gpu=c.tflops_per_gpu, mfu=c.mfu, grad_sync_ms=c.grad_sync_ms,
+        tp_comm_ms=c.tp_comm_ms, hardware=hardware.name,
+    )
     return Plan(
         schedule=c.schedule, micro_batch_size=c.micro_batch_size, n_microbatches=c.n_microbatches,
         stages=tuple(stages), devices=devices, optimizer="adam", links=links,

@@ -22,30 +22,23 @@ over iteration time x N) and MFU (forward + backward FLOPs only, over N x peak).
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
-from planner.cost import stage_cost
-from planner.cost.parallel import (
-    Link2, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement, tensor_parallel_costs, tp_layers,
-    zero_bytes_per_param,
-)
+from planner.cost.parallel import allreduce_ms, gpt_model_flops, placement, zero_bytes_per_param
 from planner.errors import InfeasibleError, ModelSpecError, PplanError, ScheduleError
 from planner.hardware import Hardware, load_hardware
 from planner.models.spec import parse_spec
 from planner.parallel import ParallelConfig, parse_parallel
-from planner.partition.build import Layout, build_problem
-from planner.partition.dp import solve_dp
+from planner.partition.parallel_eval import (
+    ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, simulate_task, solve_task,
+)
 from planner.partition.search import divisors
-from planner.plan import Device, Links
-from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
-from planner.schedules.memory import stage_inflight_peak
-from planner.simulate import simulate_costs
+from planner.profiling.profile import Profile
+from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
 from planner.units import format_bytes
 
 __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "TP_DEGREES", "RECOMPUTE_CHOICES"]
@@ -55,46 +48,6 @@ RECOMPUTE_CHOICES = ("none", "full", "auto")
 ANALYTIC_SIZES = (1, 2, 4, 8)
 _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops far earlier)
 _MAX_MICROBATCHES = 4096
-
-
-@dataclass(frozen=True)
-class ParallelCandidate:
-    """One simulated (D, P, T, b, schedule, recompute) plan."""
-
-    config: ParallelConfig
-    """dp, pp, tp and ZeRO stage."""
-    schedule: str
-    """Pipeline schedule."""
-    micro_batch_size: int
-    """Samples per micro-batch (b)."""
-    n_microbatches: int
-    """Micro-batches per replica per iteration (M = B / (D b))."""
-    recompute: str
-    """none or full (every layer's activations recomputed)."""
-    cuts: tuple[int, ...]
-    """Stage boundaries (P*v + 1 layer indices)."""
-    iteration_ms: float
-    """Simulated iteration time, gradient sync and optimizer step included, ms."""
-    samples_per_s: float
-    """Global batch / iteration time."""
-    tokens_per_s: float
-    """samples/s x sequence length."""
-    peak_memory_bytes: float
-    """Largest per-GPU peak: ZeRO static state + activations + buffers."""
-    memory: dict
-    """That GPU's breakdown: weights, gradients, optimizer, activations, buffers (bytes)."""
-    tflops_per_gpu: float
-    """Achieved model TFLOP/s per GPU (recompute's FLOPs counted when recomputing, as Narayanan et al.)."""
-    mfu: float
-    """Forward + backward model FLOPs / (iteration time x GPUs x peak)."""
-    bubble_fraction: float
-    """Simulated idle share of the pipeline."""
-    grad_sync_ms: float
-    """Largest stage's data-parallel gradient sync (before overlap), ms."""
-    tp_comm_ms: float
-    """Tensor-parallel all-reduce time per micro-batch on the busiest stage (forward + backward), ms."""
-    fits: bool
-    """Peak memory within the GPU's memory."""
 
 
 @dataclass(frozen=True)
@@ -123,44 +76,6 @@ class ParallelResult:
     """Pipeline DPs run."""
     skipped: tuple[str, ...]
     """Layouts left out, with the reason."""
-
-
-@dataclass(frozen=True)
-class _Task:
-    cfg: ParallelConfig
-    b: int
-    m: int
-    schedule: str
-    v: int
-    recompute: str
-    estimate_ms: float
-
-
-class _Ctx:
-    """Shared state: the profile's costs per (b, T, D), the model's FLOPs and the links."""
-
-    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
-        self.profile, self.hw, self.gpn, self.zero = profile, hw, gpn, zero
-        self.compute_scale, self.overlap = compute_scale, overlap
-        self.blocks = tp_layers(profile.names)
-        self.intra = Link2(hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_latency_ms)
-        self.inter = Link2(hw.inter_node_bandwidth_bytes_per_s, hw.inter_node_latency_ms)
-        self._raw: dict[int, LayerCosts] = {}
-        self._tp: dict[tuple, LayerCosts] = {}
-        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
-
-    def raw(self, b: int) -> LayerCosts:
-        if b not in self._raw:
-            self._raw[b] = self.profile.at(b)
-        return self._raw[b]
-
-    def costs(self, cfg: ParallelConfig, b: int) -> LayerCosts:
-        key = (b, cfg.tp, cfg.dp if self.zero >= 3 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
-        if key not in self._tp:
-            place = placement(cfg.dp, cfg.pp, cfg.tp, self.gpn, self.intra, self.inter)
-            self._tp[key] = tensor_parallel_costs(self.raw(b), self.blocks, cfg.tp, place.tp, cfg.dp, self.zero, place.dp,
-                                                   self.compute_scale)
-        return self._tp[key]
 
 
 def _model_info(profile: Profile) -> dict | None:
@@ -202,15 +117,6 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> 
                 break
             out.append(ParallelConfig(dp=n // (t * p), pp=p, tp=t))
     return out, skipped
-
-
-def _bubble(schedule: str, p: int, v: int) -> float:
-    """Idle micro-batch slots of a schedule with p ranks (the estimate's closed forms)."""
-    if schedule == "interleaved":
-        return (p - 1) / v
-    if schedule == "zb":
-        return (p - 1) / 3.0
-    return float(p - 1)
 
 
 def plan_parallel(
@@ -272,15 +178,35 @@ def plan_parallel(
         get_schedule(name)
     recs = ("none", "full") if recompute == "auto" else (recompute,)
     sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
-    ctx = _Ctx(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync)
+    ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync)
     L = profile.n_layers
     layouts, skipped = _layouts(n, gpn, L, forced)
     layouts = [replace(c, zero=zero) for c in layouts]
 
-    tasks: list[_Task] = []
+    tasks, need_min = _tasks(ctx, layouts, sizes, names, recs, global_batch, mem, skipped)
+    keep = max(1, top_k)
+    found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
+    if not found:
+        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
+    found.sort(key=lambda x: x[0])
+    sims = [simulate_task(ctx, task, sol, mem, gpn, flops, seq, global_batch, n) for _, task, sol in found[:keep]]
+    sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
+    if not sims[0].fits:
+        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
+    return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
+                          global_batch=global_batch, seq=seq, flops_source=flops_source, layouts=len(layouts),
+                          solved=solved, skipped=tuple(skipped))
+
+
+def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], names: tuple[str, ...],
+           recs: tuple[str, ...], global_batch: int, mem: float, skipped: list[str]) -> tuple[list[ParallelTask], float]:
+    """Every runnable (layout, b, schedule, recompute) with its balanced estimate, cheapest first, and
+    the least per-GPU static bytes of the layouts skipped for memory (appended to `skipped`)."""
+    gpn, L = ctx.gpn, ctx.profile.n_layers
+    tasks: list[ParallelTask] = []
     need_min = math.inf  # least per-GPU static bytes over layouts that were skipped for memory
     for cfg in layouts:
-        static = ctx.params * zero_bytes_per_param(cfg.dp, zero) / (cfg.tp * cfg.pp)
+        static = ctx.params * zero_bytes_per_param(cfg.dp, ctx.zero) / (cfg.tp * cfg.pp)
         if static > mem:
             need_min = min(need_min, static)
             skipped.append(f"{cfg.describe()}: weights, gradients and optimizer state alone need {format_bytes(static)} per GPU")
@@ -307,145 +233,33 @@ def plan_parallel(
                     continue
                 for rec in recs:
                     t_mb = (per_mb + (refwd if rec == "full" else 0.0)) / cfg.pp
-                    est = (m + _bubble(name, cfg.pp, v)) * t_mb + (max(0.0, sync - t_mb) if overlap_grad_sync else sync) + opt
-                    tasks.append(_Task(cfg, b, m, name, v, rec, est))
+                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + (max(0.0, sync - t_mb) if ctx.overlap else sync) + opt
+                    tasks.append(ParallelTask(cfg, b, m, name, v, rec, est))
     tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.recompute))
 
+    return tasks, need_min
+
+
+def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: int, keep: int) -> tuple[list, int, float]:
+    """(the `keep` best DP solutions as (estimate, task, solution), DPs run, least memory scale
+    that would fit among the tasks that did not)."""
     # Branch and bound: a task's estimate is a lower bound of its DP-based estimate (the
     # bottleneck stage is at least the balanced share), so solving stops once the next task's
     # estimate exceeds the top_k-th best DP-based estimate found (or after _MAX_SOLVES).
     solved, found = 0, []
     min_scale = math.inf
-    keep = max(1, top_k)
     for task in tasks:
         if len(found) >= keep and task.estimate_ms > sorted(f[0] for f in found)[keep - 1]:
             break
         if solved >= _MAX_SOLVES and found:
             break
-        got = _solve(ctx, task, mem, gpn)
+        got = solve_task(ctx, task, mem, gpn)
         solved += 1
         if isinstance(got, float):
             min_scale = min(min_scale, got)
             continue
         found.append(got)
-    if not found:
-        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
-    found.sort(key=lambda x: x[0])
-    sims = [_simulate(ctx, task, sol, mem, gpn, flops, seq, global_batch, n) for _, task, sol in found[:keep]]
-    sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
-    if not sims[0].fits:
-        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
-    return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
-                          global_batch=global_batch, seq=seq, flops_source=flops_source, layouts=len(layouts),
-                          solved=solved, skipped=tuple(skipped))
-
-
-def _layout(cfg: ParallelConfig, v: int, mem: float, gpn: int, ctx: _Ctx) -> Layout:
-    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
-    devices = tuple(Device(name=f"stage{i}", memory_bytes=int(mem)) for i in range(cfg.pp))
-    pairs = tuple((s, s + 1, l.bandwidth, l.latency_ms) for s, l in enumerate(place.pp))
-    links = Links(bandwidth_bytes_per_s=ctx.inter.bandwidth, latency_ms=ctx.inter.latency_ms, pairs=pairs)
-    return Layout(devices=devices, order=tuple(range(cfg.pp)), links=links, virtual_stages=v)
-
-
-def _static(ctx: _Ctx, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
-    return np.asarray(costs.param_bytes, dtype=float) / 2.0 * zero_bytes_per_param(cfg.dp, ctx.zero)
-
-
-@functools.lru_cache(maxsize=256)
-def _inflight_cached(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    return tuple(stage_inflight_peak(generate(name, p, m, v)))
-
-
-def _inflight(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate once
-    M >= 2P (checked for every registry schedule in tests/test_parallel_search.py), so their
-    counts come from the schedule generated at M = 2P, cheap whatever M is."""
-    if name == "gpipe":
-        return (m,) * (p * v)
-    return _inflight_cached(name, p, min(m, 2 * p), v)
-
-
-def _solve(ctx: _Ctx, task: _Task, mem: float, gpn: int):
-    """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
-    cfg = task.cfg
-    costs = ctx.costs(cfg, task.b)
-    layout = _layout(cfg, task.v, mem, gpn, ctx)
-    prob = build_problem(costs, layout, _inflight(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
-                         recompute="all" if task.recompute == "full" else "none",
-                         split_backward=get_schedule(task.schedule).split_backward)
-    prob = replace(prob, static_bytes=_static(ctx, costs, cfg))
-    sol = solve_dp(prob)
-    if sol is None:
-        from planner.partition.dp import min_memory_scale
-        got = min_memory_scale(prob)
-        return got[0] * mem if got else math.inf
-    return (_dp_estimate(ctx, task, costs, sol), task, sol)
-
-
-def _dp_estimate(ctx: _Ctx, task: _Task, costs: LayerCosts, sol) -> float:
-    """(M + bubble) x v x bottleneck + the largest stage's gradient sync (exposed) and optimizer step:
-    never below the task's balanced estimate."""
-    cfg = task.cfg
-    place = placement(cfg.dp, cfg.pp, cfg.tp, ctx.gpn, ctx.intra, ctx.inter)
-    cuts = sol.cuts
-    params = np.concatenate([[0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=float))])
-    opt = np.concatenate([[0.0], np.cumsum(np.asarray(costs.optimizer_ms, dtype=float))])
-    per_rank: dict[int, float] = {}
-    for s in range(len(cuts) - 1):
-        sync = grad_sync_ms(params[cuts[s + 1]] - params[cuts[s]], cfg.dp, ctx.zero, place.dp)
-        tail = max(0.0, sync - sol.bottleneck_ms) if ctx.overlap else sync
-        r = s % cfg.pp
-        per_rank[r] = per_rank.get(r, 0.0) + tail + opt[cuts[s + 1]] - opt[cuts[s]]
-    return (task.m + _bubble(task.schedule, cfg.pp, task.v)) * task.v * sol.bottleneck_ms + max(per_rank.values())
-
-
-def _simulate(ctx: _Ctx, task: _Task, sol, mem: float, gpn: int, flops, seq: int, batch: int, n: int) -> ParallelCandidate:
-    cfg = task.cfg
-    costs = ctx.costs(cfg, task.b)
-    layout = _layout(cfg, task.v, mem, gpn, ctx)
-    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
-    sched = generate(task.schedule, cfg.pp, task.m, task.v)
-    cuts = sol.cuts
-    stages, syncs = [], []
-    bpp = zero_bytes_per_param(cfg.dp, ctx.zero)
-    for s in range(len(cuts) - 1):
-        st = stage_cost(costs, cuts[s], cuts[s + 1], sol.recompute[s], "adam")
-        sync = grad_sync_ms(st.param_bytes, cfg.dp, ctx.zero, place.dp)
-        syncs.append(sync)
-        stages.append(replace(st, optimizer_ms=st.optimizer_ms + (exposed_sync_ms(sync, st.bwd_ms) if ctx.overlap else sync),
-                              static_bytes=st.param_bytes / 2.0 * bpp))
-    sim = simulate_costs(sched, stages, [layout.device_of(s) for s in range(len(stages))], layout.devices, layout.links,
-                         micro_batch_size=task.b)
-    peak, breakdown = 0.0, {}
-    for r in range(cfg.pp):
-        params = sum(st.param_bytes for i, st in enumerate(stages) if layout.device_of(i) == r) / 2.0
-        mb = sim.memory[r]
-        parts = {
-            "weights": params * 2.0 / (cfg.dp if ctx.zero >= 3 else 1),
-            "gradients": params * 2.0 / (cfg.dp if ctx.zero >= 2 else 1),
-            "optimizer": params * 12.0 / (cfg.dp if ctx.zero >= 1 else 1),
-            "activations": mb.activations,
-            "buffers": mb.buffers,
-        }
-        total = sum(parts.values())
-        if total > peak:
-            peak, breakdown = total, {k: int(x) for k, x in parts.items()} | {"total": int(total)}
-    it = sim.iteration_ms
-    achieved, fwd_bwd = flops(task.recompute == "full")
-    tp_comm = 0.0
-    if cfg.tp > 1:
-        out = np.asarray(costs.output_bytes, dtype=float)
-        per_layer = np.where(ctx.blocks, 4.0 * allreduce_ms(out, cfg.tp, place.tp), 0.0)
-        tp_comm = max(float(np.sum(per_layer[cuts[s]:cuts[s + 1]])) for s in range(len(cuts) - 1))
-    sec = it / 1e3
-    return ParallelCandidate(
-        config=cfg, schedule=task.schedule, micro_batch_size=task.b, n_microbatches=task.m, recompute=task.recompute,
-        cuts=tuple(int(c) for c in cuts), iteration_ms=it, samples_per_s=batch / sec, tokens_per_s=batch * seq / sec,
-        peak_memory_bytes=peak, memory=breakdown, tflops_per_gpu=achieved / (sec * n) / 1e12,
-        mfu=fwd_bwd / (sec * n * ctx.hw.peak_bf16_flops_per_s), bubble_fraction=sim.bubble_fraction,
-        grad_sync_ms=max(syncs) if syncs else 0.0, tp_comm_ms=tp_comm, fits=peak <= mem,
-    )
+    return found, solved, min_scale
 
 
 def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: float, hw: Hardware,

@@ -35,7 +35,8 @@ from planner.schedules.memory import stage_inflight_peak
 from planner.simulate import SimResult, simulate_costs
 from planner.units import format_bytes
 
-__all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for"]
+__all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for",
+           "CandidateEvaluator", "device_orders"]
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
 INTERLEAVED_V = get_schedule("interleaved").virtual_stages  # kept for importers; the registry decides
@@ -200,7 +201,7 @@ def layouts_for(devices: tuple[Device, ...], links: Links, orders: list[tuple[in
     return [Layout(devices=devices, order=o, links=links, virtual_stages=v) for o in orders]
 
 
-class _Evaluator:
+class CandidateEvaluator:
     """Shared state of one search: profile costs per micro-batch size, schedules, calibration."""
 
     def __init__(self, profile: Profile, settings: PartitionSettings, calibration: Calibration | None):
@@ -275,6 +276,13 @@ def _typical_bytes(profile: Profile, settings: PartitionSettings) -> float:
     return float(np.median(out)) if out.size else 1.0
 
 
+def device_orders(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links) -> list[tuple[int, ...]]:
+    """Device orders the search tries: the given order, or (on a cluster) orders along fast links."""
+    if settings.cluster is None:
+        return [tuple(range(len(devices)))]
+    return pipeline_orders(devices, links, _typical_bytes(profile, settings))
+
+
 def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
                calibration: Calibration | None, on_step: Callable[[str], None] | None = None) -> Search:
     """Evaluate every method at every grid point and device order."""
@@ -284,10 +292,10 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     n = len(devices)
     L = profile.n_layers
     points, skipped = grid_points(settings, n, L)
-    orders = [tuple(range(n))] if settings.cluster is None else pipeline_orders(devices, links, _typical_bytes(profile, settings))
+    orders = device_orders(profile, settings, devices, links)
     solver = "ilp" if settings.method == "ilp" else "dp"
     pool = ("dp",) + BASELINES if settings.method == "auto" else (settings.method,)
-    ev = _Evaluator(profile, settings, calibration)
+    ev = CandidateEvaluator(profile, settings, calibration)
     deadline = time.monotonic() + settings.time_limit
     best: dict[tuple[str, GridPoint], Candidate] = {}
 
@@ -320,7 +328,7 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     return Search(candidates=ordered, pool=pool, skipped=tuple(skipped), calibration=calibration)
 
 
-def _polish(ev: _Evaluator, cand: Candidate) -> Candidate:
+def _polish(ev: CandidateEvaluator, cand: Candidate) -> Candidate:
     """First-improvement hill climbing on the cuts, judged by the simulator (deterministic)."""
     assert cand.stages is not None
     point, layout = cand.point, cand.layout
@@ -347,7 +355,7 @@ def _polish(ev: _Evaluator, cand: Candidate) -> Candidate:
                      optimal=cand.optimal, note=best.note, polished=moves)
 
 
-def _solve(ev: _Evaluator, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
+def _solve(ev: CandidateEvaluator, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
            deadline: float, memo: dict) -> Candidate:
     if method == "dp":
         sol = solve_dp(problem)

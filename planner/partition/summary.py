@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.partition.api import PartitionResult, baseline_rows, runners_up
+from planner.plan import SearchRecord
 from planner.schedules import SCHEDULE_NAMES
 from planner.units import format_bytes, format_ms
 
@@ -39,16 +40,16 @@ def summary_dict(result: PartitionResult) -> dict[str, Any]:
          "memory_limit_bytes": plan.devices[d].memory_bytes, "memory": sim.memory[d].as_dict(), "busy_ms": sim.busy_ms[d]}
         for d in range(plan.n_devices)
     ]
-    bottleneck = plan.search["bottleneck_stage"] if plan.search else 0
+    search = plan.search or SearchRecord()
     return {
         "iteration_ms": sim.iteration_ms,
         "bubble_fraction": sim.bubble_fraction,
         "throughput_samples_per_s": sim.throughput_samples_per_s,
-        "bottleneck_stage": bottleneck,
+        "bottleneck_stage": search.bottleneck_stage or 0,
         "stages": stages,
         "devices": devices,
-        "runners_up": plan.search["candidates"] if plan.search else [],
-        "baselines": plan.search["baselines"] if plan.search else [],
+        "runners_up": [r.to_dict() for r in search.candidates or ()],
+        "baselines": [r.to_dict() for r in search.baselines or ()],
     }
 
 
@@ -87,14 +88,14 @@ def _why(result: PartitionResult) -> list[str]:
 def _baselines(result: PartitionResult) -> list[str]:
     rows = []
     for r in baseline_rows(result.search, result.chosen):
-        at = r["at_plan_setting"]
-        setting = f"{r['schedule']} M={r['n_microbatches']}"
-        if r["fits"]:
-            verdict = f"{r['slowdown_vs_plan']:.2f}x" if r["slowdown_vs_plan"] else "-"
-            rows.append([r["method"], setting, format_ms(r["iteration_ms"]), verdict, "yes",
-                         "OOM" if at and not at["fits"] else (format_ms(at["iteration_ms"]) if at and at["iteration_ms"] else "-")])
+        at = r.at_plan_setting
+        setting = f"{r.schedule} M={r.n_microbatches}"
+        if r.fits:
+            verdict = f"{r.slowdown_vs_plan:.2f}x" if r.slowdown_vs_plan else "-"
+            rows.append([r.method, setting, format_ms(r.iteration_ms), verdict, "yes",
+                         "OOM" if at and not at.fits else (format_ms(at.iteration_ms) if at and at.iteration_ms else "-")])
         else:
-            rows.append([r["method"], setting, "-", "-", "NO (OOM)", r.get("note", "")[:60]])
+            rows.append([r.method, setting, "-", "-", "NO (OOM)", (r.note or "")[:60]])
     lines = ["baselines (same schedules, M and recompute policy; simulated)"]
     return lines + _table(["method", "best setting", "iteration", "plan is faster by", "fits", "at plan's setting"], rows)
 
@@ -104,15 +105,15 @@ def summary_text(result: PartitionResult) -> str:
     plan, chosen, prof = result.plan, result.chosen, result.profile
     sim = chosen.sim
     assert sim is not None and chosen.stages is not None
-    search = plan.search or {}
+    search = plan.search or SearchRecord()
     limit = {d.memory_bytes for d in plan.devices}
     lim_text = ("unlimited memory" if limit == {None} else
                 format_bytes(next(iter(limit))) if len(limit) == 1 else "per-device memory limits")
-    proof = "" if search.get("optimal") is None else (" (optimal)" if search.get("optimal") else " (time limit: best found)")
+    proof = "" if search.optimal is None else (" (optimal)" if search.optimal else " (time limit: best found)")
     lines = [
         f"profile {prof.path or '<memory>'}: {prof.n_layers} layers; {plan.n_devices} devices x {lim_text}; global batch {plan.global_batch}"
-        + ("; calibrated" if search.get("calibrated") else ""),
-        f"plan: {plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, recompute {search.get('recompute')}, "
+        + ("; calibrated" if search.calibrated else ""),
+        f"plan: {plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, recompute {search.recompute}, "
         f"cuts by {chosen.origin}{proof}" + (f", then {chosen.polished} cut move(s) by the simulator-driven polish" if chosen.polished else ""),
         f"predicted: {format_ms(sim.iteration_ms)} per iteration, bubble {_pct(sim.bubble_fraction)}, "
         f"{sim.throughput_samples_per_s:.1f} samples/s" + (" (costs interpolated at this micro-batch size)" if sim.interpolated else ""),
@@ -126,7 +127,7 @@ def summary_text(result: PartitionResult) -> str:
         rows.append([str(s), dev.name, f"[{a}, {b})", names[:36], str(len(st.recompute)), format_ms(chosen.stage_ms[s]),
                      format_bytes(chosen.stage_bytes[s])])
     lines += _table(["stage", "device", "layers", "names", "recompute", "time/mb", "memory"], rows)
-    b = search.get("bottleneck_stage", 0)
+    b = search.bottleneck_stage or 0
     lines.append(f"bottleneck: stage {b} ({format_ms(chosen.stage_ms[b])} per micro-batch: fwd+bwd, recompute and sends)")
     lines.append("")
     drows = []
@@ -140,8 +141,8 @@ def summary_text(result: PartitionResult) -> str:
     lines += _why(result)
     lines.append("")
     lines += _baselines(result)
-    if search.get("skipped"):
+    if search.skipped:
         lines.append("")
-        lines.append(f"not searched: {len(search['skipped'])} (schedule, M) that torch cannot run, e.g. {search['skipped'][0]}")
+        lines.append(f"not searched: {len(search.skipped)} (schedule, M) that torch cannot run, e.g. {search.skipped[0]}")
     return "\n".join(lines)
 

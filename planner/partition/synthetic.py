@@ -15,14 +15,14 @@ import numpy as np
 
 from planner.profiling.profile import Profile, make_profile
 
-__all__ = ["gpt_like", "imbalanced", "uniform_layers"]
+__all__ = ["gpt_like", "imbalanced", "uniform_layers", "synthetic_profile"]
 
 _SIZES = (1, 2, 4, 8, 16, 32)
 
 
-def _build(names: list[str], fwd1: np.ndarray, params: np.ndarray, act1: np.ndarray, out1: np.ndarray,
-           overhead_samples: float, sizes: tuple[int, ...], meta: dict[str, str]) -> Profile:
-    """Columns at each size b: time = per-sample x (b + overhead), bytes = per-sample x b."""
+def synthetic_profile(names: list[str], fwd1: np.ndarray, params: np.ndarray, act1: np.ndarray, out1: np.ndarray,
+                      overhead_samples: float, sizes: tuple[int, ...], meta: dict[str, str]) -> Profile:
+    """A profile from per-sample costs: at each size b, time = per-sample x (b + overhead), bytes = per-sample x b."""
     b = np.asarray(sizes, dtype=float)[None, :]
     fwd = fwd1[:, None] * (b + overhead_samples)
     cols = {
@@ -49,7 +49,7 @@ def gpt_like(n_blocks: int = 24, hidden: int = 1024, seq: int = 512, vocab: int 
     out1 = np.array([s * h * 4] * (n_blocks + 1) + [s * v * 4], dtype=float)
     meta = {"model": f"gpt:layers={n_blocks},hidden={h},seq={s},vocab={v}", "seed": "0",
             "input_bytes_per_sample": str(s * 8), "source": "planner.partition.synthetic.gpt_like"}
-    return _build(names, fwd1, params, act1, out1, overhead_samples, sizes, meta)
+    return synthetic_profile(names, fwd1, params, act1, out1, overhead_samples, sizes, meta)
 
 
 def imbalanced(n_layers: int = 200, seed: int = 0, sizes: tuple[int, ...] = _SIZES,
@@ -62,12 +62,12 @@ def imbalanced(n_layers: int = 200, seed: int = 0, sizes: tuple[int, ...] = _SIZ
     out1 = np.round(np.exp(rng.uniform(np.log(1e4), np.log(2e6), n_layers)))
     names = [f"layer{i}" for i in range(n_layers)]
     meta = {"model": f"synthetic:layers={n_layers}", "seed": str(seed), "source": "planner.partition.synthetic.imbalanced"}
-    return _build(names, fwd1, params, act1, out1, overhead_samples, sizes, meta)
+    return synthetic_profile(names, fwd1, params, act1, out1, overhead_samples, sizes, meta)
 
 
 def uniform_layers(n_layers: int = 32, fwd_ms: float = 1.0, param_bytes: float = 4e6, act_bytes: float = 2e6,
                    out_bytes: float = 2e5, sizes: tuple[int, ...] = (1, 2, 4, 8)) -> Profile:
     """Identical layers (per-sample costs), for closed-form checks."""
     n = n_layers
-    return _build([f"layer{i}" for i in range(n)], np.full(n, fwd_ms), np.full(n, param_bytes), np.full(n, act_bytes),
+    return synthetic_profile([f"layer{i}" for i in range(n)], np.full(n, fwd_ms), np.full(n, param_bytes), np.full(n, act_bytes),
                   np.full(n, out_bytes), 0.0, sizes, {"model": f"synthetic:layers={n}", "seed": "0"})

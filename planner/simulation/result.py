@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from planner.cost import MemoryBreakdown
+from planner.plan.records import MemoryRecord, PredictedDevice, Prediction
 
 __all__ = ["TimelineRow", "SimResult", "TIMELINE_COLUMNS"]
 
@@ -73,29 +74,34 @@ class SimResult:
         """True when every device's peak is within its limit."""
         return all(lim is None or peak <= lim for peak, lim in zip(self.peak_memory_bytes, self.memory_limit_bytes))
 
-    def to_dict(self) -> dict[str, Any]:
-        """The simulation JSON layout (docs/simulator.md); a throughput that is not finite (an
-        iteration of 0 ms) is written as null, since JSON has no infinity."""
+    def prediction(self) -> Prediction:
+        """The prediction a plan records (`predicted`): the simulation JSON without memory_timeline.
+        A throughput that is not finite (an iteration of 0 ms) is None, since JSON has no infinity."""
         tput = self.throughput_samples_per_s
-        return {
-            "iteration_ms": self.iteration_ms,
-            "bubble_fraction": self.bubble_fraction,
-            "throughput_samples_per_s": tput if math.isfinite(tput) else None,
-            "schedule": self.schedule,
-            "n_microbatches": self.n_microbatches,
-            "micro_batch_size": self.micro_batch_size,
-            "interpolated": self.interpolated,
-            "devices": [
-                {
-                    "device": d,
-                    "name": self.device_names[d],
-                    "busy_ms": self.busy_ms[d],
-                    "idle_ms": self.idle_ms[d],
-                    "peak_memory_bytes": int(self.peak_memory_bytes[d]),
-                    "memory": self.memory[d].as_dict(),
-                    "memory_limit_bytes": self.memory_limit_bytes[d],
-                }
+        return Prediction(
+            iteration_ms=self.iteration_ms,
+            bubble_fraction=self.bubble_fraction,
+            throughput_samples_per_s=tput if math.isfinite(tput) else None,
+            schedule=self.schedule,
+            n_microbatches=self.n_microbatches,
+            micro_batch_size=self.micro_batch_size,
+            interpolated=self.interpolated,
+            devices=tuple(
+                PredictedDevice(
+                    device=d,
+                    name=self.device_names[d],
+                    busy_ms=self.busy_ms[d],
+                    idle_ms=self.idle_ms[d],
+                    peak_memory_bytes=int(self.peak_memory_bytes[d]),
+                    memory=MemoryRecord(**self.memory[d].as_dict()),
+                    memory_limit_bytes=self.memory_limit_bytes[d],
+                )
                 for d in range(self.n_devices)
-            ],
-            "memory_timeline": {str(d): [[t, int(b)] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())},
-        }
+            ),
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulation JSON layout (docs/simulator.md): the prediction, then memory_timeline."""
+        out = self.prediction().to_dict()
+        out["memory_timeline"] = {str(d): [[t, int(b)] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())}
+        return out

@@ -1,0 +1,232 @@
+"""Pricing one data x pipeline x tensor candidate: the pipeline DP on one GPU's layer costs
+(the profile's costs transformed by planner.cost.parallel), a bound for branch and bound, and
+the simulation that judges it (planner.partition.parallel_search drives the search)."""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from planner.cost import stage_cost
+from planner.cost.parallel import (
+    Link2, allreduce_ms, exposed_sync_ms, grad_sync_ms, placement, tensor_parallel_costs, tp_layers, zero_bytes_per_param,
+)
+from planner.hardware import Hardware
+from planner.parallel import ParallelConfig
+from planner.partition.build import Layout, build_problem
+from planner.partition.dp import min_memory_scale, solve_dp
+from planner.plan import Device, Links
+from planner.profiling.profile import LayerCosts, Profile
+from planner.schedules import generate, get_schedule
+from planner.schedules.memory import stage_inflight_peak
+from planner.simulate import simulate_costs
+
+__all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "inflight_peaks", "solve_task",
+           "simulate_task"]
+
+
+@dataclass(frozen=True)
+class ParallelCandidate:
+    """One simulated (D, P, T, b, schedule, recompute) plan."""
+
+    config: ParallelConfig
+    """dp, pp, tp and ZeRO stage."""
+    schedule: str
+    """Pipeline schedule."""
+    micro_batch_size: int
+    """Samples per micro-batch (b)."""
+    n_microbatches: int
+    """Micro-batches per replica per iteration (M = B / (D b))."""
+    recompute: str
+    """none or full (every layer's activations recomputed)."""
+    cuts: tuple[int, ...]
+    """Stage boundaries (P*v + 1 layer indices)."""
+    iteration_ms: float
+    """Simulated iteration time, gradient sync and optimizer step included, ms."""
+    samples_per_s: float
+    """Global batch / iteration time."""
+    tokens_per_s: float
+    """samples/s x sequence length."""
+    peak_memory_bytes: float
+    """Largest per-GPU peak: ZeRO static state + activations + buffers."""
+    memory: dict
+    """That GPU's breakdown: weights, gradients, optimizer, activations, buffers (bytes)."""
+    tflops_per_gpu: float
+    """Achieved model TFLOP/s per GPU (recompute's FLOPs counted when recomputing, as Narayanan et al.)."""
+    mfu: float
+    """Forward + backward model FLOPs / (iteration time x GPUs x peak)."""
+    bubble_fraction: float
+    """Simulated idle share of the pipeline."""
+    grad_sync_ms: float
+    """Largest stage's data-parallel gradient sync (before overlap), ms."""
+    tp_comm_ms: float
+    """Tensor-parallel all-reduce time per micro-batch on the busiest stage (forward + backward), ms."""
+    fits: bool
+    """Peak memory within the GPU's memory."""
+
+
+@dataclass(frozen=True)
+class ParallelTask:
+    """One (layout, b, M, schedule, recompute) point to solve, with its balanced-stage estimate."""
+
+    cfg: ParallelConfig
+    """dp, pp, tp and ZeRO stage."""
+    b: int
+    """Micro-batch size."""
+    m: int
+    """Micro-batches per replica."""
+    schedule: str
+    """Pipeline schedule."""
+    v: int
+    """Stages per pipeline rank."""
+    recompute: str
+    """none or full."""
+    estimate_ms: float
+    """Lower bound of the iteration time (balanced stages)."""
+
+
+class ParallelCosts:
+    """Shared state: the profile's costs per (b, T, D), the model's FLOPs and the links."""
+
+    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
+        self.profile, self.hw, self.gpn, self.zero = profile, hw, gpn, zero
+        self.compute_scale, self.overlap = compute_scale, overlap
+        self.blocks = tp_layers(profile.names)
+        self.intra = Link2(hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_latency_ms)
+        self.inter = Link2(hw.inter_node_bandwidth_bytes_per_s, hw.inter_node_latency_ms)
+        self._raw: dict[int, LayerCosts] = {}
+        self._tp: dict[tuple, LayerCosts] = {}
+        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
+
+    def raw(self, b: int) -> LayerCosts:
+        if b not in self._raw:
+            self._raw[b] = self.profile.at(b)
+        return self._raw[b]
+
+    def costs(self, cfg: ParallelConfig, b: int) -> LayerCosts:
+        key = (b, cfg.tp, cfg.dp if self.zero >= 3 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
+        if key not in self._tp:
+            place = placement(cfg.dp, cfg.pp, cfg.tp, self.gpn, self.intra, self.inter)
+            self._tp[key] = tensor_parallel_costs(self.raw(b), self.blocks, cfg.tp, place.tp, cfg.dp, self.zero, place.dp,
+                                                   self.compute_scale)
+        return self._tp[key]
+
+
+def bubble_slots(schedule: str, p: int, v: int) -> float:
+    """Idle micro-batch slots of a schedule with p ranks (the estimate's closed forms)."""
+    if schedule == "interleaved":
+        return (p - 1) / v
+    if schedule == "zb":
+        return (p - 1) / 3.0
+    return float(p - 1)
+
+
+def _layout(cfg: ParallelConfig, v: int, mem: float, gpn: int, ctx: ParallelCosts) -> Layout:
+    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+    devices = tuple(Device(name=f"stage{i}", memory_bytes=int(mem)) for i in range(cfg.pp))
+    pairs = tuple((s, s + 1, l.bandwidth, l.latency_ms) for s, l in enumerate(place.pp))
+    links = Links(bandwidth_bytes_per_s=ctx.inter.bandwidth, latency_ms=ctx.inter.latency_ms, pairs=pairs)
+    return Layout(devices=devices, order=tuple(range(cfg.pp)), links=links, virtual_stages=v)
+
+
+def _static(ctx: ParallelCosts, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
+    return np.asarray(costs.param_bytes, dtype=float) / 2.0 * zero_bytes_per_param(cfg.dp, ctx.zero)
+
+
+@functools.lru_cache(maxsize=256)
+def _inflight_cached(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    return tuple(stage_inflight_peak(generate(name, p, m, v)))
+
+
+def inflight_peaks(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate once
+    M >= 2P (checked for every registry schedule in tests/test_parallel_search.py), so their
+    counts come from the schedule generated at M = 2P, cheap whatever M is."""
+    if name == "gpipe":
+        return (m,) * (p * v)
+    return _inflight_cached(name, p, min(m, 2 * p), v)
+
+
+def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
+    """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
+    cfg = task.cfg
+    costs = ctx.costs(cfg, task.b)
+    layout = _layout(cfg, task.v, mem, gpn, ctx)
+    prob = build_problem(costs, layout, inflight_peaks(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
+                         recompute="all" if task.recompute == "full" else "none",
+                         split_backward=get_schedule(task.schedule).split_backward)
+    prob = replace(prob, static_bytes=_static(ctx, costs, cfg))
+    sol = solve_dp(prob)
+    if sol is None:
+        got = min_memory_scale(prob)
+        return got[0] * mem if got else math.inf
+    return (_dp_estimate(ctx, task, costs, sol), task, sol)
+
+
+def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol) -> float:
+    """(M + bubble) x v x bottleneck + the largest stage's gradient sync (exposed) and optimizer step:
+    never below the task's balanced estimate."""
+    cfg = task.cfg
+    place = placement(cfg.dp, cfg.pp, cfg.tp, ctx.gpn, ctx.intra, ctx.inter)
+    cuts = sol.cuts
+    params = np.concatenate([[0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=float))])
+    opt = np.concatenate([[0.0], np.cumsum(np.asarray(costs.optimizer_ms, dtype=float))])
+    per_rank: dict[int, float] = {}
+    for s in range(len(cuts) - 1):
+        sync = grad_sync_ms(params[cuts[s + 1]] - params[cuts[s]], cfg.dp, ctx.zero, place.dp)
+        tail = max(0.0, sync - sol.bottleneck_ms) if ctx.overlap else sync
+        r = s % cfg.pp
+        per_rank[r] = per_rank.get(r, 0.0) + tail + opt[cuts[s + 1]] - opt[cuts[s]]
+    return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * task.v * sol.bottleneck_ms + max(per_rank.values())
+
+
+def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, gpn: int, flops, seq: int, batch: int, n: int) -> ParallelCandidate:
+    """Simulate the DP's solution of `task`; per-GPU memory with ZeRO, FLOP/s and MFU from `flops`."""
+    cfg = task.cfg
+    costs = ctx.costs(cfg, task.b)
+    layout = _layout(cfg, task.v, mem, gpn, ctx)
+    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+    sched = generate(task.schedule, cfg.pp, task.m, task.v)
+    cuts = sol.cuts
+    stages, syncs = [], []
+    bpp = zero_bytes_per_param(cfg.dp, ctx.zero)
+    for s in range(len(cuts) - 1):
+        st = stage_cost(costs, cuts[s], cuts[s + 1], sol.recompute[s], "adam")
+        sync = grad_sync_ms(st.param_bytes, cfg.dp, ctx.zero, place.dp)
+        syncs.append(sync)
+        stages.append(replace(st, optimizer_ms=st.optimizer_ms + (exposed_sync_ms(sync, st.bwd_ms) if ctx.overlap else sync),
+                              static_bytes=st.param_bytes / 2.0 * bpp))
+    sim = simulate_costs(sched, stages, [layout.device_of(s) for s in range(len(stages))], layout.devices, layout.links,
+                         micro_batch_size=task.b)
+    peak, breakdown = 0.0, {}
+    for r in range(cfg.pp):
+        params = sum(st.param_bytes for i, st in enumerate(stages) if layout.device_of(i) == r) / 2.0
+        mb = sim.memory[r]
+        parts = {
+            "weights": params * 2.0 / (cfg.dp if ctx.zero >= 3 else 1),
+            "gradients": params * 2.0 / (cfg.dp if ctx.zero >= 2 else 1),
+            "optimizer": params * 12.0 / (cfg.dp if ctx.zero >= 1 else 1),
+            "activations": mb.activations,
+            "buffers": mb.buffers,
+        }
+        total = sum(parts.values())
+        if total > peak:
+            peak, breakdown = total, {k: int(x) for k, x in parts.items()} | {"total": int(total)}
+    it = sim.iteration_ms
+    achieved, fwd_bwd = flops(task.recompute == "full")
+    tp_comm = 0.0
+    if cfg.tp > 1:
+        out = np.asarray(costs.output_bytes, dtype=float)
+        per_layer = np.where(ctx.blocks, 4.0 * allreduce_ms(out, cfg.tp, place.tp), 0.0)
+        tp_comm = max(float(np.sum(per_layer[cuts[s]:cuts[s + 1]])) for s in range(len(cuts) - 1))
+    sec = it / 1e3
+    return ParallelCandidate(
+        config=cfg, schedule=task.schedule, micro_batch_size=task.b, n_microbatches=task.m, recompute=task.recompute,
+        cuts=tuple(int(c) for c in cuts), iteration_ms=it, samples_per_s=batch / sec, tokens_per_s=batch * seq / sec,
+        peak_memory_bytes=peak, memory=breakdown, tflops_per_gpu=achieved / (sec * n) / 1e12,
+        mfu=fwd_bwd / (sec * n * ctx.hw.peak_bf16_flops_per_s), bubble_fraction=sim.bubble_fraction,
+        grad_sync_ms=max(syncs) if syncs else 0.0, tp_comm_ms=tp_comm, fits=peak <= mem,
+    )

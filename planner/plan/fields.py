@@ -1,0 +1,45 @@
+"""Reading one field of plan JSON: present or defaulted, of the right type, finite; objects and lists of them."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from planner.errors import PlanError
+from planner.jsonio import check_keys
+
+__all__ = ["get_field", "as_object", "as_objects"]
+
+
+def get_field(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
+    """`d[key]`, which must be of `kind` (bool is not a number) and finite; `default` when absent
+    (PlanError "plan is missing {where}{key}" when there is none)."""
+    if key not in d:
+        if default is ...:
+            raise PlanError(f"plan is missing {where}{key}")
+        return default
+    value = d[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(value, bool) and bool not in kinds:
+        raise PlanError(f"plan field {where}{key} must be {kinds[0].__name__}, got {value!r}")
+    if not isinstance(value, kinds):
+        raise PlanError(f"plan field {where}{key} must be {kinds[0].__name__}, got {type(value).__name__} {value!r}"[:200])
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"plan field {where}{key} must be finite, got {value!r}")
+    return value
+
+
+def as_object(value: Any, where: str) -> dict:
+    """`value`, which must be a JSON object."""
+    if not isinstance(value, dict):
+        raise PlanError(f"plan field {where} must be an object, got {type(value).__name__}")
+    return value
+
+
+def as_objects(value: Any, where: str, known: tuple[str, ...]) -> list[dict]:
+    """`value` as a list of objects whose keys are all in `known`."""
+    if not isinstance(value, list):
+        raise PlanError(f"plan field {where} must be a list, got {type(value).__name__}")
+    for i, item in enumerate(value):
+        check_keys(as_object(item, f"{where}[{i}]"), known, f"{where}[{i}]", PlanError)
+    return value

@@ -1,0 +1,125 @@
+"""The plan's types: devices, stages, links and the Plan itself, valid by construction."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from planner.parallel import ParallelConfig
+from planner.plan.checks import validate_plan
+from planner.plan.records import Prediction, SearchRecord
+
+__all__ = ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS", "Device", "StagePlan", "Links", "Plan"]
+
+DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
+DEFAULT_LATENCY_MS = 0.01
+
+
+@dataclass(frozen=True)
+class Device:
+    """One accelerator of the pipeline."""
+
+    name: str
+    """A label (cluster device name, or cpu0, cuda1 ...)."""
+    memory_bytes: int | None = None
+    """Memory limit in bytes; None = unlimited."""
+    speed: float = 1.0
+    """Relative compute speed: profile times are divided by it."""
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """A contiguous range of layers on one device."""
+
+    device: int
+    """Index into Plan.devices."""
+    layers: tuple[int, int]
+    """[first, end) layer indices."""
+    recompute: tuple[int, ...] = ()
+    """Layers checkpointed (activations recomputed in backward)."""
+
+
+@dataclass(frozen=True)
+class Links:
+    """Point-to-point links: a default, and overrides per device pair (undirected)."""
+
+    bandwidth_bytes_per_s: float = DEFAULT_BANDWIDTH
+    """Default bandwidth, bytes per second."""
+    latency_ms: float = DEFAULT_LATENCY_MS
+    """Default latency per message, ms."""
+    pairs: tuple[tuple[int, int, float, float], ...] = ()
+    """(device a, device b, bandwidth bytes/s, latency ms) overrides."""
+
+    def between(self, a: int, b: int) -> tuple[float, float]:
+        """(bandwidth bytes/s, latency ms) of the link from device a to device b."""
+        for x, y, bw, lat in self.pairs:
+            if {x, y} == {a, b}:
+                return bw, lat
+        return self.bandwidth_bytes_per_s, self.latency_ms
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete pipeline plan (JSON form: planner.plan). Construction validates it: PlanError
+    names what is inconsistent (stages that do not tile the layers, an unknown schedule, ...)."""
+
+    schedule: str
+    """gpipe, 1f1b, interleaved or zb."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    n_microbatches: int
+    """Micro-batches per iteration (global batch = size x count)."""
+    stages: tuple[StagePlan, ...]
+    """Stages in model order."""
+    devices: tuple[Device, ...]
+    """Devices; stage.device indexes this."""
+    optimizer: str = "adam"
+    """adam, adamw, sgd (momentum) or sgd-plain."""
+    links: Links = field(default_factory=Links)
+    """Link model between devices."""
+    model: str | None = None
+    """Model spec the profile was made from (needed by `pplan run`)."""
+    seed: int = 0
+    """Seed the model weights are built from."""
+    n_layers: int | None = None
+    """Layer count of the model (checked against profile and model)."""
+    profile_path: str | None = None
+    """Profile the plan was made from."""
+    profile_sha256: str | None = None
+    """Checksum of that profile."""
+    predicted: Prediction | None = None
+    """The simulator's prediction (iteration_ms, bubble_fraction, per-device memory ...)."""
+    search: SearchRecord | None = None
+    """How the partitioner chose (method, runners-up, baselines): informational."""
+    parallel: ParallelConfig | None = None
+    """Data/tensor parallelism around the pipeline (None: one pipeline, dp = tp = 1)."""
+
+    def __post_init__(self) -> None:
+        validate_plan(self)
+
+    @property
+    def global_batch(self) -> int:
+        """Samples per iteration: every data-parallel replica runs n_microbatches x micro_batch_size."""
+        dp = self.parallel.dp if self.parallel is not None else 1
+        return dp * self.micro_batch_size * self.n_microbatches
+
+    @property
+    def n_devices(self) -> int:
+        return len(self.devices)
+
+    @property
+    def n_stages(self) -> int:
+        return len(self.stages)
+
+    @property
+    def virtual_stages(self) -> int:
+        """Stages per device (1 except for interleaved schedules)."""
+        return len(self.stages) // len(self.devices)
+
+    def with_(self, **changes: Any) -> "Plan":
+        """A copy with fields replaced (for what-if overrides); validated like any plan."""
+        return replace(self, **changes)
+
+    def validate(self, n_layers: int | None = None) -> None:
+        """Raise PlanError unless the stages cover exactly `n_layers` layers (the rest holds by construction)."""
+        validate_plan(self, n_layers)

@@ -1,0 +1,220 @@
+"""Plan JSON: read strictly (unknown keys refused at every level, numbers in range), write with a
+fixed key order (equal plans serialize byte-identically), atomically."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from planner.atomic import atomic_write_text
+from planner.errors import PlanError, PplanError
+from planner.jsonio import check_keys, read_json_file
+from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
+from planner.parallel import ParallelConfig
+from planner.plan.fields import as_objects, get_field
+from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
+from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow
+
+__all__ = [
+    "FORMAT", "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
+    "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
+    "plan_from_dict", "plan_to_dict", "plan_to_json", "load_plan", "write_plan",
+]
+
+FORMAT = "pplan-plan/1"
+
+# Every key a plan may hold, per object level; anything else is refused with the nearest one.
+PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
+             "global_batch", "parallel", "optimizer", "devices", "links", "stages", "predicted", "search")
+PROFILE_KEYS = ("path", "sha256")
+DEVICE_KEYS = ("name", "memory_bytes", "speed")
+LINKS_KEYS = ("bandwidth_bytes_per_s", "latency_ms", "pairs")
+PAIR_KEYS = ("a", "b", "bandwidth_bytes_per_s", "latency_ms")
+STAGE_KEYS = ("device", "layers", "recompute")
+# `predicted` and `search` are typed records (planner.plan.records): their keys are their fields.
+MEMORY_KEYS = MemoryRecord.keys()
+PREDICTED_DEVICE_KEYS = PredictedDevice.keys()
+PREDICTED_KEYS = Prediction.keys()
+SEARCH_KEYS = SearchRecord.keys()
+SEARCH_ROW_KEYS = SearchRow.keys()
+
+
+def _int_list(value: list, where: str, what: str) -> list[int]:
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
+        raise PlanError(f"plan field {where} must be {what}, got {value!r}"[:200])
+    return value
+
+
+def _stages(d: dict, n_devices: int) -> list[StagePlan]:
+    stages = []
+    for i, st in enumerate(as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)):
+        where = f"stages[{i}]."
+        layers = get_field(st, "layers", list, where)
+        if len(layers) != 2:
+            raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}"[:200])
+        _int_list(layers, f"{where}layers", "[first, end) as two integers")
+        rec = _int_list(get_field(st, "recompute", list, where, []), f"{where}recompute", "a list of layer indices")
+        device = get_field(st, "device", int, where, i % n_devices if n_devices else 0)
+        stages.append(StagePlan(device=device, layers=(layers[0], layers[1]), recompute=tuple(sorted(set(rec)))))
+    return stages
+
+
+def _device(dv: dict, i: int) -> Device:
+    where = f"devices[{i}]."
+    mem = get_field(dv, "memory_bytes", (int, float, type(None)), where, None)
+    if mem is not None and mem <= 0:
+        raise PlanError(f"plan field {where}memory_bytes must be positive, got {mem}")
+    if mem is not None and mem > MAX_MEMORY_BYTES:
+        raise PlanError(f"plan field {where}memory_bytes {mem:.4g} is absurdly large (more than {MAX_MEMORY_BYTES:.3g} bytes)",
+                        "give the device's memory in bytes, e.g. 85899345920 for 80 GiB")
+    speed = float(get_field(dv, "speed", (int, float), where, 1.0))
+    if speed <= 0:
+        raise PlanError(f"plan field {where}speed must be positive, got {speed}")
+    return Device(name=str(get_field(dv, "name", str, where, f"dev{i}")), memory_bytes=None if mem is None else int(mem), speed=speed)
+
+
+def _links(d: dict) -> Links:
+    links_d = get_field(d, "links", dict, "", {})
+    check_keys(links_d, LINKS_KEYS, "links", PlanError)
+    pairs = []
+    for j, pr in enumerate(as_objects(get_field(links_d, "pairs", list, "links.", []), "links.pairs", PAIR_KEYS)):
+        w = f"links.pairs[{j}]."
+        pairs.append((get_field(pr, "a", int, w), get_field(pr, "b", int, w),
+                      float(get_field(pr, "bandwidth_bytes_per_s", (int, float), w)), float(get_field(pr, "latency_ms", (int, float), w))))
+    links = Links(
+        bandwidth_bytes_per_s=float(get_field(links_d, "bandwidth_bytes_per_s", (int, float), "links.", DEFAULT_BANDWIDTH)),
+        latency_ms=float(get_field(links_d, "latency_ms", (int, float), "links.", DEFAULT_LATENCY_MS)),
+        pairs=tuple(pairs),
+    )
+    if links.bandwidth_bytes_per_s <= 0 or links.latency_ms < 0 or any(p[2] <= 0 or p[3] < 0 for p in pairs):
+        raise PlanError("plan links need positive bandwidth and non-negative latency")
+    return links
+
+
+def _record(d: dict, key: str, cls: type) -> Any:
+    value = get_field(d, key, (dict, type(None)), "", None)
+    return None if value is None else cls.from_dict(value, key)
+
+
+def plan_from_dict(d: Any) -> Plan:
+    """Build and validate a Plan from parsed JSON; PlanError names the bad field.
+
+    Every key at every level must be one pplan knows (a typo such as `memroy` or `optimiser`
+    would otherwise be silently ignored); numbers must lie in physically meaningful ranges.
+    """
+    if not isinstance(d, dict):
+        raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+    fmt = d.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
+    check_keys(d, PLAN_KEYS, "plan", PlanError)
+    as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)
+    raw_devices = get_field(d, "devices", (int, list), "")
+    if isinstance(raw_devices, int):
+        if raw_devices < 1:
+            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
+        n_devices = raw_devices
+    else:
+        n_devices = len(as_objects(raw_devices, "devices", DEVICE_KEYS))
+    stages = _stages(d, n_devices)
+    if isinstance(raw_devices, int):
+        if raw_devices > max(1, len(stages)):  # refused before a huge count allocates that many devices
+            raise PlanError(f"plan field devices is {raw_devices} but the plan has {len(stages)} stages",
+                            "every device needs at least one stage")
+        devices = tuple(Device(name=f"dev{i}") for i in range(raw_devices))
+    else:
+        devices = tuple(_device(dv, i) for i, dv in enumerate(raw_devices))
+    links = _links(d)
+    profile = get_field(d, "profile", (dict, type(None)), "", None) or {}
+    check_keys(profile, PROFILE_KEYS, "profile", PlanError)
+    predicted = _record(d, "predicted", Prediction)
+    search = _record(d, "search", SearchRecord)
+    seed = get_field(d, "seed", int, "", 0)
+    parallel_d = get_field(d, "parallel", (dict, type(None)), "", None)
+    try:
+        parallel = ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
+    except PplanError as e:
+        raise PlanError(e.message, e.hint) from None
+    if abs(seed) > MAX_SEED:
+        raise PlanError(f"plan field seed {seed} is out of range (at most 2**62 in magnitude)")
+    plan = Plan(
+        schedule=get_field(d, "schedule", str, ""),
+        micro_batch_size=get_field(d, "micro_batch_size", int, ""),
+        n_microbatches=get_field(d, "n_microbatches", int, ""),
+        stages=tuple(stages),
+        devices=devices,
+        optimizer=get_field(d, "optimizer", str, "", "adam"),
+        links=links,
+        model=get_field(d, "model", (str, type(None)), "", None),
+        seed=seed,
+        n_layers=get_field(d, "n_layers", (int, type(None)), "", None),
+        profile_path=get_field(profile, "path", (str, type(None)), "profile.", None),
+        profile_sha256=get_field(profile, "sha256", (str, type(None)), "profile.", None),
+        predicted=predicted,
+        search=search,
+        parallel=parallel,
+    )
+    written = get_field(d, "global_batch", (int, type(None)), "", None)
+    if written is not None and written != plan.global_batch:
+        dp = f"dp {plan.parallel.dp} x " if plan.parallel is not None else ""
+        raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {plan.micro_batch_size} x "
+                        f"n_microbatches {plan.n_microbatches} = {plan.global_batch}",
+                        "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
+    return plan
+
+
+def plan_to_dict(plan: Plan) -> dict[str, Any]:
+    """JSON-ready dict with a fixed key order (so equal plans serialize byte-identically)."""
+    d: dict[str, Any] = {"format": FORMAT}
+    d["model"] = plan.model
+    d["seed"] = plan.seed
+    d["n_layers"] = plan.n_layers
+    d["profile"] = {"path": plan.profile_path, "sha256": plan.profile_sha256}
+    d["schedule"] = plan.schedule
+    d["micro_batch_size"] = plan.micro_batch_size
+    d["n_microbatches"] = plan.n_microbatches
+    d["global_batch"] = plan.global_batch
+    if plan.parallel is not None:  # absent in one-pipeline plans, whose text stays as it was
+        d["parallel"] = plan.parallel.to_dict()
+    d["optimizer"] = plan.optimizer
+    d["devices"] = [{"name": dv.name, "memory_bytes": dv.memory_bytes, "speed": dv.speed} for dv in plan.devices]
+    d["links"] = {
+        "bandwidth_bytes_per_s": plan.links.bandwidth_bytes_per_s,
+        "latency_ms": plan.links.latency_ms,
+        "pairs": [{"a": a, "b": b, "bandwidth_bytes_per_s": bw, "latency_ms": lat} for a, b, bw, lat in plan.links.pairs],
+    }
+    d["stages"] = [{"device": st.device, "layers": list(st.layers), "recompute": list(st.recompute)} for st in plan.stages]
+    if plan.predicted is not None:
+        d["predicted"] = plan.predicted.to_dict()
+    if plan.search is not None:
+        d["search"] = plan.search.to_dict()
+    return d
+
+
+def plan_to_json(plan: Plan) -> str:
+    """The plan's JSON text (2-space indent, newline-terminated)."""
+    return json.dumps(plan_to_dict(plan), indent=2, allow_nan=False) + "\n"
+
+
+def load_plan(path: str | os.PathLike) -> Plan:
+    """Read and validate a plan JSON file (bounded read, strict JSON, no unknown keys)."""
+    p = Path(path)
+    if not p.exists() and not p.is_symlink():
+        raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)")
+    data = read_json_file(p, "plan", PlanError)
+    try:
+        return plan_from_dict(data)
+    except PlanError as e:
+        raise PlanError(f"{p}: {e.message}", e.hint) from None
+
+
+def write_plan(plan: Plan, path: str | os.PathLike) -> None:
+    """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would refuse."""
+    text = plan_to_json(plan)
+    try:
+        plan_from_dict(json.loads(text))
+    except PlanError as e:
+        raise PlanError(f"not writing plan {str(path)!r}, it could not be read back: {e.message}", e.hint) from None
+    atomic_write_text(path, text)

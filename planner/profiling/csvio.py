@@ -1,0 +1,300 @@
+"""The profile CSV: parsing and validating its text into arrays, and writing it back.
+
+One row per (layer, micro_batch_size) after optional `# key: value` metadata lines
+(planner.profiling.metadata) and `# edge:` lines (planner.graph.edges); the module
+planner.profiling.profile documents the format and builds the Profile type from what
+`parse_profile_csv` returns. Every error names the file, line and column.
+"""
+
+from __future__ import annotations
+
+import collections
+import csv
+import io
+import itertools
+import math
+from array import array
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from planner.errors import ProfileError
+from planner.graph.edges import edge_lines, read_edges
+from planner.profiling.metadata import read_meta
+
+__all__ = [
+    "FORMAT", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "NUMERIC_COLUMNS", "INTEGER_COLUMNS", "MAX_LAYERS", "MAX_ROWS",
+    "MAX_MICRO_BATCH_SIZE", "ProfileTable", "parse_profile_csv", "profile_to_text",
+]
+
+FORMAT = "pplan-profile/1"
+REQUIRED_COLUMNS = (
+    "layer", "name", "micro_batch_size", "fwd_ms", "bwd_ms",
+    "param_bytes", "activation_bytes", "output_bytes",
+)
+OPTIONAL_COLUMNS = (
+    "fwd_ms_std", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
+    "optimizer_ms", "flops", "cuda_peak_bytes", "shared_input_bytes",
+)
+NUMERIC_COLUMNS = tuple(c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in ("layer", "name", "micro_batch_size"))
+INTEGER_COLUMNS = ("param_bytes", "activation_bytes", "output_bytes", "flops", "cuda_peak_bytes", "shared_input_bytes")
+# What `pplan partition` plans in reasonable time and memory (docs/profile-format.md): on a
+# 2-core, 24 GiB machine 4,000 layers at 4 sizes took 25 s of CPU and 1.5 GB with 4 devices,
+# 52 s and 1.4 GB with 8; 5,000 layers already 2.2 GB and 142 s of wall time. Memory grows
+# about as L^1.6, so 20,000 layers extrapolates to ~20 GB and well over 10 minutes: not
+# plannable on such a machine. Group layers into blocks beyond this.
+MAX_LAYERS = 4_000
+# One row per (layer, micro-batch size): e.g. 4,000 layers at 250 sizes, or 50,000 sizes of
+# 20 layers. Bounds what loading holds in memory (about 100 bytes per row) whatever the file says.
+MAX_ROWS = 1_000_000
+# No device trains a micro-batch of a billion samples; beyond it a size is a typo.
+MAX_MICRO_BATCH_SIZE = 10**9
+
+
+@dataclass(frozen=True)
+class ProfileTable:
+    """What a profile CSV holds, validated: the Profile's fields before it is built."""
+
+    names: tuple[str, ...]
+    """Layer names, index = layer."""
+    micro_batch_sizes: tuple[int, ...]
+    """Measured micro-batch sizes, ascending."""
+    columns: dict[str, np.ndarray]
+    """Column name -> read-only float array (n_layers, n_sizes); optional columns filled with defaults."""
+    present: frozenset[str]
+    """Which optional columns the file really had."""
+    meta: dict[str, str] = field(default_factory=dict)
+    """Leading `# key: value` metadata."""
+    skip_edges: tuple = ()
+    """Skip edges from `# edge:` lines (planner.graph.SkipEdge); () for a chain."""
+
+
+@dataclass
+class _Rows:
+    """The data rows as read, in file order (flat arrays: about 100 bytes a row)."""
+
+    values: dict[str, array]
+    layers: array
+    sizes: array
+    lines: array
+    names: dict[int, str]
+
+
+def parse_profile_csv(text: str, source: str) -> ProfileTable:
+    """Parse and validate profile CSV text; ProfileError names file, line and column.
+
+    Linear in the size of the file, and every size it allocates is bounded by what the file
+    holds: a layer index must be below the number of data rows (every layer needs a row), so
+    one absurd index is refused at its line instead of allocating for it.
+    """
+    n_lines = text.count("\n") + 1
+    if n_lines > 2 * MAX_ROWS:  # before splitting the text into that many strings
+        raise ProfileError(f"{source}: {n_lines} lines, more than any profile has (at most {MAX_ROWS} data rows)",
+                           f"a profile has one row per layer and micro-batch size: at most {MAX_LAYERS} layers")
+    lines = text.splitlines()
+    meta, first = read_meta(lines, source)
+    if first >= len(lines):
+        raise ProfileError(f"{source}: empty profile (no header row)", "the first non-comment line must be the header: " + ",".join(REQUIRED_COLUMNS))
+    fmt = meta.get("format")
+    if fmt is not None and fmt != FORMAT:
+        raise ProfileError(f"{source}: format {fmt!r} is not supported (this pplan reads {FORMAT})")
+    reader = csv.reader(itertools.islice(lines, first, None))
+    index = _header([h.strip() for h in next(reader)], source, first + 1)
+    present = frozenset(c for c in OPTIONAL_COLUMNS if c in index)
+    n_data = sum(1 for line in itertools.islice(lines, first + 1, None) if line.strip())
+    if n_data > MAX_ROWS:
+        raise ProfileError(f"{source}: {n_data} data rows, more than {MAX_ROWS}",
+                           f"at most {MAX_LAYERS} layers; measure fewer micro-batch sizes")
+    rows = _read_rows(reader, index, first, n_data, source)
+    n_layers = _check_layers(rows, n_data, source)
+    sizes = sorted(set(rows.sizes))
+    columns = _columns(rows, sizes, n_layers, source)
+    _fill_backward_split(columns, present)
+    for arr in columns.values():
+        arr.setflags(write=False)
+    return ProfileTable(
+        names=tuple(rows.names[i] for i in range(n_layers)), micro_batch_sizes=tuple(sizes), columns=columns,
+        present=present, meta=meta, skip_edges=read_edges(lines, n_layers, source, max_bytes=_MAX_BYTES),
+    )
+
+
+def _header(header: list[str], source: str, lineno: int) -> dict[str, int]:
+    """Column name -> position, once every required column is there and none twice."""
+    have = set(header)
+    missing = [c for c in REQUIRED_COLUMNS if c not in have]
+    if missing:
+        raise ProfileError(f"{source}:{lineno}: missing column(s) {', '.join(missing)}", "the header needs " + ",".join(REQUIRED_COLUMNS))
+    dupes = sorted(h for h, n in collections.Counter(header).items() if n > 1)
+    if dupes:
+        raise ProfileError(f"{source}:{lineno}: duplicated column(s) {', '.join(dupes)}")
+    return {h: i for i, h in enumerate(header)}
+
+
+def _read_rows(reader: "csv._reader", index: dict[str, int], first: int, n_data: int, source: str) -> _Rows:
+    """Every data row, each cell checked where it stands."""
+    numeric = [(c, index[c]) for c in NUMERIC_COLUMNS if c in index]
+    rows = _Rows(values={c: array("d") for c, _ in numeric}, layers=array("q"), sizes=array("q"), lines=array("q"), names={})
+    i_layer, i_size, i_name, width = index["layer"], index["micro_batch_size"], index["name"], len(index)
+    for row in reader:
+        lineno = first + reader.line_num
+        if not row or all(not cell.strip() for cell in row):
+            continue
+        if len(row) != width:
+            raise ProfileError(f"{source}:{lineno}: {len(row)} fields, header has {width}", "the file may be truncated or a value contains a stray comma")
+        layer = _int_cell(row[i_layer], source, lineno, "layer", minimum=0)
+        if layer >= MAX_LAYERS:  # refused at its line; indices below are bounded by the row count after the loop
+            if layer >= n_data:
+                raise ProfileError(f"{source}:{lineno}: layer index {layer} is beyond the file's {n_data} data row(s) "
+                                   f"(every layer has a row) and the limit of {MAX_LAYERS} layers", "layers are numbered 0..n-1")
+            raise ProfileError(f"{source}:{lineno}: layer index {layer} means more than {MAX_LAYERS} layers",
+                               "group layers into blocks before profiling; the planner is O(L^2) in layers")
+        size = _int_cell(row[i_size], source, lineno, "micro_batch_size", minimum=1)
+        if size > MAX_MICRO_BATCH_SIZE:
+            raise ProfileError(f"{source}:{lineno}: column 'micro_batch_size': {size} is larger than any micro-batch (limit {MAX_MICRO_BATCH_SIZE})")
+        name = row[i_name].strip()
+        known = rows.names.setdefault(layer, name)
+        if known != name:
+            raise ProfileError(f"{source}:{lineno}: layer {layer} is named {name!r} here but {known!r} earlier")
+        for c, i in numeric:
+            rows.values[c].append(_num_cell(row[i], source, lineno, c))
+        rows.layers.append(layer)
+        rows.sizes.append(size)
+        rows.lines.append(lineno)
+    if not rows.layers:
+        raise ProfileError(f"{source}: no data rows after the header")
+    return rows
+
+
+def _check_layers(rows: _Rows, n_data: int, source: str) -> int:
+    """The layer count, once layers are 0..n-1 without gaps.
+
+    Nothing before was sized by a layer index: a gap (which any index beyond the row count
+    implies, since every layer needs a row) is found in O(rows) before anything is.
+    """
+    n_layers = max(rows.names) + 1
+    if len(rows.names) < n_layers:
+        gap = next(i for i in range(n_layers) if i not in rows.names)
+        after = next(k for k, layer in enumerate(rows.layers) if layer > gap)
+        beyond = f", and the file has {n_data} data row(s)" if n_layers > n_data else ""
+        raise ProfileError(f"{source}:{rows.lines[after]}: layer {rows.layers[after]} but layer index {gap} is missing "
+                           f"(layers must be 0..{n_layers - 1} without gaps{beyond})",
+                           "every layer has a row for each micro-batch size")
+    return n_layers
+
+
+def _columns(rows: _Rows, sizes: list[int], n_layers: int, source: str) -> dict[str, np.ndarray]:
+    """Column -> (n_layers, n_sizes) array, once every (layer, size) has exactly one row."""
+    position = {s: k for k, s in enumerate(sizes)}
+    lay = np.frombuffer(rows.layers, dtype=np.int64)
+    col = np.fromiter((position[s] for s in rows.sizes), dtype=np.int64, count=len(rows.sizes))
+    _check_complete(lay, col, rows.lines, sizes, rows.names, source)
+    columns: dict[str, np.ndarray] = {}
+    for c in NUMERIC_COLUMNS:
+        arr = np.zeros((n_layers, len(sizes)))
+        if c in rows.values:
+            arr[lay, col] = np.frombuffer(rows.values[c], dtype=float)
+        columns[c] = arr
+    pb = columns["param_bytes"]
+    varies = np.flatnonzero(np.any(pb != pb[:, :1], axis=1))
+    if varies.size:
+        layer = int(varies[0])
+        shown = ", ".join(f"{int(v)}" for v in np.unique(pb[layer]))
+        raise ProfileError(f"{source}: layer {layer} has different param_bytes at different micro-batch sizes ({shown})", "parameter bytes do not depend on the batch")
+    return columns
+
+
+def _fill_backward_split(columns: dict[str, np.ndarray], present: frozenset[str]) -> None:
+    """Derive bwd_input_ms / bwd_weight_ms the file lacks: half of bwd_ms each, or the remainder."""
+    if "bwd_input_ms" not in present and "bwd_weight_ms" not in present:
+        columns["bwd_input_ms"] = columns["bwd_ms"] / 2
+        columns["bwd_weight_ms"] = columns["bwd_ms"] / 2
+    elif "bwd_input_ms" not in present:
+        columns["bwd_input_ms"] = np.maximum(columns["bwd_ms"] - columns["bwd_weight_ms"], 0)
+    elif "bwd_weight_ms" not in present:
+        columns["bwd_weight_ms"] = np.maximum(columns["bwd_ms"] - columns["bwd_input_ms"], 0)
+
+
+def _check_complete(lay: np.ndarray, col: np.ndarray, row_lines: array, sizes: list[int], names: dict[int, str], source: str) -> None:
+    """Every (layer, size) exactly once, checked in O(rows log rows) without a layers x sizes table."""
+    n_layers, n_sizes = len(names), len(sizes)
+    key = lay * n_sizes + col
+    if np.unique(key).size < key.size:  # find the first repeat, in file order, for the message
+        first_line: dict[int, int] = {}
+        for k, line in zip(key.tolist(), row_lines):
+            if k in first_line:
+                layer, size = divmod(k, n_sizes)
+                raise ProfileError(f"{source}:{line}: duplicate row for layer {layer} at micro_batch_size {sizes[size]} (first on line {first_line[k]})")
+            first_line[k] = line
+    if key.size != n_layers * n_sizes:
+        counts = np.bincount(lay, minlength=n_layers)
+        layer = int(np.flatnonzero(counts < n_sizes)[0])
+        have = set(col[lay == layer].tolist())
+        size = next(sizes[k] for k in range(n_sizes) if k not in have)
+        raise ProfileError(f"{source}: layer {layer} ({names[layer]}) has no row for micro_batch_size {size}", "every layer needs every measured micro-batch size")
+
+
+# Values beyond these describe no real device (11 days per layer, an exabyte) and would
+# overflow the planner's and simulator's sums into inf: refuse them at the door, once.
+_MAX_MS = 1e9
+_MAX_BYTES = 1e18
+_MAX_FLOPS = 1e24
+
+
+def _num_limit(column: str) -> float:
+    if column == "flops":
+        return _MAX_FLOPS
+    return _MAX_MS if column.endswith("_ms") or column.endswith("_std") else _MAX_BYTES
+
+
+def _num_cell(cell: str, source: str, lineno: int, column: str) -> float:
+    text = cell.strip()
+    try:
+        value = float(text)
+    except ValueError:
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not a number") from None
+    if math.isnan(value) or math.isinf(value):
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not a finite number")
+    if value < 0:
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is negative", "times and bytes are >= 0")
+    if value > _num_limit(column):
+        unit = "ms" if _num_limit(column) == _MAX_MS else "bytes" if _num_limit(column) == _MAX_BYTES else "flops"
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is too large for any real device (limit {_num_limit(column):.0e} {unit})", "check the units: times in ms, sizes in bytes")
+    return value
+
+
+def _int_cell(cell: str, source: str, lineno: int, column: str, minimum: int) -> int:
+    text = cell.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not an integer") from None
+    if value < minimum:
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {value} is below {minimum}")
+    return value
+
+
+def _fmt(column: str, value: float) -> str:
+    if column in INTEGER_COLUMNS:
+        return str(int(round(value)))
+    return f"{value:.6g}"
+
+
+def profile_to_text(profile: ProfileTable) -> str:
+    """CSV text of `profile`: metadata lines, header, rows ordered by layer then size."""
+    out = io.StringIO()
+    meta = {"format": FORMAT, **{k: v for k, v in profile.meta.items() if k != "format"}}
+    for key, value in meta.items():
+        out.write(f"# {key}: {value}\n")
+    for line in edge_lines(profile.skip_edges):  # none for a chain: its text is unchanged
+        out.write(line + "\n")
+    cols = list(REQUIRED_COLUMNS) + [c for c in OPTIONAL_COLUMNS if c in profile.present]
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(cols)
+    for layer, name in enumerate(profile.names):
+        for k, size in enumerate(profile.micro_batch_sizes):
+            row = [str(layer), name, str(size)]
+            row += [_fmt(c, profile.columns[c][layer, k]) for c in cols[3:]]
+            writer.writerow(row)
+    return out.getvalue()
+
+

@@ -1,0 +1,124 @@
+"""Profile metadata: the leading `# key: value` lines, each key with its check.
+
+Every key pplan writes or reads is in META_KEYS; an unknown key is refused with the nearest
+known one, so a typo (`seeed`) is not silently ignored. `edge` lines are parsed by
+planner.graph.edges.read_edges.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+from planner.errors import ProfileError
+from planner.graph.edges import EDGE_KEY
+from planner.jsonio import nearest
+
+__all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "read_meta"]
+
+# Elements in one sample of a factory model's input (--input-shape): 2**30 is 4 GiB of
+# float32 per sample, far beyond any real input (a 512^3 volume is 2**27).
+MAX_INPUT_ELEMENTS = 2**30
+
+
+def _free_text(value: str) -> str | None:
+    return None
+
+
+def _integer(low: int, high: int, empty_ok: bool = False) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        if empty_ok and not value:
+            return None
+        try:
+            n = int(value)
+        except ValueError:
+            return "is not an integer"
+        return None if low <= n <= high else f"is out of range ({low}..{high})"
+    return check
+
+
+def _number(high: float) -> Callable[[str], str | None]:
+    def check(value: str) -> str | None:
+        try:
+            x = float(value)
+        except ValueError:
+            return "is not a number"
+        if not math.isfinite(x) or x < 0:
+            return "is not a finite number >= 0"
+        return None if x <= high else f"is too large (limit {high:.0e})"
+    return check
+
+
+def _input_shape(value: str) -> str | None:
+    if not value:
+        return None
+    try:
+        dims = [int(d) for d in value.split(",")]
+    except ValueError:
+        return "is not a comma-separated list of integers (one sample, e.g. 3,32,32)"
+    if len(dims) > 16 or any(d < 1 for d in dims):
+        return "needs 1 to 16 dimensions, each at least 1"
+    if math.prod(dims) > MAX_INPUT_ELEMENTS:
+        return f"has more than {MAX_INPUT_ELEMENTS} elements per sample"
+    return None
+
+
+def _input_dtype(value: str) -> str | None:
+    from planner.models.spec import INPUT_DTYPES
+
+    return None if not value or value in INPUT_DTYPES else f"is not one of {', '.join(INPUT_DTYPES)}"
+
+
+# Every metadata key pplan writes or reads, with its check (None: fine, else what is wrong).
+META_KEYS: dict[str, Callable[[str], str | None]] = {
+    "format": _free_text,  # compared with FORMAT below
+    "model": _free_text,
+    "seed": _integer(0, 2**63 - 1),
+    "input_shape": _input_shape,
+    "input_dtype": _input_dtype,
+    "vocab": _integer(1, 2**31 - 1, empty_ok=True),
+    "input_bytes_per_sample": _number(1e18),
+    "device": _free_text,
+    "device_name": _free_text,
+    "dtype": _free_text,
+    "torch": _free_text,
+    "threads": _integer(0, 10**6),
+    "date": _free_text,
+    "command": _free_text,
+    "warmup": _integer(0, 10**9),
+    "repeats": _integer(0, 10**9),
+    "elapsed_s": _number(1e9),
+    "timer": _free_text,
+    "source": _free_text,  # planner.partition.synthetic / planner.profiling.analytic: what made the profile
+    "analytic": lambda v: None if v in ("true", "false") else "is not true or false",  # computed, not measured
+    "hardware": _free_text,  # the hardware preset an analytic profile was computed for
+}
+
+
+def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
+    """(validated `# key: value` metadata, index of the header line) of the leading block."""
+    meta: dict[str, str] = {}
+    where: dict[str, int] = {}
+    first = 0
+    while first < len(lines) and (lines[first].startswith("#") or not lines[first].strip()):
+        line = lines[first].lstrip("#").strip()
+        first += 1
+        if ":" not in line:
+            continue  # a comment
+        key, value = (part.strip() for part in line.split(":", 1))
+        if key == EDGE_KEY:  # repeated edge lines are parsed by read_edges
+            continue
+        lineno = first
+        if key not in META_KEYS:
+            guess = nearest(key, META_KEYS)
+            hint = f"did you mean {guess!r}?" if guess else "known keys: " + ", ".join(META_KEYS)
+            raise ProfileError(f"{source}:{lineno}: unknown metadata key {key[:60]!r}",
+                               hint + " (a comment line without ':' is ignored)")
+        if key in meta:
+            raise ProfileError(f"{source}:{lineno}: metadata key {key!r} given twice (first on line {where[key]})", "keep one of them")
+        problem = META_KEYS[key](value)
+        if problem:
+            raise ProfileError(f"{source}:{lineno}: metadata {key!r}: {value[:60]!r} {problem}")
+        meta[key] = value
+        where[key] = lineno
+    return meta, first
