@@ -97,7 +97,7 @@ def test_quality_bench_compares_baselines_with_pplan(tmp_path: Path) -> None:
         r = dict(zip(t.columns, row))
         # pplan_ms is what partition() itself predicts for that setting (not some other run)
         settings = PartitionSettings(n_devices=r["devices"], memory_bytes=r["memory_limit_bytes"], global_batch=4)
-        assert r["pplan_ms"] == pytest.approx(partition(load_profile(path), settings).plan.predicted["iteration_ms"], rel=1e-12)
+        assert r["pplan_ms"] == pytest.approx(partition(load_profile(path), settings).plan.predicted.iteration_ms, rel=1e-12)
         xs = {b: r[f"{b}_x"] for b in ("dp", "uniform", "params", "time")}
         for b, x in xs.items():
             assert (x is None) == (not r[f"{b}_fits"]), b

@@ -93,7 +93,7 @@ def main():
            "ranks": ranks}
     (HERE / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     print(f"limit {limit.limit_bytes / MiB:.2f} MiB ({limit.rule}); plan {[st.layers for st in plan.stages]} "
-          f"{plan.schedule}; baselines {[(b['method'], b['fits']) for b in plan.search['baselines']]}")
+          f"{plan.schedule}; baselines {[(b.method, b.fits) for b in plan.search.baselines]}")
 
 
 if __name__ == "__main__":
