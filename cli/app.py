@@ -1,12 +1,15 @@
 """Entry point of `pplan`: builds the typer app from one module per command.
 
 Errors a user can cause arrive as PplanError and leave as one line on stderr with exit code 2
-(no traceback unless --debug or PPLAN_DEBUG=1).
+(no traceback unless --debug or PPLAN_DEBUG=1). With --json anywhere on the command line, the
+same errors (and usage errors) are printed as JSON on stdout, `{"error": "...", "hint": "..."}`,
+with the same exit code, so a script reads them where it reads results.
 """
 
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 
 import typer
@@ -28,9 +31,19 @@ app = typer.Typer(
 )
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        typer.echo(f"pplan {__version__}")
+        raise typer.Exit()
+
+
 @app.callback()
 def _root(
     debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
+    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
+                                 help="Print pplan's version and exit."),
 ) -> None:
     """pplan: profile a model, partition it into pipeline stages, simulate, run and report."""
     if debug:
@@ -72,17 +85,55 @@ def _interrupt_of(exit_exc: SystemExit) -> KeyboardInterrupt | None:
     return None
 
 
+def _wants_json(argv: list[str]) -> bool:
+    """--json among the options (before a `--` that ends them)."""
+    args = argv[: argv.index("--")] if "--" in argv else argv
+    return "--json" in args
+
+
+def _fail(message: str, hint: str | None, code: int, as_json: bool) -> None:
+    """Leave with `code`: one line on stderr, or {"error", "hint"} on stdout under --json."""
+    if as_json:
+        sys.stdout.write(json.dumps({"error": " ".join(message.split()), "hint": hint}) + "\n")
+        sys.stdout.flush()
+    else:
+        text = message if not hint else f"{message}; {hint}"
+        sys.stderr.write(f"pplan: error: {' '.join(text.split())}\n")
+    sys.exit(code)
+
+
+def _run_json_mode() -> None:
+    """Run with click's own error printing off, so usage errors can be written as JSON too."""
+    try:  # typer >= 0.29 vendors click as typer._click; earlier versions use click itself
+        from typer._click.exceptions import ClickException
+    except ImportError:  # pragma: no cover - depends on the installed typer
+        from click.exceptions import ClickException
+
+    try:
+        result = app(standalone_mode=False)
+    except (typer.Abort, KeyboardInterrupt):
+        raise KeyboardInterrupt from None
+    except ClickException as e:
+        _fail(e.format_message(), "see --help", e.exit_code, True)
+    else:
+        if isinstance(result, int) and result:  # click returns an Exit's code instead of raising
+            sys.exit(result)
+
+
 def main() -> None:
     """Console-script entry: run the app, turning user errors into exit code 2."""
     if "--debug" in sys.argv[1:]:
         state.debug = True
+    as_json = _wants_json(sys.argv[1:])
     try:
-        app()
+        if as_json and not state.debug:
+            _run_json_mode()
+        else:
+            app()
     except PplanError as e:
         if state.debug:
             raise
-        sys.stderr.write(f"pplan: error: {e.one_line()}\n")
-        sys.exit(e.exit_code)
+        _fail(e.message, e.hint, e.exit_code, as_json)
     except KeyboardInterrupt:
         if state.debug:
             raise

@@ -17,7 +17,7 @@ from typing import Any, Callable, Optional
 
 import typer
 
-from cli.common import echo_json, err, parse_int_list
+from cli.common import echo_json, err, parse_int_list, timed_say
 
 __all__ = ["register"]
 
@@ -49,7 +49,7 @@ def _finish(tables: list[Any], out_dir: Path, as_json: bool, machine: dict[str, 
 
 
 def _progress() -> Callable[[str], None]:
-    return lambda message: err(f"[bench] {message}")
+    return timed_say("bench")
 
 
 def _machine() -> dict[str, Any]:
@@ -88,7 +88,8 @@ def planner_cmd(
 @bench_app.command("simulator")
 def simulator_cmd(
     sizes: str = typer.Option("8x64,32x256,64x1024", "--sizes", help="STAGESxMICROBATCHES list."),
-    repeat: int = typer.Option(3, "--repeat", help="Warm simulations per cell (the best is reported)."),
+    repeats: int = typer.Option(3, "--repeats", help="Warm simulations per cell (the best is reported)."),
+    repeat_alias: Optional[int] = typer.Option(None, "--repeat", hidden=True, help="Old spelling of --repeats."),
     out_dir: Path = _OUT, as_json: bool = _JSON,
 ) -> None:
     """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
@@ -97,7 +98,7 @@ def simulator_cmd(
     _check_out(out_dir)
     parsed = parse_sizes(sizes)
     machine = _machine()
-    table = bench_simulator(parsed, repeat=repeat, progress=_progress())
+    table = bench_simulator(parsed, repeat=repeats if repeat_alias is None else repeat_alias, progress=_progress())
     _finish([table], out_dir, as_json, machine)
 
 

@@ -40,7 +40,9 @@ def partition_cmd(
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes."),
     parallel: str = typer.Option("auto", "--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4."),
     zero: int = typer.Option(0, "--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights)."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON to apply, or 'none' (default: the profile's own, if `pplan calibrate` made one)."),
     out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the layers, skip tensors and the plan's cuts to this PNG."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),
 ) -> None:
     """Search stage cuts x micro-batches x recompute x schedule; write the fastest plan that fits.
@@ -49,7 +51,7 @@ def partition_cmd(
     baselines (uniform, parameter- and time-balanced cuts). Exit code 2 with the least memory
     or the fewest devices that would work when nothing fits.
     """
-    from planner.calibration import find_calibration
+    from planner.calibration import basis_text, resolve_calibration
     from planner.cluster import load_cluster
     from planner.errors import PplanError
     from planner.partition import PartitionSettings, partition, summary_dict, summary_text
@@ -66,6 +68,10 @@ def partition_cmd(
     if out.exists() and out.is_dir():
         raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
     ensure_writable_file(out, "--out")  # before the search: a plan that cannot be written is not searched for
+    if plot is not None:
+        if plot.suffix.lower() != ".png":
+            raise PplanError(f"--plot {str(plot)!r} must end in .png")
+        ensure_writable_file(plot, "--plot")
     if nodes is not None or hardware is not None:
         _partition_cluster(profile_path, nodes=nodes, gpus_per_node=gpus_per_node, hardware=hardware, parallel=parallel,
                            zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json)
@@ -98,7 +104,7 @@ def partition_cmd(
         raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
     prof = load_profile(profile_path)
     validate_settings(prof, settings)
-    cal = find_calibration(profile_path)
+    cal, cal_path = resolve_calibration(profile_path, calibration)
     if sys.stderr.isatty():  # a bar for people; logs and pipes stay quiet
         n_points = len(grid_points(settings, len(resolve_devices(settings)[0]), prof.n_layers)[0])
         with progress(n_points, "partition") as bar:
@@ -106,14 +112,19 @@ def partition_cmd(
     else:
         result = partition(prof, settings, calibration=cal)
     write_plan(result.plan, out)
+    if plot is not None:
+        from planner.report.fig_graph import plan_graph
+
+        plan_graph(result.plan, prof, plot)
+        err(f"wrote {plot}")
     if as_json:
-        echo_json({"plan": plan_to_dict(result.plan), "summary": summary_dict(result), "out": str(out)})
+        echo_json({"plan": plan_to_dict(result.plan), "summary": summary_dict(result), "out": str(out),
+                   "basis": basis_text(cal, cal_path), "calibration": None if cal_path is None else str(cal_path)})
         return
+    typer.echo(f"basis: {basis_text(cal, cal_path)}")
     typer.echo(summary_text(result))
     typer.echo("")
     typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
-    if cal is not None:
-        err("applied the calibration beside the profile")
 
 
 def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: int | None, hardware: str | None,

@@ -23,6 +23,7 @@ def report(
     run: Optional[Path] = typer.Option(None, "--run", help="Run JSON from `pplan run`."),
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Simulated timeline CSV."),
     measured_timeline: Optional[Path] = typer.Option(None, "--measured-timeline", help="Measured timeline CSV from `pplan run`."),
+    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON for what the report simulates, or 'none' (default: the profile's own, if any)."),
     name: Optional[str] = typer.Option(None, "--name", help="Write reports/NAME/ (default reports/latest/)."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write to this folder instead of reports/NAME/."),
     formats: str = typer.Option("png,svg", "--formats", help="Figure files to write: comma list of png, svg, pdf."),
@@ -44,6 +45,10 @@ def report(
     check_report_dir(out_dir)  # before reading or simulating anything
     inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
                          measured_timeline=measured_timeline)
+    if calibration is not None:
+        from dataclasses import replace
+
+        inputs = replace(inputs, calibration=calibration)
     result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,
                           progress=None if as_json else err)
     if as_json:

@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
-from typing import Any
+import time
+from typing import Any, Callable
 
 import typer
 
 from planner.errors import PplanError
 
-__all__ = ["state", "echo_json", "parse_int_list", "progress", "err"]
+__all__ = ["state", "echo_json", "parse_int_list", "progress", "err", "clock", "eta_text", "timed_say"]
 
 
 class _State:
@@ -45,11 +47,29 @@ def parse_int_list(text: str, what: str) -> list[int]:
     return values
 
 
+def clock(seconds: float) -> str:
+    """12 -> '12s', 263 -> '4m23s'."""
+    seconds = max(0, int(round(seconds)))
+    return f"{seconds}s" if seconds < 60 else f"{seconds // 60}m{seconds % 60:02d}s"
+
+
+def eta_text(elapsed_s: float, done: int, total: int) -> str:
+    """'elapsed 40s, about 1m20s left' (remaining extrapolated from the steps done so far)."""
+    if done <= 0 or done >= total:
+        return f"elapsed {clock(elapsed_s)}"
+    return f"elapsed {clock(elapsed_s)}, about {clock(elapsed_s * (total - done) / done)} left"
+
+
 class progress:
-    """A minimal stderr progress bar that stays quiet when stderr is not a terminal."""
+    """A stderr progress bar with elapsed and remaining time.
+
+    On a terminal one line is redrawn; otherwise (logs, pipes) a line is printed at every tenth.
+    Remaining time is extrapolated from the steps done so far.
+    """
 
     def __init__(self, total: int, label: str):
         self.total, self.label, self.done = max(total, 1), label, 0
+        self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
         if not self.tty:
             err(f"{label}: {total} steps")
@@ -59,14 +79,33 @@ class progress:
 
     def advance(self, note: str = "") -> None:
         self.done += 1
+        timing = eta_text(time.monotonic() - self.started, self.done, self.total)
         if self.tty:
             width = 30
             filled = int(width * self.done / self.total)
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} {note[:40]:<40}")
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                             f"{timing:<30} {note[:40]:<40}")
             sys.stderr.flush()
         elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            err(f"  {self.label}: {self.done}/{self.total} {note}")
+            err(f"  {self.label}: {self.done}/{self.total} ({timing}) {note}".rstrip())
 
     def __exit__(self, *exc: object) -> None:
         if self.tty:
             sys.stderr.write("\n")
+
+
+_COUNT = re.compile(r"\b(\d+)/(\d+)\b")
+
+
+def timed_say(label: str) -> Callable[[str], None]:
+    """A progress callback for library code that reports in messages: each line gets the elapsed
+    time, and the remaining time when the message carries a count such as '3/12'."""
+    started = time.monotonic()
+
+    def say(message: str) -> None:
+        elapsed = time.monotonic() - started
+        found = _COUNT.search(message)
+        timing = eta_text(elapsed, int(found[1]) - 1, int(found[2])) if found else f"elapsed {clock(elapsed)}"
+        err(f"[{label}] {message} ({timing})")
+
+    return say

@@ -1,7 +1,10 @@
 """What the profile cannot see, fitted from a measured run and applied by the simulator.
 
-A calibration file lives beside its profile (`profiles/gpt.csv` -> `profiles/gpt.calibration.json`)
-so that `partition` and `simulate` pick it up without a flag. Fields (all optional):
+A calibration file lives beside the profile it corrects (`runs/gpt.csv` -> `runs/gpt.calibration.json`)
+so that `partition`, `simulate` and `report` pick it up without a flag, or wherever the user asks
+(`--calibration PATH`). The repository's committed reference profiles (profiles/) are never written
+to: their calibration defaults to the current folder (`./gpt-8l-v32k.calibration.json`). Every
+command that applies one says so (`basis_text`). Fields (all optional):
 
   compute_scale          multiplies every profiled compute time (isolated-layer timing vs in-pipeline)
   action_overhead_ms     added to every compute action (runtime bookkeeping, autograd launch)
@@ -29,7 +32,8 @@ from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
-__all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration"]
+__all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration",
+           "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES"]
 
 FORMAT = "pplan-calibration/1"
 
@@ -106,10 +110,34 @@ class Calibration:
         return ms * self.compute_scale + self.action_overhead_ms
 
 
+# The repository's committed reference profiles: read-only inputs, never a place to write.
+REFERENCE_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
+
+
+def is_reference_profile(profile_path: str | os.PathLike) -> bool:
+    """Whether `profile_path` is one of the repository's committed profiles (under profiles/)."""
+    try:
+        return Path(profile_path).resolve().is_relative_to(REFERENCE_PROFILES)
+    except OSError:
+        return False
+
+
 def calibration_path_for(profile_path: str | os.PathLike) -> Path:
-    """The calibration file that belongs to a profile."""
+    """The default calibration file of a profile: beside it (`gpt.csv` -> `gpt.calibration.json`),
+    or in the current folder for a committed reference profile, which is never written to."""
     p = Path(profile_path)
-    return p.with_name(p.stem + ".calibration.json")
+    name = p.stem + ".calibration.json"
+    return Path(name) if is_reference_profile(p) else p.with_name(name)
+
+
+def basis_text(cal: "Calibration | None", path: str | os.PathLike | None = None) -> str:
+    """One phrase naming the basis of a prediction: the profile as measured, or calibrated by a file."""
+    if cal is None:
+        return "uncalibrated (profile times as measured)"
+    where = f" {path}" if path is not None else ""
+    src = cal.fitted_from.get("run") if cal.fitted_from else None
+    fitted = f", fitted on {src}" if src else ""
+    return f"calibrated by{where} (compute x{cal.compute_scale:.3g}{fitted})"
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
@@ -137,11 +165,25 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
 
 
 def find_calibration(profile_path: str | os.PathLike | None) -> Calibration | None:
-    """The calibration beside `profile_path`, if one exists."""
+    """The default calibration of `profile_path` (see calibration_path_for), if one exists."""
     if not profile_path:
         return None
     p = calibration_path_for(profile_path)
     return load_calibration(p) if p.exists() else None
+
+
+def resolve_calibration(profile_path: str | os.PathLike | None,
+                        given: str | os.PathLike | None = None) -> tuple[Calibration | None, Path | None]:
+    """(calibration, its path) for a command: `given` ('none' for no calibration), else the
+    profile's default file when it exists, else (None, None)."""
+    if given is not None:
+        if str(given).strip().lower() == "none":
+            return None, None
+        return load_calibration(given), Path(given)
+    if not profile_path:
+        return None, None
+    p = calibration_path_for(profile_path)
+    return (load_calibration(p), p) if p.exists() else (None, None)
 
 
 def write_calibration(cal: Calibration, path: str | os.PathLike) -> None:

@@ -3,16 +3,17 @@
 profile -> choose a memory limit -> partition -> simulate -> run (measure, calibrate) -> re-plan
 -> re-simulate -> run again -> run the uniform split for comparison -> report.
 
-The memory limit is computed, not hard-coded: the uniform (equal-layer) split's smallest
-possible peak and pplan's are found by bisection over the limit (the partitioner may use
-activation recompute for both); the limit lies between them, so the naive split cannot fit and
-pplan's plan can. Both runs of the planned pipeline are real (`planner.execute`); the accuracy
+The memory limit is computed, not hard-coded: pplan's least memory comes from the planner's
+least-memory search (partition/diagnose.py), the uniform (equal-layer) split's from its plans
+with recompute allowed; the limit lies between them, checked so that the naive split cannot fit
+and pplan's plan can. Both runs of the planned pipeline are real (`planner.execute`); the accuracy
 after calibration is checked on the second run, not on the run it was fitted to.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 import time
@@ -65,9 +66,9 @@ class LimitChoice:
     limit_bytes: int
     """The per-device limit."""
     uniform_floor_bytes: float
-    """Smallest limit under which the uniform split fits (recompute allowed)."""
+    """A limit under which the uniform split fits (recompute allowed), above `limit_bytes`."""
     pplan_floor_bytes: float
-    """Smallest limit under which pplan finds a plan."""
+    """Smallest limit under which pplan finds a plan (partition/diagnose.py's least-memory search)."""
     pplan_fastest_peak_bytes: float
     """Peak of pplan's fastest plan without a limit."""
     rule: str
@@ -115,8 +116,8 @@ class DemoResult:
             peak += f", measured {format_bytes(self.peak_measured_bytes)}"
         return [
             ("memory limit per device", f"{format_bytes(lim.limit_bytes)} ({lim.rule})"),
-            ("least memory the uniform split needs", f"{format_bytes(lim.uniform_floor_bytes)} per device, recompute "
-                                                     "allowed: above the limit, so it cannot run"),
+            ("the uniform split", f"cannot fit {format_bytes(lim.limit_bytes)} per device even with recompute "
+                                  f"(checked by the planner); it fits at {format_bytes(lim.uniform_floor_bytes)}"),
             ("peak memory of pplan's plan", f"{peak}; limit {format_bytes(lim.limit_bytes)}"),
             ("step time before calibration", f"predicted {format_ms(self.first_predicted_ms)}, measured "
                                              f"{format_ms(self.first_measured_ms)} "
@@ -161,47 +162,69 @@ def _settings(profile: Any, s: DemoSettings, limit: float | None, method: str = 
                              global_batch=s.global_batch, microbatches=s.n_microbatches, method=method)
 
 
-def _min_feasible(profile: Any, s: DemoSettings, method: str, high: float) -> float:
-    """Smallest limit (within 0.1%) under which `method` finds a plan; `high` must be feasible."""
+def _pplan_floor(profile: Any, s: DemoSettings, budget: float) -> float:
+    """Least per-device memory under which pplan finds a plan: partition/diagnose.py's min-max DP
+    (one pass over the grid), as a ratio of `budget` times `budget`."""
+    from planner.partition.api import resolve_devices
+    from planner.partition.diagnose import least_memory_scale
+
+    settings = _settings(profile, s, budget)
+    devices, links = resolve_devices(settings)
+    return budget * least_memory_scale(profile, settings, devices, links, [tuple(range(s.n_devices))], None)
+
+
+def _uniform_peak(profile: Any, s: DemoSettings, limit: float | None) -> float | None:
+    """Peak of the uniform split's best plan under `limit` (None: it cannot fit)."""
     from planner.partition.api import partition
 
-    lo, hi = 0.0, float(high)
-    while hi - lo > 1e-3 * hi:
-        mid = (lo + hi) / 2
-        try:
-            partition(profile, _settings(profile, s, mid, method))
-            hi = mid
-        except InfeasibleError:
-            lo = mid
-    return hi
+    try:
+        return max(partition(profile, _settings(profile, s, limit, "uniform")).chosen.sim.peak_memory_bytes)
+    except InfeasibleError:
+        return None
 
 
 def choose_memory_limit(profile: Any, s: DemoSettings) -> LimitChoice:
     """A limit the uniform split cannot meet and pplan can, from the profile alone.
 
-    If pplan's fastest plan peaks below the uniform split's floor, the limit is halfway between
-    (pplan loses nothing); otherwise it lies three quarters of the way from pplan's floor to the
+    pplan's floor comes from the least-memory search; the uniform split's from its plan with
+    every layer recomputed, lowered while the uniform split still fits under it (a few
+    partitions). If pplan's fastest plan peaks below the uniform floor, the limit is halfway
+    between (pplan loses nothing); otherwise three quarters of the way from pplan's floor to the
     uniform split's, leaving pplan room to trade recompute for speed.
     """
     from planner.partition.api import partition
 
     fastest = partition(profile, _settings(profile, s, None))
     fast_peak = max(fastest.chosen.sim.peak_memory_bytes)
-    uniform = partition(profile, _settings(profile, s, None, "uniform"))
-    u_floor = _min_feasible(profile, s, "uniform", max(uniform.chosen.sim.peak_memory_bytes))
-    p_floor = _min_feasible(profile, s, "auto", fast_peak)
-    if p_floor >= u_floor * 0.999:
-        raise PplanError(f"the demo model gives pplan no memory advantage (pplan needs {format_bytes(p_floor)}, "
-                         f"the uniform split {format_bytes(u_floor)})", "use a model with a larger vocabulary")
+    p_floor = _pplan_floor(profile, s, fast_peak)
+    u_floor = _uniform_peak(profile, s, None) or math.inf
+    all_recompute = _uniform_peak_recompute_all(profile, s)
+    u_floor = min(u_floor, all_recompute)
+    for _ in range(8):  # the limit must exclude the uniform split: tighten its floor until it does
+        if p_floor >= u_floor * 0.999:
+            raise PplanError(f"the demo model gives pplan no memory advantage (pplan needs {format_bytes(p_floor)}, "
+                             f"the uniform split {format_bytes(u_floor)})", "use a model with a larger vocabulary")
+        limit, rule = _limit_between(fast_peak, p_floor, u_floor)
+        below = _uniform_peak(profile, s, limit)
+        if below is None:
+            return LimitChoice(int(limit), u_floor, p_floor, fast_peak, rule)
+        u_floor = below
+    raise PplanError("could not find a memory limit that excludes the uniform split")
+
+
+def _uniform_peak_recompute_all(profile: Any, s: DemoSettings) -> float:
+    from planner.partition.api import partition
+
+    settings = replace(_settings(profile, s, None, "uniform"), recompute="all")
+    return max(partition(profile, settings).chosen.sim.peak_memory_bytes)
+
+
+def _limit_between(fast_peak: float, p_floor: float, u_floor: float) -> tuple[float, str]:
     if fast_peak < u_floor * 0.99:
-        limit = (fast_peak + u_floor) / 2
-        rule = (f"halfway between the peak of pplan's fastest plan, {format_bytes(fast_peak)}, and the least the "
-                f"uniform split can need, {format_bytes(u_floor)}")
-    else:
-        limit = p_floor + 0.75 * (u_floor - p_floor)
-        rule = (f"between the least pplan can need, {format_bytes(p_floor)}, and the least the uniform split can "
-                f"need, {format_bytes(u_floor)}")
-    return LimitChoice(int(limit), u_floor, p_floor, fast_peak, rule)
+        return (fast_peak + u_floor) / 2, (f"halfway between the peak of pplan's fastest plan, {format_bytes(fast_peak)}, "
+                                           f"and the least the uniform split can need, {format_bytes(u_floor)}")
+    return p_floor + 0.75 * (u_floor - p_floor), (f"between the least pplan can need, {format_bytes(p_floor)}, and the "
+                                                  f"least the uniform split can need, {format_bytes(u_floor)}")
 
 
 def _uniform_plan(plan: Any) -> Any:
@@ -221,139 +244,187 @@ def _write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+@dataclass
+class _Demo:
+    """What every step of one demo shares: settings, folders, the clock and the progress line."""
+
+    s: DemoSettings
+    quick: bool
+    out: Path
+    emit: Callable[[str], None]
+    started: float
+    threads: int
+
+    @property
+    def data(self) -> Path:
+        return self.out / "data"
+
+    def step(self, n: int, text: str) -> None:
+        elapsed = time.perf_counter() - self.started
+        self.emit(f"[{elapsed:5.0f}s] {n}/8 {text}")
 
 
 def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
              say: Callable[[str], None] | None = None) -> DemoResult:
     """Run the whole pipeline and write the report to `out_dir` (inputs under `out_dir/data`)."""
-    from planner.calibration import calibration_path_for, load_calibration
-    from planner.execute.options import RunOptions
-    from planner.execute.run import run_plan
-    from planner.partition.api import partition
-    from planner.plan import write_plan
-    from planner.profiling.profile import load_profile, write_profile
-    from planner.profiling.profiler import profile_model
-    from planner.report import ReportInputs, build_report
-    from planner.simulate import simulate
-    from planner.simulation.timeline import write_timeline
-
     from planner.atomic import ensure_writable_dir
+    from planner.hostinfo import usable_cores
 
     s = QUICK if quick else FULL
-    started = time.perf_counter()
     out = Path(out_dir)
     ensure_writable_dir(out, "demo report folder")  # before minutes of profiling and training
-    data = out / "data"
-    data.mkdir(parents=True, exist_ok=True)
-    emit = say or _stderr
+    (out / "data").mkdir(parents=True, exist_ok=True)
+    d = _Demo(s, quick, out, say or _stderr, time.perf_counter(), max(1, usable_cores() // s.n_devices))
+    profile = _profile_step(d)
+    d.step(2, "choosing a memory limit the uniform split cannot meet")
+    limit = choose_memory_limit(profile, s)
+    d.emit(f"        limit {format_bytes(limit.limit_bytes)} per device: {limit.rule}")
+    first, run1, cal = _first_run_step(d, profile, limit)
+    final, sim = _replan_step(d, profile, limit, cal)
+    d.step(6, "running the re-planned pipeline to check the calibrated prediction")
+    run2 = _run(d, final, "plan.json", "run.json", "measured_timeline.csv")
+    uniform_pred, run3 = _uniform_step(d, profile, final, cal)
+    result = _result(d, limit, run1.run, run2.run, run3.run, sim, uniform_pred)
+    d.step(8, f"writing the report to {out}")
+    _report_step(d, profile, final, sim, run2, result)
+    result = replace(result, elapsed_s=time.perf_counter() - d.started)
+    _write_json(d.data / "demo.json", _result_dict(result))
+    return result
 
-    def step(n: int, text: str) -> None:
-        emit(f"[{time.perf_counter() - started:5.0f}s] {n}/8 {text}")
 
-    threads = max(1, _cores() // s.n_devices)  # what each rank of the run gets
-    step(1, f"profiling {s.model} at micro-batch sizes {','.join(map(str, s.micro_batch_sizes))} "
-            f"({threads} thread{'s' if threads > 1 else ''}, as each pipeline rank will have)")
+def _profile_step(d: _Demo) -> Any:
+    """1: measure the model with as many threads as each pipeline rank will have."""
+    from planner.calibration import calibration_path_for
+    from planner.profiling.profile import load_profile, write_profile
+    from planner.profiling.profiler import profile_model
+
+    s = d.s
+    d.step(1, f"profiling {s.model} at micro-batch sizes {','.join(map(str, s.micro_batch_sizes))} "
+              f"({d.threads} thread{'s' if d.threads > 1 else ''}, as each pipeline rank will have)")
     seen = [0]
 
     def profiled(done: int, total: int, note: str) -> None:
         if done == total or done - seen[0] >= max(1, total // 6):
             seen[0] = done
-            emit(f"        {done}/{total} layer measurements ({note})")
+            elapsed = time.perf_counter() - d.started
+            left = f", about {elapsed * (total - done) / done:.0f}s left" if done < total else ""
+            d.emit(f"        {done}/{total} layer measurements ({note}; {elapsed:.0f}s{left})")
 
-    prof_path = data / "profile.csv"
-    cal_path = calibration_path_for(prof_path)
-    cal_path.unlink(missing_ok=True)  # a calibration from an earlier demo would skew the first prediction
+    prof_path = d.data / "profile.csv"
+    calibration_path_for(prof_path).unlink(missing_ok=True)  # an earlier demo's calibration would skew the first prediction
     measured = profile_model(s.model, list(s.micro_batch_sizes), warmup=s.profile_warmup, repeats=s.profile_repeats,
-                             threads=threads, command="pplan demo" + (" --quick" if quick else ""), on_step=profiled)
+                             threads=d.threads, command="pplan demo" + (" --quick" if d.quick else ""), on_step=profiled)
     write_profile(measured, prof_path)
-    profile = load_profile(prof_path)  # carries its path and checksum into the plans
+    return load_profile(prof_path)  # carries its path and checksum into the plans
 
-    step(2, "choosing a memory limit the uniform split cannot meet")
-    limit = choose_memory_limit(profile, s)
-    emit(f"        limit {format_bytes(limit.limit_bytes)} per device: {limit.rule}")
 
-    step(3, f"partitioning over {s.n_devices} devices under {format_bytes(limit.limit_bytes)}")
-    first = partition(profile, _settings(profile, s, limit.limit_bytes)).plan
-    write_plan(first, data / "plan_first.json")
-    emit(f"        {_describe(first)}; predicted {format_ms(first.predicted['iteration_ms'])} per step")
+def _run(d: _Demo, plan: Any, plan_name: str, out_name: str, timeline_name: str | None, calibrate: bool = False) -> Any:
+    """Train `plan` for the demo's steps on one process per device."""
+    from planner.execute.options import RunOptions
+    from planner.execute.run import run_plan
 
-    step(4, f"running it: {s.steps} steps on {s.n_devices} processes, then calibrating the simulator")
-    opts = RunOptions(steps=s.steps, warmup=s.warmup, device="cpu", calibrate=True, threads=threads)
-    run1 = run_plan(first, opts, plan_path=str(data / "plan_first.json"), profile_path=str(prof_path),
-                    out=data / "run_first.json", timeline_path=data / "measured_timeline_first.csv")
-    fit = run1.run.get("calibration_fit") or {}
-    emit(f"        measured {format_ms(run1.run['iteration_ms_measured'])}, predicted "
-         f"{format_ms(run1.run['iteration_ms_predicted'])}; calibration written to {cal_path}")
+    opts = RunOptions(steps=d.s.steps, warmup=d.s.warmup, device="cpu", calibrate=calibrate, threads=d.threads)
+    return run_plan(plan, opts, plan_path=str(d.data / plan_name), profile_path=str(d.data / "profile.csv"),
+                    out=d.data / out_name, timeline_path=d.data / timeline_name if timeline_name else None)
 
-    step(5, "re-planning and re-simulating with the calibration")
-    cal = load_calibration(cal_path)
-    final = partition(profile, _settings(profile, s, limit.limit_bytes), calibration=cal).plan
-    write_plan(final, data / "plan.json")
+
+def _first_run_step(d: _Demo, profile: Any, limit: LimitChoice) -> tuple[Any, Any, Any]:
+    """3-4: plan under the limit on the profile alone, run it, and fit a calibration on that run."""
+    from planner.calibration import calibration_path_for, load_calibration
+    from planner.partition.api import partition
+    from planner.plan import write_plan
+
+    d.step(3, f"partitioning over {d.s.n_devices} devices under {format_bytes(limit.limit_bytes)}")
+    first = partition(profile, _settings(profile, d.s, limit.limit_bytes)).plan
+    write_plan(first, d.data / "plan_first.json")
+    d.emit(f"        {_describe(first)}; predicted {format_ms(first.predicted.iteration_ms)} per step")
+    d.step(4, f"running it: {d.s.steps} steps on {d.s.n_devices} processes, then calibrating the simulator")
+    run1 = _run(d, first, "plan_first.json", "run_first.json", "measured_timeline_first.csv", calibrate=True)
+    cal_path = calibration_path_for(d.data / "profile.csv")
+    d.emit(f"        measured {format_ms(run1.run['iteration_ms_measured'])}, predicted "
+           f"{format_ms(run1.run['iteration_ms_predicted'])}; calibration written to {cal_path}")
+    return first, run1, load_calibration(cal_path)
+
+
+def _replan_step(d: _Demo, profile: Any, limit: LimitChoice, cal: Any) -> tuple[Any, Any]:
+    """5: plan again with the calibration and simulate the new plan."""
+    from planner.partition.api import partition
+    from planner.plan import write_plan
+    from planner.simulate import simulate
+    from planner.simulation.timeline import write_timeline
+
+    d.step(5, "re-planning and re-simulating with the calibration")
+    final = partition(profile, _settings(profile, d.s, limit.limit_bytes), calibration=cal).plan
+    write_plan(final, d.data / "plan.json")
     sim = simulate(final, profile, calibration=cal)
-    sim_dict = sim.to_dict()
-    _write_json(data / "sim.json", sim_dict)
-    write_timeline(sim.timeline, data / "timeline.csv")
-    uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
-    emit(f"        {_describe(final)}; predicted {format_ms(sim.iteration_ms)} per step")
+    _write_json(d.data / "sim.json", sim.to_dict())
+    write_timeline(sim.timeline, d.data / "timeline.csv")
+    d.emit(f"        {_describe(final)}; predicted {format_ms(sim.iteration_ms)} per step")
+    return final, sim
 
-    step(6, "running the re-planned pipeline to check the calibrated prediction")
-    run2 = run_plan(final, replace(opts, calibrate=False), plan_path=str(data / "plan.json"),
-                    profile_path=str(prof_path), out=data / "run.json", timeline_path=data / "measured_timeline.csv")
 
-    step(7, "running the uniform split (same schedule and micro-batches, limit lifted) for comparison")
+def _uniform_step(d: _Demo, profile: Any, final: Any, cal: Any) -> tuple[float, Any]:
+    """7: the equal-layer split with the plan's schedule and micro-batches, limit lifted, predicted and run."""
+    from planner.plan import write_plan
+    from planner.simulate import simulate
+
+    d.step(7, "running the uniform split (same schedule and micro-batches, limit lifted) for comparison")
     uniform = _uniform_plan(final)
-    write_plan(uniform, data / "plan_uniform.json")
-    uniform_pred = simulate(uniform, profile, calibration=cal, record_timeline=False).iteration_ms
-    run3 = run_plan(uniform, replace(opts, calibrate=False), plan_path=str(data / "plan_uniform.json"),
-                    profile_path=str(prof_path), out=data / "run_uniform.json")
+    write_plan(uniform, d.data / "plan_uniform.json")
+    predicted = simulate(uniform, profile, calibration=cal, record_timeline=False).iteration_ms
+    return predicted, _run(d, uniform, "plan_uniform.json", "run_uniform.json", None)
 
-    runs = (("the first run", run1.run), ("the second run", run2.run), ("the uniform split's run", run3.run))
+
+def _result(d: _Demo, limit: LimitChoice, run1: dict[str, Any], run2: dict[str, Any], run3: dict[str, Any],
+            sim: Any, uniform_pred: float) -> DemoResult:
+    """The numbers that matter, with a warning when the machine was busy."""
+    runs = (("the first run", run1), ("the second run", run2), ("the uniform split's run", run3))
     noisy = tuple(name for name, r in runs if step_spread(r) > NOISE)
     if noisy:
-        emit(f"        warning: step times of {', '.join(noisy)} varied by more than {NOISE:.0%}: the machine "
-             "seems busy with something else, so the times are noisy")
-    peaks_meas = [r.get("peak_memory_bytes_measured") for r in run2.run["ranks"]]
-    result = DemoResult(
-        out_dir=out, html=out / "report.html", limit=limit,
-        first_predicted_ms=float(fit.get("predicted_ms_before") or run1.run["iteration_ms_predicted"]),
-        first_measured_ms=float(run1.run["iteration_ms_measured"]),
-        predicted_ms=float(sim.iteration_ms), measured_ms=float(run2.run["iteration_ms_measured"]),
-        uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.run["iteration_ms_measured"]),
+        d.emit(f"        warning: step times of {', '.join(noisy)} varied by more than {NOISE:.0%}: the machine "
+               "seems busy with something else, so the times are noisy")
+    fit = run1.get("calibration_fit") or {}
+    peaks = [r.get("peak_memory_bytes_measured") for r in run2["ranks"]]
+    return DemoResult(
+        out_dir=d.out, html=d.out / "report.html", limit=limit,
+        first_predicted_ms=float(fit.get("predicted_ms_before") or run1["iteration_ms_predicted"]),
+        first_measured_ms=float(run1["iteration_ms_measured"]),
+        predicted_ms=float(sim.iteration_ms), measured_ms=float(run2["iteration_ms_measured"]),
+        uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3["iteration_ms_measured"]),
         peak_predicted_bytes=float(max(sim.peak_memory_bytes)),
-        peak_measured_bytes=float(max(peaks_meas)) if all(isinstance(p, (int, float)) for p in peaks_meas) else None,
+        peak_measured_bytes=float(max(peaks)) if all(isinstance(p, (int, float)) for p in peaks) else None,
         elapsed_s=0.0, noisy=noisy,
     )
 
-    step(8, f"writing the report to {out}")
+
+def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, run2: Any, result: DemoResult) -> None:
+    """8: the report of the re-planned pipeline and its own run, with the prediction before calibration."""
+    from planner.report import ReportInputs, build_report
+    from planner.simulate import simulate
+
+    s, data = d.s, d.data
+    uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
     inputs = ReportInputs(
-        profile=profile, plan=final, sim=sim_dict, run=run2.run, timeline=tuple(sim.timeline),
+        profile=profile, plan=final, sim=sim.to_dict(), run=run2.run, timeline=tuple(sim.timeline),
         measured_timeline=tuple(run2.timeline), sim_label="after calibration",
         extra_predictions=(("before calibration", uncalibrated_ms),),
-        sources={"profile": str(prof_path), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),
+        sources={"profile": str(data / "profile.csv"), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),
                  "run": str(data / "run.json"), "timeline": str(data / "timeline.csv"),
                  "measured_timeline": str(data / "measured_timeline.csv")},
-        notes=(f"Made by `pplan demo{' --quick' if quick else ''}`: model {s.model}, global batch {s.global_batch} "
+        notes=(f"Made by `pplan demo{' --quick' if d.quick else ''}`: model {s.model}, global batch {s.global_batch} "
                f"in {s.n_microbatches} micro-batches, {s.n_devices} CPU processes, {s.steps} steps per run "
                f"({s.warmup} warm-up).",
                "The first run (data/run_first.json) calibrated the simulator; the figures show the re-planned "
-               "pipeline and its own run (data/run.json)."),
+               "pipeline and its own run (data/run.json), so the calibrated prediction is checked on a new run."),
     )
-    build_report(inputs, out, title="pplan demo: a gpt pipeline on 2 CPU processes",
+    build_report(inputs, d.out, title="pplan demo: a gpt pipeline on 2 CPU processes",
                  extra_summary=tuple(result.summary()), simulate=True)
-    result = replace(result, elapsed_s=time.perf_counter() - started)
-    _write_json(data / "demo.json", _result_dict(result))
-    return result
 
 
 def _describe(plan: Any) -> str:
-    cuts = " | ".join(f"{st.layers[0]}-{st.layers[1] - 1}" + (f" (recompute {len(st.recompute)})" if st.recompute else "")
-                      for st in plan.stages)
-    return f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, layers {cuts}"
+    from planner.report.summary import plan_line
+
+    return plan_line(plan)
 
 
 def _result_dict(r: DemoResult) -> dict[str, Any]:

@@ -1,10 +1,20 @@
-"""What processor this is, read without torch (used by profile metadata and bench headers)."""
+"""What processor this is and how many cores we may use, read without torch (profile metadata,
+bench headers, the demo's and `pplan run`'s thread counts)."""
 
 from __future__ import annotations
 
+import os
 import platform
 
-__all__ = ["cpu_model"]
+__all__ = ["cpu_model", "usable_cores"]
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
 
 
 def cpu_model() -> str:

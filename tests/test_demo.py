@@ -33,8 +33,8 @@ def test_limit_rules_out_the_uniform_split_but_not_pplan():
     with pytest.raises(InfeasibleError):
         partition(profile, _settings(choice.limit_bytes, "uniform"))
     plan = partition(profile, _settings(choice.limit_bytes, "auto")).plan
-    assert max(d["peak_memory_bytes"] for d in plan.predicted["devices"]) <= choice.limit_bytes
-    # The floors are tight: a little more memory and the uniform split fits.
+    assert max(d["peak_memory_bytes"] for d in plan.predicted.to_dict()["devices"]) <= choice.limit_bytes
+    # The uniform split's floor is a limit it fits under (so the limit is not needlessly low).
     partition(profile, _settings(int(choice.uniform_floor_bytes * 1.01), "uniform"))
 
 
@@ -54,6 +54,13 @@ def test_step_spread_flags_a_run_disturbed_halfway_and_ignores_warmup():
     disturbed = {"step_ms": [700.0] * 7 + [1100.0] * 6, "measured_steps": list(range(13))}
     assert step_spread(disturbed) > NOISE
     assert step_spread({"step_ms": [1.0, 2.0]}) == 0.0
+
+
+def test_demo_help_and_readme_agree_on_folder_and_duration(pplan):
+    code, out, _ = pplan("demo", "--help")
+    assert code == 0 and "reports/demo" in out and "about a minute" in out.replace("\n", " ")
+    readme = (Path(__file__).parent.parent / "README.md").read_text(encoding="utf-8")
+    assert "writes [reports/demo/]" in readme or "writes `reports/demo/`" in readme
 
 
 @pytest.mark.slow

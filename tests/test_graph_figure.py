@@ -1,4 +1,4 @@
-"""The layer-graph figure: a PNG from data, from a traced model and from a profile with edge lines.
+"""The layer-graph figure: a PNG from data, and from `pplan partition --plot` on a profile with edge lines.
 
 The PNGs are decoded and read back: one box per layer, one dashed line per cut, the skip arcs.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from planner.graph import add_edge_lines, draw_layer_graph
-from planner.graph.figure import main
+from planner.graph import add_edge_lines
+from planner.report.fig_graph import draw_layer_graph
 
 from test_run_support import assert_drawn_png, color_share
 
@@ -46,16 +46,30 @@ def test_bad_cuts_are_refused(tmp_path):
         draw_layer_graph(["a", "b"], [1, 1], [], tmp_path / "g.png", cuts=[1])
 
 
-def test_main_from_model_and_from_profile(tmp_path, capsys, monkeypatch):
+def test_partition_plot_draws_the_plans_cuts_with_a_legend(tmp_path, pplan):
     from test_graph_edges import CHAIN, UNET_EDGES
 
-    monkeypatch.chdir(tmp_path)
-    assert main(["--model", "unet_model:build:width=2", "--cuts", "2,6", "-o", "m.png"]) == 0
-    out = capsys.readouterr().out
-    assert "cut 2: 3.0 KiB crosses" in out and "skip 0->1,7: 2.0 KiB" in out  # width 2: half the bytes
     (tmp_path / "p.csv").write_text(add_edge_lines(CHAIN, UNET_EDGES), encoding="utf-8")
-    assert main(["--profile", "p.csv", "--cuts", "4", "-o", "p.png"]) == 0
-    assert "cut 4: 7.0 KiB crosses" in capsys.readouterr().out
-    assert layer_graph_counts(tmp_path / "m.png") == (10, 2, True)  # the U-Net's 10 layers, cuts 2 and 6
-    assert layer_graph_counts(tmp_path / "p.png") == (10, 1, True)
-    assert main(["--profile", "p.csv", "--cuts", "9", "-o", "q.png"]) == 2
+    code, out, err = pplan("partition", tmp_path / "p.csv", "--devices", "3", "--global-batch", "8", "--schedule", "1f1b",
+                           "--out", tmp_path / "plan.json", "--plot", tmp_path / "cuts.png")
+    assert code == 0, err
+    assert f"wrote {tmp_path / 'cuts.png'}" in err
+    assert layer_graph_counts(tmp_path / "cuts.png") == (10, 2, True)  # the U-Net's 10 layers, 3 stages: 2 cuts
+    code, _, err = pplan("partition", tmp_path / "p.csv", "--devices", "3", "--global-batch", "8",
+                         "--out", tmp_path / "plan2.json", "--plot", tmp_path / "cuts.svg")
+    assert code == 2 and "--plot" in err and not (tmp_path / "plan2.json").exists()
+
+
+def test_the_figure_has_a_legend_naming_each_mark(tmp_path, monkeypatch):
+    import matplotlib.axes
+
+    seen: list[list[str]] = []
+    real = matplotlib.axes.Axes.legend
+
+    def spy(self, *args, **kwargs):
+        seen.append([h.get_label() for h in kwargs.get("handles", [])])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", spy)
+    draw_layer_graph(["a", "b", "c", "d"], [0, 10, 20, 5], [(0, 3, 40, (1,))], tmp_path / "g.png", cuts=[1])
+    assert len(seen) == 1 and any("skip tensor" in s for s in seen[0]) and any("cut" in s for s in seen[0])

@@ -50,22 +50,33 @@ def test_human_output_and_files(work: Path) -> None:
 def test_json_and_what_if_flags(work: Path) -> None:
     base = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
     more = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16").stdout)
-    assert more["n_microbatches"] == 16 and more["micro_batch_size"] == 4  # size kept, global batch doubles
+    assert more["n_microbatches"] == 16 and more["micro_batch_size"] == 2  # global batch 32 kept, as partition does
     assert more["bubble_fraction"] < base["bubble_fraction"]
+    kept = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16",
+                             "--keep", "micro-batch-size").stdout)
+    assert kept["n_microbatches"] == 16 and kept["micro_batch_size"] == 4  # size kept, global batch doubles
     slow = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--bandwidth", "10MB/s", "--latency", "1ms").stdout)
     assert slow["iteration_ms"] > base["iteration_ms"] + 10
     zb = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--schedule", "zb").stdout)
     assert zb["schedule"] == "zb" and zb["iteration_ms"] < base["iteration_ms"]
-    interp = _pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3")
+    interp = _pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3", "--keep", "micro-batch-size")
     assert interp.returncode == 0 and "interpolated" in interp.stdout
+    odd = _pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3")
+    assert odd.returncode == 2 and "does not divide the global batch 32" in odd.stderr
 
 
 def test_sweep_table_json_and_plot(work: Path) -> None:
-    r = _pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=1,3,6,12", "--plot", str(work / "s.png"))
+    r = _pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=1,4,8,16,3", "--plot", str(work / "s.png"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
-    assert "cannot run" in lines[1]  # 1f1b needs at least 3 micro-batches on 3 devices
-    assert len(lines) == 5
+    assert "global batch kept" in lines[0] and "basis: uncalibrated" in lines[0]
+    assert lines[1].split()[:4] == ["schedule", "M", "size", "global"]
+    assert "cannot run" in lines[2]  # 1f1b needs at least 3 micro-batches on 3 devices
+    assert [line.split()[1:4] for line in lines[3:6]] == [["4", "8", "32"], ["8", "4", "32"], ["16", "2", "32"]]
+    assert "cannot run" in lines[6] and "does not divide the global batch 32" in lines[6]
+    assert len(lines) == 7
+    grown = _pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=4,16", "--keep", "micro-batch-size")
+    assert [line.split()[1:4] for line in grown.stdout.splitlines()[2:]] == [["4", "4", "16"], ["16", "4", "64"]]
     from test_run_support import assert_drawn_png
 
     assert_drawn_png(work / "s.png")
@@ -103,3 +114,45 @@ def test_simulate_imports_neither_torch_nor_matplotlib(work: Path) -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert r.returncode == 0, r.stderr
     assert "HEAVY []" in r.stdout
+
+
+def test_json_errors_go_to_stdout_with_the_same_exit_code(work: Path) -> None:
+    r = _pplan("simulate", str(work / "missing.json"), "--json")
+    assert r.returncode == 2 and r.stderr == ""
+    data = json.loads(r.stdout)
+    assert set(data) == {"error", "hint"} and "missing.json" in data["error"]
+    usage = _pplan("simulate", "--json")  # a usage error (no PLAN.json) is JSON too
+    assert usage.returncode == 2 and "error" in json.loads(usage.stdout)
+    plain = _pplan("simulate", str(work / "missing.json"))
+    assert plain.returncode == 2 and plain.stdout == "" and plain.stderr.startswith("pplan: error: ")
+
+
+def test_version() -> None:
+    r = _pplan("--version")
+    assert r.returncode == 0 and r.stdout.startswith("pplan 0.")
+
+
+def test_basis_is_named_and_a_calibration_is_applied_only_when_asked_or_found(work: Path) -> None:
+    from planner.calibration import Calibration, write_calibration
+
+    base = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
+    assert base["basis"].startswith("uncalibrated")
+    write_calibration(Calibration(compute_scale=2.0), work / "mine.json")
+    r = _pplan("simulate", str(work / "plan.json"), "--calibration", str(work / "mine.json"))
+    assert r.returncode == 0 and f"basis: calibrated by {work / 'mine.json'}" in r.stdout
+    slow = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", str(work / "mine.json")).stdout)
+    assert slow["iteration_ms"] > 1.5 * base["iteration_ms"]
+    write_calibration(Calibration(compute_scale=2.0), work / "sim_profile.calibration.json")  # the profile's own
+    found = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
+    assert found["basis"].startswith("calibrated") and found["iteration_ms"] == slow["iteration_ms"]
+    off = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", "none").stdout)
+    assert off["basis"].startswith("uncalibrated") and off["iteration_ms"] == base["iteration_ms"]
+
+
+def test_reference_profiles_never_receive_a_calibration(tmp_path: Path) -> None:
+    from planner.calibration import calibration_path_for, is_reference_profile
+
+    ref = ROOT / "profiles" / "gpt-8l-v32k.csv"
+    assert is_reference_profile(ref) and not is_reference_profile(tmp_path / "gpt.csv")
+    assert calibration_path_for(ref) == Path("gpt-8l-v32k.calibration.json")  # the current folder
+    assert calibration_path_for(tmp_path / "gpt.csv") == tmp_path / "gpt.calibration.json"

@@ -12,7 +12,7 @@ import platform
 from importlib import metadata
 from typing import Any
 
-from planner.hostinfo import cpu_model
+from planner.hostinfo import cpu_model, usable_cores
 
 __all__ = ["machine_info"]
 
@@ -35,13 +35,6 @@ def _version(package: str) -> str:
         return "not installed"
 
 
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def _ilp_solver() -> str:
     try:
         from planner.partition.ilp import ilp_solver_name
@@ -60,7 +53,7 @@ def machine_info(with_solver: bool = True) -> dict[str, Any]:
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "cpu": cpu_model(),
-        "cores": _cores(),
+        "cores": usable_cores(),
         "ram_gib": _ram_gib(),
         "load_1min": load,
         "os": f"{platform.system()} {platform.release()}",

@@ -1,40 +1,24 @@
 """What a report computes rather than reads: a simulation of the plan, and the micro-batch sweep.
 
-Both need the plan and its profile, and the simulator (`planner.simulate`).
+Both need the plan and its profile; the sweep is planner.whatif's. Everything simulated here
+uses one basis, named in the report: the calibration (--calibration, else the profile's own),
+or the profile as measured. A calibration fitted on the very run the report shows is labelled
+as a fit: its gap to that run is a residual, never a prediction error.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import PplanError
 from planner.report.inputs import ReportInputs, TimelineRow
 
-__all__ = ["SweepPoint", "Derived", "derive", "sweep_sizes", "MAX_SWEEP_POINTS"]
+__all__ = ["Derived", "derive", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
 
 # Divisors of the global batch can be many (e.g. 720 has 30); keep the sweep to a few seconds.
 MAX_SWEEP_POINTS = 12
-
-
-@dataclass(frozen=True)
-class SweepPoint:
-    """One simulated (schedule, micro-batch count) variant of the plan."""
-
-    schedule: str
-    """Schedule name."""
-    n_microbatches: int
-    """Micro-batches per iteration."""
-    micro_batch_size: int
-    """Samples per micro-batch (global batch / n_microbatches)."""
-    iteration_ms: float
-    """Simulated iteration time, ms."""
-    bubble_fraction: float
-    """Simulated idle fraction of device time."""
-    peak_memory_bytes: float
-    """Largest per-device peak memory."""
-    feasible: bool
-    """Every device within its memory limit."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +27,7 @@ class Derived:
 
     inputs: ReportInputs | None = None
     """Inputs completed with a simulation of the plan (None = unchanged)."""
-    sweep: tuple[SweepPoint, ...] = ()
+    sweep: tuple[Any, ...] = ()
     """The micro-batch x schedule sweep."""
     sweep_skipped: str | None = None
     """Why there is no sweep."""
@@ -73,37 +57,28 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
     return sorted(chosen)
 
 
-def _simulate_plan(plan: Any, profile: Any) -> tuple[dict[str, Any], list[TimelineRow]]:
-    """Simulation JSON and timeline of `plan`, with the profile's calibration if it has one."""
-    from planner.calibration import find_calibration
-    from planner.simulate import simulate
+def fitted_on_run(cal: Any, run: dict[str, Any] | None, run_source: str | None = None) -> bool:
+    """Whether `cal` was fitted on `run` (same file, or the same measured iteration time)."""
+    if cal is None or not run or not cal.fitted_from:
+        return False
+    src = cal.fitted_from.get("run")
+    if src and run_source:
+        try:
+            if Path(src).resolve() == Path(run_source).resolve():
+                return True
+        except OSError:
+            pass
+    a, b = cal.fitted_from.get("measured_ms"), run.get("iteration_ms_measured")
+    return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-6 * max(abs(b), 1.0)
 
-    calibration = find_calibration(profile.path)
-    result = simulate(plan, profile, calibration=calibration)
-    return result.to_dict(), [TimelineRow(*row) for row in result.timeline]
 
-
-def _sweep(plan: Any, profile: Any, sizes: list[int]) -> list[SweepPoint]:
+def _sweep(plan: Any, profile: Any, sizes: list[int], calibration: Any) -> list[Any]:
     """The plan's cuts under each schedule it can use and each micro-batch count in `sizes`."""
-    from planner.calibration import find_calibration
-    from planner.errors import ScheduleError
     from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
-    from planner.simulate import simulate
+    from planner.whatif import sweep_grid
 
-    calibration = find_calibration(profile.path)
     schedules = tuple(n for n in SCHEDULE_NAMES if get_schedule(n).multi_chunk == (plan.virtual_stages > 1))
-    points = []
-    for name in schedules:
-        for m in sizes:
-            variant = plan.with_(schedule=name, n_microbatches=m, micro_batch_size=plan.global_batch // m,
-                                 predicted=None, search=None)
-            try:
-                res = simulate(variant, profile, calibration=calibration, record_timeline=False)
-            except ScheduleError:
-                continue  # this schedule cannot run at this size (e.g. 1F1B needs M >= devices)
-            points.append(SweepPoint(name, m, variant.micro_batch_size, res.iteration_ms, res.bubble_fraction,
-                                     max(res.peak_memory_bytes), res.fits))
-    return points
+    return sweep_grid(plan, profile, schedules, sizes, calibration)
 
 
 def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -> Derived:
@@ -114,31 +89,39 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     """
     if inputs.plan is None or inputs.profile is None:
         return Derived(sweep_skipped="needs a plan and its profile (--plan and --profile) to simulate the sweep")
-    from planner.calibration import find_calibration
+    from planner.calibration import basis_text, resolve_calibration
+    from planner.simulate import simulate
 
-    notes: list[str] = []
-    completed = inputs
+    cal, cal_path = resolve_calibration(inputs.profile.path, inputs.calibration)
+    basis = basis_text(cal, cal_path)
+    fit = fitted_on_run(cal, inputs.run, inputs.sources.get("run"))
+    notes = [f"Basis of everything simulated here: {basis}."]
+    if fit:
+        notes.append("That calibration was fitted on the run shown here, so the calibrated simulation's gap to this "
+                     "run is a fit residual, not a prediction error; the run's own prediction (made before the "
+                     "calibration) is the prediction to judge. Check a calibration on a new run.")
+    changes: dict[str, Any] = {"basis": basis, "sim_is_fit": fit and inputs.sim is None}
     if inputs.sim is None or inputs.timeline is None:
         say("simulating the plan")
         try:
-            sim, timeline = _simulate_plan(inputs.plan, inputs.profile)
+            result = simulate(inputs.plan, inputs.profile, calibration=cal)
         except PplanError as e:
             reason = f"the plan could not be simulated with this profile: {e.one_line()}"
             return Derived(sweep_skipped=reason, notes=(reason,))
-        changes: dict[str, Any] = {}
         if inputs.sim is None:
-            changes["sim"] = sim
+            changes["sim"] = result.to_dict()
+            if fit:
+                changes["sim_label"] = "calibrated on this run (a fit)"
+            elif cal is not None and inputs.sim_label == "simulation":
+                changes["sim_label"] = "simulation (calibrated)"
             notes.append("The simulation was computed here from the plan and the profile.")
         if inputs.timeline is None:
-            changes["timeline"] = tuple(timeline)
+            changes["timeline"] = tuple(TimelineRow(*row) for row in result.timeline)
             notes.append("The simulated timeline was computed here from the plan and the profile.")
-        completed = replace(inputs, **changes)
-    if find_calibration(inputs.profile.path) is not None:
-        notes.append("What is simulated here (the sweep, and the simulation when no --sim was given) applies the "
-                     "calibration found beside the profile.")
+    completed = replace(inputs, **changes)
     say("sweeping micro-batch counts and schedules")
     try:
-        points = _sweep(inputs.plan, inputs.profile, sweep_sizes(inputs.plan.global_batch, inputs.plan.n_devices))
+        points = _sweep(inputs.plan, inputs.profile, sweep_sizes(inputs.plan.global_batch, inputs.plan.n_devices), cal)
     except PplanError as e:
         return Derived(inputs=completed, sweep_skipped=f"the sweep failed: {e.one_line()}", notes=tuple(notes))
     return Derived(inputs=completed, sweep=tuple(points), notes=tuple(notes),

@@ -51,7 +51,9 @@ def caption(inputs: ReportInputs) -> str:
             "Middle: peak memory per device, predicted and measured, against the limit. "
             "Right: measured time of every training step against the predicted iteration time; "
             "hollow points are warm-up steps, excluded from the median. Percentages are prediction errors as in "
-            "the run JSON: (predicted - measured) / measured.")
+            "the run JSON: (predicted - measured) / measured."
+            + (" The line calibrated on this same run is a fit: its percentage is a residual, not a prediction error."
+               if inputs.sim_is_fit else ""))
 
 
 def _rank_rows(inputs: ReportInputs) -> list[dict]:
@@ -86,10 +88,11 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
                       for lim, r in zip(limits, ranks)]
         top = np.nanmax(pred_mem + meas_mem + [float(v) for v in limits if v] + [1.0])
         div, unit = bytes_axis(top)
+        floors = [float(lim) / div if lim else 0.0 for lim in limits]  # labels sit above the limit line
         if _has_breakdowns(ranks):
-            _stacked_pairs(ax_mem, x, ranks, w, div)
+            _stacked_pairs(ax_mem, x, ranks, w, div, floors)
         else:
-            _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div)
+            _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div, floors)
         drawn = False
         for i, lim in enumerate(limits):
             if lim:
@@ -125,7 +128,8 @@ def _has_breakdowns(ranks: list[dict]) -> bool:
     return all(isinstance(r.get("memory_predicted"), dict) and isinstance(r.get("memory_measured"), dict) for r in ranks)
 
 
-def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: float) -> None:
+def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: float,
+                   floors: list[float] | None = None) -> None:
     """Predicted (left, solid) and measured (right, hatched) bars per device, stacked by kind."""
     for offset, key, hatch in ((-w / 2, "memory_predicted", None), (w / 2, "memory_measured", "///")):
         bottom = np.zeros(len(ranks))
@@ -139,18 +143,21 @@ def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: flo
         else:
             for i, (p, m) in enumerate(zip(pred_tot, bottom)):
                 if p > 0:
-                    ax.annotate(f"{(p - m) / m:+.0%}" if m > 0 else "", (x[i] + w / 2, m), ha="center", va="bottom",
+                    y = max(m, floors[i]) if floors else m
+                    ax.annotate(f"{(p - m) / m:+.0%}" if m > 0 else "", (x[i] + w / 2, y), ha="center", va="bottom",
                                 fontsize=8, xytext=(0, 2), textcoords="offset points", bbox=_LABEL_BOX)
     ax.set_xlabel("left bar predicted, right bar measured")
 
 
-def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w: float, div: float) -> None:
+def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w: float, div: float,
+                 floors: list[float] | None = None) -> None:
     bars_p = ax.bar(x - w / 2, np.array(pred) / div, width=w, color=PREDICTED_COLOR, label="predicted")
     bars_m = ax.bar(x + w / 2, np.array(meas) / div, width=w, color=MEASURED_COLOR, label="measured")
-    for bp, bm, p, m in zip(bars_p, bars_m, pred, meas):
+    for i, (bp, bm, p, m) in enumerate(zip(bars_p, bars_m, pred, meas)):
         if np.isfinite(p) and np.isfinite(m) and m > 0:
-            # Labelled like the run JSON's error_pct: (predicted - measured) / measured.
-            ax.annotate(f"{(p - m) / m:+.0%}", (bm.get_x() + bm.get_width() / 2, bm.get_height()),
+            # Labelled like the run JSON's error_pct: (predicted - measured) / measured; above a limit line.
+            y = max(bm.get_height(), floors[i]) if floors else bm.get_height()
+            ax.annotate(f"{(p - m) / m:+.0%}", (bm.get_x() + bm.get_width() / 2, y),
                         ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points",
                         bbox=_LABEL_BOX)
 
@@ -177,7 +184,8 @@ def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
     else:
         measured = None
     for label, value, color in prediction_lines(inputs):
-        err = f" ({(value - measured) / measured:+.0%})" if measured else ""
+        fit = inputs.sim_is_fit and label == inputs.sim_label
+        err = f" ({(value - measured) / measured:+.0%}{' residual' if fit else ''})" if measured else ""
         ax.axhline(value, color=color, ls="--", lw=1.6, label=f"{label} {value:.1f} ms{err}")
     ax.set_xlabel("training step")
     ax.set_ylabel("step time (ms)")

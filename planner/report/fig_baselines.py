@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.report.inputs import ReportInputs
+from planner.report.inputs import ReportInputs, as_dict
 from planner.report.style import LIMIT_STYLE, bytes_axis, new_figure
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "candidates"]
@@ -36,11 +36,11 @@ def candidates(inputs: ReportInputs, derived: Any = None) -> list[dict[str, Any]
     plan = inputs.plan
     if plan is None:
         return rows
-    search = plan.search or {}
+    search = as_dict(plan.search)
     source = getattr(derived, "baselines", None) or search.get("baselines") or []
     if isinstance(source, dict):  # {"uniform": {...}, ...}
         source = [{"name": k, **v} for k, v in source.items() if isinstance(v, dict)]
-    predicted = plan.predicted or {}
+    predicted = as_dict(plan.predicted)
     origin = search.get("source")
     name = "pplan plan" + (f" (= {origin} split)" if origin in ("uniform", "params", "time") else "")
     rows.append({"name": name, "iteration_ms": _number(predicted.get("iteration_ms"))
@@ -94,10 +94,14 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 
 
 def caption(inputs: ReportInputs) -> str:
+    calibrated = as_dict(inputs.plan.search if inputs.plan is not None else None).get("calibrated")
+    basis = {True: " Basis: calibrated, as the plan was searched.",
+             False: " Basis: uncalibrated (the profile as measured), as the plan was searched."}.get(calibrated, "")
     return ("Predicted iteration time (left) and largest per-device peak memory (right) of pplan's plan and "
             "of the baseline splits: equal layer counts (uniform), equal parameter bytes (params) and equal "
             "compute time (time), as `pplan partition` evaluated them: the plan's schedule and micro-batches, "
-            "with recompute added where it helps them fit. Red hatched bars do not fit the memory limit (dashed).")
+            "with recompute added where it helps them fit. Red hatched bars do not fit the memory limit (dashed)."
+            + basis)
 
 
 def _limit(inputs: ReportInputs) -> float | None:
@@ -139,14 +143,16 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         text = f"{r['peak_memory_bytes'] / div:.2f} {unit}" if r["peak_memory_bytes"] else "n/a"
         if r["peak_memory_bytes"] and limit:
             text += f"  ({r['peak_memory_bytes'] / limit:.0%} of limit)"
-        ax_m.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5,
+        # Right of the bar or of the limit line, whichever is further: a label never crosses the line.
+        x_text = max(bar.get_width(), limit / div if limit else 0.0)
+        ax_m.text(x_text, bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5,
                   bbox={"facecolor": "white", "alpha": 0.8, "lw": 0, "pad": 1})
     if limit:
         ax_m.axvline(limit / div, **LIMIT_STYLE)
     ax_m.set_yticks(y, names)
     ax_m.set_xlabel(f"peak memory of the fullest device ({unit})")
     ax_m.set_title(f"Peak memory (limit {limit / div:.2f} {unit}, dashed)" if limit else "Peak memory")
-    ax_m.set_xlim(0, max(peaks + [limit or 0.0, 1.0]) / div * 1.5)
+    ax_m.set_xlim(0, max(peaks + [limit or 0.0, 1.0]) / div * 1.6)
     for ax in (ax_t, ax_m):
         ax.grid(axis="y", visible=False)
     from matplotlib.lines import Line2D

@@ -11,7 +11,7 @@ from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "settled"]
 
 KEY = "2_memory"
 TITLE = "Memory per device"
@@ -31,7 +31,10 @@ def caption(inputs: ReportInputs) -> str:
     if _measured_peaks(inputs):
         text += ", the diamond the peak measured by `pplan run`"
     text += ". Right: predicted memory over one iteration"
-    return text + (" (the simulator did not record it)." if not _has_timeline(inputs) else ".")
+    if not _has_timeline(inputs):
+        return text + " (the simulator did not record it)."
+    return text + (". Where a micro-batch's activations are freed at the instant the next one's are allocated, "
+                   "the line shows the level after both (the free lasts no time).")
 
 
 def _has_timeline(inputs: ReportInputs) -> bool:
@@ -108,6 +111,22 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     return fig
 
 
+def settled(points: list) -> list:
+    """Memory points with one value per instant: the last one at each time.
+
+    When one micro-batch's backward ends and the next forward starts at the same instant, the
+    simulator records the free and then the allocation at that one time; drawn as steps, the
+    free would show as a spike down to the baseline that lasts no time at all.
+    """
+    out: list = []
+    for p in points:
+        if out and float(out[-1][0]) == float(p[0]):
+            out[-1] = p
+        else:
+            out.append(p)
+    return out
+
+
 def _label(d: dict, i: int) -> str:
     dev = d.get("device", i)
     name = d.get("name")
@@ -121,6 +140,7 @@ def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[dict], limits: l
         pts = timeline.get(str(d.get("device", i))) or []
         if not pts:
             continue
+        pts = settled(pts)
         t = [float(p[0]) for p in pts] + [max(t_end, float(pts[-1][0]))]
         y = [float(p[1]) / div for p in pts] + [float(pts[-1][1]) / div]
         color = device_color(int(d.get("device", i)))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from planner.report.inputs import ReportInputs
+from planner.report.fig_whatif import best_fitting
 from planner.report.style import SCHEDULE_COLORS, new_figure
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption"]
@@ -31,7 +32,10 @@ def caption(inputs: ReportInputs) -> str:
     plan = inputs.plan
     return (f"Each point is the plan's stage cuts simulated with one schedule and M micro-batches of "
             f"{plan.global_batch} / M samples (the global batch stays {plan.global_batch}). Hollow markers exceed "
-            "a device's memory limit. The star is the plan's choice.")
+            "a device's memory limit. The star is the fastest point that fits; when the plan's own setting is "
+            "another point (black ring), it is because the plan was chosen on another basis (e.g. before a "
+            "calibration this sweep applies), or because the partitioner judged that setting with the cuts it "
+            "found for it, while this sweep keeps the plan's cuts and recompute everywhere.")
 
 
 def draw(inputs: ReportInputs, derived: Any) -> Any:
@@ -49,13 +53,18 @@ def draw(inputs: ReportInputs, derived: Any) -> Any:
             ys = [getattr(p, attr) * (100 if attr == "bubble_fraction" else 1) for p in pts]
             ax.plot(xs, ys, color=color, lw=1.6, ls=ls, marker=marker, ms=6, mfc=color, label=name)
             for x, y, p in zip(xs, ys, pts):
-                if not p.feasible:
+                if not p.fits:
                     ax.plot([x], [y], marker=marker, ms=7, color=color, mfc="white", mew=1.5, ls="none")
     chosen = next((p for p in points if p.schedule == plan.schedule and p.n_microbatches == plan.n_microbatches), None)
-    if chosen is not None:
+    best = best_fitting(points)
+    if best is not None:
+        for ax, value in ((ax_t, best.iteration_ms), (ax_b, best.bubble_fraction * 100)):
+            ax.plot([best.n_microbatches], [value], marker="*", ms=17, color="#F2C12E", mec="#333333",
+                    ls="none", label=f"fastest that fits: {best.schedule}, M={best.n_microbatches}", zorder=5)
+    if chosen is not None and chosen is not best:
         for ax, value in ((ax_t, chosen.iteration_ms), (ax_b, chosen.bubble_fraction * 100)):
-            ax.plot([chosen.n_microbatches], [value], marker="*", ms=17, color="#F2C12E", mec="#333333",
-                    ls="none", label=f"plan: {chosen.schedule}, M={chosen.n_microbatches}", zorder=5)
+            ax.plot([chosen.n_microbatches], [value], marker="o", ms=15, mfc="none", mec="#222222", mew=1.8,
+                    ls="none", label=f"plan's setting: {chosen.schedule}, M={chosen.n_microbatches}", zorder=6)
     ax_t.plot([], [], marker="o", mfc="white", color="#555555", ls="none", label="exceeds memory limit")
     for ax in (ax_t, ax_b):
         ax.set_xscale("log", base=2)

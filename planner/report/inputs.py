@@ -100,6 +100,12 @@ class ReportInputs:
     """Extra lines for the index (e.g. what was computed rather than read)."""
     extra_predictions: tuple[tuple[str, float], ...] = ()
     """(label, iteration ms) of further predictions to compare measured steps with."""
+    calibration: str | None = None
+    """Calibration JSON to simulate with, or 'none' (None: the profile's own, if any)."""
+    basis: str | None = None
+    """What the report's simulation is based on (set by derive: calibrated or not, and by what)."""
+    sim_is_fit: bool = False
+    """The simulation is calibrated on the very run shown: its gap to the run is a fit residual."""
 
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""
@@ -297,3 +303,13 @@ def load_inputs(
 
 
 __all__ += ["check_sim", "check_run", "check_run_keys", "SIM_KEYS", "RUN_KEYS"]
+
+
+def as_dict(record: Any) -> dict[str, Any]:
+    """A plan's `predicted`/`search` as a plain dict, whether typed record, dict or None."""
+    if record is None:
+        return {}
+    if hasattr(record, "to_dict"):
+        return record.to_dict()
+    return dict(record) if isinstance(record, dict) else {}
+__all__ += ["as_dict"]

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from planner.report.inputs import ReportInputs
+from planner.report.inputs import ReportInputs, as_dict
 from planner.units import format_bytes, format_ms
 
-__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows"]
+__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line"]
 
 
 def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
     """The prediction for the plan as given: simulation, else the plan's recorded prediction."""
-    for source in (inputs.sim, inputs.plan.predicted if inputs.plan else None):
+    for source in (inputs.sim, as_dict(inputs.plan.predicted) if inputs.plan else None):
         value = (source or {}).get("iteration_ms")
         if isinstance(value, (int, float)) and value > 0:
             return float(value)
@@ -40,7 +40,8 @@ def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | Non
             for dev, row in sorted(rows.items())]
 
 
-def _plan_line(plan: Any) -> str:
+def plan_line(plan: Any) -> str:
+    """One line: schedule, micro-batching, devices, and each stage's layers and recompute."""
     cuts = ", ".join(f"[{st.layers[0]}, {st.layers[1]})" + (f" recompute {list(st.recompute)}" if st.recompute else "")
                      + f" on dev {st.device}" for st in plan.stages)
     return (f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size} "
@@ -51,12 +52,16 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
     """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup."""
     rows: list[tuple[str, str]] = []
     if inputs.plan is not None:
-        rows.append(("plan", _plan_line(inputs.plan)))
+        rows.append(("plan", plan_line(inputs.plan)))
+    if inputs.basis is not None:
+        rows.append(("basis of what the report simulates", inputs.basis))
     predicted = predicted_iteration_ms(inputs)
     if predicted is not None:
         label = "predicted iteration time" if inputs.sim is None else f"predicted iteration time ({inputs.sim_label})"
+        if inputs.sim_is_fit:
+            label = "iteration time fitted on this run (calibrated: a fit, not a prediction)"
         rows.append((label, format_ms(predicted)))
-    sim = inputs.sim or (inputs.plan.predicted if inputs.plan else None) or {}
+    sim = inputs.sim or (as_dict(inputs.plan.predicted) if inputs.plan else None) or {}
     if isinstance(sim.get("bubble_fraction"), (int, float)):
         rows.append(("predicted bubble fraction", f"{sim['bubble_fraction']:.1%}"))
     if isinstance(sim.get("throughput_samples_per_s"), (int, float)):
@@ -74,8 +79,12 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
                                                       f"(predicted {format_ms(run_pred)})"))
         if inputs.sim is not None and predicted and (not isinstance(run_pred, (int, float))
                                                      or abs(predicted - run_pred) > 1e-3 * predicted):
-            rows.append((f"prediction error ({inputs.sim_label})", f"{(predicted - measured) / measured:+.1%} "
-                                                                   f"(predicted {format_ms(predicted)})"))
+            if inputs.sim_is_fit:
+                rows.append(("fit residual (calibrated on this same run: not a prediction error)",
+                             f"{(predicted - measured) / measured:+.1%} (fitted {format_ms(predicted)})"))
+            else:
+                rows.append((f"prediction error ({inputs.sim_label})", f"{(predicted - measured) / measured:+.1%} "
+                                                                       f"(predicted {format_ms(predicted)})"))
     for dev, pred, meas, limit in peak_rows(inputs):
         parts = []
         if pred:
@@ -87,13 +96,13 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
             parts.append(f"limit {format_bytes(limit)} ({worst / limit:.0%} used)")
         if parts:
             rows.append((f"peak memory dev {dev}", ", ".join(parts)))
-    recompute = (inputs.plan.search or {}).get("recompute") if inputs.plan is not None else None
-    rows += _baseline_rows(baselines or [], predicted, recompute)
+    search = as_dict(inputs.plan.search) if inputs.plan is not None else {}
+    rows += _baseline_rows(baselines or [], predicted, search.get("recompute"), search.get("calibrated"))
     return rows
 
 
 def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None,
-                   recompute: str | None = None) -> list[tuple[str, str]]:
+                   recompute: str | None = None, calibrated: bool | None = None) -> list[tuple[str, str]]:
     """One row per baseline (as `pplan partition` evaluated it): fits or not, and time against the plan."""
     rows = []
     mine = next((b for b in baselines if b.get("is_plan")), None)
@@ -115,5 +124,7 @@ def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None,
             if abs(ratio - 1) >= 0.005:
                 detail += f", {ratio:.2f}x the plan's {format_ms(ours)}"
             parts.append(detail)
-        rows.append((f"vs {b['name']} split", "; ".join(parts)))
+        basis = {True: " (partition's prediction, calibrated)",
+                 False: " (partition's prediction, uncalibrated)"}.get(calibrated, "")
+        rows.append((f"vs {b['name']} split{basis}", "; ".join(parts)))
     return rows
