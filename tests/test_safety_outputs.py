@@ -88,8 +88,9 @@ def test_all_zero_profile_is_refused_by_simulate_json(work: Path) -> None:
         cells = ln.split(",")
         zeroed.append(",".join("0" if h.endswith(("_ms", "_bytes")) else c for h, c in zip(header, cells)))
     (work / "zero.csv").write_text("\n".join(zeroed) + "\n")
-    line = _one_line_error(_cli(["simulate", "plan.json", "--profile", "zero.csv", "--json"], work))
-    assert "fwd_ms = bwd_ms = 0" in line
+    got = _cli(["simulate", "plan.json", "--profile", "zero.csv", "--json"], work)
+    assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
+    assert "fwd_ms = bwd_ms = 0" in json.loads(got.stdout)["error"]  # --json: the error is JSON on stdout
 
 
 def test_simulate_refuses_millions_of_microbatches_before_allocating(work: Path) -> None:
@@ -98,7 +99,8 @@ def test_simulate_refuses_millions_of_microbatches_before_allocating(work: Path)
     plan["devices"] = plan["devices"][:2]
     (work / "two.json").write_text(json.dumps(plan))
     # 2 stages x 10,000,000 micro-batches = 40 million actions: tens of GB as a timeline
-    line = _one_line_error(_cli(["simulate", "two.json", "--microbatches", "10000000", "--out", str(work / "s.json")],
+    line = _one_line_error(_cli(["simulate", "two.json", "--microbatches", "10000000", "--keep", "micro-batch-size",
+                                 "--out", str(work / "s.json")],
                                 work, timeout=120))
     assert "40,000,000 actions" in line and "4,000,000" in line
     assert not (work / "s.json").exists()

@@ -15,7 +15,7 @@ __all__ = ["summary_dict", "summary_text"]
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(header)]
     line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return [line(header), line(["-" * w for w in widths])] + [line(r) for r in rows]
+    return [line(header), line(["-" * w if h else "" for h, w in zip(header, widths)])] + [line(r) for r in rows]
 
 
 def _pct(x: float) -> str:
