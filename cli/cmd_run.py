@@ -72,7 +72,8 @@ def check_outputs(out: Path | None, timeline: Path | None, checkpoint_dir: Path 
 def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Path | None, timeline: Path | None,
                 profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
                 timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool,
-                model: str | None = None, trust_model: bool = False) -> None:
+                model: str | None = None, trust_model: bool = False, input_shape: str | None = None,
+                input_dtype: str | None = None, vocab: int | None = None) -> None:
     """Shared body of `pplan run` and `pplan calibrate`.
 
     Everything that can be refused is refused before the plan's model is imported or any rank
@@ -94,7 +95,8 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         _check_calibration_writable(plan, plan_path, profile)
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
-                      calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose)
+                      calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose,
+                      input_shape=_parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
     from planner.execute.worker import read_env
 
     env = read_env()
@@ -117,6 +119,21 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """'3,32,32' -> (3, 32, 32), as `pplan profile --input-shape` reads it."""
+    if text is None:
+        return None
+    from planner.errors import PplanError
+
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers", "one sample's shape without the batch dimension, e.g. 3,32,32") from None
+    if not dims or any(d < 1 for d in dims):
+        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
+    return dims
 
 
 def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None) -> None:
@@ -166,6 +183,9 @@ def register(app: typer.Typer) -> None:
         checkpoint_every: int = o["checkpoint_every"], timeout: float = o["timeout"], threads: int = o["threads"],
         runtime: str = o["runtime"], force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
         model: str | None = o["model"], trust_model: bool = o["trust_model"],
+        input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32 (default: the profile's)."),
+        input_dtype: str | None = typer.Option(None, "--input-dtype", help="Factory models: float or long (default: the profile's)."),
+        vocab: int | None = typer.Option(None, "--vocab", help="Factory models with long input: token ids below this (default: the profile's)."),
     ) -> None:
         """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
 
@@ -175,4 +195,4 @@ def register(app: typer.Typer) -> None:
         run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                     calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
                     threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
-                    model=model, trust_model=trust_model)
+                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)

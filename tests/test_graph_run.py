@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from planner.errors import PlanError
 from planner.execute import RunOptions
 from planner.execute.checkpoint import latest_checkpoint, load_rank_file
 from planner.execute.reference import reference_run
@@ -98,18 +97,3 @@ def test_unet_pipeline_equals_single_process(monkeypatch, tmp_path, schedule, cu
         assert sorted(got[i]) == sorted(sd)
         for name, ref in sd.items():
             torch.testing.assert_close(got[i][name], ref, rtol=0, atol=0, msg=lambda m, i=i, n=name: f"layer {i} {n}: {m}")
-
-
-def test_unsupported_non_chain_plans_are_refused_up_front(monkeypatch, capsys, tmp_path):
-    monkeypatch.chdir(ROOT)
-    prof = tmp_path / "unet.csv"
-    code, _, err = _pplan(monkeypatch, capsys, "profile", "--model", UNET, "-b", "2", "--warmup", "0", "--repeats", "1", "-o", prof)
-    assert code == 0, err
-    cases = [("1f1b", [(0, 4), (4, 10)], {0: [1]}, "recompute"),
-             ("zb", [(0, 4), (4, 10)], {}, "only gpipe and 1f1b"),
-             ("interleaved", [(0, 2), (2, 5), (5, 7), (7, 10)], {}, "only gpipe and 1f1b")]
-    for schedule, cuts, rec, match in cases:
-        path = write_plan(tmp_path / f"{schedule}.json", UNET, schedule, 2, cuts, n_microbatches=4, recompute=rec, profile=prof)
-        with pytest.raises(PlanError, match=match) as e:
-            run_plan(load_plan(path), RunOptions(steps=1, device="cpu"), plan_path=str(path))
-        assert "\n" not in str(e.value)

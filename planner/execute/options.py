@@ -38,6 +38,12 @@ class RunOptions:
     """Run gpipe/1f1b/interleaved on torch's schedule classes when they equal the plan's order."""
     verbose: bool = False
     """Forward every line the ranks print (torch warnings included)."""
+    input_shape: tuple[int, ...] | None = None
+    """A factory model's input, one sample (--input-shape); default: the profile's record."""
+    input_dtype: str | None = None
+    """float or long (--input-dtype); default: the profile's record."""
+    vocab: int | None = None
+    """Token ids below this for long inputs (--vocab); default: the profile's record."""
 
     def __post_init__(self) -> None:
         if self.steps < 1:
@@ -56,6 +62,14 @@ class RunOptions:
             raise PplanError("--checkpoint-every needs --checkpoint-dir")
         if self.threads < 0:
             raise PplanError(f"--threads {self.threads} must be 0 or more")
+        if self.input_shape is not None:
+            object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))  # JSON gives a list
+            if not self.input_shape or any(d < 1 for d in self.input_shape):
+                raise PplanError(f"--input-shape {self.input_shape} needs positive dimensions", "e.g. 3,32,32")
+        if self.input_dtype not in (None, "float", "long"):
+            raise PplanError(f"--input-dtype {self.input_dtype!r} must be float or long")
+        if self.vocab is not None and self.vocab < 2:
+            raise PplanError(f"--vocab {self.vocab} must be at least 2")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

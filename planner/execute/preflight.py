@@ -24,7 +24,7 @@ from planner.jsonio import read_bounded_bytes
 from planner.plan import Plan
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 
-__all__ = ["Preflight", "preflight", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
+__all__ = ["Preflight", "preflight", "model_kwargs", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
 
 
 @dataclass(frozen=True)
@@ -69,15 +69,21 @@ def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, overri
     return beside if beside.exists() else p
 
 
-def _model_kwargs(profile: Profile | None) -> dict[str, Any]:
-    if profile is None or not profile.meta.get("input_shape"):
-        return {}
-    meta = profile.meta  # validated when the profile was loaded (planner.profiling.profile.META_KEYS)
-    out: dict[str, Any] = {"input_shape": tuple(int(x) for x in meta["input_shape"].split(",") if x.strip())}
-    if meta.get("input_dtype"):
-        out["input_dtype"] = meta["input_dtype"]
-    if meta.get("vocab"):
-        out["vocab"] = int(meta["vocab"])
+def model_kwargs(profile: Profile | None, opts: RunOptions | None = None) -> dict[str, Any]:
+    """build_model's input description: the profile's record, each item overridden by the
+    run's --input-shape / --input-dtype / --vocab where given (a hand-written plan)."""
+    out: dict[str, Any] = {}
+    meta = profile.meta if profile is not None else {}  # validated when loaded (profile.META_KEYS)
+    if meta.get("input_shape"):
+        out["input_shape"] = tuple(int(x) for x in meta["input_shape"].split(",") if x.strip())
+        if meta.get("input_dtype"):
+            out["input_dtype"] = meta["input_dtype"]
+        if meta.get("vocab"):
+            out["vocab"] = int(meta["vocab"])
+    if opts is not None:
+        for key in ("input_shape", "input_dtype", "vocab"):
+            if getattr(opts, key) is not None:
+                out[key] = getattr(opts, key)
     return out
 
 
@@ -102,23 +108,6 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
     return "cuda"
 
 
-NON_CHAIN_HINT = ("re-plan with --schedule gpipe or 1f1b, one stage per device and --recompute none; "
-                  "other plans of non-chain models can be simulated, not run yet (docs/graph.md)")
-
-
-def _refuse_non_chain(plan: Plan, skip_edges: Any) -> None:
-    """A model with skip connections runs on stages split by torch's pipeline(): gpipe or 1f1b,
-    one stage per device, no recompute. Refuse anything else before any process starts."""
-    if not skip_edges:
-        return
-    from planner.execute.stages import non_chain_unsupported
-
-    why = non_chain_unsupported(plan)
-    if why is not None:
-        raise PlanError(f"model {plan.model!r} is not a chain ({len(skip_edges)} skip connection(s) cross layers) "
-                        f"and the plan has {why}", NON_CHAIN_HINT)
-
-
 def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
               force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
     """Run every check that needs no process group; raise on the first problem."""
@@ -127,13 +116,6 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     if not plan.model:
         raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
                         'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
-    n_layers = layer_count(plan.model)
-    end = plan.stages[-1].layers[1]
-    if end != n_layers:
-        raise PlanError(f"plan stages cover {end} layers but model {plan.model!r} has {n_layers}",
-                        "re-plan from a profile of this model")
-    if plan.n_layers is not None and plan.n_layers != n_layers:
-        raise PlanError(f"plan is for {plan.n_layers} layers but model {plan.model!r} has {n_layers}")
     profile = None
     path = resolve_profile_path(plan, plan_path, profile_override)
     if path is not None and path.exists():
@@ -146,12 +128,21 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
                 raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
                                 f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
         profile = profile_from_bytes(data, str(path))
-        _refuse_non_chain(plan, profile.skip_edges)
+    elif profile_override:
+        load_profile(profile_override)  # raises the usual "does not exist" error
+    kwargs = model_kwargs(profile, opts)
+    # the model is built to count a factory's layers; it needs the input described
+    n_layers = layer_count(plan.model, **kwargs)
+    end = plan.stages[-1].layers[1]
+    if end != n_layers:
+        raise PlanError(f"plan stages cover {end} layers but model {plan.model!r} has {n_layers}",
+                        "re-plan from a profile of this model")
+    if plan.n_layers is not None and plan.n_layers != n_layers:
+        raise PlanError(f"plan is for {plan.n_layers} layers but model {plan.model!r} has {n_layers}")
+    if profile is not None:
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
-    elif profile_override:
-        load_profile(profile_override)  # raises the usual "does not exist" error
     world_here = local_world if local_world is not None else plan.n_devices
     device_type = _device_type(plan, opts, under_torchrun, world_here)
     if device_type == "cpu" and not under_torchrun and plan.n_devices > cpu_rank_cap() and not force:
@@ -171,4 +162,4 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
                 raise PplanError(f"checkpoint {found[1]} is already at step {resume} >= --steps {opts.steps}",
                                  f"pass --steps {resume + opts.steps} to train further")
     return Preflight(n_layers=n_layers, profile=profile, device_type=device_type,
-                     model_kwargs=_model_kwargs(profile), resume_step=resume)
+                     model_kwargs=kwargs, resume_step=resume)

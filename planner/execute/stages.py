@@ -1,8 +1,10 @@
 """Cutting the model as planned and choosing what runs the schedule.
 
 Every rank builds the whole model from the plan's spec and seed (so all ranks agree on the
-weights without communicating), keeps its stages' layers and wraps the plan's recompute layers
-in activation checkpointing, one layer per checkpoint. Ranks are numbered by the plan's stage
+weights without communicating), keeps its stages' layers (a PipeStage each, which sends and
+receives whatever structure of tensors crosses its cuts) and wraps the plan's recompute layers
+in activation checkpointing, one layer per checkpoint. Chain and traced (non-chain) models
+take this one path. Ranks are numbered by the plan's stage
 order: rank r runs stages r, r + P, r + 2P, ... (torch's loop-style mapping), and reports the
 plan device that the first of those stages names.
 
@@ -29,7 +31,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import PlanError, RunError
 from planner.execute.measure import recorder, tracker
 from planner.plan import Plan
-from planner.schedules import SCHEDULE_NAMES, PipelineSchedule, generate, get_schedule
+from planner.schedules import PipelineSchedule, generate, get_schedule
 
 __all__ = [
     "Checkpointed",
@@ -38,8 +40,9 @@ __all__ = [
     "stages_of_rank",
     "build_stage_modules",
     "is_non_chain",
-    "non_chain_unsupported",
-    "build_traced_stages",
+    "PipeStage",
+    "boundary_specs",
+    "shared_parameter_groups",
     "plan_schedule",
     "make_schedule",
     "check_executed_order",
@@ -78,21 +81,34 @@ class Checkpointed(nn.Module):
         tk = tracker()
         if tk is not None:
             tk.set_transient(tk.transient_bytes.get(id(self), 0))
+        # The recompute is the second forward of this micro-batch: BatchNorm must not count it
+        # in its running statistics (the one-process run saw one forward).
+        buffers = [(b, b.detach().clone()) for b in self.layer.buffers()]
         start = time.perf_counter()
         try:
             return self.layer(*args)
         finally:
             rec.add_recompute(time.perf_counter() - start)
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
 
     def _probe(self, tk: Any, args: tuple) -> int:
         """Bytes this layer saves for backward when not checkpointed (its recompute transient)."""
         from planner.execute.measure import MemoryTracker
 
-        probe = MemoryTracker(exclude=list(self.parameters()) + [a for a in args if isinstance(a, torch.Tensor)])
+        from torch.utils._pytree import tree_leaves, tree_map
+
+        inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
+        probe = MemoryTracker(exclude=list(self.parameters()) + inputs)
+        buffers = [(b, b.detach().clone()) for b in self.layer.buffers()]
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe:
-            out = self.layer(*[a.detach() for a in args if isinstance(a, torch.Tensor)])
+            out = self.layer(*tree_map(lambda a: a.detach() if isinstance(a, torch.Tensor) else a, args))
             nbytes = probe.live
             del out
+        with torch.no_grad():
+            for b, saved in buffers:
+                b.copy_(saved)
         return nbytes
 
 
@@ -119,8 +135,8 @@ class StageModule:
     """First layer (inclusive)."""
     end: int
     """End layer (exclusive)."""
-    module: nn.Sequential
-    """What PipelineStage wraps (recompute layers inside Checkpointed)."""
+    module: nn.Module
+    """What PipelineStage wraps (a PipeStage; recompute layers inside Checkpointed)."""
     layers: list[nn.Module]
     """The original layers, index i = global layer first + i (state dicts use these)."""
 
@@ -135,13 +151,91 @@ def stages_of_rank(plan: Plan, rank: int) -> list[int]:
     return list(range(rank, plan.n_stages, plan.n_devices))
 
 
-def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int) -> list[StageModule]:
-    """Cut `layers` as planned and keep this rank's stages."""
+class PipeStage(nn.Module):
+    """Layers [first, end) of the model as one pipeline stage.
+
+    What crosses a cut may be a tensor, a tuple, a dict (a traced model's values) or any nest
+    of them: torch's stages send only tensors, so a stage receives the flattened tensors
+    (`in_spec` puts the structure back) and sends its output flattened (`out_spec`), every
+    tensor contiguous and no view (gloo cannot send a transposed view; zero-bubble schedules
+    detach outputs in place, which a view refuses). The first stage takes the
+    model input as it is, the last returns the model output as it is.
+    """
+
+    def __init__(self, layers: list[nn.Module], in_spec: Any, out_spec: Any):
+        super().__init__()
+        self.layers = nn.ModuleList(layers)
+        self.in_spec, self.out_spec = in_spec, out_spec
+
+    def forward(self, *args: Any) -> Any:
+        from torch.utils._pytree import tree_flatten, tree_unflatten
+
+        if self.in_spec is None:
+            h: Any = args[0] if len(args) == 1 else args
+        else:
+            # torch sends the gradients of these back: they must be contiguous too
+            h = tree_unflatten([_ContiguousGrad.apply(a) if a.requires_grad else a for a in args], self.in_spec)
+        for layer in self.layers:
+            h = layer(h)
+        if self.out_spec is None:
+            return h
+        # a view (Flatten's output) is copied too: torch detaches stage outputs in place
+        leaves = [t.clone(memory_format=torch.contiguous_format) if t._base is not None else t.contiguous()
+                  for t in tree_flatten(h)[0]]
+        return leaves[0] if len(leaves) == 1 else tuple(leaves)
+
+
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose backward makes the gradient contiguous (an expanded or transposed
+    gradient of a received tensor cannot be sent back as it is)."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def boundary_specs(layers: nn.Sequential, example: Any) -> list[tuple[Any, list[str]]]:
+    """Per cut c (after layer c): (pytree spec of what crosses it, type names of non-tensor leaves).
+
+    One forward of `example` in eval mode without gradients (BatchNorm statistics and random
+    generators untouched, modes restored).
+    """
+    from torch.utils._pytree import tree_flatten
+
+    children = list(layers.children())
+    modes = [(m, m.training) for m in layers.modules()]
+    out: list[tuple[Any, list[str]]] = []
+    try:
+        layers.eval()
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            h = example
+            for child in children[:-1]:
+                h = child(h)
+                leaves, spec = tree_flatten(h)
+                out.append((spec, sorted({type(t).__name__ for t in leaves if not isinstance(t, torch.Tensor)})))
+    finally:
+        for m, training in modes:
+            m.training = training
+    return out
+
+
+def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int, example: Any = None) -> list[StageModule]:
+    """Cut `layers` as planned and keep this rank's stages (PipeStage modules).
+
+    `example` is one micro-batch of the model input: with it, what crosses each cut is found
+    by one forward (boundary_specs), so layers may pass tuples, dicts (a traced model) or
+    views; without it every cut must carry one tensor.
+    """
     children = list(layers.children())
     end = plan.stages[-1].layers[1]
     if len(children) != end:
         raise PlanError(f"plan covers {end} layers but model {plan.model!r} has {len(children)}",
                         "re-plan from a profile of this model")
+    specs = boundary_specs(layers, example) if example is not None else None
     out = []
     for s in stages_of_rank(plan, rank):
         st = plan.stages[s]
@@ -149,7 +243,21 @@ def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int) -> list[St
         kept = children[first:stop]
         rec = set(st.recompute)
         wrapped = [Checkpointed(layer) if first + i in rec else layer for i, layer in enumerate(kept)]
-        out.append(StageModule(stage=s, first=first, end=stop, module=nn.Sequential(*wrapped), layers=kept))
+        in_spec = out_spec = None
+        if specs is not None:
+            for c in (first - 1, stop - 1):
+                if 0 <= c < len(specs) and specs[c][1]:
+                    raise PlanError(f"model {plan.model!r}: the cut after layer {c} would have to send {', '.join(specs[c][1])} "
+                                    "values, but pipeline stages send only tensors",
+                                    "cut elsewhere (edit the plan's stages) or make the model compute that value in the layer that reads it")
+            in_spec = specs[first - 1][0] if first > 0 else None
+            out_spec = specs[stop - 1][0] if stop < end else None
+        elif first > 0 or stop < end:
+            from torch.utils._pytree import LeafSpec
+
+            in_spec = LeafSpec() if first > 0 else None
+            out_spec = LeafSpec() if stop < end else None
+        out.append(StageModule(stage=s, first=first, end=stop, module=PipeStage(wrapped, in_spec, out_spec), layers=kept))
     return out
 
 
@@ -159,71 +267,31 @@ def is_non_chain(layers: nn.Module) -> bool:
     return graph is not None and bool(graph.skip_edges)
 
 
-def non_chain_unsupported(plan: Plan) -> str | None:
-    """Why `plan` cannot run on traced (pipeline()-split) stages, or None when it can."""
-    if not get_schedule(plan.schedule).non_chain or plan.n_stages != plan.n_devices:
-        allowed = [n for n in SCHEDULE_NAMES if get_schedule(n).non_chain]
-        return (f"schedule {plan.schedule!r} with {plan.n_stages} stages on {plan.n_devices} devices: "
-                f"only {' and '.join(allowed)} with one stage per device run non-chain models")
-    if any(st.recompute for st in plan.stages):
-        return "recompute layers: activation checkpointing inside a traced stage is not supported yet"
-    return None
-
-
-class _LayerView:
-    """Layer i of a traced stage for state dicts: the stage module's entries under layer i's keys."""
-
-    def __init__(self, stage_module: nn.Module, keys: list[str]):
-        self.module, self.keys = stage_module, keys
-
-    def state_dict(self) -> dict[str, torch.Tensor]:
-        sd = self.module.state_dict()
-        return {k: sd[k] for k in self.keys}
-
-    def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
-        missing = set(self.keys) - set(state)
-        if missing:
-            raise RunError(f"checkpoint lacks {sorted(missing)[:3]} for a traced stage", "resume with the plan it was saved by")
-        self.module.load_state_dict(state, strict=False)
-
-
-def build_traced_stages(plan: Plan, bundle: Any, rank: int, device: torch.device,
-                        group: Any = None) -> tuple[list[StageModule], list[Any]]:
-    """A non-chain model's stages on this rank: torch's pipeline() split at the plan's cuts.
-
-    Exports the user's module (`bundle.layers.source`) on one micro-batch, splits it with
-    `split_policy(lg, cuts)` (skip tensors relayed stage to stage) and builds this rank's
-    PipelineStage. StageModule.module is the traced stage module; StageModule.layers gives
-    per-layer state dicts (layer i owns the keys of `bundle.layers[i]`) for checkpoints.
-    """
-    from torch.distributed.pipelining import pipeline
-
-    from planner.graph.pipe import split_policy
-
-    why = non_chain_unsupported(plan)
-    if why is not None:
-        raise PlanError(f"model {plan.model!r} is not a chain and the plan has {why}",
-                        "re-plan with --schedule gpipe or 1f1b, one stage per device and --recompute none")
-    lg = bundle.layers.graph
-    if lg.n_layers != plan.stages[-1].layers[1]:
-        raise PlanError(f"plan covers {plan.stages[-1].layers[1]} layers but model {plan.model!r} has {lg.n_layers}",
-                        "re-plan from a profile of this model")
-    cuts = [st.layers[1] - 1 for st in plan.stages[:-1]]
-    x = bundle.make_batch(plan.micro_batch_size, 0)[0]
-    pipe = pipeline(bundle.layers.source, tuple(x) if isinstance(x, (tuple, list)) else (x,),
-                    split_policy=split_policy(lg, cuts))
-    if pipe.num_stages != plan.n_stages:
-        raise RunError(f"pipeline() made {pipe.num_stages} stages of the plan's {plan.n_stages}",
-                       "report this model: the traced split differs from the plan")
-    children = list(bundle.layers.children())
-    mods, stages = [], []
-    for s in stages_of_rank(plan, rank):
-        first, stop = plan.stages[s].layers
-        sub = pipe.get_stage_module(s).to(device)
-        views = [_LayerView(sub, list(children[i].state_dict())) for i in range(first, stop)]
-        mods.append(StageModule(stage=s, first=first, end=stop, module=sub, layers=views))
-        stages.append(pipe.build_stage(s, device, group))
-    return mods, stages
+def shared_parameter_groups(plan: Plan, layers: nn.Sequential) -> list[tuple[list[int], list[Any]]]:
+    """(ranks, the shared parameters of that rank set) for parameters whose layers sit on
+    several ranks, in an order every rank computes alike (every rank builds the whole model)."""
+    stage_of = {i: s for s, st in enumerate(plan.stages) for i in range(*st.layers)}
+    groups: dict[tuple[int, ...], list[Any]] = {}
+    params: dict[int, Any] = {}
+    for child in layers.children():
+        for p in child.parameters():
+            params.setdefault(id(p), p)
+    ids = []
+    for i, child in enumerate(layers.children()):
+        for p in child.parameters():
+            ids.append((id(p), i))
+    holders: dict[int, set[int]] = {}
+    order: list[int] = []
+    for pid, i in ids:
+        if pid not in holders:
+            holders[pid] = set()
+            order.append(pid)
+        holders[pid].add(stage_of[i] % plan.n_devices)
+    for pid in order:
+        ranks = tuple(sorted(holders[pid]))
+        if len(ranks) > 1:
+            groups.setdefault(ranks, []).append(params[pid])
+    return [(list(r), ps) for r, ps in groups.items()]
 
 
 def plan_schedule(plan: Plan) -> PipelineSchedule:

@@ -35,8 +35,8 @@ import torch.distributed as dist
 from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, recorder, set_tracker
 from planner.execute.options import RunOptions
-from planner.execute.stages import (build_stage_modules, build_traced_stages, check_executed_order, is_non_chain,
-                                    make_optimizer, make_schedule, rank_device, step_seed)
+from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
+                                    rank_device, shared_parameter_groups, step_seed)
 from planner.errors import PplanError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
@@ -112,7 +112,8 @@ _METADATA_INFERENCE = ("_forward_metadata_inference", "_backward_metadata_infere
 
 def _rng_neutral(stage: Any, device: torch.device) -> None:
     """Make torch's metadata inference (an extra forward/backward of the stage module on its
-    first step, in torch's private methods) leave every random generator as it found it: a
+    first step, in torch's private methods) leave every random generator and every module
+    buffer (BatchNorm's running statistics) as it found it: a
     run resumed at step k would otherwise draw different dropout masks at step k than the
     uninterrupted run, which did that inference at step 0."""
     for name in _METADATA_INFERENCE:
@@ -122,10 +123,15 @@ def _rng_neutral(stage: Any, device: torch.device) -> None:
 
         def neutral(*args: Any, _fn: Any = fn, **kwargs: Any) -> Any:
             saved = rng_state(device)
+            # it runs the stage on placeholder tensors: BatchNorm statistics must not see them
+            buffers = [(b, b.detach().clone()) for b in stage.submod.buffers()]
             try:
                 return _fn(*args, **kwargs)
             finally:
                 set_rng_state(saved, device)
+                with torch.no_grad():
+                    for b, kept in buffers:
+                        b.copy_(kept)
 
         setattr(stage, name, neutral)
 
@@ -142,16 +148,19 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     from planner.models import build_model
 
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
-    traced = is_non_chain(bundle.layers)
-    if traced:
-        # Skip connections: torch's pipeline() splits the user's module at the plan's cuts
-        # (build_traced_stages refuses what it cannot run: interleaved, zb, recompute).
-        mods, stages = build_traced_stages(plan, bundle, rank, device)
-    else:
-        mods = build_stage_modules(plan, bundle.layers, rank)
+    # One micro-batch shows what crosses each cut (tensors, tuples, a traced model's dicts).
+    example = bundle.make_batch(plan.micro_batch_size, 0)[0]
+    mods = build_stage_modules(plan, bundle.layers, rank, example)
+    # Parameters held by layers on several ranks (tied embeddings): one process group each
+    # set of ranks, made by every rank in the same order; their gradients are summed.
+    ties = []
+    for ranks, shared in shared_parameter_groups(plan, bundle.layers):
+        group = dist.new_group(ranks) if world > 1 else None
+        if rank in ranks:
+            ties.append((group, shared))
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
     bundle.layers._modules.clear()
-    if traced:
+    if getattr(bundle.layers, "source", None) is not None:
         bundle.layers.__dict__["source"] = None
     boundary: dict[int, list[int]] = {}
     for m in mods:
@@ -164,8 +173,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             handles[0].remove()
 
         handles.append(m.module.register_forward_hook(hook))
-    if not traced:
-        stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
+    stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
     rec = recorder()
     if device.type == "cuda":
         rec.sync = lambda: torch.cuda.synchronize(device)
@@ -174,7 +182,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         _rng_neutral(st, device)
     schedule, runtime = make_schedule(plan, stages, bundle.loss_fn, opts.prefer_torch)
     rec.wrap_loss(schedule)
-    params = [p for m in mods for p in m.module.parameters()]
+    params = list({id(p): p for m in mods for p in m.module.parameters()}.values())  # a tied weight once
     opt = make_optimizer(plan.optimizer, params, opts.lr)
     is_first = any(st.is_first for st in stages)
     is_last = any(st.is_last for st in stages)
@@ -227,7 +235,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
         losses: list[Any] = []
-        args = (x,) if is_first else ()
+        args = (tuple(x) if isinstance(x, (tuple, list)) else (x,)) if is_first else ()
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
@@ -235,6 +243,8 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         t0 = time.perf_counter()
         with tk if tk is not None else contextlib.nullcontext():
             schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
+        for group, shared in ties:
+            _sum_gradients(group, shared)
         grad_bytes = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
         rec.record(mods[0].stage, "O", -1, opt.step)
         opt.zero_grad(set_to_none=True)
@@ -289,6 +299,15 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "boundary_bytes": {str(s): v for s, v in boundary.items()},
         "threads": torch.get_num_threads(),
     }
+
+
+def _sum_gradients(group: Any, params: list[Any]) -> None:
+    """Sum a shared parameter's gradients over the ranks that hold it (Megatron's embedding
+    group): every copy then takes the step one process takes with the summed gradient."""
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
 
 
 def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:

@@ -25,6 +25,7 @@ restored afterwards) and divided by its batch size (the first dimension of the f
 
 from __future__ import annotations
 
+import operator
 from collections import defaultdict
 from typing import Any
 
@@ -39,7 +40,7 @@ from planner.graph.edges import SkipEdge
 from planner.graph.layer_module import build_layer_module
 from planner.graph.layers import LayerGraph, Value
 
-__all__ = ["trace_layers", "build_layer_module", "group_nodes"]
+__all__ = ["trace_layers", "build_layer_module", "group_nodes", "out_of_place_graph"]
 
 _MESSAGE_LIMIT = 300
 
@@ -175,9 +176,43 @@ class _Tracer(fx.Tracer):
         return super().is_leaf_module(m, module_qualified_name)
 
 
+_INPLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
+                      operator.itruediv: operator.truediv, operator.ifloordiv: operator.floordiv,
+                      operator.ipow: operator.pow, operator.iand: operator.and_, operator.ior: operator.or_}
+# in-place methods that have no out-of-place twin of the same signature
+_KEEP_INPLACE = {"requires_grad_", "share_memory_", "copy_", "set_", "zero_", "fill_", "resize_", "uniform_",
+                 "normal_", "random_", "bernoulli_", "exponential_", "geometric_", "cauchy_", "log_normal_", "index_put_"}
+
+
+def out_of_place_graph(graph: fx.Graph) -> int:
+    """Rewrite in-place calls (`x += y`, `x.relu_()`, `F.relu(x, inplace=True)`) as their
+    out-of-place twins: the same values, and a layer may then take a received tensor (a leaf
+    that requires grad, on which autograd refuses in-place ops). Returns the count."""
+    changed = 0
+    for nd in graph.nodes:
+        if nd.op == "call_function" and nd.target in _INPLACE_OPERATORS:
+            nd.target = _INPLACE_OPERATORS[nd.target]
+            changed += 1
+        elif nd.op == "call_function" and isinstance(getattr(nd.target, "__name__", None), str):
+            name = nd.target.__name__
+            if name.endswith("_") and not name.startswith("_") and name not in _KEEP_INPLACE and hasattr(torch, name[:-1]) \
+                    and getattr(torch, name, None) is nd.target:
+                nd.target = getattr(torch, name[:-1])
+                changed += 1
+        elif nd.op == "call_method" and isinstance(nd.target, str) and nd.target.endswith("_") \
+                and not nd.target.startswith("_") and nd.target not in _KEEP_INPLACE and hasattr(torch.Tensor, nd.target[:-1]):
+            nd.target = nd.target[:-1]
+            changed += 1
+        if nd.op in ("call_function", "call_method") and nd.kwargs.get("inplace") is True:
+            nd.kwargs = {**nd.kwargs, "inplace": False}
+            changed += 1
+    return changed
+
+
 def _symbolic_trace(module: nn.Module, depth: int, opaque: bool) -> fx.GraphModule:
     tracer = _Tracer(depth, opaque)
     graph = tracer.trace(module)
+    out_of_place_graph(graph)
     return fx.GraphModule(tracer.root, graph, type(module).__name__)
 
 

@@ -39,6 +39,10 @@ def build_model(
             from planner.models.mlp import build_mlp as build
         elif kind == "synthetic":
             from planner.models.synthetic import build_synthetic as build
+        elif kind == "hf":
+            from planner.models.hf import build_hf
+
+            return build_hf(params, spec, seed, input_shape)
         else:
             from planner.models.factory import build_factory
 

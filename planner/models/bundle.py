@@ -25,3 +25,6 @@ class ModelBundle:
     """(output of the last layer, target) -> scalar loss tensor."""
     input_bytes_per_sample: int
     """Bytes of one sample of the model input (what the first stage receives per sample)."""
+    input_meta: dict[str, str] | None = None
+    """Profile metadata describing the input (input_shape, input_dtype, vocab) of a model that
+    chose it itself (`hf:`), so that `pplan run` rebuilds the same one; None otherwise."""

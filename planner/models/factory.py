@@ -35,7 +35,7 @@ from torch import nn
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
 
-__all__ = ["build_factory", "random_input_maker"]
+__all__ = ["build_factory", "random_input_maker", "out_of_place", "eval_forward"]
 
 _DTYPES = {"float": torch.float32, "long": torch.long}  # the keys are planner.models.spec.INPUT_DTYPES
 
@@ -72,6 +72,32 @@ def random_input_maker(shape: tuple[int, ...], dtype: str, vocab: int | None) ->
     return make
 
 
+def out_of_place(model: nn.Module) -> nn.Module:
+    """Turn off `inplace=True` (nn.ReLU(inplace=True), Dropout, ...) on every submodule.
+
+    A pipeline stage receives its input as a leaf tensor that requires grad, and autograd
+    refuses an in-place op on it; the out-of-place op computes the same values. Traced
+    models also get their in-place calls rewritten (planner.graph.trace).
+    """
+    for m in model.modules():
+        if isinstance(getattr(m, "inplace", None), bool) and m.inplace:
+            m.inplace = False
+    return model
+
+
+def eval_forward(model: nn.Module, x: Any) -> Any:
+    """model(x) without gradients in eval mode, modes restored: a probe that moves no
+    BatchNorm statistics and works on a batch of one."""
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()
+        with torch.no_grad():
+            return model(x)
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
 def _call(factory: Callable[..., Any], kwargs: dict[str, Any], seed: int, spec: str) -> Any:
     try:
         params = inspect.signature(factory).parameters
@@ -91,7 +117,10 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     """Import and call the factory (see module docstring); the result as a ModelBundle."""
     made = _call(_load(p["module"], p["callable"], spec), dict(p["kwargs"]), seed, spec)
     if isinstance(made, ModelBundle):
+        out_of_place(made.layers)
         return made
+    if isinstance(made, nn.Module):
+        out_of_place(made)
     traced = isinstance(made, nn.Module) and not isinstance(made, nn.Sequential)
     if not traced and (not isinstance(made, nn.Sequential) or len(made) == 0):
         raise ModelSpecError(f"model {spec!r}: the factory returned {type(made).__name__}, not a non-empty nn.Sequential or another nn.Module", "return nn.Sequential(OrderedDict(name=layer, ...)), an nn.Module whose forward torch.fx can trace, or a ModelBundle")
@@ -108,20 +137,26 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     if input_dtype == "long" and not vocab:
         raise ModelSpecError("--input-dtype long needs --vocab (token ids are drawn below it)")
     make_input = random_input_maker(tuple(input_shape), input_dtype, vocab)
-    with torch.no_grad():
-        try:
-            out = made(make_input(1, 0))
-        except Exception as e:
-            raise ModelSpecError(f"model {spec!r} fails on an input of shape (1, {', '.join(map(str, input_shape))}): {type(e).__name__}: {e}", "check --input-shape and --input-dtype") from None
+    try:
+        out = eval_forward(made, make_input(1, 0))
+    except Exception as e:
+        raise ModelSpecError(f"model {spec!r} fails on an input of shape (1, {', '.join(map(str, input_shape))}): {type(e).__name__}: {e}", "check --input-shape and --input-dtype") from None
     if not isinstance(out, torch.Tensor):
         raise ModelSpecError(f"model {spec!r}: the {'model' if traced else 'last layer'} returns {type(out).__name__}, not a tensor")
     out_shape = tuple(out.shape[1:])
+    # An image classifier (input C,H,W, output one score per class) trains on class ids with
+    # cross-entropy; anything else regresses standard normal noise of the output's shape.
+    classify = input_dtype == "float" and len(input_shape) == 3 and len(out_shape) == 1 and out_shape[0] >= 2
 
     def make(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed + 1_000_003)  # a target stream apart from the input's
+        if classify:
+            return make_input(batch_size, seed), torch.randint(0, out_shape[0], (batch_size,), generator=g)
         return make_input(batch_size, seed), torch.randn(batch_size, *out_shape, generator=g)
 
     def mse(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        if classify:
+            return F.cross_entropy(output.float(), target)
         return F.mse_loss(output.float(), target.float())
 
     if traced:

@@ -98,6 +98,8 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     kind = kind.strip()
     if kind in KEYS:
         return kind, _parse_builtin(kind, rest, text)
+    if kind == "hf":
+        return "hf", _parse_hf(rest, text)
     parts = text.split(":", 2)
     if len(parts) >= 2 and _MODULE.fullmatch(parts[0]) and _MODULE.fullmatch(parts[1]):
         kwargs = _parse_kwargs(parts[2], text) if len(parts) == 3 else {}
@@ -108,6 +110,24 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
         f"unknown model {text!r}",
         f"{maybe}use a built-in kind ({', '.join(BUILTIN_KINDS)}), e.g. gpt:layers=4, or package.module:factory for your own nn.Sequential",
     )
+
+
+def _parse_hf(rest: str, spec: str) -> dict[str, Any]:
+    """`hf:MODEL_TYPE[:config_key=value,...]` -> {'model_type': ..., 'config': {...}}; `/` makes a list."""
+    model_type, _, keys = rest.partition(":")
+    model_type = model_type.strip()
+    if not re.fullmatch(r"[A-Za-z][\w-]*", model_type):
+        raise ModelSpecError(f"model {spec!r}: {model_type!r} is not a Hugging Face model type",
+                             "write hf:MODEL_TYPE[:key=value,...], e.g. hf:gpt2:n_layer=4,n_embd=128,n_head=4")
+    config: dict[str, Any] = {}
+    for key, value in _pairs(keys, spec):
+        if not key.isidentifier():
+            raise ModelSpecError(f"model {spec!r}: {key!r} is not a config key")
+        if key in config:
+            raise ModelSpecError(f"model {spec!r}: key {key!r} given twice")
+        items = [_literal(v.strip()) for v in value.split("/")]
+        config[key] = items if len(items) > 1 else items[0]
+    return {"model_type": model_type, "config": config}
 
 
 def _pairs(rest: str, spec: str) -> list[tuple[str, str]]:
@@ -240,11 +260,12 @@ _COUNTS: dict[str, Callable[[dict[str, Any]], int]] = {
 }
 
 
-def layer_count(spec: str) -> int:
-    """Number of pipeline layers of `spec`; built-ins without building, factories by building."""
+def layer_count(spec: str, **model_kwargs: Any) -> int:
+    """Number of pipeline layers of `spec`; built-ins without building, factories and `hf:`
+    models by building (`model_kwargs`: build_model's input description, for a factory)."""
     kind, params = parse_spec(spec)
     if kind in _COUNTS:
         return _COUNTS[kind](params)
     from planner.models.build import build_model
 
-    return len(build_model(spec).layers)
+    return len(build_model(spec, **model_kwargs).layers)

@@ -176,6 +176,22 @@ def _flop_counter() -> Any:
     return FlopCounterMode(display=False, custom_mapping=extra)
 
 
+def _count_flops(forward: Callable[[], Any]) -> int:
+    """Forward FLOPs, without a graph where torch's counter allows (0 where it fails).
+
+    Its module tracker hooks the backward of every module input, which fails on a view of a
+    received tensor made under no_grad (a transposed sequence): then count with a graph.
+    """
+    for grad in (False, True):
+        try:
+            with torch.set_grad_enabled(grad), _flop_counter() as counter:
+                forward()
+            return int(counter.get_total_flops())
+        except Exception:  # noqa: BLE001 - the count is information, not a reason to fail a profile
+            continue
+    return 0
+
+
 def _output_gradient(out: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
@@ -222,9 +238,7 @@ def measure_layer(
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tensor", "each pipeline layer must return one tensor")
     # Counted in a pass of its own: the counter hooks every module's backward, and the graph
     # above is the one whose backward is timed. No graph is needed to count a forward.
-    with torch.no_grad(), _flop_counter() as counter:
-        forward()
-    flops = int(counter.get_total_flops())
+    flops = _count_flops(forward)
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     bwd: list[float] = []
@@ -275,9 +289,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         y, out = forward()
     if not isinstance(y, tuple):
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tuple of outputs", "build traced layers with planner.graph (LayerGraph.layer_module)")
-    with torch.no_grad(), _flop_counter() as counter:
-        forward()
-    flops = int(counter.get_total_flops())
+    flops = _count_flops(forward)
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     if loss_fn is not None:

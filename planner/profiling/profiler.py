@@ -285,8 +285,11 @@ def profile_model(
             "repeats": str(repeats),
             "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
         }
-        if parse_spec(spec)[0] == "factory" and input_shape is not None:
+        kind = parse_spec(spec)[0]
+        if kind == "factory" and input_shape is not None:
             meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
+        elif kind == "hf":  # the input the model was built for (planner.models.hf), for `pplan run`
+            meta.update(getattr(bundle, "input_meta", None) or {})
         meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
         if lg is not None:
             edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
