@@ -99,13 +99,42 @@ def _check_run(run: Any, plan: Any, source: str) -> None:
             _number(v, f"{source}: transfer_gaps[{i}]")
 
 
+def _machine(out: Path | None, ranks: int, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:
+    """Measure this machine once (planner.execute.machinebench) and save the machine file."""
+    from planner.atomic import ensure_writable_file
+    from planner.execute.machinebench import measure_machine
+    from planner.machine import default_machine_path, save_machine
+
+    target = out if out is not None else default_machine_path()
+    if target.exists():
+        ensure_writable_file(target, "machine file")
+    m = measure_machine(ranks=ranks, threads=threads or None, quick=quick, hardware=hardware,
+                        progress=lambda line: typer.echo(f"  {line}", err=True))
+    path = save_machine(m, target)
+    if json_out:
+        echo_json(dict(m.to_dict(), path=str(path)))
+        return
+    typer.echo(f"machine: {m.ranks} processes x {m.threads} thread(s), {m.backend}, load {m.measured.get('load_average')}")
+    typer.echo(f"action overhead {m.action_overhead_ms:.3f} ms, hand-over latency {m.comm_latency_ms:.3f} ms, "
+               f"bandwidth {m.comm_bandwidth_bytes_per_s / 1e9:.2f} GB/s, step overhead {m.step_overhead_ms:.2f} ms")
+    typer.echo("optimizer ms/MiB: " + ", ".join(f"{k} {v:.3f}" for k, v in m.optimizer_ms_per_mib.items())
+               + (f"; compute with {m.ranks} ranks busy {m.concurrent_compute_ratio:.2f}x alone"
+                  if m.concurrent_compute_ratio else ""))
+    typer.echo(f"wrote {path}")
+
+
 def register(app: typer.Typer) -> None:
     o = run_options(True)
 
     @app.command("calibrate")
     def calibrate(
-        plan: Path = typer.Argument(..., help="Plan JSON to run (or that --from-run ran)."),
+        plan: Path | None = typer.Argument(None, help="Plan JSON to run (or that --from-run ran); not with --machine."),
         from_run: Path | None = typer.Option(None, "--from-run", help="Fit from this run JSON instead of running."),
+        machine: bool = typer.Option(False, "--machine", help="Measure this machine once (per-action, hand-over, "
+                                     "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json)."),
+        ranks: int = typer.Option(2, "--ranks", help="With --machine: processes of the microbenchmarks."),
+        quick: bool = typer.Option(False, "--quick", help="With --machine: fewer cases (about half the time)."),
+        hardware: str | None = typer.Option(None, "--hardware", help="With --machine: the hardware preset or file this machine is."),
         steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
         timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
         checkpoint_dir: Path | None = o["checkpoint_dir"], checkpoint_every: int = o["checkpoint_every"],
@@ -116,7 +145,17 @@ def register(app: typer.Typer) -> None:
         """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
 
         As with `pplan run`, a module:factory model runs only with --model SPEC (the same string) or --trust-model.
+        `pplan calibrate --machine [--out FILE]` instead measures the machine once (no plan).
         """
+        from planner.errors import PplanError
+
+        if machine:
+            if plan is not None or from_run is not None:
+                raise PplanError("--machine measures the machine, not a plan", "drop the plan and --from-run")
+            _machine(out, ranks, threads, quick, hardware, json_out)
+            return
+        if plan is None:
+            raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
         if from_run is not None:
             _from_run(plan, from_run, profile, json_out)
             return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -10,7 +11,9 @@ import pytest
 from planner.calibration import Calibration
 from planner.execute.calibrate import fit_calibration, fit_compute
 from planner.execute.commbench import fit_line
-from planner.execute.results import assemble_run, error_pct, measured_timeline, transfer_gaps
+from planner.errors import PplanError
+from planner.execute.results import (RunRecord, assemble_record, assemble_run, error_pct, measured_timeline, step_spread,
+                                     transfer_gaps, trust_warnings)
 from planner.plan import Device, Plan, StagePlan
 from planner.profiling.profile import make_profile
 from planner.simulate import plan_stage_costs, simulate
@@ -124,3 +127,36 @@ def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
     assert run["ranks"][1]["peak_memory_bytes_predicted"] == 110
     assert error_pct(None, 3.0) is None and math.isclose(error_pct(3.3, 3.0), 10.0)
 
+
+
+def _assembled(step_ms, **kw):
+    recs = [dict(_record(1, 1, [], 0.0, losses={"0": 2.0}), step_ms=step_ms, measured_steps=list(range(1, len(step_ms)))),
+            dict(_record(0, 0, [[0, "F", 0, 0.0, 1.0]], 0.0), step_ms=step_ms, measured_steps=list(range(1, len(step_ms))))]
+    return assemble_record(recs, _plan(), plan_path="p.json", device_type="cpu", steps=len(step_ms), warmup=1,
+                           prediction=None, prediction_source=None, calibration=None, **kw)
+
+
+def test_run_record_reports_the_spread_and_round_trips():
+    rec = _assembled([90.0, 100.0, 104.0, 96.0], load_average=0.4, profile_load_average=0.5, compute_ratio=1.02)
+    assert (rec.step_ms_min, rec.step_ms_median, rec.step_ms_max) == (96.0, 100.0, 104.0)
+    assert rec.step_spread_pct == pytest.approx(8.0)
+    assert rec.warnings == []  # steady, long enough, same load, actions as profiled
+    d = rec.to_dict()
+    assert list(d)[:3] == ["format", "plan", "model"] and "calibration_fit" not in d
+    assert RunRecord.from_dict(json.loads(json.dumps(d))) == rec
+    with pytest.raises(PplanError, match="did you mean 'step_spread_pct'"):
+        RunRecord.from_dict(dict(d, step_spread=1.0))
+    fitted = rec.with_(calibration_fit={"measured_ms": 1.0})
+    assert fitted.to_dict()["calibration_fit"] == {"measured_ms": 1.0}
+
+
+def test_untrustworthy_runs_say_why_in_one_line_each():
+    rec = _assembled([9.0, 10.0, 5.0, 9.0, 12.0], load_average=3.2, profile_load_average=0.3, compute_ratio=1.6)
+    text = "\n".join(rec.warnings)
+    assert len(rec.warnings) == 4 and all("\n" not in w for w in rec.warnings)
+    assert "spread 74%" in text and "median step 9.5 ms is under 20 ms" in text
+    assert "machine load 3.2 before the run, 0.3 when the profile was made" in text
+    assert "1.60x their profiled time" in text
+    assert trust_warnings(n_measured=1, median_ms=100.0, spread_pct=0.0, load=None, profile_load=None,
+                          compute_ratio=None)[0].startswith("only 1 measured step")
+    assert step_spread([1.0, 2.0], []) == (None, None, None, None)

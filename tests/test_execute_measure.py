@@ -113,3 +113,24 @@ def test_recorder_keeps_actions_in_execution_order_and_extends_forward_by_the_lo
         rec.record(1, "B", 1, lambda: (clock.advance(0.001), (_ for _ in ()).throw(ValueError("boom"))))
     assert rec.events[-1].end - rec.events[-1].start == pytest.approx(0.001)
     assert rec.events[-1].kind == "B"  # a failed action is still timed
+
+
+def test_rss_window_reads_the_kernels_high_water_mark(tmp_path):
+    from planner.execute.measure import RssWindow, read_rss
+
+    if read_rss() is None:
+        pytest.skip("no /proc/self/status VmRSS/VmHWM here")
+    w = RssWindow(baseline=read_rss()[0]).begin()
+    block = torch.ones(16 * 2**20 // 4)  # 16 MiB, touched
+    del block
+    w.end()
+    if w.peak_rss is None:
+        pytest.skip("the kernel refused to reset the high-water mark (/proc/self/clear_refs)")
+    # the block is gone, but the window's peak saw it (the C library may keep some of it: at least)
+    assert w.growth_bytes >= 12 * 2**20
+    assert set(w.to_dict()) == {"rss_baseline_bytes", "rss_step_start_bytes", "rss_step_peak_bytes", "rss_growth_bytes"}
+    status = tmp_path / "status"
+    status.write_text("Name: x\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n")
+    assert read_rss(str(status)) == (1024 * 1024, 2048 * 1024)
+    status.write_text("Name: x\n")
+    assert read_rss(str(status)) is None

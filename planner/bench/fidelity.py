@@ -7,6 +7,11 @@ few steps. Errors are 100 x (predicted - measured) / measured; the mean absolute
 error (MAPE) is over the runs that completed. Peak memory compares each rank's predicted peak
 with the executor's measure (CUDA allocator peak on GPU; on CPU weights, gradients, optimizer
 state, saved activations and buffers: docs/executor.md) and averages the ranks.
+
+With `repeats` > 1 each case runs that many times: measured_ms is the median of the runs' medians,
+and the row adds the fastest and slowest run and the spread of the error (max - min, points).
+`fidelity_figure(table, path)` draws predicted against measured step time on log axes with the
+y = x line and +-10% bands, one point per case (matplotlib, imported there).
 """
 
 from __future__ import annotations
@@ -20,11 +25,13 @@ from planner.bench.table import Table
 from planner.errors import PplanError
 from planner.schedules.registry import SCHEDULE_NAMES
 
-__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity"]
+__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fidelity_figure"]
 
 _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/10/6/8/12/6/8/10/6/8/10/6/12/8/6/10,"
           "param_bytes=2MB,act_bytes=1MB")
 _GPT = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=2048"
+_MLP = "mlp:layers=6,hidden=1024"
+_RESNET = "resnet:stages=3,blocks=1,width=16,image=32"
 _SYN_QUICK = "synthetic:layers=4,fwd_ms=4/6/4/6,bwd_ms=8/12/8/12,param_bytes=1MB,act_bytes=1MB"
 _ALL = SCHEDULE_NAMES
 
@@ -51,6 +58,8 @@ DEFAULT_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("synthetic", _SYN16, 4, _ALL, (4, 8)),
     FidelityPoint("synthetic", _SYN16, 8, _ALL, (8,)),
     FidelityPoint("gpt", _GPT, 2, _ALL, (4, 8)),
+    FidelityPoint("mlp", _MLP, 2, _ALL, (4,)),
+    FidelityPoint("resnet", _RESNET, 2, ("gpipe", "1f1b"), (4,)),
 )
 QUICK_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("synthetic", _SYN_QUICK, 2, ("gpipe", "1f1b"), (2,)),
@@ -73,7 +82,7 @@ def _fmt_pct(v: float | None) -> str:
 
 
 def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5, warmup: int = 2,
-                   device: str = "cpu", progress: Callable[[str], None] | None = None) -> Table:
+                   device: str = "cpu", progress: Callable[[str], None] | None = None, repeats: int = 1) -> Table:
     """Run every grid point on the executor and compare with the simulator's prediction."""
     from planner.bench.execution import profile_to, run_measured
     from planner.partition.api import partition
@@ -81,6 +90,8 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
 
     if steps <= warmup:
         raise PplanError(f"--steps {steps} must exceed --warmup {warmup}", "e.g. --steps 5 --warmup 2")
+    if not 1 <= repeats <= 100:
+        raise PplanError(f"--repeats {repeats} must be from 1 to 100")
     say = progress or (lambda _m: None)
     total = sum(len(g.schedules) * len(g.microbatches) for g in grid)
     rows: list[tuple[Any, ...]] = []
@@ -98,18 +109,28 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
                     try:
                         plan = partition(prof, settings).plan
                     except PplanError as e:
-                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}"))
+                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
+                                     None, None, None, 0))
                         continue
-                    run = run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}", steps=steps, warmup=warmup, device=device)
-                    if "error" in run:
-                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, run["error"][:200]))
+                    runs = [run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}-{k}", steps=steps, warmup=warmup,
+                                         device=device) for k in range(repeats)]
+                    failed = [r for r in runs if "error" in r]
+                    if failed:
+                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
+                                     None, None, None, len(runs) - len(failed)))
                         continue
-                    pred, meas = run.get("iteration_ms_predicted"), run.get("iteration_ms_measured")
+                    import statistics
+
+                    meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
+                    run = runs[0]
+                    pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
+                    errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
                     mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
                     peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
                     peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
                     rows.append((g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
-                                 _mape(mem_errs), None))
+                                 _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
+                                 (max(errs) - min(errs)) if errs else None, len(runs)))
     time_mape = _mape([r[6] for r in rows])
     mem_mape = _mape([r[9] for r in rows])
     ok = sum(1 for r in rows if r[6] is not None)
@@ -124,15 +145,54 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
         "MAPE by model/devices (time, memory): " + "; ".join(
             f"{k} {_fmt_pct(t)}, {_fmt_pct(m)}" for k, (t, m) in per_group.items()) + ".",
         "time_err_pct = 100 x (predicted - measured) / measured; mem_err_pct averages |error| over the ranks.",
+        f"Each case ran {repeats} time(s): measured_ms is the median of the runs' medians; err_spread_pct = max - min "
+        "of the runs' errors (points).",
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),
     )
     return Table(
         name="fidelity",
         title="Fidelity: simulator prediction against the executor's measurement",
         columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
-                 "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error"),
+                 "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
+                 "measured_ms_max", "err_spread_pct", "repeats"),
         rows=tuple(rows),
         notes=notes,
         summary={"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
                  "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()}},
     )
+
+
+def fidelity_figure(table: Table, path: str) -> None:
+    """Predicted against measured step time, log axes, y = x and +-10% bands, one point per case."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = table.columns
+    pts = [dict(zip(cols, r)) for r in table.rows]
+    pts = [p for p in pts if p.get("predicted_ms") and p.get("measured_ms")]
+    fig, ax = plt.subplots(figsize=(5.5, 5.0))
+    if pts:
+        lo = min(min(p["predicted_ms"], p["measured_ms"]) for p in pts) / 1.5
+        hi = max(max(p["predicted_ms"], p["measured_ms"]) for p in pts) * 1.5
+        xs = [lo, hi]
+        ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="0.85", label="+-10%")
+        ax.plot(xs, xs, color="0.3", lw=1, label="y = x")
+        for label in sorted({p["model"] for p in pts}):
+            mine = [p for p in pts if p["model"] == label]
+            ax.errorbar([p["measured_ms"] for p in mine], [p["predicted_ms"] for p in mine],
+                        xerr=[[p["measured_ms"] - (p.get("measured_ms_min") or p["measured_ms"]) for p in mine],
+                              [(p.get("measured_ms_max") or p["measured_ms"]) - p["measured_ms"] for p in mine]],
+                        fmt="o", ms=4, capsize=2, label=label)
+        ax.set_xlim(lo, hi)
+        ax.set_ylim(lo, hi)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("measured step time (ms)")
+    ax.set_ylabel("predicted step time (ms)")
+    ax.set_title("pplan: predicted vs measured step time")
+    ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

@@ -12,10 +12,17 @@ saves for backward is counted once per storage while the graph holds it (paramet
 input batch excluded, as the profiler does). Checkpointed layers save nothing visible to these
 hooks, so their kept input is registered explicitly, and during their recompute the layer's
 activations (measured once, un-checkpointed) count as a transient.
+
+Process memory (CPU, Linux) is measured independently of the cost model by `RssWindow`: the
+resident set before the model is built (`mark_baseline`, torch and the process group already
+there), and the kernel's high-water mark over one step (VmHWM, reset at the step's start by
+writing 5 to /proc/self/clear_refs). Their difference is everything the rank's model, training
+state, activations, torch's temporaries and the allocator's slack added, as the OS sees it.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -24,7 +31,8 @@ import torch
 
 from planner.profiling.saved import storage_key
 
-__all__ = ["Event", "ActionRecorder", "MemoryTracker", "recorder", "tracker", "set_tracker"]
+__all__ = ["Event", "ActionRecorder", "MemoryTracker", "RssWindow", "recorder", "tracker", "set_tracker",
+           "read_rss", "mark_baseline", "baseline_rss"]
 
 
 @dataclass
@@ -225,3 +233,94 @@ def tracker() -> MemoryTracker | None:
 
 def set_tracker(t: MemoryTracker | None) -> None:
     _TRACKER[0] = t
+
+
+_STATUS = "/proc/self/status"
+_CLEAR_REFS = "/proc/self/clear_refs"
+
+
+def read_rss(status_path: str = _STATUS) -> tuple[int, int] | None:
+    """(VmRSS, VmHWM) of this process in bytes from /proc, or None where /proc has no such lines."""
+    rss = hwm = None
+    try:
+        with open(status_path, encoding="ascii", errors="replace") as fh:
+            for line in fh:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "VmHWM"):
+                    parts = value.split()
+                    if len(parts) == 2 and parts[1] == "kB" and parts[0].isdigit():
+                        if key == "VmRSS":
+                            rss = int(parts[0]) * 1024
+                        else:
+                            hwm = int(parts[0]) * 1024
+    except OSError:
+        return None
+    return None if rss is None or hwm is None else (rss, hwm)
+
+
+def _reset_hwm(path: str = _CLEAR_REFS) -> bool:
+    """Reset the kernel's RSS high-water mark to the current RSS (Linux >= 4.0); False if refused."""
+    try:
+        fd = os.open(path, os.O_WRONLY)
+    except OSError:
+        return False
+    try:
+        os.write(fd, b"5")
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+_BASELINE: list[int | None] = [None]
+
+
+def mark_baseline() -> int | None:
+    """Remember this process's RSS now (call before the model is built); returns it."""
+    got = read_rss()
+    _BASELINE[0] = got[0] if got else None
+    return _BASELINE[0]
+
+
+def baseline_rss() -> int | None:
+    """The RSS `mark_baseline` recorded (None when not marked or not on Linux)."""
+    return _BASELINE[0]
+
+
+class RssWindow:
+    """The process's peak resident set over a window (one training step), from the kernel.
+
+    `begin()` resets the high-water mark; `end()` reads it. `growth_bytes` is that peak minus the
+    baseline marked before the model was built: the rank's memory as the OS sees it, independent
+    of the tensor sizes the cost model counts (it also holds torch's temporaries inside ops, the
+    allocator's slack and freed memory the C library keeps). None where /proc cannot tell.
+    """
+
+    def __init__(self, baseline: int | None = None):
+        self.baseline = baseline_rss() if baseline is None else baseline
+        self.start_rss: int | None = None
+        self.peak_rss: int | None = None
+        self._reset = False
+
+    def begin(self) -> "RssWindow":
+        self._reset = _reset_hwm()
+        got = read_rss()
+        self.start_rss = got[0] if got else None
+        return self
+
+    def end(self) -> "RssWindow":
+        got = read_rss()
+        if got is not None and self._reset:
+            self.peak_rss = max(got)
+        return self
+
+    @property
+    def growth_bytes(self) -> int | None:
+        if self.peak_rss is None or self.baseline is None:
+            return None
+        return max(0, self.peak_rss - self.baseline)
+
+    def to_dict(self) -> dict[str, int | None]:
+        return {"rss_baseline_bytes": self.baseline, "rss_step_start_bytes": self.start_rss,
+                "rss_step_peak_bytes": self.peak_rss, "rss_growth_bytes": self.growth_bytes}

@@ -13,20 +13,232 @@ Definitions (docs/executor.md):
                          that is not finite is written as null
   diverged               null, or {"step": k, "loss": "inf" | "-inf" | "nan"}: the first step
                          (0-based) whose loss was not finite; the run stopped after it
+  step_ms_min/median/max the spread of step_ms over the measured steps; step_spread_pct is
+                         100 x (max - min) / median
+  peak_memory_bytes_rss  CPU: the rank's peak resident-set growth over the memory step, from the
+                         kernel (independent of the cost model); rss_baseline_bytes the RSS it
+                         grew from (torch and the process group, before the model)
+  warnings               one line each: why this run's comparison should not be trusted
+                         (spread above SPREAD_WARN_PCT, median step under SHORT_STEP_MS, machine
+                         load unlike the profile's, actions slower or faster than profiled)
+
+The run JSON is a `RunRecord` (ranks: `RankRecord`): one frozen dataclass, one to_dict/from_dict.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from planner.errors import PplanError
+from planner.jsonio import check_keys
 from planner.plan import Plan
 from planner.simulation.result import TimelineRow
 
-__all__ = ["FORMAT", "assemble_run", "measured_timeline", "error_pct", "transfer_gaps"]
+__all__ = ["FORMAT", "RankRecord", "RunRecord", "assemble_run", "assemble_record", "measured_timeline", "error_pct",
+           "transfer_gaps", "step_spread", "trust_warnings", "SPREAD_WARN_PCT", "SHORT_STEP_MS", "LOAD_WARN_DIFF",
+           "COMPUTE_RATIO_WARN"]
 
 FORMAT = "pplan-run/1"
+
+SPREAD_WARN_PCT = 20.0
+"""Warn when (max - min) / median of the measured step times exceeds this, in percent."""
+SHORT_STEP_MS = 20.0
+"""Warn when the median step is shorter than this: per-action and per-step fixed costs dominate."""
+LOAD_WARN_DIFF = 1.0
+"""Warn when the machine's 1-minute load before the run differs from the profile's by more (one busy core)."""
+COMPUTE_RATIO_WARN = (0.8, 1.25)
+"""Warn when the run's actions took outside this factor of their profiled times (median over actions)."""
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank measured, next to what the simulator predicted for its device."""
+
+    rank: int
+    """Process rank."""
+    device: int
+    """Plan device the rank plays."""
+    host: str
+    """Host name."""
+    stages: list[int]
+    """Global stages this rank ran."""
+    busy_ms: float
+    """F/B/I/W/R/O time in the timeline step, ms."""
+    busy_ms_predicted: float | None = None
+    """The simulator's busy time of the device, ms."""
+    peak_memory_bytes_measured: int | None = None
+    """CUDA: allocator peak; CPU: the tracked total (tensor sizes)."""
+    peak_memory_bytes_predicted: int | None = None
+    """The cost model's peak of the device."""
+    memory_limit_bytes: int | None = None
+    """The plan's device memory."""
+    memory_measure: str | None = None
+    """How peak_memory_bytes_measured was measured: cuda-allocator or tracked."""
+    memory_measured: dict[str, Any] | None = None
+    """The tracked breakdown (weights, gradients, optimizer, activations, buffers, total)."""
+    memory_predicted: dict[str, Any] | None = None
+    """The predicted breakdown, same keys."""
+    rss_peak_bytes: int | None = None
+    """CPU: the process's lifetime max RSS (torch included)."""
+    peak_memory_bytes_rss: int | None = None
+    """CPU: peak RSS over the memory step minus the RSS before the model (independent measure)."""
+    rss_baseline_bytes: int | None = None
+    """CPU: RSS before the model was built (torch, process group)."""
+    action_ms: dict[str, float] = field(default_factory=dict)
+    """Median ms per '<stage><kind>'."""
+    threads: int | None = None
+    """torch threads of the rank."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "ranks[i]") -> "RankRecord":
+        check_keys(d, [f.name for f in fields(cls)], where, PplanError)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """The run JSON (`pplan run --out`), key for key; docs/executor.md defines each."""
+
+    plan: str | None
+    """Plan file the run executed."""
+    model: str | None
+    """Model spec."""
+    schedule: str
+    """Schedule name."""
+    runtime: str
+    """torch class or runtime that executed it."""
+    device_type: str
+    """cpu or cuda."""
+    n_ranks: int
+    """Processes."""
+    n_stages: int
+    """Pipeline stages."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    n_microbatches: int
+    """Micro-batches per step."""
+    optimizer: str
+    """Optimizer name."""
+    steps: int
+    """Steps reached."""
+    first_step: int
+    """First step run (a resumed run starts later)."""
+    warmup: int
+    """Steps left out of the timing."""
+    iteration_ms_measured: float | None
+    """Median of step_ms over measured_steps."""
+    iteration_ms_predicted: float | None
+    """The simulator's iteration time."""
+    error_pct: float | None
+    """100 x (predicted - measured) / measured."""
+    prediction_source: str | None
+    """Where the prediction came from."""
+    calibration: dict[str, Any] | None
+    """The calibration the prediction used."""
+    losses: list[float | None]
+    """Mean loss of each step in loss_steps."""
+    loss_steps: list[int]
+    """Steps the losses belong to."""
+    diverged: dict[str, Any] | None
+    """First non-finite loss, if any."""
+    step_ms: list[float]
+    """Every step's time (slowest rank), ms."""
+    measured_steps: list[int]
+    """Indices into step_ms that are measured."""
+    timeline_step: int
+    """The step the timeline shows."""
+    ranks: list[RankRecord]
+    """Per rank."""
+    comm: list[dict[str, Any]] = field(default_factory=list)
+    """Ping-pong measurements (--calibrate)."""
+    boundary_bytes: dict[str, list[int]] = field(default_factory=dict)
+    """Stage -> [input bytes, output bytes] of one micro-batch."""
+    transfer_gaps: list[list[float]] = field(default_factory=list)
+    """[bytes, ms] of the hand-overs where the receiver waited."""
+    step_ms_min: float | None = None
+    """Fastest measured step, ms."""
+    step_ms_median: float | None = None
+    """Median measured step, ms (= iteration_ms_measured)."""
+    step_ms_max: float | None = None
+    """Slowest measured step, ms."""
+    step_spread_pct: float | None = None
+    """100 x (max - min) / median over the measured steps."""
+    load_average: float | None = None
+    """The machine's 1-minute load average just before the ranks started."""
+    profile_load_average: float | None = None
+    """The load the profile recorded (its metadata `load_average`), if any."""
+    compute_ratio: float | None = None
+    """Median over actions of measured / profiled time (1 = as profiled)."""
+    warnings: list[str] = field(default_factory=list)
+    """Why the comparison may not be trusted, one line each."""
+    calibration_fit: dict[str, Any] | None = None
+    """With --calibrate: what was fitted (omitted from the JSON otherwise)."""
+    format: str = FORMAT
+    """pplan-run/1."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": self.format}
+        for f in fields(self):
+            if f.name == "format" or (f.name == "calibration_fit" and self.calibration_fit is None):
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = [r.to_dict() for r in value] if f.name == "ranks" else value
+        return out
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        """Read a run JSON back (unknown keys refused with the nearest known one)."""
+        if not isinstance(d, dict):
+            raise PplanError("a run JSON must be an object")
+        check_keys(d, [f.name for f in fields(cls)], "run", PplanError)
+        if d.get("format", FORMAT) != FORMAT:
+            raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
+        ranks = d.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise PplanError("run: ranks must be a list of objects")
+        try:
+            return cls(**dict(d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)]))
+        except TypeError as e:  # a required key is missing
+            raise PplanError(f"run: {e}"[:200], "give the JSON that `pplan run --out` wrote") from None
+
+    def with_(self, **changes: Any) -> "RunRecord":
+        return replace(self, **changes)
+
+
+def step_spread(step_ms: list[float], measured: list[int]) -> tuple[float | None, float | None, float | None, float | None]:
+    """(min, median, max, spread %) of the measured steps; Nones without any."""
+    vals = [step_ms[i] for i in measured if 0 <= i < len(step_ms) and math.isfinite(step_ms[i])]
+    if not vals:
+        return None, None, None, None
+    lo, med, hi = min(vals), statistics.median(vals), max(vals)
+    return lo, med, hi, (100.0 * (hi - lo) / med if med > 0 else None)
+
+
+def trust_warnings(*, n_measured: int, median_ms: float | None, spread_pct: float | None, load: float | None,
+                   profile_load: float | None, compute_ratio: float | None) -> list[str]:
+    """One line per reason the prediction's comparison with this run cannot be trusted."""
+    out = []
+    if n_measured < 3:
+        out.append(f"only {n_measured} measured step(s): the median is not robust; run more --steps")
+    if spread_pct is not None and spread_pct > SPREAD_WARN_PCT:
+        out.append(f"step times spread {spread_pct:.0f}% (max - min over median, threshold {SPREAD_WARN_PCT:.0f}%): "
+                   "the machine's speed changed during the run; compare with care or rerun on a quiet machine")
+    if median_ms is not None and median_ms < SHORT_STEP_MS:
+        out.append(f"median step {median_ms:.1f} ms is under {SHORT_STEP_MS:.0f} ms: fixed per-action and per-step "
+                   "costs dominate, which layer profiles do not see; use a larger model or batch, or `pplan calibrate --machine`")
+    if load is not None and profile_load is not None and abs(load - profile_load) > LOAD_WARN_DIFF:
+        out.append(f"machine load {load:.1f} before the run, {profile_load:.1f} when the profile was made: compute "
+                   "times differ with the load; re-profile or rerun under the same load")
+    if compute_ratio is not None and not COMPUTE_RATIO_WARN[0] <= compute_ratio <= COMPUTE_RATIO_WARN[1]:
+        out.append(f"actions took {compute_ratio:.2f}x their profiled time (median over actions): the profile does not "
+                   "describe this run (threads, load, machine); re-profile with the run's --threads or calibrate")
+    return out
 
 
 def error_pct(predicted: float | None, measured: float) -> float | None:
@@ -104,10 +316,11 @@ def _busy(rec: dict[str, Any]) -> float:
     return sum(end - start for _, kind, _, start, end in rec["events"] if kind in ("F", "B", "I", "W", "R", "O"))
 
 
-def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
-                 steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
-                 calibration: dict[str, Any] | None) -> dict[str, Any]:
-    """The run JSON (docs/HELPERS.md layout plus details) from rank records and a prediction."""
+def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
+                    steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
+                    calibration: dict[str, Any] | None, load_average: float | None = None,
+                    profile_load_average: float | None = None, compute_ratio: float | None = None) -> RunRecord:
+    """The run record from rank records and a prediction (docs/executor.md layout)."""
     records = sorted(records, key=lambda r: r["rank"])
     r0 = records[0]
     step_ms = r0["step_ms"]
@@ -131,52 +344,32 @@ def assemble_run(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | 
     for rec in records:
         pd = pred_devices.get(rec["device"], {})
         mem = rec.get("memory") or {}
-        ranks.append({
-            "rank": rec["rank"],
-            "device": rec["device"],
-            "host": rec["host"],
-            "stages": rec["stages"],
-            "busy_ms": _busy(rec),
-            "busy_ms_predicted": pd.get("busy_ms"),
-            "peak_memory_bytes_measured": mem.get("peak_bytes"),
-            "peak_memory_bytes_predicted": pd.get("peak_memory_bytes"),
-            "memory_limit_bytes": plan.devices[rec["device"]].memory_bytes,
-            "memory_measure": mem.get("measure"),
-            "memory_measured": mem.get("breakdown"),
-            "memory_predicted": pd.get("memory"),
-            "rss_peak_bytes": mem.get("rss_peak_bytes"),
-            "action_ms": rec["action_ms"],
-            "threads": rec["threads"],
-        })
-    return {
-        "format": FORMAT,
-        "plan": plan_path,
-        "model": plan.model,
-        "schedule": plan.schedule,
-        "runtime": r0["runtime"],
-        "device_type": device_type,
-        "n_ranks": plan.n_devices,
-        "n_stages": plan.n_stages,
-        "micro_batch_size": plan.micro_batch_size,
-        "n_microbatches": plan.n_microbatches,
-        "optimizer": plan.optimizer,
-        "steps": steps,
-        "first_step": r0["first_step"],
-        "warmup": warmup,
-        "iteration_ms_measured": meas,
-        "iteration_ms_predicted": pred,
-        "error_pct": error_pct(pred, meas),
-        "prediction_source": prediction_source,
-        "calibration": calibration,
-        "losses": [losses[str(k)] for k in loss_steps],
-        "loss_steps": loss_steps,
-        "diverged": diverged,
-        "step_ms": step_ms,
-        "measured_steps": measured,
-        "timeline_step": r0["chosen_step"],
-        "ranks": ranks,
-        "comm": [c for rec in records for c in rec.get("comm", [])],
-        "boundary_bytes": boundary,
-        "transfer_gaps": transfer_gaps(measured_timeline(records), plan.n_stages, boundary)
+        ranks.append(RankRecord(
+            rank=rec["rank"], device=rec["device"], host=rec["host"], stages=rec["stages"], busy_ms=_busy(rec),
+            busy_ms_predicted=pd.get("busy_ms"), peak_memory_bytes_measured=mem.get("peak_bytes"),
+            peak_memory_bytes_predicted=pd.get("peak_memory_bytes"),
+            memory_limit_bytes=plan.devices[rec["device"]].memory_bytes, memory_measure=mem.get("measure"),
+            memory_measured=mem.get("breakdown"), memory_predicted=pd.get("memory"),
+            rss_peak_bytes=mem.get("rss_peak_bytes"), peak_memory_bytes_rss=mem.get("rss_growth_bytes"),
+            rss_baseline_bytes=mem.get("rss_baseline_bytes"), action_ms=rec["action_ms"], threads=rec["threads"]))
+    lo, med, hi, spread = step_spread(step_ms, measured)
+    warnings = trust_warnings(n_measured=len(measured), median_ms=med, spread_pct=spread, load=load_average,
+                              profile_load=profile_load_average, compute_ratio=compute_ratio)
+    return RunRecord(
+        plan=plan_path, model=plan.model, schedule=plan.schedule, runtime=r0["runtime"], device_type=device_type,
+        n_ranks=plan.n_devices, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
+        n_microbatches=plan.n_microbatches, optimizer=plan.optimizer, steps=steps, first_step=r0["first_step"],
+        warmup=warmup, iteration_ms_measured=meas, iteration_ms_predicted=pred, error_pct=error_pct(pred, meas),
+        prediction_source=prediction_source, calibration=calibration,
+        losses=[losses[str(k)] for k in loss_steps], loss_steps=loss_steps, diverged=diverged, step_ms=step_ms,
+        measured_steps=measured, timeline_step=r0["chosen_step"], ranks=ranks,
+        comm=[c for rec in records for c in rec.get("comm", [])], boundary_bytes=boundary,
+        transfer_gaps=transfer_gaps(measured_timeline(records), plan.n_stages, boundary)
         if len({rec["host"] for rec in records}) == 1 else [],
-    }
+        step_ms_min=lo, step_ms_median=med, step_ms_max=hi, step_spread_pct=spread, load_average=load_average,
+        profile_load_average=profile_load_average, compute_ratio=compute_ratio, warnings=warnings)
+
+
+def assemble_run(records: list[dict[str, Any]], plan: Plan, **kwargs: Any) -> dict[str, Any]:
+    """The run JSON as a dict: `assemble_record(...).to_dict()`."""
+    return assemble_record(records, plan, **kwargs).to_dict()

@@ -34,7 +34,7 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, available_cores, preflight
-from planner.execute.results import assemble_run, measured_timeline
+from planner.execute.results import RunRecord, assemble_record, measured_timeline
 from planner.execute.worker import read_env, run_worker
 from planner.plan import Plan, plan_to_dict
 from planner.simulation.result import TimelineRow
@@ -47,26 +47,42 @@ class RunOutcome:
     """What a run produced (on rank 0, or the local launcher)."""
 
     run: dict[str, Any]
-    """The run JSON."""
+    """The run JSON (`record.to_dict()`, non-finite numbers as null)."""
     timeline: list[TimelineRow]
     """The measured timeline (one step after warm-up)."""
     calibration: Calibration | None = None
     """The calibration fitted from this run (--calibrate)."""
     calibration_path: str | None = None
     """Where it was written."""
+    record: RunRecord | None = None
+    """The run as a typed record."""
 
 
-def predict(plan: Plan, pf: Preflight) -> tuple[dict[str, Any] | None, str | None, Calibration | None]:
-    """(simulation JSON, where it came from, calibration used) for the plan as it is now."""
+def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = None,
+            use_machine: bool = True) -> tuple[dict[str, Any] | None, str | None, Calibration | None]:
+    """(simulation JSON, where it came from, calibration used) for the plan as it is now.
+
+    Calibration: the per-plan one beside the profile when it exists, else the machine file
+    (`machine`, else planner.machine.find_machine's default: $PPLAN_MACHINE or
+    ~/.cache/pplan/machine.json) measured for this device type, else none.
+    """
     if pf.profile is not None:
         from planner.simulate import simulate
 
         import numpy as np
 
         cal = find_calibration(pf.profile.path)
+        machine_source = ""
+        if cal is None and use_machine:
+            from planner.machine import find_machine, machine_calibration
+
+            found = find_machine(machine, device_type=pf.device_type)
+            if found is not None:
+                cal, machine_source = machine_calibration(found), " + machine"
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
             sim = simulate(plan, pf.profile, calibration=cal, record_timeline=False)
-        source = "simulate(profile + calibration)" if cal else "simulate(profile)"
+        source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
+            else "simulate(profile + machine)"
         values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
         if not all(math.isfinite(v) for v in values):
             raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
@@ -79,8 +95,13 @@ def predict(plan: Plan, pf: Preflight) -> tuple[dict[str, Any] | None, str | Non
 
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,
              force: bool = False, out: str | os.PathLike | None = None,
-             timeline_path: str | os.PathLike | None = None) -> RunOutcome | None:
-    """Run `plan`; returns the outcome (None on ranks other than 0 under torchrun)."""
+             timeline_path: str | os.PathLike | None = None, machine: str | os.PathLike | None = None,
+             use_machine: bool = True) -> RunOutcome | None:
+    """Run `plan`; returns the outcome (None on ranks other than 0 under torchrun).
+
+    `machine`: a machine file (planner.machine) to predict with when the profile has no
+    calibration beside it; `use_machine=False` predicts from the profile alone.
+    """
     env = read_env()
     if env is not None and env.world != plan.n_devices:
         raise PplanError(f"torchrun started {env.world} processes but the plan has {plan.n_devices} devices",
@@ -92,7 +113,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                          "pass --profile PROFILE.csv")
     # Predict before launching: a profile or calibration that cannot give a number fails in a
     # second, not after the whole run.
-    prediction, source, used_cal = predict(plan, pf)
+    prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
+    load_before = _load_average()
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
     if opts.checkpoint_dir:
@@ -106,13 +128,16 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
         records = run_worker(cfg, env)
         if records is None:
             return None
-    run = assemble_run(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
-                       warmup=opts.warmup, prediction=prediction, prediction_source=source,
-                       calibration=_cal_dict(used_cal))
+    record = assemble_record(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
+                             warmup=opts.warmup, prediction=prediction, prediction_source=source,
+                             calibration=_cal_dict(used_cal), load_average=load_before,
+                             profile_load_average=_profile_load(pf),
+                             compute_ratio=_compute_ratio(records, plan, pf, used_cal))
+    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf))
     rows = measured_timeline(records)
-    if run.get("diverged"):
-        _write(_finite(run), rows, out, timeline_path)
-        d = run["diverged"]
+    if record.diverged:
+        _write(_finite(record.to_dict()), rows, out, timeline_path)
+        d = record.diverged
         kept = f"; wrote the run with the losses so far to {str(out)!r} (non-finite as null)" if out is not None else ""
         raise RunError(f"training diverged: the loss became {d['loss']} at step {d['step'] + 1} of {opts.steps} "
                        f"(--lr {opts.lr:g}, optimizer {plan.optimizer}){kept}",
@@ -122,13 +147,69 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     if opts.calibrate and pf.profile is not None:
         from planner.execute.calibrate import fit_calibration
 
-        fitted, report = fit_calibration(run, plan, pf.profile, previous=used_cal, run_path=str(out) if out else None)
+        fitted, report = fit_calibration(record.to_dict(), plan, pf.profile, previous=used_cal,
+                                         run_path=str(out) if out else None)
         cal_path = str(calibration_path_for(pf.profile.path))
         write_calibration(fitted, cal_path)
-        run["calibration_fit"] = dict(report, path=cal_path, calibration=_cal_dict(fitted))
-    run = _finite(run)
+        record = record.with_(calibration_fit=dict(report, path=cal_path, calibration=_cal_dict(fitted)))
+    run = _finite(record.to_dict())
     _write(run, rows, out, timeline_path)
-    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path)
+    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path, record=record)
+
+
+def _load_average() -> float | None:
+    """The machine's 1-minute load average now (before the ranks add theirs)."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
+
+
+def _profile_load(pf: Preflight) -> float | None:
+    """The load average the profile recorded in its metadata (`# load_average: 0.42`), if any."""
+    value = pf.profile.meta.get("load_average") if pf.profile is not None else None
+    try:
+        load = float(value) if value not in (None, "") else None
+    except ValueError:
+        return None
+    return load if load is not None and math.isfinite(load) and load >= 0 else None
+
+
+def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal: Calibration | None) -> float | None:
+    """Median over the run's actions of measured / predicted action time (calibration applied)."""
+    if pf.profile is None:
+        return None
+    from planner.execute.calibrate import compute_points
+
+    try:
+        points = compute_points({"ranks": records}, plan, pf.profile)
+    except (PplanError, KeyError, IndexError, ValueError):
+        return None
+    ratios = []
+    for profiled, measured, _ in points:
+        expected = cal.apply_compute(profiled) if cal is not None else profiled
+        if expected > 0 and math.isfinite(measured):
+            ratios.append(measured / expected)
+    if not ratios:
+        return None
+    import statistics
+
+    return statistics.median(ratios)
+
+
+def _thread_warnings(records: list[dict[str, Any]], pf: Preflight) -> list[str]:
+    """A line when the ranks ran with another torch thread count than the profile measured with."""
+    if pf.profile is None:
+        return []
+    try:
+        prof = int(pf.profile.meta.get("threads") or 0)
+    except ValueError:
+        return []
+    used = sorted({int(r.get("threads") or 0) for r in records})
+    if prof and used and used != [prof]:
+        return [f"the ranks ran {'/'.join(map(str, used))} torch thread(s), the profile was measured with {prof}: "
+                f"re-profile with --threads {used[0]} (or run with --threads {prof})"]
+    return []
 
 
 def _write(run: dict[str, Any], rows: list[TimelineRow], out: str | os.PathLike | None,

@@ -1,0 +1,237 @@
+"""`pplan calibrate --machine`: measure once what a pipelined step costs beyond its layers.
+
+Three microbenchmarks (a minute or so on 2 CPU processes):
+
+- **Empty pipeline.** A synthetic model whose two layers cost nothing (`fwd_ms=0,bwd_ms=0`, 16
+  features) is profiled, planned on `ranks` processes and run by the executor (`pplan run`'s code)
+  for a few (schedule, micro-batch) cases. Whatever the steps take is torch pipelining's and the
+  backend's fixed cost. The simulator, given the same plan, says how many actions and hand-overs
+  lie on each case's critical path; a least-squares fit over the cases of
+  measured = simulated(action overhead a, hand-over latency l) + c gives a per action and c per
+  step, with l the median measured hand-over gap (sender's end to the waiting receiver's start).
+  Bandwidth comes from the ping-pong between the ranks (planner.execute.commbench).
+- **Optimizer.** One process steps each optimizer on 1 and 16 MiB of parameters; the slope is
+  ms per MiB.
+- **Contention.** A fixed matmul-and-add kernel timed in one process alone and in `ranks`
+  processes at once: the ratio is what sharing memory bandwidth and caches costs a rank's
+  compute (layers are profiled alone). Recorded, not applied.
+
+The result is a planner.machine.Machine; `pplan calibrate --machine` saves it.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import math
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from planner.errors import PplanError
+
+__all__ = ["EMPTY_MODEL", "CASES", "QUICK_CASES", "measure_machine", "fit_overheads", "optimizer_ms_per_mib",
+           "kernel_ms"]
+
+EMPTY_MODEL = "synthetic:layers={layers},fwd_ms=0,bwd_ms=0,param_bytes=4KB,act_bytes=64,hidden=16"
+CASES = (("gpipe", 2), ("gpipe", 8), ("1f1b", 8), ("1f1b", 16))
+"""(schedule, micro-batches) of the empty-pipeline runs; their action counts differ, so a and c separate."""
+QUICK_CASES = (("gpipe", 2), ("1f1b", 8))
+
+
+def fit_overheads(cases: list[tuple[float, float, float]]) -> tuple[float, float]:
+    """(a, c) >= 0 of measured = base + k x a + c, least squares over (measured, base, k) cases.
+
+    base is the simulated step without action overhead, k the simulated step's growth per ms of
+    action overhead (the actions on the critical path). Falls back to a through the origin, or c
+    alone, when the free fit would make either negative.
+    """
+    pts = [(m - b, k) for m, b, k in cases if math.isfinite(m) and math.isfinite(b)]
+    if not pts:
+        return 0.0, 0.0
+    n = len(pts)
+    my = sum(y for y, _ in pts) / n
+    mk = sum(k for _, k in pts) / n
+    skk = sum((k - mk) ** 2 for _, k in pts)
+    if n >= 2 and skk > 0:
+        a = sum((k - mk) * (y - my) for y, k in pts) / skk
+        c = my - a * mk
+        if a >= 0 and c >= 0:
+            return a, c
+    sk2 = sum(k * k for _, k in pts)
+    origin = (max(0.0, sum(k * y for y, k in pts) / sk2) if sk2 else 0.0, 0.0)
+    flat = (0.0, max(0.0, my))
+
+    def sse(ac: tuple[float, float]) -> float:
+        return sum((y - ac[0] * k - ac[1]) ** 2 for y, k in pts)
+
+    return min(origin, flat, key=sse)
+
+
+def optimizer_ms_per_mib(threads: int, sizes_mib: tuple[float, float] = (1.0, 16.0), reps: int = 7,
+                         names: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-plain")) -> dict[str, float]:
+    """Optimizer step ms per MiB of float32 parameters (slope between two sizes, median of reps)."""
+    import torch
+
+    from planner.execute.stages import make_optimizer
+
+    old = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = {}
+        for name in names:
+            times = []
+            for mib in sizes_mib:
+                n = int(mib * 2**20 / 4)
+                params = [torch.nn.Parameter(torch.zeros(n // 4)) for _ in range(4)]
+                for p in params:
+                    p.grad = torch.full_like(p, 1e-3)
+                opt = make_optimizer(name, params, 1e-3)
+                samples = []
+                for i in range(reps + 2):
+                    t0 = time.perf_counter()
+                    opt.step()
+                    if i >= 2:
+                        samples.append((time.perf_counter() - t0) * 1e3)
+                times.append(statistics.median(samples))
+            slope = (times[1] - times[0]) / (sizes_mib[1] - sizes_mib[0])
+            out[name] = max(0.0, slope)
+        return out
+    finally:
+        torch.set_num_threads(old)
+
+
+def kernel_ms(threads: int, reps: int = 15, start_at: float | None = None) -> float:
+    """Median ms of a fixed kernel: a 512 x 1024 by 1024 x 1024 matmul and a 16 MiB add (from
+    wall-clock time `start_at`, so that processes started together run together)."""
+    import torch
+
+    torch.set_num_threads(threads)
+    if start_at is not None:
+        time.sleep(max(0.0, start_at - time.time()))
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(512, 1024, generator=g), torch.randn(1024, 1024, generator=g)
+    x = torch.randn(4 * 2**20, generator=g)
+    samples = []
+    for i in range(reps + 2):
+        t0 = time.perf_counter()
+        (a @ b).sum()
+        (x + 1.0).sum()
+        if i >= 2:
+            samples.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(samples)
+
+
+def _kernel_processes(n: int, threads: int) -> list[float]:
+    """kernel_ms in n fresh processes started together."""
+    start_at = time.time() + 4.0  # after every process has imported torch
+    code = f"from planner.execute.machinebench import kernel_ms; print(kernel_ms({threads}, start_at={start_at!r}))"
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+             for _ in range(n)]
+    out = []
+    for p in procs:
+        stdout, stderr = p.communicate(timeout=300)
+        if p.returncode != 0:
+            raise PplanError(f"the contention kernel failed: {stderr.decode(errors='replace').strip()[-200:]}")
+        out.append(float(stdout.decode().strip().splitlines()[-1]))
+    return out
+
+
+def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...], steps: int, work: Path,
+                    say: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[tuple[float, float, float]], list[float],
+                                                         list[float], float | None]:
+    from planner.calibration import Calibration
+    from planner.execute.options import RunOptions
+    from planner.execute.run import run_plan
+    from planner.partition.api import partition
+    from planner.partition.search import PartitionSettings
+    from planner.plan import write_plan
+    from planner.profiling.profile import load_profile, write_profile
+    from planner.profiling.profiler import profile_model
+    from planner.simulate import simulate
+
+    spec = EMPTY_MODEL.format(layers=ranks)
+    say(f"profiling the empty model {spec}")
+    prof_path = work / "empty.csv"
+    write_profile(profile_model(spec, [1], warmup=2, repeats=5, threads=threads), prof_path)
+    prof = load_profile(prof_path)
+    rows, fit_cases, gaps, actions = [], [], [], []
+    bandwidth = None
+    for i, (schedule, m) in enumerate(cases):
+        last = i == len(cases) - 1
+        say(f"empty pipeline {i + 1}/{len(cases)}: {schedule}, {m} micro-batches on {ranks} processes")
+        settings = PartitionSettings(n_devices=ranks, memory_bytes=None, global_batch=m, microbatches=m, schedule=schedule)
+        plan = partition(prof, settings).plan
+        plan_path = work / f"empty-{schedule}-{m}.json"
+        write_plan(plan, plan_path)
+        opts = RunOptions(steps=steps, warmup=3, device="cpu", threads=threads, calibrate=last, track_memory=False)
+        outcome = run_plan(plan, opts, plan_path=str(plan_path), use_machine=False)
+        run = outcome.run
+        if last:
+            bws = [c["bandwidth_bytes_per_s"] for c in run.get("comm") or [] if c.get("bandwidth_bytes_per_s")]
+            bandwidth = statistics.median(bws) if bws else None
+        gaps += [g for _, g in run.get("transfer_gaps") or []]
+        actions += [v for r in run["ranks"] for k, v in (r.get("action_ms") or {}).items() if k[-1] in "FBIW"]
+        rows.append({"schedule": schedule, "microbatches": m, "measured_ms": run["iteration_ms_measured"],
+                     "step_spread_pct": run.get("step_spread_pct"), "plan": plan})
+    latency = statistics.median(gaps) if gaps else 0.0
+    bw = bandwidth or 1e9
+    for row in rows:
+        plan = row.pop("plan")
+        base = simulate(plan, prof, calibration=Calibration(comm_latency_ms=latency, comm_bandwidth_bytes_per_s=bw),
+                        record_timeline=False).iteration_ms
+        plus = simulate(plan, prof, calibration=Calibration(action_overhead_ms=1.0, comm_latency_ms=latency,
+                                                            comm_bandwidth_bytes_per_s=bw),
+                        record_timeline=False).iteration_ms
+        row["simulated_base_ms"], row["actions_on_path"] = base, plus - base
+        fit_cases.append((row["measured_ms"], base, plus - base))
+    return rows, fit_cases, gaps, actions, bandwidth
+
+
+def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool = False, steps: int = 30,
+                    hardware: str | None = None, progress: Callable[[str], None] | None = None):
+    """Run the microbenchmarks on this machine (CPU, gloo) and return a planner.machine.Machine."""
+    from planner.execute.preflight import available_cores
+    from planner.machine import Machine
+
+    say = progress or (lambda _m: None)
+    if ranks < 2:
+        raise PplanError(f"--ranks {ranks} must be at least 2 (hand-overs need two processes)")
+    threads = threads or max(1, available_cores() // ranks)
+    t_start = time.perf_counter()
+    load = round(os.getloadavg()[0], 2)
+    with tempfile.TemporaryDirectory(prefix="pplan-machine-") as tmp:
+        rows, fit_cases, gaps, actions, bandwidth = _empty_pipeline(
+            ranks, threads, QUICK_CASES if quick else CASES, steps, Path(tmp), say)
+    a, c = fit_overheads(fit_cases)
+    latency = statistics.median(gaps) if gaps else 0.0
+    say("optimizer step cost")
+    opt = optimizer_ms_per_mib(threads, reps=3 if quick else 7)
+    say(f"contention: one process alone, then {ranks} at once")
+    alone = statistics.median(_kernel_processes(1, threads))
+    together = statistics.median(_kernel_processes(ranks, threads))
+    for row in rows:
+        row["predicted_ms"] = row["simulated_base_ms"] + row["actions_on_path"] * a + c
+        row["action_ms_median"] = statistics.median(actions) if actions else None
+    import torch
+
+    from planner.hostinfo import cpu_model
+
+    measured = {
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "host": socket.gethostname(), "cpu": cpu_model(), "cores": available_cores(),
+        "load_average": load, "torch": torch.__version__, "seconds": round(time.perf_counter() - t_start, 1),
+        "cases": json.loads(json.dumps(rows)),
+    }
+    return Machine(device_type="cpu", backend="gloo", ranks=ranks, threads=threads, action_overhead_ms=a,
+                   comm_latency_ms=max(0.0, latency), comm_bandwidth_bytes_per_s=bandwidth or 1e9,
+                   step_overhead_ms=c, optimizer_ms_per_mib=opt,
+                   concurrent_compute_ratio=together / alone if alone > 0 else None,
+                   hardware=hardware, measured=measured)

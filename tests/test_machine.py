@@ -1,0 +1,84 @@
+"""The machine file (planner.machine) and the fits of `pplan calibrate --machine` (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from planner.errors import PplanError
+from planner.execute.machinebench import fit_overheads
+from planner.machine import (Machine, default_machine_path, find_machine, load_machine, machine_calibration,
+                             save_machine)
+
+
+def _machine(**kw) -> Machine:
+    base = dict(device_type="cpu", backend="gloo", ranks=2, threads=1, action_overhead_ms=0.3, comm_latency_ms=0.13,
+                comm_bandwidth_bytes_per_s=1.5e9, step_overhead_ms=4.0, optimizer_ms_per_mib={"adam": 1.2},
+                concurrent_compute_ratio=1.1, measured={"load_average": 0.5})
+    base.update(kw)
+    return Machine(**base)
+
+
+def test_round_trip_and_calibration(tmp_path):
+    m = _machine()
+    path = save_machine(m, tmp_path / "sub" / "machine.json")
+    assert load_machine(path) == m
+    cal = machine_calibration(m)
+    assert (cal.compute_scale, cal.action_overhead_ms, cal.comm_latency_ms) == (1.0, 0.3, 0.13)
+    assert cal.comm_bandwidth_bytes_per_s == 1.5e9 and cal.step_overhead_ms == 4.0
+    # the optimizer's measured cost joins the step overhead only when asked (profiles without optimizer times)
+    assert machine_calibration(m, optimizer="adam", optimizer_param_bytes=2 * 2**20).step_overhead_ms == pytest.approx(6.4)
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"action_overhead_ms": -1.0}, "action_overhead_ms -1.0 is out of range"),
+    ({"comm_bandwidth_bytes_per_s": 1e308}, "out of range"),
+    ({"step_overhead_ms": float("nan")}, "out of range"),
+    ({"ranks": 0}, "ranks 0 must be an integer"),
+    ({"backend": "mpi"}, "backend 'mpi'"),
+    ({"optimizer_ms_per_mib": {"adma": 1.0}}, "did you mean 'adam'"),
+])
+def test_values_are_bounded(change, message):
+    with pytest.raises(PplanError, match=message):
+        _machine(**change)
+
+
+def test_reading_is_strict(tmp_path):
+    p = tmp_path / "m.json"
+    data = _machine().to_dict()
+    p.write_text(json.dumps(dict(data, action_overhead=1.0)))
+    with pytest.raises(PplanError, match="did you mean 'action_overhead_ms'"):
+        load_machine(p)
+    p.write_text(json.dumps({k: v for k, v in data.items() if k != "comm_latency_ms"}))
+    with pytest.raises(PplanError, match="lacks comm_latency_ms"):
+        load_machine(p)
+    p.write_text('{"format": "pplan-machine/1", "ranks": 1e400}')
+    with pytest.raises(PplanError):
+        load_machine(p)
+
+
+def test_find_machine_honours_env_default_and_device_type(tmp_path, monkeypatch):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("PPLAN_MACHINE", raising=False)
+    assert default_machine_path() == tmp_path / "cache" / "pplan" / "machine.json"
+    assert find_machine() is None  # nothing measured yet
+    save_machine(_machine())
+    assert find_machine() == _machine()
+    assert find_machine(device_type="cuda") is None  # measured on cpu/gloo: not applied to GPU runs
+    monkeypatch.setenv("PPLAN_MACHINE", "off")
+    assert find_machine() is None
+    other = save_machine(_machine(step_overhead_ms=9.0), tmp_path / "other.json")
+    monkeypatch.setenv("PPLAN_MACHINE", str(other))
+    assert find_machine().step_overhead_ms == 9.0
+
+
+def test_fit_overheads_recovers_action_and_step_costs():
+    # measured = base + k x a + c with a = 0.25 ms per action on the path, c = 3 ms per step
+    cases = [(base + k * 0.25 + 3.0, base, k) for base, k in ((0.7, 6.0), (2.4, 16.0), (1.7, 18.0), (3.3, 34.0))]
+    a, c = fit_overheads(cases)
+    assert a == pytest.approx(0.25) and c == pytest.approx(3.0)
+    # a free fit that would need a negative step overhead goes through the origin instead
+    a, c = fit_overheads([(0.5 + 2.0, 0.5, 10.0), (1.0 + 5.0, 1.0, 20.0)])
+    assert c == 0.0 and a > 0
+    assert fit_overheads([]) == (0.0, 0.0)
