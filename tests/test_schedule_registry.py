@@ -72,11 +72,6 @@ def test_torch_classes_exist() -> None:
         assert spec.torch_runtime in ("class", "class-if-same-order", "csv")
 
 
-def test_only_gpipe_and_1f1b_run_non_chain_models() -> None:
-    # the executor's traced stages (planner.execute.stages.non_chain_unsupported)
-    assert {n for n, s in SCHEDULES.items() if s.non_chain} == {"gpipe", "1f1b"}
-
-
 def test_other_modules_list_the_registry() -> None:
     from planner.bench import fidelity, simulator_bench
 

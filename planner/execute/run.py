@@ -88,8 +88,8 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
             raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
                              "the profile's numbers are absurdly large; re-profile the model")
         return sim.to_dict(), source, cal
-    if plan.predicted and isinstance(plan.predicted.get("iteration_ms"), (int, float)):
-        return plan.predicted, "plan.predicted", None
+    if plan.predicted is not None and isinstance(plan.predicted.iteration_ms, (int, float)):
+        return plan.predicted.to_dict(), "plan.predicted", None
     return None, None, None
 
 

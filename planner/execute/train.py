@@ -33,7 +33,7 @@ import torch
 import torch.distributed as dist
 
 from planner.execute import checkpoint as ckpt
-from planner.execute.measure import MemoryTracker, recorder, set_tracker
+from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
                                     rank_device, shared_parameter_groups, step_seed)
@@ -147,6 +147,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
 
     from planner.models import build_model
 
+    mark_baseline()  # the process's RSS before the model: what the rank's memory grows from
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
     # One micro-batch shows what crosses each cut (tensors, tuples, a traced model's dicts).
     example = bundle.make_batch(plan.micro_batch_size, 0)[0]
@@ -239,6 +240,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         dist.barrier()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        window = RssWindow().begin() if tk is not None and step == mem_step else None
         rec.clear()
         t0 = time.perf_counter()
         with tk if tk is not None else contextlib.nullcontext():
@@ -249,12 +251,15 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         rec.record(mods[0].stage, "O", -1, opt.step)
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
+        if window is not None:
+            window.end()
         if step == start_step:
             check_executed_order(plan, rank, rec.events)
         if tk is not None:
             set_tracker(None)
             if step == mem_step:
                 memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
+                memory.update(window.to_dict() if window is not None else {})
         bad = 0.0
         if is_last:
             loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())

@@ -12,11 +12,12 @@ import io
 import math
 import os
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
+from planner.execute.results import RankRecord, RunRecord
 from planner.jsonio import MAX_JSON_BYTES, check_keys, read_bounded_text, read_json_file
 from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
@@ -40,15 +41,10 @@ TIMELINE_KINDS = ("F", "B", "I", "W", "R", "C", "O")
 # `pplan run --out` write: planner/simulation/result.py, planner/execute/results.py and run.py).
 # Anything else is refused with the nearest known key; a new field must be added here too.
 SIM_KEYS = (*PREDICTED_KEYS, "memory_timeline")
-RUN_KEYS = ("format", "plan", "model", "schedule", "runtime", "device_type", "n_ranks", "n_stages", "micro_batch_size",
-            "n_microbatches", "optimizer", "steps", "first_step", "warmup", "iteration_ms_measured",
-            "iteration_ms_predicted", "error_pct", "prediction_source", "calibration", "losses", "loss_steps", "diverged",
-            "step_ms", "measured_steps", "timeline_step", "ranks", "comm", "boundary_bytes", "transfer_gaps",
-            "calibration_fit")
+# The run JSON is planner.execute.results.RunRecord: its fields are the one list of keys.
+RUN_KEYS = tuple(f.name for f in fields(RunRecord))
 DIVERGED_KEYS = ("step", "loss")
-RANK_KEYS = ("rank", "device", "host", "stages", "busy_ms", "busy_ms_predicted", "peak_memory_bytes_measured",
-             "peak_memory_bytes_predicted", "memory_limit_bytes", "memory_measure", "memory_measured", "memory_predicted",
-             "rss_peak_bytes", "action_ms", "threads")
+RANK_KEYS = tuple(f.name for f in fields(RankRecord))
 COMM_KEYS = ("a", "b", "latency_ms", "bandwidth_bytes_per_s", "points")
 CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
                         "compute_points", "path", "calibration")

@@ -2,8 +2,7 @@
 
 As torch's `get_schedule_class(name)` maps a name to its class, `get_schedule(name)` maps it
 to a ScheduleSpec: the generator of its per-rank order, the torch class that runs it and how,
-and what it supports (split backward, chunks per rank, micro-batch counts, non-chain models,
-recompute). Size checks, the partitioner's grid, the executor and the benchmarks read these
+and what it supports (split backward, chunks per rank, micro-batch counts, recompute). Size checks, the partitioner's grid, the executor and the benchmarks read these
 fields instead of testing names, so adding a schedule is one generator and one entry here.
 """
 
@@ -48,8 +47,6 @@ class ScheduleSpec:
     """True when the backward is split into I and W (zero-bubble)."""
     microbatches: MicrobatchRule
     """torch's rule on M: any; at-least-ranks (M >= P); multiple-of-rounds (M a multiple of max(1, M // P))."""
-    non_chain: bool
-    """True when the executor runs it for a model that is not a chain (pipeline()-split stages)."""
     recompute: bool
     """True when recomputed layers (activation checkpointing) run under it."""
     description: str
@@ -77,20 +74,20 @@ def _one_chunk(fn: Callable[[int, int], Order]) -> Callable[[int, int, int], Ord
 SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec(
         name="gpipe", order=_one_chunk(gpipe_order), torch_class="ScheduleGPipe", torch_runtime="class",
-        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="any", non_chain=True,
+        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="any",
         recompute=True, description="GPipe: every forward, then every backward"),
     ScheduleSpec(
         name="1f1b", order=_one_chunk(one_f_one_b_order), torch_class="Schedule1F1B", torch_runtime="class",
-        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks", non_chain=True,
+        virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks",
         recompute=True, description="1F1B (PipeDream-Flush): warm-up forwards, then one backward per forward"),
     ScheduleSpec(
         name="interleaved", order=interleaved_order, torch_class="ScheduleInterleaved1F1B",
         torch_runtime="class-if-same-order", virtual_stages=2, multi_chunk=True, split_backward=False,
-        microbatches="multiple-of-rounds", non_chain=False, recompute=True,
+        microbatches="multiple-of-rounds", recompute=True,
         description="interleaved 1F1B (Megatron-LM): several stages per rank"),
     ScheduleSpec(
         name="zb", order=_one_chunk(zb_h1_order), torch_class="ScheduleInterleavedZeroBubble", torch_runtime="csv",
-        virtual_stages=1, multi_chunk=False, split_backward=True, microbatches="multiple-of-rounds", non_chain=False,
+        virtual_stages=1, multi_chunk=False, split_backward=True, microbatches="multiple-of-rounds",
         recompute=True, description="ZB-H1 zero bubble: 1F1B with the backward split into I and W"),
 )}
 # The order matters: it breaks ties between equally fast plans (planner.partition.search).
