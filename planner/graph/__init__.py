@@ -8,7 +8,6 @@ Torch parts, imported on first use of their names:
   trace     trace_layers(module, example_input) -> LayerGraph
   pipe      split_spec / split_policy for torch.distributed.pipelining.pipeline()
   sequential  as_sequential(lg) -> GraphSequential: ModelBundle.layers of a non-chain model
-  figure    draw_layer_graph (matplotlib, Agg)
 docs/graph.md describes the grouping rule, the format extension and the integration.
 """
 
@@ -22,7 +21,7 @@ from planner.graph.layers import OUTPUT, LayerGraph, Value
 
 __all__ = [
     "EDGE_KEY", "OUTPUT", "GraphSequential", "LayerGraph", "SkipEdge", "Value",
-    "add_edge_lines", "as_sequential", "as_skip_edges", "crossing_bytes", "direct_send_bytes", "draw_layer_graph",
+    "add_edge_lines", "as_sequential", "as_skip_edges", "crossing_bytes", "direct_send_bytes",
     "edge_lines", "layer_input_bytes", "layer_inputs", "split_policy", "passthrough_bytes", "read_edges", "split_spec",
     "stage_ranges", "trace_layers",
 ]
@@ -31,7 +30,6 @@ _LAZY = {
     "trace_layers": "planner.graph.trace",
     "split_spec": "planner.graph.pipe",
     "split_policy": "planner.graph.pipe",
-    "draw_layer_graph": "planner.graph.figure",
     "as_sequential": "planner.graph.sequential",
     "GraphSequential": "planner.graph.sequential",
 }

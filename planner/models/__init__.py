@@ -4,8 +4,8 @@
 See docs/models.md for the specs and the factory protocol.
 """
 
-from planner.models.build import build_model
+from planner.models.build import build_model, layer_count
 from planner.models.bundle import ModelBundle
-from planner.models.spec import BUILTIN_KINDS, describe_keys, layer_count, parse_spec
+from planner.models.spec import BUILTIN_KINDS, describe_keys, parse_spec
 
 __all__ = ["BUILTIN_KINDS", "ModelBundle", "build_model", "describe_keys", "layer_count", "parse_spec"]

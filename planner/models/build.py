@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
-from planner.models.spec import parse_spec
+from planner.models.spec import builtin_layer_count, parse_spec
 
-__all__ = ["build_model"]
+__all__ = ["build_model", "layer_count"]
 
 
 def build_model(
@@ -48,3 +50,10 @@ def build_model(
 
             return build_factory(params, spec, seed, input_shape, input_dtype, vocab)
         return build(params, spec)
+
+
+def layer_count(spec: str, **model_kwargs: Any) -> int:
+    """Number of pipeline layers of `spec`: built-ins without building (and without torch),
+    factories and `hf:` models by building (`model_kwargs`: build_model's input description)."""
+    count = builtin_layer_count(spec)
+    return count if count is not None else len(build_model(spec, **model_kwargs).layers)

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from planner.errors import ModelSpecError
 
-__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "layer_count", "describe_keys"]
+__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count", "describe_keys"]
 
 
 @dataclass(frozen=True)
@@ -260,12 +260,8 @@ _COUNTS: dict[str, Callable[[dict[str, Any]], int]] = {
 }
 
 
-def layer_count(spec: str, **model_kwargs: Any) -> int:
-    """Number of pipeline layers of `spec`; built-ins without building, factories and `hf:`
-    models by building (`model_kwargs`: build_model's input description, for a factory)."""
+def builtin_layer_count(spec: str) -> int | None:
+    """Number of pipeline layers of a built-in `spec`, without building it; None for the others
+    (factories and `hf:` models must be built: planner.models.build.layer_count)."""
     kind, params = parse_spec(spec)
-    if kind in _COUNTS:
-        return _COUNTS[kind](params)
-    from planner.models.build import build_model
-
-    return len(build_model(spec, **model_kwargs).layers)
+    return _COUNTS[kind](params) if kind in _COUNTS else None
