@@ -141,6 +141,7 @@ def register(app: typer.Typer) -> None:
         timeout: float = o["timeout"], threads: int = o["threads"], runtime: str = o["runtime"],
         force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
         model: str | None = o["model"], trust_model: bool = o["trust_model"],
+        input_shape: str | None = o["input_shape"], input_dtype: str | None = o["input_dtype"], vocab: int | None = o["vocab"],
     ) -> None:
         """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
 
@@ -162,4 +163,4 @@ def register(app: typer.Typer) -> None:
         run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                     calibrate=True, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
                     threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
-                    model=model, trust_model=trust_model)
+                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)

@@ -53,6 +53,8 @@ def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> N
                    f"{'n/a' if not cal['comm_bandwidth_bytes_per_s'] else format_bytes(cal['comm_bandwidth_bytes_per_s']) + '/s'}")
         typer.echo(f"prediction error: before {_pct(fit['error_pct_before'])} ({format_ms(fit['predicted_ms_before'])}), "
                    f"after {_pct(fit['error_pct_after'])} ({format_ms(fit['predicted_ms_after'])}); wrote {fit['path']}")
+    for line in run.get("warnings") or []:  # why this comparison should not be trusted (planner.execute.results)
+        err(f"pplan: warning: {line}")
     for what, path in (("run", out), ("timeline", timeline)):
         if path is not None:
             typer.echo(f"wrote {what} {path}")
@@ -73,7 +75,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
                 profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
                 timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool,
                 model: str | None = None, trust_model: bool = False, input_shape: str | None = None,
-                input_dtype: str | None = None, vocab: int | None = None) -> None:
+                input_dtype: str | None = None, vocab: int | None = None, machine_file: Path | None = None) -> None:
     """Shared body of `pplan run` and `pplan calibrate`.
 
     Everything that can be refused is refused before the plan's model is imported or any rank
@@ -104,7 +106,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         err(f"running {plan_path}: {plan.n_devices} rank(s), {opts.steps} step(s)"
             + (f" under torchrun ({env.world} processes)" if env else ""))
     outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
-                       force=force, out=out, timeline_path=timeline)
+                       force=force, out=out, timeline_path=timeline, machine=machine_file)
     if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
         if json_out:
             echo_json(outcome.run)
@@ -150,7 +152,7 @@ def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None
 def run_options(calibrate_default: bool) -> dict[str, Any]:
     """typer parameters shared by `run` and `calibrate`."""
     return dict(
-        steps=typer.Option(10, "--steps", "-n", help="Optimizer steps to train (a resumed run continues up to this count)."),
+        steps=typer.Option(10, "--steps", help="Optimizer steps to train (a resumed run continues up to this count)."),
         warmup=typer.Option(2, "--warmup", help="First steps left out of the timing."),
         lr=typer.Option(1e-3, "--lr", help="Learning rate of the plan's optimizer."),
         out=typer.Option(None, "--out", "-o", help="Run JSON to write (measured vs predicted)."),
@@ -168,6 +170,11 @@ def run_options(calibrate_default: bool) -> dict[str, Any]:
         json_out=typer.Option(False, "--json", help="Print the run JSON instead of a summary."),
         model=typer.Option(None, "--model", "-m", help="The plan's model spec, repeated to vouch for a module:factory model (it is imported and run)."),
         trust_model=typer.Option(False, "--trust-model", help="Import and run the plan's module:factory model without repeating it in --model."),
+        input_shape=typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32 (default: the profile's)."),
+        input_dtype=typer.Option(None, "--input-dtype", help="Factory models: float or long (default: the profile's)."),
+        vocab=typer.Option(None, "--vocab", help="Factory models with long input: token ids below this (default: the profile's)."),
+        machine_file=typer.Option(None, "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with "
+                                  "when the profile has no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json)."),
     )
 
 
@@ -176,16 +183,15 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run(
-        plan: Path = typer.Argument(..., help="Plan JSON (from `pplan partition` or written by hand)."),
+        plan: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON (from `pplan partition` or written by hand)."),
         steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
         timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
         calibrate: bool = o["calibrate"], checkpoint_dir: Path | None = o["checkpoint_dir"],
         checkpoint_every: int = o["checkpoint_every"], timeout: float = o["timeout"], threads: int = o["threads"],
         runtime: str = o["runtime"], force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
         model: str | None = o["model"], trust_model: bool = o["trust_model"],
-        input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32 (default: the profile's)."),
-        input_dtype: str | None = typer.Option(None, "--input-dtype", help="Factory models: float or long (default: the profile's)."),
-        vocab: int | None = typer.Option(None, "--vocab", help="Factory models with long input: token ids below this (default: the profile's)."),
+        input_shape: str | None = o["input_shape"], input_dtype: str | None = o["input_dtype"], vocab: int | None = o["vocab"],
+        machine_file: Path | None = o["machine_file"],
     ) -> None:
         """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
 
@@ -195,4 +201,5 @@ def register(app: typer.Typer) -> None:
         run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                     calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
                     threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
-                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
+                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab,
+                    machine_file=machine_file)
