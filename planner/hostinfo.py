@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 import platform
 
-__all__ = ["cpu_model", "usable_cores"]
+__all__ = ["cpu_model", "usable_cores", "load_average"]
 
 
 def usable_cores() -> int:
@@ -15,6 +15,15 @@ def usable_cores() -> int:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows
         return os.cpu_count() or 1
+
+
+def load_average() -> float | None:
+    """The 1-minute load average (None where the OS has none): recorded beside measurements,
+    since a loaded machine measures slower and `pplan run` compares the two."""
+    try:
+        return round(os.getloadavg()[0], 2)
+    except (OSError, AttributeError):
+        return None
 
 
 def cpu_model() -> str:

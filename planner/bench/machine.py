@@ -7,12 +7,11 @@ Read from /proc and package metadata only: describing the machine must not impor
 from __future__ import annotations
 
 import datetime as _dt
-import os
 import platform
 from importlib import metadata
 from typing import Any
 
-from planner.hostinfo import cpu_model, usable_cores
+from planner.hostinfo import cpu_model, load_average, usable_cores
 
 __all__ = ["machine_info"]
 
@@ -46,10 +45,7 @@ def _ilp_solver() -> str:
 
 def machine_info(with_solver: bool = True) -> dict[str, Any]:
     """Flat dict of strings and numbers, in a stable key order (CSV header lines, Markdown)."""
-    try:
-        load = round(os.getloadavg()[0], 2)
-    except OSError:
-        load = None
+    load = load_average()
     info: dict[str, Any] = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "cpu": cpu_model(),

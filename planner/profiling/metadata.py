@@ -88,6 +88,7 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     "warmup": _integer(0, 10**9),
     "repeats": _integer(0, 10**9),
     "elapsed_s": _number(1e9),
+    "load_average": _number(1e6),  # 1-minute load while profiling (planner.hostinfo.load_average)
     "timer": _free_text,
     "source": _free_text,  # planner.partition.synthetic / planner.profiling.analytic: what made the profile
     "analytic": lambda v: None if v in ("true", "false") else "is not true or false",  # computed, not measured

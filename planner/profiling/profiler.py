@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from planner.errors import ModelSpecError, PplanError
-from planner.hostinfo import cpu_model
+from planner.hostinfo import cpu_model, load_average
 from planner.models import build_model, parse_spec
 from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
@@ -291,6 +291,9 @@ def profile_model(
         elif kind == "hf":  # the input the model was built for (planner.models.hf), for `pplan run`
             meta.update(getattr(bundle, "input_meta", None) or {})
         meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
+        load = load_average()
+        if load is not None:  # `pplan run` compares it with the load it runs under
+            meta["load_average"] = f"{load:g}"
         if lg is not None:
             edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
             return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)
