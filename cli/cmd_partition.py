@@ -51,7 +51,8 @@ def partition_cmd(
     baselines (uniform, parameter- and time-balanced cuts). Exit code 2 with the least memory
     or the fewest devices that would work when nothing fits.
     """
-    from planner.calibration import basis_text, resolve_calibration
+    from planner.calibration import basis_text
+    from planner.machine import prediction_basis
     from planner.cluster import load_cluster
     from planner.errors import PplanError
     from planner.partition import PartitionSettings, partition, summary_dict, summary_text
@@ -104,7 +105,7 @@ def partition_cmd(
         raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
     prof = load_profile(profile_path)
     validate_settings(prof, settings)
-    cal, cal_path = resolve_calibration(profile_path, calibration)
+    cal, cal_path = prediction_basis(prof, calibration)
     if sys.stderr.isatty():  # a bar for people; logs and pipes stay quiet
         n_points = len(grid_points(settings, len(resolve_devices(settings)[0]), prof.n_layers)[0])
         with progress(n_points, "partition") as bar:

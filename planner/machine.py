@@ -31,12 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from planner.atomic import atomic_write_text
-from planner.calibration import RANGES, Calibration
+from planner.calibration import RANGES, Calibration, resolve_calibration
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 
 __all__ = ["FORMAT", "Machine", "default_machine_path", "load_machine", "save_machine", "find_machine",
-           "machine_calibration", "MEASURED_KEYS"]
+           "machine_calibration", "machine_path", "prediction_basis", "MEASURED_KEYS"]
 
 FORMAT = "pplan-machine/1"
 _MAX_FILE_BYTES = 1 << 20
@@ -157,24 +157,43 @@ def save_machine(machine: Machine, path: str | os.PathLike | None = None) -> Pat
     return p
 
 
+def machine_path(path: str | os.PathLike | None = None) -> Path | None:
+    """The machine file that applies: `path`, else $PPLAN_MACHINE (a path; `off` = none), else the
+    default location if a file is there; None when none applies."""
+    if path is not None:
+        return Path(path)
+    env = os.environ.get("PPLAN_MACHINE", "")
+    if env.lower() in ("off", "none", "0"):
+        return None
+    if env:
+        return Path(env)
+    default = default_machine_path()
+    return default if default.is_file() else None
+
+
 def find_machine(path: str | os.PathLike | None = None, device_type: str | None = None) -> Machine | None:
-    """The machine file to apply: `path`, else $PPLAN_MACHINE (a path; `off` = none), else the default
-    location if it exists. A file measured for another device type is not applied (None)."""
-    if path is None:
-        env = os.environ.get("PPLAN_MACHINE", "")
-        if env.lower() in ("off", "none", "0"):
-            return None
-        if env:
-            path = env
-        else:
-            default = default_machine_path()
-            if not default.is_file():
-                return None
-            path = default
-    m = load_machine(path)
+    """The machine file to apply (machine_path), loaded; a file measured for another device type
+    is not applied (None)."""
+    chosen = machine_path(path)
+    if chosen is None:
+        return None
+    m = load_machine(chosen)
     if device_type is not None and m.device_type != device_type:
         return None
     return m
+
+
+def prediction_basis(profile: Any, given: str | os.PathLike | None = None) -> tuple[Calibration | None, Path | None]:
+    """(calibration, the file it came from) for predicting with `profile`: `given` ('none' = none),
+    else the profile's own calibration file, else this machine's file (`pplan calibrate --machine`)
+    when the profile was measured on this kind of device; analytic profiles get no machine file."""
+    cal, path = resolve_calibration(profile.path, given)
+    if cal is not None or given is not None or profile.meta.get("analytic") == "true":
+        return cal, path
+    device = str(profile.meta.get("device") or "cpu").split(":")[0]
+    chosen = machine_path()
+    machine = find_machine(chosen, device_type=device) if chosen is not None else None
+    return (machine_calibration(machine), chosen) if machine is not None else (None, None)
 
 
 def machine_calibration(machine: Machine, *, optimizer: str | None = None,

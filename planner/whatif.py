@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from planner.calibration import Calibration, resolve_calibration
+from planner.calibration import Calibration
+from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.plan import Links, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
@@ -117,7 +118,7 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
         raise PlanError(f"plan {str(plan_path)!r} names no profile", "pass --profile PROFILE.csv")
     prof = load_profile(path)
     changed = bool(plan.profile_sha256 and prof.sha256 and plan.profile_sha256 != prof.sha256)
-    cal, cal_path = resolve_calibration(path, calibration)
+    cal, cal_path = prediction_basis(prof, calibration)
     return Setup(plan, prof, path, cal, cal_path, changed)
 
 
@@ -134,6 +135,9 @@ def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[i
         return (m or plan.n_microbatches), (b or plan.micro_batch_size)
     g = plan.global_batch
     given, other = ("micro-batches", m) if m is not None else ("micro-batch size", b)
+    if other > g:
+        raise PplanError(f"{given} {other} is too large for the global batch {g}",
+                         f"use at most {g}, or keep the micro-batch size (--keep micro-batch-size)")
     if g % other:
         raise PplanError(f"{given} {other} does not divide the global batch {g}",
                          "choose a divisor, or keep the micro-batch size (--keep micro-batch-size)")

@@ -82,3 +82,23 @@ def test_fit_overheads_recovers_action_and_step_costs():
     a, c = fit_overheads([(0.5 + 2.0, 0.5, 10.0), (1.0 + 5.0, 1.0, 20.0)])
     assert c == 0.0 and a > 0
     assert fit_overheads([]) == (0.0, 0.0)
+
+
+def test_partition_predicts_with_the_machine_file_when_the_profile_has_no_calibration(tmp_path, monkeypatch, pplan):
+    from planner.partition.synthetic import gpt_like
+    from planner.profiling.profile import write_profile
+
+    prof = tmp_path / "gpt.csv"
+    write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), prof)
+    machine = save_machine(_machine(), tmp_path / "machine.json")
+    monkeypatch.setenv("PPLAN_MACHINE", str(machine))
+    code, out, err = pplan("partition", prof, "--devices", 2, "--global-batch", 8, "--out", tmp_path / "a.json")
+    assert code == 0, err
+    assert f"basis: calibrated by {machine}" in out
+    monkeypatch.setenv("PPLAN_MACHINE", "off")
+    code, out, _ = pplan("partition", prof, "--devices", 2, "--global-batch", 8, "--out", tmp_path / "b.json")
+    assert code == 0 and "basis: uncalibrated" in out
+    # a calibration of the profile's own wins over the machine file
+    monkeypatch.setenv("PPLAN_MACHINE", str(machine))
+    code, out, _ = pplan("partition", prof, "--devices", 2, "--global-batch", 8, "--calibration", "none", "--out", tmp_path / "c.json")
+    assert code == 0 and "basis: uncalibrated" in out

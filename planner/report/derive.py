@@ -89,10 +89,11 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     """
     if inputs.plan is None or inputs.profile is None:
         return Derived(sweep_skipped="needs a plan and its profile (--plan and --profile) to simulate the sweep")
-    from planner.calibration import basis_text, resolve_calibration
+    from planner.calibration import basis_text
+    from planner.machine import prediction_basis
     from planner.simulate import simulate
 
-    cal, cal_path = resolve_calibration(inputs.profile.path, inputs.calibration)
+    cal, cal_path = prediction_basis(inputs.profile, inputs.calibration)
     basis = basis_text(cal, cal_path)
     fit = fitted_on_run(cal, inputs.run, inputs.sources.get("run"))
     notes = [f"Basis of everything simulated here: {basis}."]
