@@ -73,16 +73,21 @@ def planner_cmd(
     layers: str = typer.Option("50,200,1000", "--layers", help="Layer counts to plan."),
     devices: str = typer.Option("4,16,64", "--devices", help="Device counts to plan for."),
     ilp_time_limit: float = typer.Option(20.0, "--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical."),
+    parallel: bool = typer.Option(True, "--parallel/--no-parallel", help="Also time the full dp x pp x tp search for "
+                                  "GPT-175B on 1,536 and GPT-1T on 3,072 A100s (targets 5 s and 10 s)."),
     out_dir: Path = _OUT, as_json: bool = _JSON,
 ) -> None:
-    """Seconds to solve one stage-cut problem: DP vs ILP over layers x devices."""
+    """Seconds to solve one stage-cut problem (DP vs ILP over layers x devices), and the 3D search at scale."""
     from planner.bench import bench_planner
+    from planner.bench.parallel_bench import bench_parallel
 
     _check_out(out_dir)
     machine = _machine()
-    table = bench_planner(parse_int_list(layers, "--layers"), parse_int_list(devices, "--devices"),
-                          ilp_time_limit=ilp_time_limit, progress=_progress())
-    _finish([table], out_dir, as_json, machine)
+    tables = [bench_planner(parse_int_list(layers, "--layers"), parse_int_list(devices, "--devices"),
+                            ilp_time_limit=ilp_time_limit, progress=_progress())]
+    if parallel:
+        tables.append(bench_parallel(progress=_progress()))
+    _finish(tables, out_dir, as_json, machine)
 
 
 @bench_app.command("simulator")
@@ -143,13 +148,21 @@ def fidelity_cmd(
     steps: int = typer.Option(5, "--steps", help="Steps per run."),
     warmup: int = typer.Option(2, "--warmup", help="Untimed first steps."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
+    repeats: int = typer.Option(1, "--repeats", help="Runs per case: the error's median and spread over them."),
     out_dir: Path = _OUT, as_json: bool = _JSON,
 ) -> None:
-    """Predicted vs measured step time and peak memory over schedules x devices x micro-batch counts."""
+    """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png."""
     from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
+    from planner.bench.fidelity import fidelity_figure
+    from planner.errors import PplanError
 
+    if repeats < 1:
+        raise PplanError(f"--repeats {repeats} must be at least 1")
     _check_out(out_dir)
     machine = _machine()
     table = bench_fidelity(QUICK_GRID if quick else DEFAULT_GRID, steps=steps, warmup=warmup, device=device,
-                           progress=_progress())
+                           progress=_progress(), repeats=repeats)
     _finish([table], out_dir, as_json, machine)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    fidelity_figure(table, str(out_dir / "fidelity.png"))
+    err(f"wrote {out_dir / 'fidelity.png'}")

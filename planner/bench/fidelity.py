@@ -194,5 +194,8 @@ def fidelity_figure(table: Table, path: str) -> None:
     ax.set_title("pplan: predicted vs measured step time")
     ax.legend(loc="upper left", fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    from planner.atomic import atomic_write_bytes
+    from planner.report.style import render
+
+    atomic_write_bytes(path, render(fig, "png", dpi=120))  # never a half-written figure
     plt.close(fig)
