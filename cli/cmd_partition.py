@@ -42,7 +42,7 @@ def partition_cmd(
     zero: int = typer.Option(0, "--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights)."),
     calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON to apply, or 'none' (default: the profile's own, if `pplan calibrate` made one)."),
     out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw the layers, skip tensors and the plan's cuts to this PNG."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),
 ) -> None:
     """Search stage cuts x micro-batches x recompute x schedule; write the fastest plan that fits.
@@ -75,7 +75,8 @@ def partition_cmd(
         ensure_writable_file(plot, "--plot")
     if nodes is not None or hardware is not None:
         _partition_cluster(profile_path, nodes=nodes, gpus_per_node=gpus_per_node, hardware=hardware, parallel=parallel,
-                           zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json)
+                           zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json,
+                           plot=plot)
         return
     m = microbatches.strip().lower()
     if m == "auto":
@@ -130,7 +131,7 @@ def partition_cmd(
 
 def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: int | None, hardware: str | None,
                        parallel: str, zero: int, global_batch: int, recompute: str, memory: str | None, out: Path,
-                       as_json: bool) -> None:
+                       as_json: bool, plot: Path | None = None) -> None:
     """`--nodes/--hardware`: the data x pipeline x tensor search (planner.partition.parallel_search)."""
     from planner.errors import PplanError
     from planner.hardware import load_hardware
@@ -151,6 +152,17 @@ def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: 
                            memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
     plan = parallel_plan(result, prof, hw)
     write_plan(plan, out)
+    if plot is not None:
+        from planner.partition.parallel_sweep import layout_sweep
+        from planner.report.fig_parallel import write_layout_figure
+
+        points = layout_sweep(prof, hardware=hw, nodes=nodes, gpus_per_node=result.gpus_per_node,
+                              global_batch=global_batch, zero=zero, recompute={"all": "full"}.get(mode, mode),
+                              memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
+        title = (f"{prof.meta.get('model', profile_path)}\n{result.gpus} x {hw.name}, global batch {global_batch}, "
+                 f"chosen {result.best.config.describe()}")
+        write_layout_figure(points, result.best, title, plot)
+        err(f"wrote {plot}")
     if as_json:
         echo_json({"plan": plan_to_dict(plan), "out": str(out)})
         return

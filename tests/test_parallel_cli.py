@@ -57,3 +57,28 @@ def test_plan_without_parallel_has_no_parallel_key(pplan, analytic_csv, tmp_path
     out = tmp_path / "plan.json"
     assert pplan("partition", analytic_csv, "--devices", 2, "--global-batch", 16, "--out", out)[0] == 0
     assert "parallel" not in json.loads(out.read_text()) and load_plan(out).parallel is None
+
+
+def test_nodes_plot_draws_every_layout_with_the_chosen_one(pplan, analytic_csv, tmp_path):
+    import matplotlib.image as mpimg
+
+    out, png = tmp_path / "plan.json", tmp_path / "layouts.png"
+    code, _, err = pplan("partition", analytic_csv, "--nodes", 1, "--hardware", "a100-40gb", "--memory", "20GiB",
+                         "--global-batch", 64, "--out", out, "--plot", png)
+    assert code == 0, err
+    img = mpimg.imread(png)
+    assert img.shape[0] > 300 and img.shape[1] > 600
+    drawn = (img[..., :3] < 0.9).any(axis=-1).mean()  # share of non-white pixels: markers, axes, labels
+    assert 0.01 < drawn < 0.5
+
+
+def test_layout_sweep_marks_layouts_that_do_not_fit(analytic_csv):
+    from planner.hardware import load_hardware
+    from planner.partition.parallel_sweep import layout_sweep
+    from planner.profiling.profile import load_profile
+
+    points = layout_sweep(load_profile(analytic_csv), hardware=load_hardware("a100-40gb"), nodes=1, gpus_per_node=8,
+                          global_batch=64, memory_bytes=20 * 2**30)
+    layouts = {(p.config.dp, p.config.pp, p.config.tp) for p in points}
+    assert (8, 1, 1) in layouts and (1, 1, 8) in layouts and all(p.config.gpus == 8 for p in points)
+    assert any(p.fits for p in points) and any(not p.fits and p.tflops_per_gpu for p in points)

@@ -41,7 +41,7 @@ from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
 from planner.units import format_bytes
 
-__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "TP_DEGREES", "RECOMPUTE_CHOICES"]
+__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
 
 TP_DEGREES = (1, 2, 4, 8)
 RECOMPUTE_CHOICES = ("none", "full", "auto")
@@ -108,7 +108,12 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> 
         if forced.pp > n_layers:
             raise PplanError(f"pp={forced.pp} but the profile has {n_layers} layers", f"use pp={n_layers} or fewer")
         return [forced], []
-    out, skipped = [], []
+    return candidate_layouts(n, gpn, n_layers), []
+
+
+def candidate_layouts(n: int, gpn: int, n_layers: int) -> list[ParallelConfig]:
+    """Every dp x pp x tp = n with tp in TP_DEGREES dividing the GPUs per node and pp <= layers."""
+    out = []
     for t in TP_DEGREES:
         if gpn % t or n % t:
             continue
@@ -116,7 +121,7 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> 
             if p > n_layers:
                 break
             out.append(ParallelConfig(dp=n // (t * p), pp=p, tp=t))
-    return out, skipped
+    return out
 
 
 def plan_parallel(

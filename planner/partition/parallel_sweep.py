@@ -1,0 +1,54 @@
+"""Throughput of every dp x pp x tp layout of a cluster, for the layout figure.
+
+The 3D search keeps only its best few candidates; this asks it once per layout (forced, so
+each layout gets its own best micro-batch size, schedule and recompute). A layout where nothing
+fits is asked again with the memory limit lifted, so the figure can show, hollow, what it
+would reach if it fitted.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from planner.errors import InfeasibleError
+from planner.parallel import ParallelConfig
+from planner.partition.parallel_search import candidate_layouts, plan_parallel
+
+__all__ = ["LayoutPoint", "layout_sweep"]
+
+_UNLIMITED = 2**60  # bytes: "memory lifted" for the hollow points
+
+
+@dataclass(frozen=True)
+class LayoutPoint:
+    """The best plan of one layout."""
+
+    config: ParallelConfig
+    """dp, pp, tp and ZeRO stage."""
+    tflops_per_gpu: float | None
+    """Achieved TFLOP/s per GPU of its best plan (with memory lifted when it does not fit; None: not even then)."""
+    fits: bool
+    """Its best plan fits the GPU's memory."""
+
+
+def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int, global_batch: int, zero: int = 0,
+                 recompute: str = "auto", memory_bytes: int | None = None) -> tuple[LayoutPoint, ...]:
+    """One LayoutPoint per layout candidate_layouts gives for nodes x gpus_per_node GPUs."""
+    points = []
+    common = dict(hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
+                  zero=zero, recompute=recompute)
+    for cfg in candidate_layouts(nodes * gpus_per_node, gpus_per_node, profile.n_layers):
+        cfg = replace(cfg, zero=zero)
+        try:
+            best = plan_parallel(profile, parallel=cfg, memory_bytes=memory_bytes, top_k=1, **common).best
+            points.append(LayoutPoint(cfg, best.tflops_per_gpu, True))
+            continue
+        except InfeasibleError:
+            pass
+        try:
+            best = plan_parallel(profile, parallel=cfg, memory_bytes=_UNLIMITED, top_k=1, **common).best
+            points.append(LayoutPoint(cfg, best.tflops_per_gpu, False))
+        except InfeasibleError:  # no runnable schedule at this batch at all
+            points.append(LayoutPoint(cfg, None, False))
+    return tuple(points)
