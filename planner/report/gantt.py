@@ -1,8 +1,8 @@
 """Gantt charts of pipeline timelines: predicted, measured, or both on one time axis.
 
 Rows are anything with the timeline CSV's fields (device, stage, kind, microbatch, start_ms,
-end_ms) as attributes, dict keys or tuple positions: the simulator's TimelineRow, the report's
-TimelineRow, or rows read from a measured timeline. Each device is one row of boxes, coloured by
+end_ms) as attributes, dict keys or tuple positions: planner.simulation.result.TimelineRow (what the
+simulator makes and the report reads from a measured timeline CSV) or plain tuples and dicts. Each device is one row of boxes, coloured by
 kind (F, B, I, W, R recompute, O optimizer) with the micro-batch number inside when it fits;
 transfers (C) are thin bars under the sending device; idle time (the bubble) is a hatched band.
 matplotlib is imported lazily and rendered through Agg (planner.report.style).
@@ -10,29 +10,19 @@ matplotlib is imported lazily and rendered through Agg (planner.report.style).
 
 from __future__ import annotations
 
-from typing import Any, Iterable, NamedTuple, Sequence
+from typing import Any, Iterable, Sequence
 
 from planner.report.style import KIND_COLORS, KIND_LABELS, new_figure, render, style_context
+from planner.simulation.result import TimelineRow
 
-__all__ = ["GanttRow", "as_rows", "draw_gantt", "gantt_figure", "gantt_compare_figure", "gantt_png"]
+__all__ = ["as_rows", "draw_gantt", "gantt_figure", "gantt_compare_figure", "gantt_png"]
 
 _KIND_ORDER = ("F", "B", "I", "W", "R", "O", "C")
 _IDLE_COLOR = "#F3D9D9"
 _MAX_LABELS = 1500  # beyond this many boxes, numbers would be unreadable anyway
 
 
-class GanttRow(NamedTuple):
-    """One box: the timeline CSV's columns."""
-
-    device: int
-    stage: int
-    kind: str
-    microbatch: int
-    start_ms: float
-    end_ms: float
-
-
-def as_rows(rows: Iterable[Any]) -> list[GanttRow]:
+def as_rows(rows: Iterable[Any]) -> list[TimelineRow]:
     """Normalise timeline rows given as objects, dicts or tuples."""
     out = []
     for r in rows:
@@ -42,7 +32,7 @@ def as_rows(rows: Iterable[Any]) -> list[GanttRow]:
             vals = (r.device, r.stage, r.kind, r.microbatch, r.start_ms, r.end_ms)
         else:
             vals = tuple(r)
-        out.append(GanttRow(int(vals[0]), int(vals[1]), str(vals[2]), int(vals[3]), float(vals[4]), float(vals[5])))
+        out.append(TimelineRow(int(vals[0]), int(vals[1]), str(vals[2]), int(vals[3]), float(vals[4]), float(vals[5])))
     return out
 
 

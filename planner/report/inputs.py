@@ -21,7 +21,7 @@ from planner.execute.results import RankRecord, RunRecord
 from planner.jsonio import MAX_JSON_BYTES, check_keys, read_bounded_text, read_json_file
 from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
-from planner.simulation.result import TIMELINE_COLUMNS
+from planner.simulation.result import TIMELINE_COLUMNS, TimelineRow  # one row type for simulated and measured timelines
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -52,24 +52,6 @@ COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
 # Objects keyed by data rather than field names: device or stage indices, and stage+kind ("0F")
 _INDEX_KEY = re.compile(r"[0-9]{1,9}")
 _ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
-
-
-@dataclass(frozen=True)
-class TimelineRow:
-    """One interval of a timeline: a compute action, a transfer or the optimizer step."""
-
-    device: int
-    """Device (rank) the interval ran on; for a transfer, the sender."""
-    stage: int
-    """Stage the work belongs to (sending stage for C, -1 if not known)."""
-    kind: str
-    """F, B, I, W, R (recompute), C (transfer) or O (optimizer step)."""
-    microbatch: int
-    """Micro-batch index (-1 for the optimizer step)."""
-    start_ms: float
-    """Start, ms from the iteration start."""
-    end_ms: float
-    """End, ms from the iteration start."""
 
 
 @dataclass(frozen=True)
