@@ -10,26 +10,13 @@ from typing import Any
 
 import typer
 
-from cli.common import echo_json, parse_int_list, progress
+from cli.common import echo_json, parse_int_list, parse_shape, progress
 from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
 __all__ = ["register"]
 
 _DTYPES = ("float32", "bfloat16", "float16")  # the keys of planner.profiling.profiler.DTYPES
-
-
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    """'3,32,32' -> (3, 32, 32); repeated dimensions are fine here, unlike size lists."""
-    if text is None:
-        return None
-    try:
-        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
-        raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers", "write one sample's shape without the batch dimension, e.g. 3,32,32") from None
-    if not dims or any(d < 1 for d in dims):
-        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
-    return dims
 
 
 def _check_out(out: Path) -> None:
@@ -111,7 +98,7 @@ def register(app: typer.Typer) -> None:
 
         parse_spec(model)  # a bad --model fails here, before torch is imported
         sizes = parse_int_list(micro_batch_sizes, "--micro-batch-sizes")
-        shape = _parse_shape(input_shape)
+        shape = parse_shape(input_shape)
         if input_dtype not in ("float", "long"):
             raise PplanError(f"--input-dtype {input_dtype!r} must be float or long")
         if vocab is not None and vocab < 2:

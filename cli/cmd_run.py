@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from cli.common import echo_json, err
+from cli.common import echo_json, err, parse_shape
 from planner.units import format_bytes, format_ms
 
 __all__ = ["register", "run_command", "run_options", "check_outputs", "print_run"]
@@ -98,7 +98,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
                       calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose,
-                      input_shape=_parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
+                      input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
     from planner.execute.worker import read_env
 
     env = read_env()
@@ -121,21 +121,6 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _parse_shape(text: str | None) -> tuple[int, ...] | None:
-    """'3,32,32' -> (3, 32, 32), as `pplan profile --input-shape` reads it."""
-    if text is None:
-        return None
-    from planner.errors import PplanError
-
-    try:
-        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
-    except ValueError:
-        raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers", "one sample's shape without the batch dimension, e.g. 3,32,32") from None
-    if not dims or any(d < 1 for d in dims):
-        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
-    return dims
 
 
 def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None) -> None:

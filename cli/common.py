@@ -13,7 +13,7 @@ import typer
 
 from planner.errors import PplanError
 
-__all__ = ["state", "echo_json", "parse_int_list", "progress", "err", "clock", "eta_text", "timed_say"]
+__all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "err", "clock", "eta_text", "timed_say"]
 
 
 class _State:
@@ -109,3 +109,17 @@ def timed_say(label: str) -> Callable[[str], None]:
         err(f"[{label}] {message} ({timing})")
 
     return say
+
+
+def parse_shape(text: str | None) -> tuple[int, ...] | None:
+    """`--input-shape '3,32,32'` -> (3, 32, 32): one sample's shape (repeated dimensions are fine)."""
+    if text is None:
+        return None
+    try:
+        dims = tuple(int(x) for x in text.replace("x", ",").split(",") if x.strip())
+    except ValueError:
+        raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers",
+                         "write one sample's shape without the batch dimension, e.g. 3,32,32") from None
+    if not dims or any(d < 1 for d in dims):
+        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
+    return dims

@@ -83,6 +83,18 @@ def _measure_checked(spec: str, size: int, i: int, name: str, layer: torch.nn.Mo
         raise _failure(spec, i, name, size, e) from e
 
 
+def _measure_into(cols: dict, k: int, spec: str, size: int, i: int, name: str, layer: torch.nn.Module, inputs: Any,
+                  loss_bundle: Any, target: Any, *, prev: Any, **kwargs: Any) -> tuple[Any, Any]:
+    """Measure layer i, store its figures in column k of `cols`, free what the previous layer
+    saved (it was kept only so shared storage counts once); returns (outputs, what i saved)."""
+    m, outputs, saved = _measure_checked(spec, size, i, name, layer, inputs, loss_bundle, target, prev=prev, **kwargs)
+    if prev is not None:
+        prev.release()
+    for c in _COLUMNS:
+        cols[c][i, k] = getattr(m, c)
+    return outputs, saved
+
+
 def _to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
     if isinstance(x, torch.Tensor):
         return x.to(device=dev, dtype=dtype) if x.is_floating_point() else x.to(dev)
@@ -251,13 +263,8 @@ def profile_model(
             for i, (name, layer) in enumerate(named):
                 inp = h if i == 0 else h.detach().requires_grad_(h.is_floating_point())
                 last = i == len(named) - 1
-                m, h, saved = _measure_checked(spec, size, i, name, layer, inp, bundle if last else None, target,
-                                               warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
-                if prev is not None:
-                    prev.release()
-                prev = saved
-                for c in _COLUMNS:
-                    cols[c][i, k] = getattr(m, c)
+                h, prev = _measure_into(cols, k, spec, size, i, name, layer, inp, bundle if last else None, target,
+                                        warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
                 if on_step:
                     on_step(k * len(named) + i + 1, len(sizes) * len(named), f"micro-batch {size} {name}")
             if prev is not None:
@@ -332,13 +339,8 @@ def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: An
     for i, (name, layer) in enumerate(named):
         args = tuple(env[v] if i == 0 else _received(env[v]) for v in lg.layer_inputs(i))
         last = i == n - 1
-        m, outs, saved = _measure_checked(spec, size, i, name, layer, args, bundle if last else None, target,
-                                          warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
-        if prev is not None:
-            prev.release()
-        prev = saved
-        for c in _COLUMNS:
-            cols[c][i, k] = getattr(m, c)
+        outs, prev = _measure_into(cols, k, spec, size, i, name, layer, args, bundle if last else None, target,
+                                   warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
         made = dict(zip(lg.layer_outputs(i), outs))
         if last:
             cols["output_bytes"][i, k] = tensor_bytes(outs[0])
