@@ -4,6 +4,8 @@
     outcome = run_plan(load_plan("plan.json"), RunOptions(steps=10), plan_path="plan.json")
 
 Importing this package does not import torch (the ranks do); docs/executor.md has the details.
+Your own training loop: `planner.execute.pipeline.build_pipeline` (also `from planner import
+build_pipeline`), the function the ranks of `pplan run` call.
 """
 
 from planner.execute.options import RunOptions

@@ -7,7 +7,9 @@ Refused with a one-line PlanError/PplanError (exit code 2):
   - more ranks than this machine can run: CUDA, more than its GPUs; CPU, more than
     max(8, 4 x cores) processes (beyond that a run measures contention, not the plan) unless
     --force; zero-bubble or interleaved sizes torch cannot run;
-  - a checkpoint directory already at or beyond --steps, or saved by another plan.
+  - a checkpoint directory already at or beyond --steps, or saved by another plan;
+  - a `parallel` layout the executor cannot run (check_parallel): tensor parallelism (tp > 1),
+    ZeRO sharding, a pp degree other than the plan's device count, --calibrate with dp > 1.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from planner.jsonio import read_bounded_bytes
 from planner.plan import Plan
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 
-__all__ = ["Preflight", "preflight", "model_kwargs", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
+__all__ = ["Preflight", "preflight", "check_parallel", "model_kwargs", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +99,7 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
         n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
     except Exception:  # noqa: BLE001 - a broken CUDA install means: no GPU
         n_gpu = 0
-    per_machine = local_world if under_torchrun else plan.n_devices
+    per_machine = local_world
     if want == "auto":
         return "cuda" if 0 < per_machine <= n_gpu else "cpu"
     if n_gpu == 0:
@@ -108,11 +110,34 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
     return "cuda"
 
 
+def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
+    """Refuse, in one line, a `parallel` layout `pplan run` cannot execute (before any process starts)."""
+    par = plan.parallel
+    if par is None:
+        return
+    if par.tp > 1:
+        raise PplanError(f"plan uses tensor parallelism (parallel {par.describe()}): tensor parallelism over gloo is "
+                         "not supported by pplan run yet",
+                         "run a plan with tp=1 (re-plan with --parallel dp=D,pp=P,tp=1), or run this one with your own "
+                         "loop: build_pipeline and torch's parallelize_module on GPUs")
+    if par.zero:
+        raise PplanError(f"plan asks for ZeRO stage {par.zero} (parallel {par.describe()}): pplan run replicates weights, "
+                         "gradients and optimizer state in every replica (no sharding) yet",
+                         'set "zero": 0 in the plan to run it unsharded (same mathematics, more memory per rank)')
+    if par.pp != plan.n_devices:
+        raise PlanError(f"plan's parallel pp {par.pp} is not its {plan.n_devices} pipeline devices",
+                        f'make "pp" equal the devices ({plan.n_devices}) or re-plan')
+    if par.dp > 1 and opts is not None and opts.calibrate:
+        raise PplanError(f"--calibrate with data parallelism (dp {par.dp}) is not supported: calibration fits one pipeline",
+                         'calibrate on the plan with "dp": 1, then run this one')
+
+
 def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
               force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
     """Run every check that needs no process group; raise on the first problem."""
     from planner.models import layer_count
 
+    check_parallel(plan, opts)
     if not plan.model:
         raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
                         'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
@@ -143,10 +168,11 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
-    world_here = local_world if local_world is not None else plan.n_devices
+    world = plan.n_devices * (plan.parallel.dp if plan.parallel is not None else 1)
+    world_here = local_world if local_world is not None else world
     device_type = _device_type(plan, opts, under_torchrun, world_here)
-    if device_type == "cpu" and not under_torchrun and plan.n_devices > cpu_rank_cap() and not force:
-        raise PplanError(f"plan asks for {plan.n_devices} CPU ranks; this machine runs at most {cpu_rank_cap()} "
+    if device_type == "cpu" and not under_torchrun and world > cpu_rank_cap() and not force:
+        raise PplanError(f"plan asks for {world} CPU ranks; this machine runs at most {cpu_rank_cap()} "
                          "(more processes measure contention, not the plan)", "pass --force to run anyway")
     from planner.execute.stages import plan_schedule
 

@@ -37,7 +37,7 @@ from planner.jsonio import check_keys
 from planner.plan import Plan
 from planner.simulation.result import TimelineRow
 
-__all__ = ["FORMAT", "RankRecord", "RunRecord", "assemble_run", "assemble_record", "measured_timeline", "error_pct",
+__all__ = ["FORMAT", "RankRecord", "RunRecord", "assemble_run", "replica0", "assemble_record", "measured_timeline", "error_pct",
            "transfer_gaps", "step_spread", "trust_warnings", "SPREAD_WARN_PCT", "SHORT_STEP_MS", "LOAD_WARN_DIFF",
            "COMPUTE_RATIO_WARN"]
 
@@ -91,6 +91,10 @@ class RankRecord:
     """Median ms per '<stage><kind>'."""
     threads: int | None = None
     """torch threads of the rank."""
+    replica: int = 0
+    """Data-parallel replica of the rank (0 without data parallelism); rank = replica x P + pipeline rank."""
+    grad_allreduce_ms: float | None = None
+    """dp > 1: median over the measured steps of this rank's gradient all-reduce over its dp group, ms."""
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -177,6 +181,12 @@ class RunRecord:
     """Median over actions of measured / profiled time (1 = as profiled)."""
     warnings: list[str] = field(default_factory=list)
     """Why the comparison may not be trusted, one line each."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline (n_ranks = dp x pipeline devices)."""
+    grad_allreduce_ms_measured: float | None = None
+    """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
+    grad_allreduce_ms_predicted: float | None = None
+    """dp > 1: the plan's predicted gradient synchronisation (predicted.grad_sync_ms), if it has one."""
     calibration_fit: dict[str, Any] | None = None
     """With --calibrate: what was fitted (omitted from the JSON otherwise)."""
     format: str = FORMAT
@@ -312,6 +322,21 @@ def transfer_gaps(rows: list[TimelineRow], n_stages: int, boundary_bytes: dict[s
     return out
 
 
+def replica0(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The rank records of data-parallel replica 0 (all of them without data parallelism): the
+    pipeline whose timeline and actions are compared with the simulator's one pipeline."""
+    return [r for r in records if r.get("replica", 0) == 0]
+
+
+def _allreduce_ms(records: list[dict[str, Any]]) -> float | None:
+    """Median over measured steps of the slowest rank's all-reduce time, or None without dp."""
+    per_rank = [r.get("grad_allreduce_ms") or [] for r in records]
+    n = min((len(v) for v in per_rank), default=0)
+    if n == 0:
+        return None
+    return statistics.median(max(v[i] for v in per_rank) for i in range(n))
+
+
 def _busy(rec: dict[str, Any]) -> float:
     return sum(end - start for _, kind, _, start, end in rec["events"] if kind in ("F", "B", "I", "W", "R", "O"))
 
@@ -351,23 +376,29 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
             memory_limit_bytes=plan.devices[rec["device"]].memory_bytes, memory_measure=mem.get("measure"),
             memory_measured=mem.get("breakdown"), memory_predicted=pd.get("memory"),
             rss_peak_bytes=mem.get("rss_peak_bytes"), peak_memory_bytes_rss=mem.get("rss_growth_bytes"),
-            rss_baseline_bytes=mem.get("rss_baseline_bytes"), action_ms=rec["action_ms"], threads=rec["threads"]))
+            rss_baseline_bytes=mem.get("rss_baseline_bytes"), action_ms=rec["action_ms"], threads=rec["threads"],
+            replica=rec.get("replica", 0),
+            grad_allreduce_ms=statistics.median(rec["grad_allreduce_ms"]) if rec.get("grad_allreduce_ms") else None))
     lo, med, hi, spread = step_spread(step_ms, measured)
+    dp = plan.parallel.dp if plan.parallel is not None else 1
+    lead = replica0(records)  # the pipeline the simulator's timeline describes
     warnings = trust_warnings(n_measured=len(measured), median_ms=med, spread_pct=spread, load=load_average,
                               profile_load=profile_load_average, compute_ratio=compute_ratio)
     return RunRecord(
         plan=plan_path, model=plan.model, schedule=plan.schedule, runtime=r0["runtime"], device_type=device_type,
-        n_ranks=plan.n_devices, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
+        n_ranks=plan.n_devices * dp, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
         n_microbatches=plan.n_microbatches, optimizer=plan.optimizer, steps=steps, first_step=r0["first_step"],
         warmup=warmup, iteration_ms_measured=meas, iteration_ms_predicted=pred, error_pct=error_pct(pred, meas),
         prediction_source=prediction_source, calibration=calibration,
         losses=[losses[str(k)] for k in loss_steps], loss_steps=loss_steps, diverged=diverged, step_ms=step_ms,
         measured_steps=measured, timeline_step=r0["chosen_step"], ranks=ranks,
         comm=[c for rec in records for c in rec.get("comm", [])], boundary_bytes=boundary,
-        transfer_gaps=transfer_gaps(measured_timeline(records), plan.n_stages, boundary)
-        if len({rec["host"] for rec in records}) == 1 else [],
+        transfer_gaps=transfer_gaps(measured_timeline(lead), plan.n_stages, boundary)
+        if len({rec["host"] for rec in lead}) == 1 else [],
         step_ms_min=lo, step_ms_median=med, step_ms_max=hi, step_spread_pct=spread, load_average=load_average,
-        profile_load_average=profile_load_average, compute_ratio=compute_ratio, warnings=warnings)
+        profile_load_average=profile_load_average, compute_ratio=compute_ratio, warnings=warnings, dp=dp,
+        grad_allreduce_ms_measured=_allreduce_ms(records) if dp > 1 else None,
+        grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None))
 
 
 def assemble_run(records: list[dict[str, Any]], plan: Plan, **kwargs: Any) -> dict[str, Any]:

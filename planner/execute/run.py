@@ -32,9 +32,10 @@ from planner.calibration import Calibration, calibration_path_for, find_calibrat
 from planner.errors import PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
+from planner.execute.mesh import dp_degree, world_size
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, available_cores, preflight
-from planner.execute.results import RunRecord, assemble_record, measured_timeline
+from planner.execute.results import RunRecord, assemble_record, measured_timeline, replica0
 from planner.execute.worker import read_env, run_worker
 from planner.plan import Plan, plan_to_dict
 from planner.simulation.result import TimelineRow
@@ -79,10 +80,15 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
             found = find_machine(machine, device_type=pf.device_type)
             if found is not None:
                 cal, machine_source = machine_calibration(found), " + machine"
+        # dp > 1: the simulator times one pipeline replica (all replicas run alike); the gradient
+        # all-reduce is not in it (the run measures it apart: grad_allreduce_ms_measured)
+        one = plan.with_(parallel=None) if dp_degree(plan) > 1 else plan
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
-            sim = simulate(plan, pf.profile, calibration=cal, record_timeline=False)
+            sim = simulate(one, pf.profile, calibration=cal, record_timeline=False)
         source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
             else "simulate(profile + machine)"
+        if one is not plan:
+            source += ", one replica, no gradient all-reduce"
         values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
         if not all(math.isfinite(v) for v in values):
             raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
@@ -103,9 +109,11 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     calibration beside it; `use_machine=False` predicts from the profile alone.
     """
     env = read_env()
-    if env is not None and env.world != plan.n_devices:
-        raise PplanError(f"torchrun started {env.world} processes but the plan has {plan.n_devices} devices",
-                         f"start {plan.n_devices} in total (--nnodes x --nproc-per-node)")
+    world = world_size(plan)
+    if env is not None and env.world != world:
+        raise PplanError(f"torchrun started {env.world} processes but the plan needs {world} "
+                         f"({plan.n_devices} devices x dp {world // plan.n_devices})",
+                         f"start {world} in total (--nnodes x --nproc-per-node)")
     pf = preflight(plan, opts, plan_path=plan_path, profile_override=profile_path, force=force,
                    under_torchrun=env is not None, local_world=env.local_world if env else None)
     if opts.calibrate and pf.profile is None:
@@ -120,10 +128,10 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     if opts.checkpoint_dir:
         cfg["resume"] = _resume(plan, opts, say=env is None or env.rank == 0)
     if env is None:
-        threads = opts.threads or max(1, available_cores() // plan.n_devices)
+        threads = opts.threads or max(1, available_cores() // world)
         with _signals_end_the_run():
             with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
-                records = launch_local(cfg, plan.n_devices, Path(tmp), threads, verbose=opts.verbose)
+                records = launch_local(cfg, world, Path(tmp), threads, verbose=opts.verbose)
     else:
         records = run_worker(cfg, env)
         if records is None:
@@ -132,9 +140,9 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              warmup=opts.warmup, prediction=prediction, prediction_source=source,
                              calibration=_cal_dict(used_cal), load_average=load_before,
                              profile_load_average=_profile_load(pf),
-                             compute_ratio=_compute_ratio(records, plan, pf, used_cal))
+                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal))
     record = record.with_(warnings=record.warnings + _thread_warnings(records, pf))
-    rows = measured_timeline(records)
+    rows = measured_timeline(replica0(records))
     if record.diverged:
         _write(_finite(record.to_dict()), rows, out, timeline_path)
         d = record.diverged

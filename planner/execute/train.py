@@ -35,8 +35,8 @@ import torch.distributed as dist
 from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
-from planner.execute.stages import (build_stage_modules, check_executed_order, make_optimizer, make_schedule,
-                                    rank_device, shared_parameter_groups, step_seed)
+from planner.execute.pipeline import build_pipeline
+from planner.execute.stages import check_executed_order, make_optimizer, rank_device, step_seed
 from planner.errors import PplanError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
@@ -143,29 +143,23 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     `resume` ({"step": k, "folder": path}, chosen once by run_plan) is the save to continue
     from; without it the newest intact save in opts.checkpoint_dir is used.
     """
-    from torch.distributed.pipelining import PipelineStage
-
     from planner.models import build_model
 
     mark_baseline()  # the process's RSS before the model: what the rank's memory grows from
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
     # One micro-batch shows what crosses each cut (tensors, tuples, a traced model's dicts).
     example = bundle.make_batch(plan.micro_batch_size, 0)[0]
-    mods = build_stage_modules(plan, bundle.layers, rank, example)
-    # Parameters held by layers on several ranks (tied embeddings): one process group each
-    # set of ranks, made by every rank in the same order; their gradients are summed.
-    ties = []
-    for ranks, shared in shared_parameter_groups(plan, bundle.layers):
-        group = dist.new_group(ranks) if world > 1 else None
-        if rank in ranks:
-            ties.append((group, shared))
+    # The library entry users call from their own loops: stages, schedule, tied-weight groups, mesh.
+    pipe = build_pipeline(plan, bundle.layers, rank=rank, device=device, loss_fn=bundle.loss_fn, example=example,
+                          prefer_torch=opts.prefer_torch)
+    mods, stages, schedule, runtime = list(pipe.modules), list(pipe.stages), pipe.schedule, pipe.runtime
+    pp_rank = pipe.pp_index
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
     bundle.layers._modules.clear()
     if getattr(bundle.layers, "source", None) is not None:
         bundle.layers.__dict__["source"] = None
     boundary: dict[int, list[int]] = {}
     for m in mods:
-        m.module.to(device)
         boundary[m.stage] = [0, 0]
         handles: list[Any] = []
 
@@ -174,19 +168,16 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             handles[0].remove()
 
         handles.append(m.module.register_forward_hook(hook))
-    stages = [PipelineStage(m.module, m.stage, plan.n_stages, device) for m in mods]
     rec = recorder()
     if device.type == "cuda":
         rec.sync = lambda: torch.cuda.synchronize(device)
     for st in stages:
         rec.wrap_stage(st)
         _rng_neutral(st, device)
-    schedule, runtime = make_schedule(plan, stages, bundle.loss_fn, opts.prefer_torch)
     rec.wrap_loss(schedule)
-    params = list({id(p): p for m in mods for p in m.module.parameters()}.values())  # a tied weight once
+    params = pipe.parameters()  # a tied weight once
     opt = make_optimizer(plan.optimizer, params, opts.lr)
-    is_first = any(st.is_first for st in stages)
-    is_last = any(st.is_last for st in stages)
+    is_first, is_last = pipe.is_first, pipe.is_last
 
     seed_rank(plan.seed, rank)
     start_step, loss_log = 0, {}
@@ -209,7 +200,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
                 text = " ".join(str(e).split())[:200]
                 raise PplanError(f"checkpoint file {folder / f'rank{rank}.pt'} does not fit this plan's stages: "
                                  f"{type(e).__name__}: {text}", "use another --checkpoint-dir") from None
-            if is_last:
+            if is_last and pipe.dp_index == 0:
                 _progress(f"resuming from {folder} (step {start_step})")
 
     comm = []
@@ -219,6 +210,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     n_steps = opts.steps
     mem_step = min(n_steps - 1, start_step + max(0, opts.warmup - 1)) if opts.track_memory else -1
     step_ms: list[float] = []
+    allreduce_ms: list[float] = []
     step_events: list[list[list[Any]]] = []
     step_t0: list[float] = []
     memory: dict[str, Any] = {}
@@ -226,7 +218,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     diverged_step: int | None = None
     for step in range(start_step, n_steps):
         x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
-        x, y = _to(x, device), _to(y, device)
+        x, y = _to(pipe.local_batch(x), device), _to(pipe.local_batch(y), device)  # this replica's slice
         tk = None
         if opts.track_memory and step in (start_step, mem_step):
             # the first step only measures what checkpointed layers hold while recomputed
@@ -245,8 +237,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         t0 = time.perf_counter()
         with tk if tk is not None else contextlib.nullcontext():
             schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
-        for group, shared in ties:
-            _sum_gradients(group, shared)
+        allreduce_ms.append(pipe.sync_gradients())  # tied weights, then the dp all-reduce (timed)
         grad_bytes = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
         rec.record(mods[0].stage, "O", -1, opt.step)
         opt.zero_grad(set_to_none=True)
@@ -254,7 +245,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         if window is not None:
             window.end()
         if step == start_step:
-            check_executed_order(plan, rank, rec.events)
+            check_executed_order(plan, pp_rank, rec.events)
         if tk is not None:
             set_tracker(None)
             if step == mem_step:
@@ -263,6 +254,10 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         bad = 0.0
         if is_last:
             loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
+            if pipe.dp > 1:  # the step's loss is the mean over replicas (their last-stage ranks form one dp group)
+                both = torch.tensor([loss_log[step]], dtype=torch.float64, device=device)
+                dist.all_reduce(both, op=dist.ReduceOp.SUM, group=pipe.dp_group)
+                loss_log[step] = float(both[0].item()) / pipe.dp
             bad = 0.0 if math.isfinite(loss_log[step]) else 1.0
         # [step time, loss not finite]: every rank learns both in one all-reduce, outside the timing
         local = torch.tensor([(t1 - t0) * 1e3, bad], dtype=torch.float64, device=device)  # NCCL: on the GPU
@@ -270,7 +265,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         step_ms.append(float(local[0].item()))
         step_t0.append(t0)
         step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
-        if is_last:
+        if is_last and pipe.dp_index == 0:
             _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
         if float(local[1].item()) > 0:
             diverged_step = step  # stop here; the diverged weights are not checkpointed
@@ -285,7 +280,9 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     events = step_events[chosen] if chosen >= 0 else []
     return {
         "rank": rank,
-        "device": rank_device(plan, rank),
+        "device": rank_device(plan, pp_rank),
+        "replica": pipe.dp_index,
+        "grad_allreduce_ms": [allreduce_ms[i] for i in measured if i < len(allreduce_ms)] if pipe.dp > 1 else [],
         "host": socket.gethostname(),
         "pid": os.getpid(),
         "stages": [m.stage for m in mods],
@@ -297,22 +294,13 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
         "events": events,
         "action_ms": _action_medians([step_events[i] for i in measured]),
-        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last else {},
+        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last and pipe.dp_index == 0 else {},
         "diverged_step": diverged_step,
         "memory": memory,
         "comm": comm,
         "boundary_bytes": {str(s): v for s, v in boundary.items()},
         "threads": torch.get_num_threads(),
     }
-
-
-def _sum_gradients(group: Any, params: list[Any]) -> None:
-    """Sum a shared parameter's gradients over the ranks that hold it (Megatron's embedding
-    group): every copy then takes the step one process takes with the summed gradient."""
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-        dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
 
 
 def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:

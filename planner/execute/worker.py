@@ -79,9 +79,12 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
 
     plan = plan_from_dict(cfg["plan"])
     opts = RunOptions.from_dict(cfg["options"])
-    if env.world != plan.n_devices:
-        raise RunError(f"the job has {env.world} processes but the plan has {plan.n_devices} devices",
-                       f"start {plan.n_devices} processes in total (torchrun --nnodes x --nproc-per-node)")
+    from planner.execute.mesh import world_size
+
+    if env.world != world_size(plan):
+        raise RunError(f"the job has {env.world} processes but the plan needs {world_size(plan)} "
+                       f"({plan.n_devices} devices x dp {world_size(plan) // plan.n_devices})",
+                       f"start {world_size(plan)} processes in total (torchrun --nnodes x --nproc-per-node)")
     torch.set_num_threads(opts.threads or max(1, available_cores() // max(1, env.local_world)))
     use_cuda = cfg.get("device_type") == "cuda"
     if use_cuda:

@@ -1,0 +1,217 @@
+"""A plan as torch pipeline objects: `build_pipeline(plan, model, rank=..., device_mesh=...)`.
+
+The one function `pplan run` and users' own training loops call:
+
+    from planner import load_plan, build_pipeline
+    plan = load_plan("plan.json")
+    pipe = build_pipeline(plan, model, rank=dist.get_rank())      # model: nn.Sequential or ModelBundle
+    opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)
+    for x, y in batches:                                         # the global batch
+        x, y = pipe.local_batch(x), pipe.local_batch(y)          # this replica's slice (dp > 1)
+        losses = []
+        pipe.schedule.step(x if pipe.is_first else None, target=y if pipe.is_last else None, losses=losses)
+        pipe.sync_gradients()                                    # tied weights; dp replicas
+        opt.step(); opt.zero_grad()
+
+It cuts the model as planned (this rank's stages only, recompute layers wrapped in activation
+checkpointing), makes one torch `PipelineStage` per stage over the mesh's "pp" process group,
+and the torch schedule object for the plan's schedule and micro-batch count (torch's own class
+when its order is the planner's, else the planner's action lists through torch's CSV runtime).
+
+Data parallelism (plan.parallel.dp = D > 1): D replicas of the pipeline on a DeviceMesh with
+dims ("dp", "pp") (planner.execute.mesh: rank = d * P + p). Replicas are kept in sync by one
+bucketed gradient all-reduce over the mesh's "dp" group after `schedule.step` (sync_gradients),
+not by wrapping stage modules in DDP: DDP's reducer fires during backward, which under a
+pipeline schedule means managing `no_sync` across micro-batches and does not fit zero-bubble's
+split I/W backward or tied weights on two ranks; one all-reduce after the step is what the
+cost model prices (no overlap), is exact (sum, then divide by D), and is timed on its own.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from planner.errors import PplanError
+from planner.execute.mesh import coords, dp_degree, global_rank, make_mesh, world_size
+from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
+from planner.plan import Plan
+
+__all__ = ["Pipeline", "build_pipeline", "replica_slice"]
+
+
+def replica_slice(obj: Any, dp_index: int, dp: int) -> Any:
+    """Replica `dp_index`'s part of a global batch: the dp_index-th of `dp` equal chunks along
+    dim 0 (tensors inside tuples/lists sliced alike). With dp = 1 the batch itself."""
+    if dp == 1:
+        return obj
+    if isinstance(obj, torch.Tensor):
+        if obj.shape[0] % dp:
+            raise PplanError(f"a global batch of {obj.shape[0]} samples does not split into {dp} equal replica slices",
+                             "use a global batch that is a multiple of dp x micro_batch_size x n_microbatches")
+        return torch.tensor_split(obj, dp, dim=0)[dp_index]
+    if isinstance(obj, (tuple, list)):
+        return type(obj)(replica_slice(o, dp_index, dp) for o in obj)
+    return obj
+
+
+@dataclass(frozen=True)
+class Pipeline:
+    """This rank's part of a planned pipeline: torch stages, the schedule, what it owns."""
+
+    plan: Plan
+    """The plan it was built from."""
+    stages: tuple[Any, ...]
+    """torch PipelineStage objects of this rank (two or more for interleaved schedules)."""
+    schedule: Any
+    """The torch schedule object: call `schedule.step(...)` once per training step."""
+    runtime: str
+    """What runs the schedule (a torch class name, or the CSV runtime)."""
+    modules: tuple[StageModule, ...]
+    """Per stage: global stage index, its layer range, the module PipelineStage wraps, the layers."""
+    rank: int
+    """Global rank."""
+    dp_index: int
+    """Which data-parallel replica this rank belongs to (0..dp-1)."""
+    pp_index: int
+    """Position in the pipeline (0..P-1): runs stages pp_index, pp_index + P, ..."""
+    dp: int
+    """Data-parallel replicas."""
+    device: Any
+    """torch.device of the stages."""
+    mesh: Any = None
+    """The (dp, pp) DeviceMesh, or None for one pipeline on the default group."""
+    tied: tuple[tuple[Any, tuple[Any, ...]], ...] = ()
+    """(process group, parameters) of weights shared by layers on several pipeline ranks (tied
+    embeddings): their gradients are summed over the group."""
+    dp_group: Any = None
+    """The mesh's "dp" process group of this rank (None when dp = 1)."""
+
+    @property
+    def stage_ids(self) -> list[int]:
+        """Global stage indices this rank runs."""
+        return [m.stage for m in self.modules]
+
+    @property
+    def is_first(self) -> bool:
+        """Whether this rank feeds the model input (runs stage 0)."""
+        return any(st.is_first for st in self.stages)
+
+    @property
+    def is_last(self) -> bool:
+        """Whether this rank computes the loss (runs the last stage)."""
+        return any(st.is_last for st in self.stages)
+
+    def parameters(self) -> list[nn.Parameter]:
+        """This rank's parameters, a tied weight once (what its optimizer steps)."""
+        return list({id(p): p for m in self.modules for p in m.module.parameters()}.values())
+
+    def local_batch(self, obj: Any) -> Any:
+        """This replica's slice of a global batch (dim 0 split into dp equal chunks, in replica order)."""
+        return replica_slice(obj, self.dp_index, self.dp)
+
+    def sync_gradients(self) -> float:
+        """After `schedule.step`: sum tied weights' gradients over their ranks, then average every
+        gradient over the data-parallel replicas (one all-reduce per dtype over the "dp" group).
+        Returns the data-parallel all-reduce's time in ms (0.0 when dp = 1)."""
+        for group, shared in self.tied:
+            for p in shared:
+                if p.grad is None:
+                    p.grad = torch.zeros_like(p)
+                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+        if self.dp == 1:
+            return 0.0
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        start = time.perf_counter()
+        for dtype in sorted({g.dtype for g in grads}, key=str):
+            bucket = [g for g in grads if g.dtype == dtype]
+            flat = torch.cat([g.reshape(-1) for g in bucket])
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=self.dp_group)
+            flat.div_(self.dp)
+            offset = 0
+            for g in bucket:
+                g.copy_(flat[offset:offset + g.numel()].view_as(g))
+                offset += g.numel()
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        return (time.perf_counter() - start) * 1e3
+
+
+def _layers_of(model: Any) -> nn.Sequential:
+    layers = getattr(model, "layers", model)  # a ModelBundle, or the Sequential itself
+    if not isinstance(layers, nn.Module):
+        raise PplanError(f"build_pipeline needs an nn.Sequential of the plan's layers (or a ModelBundle), got {type(model).__name__}",
+                         "pass planner.models.build_model(plan.model, seed=plan.seed) or your own nn.Sequential")
+    return layers
+
+
+def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_mesh: Any = None,
+                   device: Any = None, loss_fn: Callable[[Any, Any], Any] | None = None, example: Any = None,
+                   prefer_torch: bool = True) -> Pipeline:
+    """This rank's stages and the torch schedule of `plan`.
+
+    model        an nn.Sequential whose children are the plan's layers (every rank builds the
+                 same weights), or a planner.models ModelBundle (then loss_fn and example
+                 default to its own)
+    rank         the global rank (default: torch.distributed's, else 0)
+    device_mesh  a DeviceMesh with dims ("dp", "pp"); None: one pipeline on the default group
+                 when dp = 1, else the mesh made by planner.execute.mesh.make_mesh
+    device       where the stages live (default cpu)
+    loss_fn      (output, target) -> loss, given to the schedule
+    example      one micro-batch of the model input: shows what crosses each cut (tuples,
+                 dicts); without it every cut must carry one tensor
+    prefer_torch run gpipe/1f1b/interleaved on torch's classes when their order is the plan's
+
+    Needs an initialized process group of dp x P processes.
+    """
+    from torch.distributed.pipelining import PipelineStage
+
+    device = torch.device(device) if device is not None else torch.device("cpu")
+    layers = _layers_of(model)
+    loss_fn = loss_fn if loss_fn is not None else getattr(model, "loss_fn", None)
+    if loss_fn is None:
+        raise PplanError("build_pipeline needs loss_fn=(output, target) -> loss to train", "pass loss_fn=...")
+    if example is None and hasattr(model, "make_batch"):
+        example = model.make_batch(plan.micro_batch_size, 0)[0]
+    if rank is None:
+        rank = dist.get_rank() if dist.is_initialized() else 0
+    dp = dp_degree(plan)
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != world_size(plan):
+        raise PplanError(f"the job has {world} processes but the plan needs {world_size(plan)} "
+                         f"(dp {dp} x {plan.n_devices} pipeline devices)",
+                         f"start {world_size(plan)} processes (torchrun --nproc-per-node)")
+    if device_mesh is None and dp > 1:
+        device_mesh = make_mesh(plan, device.type)
+    if device_mesh is not None:
+        dp_index, pp_index = device_mesh.get_local_rank("dp"), device_mesh.get_local_rank("pp")
+        pp_group, dp_group = device_mesh.get_group("pp"), device_mesh.get_group("dp")
+        if (dp_index, pp_index) != coords(plan, rank):
+            raise PplanError(f"rank {rank} sits at dp {dp_index}, pp {pp_index} in the mesh but the plan places it at "
+                             f"dp {coords(plan, rank)[0]}, pp {coords(plan, rank)[1]}",
+                             "make the mesh with planner.execute.mesh.make_mesh (dims dp, pp; rank = d x P + p)")
+    else:
+        dp_index, pp_index = coords(plan, rank)
+        pp_group, dp_group = None, None
+    mods = build_stage_modules(plan, layers, pp_index, example)
+    # Weights held by layers on several pipeline ranks (tied embeddings): one group per replica
+    # and rank set, made by every rank in the same order (new_group is collective).
+    tied = []
+    for ranks, shared in shared_parameter_groups(plan, layers):
+        for d in range(dp):
+            members = [global_rank(plan, d, r) for r in ranks]
+            group = dist.new_group(members) if world > 1 else None
+            if rank in members:
+                tied.append((group, tuple(shared)))
+    for m in mods:
+        m.module.to(device)
+    stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group) for m in mods)
+    schedule, runtime = make_schedule(plan, list(stages), loss_fn, prefer_torch)
+    return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
+                    dp_index=dp_index, pp_index=pp_index, dp=dp, device=device, mesh=device_mesh, tied=tuple(tied),
+                    dp_group=dp_group)

@@ -1,0 +1,158 @@
+"""`pplan run` of a data x pipeline plan: D replicas of the pipeline over a (dp, pp) DeviceMesh,
+kept in sync by a gradient all-reduce over the mesh's dp group (multi-process tests are slow).
+
+Equivalence: dp = 2 x pp = 2 of the GPT equals one process that accumulates each replica's
+slice of the global batch and averages the two sums (planner.execute.reference), bit for bit:
+same thread count, M = 4 and dp = 2 powers of two, and a 2-rank all-reduce is one addition.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.errors import PplanError
+from planner.execute import RunOptions
+from planner.execute.checkpoint import latest_checkpoint, load_rank_file
+from planner.execute.mesh import coords, world_size
+from planner.execute.pipeline import replica_slice
+from planner.execute.preflight import check_parallel
+from planner.execute.reference import reference_run
+from planner.execute.run import run_plan
+from planner.plan import load_plan
+
+from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
+from helpers.plans import write_plan, write_synthetic_profile
+
+GPT = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=128,ffn=2"
+DP2 = {"dp": 2, "pp": 2, "tp": 1, "zero": 0}
+
+
+def dp_plan(path: Path, *args, parallel: dict | None = None, **kwargs) -> Path:
+    """write_plan, plus the plan's `parallel` object."""
+    write_plan(path, *args, **kwargs)
+    data = json.loads(path.read_text())
+    data["parallel"] = dict(parallel or DP2)
+    path.write_text(json.dumps(data, indent=1))
+    return path
+
+
+def test_replica_slices():
+    x = torch.arange(16).reshape(16, 1)
+    parts = [replica_slice((x, [x]), d, 2) for d in range(2)]
+    assert torch.equal(parts[0][0], x[:8]) and torch.equal(parts[1][1][0], x[8:])
+    assert replica_slice(x, 0, 1) is x
+    with pytest.raises(PplanError, match="does not split"):
+        replica_slice(torch.zeros(5, 1), 0, 2)
+
+
+def test_world_and_coordinates(tmp_path):
+    plan = load_plan(dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], n_microbatches=4))
+    assert world_size(plan) == 4 and plan.global_batch == 2 * 2 * 4
+    assert [coords(plan, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+@pytest.mark.parametrize("parallel,match", [
+    ({"dp": 1, "pp": 2, "tp": 2, "zero": 0}, "tensor parallelism over gloo is not supported by pplan run yet"),
+    ({"dp": 2, "pp": 2, "tp": 1, "zero": 1}, "ZeRO stage 1"),
+    ({"dp": 2, "pp": 4, "tp": 1, "zero": 0}, "pp 4 is not its 2 pipeline devices"),
+])
+def test_layouts_the_executor_cannot_run_are_refused_before_starting(tmp_path, parallel, match):
+    path = dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], parallel=parallel)
+    plan = load_plan(path)
+    with pytest.raises(PplanError, match=match) as err:
+        check_parallel(plan)
+    assert "\n" not in err.value.one_line() and err.value.hint
+    with pytest.raises(PplanError, match=match):  # run_plan refuses in preflight, before any process
+        run_plan(plan, RunOptions(steps=1, device="cpu"), plan_path=str(path))
+
+
+def test_pplan_run_refuses_tensor_parallelism_in_one_line(tmp_path):
+    from helpers.cli import run_pplan
+
+    path = dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], parallel={"dp": 1, "pp": 2, "tp": 2, "zero": 0})
+    res = run_pplan("run", str(path), "--device", "cpu", timeout=60)
+    assert res.returncode == 2
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert any("tensor parallelism over gloo is not supported by pplan run yet" in ln for ln in lines), res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_calibrate_with_dp_is_refused(tmp_path):
+    plan = load_plan(dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)]))
+    with pytest.raises(PplanError, match="--calibrate with data parallelism"):
+        check_parallel(plan, RunOptions(steps=1, calibrate=True))
+
+
+def _layers(root: Path, plan, ranks) -> dict[int, dict]:
+    _, folder = latest_checkpoint(root, plan)
+    out: dict[int, dict] = {}
+    for r in ranks:
+        out.update(load_rank_file(folder, r)["layers"])
+    return out
+
+
+MLP = "mlp:layers=4,hidden=32,input=16,classes=8"
+DP_CASES = [
+    # model, schedule, cuts, recompute, optimizer (SGD for the GPT: see test_run_equivalence)
+    (GPT, "1f1b", [(0, 2), (2, 4)], {}, "sgd"),
+    (GPT, "gpipe", [(0, 2), (2, 4)], {0: [1]}, "sgd"),
+    (GPT, "interleaved", [(0, 1), (1, 2), (2, 3), (3, 4)], {}, "sgd"),  # two stages per rank
+    (MLP, "zb", [(0, 2), (2, 4)], {1: [2]}, "adam"),  # split I/W backward, torch's CSV runtime
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model,schedule,cuts,recompute,optimizer", DP_CASES,
+                         ids=[f"{c[0].split(':')[0]}-{c[1]}" for c in DP_CASES])
+def test_dp2_pp2_equals_single_process_accumulation(tmp_path, model, schedule, cuts, recompute, optimizer):
+    steps = 3
+    path = dp_plan(tmp_path / "plan.json", model, schedule, 2, cuts, micro_batch_size=2, n_microbatches=4,
+                   recompute=recompute, optimizer=optimizer, seed=3)
+    plan = load_plan(path)
+    opts = RunOptions(steps=steps, warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS,
+                      checkpoint_dir=str(tmp_path / "ck"))
+    run = run_plan(plan, opts, plan_path=str(path)).run
+    with torch_threads(EQUIVALENCE_THREADS):
+        ref_losses, ref_layers = reference_run(plan, steps, lr=1e-2)
+    assert run["n_ranks"] == 4 and run["dp"] == 2
+    assert [r["replica"] for r in run["ranks"]] == [0, 0, 1, 1]
+    assert run["losses"] == pytest.approx(ref_losses, rel=1e-12, abs=0)
+    assert ref_losses[-1] != ref_losses[0]
+    # the all-reduce was measured on every rank, and is part of the step
+    assert run["grad_allreduce_ms_measured"] > 0
+    assert all(r["grad_allreduce_ms"] > 0 for r in run["ranks"])
+    assert run["grad_allreduce_ms_measured"] < run["iteration_ms_measured"]
+    for replica in (0, 1):  # both replicas hold the reference's weights, bit for bit
+        got = _layers(tmp_path / "ck", plan, [replica * 2, replica * 2 + 1])
+        assert sorted(got) == sorted(ref_layers)
+        for i, sd in ref_layers.items():
+            for name, ref in sd.items():
+                torch.testing.assert_close(got[i][name], ref, rtol=0, atol=0,
+                                           msg=lambda m, i=i, n=name, d=replica: f"replica {d} layer {i} {n}: {m}")
+
+
+@pytest.mark.slow
+def test_dp2_pp2_synthetic_on_four_processes(tmp_path):
+    prof = tmp_path / "syn.csv"
+    spec = write_synthetic_profile(prof, 4, 2, fwd_ms=5.0, bwd_ms=10.0)
+    path = dp_plan(tmp_path / "plan.json", spec, "1f1b", 2, [(0, 2), (2, 4)], micro_batch_size=2, n_microbatches=4,
+                   profile=prof)
+    plan = load_plan(path)
+    outcome = run_plan(plan, RunOptions(steps=4, warmup=1, device="cpu", threads=1), plan_path=str(path),
+                       use_machine=False)
+    run = outcome.run
+    assert run["n_ranks"] == 4 and run["dp"] == 2 and len(run["ranks"]) == 4
+    assert [(r["rank"], r["replica"], r["device"]) for r in run["ranks"]] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
+    assert run["loss_steps"] == [0, 1, 2, 3] and all(v is not None for v in run["losses"])
+    assert run["grad_allreduce_ms_measured"] > 0
+    assert "one replica" in run["prediction_source"]
+    # one pipeline (M + S - 1) x 3 x (f + b) per stage of two layers = 5 x 30 ms: replicas run side by side
+    assert run["iteration_ms_predicted"] == pytest.approx(5 * 2 * 15.0, abs=1)
+    assert run["iteration_ms_measured"] >= run["iteration_ms_predicted"] - 0.01
+    # the timeline shows replica 0's pipeline: one row per F and B of each device
+    fb = [r for r in outcome.timeline if r.kind in "FB"]
+    assert len(fb) == 2 * 2 * 4
