@@ -49,23 +49,28 @@ def simulate_cmd(
     from planner.atomic import ensure_writable_file
     from planner.errors import PplanError
     from planner.units import parse_bandwidth, parse_ms
-    from planner.whatif import KEEP, WhatIf, what_if
+    from planner.whatif import KEEP, WhatIf, parse_sweep, what_if
 
-    if sweep is not None and timeline is not None:
-        raise PplanError("--timeline cannot be combined with --sweep", "run one simulation per timeline")
+    # each flag's own value first, then how flags combine, then whether outputs can be written
     if keep not in KEEP:
         raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}")
-    for path, suffixes, flag in ((plot, (".png", ".svg"), "--plot"), (out, (".json",), "--out"), (timeline, (".csv",), "--timeline")):
+    outputs = ((plot, (".png", ".svg"), "--plot"), (out, (".json",), "--out"), (timeline, (".csv",), "--timeline"))
+    for path, suffixes, flag in outputs:
         if path is not None and path.suffix.lower() not in suffixes:
             raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(suffixes)}")
-        if path is not None:
-            ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
     for flag, value in (("--microbatches", microbatches), ("--micro-batch-size", micro_batch_size)):
         if value is not None and value < 1:
             raise PplanError(f"{flag} {value} must be at least 1")
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
                     bandwidth_bytes_per_s=parse_bandwidth(bandwidth) if bandwidth is not None else None,
                     latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)
+    if sweep is not None:
+        parse_sweep(sweep)
+        if timeline is not None:
+            raise PplanError("--timeline cannot be combined with --sweep", "run one simulation per timeline")
+    for path, _, flag in outputs:
+        if path is not None:
+            ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration)
     if result.setup.profile_changed:
         err(f"warning: {result.setup.profile_path} differs from the profile the plan was made from (checksum changed)")

@@ -35,7 +35,8 @@ from planner.limits import MAX_SPEED, MIN_SPEED
 from planner.plan import Device, Links
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
-__all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "pipeline_orders"]
+__all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
+           "path_score", "pipeline_orders"]
 
 FORMAT = "pplan-cluster/1"
 EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
@@ -181,11 +182,13 @@ def best_path(links: Links, n: int, nbytes: float) -> tuple[int, ...]:
         return tuple(range(n))
     cost = _hop_costs(links, n, nbytes)
     if n <= EXACT_MAX:
-        return _held_karp(cost)
+        return exact_path(cost)
     return _two_opt(cost, _nearest_neighbour(cost))
 
 
-def _held_karp(cost: list[list[float]]) -> tuple[int, ...]:
+def exact_path(cost: list[list[float]]) -> tuple[int, ...]:
+    """The order minimising (slowest hop, total) over hop cost matrix `cost`, exactly (Held-Karp;
+    O(2^n n^2), so for at most EXACT_MAX devices)."""
     n = len(cost)
     full = (1 << n) - 1
     inf = float("inf")
@@ -236,7 +239,8 @@ def _held_karp(cost: list[list[float]]) -> tuple[int, ...]:
     return _canonical(tuple(path))
 
 
-def _score(cost: list[list[float]], path: list[int] | tuple[int, ...]) -> tuple[float, float]:
+def path_score(cost: list[list[float]], path: list[int] | tuple[int, ...]) -> tuple[float, float]:
+    """(slowest hop, total) of visiting `path` in order: what best_path minimises, in that order."""
     hops = [cost[a][b] for a, b in zip(path, path[1:])]
     return (max(hops, default=0.0), sum(hops))
 
@@ -250,7 +254,7 @@ def _nearest_neighbour(cost: list[list[float]]) -> list[int]:
             nxt = min(left, key=lambda u: (cost[path[-1]][u], u))
             path.append(nxt)
             left.remove(nxt)
-        if best is None or _score(cost, path) < _score(cost, best):
+        if best is None or path_score(cost, path) < path_score(cost, best):
             best = path
     assert best is not None
     return best
@@ -258,13 +262,13 @@ def _nearest_neighbour(cost: list[list[float]]) -> list[int]:
 
 def _two_opt(cost: list[list[float]], path: list[int], rounds: int = 20) -> tuple[int, ...]:
     n = len(path)
-    score = _score(cost, path)
+    score = path_score(cost, path)
     for _ in range(rounds):
         improved = False
         for i in range(n - 1):
             for j in range(i + 1, n):
                 cand = path[:i] + path[i:j + 1][::-1] + path[j + 1:]
-                sc = _score(cost, cand)
+                sc = path_score(cost, cand)
                 if sc < score:
                     path, score, improved = cand, sc, True
         if not improved:

@@ -24,7 +24,7 @@ from typing import Any, Callable
 from planner.errors import InfeasibleError, PplanError
 from planner.units import format_bytes, format_ms
 
-__all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread"]
+__all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread", "uniform_plan"]
 
 
 @dataclass(frozen=True)
@@ -227,7 +227,7 @@ def _limit_between(fast_peak: float, p_floor: float, u_floor: float) -> tuple[fl
                                                   f"least the uniform split can need, {format_bytes(u_floor)}")
 
 
-def _uniform_plan(plan: Any) -> Any:
+def uniform_plan(plan: Any) -> Any:
     """The plan's schedule and micro-batches with equal layer counts per stage, no recompute, no limit."""
     from planner.partition.baselines import uniform_cuts
     from planner.plan import StagePlan
@@ -369,7 +369,7 @@ def _uniform_step(d: _Demo, profile: Any, final: Any, cal: Any) -> tuple[float, 
     from planner.simulate import simulate
 
     d.step(7, "running the uniform split (same schedule and micro-batches, limit lifted) for comparison")
-    uniform = _uniform_plan(final)
+    uniform = uniform_plan(final)
     write_plan(uniform, d.data / "plan_uniform.json")
     predicted = simulate(uniform, profile, calibration=cal, record_timeline=False).iteration_ms
     return predicted, _run(d, uniform, "plan_uniform.json", "run_uniform.json", None)

@@ -1,26 +1,62 @@
-"""Shared fixtures: one in-process runner of the real `pplan` entry point."""
+"""Shared fixtures: one in-process runner of the real `pplan` entry point, small seeded inputs in
+temporary folders, and an environment that does not depend on the developer's machine.
+
+Helpers that are not fixtures live in tests/helpers/ (CLI subprocess runners, synthetic profiles
+and plans, figure decoding); tests import those, never another test module.
+"""
 
 from __future__ import annotations
 
-import sys
-from typing import Callable
+import shutil
+from pathlib import Path
+from typing import Callable, Iterator
 
 import pytest
+
+from helpers.cli import JOB_VARS, run_in_process
+
+DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def machine_independent_env() -> Iterator[None]:
+    """No test depends on this machine's state: no calibration file from `pplan calibrate
+    --machine` (~/.cache/pplan/machine.json) is applied, and no PPLAN_DEBUG or torchrun variable
+    from the developer's shell changes what a command does. Session-wide, so module-scoped
+    fixtures and subprocesses (they inherit os.environ) see it too; a test may still set them."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PPLAN_MACHINE", "off")
+        for name in JOB_VARS:
+            mp.delenv(name, raising=False)
+        yield
 
 
 @pytest.fixture
 def pplan(monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
     """pplan(*args) -> (exit code, stdout, stderr), running cli.app.main in this process."""
-    from cli.app import main
 
     def run(*args: object) -> tuple[int, str, str]:
-        monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-        code = 0
-        try:
-            main()
-        except SystemExit as e:
-            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        out = capsys.readouterr()
-        return code, out.out, out.err
+        return run_in_process(monkeypatch, capsys, *args)
 
     return run
+
+
+@pytest.fixture
+def sim_work(tmp_path: Path) -> Path:
+    """A temporary folder holding the sample plan (plan.json, 3 devices, 1f1b, 8 micro-batches)
+    and the profile it names (sim_profile.csv), to simulate, edit or break."""
+    shutil.copy(DATA / "sim_plan.json", tmp_path / "plan.json")
+    shutil.copy(DATA / "sim_profile.csv", tmp_path / "sim_profile.csv")
+    return tmp_path
+
+
+@pytest.fixture
+def tiny_gpt_csv(tmp_path: Path) -> Path:
+    """tmp_path/gpt.csv: the analytic profile of a small GPT (4 blocks, hidden 256, seq 64,
+    vocab 1000), deterministic; a calibration written beside it stays in tmp_path."""
+    from planner.partition.synthetic import gpt_like
+    from planner.profiling.profile import write_profile
+
+    path = tmp_path / "gpt.csv"
+    write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), path)
+    return path

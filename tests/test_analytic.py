@@ -1,6 +1,5 @@
 """Analytic profiles (planner.profiling.analytic): same layers and bytes as the real gpt, sensible times."""
 
-import sys
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,20 +14,6 @@ from planner.profiling.profile import load_profile
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64"
 REFERENCE = ROOT / "profiles" / "gpt-8l-v32k.csv"  # measured with `pplan profile` on one CPU core, float32
-
-
-def pplan(monkeypatch, capsys, *args):
-    """Run the real entry point in-process: (exit code, stdout, stderr)."""
-    from cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -161,10 +146,10 @@ def test_write_round_trips_and_is_deterministic(tmp_path):
     assert with_command.meta["command"] == "pplan profile --analytic -m x"
 
 
-def test_partition_runs_on_an_analytic_profile(monkeypatch, capsys, tmp_path):
+def test_partition_runs_on_an_analytic_profile(pplan, tmp_path):
     path = tmp_path / "gpt.csv"
     write_analytic_profile("gpt:layers=8,hidden=1024,heads=16,seq=512,vocab=32000", "a100-80gb", "bfloat16", [1, 2, 4, 8], path)
-    code, out, err = pplan(monkeypatch, capsys, "partition", path, "--devices", 4, "--memory", "80GiB", "--global-batch", 64,
+    code, out, err = pplan("partition", path, "--devices", 4, "--memory", "80GiB", "--global-batch", 64,
                            "--out", tmp_path / "plan.json")
     assert code == 0, err
     assert "plan:" in out and (tmp_path / "plan.json").exists()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,13 +17,9 @@ from planner.partition.api import partition
 from planner.partition.search import PartitionSettings
 from planner.profiling.profile import load_profile
 
+from helpers.cli import run_pplan
+
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _cli(args: list[str], cwd: Path, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]))
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def test_machine_is_described_without_importing_torch() -> None:
@@ -111,7 +106,8 @@ def test_quality_bench_compares_baselines_with_pplan(tmp_path: Path) -> None:
 
 
 def test_bench_cli_prints_json_and_writes_files(tmp_path: Path) -> None:
-    got = _cli(["bench", "simulator", "--sizes", "4x8", "--repeat", "1", "--out-dir", str(tmp_path / "b"), "--json"], tmp_path)
+    got = run_pplan("bench", "simulator", "--sizes", "4x8", "--repeat", "1", "--out-dir", str(tmp_path / "b"), "--json",
+                    cwd=tmp_path)
     assert got.returncode == 0, got.stderr
     data = json.loads(got.stdout)
     assert data["machine"]["cores"] >= 1 and data["tables"][0]["name"] == "simulator"
@@ -121,14 +117,14 @@ def test_bench_cli_prints_json_and_writes_files(tmp_path: Path) -> None:
 
 def test_bench_cli_refuses_a_file_as_out_dir(tmp_path: Path) -> None:
     (tmp_path / "f").write_text("x")
-    got = _cli(["bench", "simulator", "--sizes", "4x8", "--out-dir", str(tmp_path / "f")], tmp_path)
+    got = run_pplan("bench", "simulator", "--sizes", "4x8", "--out-dir", str(tmp_path / "f"), cwd=tmp_path)
     assert got.returncode == 2 and "is a file" in got.stderr and "Traceback" not in got.stderr
 
 
 @pytest.mark.slow
 def test_fidelity_quick_runs_the_executor_and_reports_errors(tmp_path: Path) -> None:
-    got = _cli(["bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--out-dir", str(tmp_path), "--json"],
-               tmp_path, timeout=600)
+    got = run_pplan("bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--out-dir", str(tmp_path), "--json",
+                    cwd=tmp_path, timeout=600)
     assert got.returncode == 0, got.stderr
     table = json.loads(got.stdout)["tables"][0]
     rows = [dict(zip(table["columns"], r)) for r in table["rows"]]

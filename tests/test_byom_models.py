@@ -11,18 +11,9 @@ import torch
 from planner.errors import ModelSpecError
 from planner.models import build_model, layer_count, parse_spec
 
+from helpers.models import HF_SPECS
+
 ROOT = Path(__file__).resolve().parents[1]
-TINY_LM = "n_layer=2,n_embd=32,n_head=2,vocab_size=128"
-HF_SPECS = {
-    "gpt2": f"hf:gpt2:{TINY_LM}",
-    "gpt2-untied": f"hf:gpt2:{TINY_LM},tie_word_embeddings=false",
-    "llama": "hf:llama:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,num_key_value_heads=1,intermediate_size=64,vocab_size=128",
-    "qwen2": "hf:qwen2:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,num_key_value_heads=1,intermediate_size=64,vocab_size=128",
-    "bert": "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,vocab_size=128",
-    "vit": "hf:vit:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,image_size=16,patch_size=4,num_labels=10",
-    "resnet": "hf:resnet:depths=1/1,hidden_sizes=8/16,embedding_size=8,num_labels=10",
-    "convnext": "hf:convnext:depths=1/1,hidden_sizes=8/16,num_stages=2,num_labels=10",
-}
 IMAGE = {"vit": None, "resnet": (3, 16, 16), "convnext": (3, 16, 16)}
 
 

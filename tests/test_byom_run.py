@@ -9,7 +9,6 @@ a few float32 ulps, which Adam at lr 1e-2 turns into weight differences below TI
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,9 @@ from planner.execute.reference import reference_run
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from test_byom_models import HF_SPECS
-from test_run_support import EQUIVALENCE_THREADS, torch_threads, write_plan
+from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
+from helpers.models import HF_SPECS
+from helpers.plans import write_plan
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,35 +81,22 @@ def test_pipelined_equals_one_process(monkeypatch, tmp_path, case):
     _compare(got, ref, TIED_ATOL if tied else 0.0)
 
 
-def _pplan(monkeypatch, capsys, *args):
-    from cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 @pytest.mark.parametrize("model,flags", [
     ("examples.byom_models:mlp", ["--input-shape", "784"]),  # docs/models.md's example
     (HF_SPECS["gpt2"], ["--input-shape", "16"]),
 ])
-def test_profile_partition_run_needs_no_flag_twice(monkeypatch, capsys, tmp_path, model, flags):
+def test_profile_partition_run_needs_no_flag_twice(pplan, monkeypatch, tmp_path, model, flags):
     """The user's path with partition's own choice of schedule, cuts and recompute: `run` reads
     the input description from the profile, and trains as one process would."""
     if model.startswith("hf:"):
         pytest.importorskip("transformers")
     monkeypatch.chdir(ROOT)
     prof, plan_json = tmp_path / "p.csv", tmp_path / "plan.json"
-    code, _, err = _pplan(monkeypatch, capsys, "profile", "--model", model, *flags, "-b", "2,4", "--warmup", "0", "--repeats", "1", "-o", prof)
+    code, _, err = pplan("profile", "--model", model, *flags, "-b", "2,4", "--warmup", "0", "--repeats", "1", "-o", prof)
     assert code == 0, err
-    code, _, err = _pplan(monkeypatch, capsys, "partition", prof, "--devices", "2", "--global-batch", "8", "--out", plan_json)
+    code, _, err = pplan("partition", prof, "--devices", "2", "--global-batch", "8", "--out", plan_json)
     assert code == 0, err
-    code, out, err = _pplan(monkeypatch, capsys, "run", plan_json, "--steps", "2", "--lr", "1e-2", "--threads", "1",
+    code, out, err = pplan("run", plan_json, "--steps", "2", "--lr", "1e-2", "--threads", "1",
                             "--model", model, "--checkpoint-dir", tmp_path / "ck")
     assert code == 0, err
     assert "loss:" in out

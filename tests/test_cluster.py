@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from planner.cost import link_between, link_ms
-from planner.cluster import EXACT_MAX, _held_karp, _score, best_path, cluster_from_dict, load_cluster, pipeline_orders
+from planner.cluster import EXACT_MAX, best_path, cluster_from_dict, exact_path, load_cluster, path_score, pipeline_orders
 from planner.errors import ClusterError
 from planner.partition import PartitionSettings, partition
 from planner.partition.synthetic import uniform_layers
@@ -81,9 +81,9 @@ def test_exact_path_matches_enumeration_of_all_orders():
         links = _random_links(rng, n)
         path = best_path(links, n, 1e6)
         cost = [[0.0 if a == b else link_ms(1e6, link_between(links, a, b)) for b in range(n)] for a in range(n)]
-        best = min(_score(cost, p) for p in itertools.permutations(range(n)))
+        best = min(path_score(cost, p) for p in itertools.permutations(range(n)))
         assert sorted(path) == list(range(n))
-        assert _score(cost, path) == pytest.approx(best)
+        assert path_score(cost, path) == pytest.approx(best)
 
 
 def test_large_clusters_use_the_heuristic_and_return_an_order():
@@ -93,8 +93,8 @@ def test_large_clusters_use_the_heuristic_and_return_an_order():
     path = best_path(links, n, 1e6)
     cost = [[0.0 if a == b else link_ms(1e6, link_between(links, a, b)) for b in range(n)] for a in range(n)]
     assert sorted(path) == list(range(n))
-    assert _score(cost, path) <= _score(cost, tuple(range(n)))
-    small = _held_karp([row[:8] for row in cost[:8]])
+    assert path_score(cost, path) <= path_score(cost, tuple(range(n)))
+    small = exact_path([row[:8] for row in cost[:8]])
     assert sorted(small) == list(range(8))
 
 

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from planner.demo import NOISE, QUICK, DemoSettings, _uniform_plan, choose_memory_limit, step_spread
+from planner.demo import NOISE, QUICK, DemoSettings, choose_memory_limit, step_spread, uniform_plan
 from planner.errors import InfeasibleError
 from planner.partition.api import partition
 from planner.partition.search import PartitionSettings
 from planner.plan import load_plan
 from planner.profiling.profile import load_profile
+
+from helpers.cli import run_pplan
 
 DATA = Path(__file__).parent / "data" / "report"
 SETTINGS = DemoSettings(model="gpt:layers=6", micro_batch_sizes=(1, 2, 4), global_batch=8, n_microbatches=4,
@@ -40,7 +40,7 @@ def test_limit_rules_out_the_uniform_split_but_not_pplan():
 
 def test_uniform_comparison_plan_keeps_schedule_and_drops_limit_and_recompute():
     plan = load_plan(DATA / "plan.json")
-    uniform = _uniform_plan(plan)
+    uniform = uniform_plan(plan)
     assert [st.layers for st in uniform.stages] == [(0, 4), (4, 8)]
     assert all(not st.recompute for st in uniform.stages)
     assert all(d.memory_bytes is None for d in uniform.devices)
@@ -66,8 +66,7 @@ def test_demo_help_and_readme_agree_on_folder_and_duration(pplan):
 @pytest.mark.slow
 def test_quick_demo_end_to_end(tmp_path):
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "-m", "cli.app", "demo", "--quick", "--out-dir", str(out), "--json"],
-                          capture_output=True, text=True, timeout=900)
+    proc = run_pplan("demo", "--quick", "--out-dir", out, "--json", timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout)
     # progress on stderr, every stage announced
@@ -85,7 +84,7 @@ def test_quick_demo_end_to_end(tmp_path):
         assert (out / "data" / name).is_file(), name
     md = (out / "report.md").read_text()
     assert "Skipped" not in md, md
-    from test_run_support import assert_drawn_png
+    from helpers.figures import assert_drawn_png
 
     pngs = sorted((out / "figures").glob("*.png"))
     assert len(pngs) == 6

@@ -11,7 +11,8 @@ from planner.execute.preflight import cpu_rank_cap, preflight
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from test_run_support import pplan, write_plan, write_synthetic_profile
+from helpers.cli import run_pplan
+from helpers.plans import write_plan, write_synthetic_profile
 
 CPU = RunOptions(device="cpu", steps=4)
 
@@ -92,7 +93,7 @@ def test_run_options_are_validated(bad):
 
 def test_cli_refuses_a_mismatched_plan_with_exit_code_2_and_one_line(tmp_path):
     path = write_plan(tmp_path / "p.json", "mlp:layers=6", "1f1b", 2, [(0, 2), (2, 4)])
-    res = pplan("run", str(path), "--device", "cpu")  # its 120 s timeout only guards against a hang
+    res = run_pplan("run", str(path), "--device", "cpu")  # the timeout only guards against a hang
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pplan: error:")]
     assert len(lines) == 1 and "cover 4 layers" in lines[0]

@@ -5,29 +5,13 @@ The PNGs are decoded and read back: one box per layer, one dashed line per cut, 
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from planner.graph import add_edge_lines
 from planner.report.fig_graph import draw_layer_graph
 
-from test_run_support import assert_drawn_png, color_share
-
-BOX, CUT_RED, SKIP = "#dde8f5", (0.7, 0.25), "#b35a00"  # the figure's layer fill, cut line, skip arc
-
-
-def _runs(columns: np.ndarray) -> int:
-    """Contiguous runs of True in a row of booleans."""
-    return int((np.diff(np.concatenate([[0], columns.astype(int), [0]])) == 1).sum())
-
-
-def layer_graph_counts(path) -> tuple[int, int, bool]:
-    """(layer boxes, cut lines, skip arcs drawn) read from the pixels of a layer-graph PNG."""
-    px = assert_drawn_png(path, min_width=300, min_height=150, colors=(BOX,))
-    box = (np.abs(px - np.array([0xDD, 0xE8, 0xF5]) / 255) <= 2 / 255).all(axis=-1)
-    red = (px[..., 0] > CUT_RED[0]) & (px[..., 1] < CUT_RED[1]) & (px[..., 2] < CUT_RED[1])
-    cut_columns = red.sum(axis=0) >= 0.2 * px.shape[0]  # a dashed line spans the height; labels do not
-    return _runs(box.any(axis=0)), _runs(cut_columns), color_share(px, SKIP) > 0
+from helpers.figures import layer_graph_counts
+from helpers.graphs import CHAIN, UNET_EDGES
 
 
 def test_draw_writes_a_png(tmp_path):
@@ -47,8 +31,6 @@ def test_bad_cuts_are_refused(tmp_path):
 
 
 def test_partition_plot_draws_the_plans_cuts_with_a_legend(tmp_path, pplan):
-    from test_graph_edges import CHAIN, UNET_EDGES
-
     (tmp_path / "p.csv").write_text(add_edge_lines(CHAIN, UNET_EDGES), encoding="utf-8")
     code, out, err = pplan("partition", tmp_path / "p.csv", "--devices", "3", "--global-batch", "8", "--schedule", "1f1b",
                            "--out", tmp_path / "plan.json", "--plot", tmp_path / "cuts.png")

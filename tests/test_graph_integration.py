@@ -24,12 +24,14 @@ from planner.partition.build import Layout, build_problem, stage_costs
 from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.ilp import solve_ilp
 from planner.partition.problem import PartitionProblem, passthrough_table, recompute_family, stage_bytes, stage_passthrough
-from planner.partition.search import GridPoint, _Evaluator
+from planner.partition.search import CandidateEvaluator, GridPoint
 from planner.plan import Device, Links, Plan, StagePlan
 from planner.profiling.profile import load_profile, make_profile, profile_to_text, read_profile_text
 from planner.schedules import SCHEDULE_NAMES, generate
 from planner.simulate import simulate, simulate_costs
-from test_partition_solvers import MODES, _objective, random_problem
+
+from helpers.figures import layer_graph_counts
+from helpers.problems import MODES, objective, random_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = sorted((ROOT / "profiles").glob("*.csv"))
@@ -222,13 +224,13 @@ def test_dp_ilp_and_brute_force_agree_on_random_non_chain_instances():
         base = random_problem(rng, MODES[case % 3])
         p = _with_edges(base, random_edges(rng, base.n_layers, scale=3, max_edges=4))
         dp, brute = solve_dp(p), solve_brute(p)
-        assert _objective(dp) == _objective(brute), (case, p)
+        assert objective(dp) == objective(brute), (case, p)
         if case % 6 == 0:
             ilp = solve_ilp(p, time_limit=20)
-            assert _objective(ilp) == _objective(dp), (case, p)
+            assert objective(ilp) == objective(dp), (case, p)
             assert ilp is None or ilp.optimal
         feasible += dp is not None
-        changed += _objective(dp) != _objective(solve_dp(base))
+        changed += objective(dp) != objective(solve_dp(base))
     assert changed > 20 and 150 < feasible < 600  # pass-through memory decided tens of instances
 
 
@@ -288,7 +290,7 @@ def test_dp_feasible_plans_fit_in_the_simulator_on_random_non_chain_profiles():
         devices = tuple(Device(f"d{i}", limit, speed=float(rng.choice([1.0, 0.5]))) for i in range(n))
         layout = Layout(devices, tuple(range(n)), Links(bandwidth_bytes_per_s=1e9, latency_ms=0.02), v)
         settings = PartitionSettings(n_devices=n, memory_bytes=limit, global_batch=4 * m, recompute=("auto", "none", "all")[case % 3])
-        problem = _Evaluator(prof, settings, None).problem(GridPoint(schedule, m, 4, v), layout)
+        problem = CandidateEvaluator(prof, settings, None).problem(GridPoint(schedule, m, 4, v), layout)
         sol = solve_dp(problem)
         if sol is None:
             continue
@@ -337,24 +339,14 @@ def test_simulated_transfers_carry_the_crossing_bytes_on_every_link(schedule):
         assert sim.memory[1].activations == M * kept
 
 
-def test_figure_draws_a_plans_cuts_from_its_profile(tmp_path, capsys):
-    from planner.graph.figure import main
-    from planner.plan import write_plan
+def test_partition_plot_draws_the_plans_cuts_from_its_profile(tmp_path, pplan):
+    from planner.plan import load_plan
     from planner.profiling.profile import write_profile
 
     write_profile(unet_profile(), tmp_path / "unet.csv")
-    settings = PartitionSettings(n_devices=3, memory_bytes=None, global_batch=8, microbatches=4, schedule="gpipe", method="dp")
-    plan = partition(load_profile(tmp_path / "unet.csv"), settings).plan
-    write_plan(plan, tmp_path / "plan.json")
-    cuts = [st.layers[1] - 1 for st in plan.stages[:-1]]
-    assert main(["--plan", str(tmp_path / "plan.json"), "-o", str(tmp_path / "g.png")]) == 0
-    out = capsys.readouterr().out
-    assert f"cuts after layers {cuts}" in out and len(cuts) == 2
-    assert "skip 0->1,7: 4.0 KiB" in out
-    from test_graph_figure import layer_graph_counts
-
-    assert layer_graph_counts(tmp_path / "g.png") == (plan.n_layers, 2, True)  # drawn: every layer, both cuts
-    assert main(["--plan", str(tmp_path / "plan.json"), "--cuts", "1", "-o", str(tmp_path / "h.png")]) == 0
-    assert f"cuts after layers {cuts}" in capsys.readouterr().out  # the plan's cuts win
-    assert layer_graph_counts(tmp_path / "h.png") == (plan.n_layers, 2, True)  # in the picture too
-    assert main(["-o", str(tmp_path / "i.png")]) == 2 and "nothing to draw" in capsys.readouterr().err
+    code, _, err = pplan("partition", tmp_path / "unet.csv", "--devices", 3, "--global-batch", 8, "--microbatches", 4,
+                         "--schedule", "gpipe", "--method", "dp", "--out", tmp_path / "plan.json", "--plot", tmp_path / "g.png")
+    assert code == 0, err
+    plan = load_plan(tmp_path / "plan.json")
+    assert len(plan.stages) == 3
+    assert layer_graph_counts(tmp_path / "g.png") == (plan.n_layers, 2, True)  # drawn: every layer, both cuts, the skips

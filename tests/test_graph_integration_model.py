@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -97,20 +96,6 @@ def untraceable():
     return Branchy()
 
 
-def _pplan(monkeypatch, capsys, *args):
-    from cli.app import main
-
-    monkeypatch.chdir(ROOT)  # `tests.unet_model` is found from the repository root
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_factory_module_becomes_a_sequential_passing_the_crossing_tensors(monkeypatch):
     monkeypatch.chdir(ROOT)
     bundle = build_model(UNET)
@@ -148,7 +133,7 @@ def test_the_single_process_reference_run_takes_the_graph_bundle(monkeypatch):
 
 
 def test_chain_models_stay_plain_sequentials():
-    for spec in ("mlp:layers=2,hidden=8,input=4,classes=2", "test_models_factories:with_data"):
+    for spec in ("mlp:layers=2,hidden=8,input=4,classes=2", "factory_models:with_data"):
         layers = build_model(spec).layers
         assert type(layers) is nn.Sequential and getattr(layers, "graph", None) is None
 
@@ -233,29 +218,30 @@ def _pipeline_sends(model: nn.Module, lg, cuts: list[int], mb: torch.Tensor) -> 
     return sends
 
 
-def test_profile_partition_simulate_a_unet_end_to_end(monkeypatch, capsys, tmp_path):
+def test_profile_partition_simulate_a_unet_end_to_end(pplan, monkeypatch, tmp_path):
+    monkeypatch.chdir(ROOT)  # `tests.unet_model` is found from the repository root
     prof_csv, plan_json, timeline = tmp_path / "unet.csv", tmp_path / "plan.json", tmp_path / "timeline.csv"
-    code, out, err = _pplan(monkeypatch, capsys, "profile", "--model", UNET, "-b", "2,4", "--warmup", "0", "--repeats", "1", "-o", prof_csv)
+    code, out, err = pplan("profile", "--model", UNET, "-b", "2,4", "--warmup", "0", "--repeats", "1", "-o", prof_csv)
     assert code == 0, err
     text = prof_csv.read_text()
     assert "# edge: 0->1,7 4096\n# edge: 2->3,5 2048\n" in text
     prof = load_profile(prof_csv)
     assert prof.skip_edges == UNET_EDGES
     # Slow links make the transfers long enough to read their bytes back from the timeline CSV.
-    code, out, err = _pplan(monkeypatch, capsys, "partition", prof_csv, "--devices", "3", "--global-batch", "16",
-                            "--microbatches", "4", "--schedule", "1f1b", "--bandwidth", "10MB/s", "--latency", "0.5ms", "--out", plan_json)
+    code, out, err = pplan("partition", prof_csv, "--devices", "3", "--global-batch", "16",
+                           "--microbatches", "4", "--schedule", "1f1b", "--bandwidth", "10MB/s", "--latency", "0.5ms", "--out", plan_json)
     assert code == 0, err
     plan = load_plan(plan_json)
     b, M = plan.micro_batch_size, plan.n_microbatches
     cuts = [st.layers[1] - 1 for st in plan.stages[:-1]]
     cross = crossing_bytes(10, prof.at(b).output_bytes, prof.skip_edges, b)
     # The plan's memory: each device buffers the crossing bytes at its cuts (send and receive).
-    for d, dev in enumerate(plan.predicted["devices"]):
+    for d, dev in enumerate(plan.predicted.devices):
         ends = [c for c in (cuts[d - 1] if d else None, cuts[d] if d < len(cuts) else None) if c is not None]
-        assert dev["memory"]["buffers"] == int(2 * sum(cross[c] for c in ends))
-    code, out, err = _pplan(monkeypatch, capsys, "simulate", plan_json, "--timeline", timeline, "--json")
+        assert dev.memory.buffers == int(2 * sum(cross[c] for c in ends))
+    code, out, err = pplan("simulate", plan_json, "--timeline", timeline, "--json")
     assert code == 0, err
-    assert json.loads(out)["iteration_ms"] == pytest.approx(plan.predicted["iteration_ms"])
+    assert json.loads(out)["iteration_ms"] == pytest.approx(plan.predicted.iteration_ms)
     sent = _timeline_link_bytes(timeline, 10e6, 0.5)
     want = {0: [cross[cuts[0]]] * M, 1: sorted([cross[cuts[0]]] * M + [cross[cuts[1]]] * M), 2: [cross[cuts[1]]] * M}
     assert sent == {d: [int(x) for x in v] for d, v in want.items()}

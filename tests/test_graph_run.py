@@ -4,7 +4,6 @@ gradient accumulation (multi-process, slow)."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from planner.execute.reference import reference_run
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from test_run_support import EQUIVALENCE_THREADS, torch_threads, write_plan
+from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
+from helpers.plans import write_plan
 
 pytestmark = pytest.mark.slow
 ROOT = Path(__file__).resolve().parents[1]
@@ -24,27 +24,14 @@ UNET = "tests.unet_model:build"
 STEPS = 2
 
 
-def _pplan(monkeypatch, capsys, *args):
-    from cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_profiled_unet_plan_is_a_runnable_two_stage_plan(monkeypatch, capsys, tmp_path):
+def test_profiled_unet_plan_is_a_runnable_two_stage_plan(pplan, monkeypatch, tmp_path):
     """profile -> partition -> run on the user's path. The cuts come from a timed profile and so
     vary from machine to machine: only structure is checked here, equivalence below on fixed cuts."""
     monkeypatch.chdir(ROOT)  # `tests.unet_model` is found from the repository root (workers inherit it)
     prof, plan_json = tmp_path / "unet.csv", tmp_path / "plan.json"
-    code, _, err = _pplan(monkeypatch, capsys, "profile", "--model", UNET, "-b", "2", "--warmup", "0", "--repeats", "1", "-o", prof)
+    code, _, err = pplan("profile", "--model", UNET, "-b", "2", "--warmup", "0", "--repeats", "1", "-o", prof)
     assert code == 0, err
-    code, _, err = _pplan(monkeypatch, capsys, "partition", prof, "--devices", "2", "--global-batch", "8",
+    code, _, err = pplan("partition", prof, "--devices", "2", "--global-batch", "8",
                           "--microbatches", "4", "--schedule", "1f1b", "--recompute", "none", "--out", plan_json)
     assert code == 0, err
     plan = load_plan(plan_json)

@@ -14,21 +14,6 @@ from planner.hardware import PRESETS, Hardware, hardware_from_dict, hardware_to_
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def pplan(monkeypatch, capsys, *args):
-    """Run the real entry point in-process: (exit code, stdout, stderr)."""
-    from cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-# (bf16, fp32, memory bytes, memory bandwidth, NVLink per direction, network per GPU) as docs/hardware.md lists them
 DOCUMENTED = {
     "a100-40gb": (312e12, 19.5e12, 40e9, 1.555e12, 300e9, 200e9 / 8),
     "a100-80gb": (312e12, 19.5e12, 80e9, 2.039e12, 300e9, 200e9 / 8),
@@ -124,33 +109,33 @@ def test_unknown_preset_suggests_the_nearest():
         load_hardware("nowhere/hw.json")
 
 
-def test_cli_refuses_a_typo_key_in_one_line_with_a_suggestion(monkeypatch, capsys, tmp_path):
+def test_cli_refuses_a_typo_key_in_one_line_with_a_suggestion(pplan, tmp_path):
     data = _base()
     data["memory_bandwith_bytes_per_s"] = data.pop("memory_bandwidth_bytes_per_s")
     path = tmp_path / "my.json"
     path.write_text(json.dumps(data))
-    code, out, err = pplan(monkeypatch, capsys, "hardware", path)
+    code, out, err = pplan("hardware", path)
     assert code == 2 and out == ""
     assert err.count("\n") == 1 and "unknown key 'memory_bandwith_bytes_per_s'" in err
     assert "did you mean 'memory_bandwidth_bytes_per_s'" in err
 
 
-def test_cli_lists_presets_and_shows_one(monkeypatch, capsys, tmp_path):
-    code, out, _ = pplan(monkeypatch, capsys, "hardware")
+def test_cli_lists_presets_and_shows_one(pplan, tmp_path):
+    code, out, _ = pplan("hardware")
     assert code == 0
     header, *rows = out.strip().splitlines()
     for column in ("bf16 TFLOP/s", "fp32 TFLOP/s", "memory GiB", "mem BW TB/s", "intra GB/s", "inter GB/s"):
         assert column in header
     assert [r.split()[0] for r in rows] == list(PRESETS)
     assert rows[2].split()[1:3] == ["989", "67"]  # h100-80gb
-    code, out, _ = pplan(monkeypatch, capsys, "hardware", "--json")
+    code, out, _ = pplan("hardware", "--json")
     assert code == 0 and [d["name"] for d in json.loads(out)] == list(PRESETS)
-    code, out, _ = pplan(monkeypatch, capsys, "hardware", "h200", "--json")
+    code, out, _ = pplan("hardware", "h200", "--json")
     assert code == 0
     path = tmp_path / "h200.json"
     path.write_text(out)  # what --json prints is a valid user file
     assert load_hardware(path) == PRESETS["h200"]
-    code, out, _ = pplan(monkeypatch, capsys, "hardware", path)
+    code, out, _ = pplan("hardware", path)
     assert code == 0 and "h200" in out and "source:" in out and "141000000000 bytes" in out
 
 

@@ -84,12 +84,9 @@ def test_fit_overheads_recovers_action_and_step_costs():
     assert fit_overheads([]) == (0.0, 0.0)
 
 
-def test_partition_predicts_with_the_machine_file_when_the_profile_has_no_calibration(tmp_path, monkeypatch, pplan):
-    from planner.partition.synthetic import gpt_like
-    from planner.profiling.profile import write_profile
-
-    prof = tmp_path / "gpt.csv"
-    write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), prof)
+def test_partition_predicts_with_the_machine_file_when_the_profile_has_no_calibration(tmp_path, monkeypatch, pplan,
+                                                                                     tiny_gpt_csv):
+    prof = tiny_gpt_csv
     machine = save_machine(_machine(), tmp_path / "machine.json")
     monkeypatch.setenv("PPLAN_MACHINE", str(machine))
     code, out, err = pplan("partition", prof, "--devices", 2, "--global-batch", 8, "--out", tmp_path / "a.json")

@@ -1,6 +1,5 @@
 """Built-in models, spec parsing and the module:factory protocol."""
 
-import hashlib
 import math
 import subprocess
 import sys
@@ -12,6 +11,8 @@ import torch
 from planner.errors import ModelSpecError
 from planner.models import ModelBundle, build_model, layer_count, parse_spec
 from planner.profiling.saved import SavedTensors
+
+from helpers.models import weights_digest
 
 ROOT = Path(__file__).resolve().parents[1]
 TESTS = Path(__file__).resolve().parent
@@ -109,26 +110,18 @@ def test_layer_names_and_counts():
     assert layer_count("gpt:layers=12") == 14 and layer_count("resnet") == 10 and layer_count("mlp:layers=6") == 6
 
 
-def _digest(bundle: ModelBundle) -> str:
-    h = hashlib.sha256()
-    for name, t in bundle.layers.state_dict().items():
-        h.update(name.encode())
-        h.update(t.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()
-
-
 def test_weights_are_deterministic_across_builds_and_processes():
     spec = SMALL["gpt"]
     state = torch.random.get_rng_state()
     a, b = build_model(spec, seed=3), build_model(spec, seed=3)
     assert torch.equal(state, torch.random.get_rng_state()), "building must not disturb the caller's RNG"
-    assert _digest(a) == _digest(b) != _digest(build_model(spec, seed=4))
+    assert weights_digest(a) == weights_digest(b) != weights_digest(build_model(spec, seed=4))
     code = (
-        "import sys; sys.path.insert(0, %r); from test_models import _digest; from planner.models import build_model;"
-        "print(_digest(build_model(%r, seed=3)))" % (str(TESTS), spec)
+        "import sys; sys.path.insert(0, %r); from helpers.models import weights_digest; from planner.models import build_model;"
+        "print(weights_digest(build_model(%r, seed=3)))" % (str(TESTS), spec)
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True).stdout
-    assert out.strip() == _digest(a)
+    assert out.strip() == weights_digest(a)
 
 
 def test_gpt_large_vocab_puts_parameters_in_embedding_and_head():
@@ -167,40 +160,40 @@ def test_synthetic_layers_have_exact_parameter_and_activation_bytes():
 
 
 def test_factory_plain_sequential_uses_input_shape():
-    b = build_model("test_models_factories:plain:hidden=16", input_shape=(4,))
+    b = build_model("factory_models:plain:hidden=16", input_shape=(4,))
     assert [n for n, _ in b.layers.named_children()] == ["fc0", "act", "fc1"]
     assert b.layers.fc0.out_features == 16 and b.input_bytes_per_sample == 16
     x, y = b.make_batch(3, 0)
     assert x.shape == (3, 4) and y.shape == (3, 2) and torch.equal(x, b.make_batch(3, 0)[0])
     assert b.loss_fn(b.layers(x), y).dim() == 0
-    assert _digest(b) == _digest(build_model("test_models_factories:plain:hidden=16", input_shape=(4,)))
+    assert weights_digest(b) == weights_digest(build_model("factory_models:plain:hidden=16", input_shape=(4,)))
 
 
 def test_factory_long_input_with_vocab():
-    b = build_model("test_models_factories:tokens:vocab=7", input_shape=(6,), input_dtype="long", vocab=7)
+    b = build_model("factory_models:tokens:vocab=7", input_shape=(6,), input_dtype="long", vocab=7)
     x, _ = b.make_batch(4, 1)
     assert x.dtype == torch.long and int(x.max()) < 7 and b.input_bytes_per_sample == 48
 
 
 def test_factory_with_own_data_and_loss_and_bundle():
-    b = build_model("test_models_factories:with_data")
+    b = build_model("factory_models:with_data")
     x, y = b.make_batch(2, 0)
     assert x.shape == (2, 3) and b.input_bytes_per_sample == 12 and b.loss_fn(b.layers(x), y).dim() == 0
-    assert build_model("test_models_factories:bundle").spec == "custom"
+    assert build_model("factory_models:bundle").spec == "custom"
 
 
 @pytest.mark.parametrize("spec, kwargs, words", [
     ("no_such_module_xyz:make", {}, ["cannot import", "no_such_module_xyz"]),
-    ("test_models_factories:nope", {}, ["no attribute", "nope"]),
-    ("test_models_factories:NOT_CALLABLE", {}, ["not callable"]),
-    ("test_models_factories:not_a_model", {}, ["returned int"]),
-    ("test_models_factories:empty", {}, ["non-empty"]),
-    ("test_models_factories:broken", {}, ["ValueError", "factory exploded"]),
-    ("test_models_factories:plain:bogus=1", {}, ["bogus"]),
-    ("test_models_factories:plain", {}, ["--input-shape"]),
-    ("test_models_factories:plain", {"input_shape": (5,)}, ["fails on an input of shape (1, 5)"]),
-    ("test_models_factories:plain", {"input_shape": (4,), "input_dtype": "long"}, ["--vocab"]),
-    ("test_models_factories:plain", {"input_shape": (4,), "input_dtype": "half"}, ["half"]),
+    ("factory_models:nope", {}, ["no attribute", "nope"]),
+    ("factory_models:NOT_CALLABLE", {}, ["not callable"]),
+    ("factory_models:not_a_model", {}, ["returned int"]),
+    ("factory_models:empty", {}, ["non-empty"]),
+    ("factory_models:broken", {}, ["ValueError", "factory exploded"]),
+    ("factory_models:plain:bogus=1", {}, ["bogus"]),
+    ("factory_models:plain", {}, ["--input-shape"]),
+    ("factory_models:plain", {"input_shape": (5,)}, ["fails on an input of shape (1, 5)"]),
+    ("factory_models:plain", {"input_shape": (4,), "input_dtype": "long"}, ["--vocab"]),
+    ("factory_models:plain", {"input_shape": (4,), "input_dtype": "half"}, ["half"]),
 ])
 def test_factory_errors_are_one_line(spec, kwargs, words):
     with pytest.raises(ModelSpecError) as info:

@@ -1,8 +1,6 @@
 """`pplan partition` on the command line: output, determinism, and one-line errors that write nothing."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -10,6 +8,8 @@ import pytest
 from planner.partition.synthetic import gpt_like
 from planner.plan import load_plan
 from planner.profiling.profile import write_profile
+
+from helpers.cli import run_pplan
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = ROOT / "examples" / "cluster.json"
@@ -22,23 +22,9 @@ def profile_csv(tmp_path_factory):
     return path
 
 
-def pplan(monkeypatch, capsys, *args):
-    """Run the real entry point in-process: (exit code, stdout, stderr)."""
-    from cli.app import main
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *map(str, args)])
-    code = 0
-    try:
-        main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_partition_writes_a_plan_and_explains_it(monkeypatch, capsys, profile_csv, tmp_path):
+def test_partition_writes_a_plan_and_explains_it(pplan, profile_csv, tmp_path):
     out = tmp_path / "plan.json"
-    code, stdout, _ = pplan(monkeypatch, capsys, "partition", profile_csv, "--devices", 4, "--memory", "4GiB",
+    code, stdout, _ = pplan("partition", profile_csv, "--devices", 4, "--memory", "4GiB",
                             "--global-batch", 32, "--out", out)
     assert code == 0
     plan = load_plan(out)
@@ -48,21 +34,21 @@ def test_partition_writes_a_plan_and_explains_it(monkeypatch, capsys, profile_cs
         assert word in stdout
 
 
-def test_json_output_and_byte_identical_plans(monkeypatch, capsys, profile_csv, tmp_path):
+def test_json_output_and_byte_identical_plans(pplan, profile_csv, tmp_path):
     a, b = tmp_path / "a.json", tmp_path / "b.json"
     args = ["partition", profile_csv, "--devices", 2, "--memory", "3GiB", "--global-batch", 16, "--json"]
-    code, stdout, _ = pplan(monkeypatch, capsys, *args, "--out", a)
+    code, stdout, _ = pplan(*args, "--out", a)
     assert code == 0
     data = json.loads(stdout)
     assert data["plan"]["schedule"] == data["summary"]["runners_up"][0]["schedule"]
     assert {"stages", "devices", "baselines", "bottleneck_stage"} <= set(data["summary"])
-    assert pplan(monkeypatch, capsys, *args, "--out", b)[0] == 0
+    assert pplan(*args, "--out", b)[0] == 0
     assert a.read_bytes() == b.read_bytes()
 
 
-def test_cluster_option(monkeypatch, capsys, profile_csv, tmp_path):
+def test_cluster_option(pplan, profile_csv, tmp_path):
     out = tmp_path / "plan.json"
-    code, stdout, _ = pplan(monkeypatch, capsys, "partition", profile_csv, "--cluster", CLUSTER, "--global-batch", 16, "--out", out)
+    code, stdout, _ = pplan("partition", profile_csv, "--cluster", CLUSTER, "--global-batch", 16, "--out", out)
     assert code == 0, stdout
     plan = load_plan(out)
     assert {d.name for d in plan.devices} >= {"old-gpu"} and len(plan.links.pairs) == 5
@@ -79,7 +65,7 @@ def _bad_cluster(tmp_path, text):
     "corrupt_profile", "missing_profile", "cluster_syntax", "cluster_unknown_device", "bad_memory", "bad_microbatches",
     "no_devices",
 ])
-def test_bad_input_is_one_line_exit_2_and_no_file(monkeypatch, capsys, profile_csv, tmp_path, case):
+def test_bad_input_is_one_line_exit_2_and_no_file(pplan, profile_csv, tmp_path, case):
     out = tmp_path / "plan.json"
     # indices: 2-3 devices, 4-5 memory, 6-7 batch, 8-9 out
     base = ["partition", profile_csv, "--devices", 4, "--memory", "4GiB", "--global-batch", 32, "--out", out]
@@ -101,7 +87,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(monkeypatch, capsys, profile_c
         "bad_microbatches": base + ["--microbatches", "many"],
         "no_devices": base[:2] + base[4:],
     }[case]
-    code, stdout, stderr = pplan(monkeypatch, capsys, *args)
+    code, stdout, stderr = pplan(*args)
     assert code == 2, (stdout, stderr)
     assert "Traceback" not in stderr + stdout
     lines = [ln for ln in stderr.splitlines() if ln.strip()]
@@ -113,22 +99,21 @@ def test_bad_input_is_one_line_exit_2_and_no_file(monkeypatch, capsys, profile_c
 
 def test_real_entry_point_in_a_subprocess(profile_csv, tmp_path):
     out = tmp_path / "plan.json"
-    run = subprocess.run([sys.executable, "-m", "cli.app", "partition", str(profile_csv), "--devices", "2", "--memory", "50MiB",
-                          "--global-batch", "8", "--out", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    run = run_pplan("partition", profile_csv, "--devices", "2", "--memory", "50MiB", "--global-batch", "8", "--out", out,
+                    timeout=120)
     assert run.returncode == 2 and "Traceback" not in run.stderr and run.stderr.startswith("pplan: error: no plan fits")
     assert not out.exists()
 
 
-def test_calibration_beside_the_profile_is_applied(monkeypatch, capsys, tmp_path):
+def test_calibration_beside_the_profile_is_applied(pplan, tmp_path, tiny_gpt_csv):
     from planner.calibration import Calibration, calibration_path_for, write_calibration
 
-    prof = tmp_path / "gpt.csv"
-    write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), prof)
+    prof = tiny_gpt_csv
     plain, scaled = tmp_path / "plain.json", tmp_path / "scaled.json"
     args = ["partition", prof, "--devices", 2, "--global-batch", 8, "--microbatches", 4, "--schedule", "gpipe"]
-    assert pplan(monkeypatch, capsys, *args, "--out", plain)[0] == 0
+    assert pplan(*args, "--out", plain)[0] == 0
     write_calibration(Calibration(compute_scale=3.0), calibration_path_for(prof))
-    assert pplan(monkeypatch, capsys, *args, "--out", scaled)[0] == 0
+    assert pplan(*args, "--out", scaled)[0] == 0
     a, b = load_plan(plain), load_plan(scaled)
     assert b.search.calibrated and not a.search.calibrated
     assert b.predicted.iteration_ms > 2.5 * a.predicted.iteration_ms

@@ -13,42 +13,7 @@ from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.ilp import solve_ilp
 from planner.partition.problem import PartitionProblem, evaluate, fits, recompute_family, stage_bytes
 
-MODES = ("auto", "none", "all")
-
-
-def random_problem(rng: np.random.Generator, mode: str, max_layers: int = 7, max_stages: int = 4) -> PartitionProblem:
-    """Small instances on a dyadic grid (exact float sums) with half-integer budgets (no ties at the limit)."""
-    L = int(rng.integers(1, max_layers + 1))
-    S = int(rng.integers(1, min(L, max_stages) + 1))
-
-    def ints(lo, hi, n):
-        return rng.integers(lo, hi, n).astype(float)
-
-    static, act = ints(0, 30, L), ints(0, 40, L)
-    inflight = ints(1, 5, S)
-    total = static.sum() + act.sum() * inflight.max()
-    budget = rng.integers(int(total / (S + 1)) // 2 + 1, int(total) + 2, S).astype(float) + 0.5
-    if rng.random() < 0.15:
-        budget[:] = np.inf
-    return PartitionProblem(
-        compute_ms=ints(1, 40, L) / 4,
-        recompute_ms=ints(0, 20, L) / 4,
-        static_bytes=static,
-        activation_bytes=act,
-        input_bytes=ints(0, 20, L),
-        boundary_bytes=np.concatenate([[0.0], ints(0, 10, L - 1), [0.0]]),
-        inflight=inflight,
-        budget=budget,
-        speed=rng.choice([1.0, 0.5, 2.0], S),
-        overhead_ms=rng.choice([0.0, 0.25], S),
-        link_latency_ms=rng.choice([0.0, 0.125, 1.0], S - 1),
-        link_ms_per_byte=rng.choice([0.0, 0.125, 0.5], S - 1),
-        recompute=mode,
-    )
-
-
-def _objective(sol):
-    return None if sol is None else (round(sol.bottleneck_ms, 9), round(sol.total_ms, 9))
+from helpers.problems import MODES, objective, random_problem
 
 
 def test_dp_matches_brute_force_on_hundreds_of_instances():
@@ -57,7 +22,7 @@ def test_dp_matches_brute_force_on_hundreds_of_instances():
     for case in range(600):
         p = random_problem(rng, MODES[case % 3])
         dp, brute = solve_dp(p), solve_brute(p)
-        assert _objective(dp) == _objective(brute), (case, p)
+        assert objective(dp) == objective(brute), (case, p)
         feasible += dp is not None
     assert 200 < feasible < 600  # both feasible and infeasible instances were exercised
 
@@ -67,7 +32,7 @@ def test_ilp_matches_dp_and_brute_force():
     for case in range(90):
         p = random_problem(rng, MODES[case % 3], max_layers=6, max_stages=3)
         dp, ilp, brute = solve_dp(p), solve_ilp(p, time_limit=120), solve_brute(p)  # ms each; 120 s guards a hang
-        assert _objective(ilp) == _objective(dp) == _objective(brute), (case, p)
+        assert objective(ilp) == objective(dp) == objective(brute), (case, p)
         if ilp is not None:
             assert ilp.optimal and fits(p, ilp)
 

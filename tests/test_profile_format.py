@@ -141,25 +141,16 @@ CLI_CASES = {**{k: v[0].encode() for k, v in BAD_TEXT.items()}, "empty": b"", "b
 
 
 @pytest.mark.parametrize("case", sorted(CLI_CASES))
-def test_bad_profile_on_the_command_line(tmp_path, monkeypatch, capsys, case):
+def test_bad_profile_on_the_command_line(tmp_path, pplan, case):
     """What a user sees: `pplan partition BAD.csv` exits 2 with one line and writes no plan."""
-    import sys
-
-    from cli.app import main
-    from cli.common import state
-
     bad = tmp_path / "bad.csv"
     bad.write_bytes(CLI_CASES[case])
     plan = tmp_path / "plan.json"
-    monkeypatch.setattr(sys, "argv", ["pplan", "partition", str(bad), "--devices", "2", "--global-batch", "8", "--out", str(plan)])
-    monkeypatch.setattr(state, "debug", False)
-    with pytest.raises(SystemExit) as info:
-        main()
-    captured = capsys.readouterr()
-    assert info.value.code == 2, captured
-    assert "Traceback" not in captured.out + captured.err
-    lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("pplan: error:") and str(bad) in lines[0], captured.err
+    code, out, err = pplan("partition", bad, "--devices", "2", "--global-batch", "8", "--out", plan)
+    assert code == 2, (out, err)
+    assert "Traceback" not in out + err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("pplan: error:") and str(bad) in lines[0], err
     assert not plan.exists()
 
 

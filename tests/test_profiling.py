@@ -2,9 +2,6 @@
 
 import json
 import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +13,8 @@ from planner.profiling.measure import measure_layer
 from planner.profiling.profile import load_profile
 from planner.profiling.profiler import profile_model
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = Path(__file__).resolve().parent
+from helpers.cli import run_pplan
+
 TINY_GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=50"
 
 
@@ -213,15 +210,9 @@ def test_bfloat16_halves_float_bytes():
     assert bf16.columns["output_bytes"][1, 0] * 2 == f32.columns["output_bytes"][1, 0]
 
 
-def _pplan(*args, cwd=ROOT):
-    env = {**os.environ, "PYTHONPATH": str(TESTS) + os.pathsep + os.environ.get("PYTHONPATH", "")}
-    env.pop("PPLAN_DEBUG", None)
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, capture_output=True, text=True, env=env, timeout=300)
-
-
 def test_cli_profile_json(tmp_path):
     out = tmp_path / "sub" / "mlp.csv"
-    r = _pplan("profile", "-m", "mlp:layers=2,hidden=8,input=4", "-b", "2,1", "--warmup", "0", "--repeats", "1", "--threads", "1", "-o", str(out), "--json")
+    r = run_pplan("profile", "-m", "mlp:layers=2,hidden=8,input=4", "-b", "2,1", "--warmup", "0", "--repeats", "1", "--threads", "1", "-o", str(out), "--json")
     assert r.returncode == 0, r.stderr
     summary = json.loads(r.stdout)
     assert summary["micro_batch_sizes"] == [1, 2] and [row["name"] for row in summary["layers"]] == ["fc0", "head"]
@@ -232,12 +223,13 @@ def test_cli_profile_json(tmp_path):
     assert "profiling" in r.stderr  # progress goes to stderr, never into the JSON
 
 
-def test_cli_profile_table_with_factory(tmp_path, monkeypatch, capsys):
+def test_cli_profile_table_with_factory(tmp_path, pplan):
     out = tmp_path / "f.csv"
-    r = _main_in_process(["profile", "-m", "test_models_factories:plain:hidden=6", "--input-shape", "4", "-b", "1,2", "--warmup", "0", "--repeats", "1", "-o", str(out)], monkeypatch, capsys)
-    assert r.returncode == 0, r.stderr
+    code, stdout, stderr = pplan("profile", "-m", "factory_models:plain:hidden=6", "--input-shape", "4", "-b", "1,2",
+                                 "--warmup", "0", "--repeats", "1", "-o", out)
+    assert code == 0, stderr
     for word in ("fc0", "act", "fc1", "activations", "wrote"):
-        assert word in r.stdout
+        assert word in stdout
     p = load_profile(out)
     assert p.meta["input_shape"] == "4" and p.meta["input_dtype"] == "float" and p.input_bytes_per_sample == 16
 
@@ -255,8 +247,8 @@ BAD_CLI = {
     "bad device": (["-m", "mlp", "--device", "tpu"], "tpu"),
     "bad seed": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--seed", "-3"], "seed"),
     "no module": (["-m", "no_such_pkg_q.models:make"], "cannot import"),
-    "factory without shape": (["-m", "test_models_factories:plain"], "--input-shape"),
-    "fails while profiling": (["-m", "test_models_factories:fails_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"], "layer 1 (picky) failed at micro-batch size 2: RuntimeError: boom at batch two"),
+    "factory without shape": (["-m", "factory_models:plain"], "--input-shape"),
+    "fails while profiling": (["-m", "factory_models:fails_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"], "layer 1 (picky) failed at micro-batch size 2: RuntimeError: boom at batch two"),
     "out not csv": (["-m", "mlp", "-o", "OUT.txt"], ".csv"),
     "out is a directory": (["-m", "mlp", "-o", "DIR"], "is a directory"),
 }
@@ -266,21 +258,8 @@ if not torch.cuda.is_available():
 SUBPROCESS = {"unknown kind", "fails while profiling"}
 
 
-def _main_in_process(args, monkeypatch, capsys):
-    from cli.app import main
-    from cli.common import state
-
-    monkeypatch.setattr(sys, "argv", ["pplan", *args])
-    monkeypatch.setattr(state, "debug", False)
-    monkeypatch.syspath_prepend(str(TESTS))
-    with pytest.raises(SystemExit) as info:
-        main()
-    captured = capsys.readouterr()
-    return subprocess.CompletedProcess(args, info.value.code, captured.out, captured.err)
-
-
 @pytest.mark.parametrize("case", sorted(BAD_CLI))
-def test_cli_errors_exit_2_with_one_line(tmp_path, monkeypatch, capsys, case):
+def test_cli_errors_exit_2_with_one_line(tmp_path, pplan, case):
     args, words = BAD_CLI[case]
     work = tmp_path / "work"
     work.mkdir()
@@ -288,13 +267,14 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, monkeypatch, capsys, case):
     if "-o" not in args:
         args += ["-o", str(work / "out.csv")]
     if case in SUBPROCESS:
-        r = _pplan("profile", *args)
+        r = run_pplan("profile", *args)
+        code, stdout, stderr = r.returncode, r.stdout, r.stderr
     else:
-        r = _main_in_process(["profile", *args], monkeypatch, capsys)
-    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
-    assert "Traceback" not in r.stdout + r.stderr
-    lines = r.stderr.strip().splitlines()
-    assert lines and lines[-1].startswith("pplan: error:") and words in lines[-1], r.stderr
+        code, stdout, stderr = pplan("profile", *args)
+    assert code == 2, (code, stdout, stderr)
+    assert "Traceback" not in stdout + stderr
+    lines = stderr.strip().splitlines()
+    assert lines and lines[-1].startswith("pplan: error:") and words in lines[-1], stderr
     assert [line for line in lines if line.startswith("pplan: error:")] == [lines[-1]]
     assert list(work.iterdir()) == [], "a failed profile must not leave a file behind"
 

@@ -39,7 +39,7 @@ def _svg_texts(path: Path) -> str:
 
 def test_full_report_draws_every_figure_in_both_formats(full_report):
     from planner.report.style import KIND_COLORS
-    from test_run_support import assert_drawn_png
+    from helpers.figures import assert_drawn_png
 
     assert [f.skipped for f in full_report.figures] == [None] * 6
     sim = json.loads(ALL["sim"].read_text())
@@ -212,26 +212,21 @@ def test_importing_the_report_package_does_not_import_matplotlib():
     assert out.stdout.strip() == "False"
 
 
-def test_cli_report_json(tmp_path):
-    from typer.testing import CliRunner
-
-    from cli.app import app
-
-    res = CliRunner().invoke(app, ["report", "--profile", str(ALL["profile"]), "--run", str(ALL["run"]),
-                                   "--out", str(tmp_path / "c"), "--json", "--no-simulate"])
-    assert res.exit_code == 0, res.output
-    data = json.loads(res.stdout)
+def test_cli_report_json(tmp_path, pplan):
+    code, out, err = pplan("report", "--profile", ALL["profile"], "--run", ALL["run"], "--out", tmp_path / "c", "--json",
+                           "--no-simulate")
+    assert code == 0, err
+    data = json.loads(out)
     assert Path(data["html"]).is_file()
     assert {f["key"] for f in data["figures"] if not f["skipped"]} == {"5_profile", "6_predicted_vs_measured"}
 
 
-def test_cli_report_bad_input_exits_2(tmp_path):
+def test_cli_report_bad_input_exits_2(tmp_path, pplan):
     bad = tmp_path / "t.csv"
     bad.write_text("device,stage\n")
-    out = subprocess.run([sys.executable, "-m", "cli.app", "report", "--timeline", str(bad), "--out", str(tmp_path / "x")],
-                         capture_output=True, text=True)
-    assert out.returncode == 2
-    assert "missing column" in out.stderr and "Traceback" not in out.stderr
+    code, _, err = pplan("report", "--timeline", bad, "--out", tmp_path / "x")
+    assert code == 2
+    assert "missing column" in err and "Traceback" not in err
     assert not (tmp_path / "x").exists()
 
 

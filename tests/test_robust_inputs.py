@@ -12,15 +12,15 @@ CPU, so this keeps the file under a minute on 2 cores); each case is still its o
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
-import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+
+from helpers.cli import run_pplan
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = ROOT / "tests" / "data" / "bad"
@@ -241,12 +241,8 @@ def _run(case: Case, base: Path, gen: Path) -> Outcome:
     folder.mkdir(parents=True)
     out = folder / case.out
     args = [a.replace("{out}", str(out)).replace("{gen}", str(gen)).replace("{dir}", str(folder)) for a in case.args]
-    env = {k: v for k, v in os.environ.items() if k != "PPLAN_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONWARNINGS"] = "default"  # a numpy overflow warning is a symptom: let it show
-    try:
-        proc = subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=folder, env=env, capture_output=True,
-                              text=True, timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    try:  # a numpy overflow warning is a symptom: let it show
+        proc = run_pplan(*args, cwd=folder, timeout=_TIMEOUT_S, PYTHONWARNINGS="default")
     except subprocess.TimeoutExpired as e:
         return Outcome(-999, "", f"timed out after {_TIMEOUT_S} s (hang): {e.stderr or ''}", out, folder)
     return Outcome(proc.returncode, proc.stdout, proc.stderr, out, folder)

@@ -14,32 +14,25 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import cli_env, run_pplan, start_pplan
+
 ROOT = Path(__file__).resolve().parents[1]
 BAD = ROOT / "tests" / "data" / "bad"
 _CLK = os.sysconf("SC_CLK_TCK")
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "PPLAN_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env.update(extra)
-    return env
 
 
 class _Proc:
     """A `python -m cli.app` subprocess whose stderr is collected line by line as it comes."""
 
     def __init__(self, args: list[str], cwd: Path):
-        self.p = subprocess.Popen([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=_env(),
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                  text=True, start_new_session=True)
+        self.p = start_pplan(*args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             start_new_session=True)
         self.lines: list[str] = []
         self._t = threading.Thread(target=self._pump, daemon=True)
         self._t.start()
@@ -236,19 +229,14 @@ def test_stopping_pplan_run_leaves_no_process_behind(tmp_path: Path, sig: signal
 
 # ---- --debug ------------------------------------------------------------------------------------
 
-def _cli(args: list[str], cwd: Path, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=_env(**env), capture_output=True,
-                          text=True, timeout=60, stdin=subprocess.DEVNULL)
-
-
 @pytest.mark.parametrize("how", ["flag", "env"])
 def test_debug_shows_the_traceback_that_ordinary_runs_hide(tmp_path: Path, how: str) -> None:
     args = ["partition", str(BAD / "profile_nan.csv"), "--devices", "2", "--global-batch", "4",
             "--out", str(tmp_path / "plan.json")]
-    plain = _cli(args, tmp_path)
+    plain = run_pplan(*args, cwd=tmp_path)
     assert plain.returncode == 2 and "Traceback" not in plain.stderr
     assert plain.stderr.strip().startswith("pplan: error:") and len(plain.stderr.strip().splitlines()) == 1
-    debug = _cli(["--debug", *args], tmp_path) if how == "flag" else _cli(args, tmp_path, PPLAN_DEBUG="1")
+    debug = run_pplan("--debug", *args, cwd=tmp_path) if how == "flag" else run_pplan(*args, cwd=tmp_path, PPLAN_DEBUG="1")
     assert debug.returncode != 0
     assert "Traceback (most recent call last)" in debug.stderr, debug.stderr
     assert "ProfileError" in debug.stderr and "not a finite number" in debug.stderr
@@ -259,7 +247,7 @@ def test_debug_shows_the_traceback_that_ordinary_runs_hide(tmp_path: Path, how: 
 def test_debug_flag_works_for_every_command_that_fails(tmp_path: Path) -> None:
     plan = str(BAD / "plan_stages_overlap.json")
     for args in (["simulate", plan], ["run", plan], ["report", "--plan", plan, "--out", str(tmp_path / "r")]):
-        got = _cli(["--debug", *args], tmp_path)
+        got = run_pplan("--debug", *args, cwd=tmp_path)
         assert got.returncode != 0 and "Traceback" in got.stderr and "PlanError" in got.stderr, (args, got.stderr)
 
 
@@ -275,9 +263,9 @@ def test_stopping_pplan_run_leaves_no_run_folder(tmp_path: Path, sig: signal.Sig
     plan = _run_plan(tmp_path)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    p = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(plan), "--steps", "500", "--warmup", "1",
-                          "--device", "cpu"], cwd=tmp_path, env=_env(TMPDIR=str(tmp)), stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    p = start_pplan("run", plan, "--steps", "500", "--warmup", "1", "--device", "cpu", cwd=tmp_path,
+                    env=cli_env(TMPDIR=str(tmp)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                    start_new_session=True)
     proc = _Proc.__new__(_Proc)  # reuse the line collector around this Popen (TMPDIR differs)
     proc.p, proc.lines = p, []
     proc._t = threading.Thread(target=proc._pump, daemon=True)

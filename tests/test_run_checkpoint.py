@@ -10,7 +10,8 @@ from planner.execute.checkpoint import latest_checkpoint, load_rank_file
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from test_run_support import write_plan
+from helpers.cli import run_pplan
+from helpers.plans import synthetic_spec, write_plan
 
 
 def _state(root, plan):
@@ -52,19 +53,9 @@ import hashlib  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
 import subprocess  # noqa: E402
-import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 from planner.execute import checkpoint as ckpt  # noqa: E402
-
-from test_run_support import REPO, synthetic_spec  # noqa: E402
-
-
-def _cli(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PPLAN_DEBUG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(REPO / "tests")])
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=REPO, env=env, stdin=subprocess.DEVNULL)
 
 
 def _errors(res: subprocess.CompletedProcess) -> list[str]:
@@ -100,7 +91,7 @@ def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path):
         files[f"rank{r}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (folder / "COMPLETE.json").write_text(json.dumps({"format": ckpt.FORMAT, "step": 1, "world_size": 2,
                                                       "fingerprint": ckpt.fingerprint(plan), "files": files}))
-    res = _cli("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root))
+    res = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root))
     errors = _errors(res)
     assert res.returncode == 2, res.stderr
     assert len(errors) == 1 and "refused" in errors[0] and "rank" in errors[0] and ".pt" in errors[0], res.stderr
@@ -111,13 +102,13 @@ def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path):
 def test_run_resumes_from_the_previous_save_when_the_newest_is_truncated(tmp_path):
     plan_path = _synthetic_plan(tmp_path)
     root = tmp_path / "ckpt"
-    first = _cli("run", str(plan_path), "--device", "cpu", "--steps", "2", "--warmup", "0", "--checkpoint-dir", str(root),
+    first = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "2", "--warmup", "0", "--checkpoint-dir", str(root),
                  "--checkpoint-every", "1")
     assert first.returncode == 0, first.stderr
     victim = root / "step-00000002" / "rank1.pt"
     victim.write_bytes(victim.read_bytes()[:100])
     out = tmp_path / "run.json"
-    res = _cli("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root),
+    res = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root),
                "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert not _errors(res)
@@ -132,7 +123,7 @@ def _dropout_plan(tmp_path: Path) -> Path:
 
 
 def _run_json(plan_path: Path, out: Path, steps: int, root: Path) -> dict:
-    res = _cli("run", str(plan_path), "--trust-model", "--device", "cpu", "--steps", str(steps), "--warmup", "0",
+    res = run_pplan("run", str(plan_path), "--trust-model", "--device", "cpu", "--steps", str(steps), "--warmup", "0",
                "--checkpoint-dir", str(root), "--out", str(out))
     assert res.returncode == 0, res.stderr
     return json.loads(out.read_text())

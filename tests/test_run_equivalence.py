@@ -23,7 +23,8 @@ from planner.execute.reference import reference_run
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from test_run_support import EQUIVALENCE_THREADS, torch_threads, write_plan
+from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
+from helpers.plans import write_plan
 
 MLP = "mlp:layers=4,hidden=32,input=16,classes=8"
 GPT = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=128,ffn=2"

@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from test_run_support import REPO, synthetic_spec, write_plan
+from helpers.cli import start_pplan
+from helpers.plans import synthetic_spec, write_plan
 
 HANG_GUARD_S = 180  # far beyond any healthy ending (see the module docstring)
 
@@ -52,9 +52,8 @@ def _alive(pid: int) -> bool:
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
     plan = write_plan(tmp_path / "plan.json", synthetic_spec(2, fwd_ms=50, bwd_ms=100), "1f1b", 2,
                       [(0, 1), (1, 2)], n_microbatches=2)
-    proc = subprocess.Popen([sys.executable, "-m", "cli.app", "run", str(plan), "--device", "cpu", "--steps", "200", *extra],
-                            cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = start_pplan("run", plan, "--device", "cpu", "--steps", "200", *extra, stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
     reader.start()

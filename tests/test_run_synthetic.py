@@ -19,7 +19,8 @@ import pytest
 from planner.calibration import calibration_path_for, load_calibration
 from planner.schedules import generate
 
-from test_run_support import pplan, write_plan, write_synthetic_profile
+from helpers.cli import run_pplan
+from helpers.plans import write_plan, write_synthetic_profile
 
 S, M, F_MS, B_MS = 4, 8, 10.0, 20.0
 CLOCK_MS = 0.01  # slack for the timeline's rounding of times to CSV text, not for speed
@@ -31,7 +32,7 @@ def test_four_sleeping_stages_match_the_simulation_and_calibrate(tmp_path):
     spec = write_synthetic_profile(prof, S, 2, fwd_ms=F_MS, bwd_ms=B_MS, param_bytes=4096, act_bytes=2000)
     plan = write_plan(tmp_path / "plan.json", spec, "1f1b", S, [(i, i + 1) for i in range(S)],
                       micro_batch_size=2, n_microbatches=M, profile=prof)
-    res = pplan("run", str(plan), "--device", "cpu", "--steps", "4", "--warmup", "1", "--calibrate",
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "4", "--warmup", "1", "--calibrate",
                 "--out", str(tmp_path / "run.json"), "--timeline", str(tmp_path / "t.csv"), timeout=600)
     assert res.returncode == 0, res.stderr
     run = json.loads((tmp_path / "run.json").read_text())

@@ -17,9 +17,10 @@ import pytest
 from planner.errors import ModelSpecError
 from planner.models.trust import check_model_trusted
 
-from test_run_support import pplan, write_plan, write_synthetic_profile
+from helpers.cli import run_pplan
+from helpers.plans import write_plan, write_synthetic_profile
 
-FACTORY = "tests.test_models_factories:with_data"  # a legitimate 2-layer factory with its own data
+FACTORY = "tests.factory_models:with_data"  # a legitimate 2-layer factory with its own data
 _GUARD_S = 60
 
 
@@ -47,7 +48,7 @@ def test_a_plan_naming_os_system_runs_nothing(tmp_path, command):
     marker = tmp_path / "pwned"
     plan = _os_system_plan(tmp_path, marker)
     out = tmp_path / "run.json"
-    res = pplan(command, str(plan), "--device", "cpu", "--steps", "1", "--out", str(out), timeout=_GUARD_S)
+    res = run_pplan(command, str(plan), "--device", "cpu", "--steps", "1", "--out", str(out), timeout=_GUARD_S)
     line = _refused(res, "os:system", "--trust-model", "--model")
     assert "only the file names it" in line
     assert not marker.exists(), "the plan's model was executed"
@@ -58,7 +59,7 @@ def test_a_factory_module_named_by_a_plan_is_not_even_imported(tmp_path):
     marker = tmp_path / "imported"
     (tmp_path / "evil_model.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef build():\n    return None\n", encoding="utf-8")
     plan = write_plan(tmp_path / "plan.json", "evil_model:build", "gpipe", 1, [(0, 2)], n_microbatches=2)
-    res = pplan("run", str(plan), "--device", "cpu", "--steps", "1", cwd=tmp_path, timeout=_GUARD_S)
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "1", cwd=tmp_path, timeout=_GUARD_S)
     _refused(res, "evil_model:build")
     assert not marker.exists(), "the plan's module was imported"
 
@@ -66,7 +67,7 @@ def test_a_factory_module_named_by_a_plan_is_not_even_imported(tmp_path):
 def test_a_model_on_the_command_line_must_match_the_plan(tmp_path):
     marker = tmp_path / "pwned"
     plan = _os_system_plan(tmp_path, marker)
-    res = pplan("run", str(plan), "--device", "cpu", "--model", "gpt:layers=2", timeout=_GUARD_S)
+    res = run_pplan("run", str(plan), "--device", "cpu", "--model", "gpt:layers=2", timeout=_GUARD_S)
     _refused(res, "--model 'gpt:layers=2' does not match", "os:system")
     assert not marker.exists()
 
@@ -76,7 +77,7 @@ def test_a_model_on_the_command_line_must_match_the_plan(tmp_path):
 def test_a_factory_the_user_vouches_for_runs(tmp_path, vouch):
     plan = write_plan(tmp_path / "plan.json", FACTORY, "gpipe", 1, [(0, 2)], n_microbatches=2)
     out = tmp_path / "run.json"
-    res = pplan("run", str(plan), "--device", "cpu", "--steps", "1", "--warmup", "0", "--out", str(out), *vouch)
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "1", "--warmup", "0", "--out", str(out), *vouch)
     assert res.returncode == 0, res.stderr
     assert json.loads(out.read_text())["steps"] == 1
 
@@ -105,7 +106,7 @@ def test_an_unwritable_output_is_refused_before_any_rank_starts(tmp_path, comman
     prof = tmp_path / "syn.csv"
     spec = write_synthetic_profile(prof, 2, 2)
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
-    res = pplan(command, str(plan), "--device", "cpu", "--steps", "1", option, str(afile / below), timeout=_GUARD_S)
+    res = run_pplan(command, str(plan), "--device", "cpu", "--steps", "1", option, str(afile / below), timeout=_GUARD_S)
     _refused(res, option, "not a folder")
     assert afile.read_text() == "keep\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "plan.json", "syn.csv"]
@@ -113,7 +114,7 @@ def test_an_unwritable_output_is_refused_before_any_rank_starts(tmp_path, comman
 
 def test_outputs_are_checked_before_the_plan_is_read(tmp_path):
     (tmp_path / "afile").write_text("")
-    res = pplan("run", str(tmp_path / "missing.json"), "--out", str(tmp_path / "afile" / "x.json"), timeout=_GUARD_S)
+    res = run_pplan("run", str(tmp_path / "missing.json"), "--out", str(tmp_path / "afile" / "x.json"), timeout=_GUARD_S)
     _refused(res, "--out")
 
 
@@ -122,7 +123,7 @@ def test_calibrate_refuses_an_unwritable_calibration_before_running(tmp_path):
     spec = write_synthetic_profile(prof, 2, 2)
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
     (tmp_path / "syn.calibration.json").mkdir()  # where the fit would be written
-    res = pplan("calibrate", str(plan), "--device", "cpu", "--steps", "1", timeout=_GUARD_S)
+    res = run_pplan("calibrate", str(plan), "--device", "cpu", "--steps", "1", timeout=_GUARD_S)
     _refused(res, "calibration", "syn.calibration.json", "folder")
 
 
@@ -138,7 +139,7 @@ def test_from_run_refuses_a_fifo(tmp_path):
     plan = _from_run_setup(tmp_path)
     fifo = tmp_path / "run.json"
     os.mkfifo(fifo)
-    res = pplan("calibrate", str(plan), "--from-run", str(fifo), timeout=_GUARD_S)
+    res = run_pplan("calibrate", str(plan), "--from-run", str(fifo), timeout=_GUARD_S)
     _refused(res, "not a regular file")
     assert not (tmp_path / "syn.calibration.json").exists()
 
@@ -153,7 +154,7 @@ def test_from_run_refuses_a_malformed_run_on_one_line(tmp_path, run, words):
     plan = _from_run_setup(tmp_path)
     path = tmp_path / "run.json"
     path.write_text(run)
-    res = pplan("calibrate", str(plan), "--from-run", str(path), timeout=_GUARD_S)
+    res = run_pplan("calibrate", str(plan), "--from-run", str(path), timeout=_GUARD_S)
     _refused(res, *words)
     assert not (tmp_path / "syn.calibration.json").exists()
 
@@ -167,7 +168,7 @@ def test_a_layer_index_far_beyond_the_rows_is_refused_at_its_line(tmp_path):
     prof = tmp_path / "p.csv"
     prof.write_text(_HEADER + "0,a,1,1,2,10,1,1\n1000000000,x,1,1,2,10,1,1\n")
     out = tmp_path / "plan.json"
-    res = pplan("partition", str(prof), "--devices", "2", "--global-batch", "4", "--out", str(out), timeout=_GUARD_S)
+    res = run_pplan("partition", str(prof), "--devices", "2", "--global-batch", "4", "--out", str(out), timeout=_GUARD_S)
     _refused(res, f"{prof}:3:", "layer index 1000000000", "2 data row(s)")
     assert not out.exists()
 
@@ -177,7 +178,7 @@ def test_fifty_thousand_micro_batch_sizes_plan_quickly(tmp_path):
     prof = tmp_path / "p.csv"
     prof.write_text(_HEADER + "".join(f"0,a,{s},1,2,10,{s},{s}\n" for s in range(1, 50_001)))
     out = tmp_path / "plan.json"
-    res = pplan("partition", str(prof), "--devices", "1", "--global-batch", "8", "--out", str(out), timeout=30)
+    res = run_pplan("partition", str(prof), "--devices", "1", "--global-batch", "8", "--out", str(out), timeout=30)
     assert res.returncode == 0, res.stderr
     assert out.exists()
 
@@ -185,7 +186,7 @@ def test_fifty_thousand_micro_batch_sizes_plan_quickly(tmp_path):
 def test_a_fifo_profile_is_refused_by_partition(tmp_path):
     fifo = tmp_path / "p.csv"
     os.mkfifo(fifo)
-    res = pplan("partition", str(fifo), "--devices", "2", "--global-batch", "4", "--out", str(tmp_path / "plan.json"), timeout=_GUARD_S)
+    res = run_pplan("partition", str(fifo), "--devices", "2", "--global-batch", "4", "--out", str(tmp_path / "plan.json"), timeout=_GUARD_S)
     _refused(res, "not a regular file")
 
 
@@ -198,7 +199,7 @@ def test_a_plan_whose_profile_is_a_fifo_is_refused(tmp_path, command):
     data["profile"] = {"path": str(fifo), "sha256": "0" * 64}
     plan.write_text(json.dumps(data))
     args = ["--device", "cpu", "--steps", "1"] if command == "run" else ["--out", str(tmp_path / "sim.json")]
-    res = pplan(command, str(plan), *args, timeout=_GUARD_S)
+    res = run_pplan(command, str(plan), *args, timeout=_GUARD_S)
     _refused(res, str(fifo), "not a regular file")
     assert not (tmp_path / "sim.json").exists()
 
@@ -208,6 +209,6 @@ def test_a_profile_with_bad_metadata_is_refused_by_run_before_launch(tmp_path):
     spec = write_synthetic_profile(prof, 2, 2)
     prof.write_text(prof.read_text().replace("# input_bytes_per_sample: 64", "# input_bytes_per_sample: 64\n# seed: -5"))
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
-    res = pplan("run", str(plan), "--device", "cpu", "--steps", "1", timeout=_GUARD_S)
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "1", timeout=_GUARD_S)
     _refused(res, f"{prof}:4:", "'seed'", "'-5'")
 

@@ -16,11 +16,9 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -28,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from helpers.cli import run_pplan
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
@@ -265,12 +265,8 @@ def _run(case: Case, base: Path) -> Outcome:
     folder = base / re.sub(r"[^A-Za-z0-9_.-]", "_", case.id)
     folder.mkdir(parents=True)
     args, out = _args(case, folder)
-    env = {k: v for k, v in os.environ.items() if k != "PPLAN_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [env.get("PYTHONPATH")])])
-    env["PYTHONWARNINGS"] = "default"
     try:
-        proc = subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=folder, env=env, capture_output=True,
-                              text=True, timeout=_TIMEOUT_S, stdin=subprocess.DEVNULL)
+        proc = run_pplan(*args, cwd=folder, timeout=_TIMEOUT_S, PYTHONWARNINGS="default")
     except subprocess.TimeoutExpired:
         return Outcome(-999, f"timed out after {_TIMEOUT_S} s", out)
     return Outcome(proc.returncode, proc.stderr, out)

@@ -11,25 +11,15 @@ with one line and still writes its run JSON (non-finite losses as null).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_pplan
+
 ROOT = Path(__file__).resolve().parents[1]
 DATA = ROOT / "tests" / "data"
-_JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "PPLAN_DEBUG")
-
-
-def _cli(args: list[str], cwd: Path, timeout: float = 300, **extra: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in _JOB_VARS}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
-    env.update(extra)
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=timeout, stdin=subprocess.DEVNULL)
 
 
 def _one_line_error(got: subprocess.CompletedProcess, code: int = 2) -> str:
@@ -42,11 +32,9 @@ def _one_line_error(got: subprocess.CompletedProcess, code: int = 2) -> str:
 
 
 @pytest.fixture()
-def work(tmp_path: Path) -> Path:
-    shutil.copy(DATA / "sim_plan.json", tmp_path / "plan.json")
-    shutil.copy(DATA / "sim_profile.csv", tmp_path / "sim_profile.csv")
-    (tmp_path / "afile").write_text("a regular file, not a folder\n")
-    return tmp_path
+def work(sim_work: Path) -> Path:
+    (sim_work / "afile").write_text("a regular file, not a folder\n")
+    return sim_work
 
 
 def _files(folder: Path) -> list[str]:
@@ -72,7 +60,7 @@ def test_unwritable_output_is_refused_before_any_work(work: Path, case: str) -> 
         "demo": ["demo", "--quick", "--out-dir", str(bad / "demo")],
     }[case]
     before = _files(work)
-    line = _one_line_error(_cli(args, work))
+    line = _one_line_error(run_pplan(*args, cwd=work))
     assert "afile" in line and ("not a folder" in line or "not writable" in line), line
     assert _files(work) == before  # nothing written, no temporary file
 
@@ -88,7 +76,7 @@ def test_all_zero_profile_is_refused_by_simulate_json(work: Path) -> None:
         cells = ln.split(",")
         zeroed.append(",".join("0" if h.endswith(("_ms", "_bytes")) else c for h, c in zip(header, cells)))
     (work / "zero.csv").write_text("\n".join(zeroed) + "\n")
-    got = _cli(["simulate", "plan.json", "--profile", "zero.csv", "--json"], work)
+    got = run_pplan("simulate", "plan.json", "--profile", "zero.csv", "--json", cwd=work)
     assert got.returncode == 2 and "Traceback" not in got.stderr, got.stderr
     assert "fwd_ms = bwd_ms = 0" in json.loads(got.stdout)["error"]  # --json: the error is JSON on stdout
 
@@ -99,16 +87,16 @@ def test_simulate_refuses_millions_of_microbatches_before_allocating(work: Path)
     plan["devices"] = plan["devices"][:2]
     (work / "two.json").write_text(json.dumps(plan))
     # 2 stages x 10,000,000 micro-batches = 40 million actions: tens of GB as a timeline
-    line = _one_line_error(_cli(["simulate", "two.json", "--microbatches", "10000000", "--keep", "micro-batch-size",
-                                 "--out", str(work / "s.json")],
-                                work, timeout=120))
+    line = _one_line_error(run_pplan("simulate", "two.json", "--microbatches", "10000000", "--keep", "micro-batch-size", "--out", str(work / "s.json"),
+                                     cwd=work, timeout=120))
     assert "40,000,000 actions" in line and "4,000,000" in line
     assert not (work / "s.json").exists()
 
 
 def test_profile_refuses_a_micro_batch_whose_input_cannot_fit(work: Path) -> None:
     out = work / "p.csv"
-    line = _one_line_error(_cli(["profile", "-m", "mlp", "-b", "1,100000000", "-o", str(out)], work, timeout=120))
+    line = _one_line_error(run_pplan("profile", "-m", "mlp", "-b", "1,100000000", "-o", str(out),
+                                     cwd=work, timeout=120))
     assert "micro-batch size 100000000" in line and "available" in line
     assert not out.exists()
 
@@ -132,8 +120,8 @@ def _synthetic_plan(folder: Path, lr_model: str | None = None) -> Path:
 def test_stray_torchrun_variables_are_refused_before_any_rank_starts(tmp_path: Path, env: dict[str, str]) -> None:
     plan = _synthetic_plan(tmp_path)
     out = tmp_path / "run.json"
-    line = _one_line_error(_cli(["run", str(plan), "--steps", "2", "--warmup", "0", "--device", "cpu", "--timeout", "5",
-                                 "--out", str(out)], tmp_path, timeout=120, **env))
+    line = _one_line_error(run_pplan("run", str(plan), "--steps", "2", "--warmup", "0", "--device", "cpu", "--timeout", "5", "--out", str(out),
+                                     cwd=tmp_path, timeout=120, **env))
     assert next(iter(env)) in line and "torchrun" in line, line
     assert not out.exists()
 
@@ -144,8 +132,8 @@ def test_stray_torchrun_variables_are_refused_before_any_rank_starts(tmp_path: P
 def test_diverging_run_ends_with_one_line_and_keeps_the_losses(tmp_path: Path) -> None:
     plan = _synthetic_plan(tmp_path, lr_model="mlp:layers=4,hidden=32,input=16,classes=8")
     out = tmp_path / "run.json"
-    got = _cli(["run", str(plan), "--lr", "1e20", "--steps", "8", "--warmup", "1", "--device", "cpu", "--out", str(out)],
-               tmp_path, timeout=180)
+    got = run_pplan("run", str(plan), "--lr", "1e20", "--steps", "8", "--warmup", "1", "--device", "cpu", "--out", str(out),
+                    cwd=tmp_path, timeout=180)
     err = got.stderr
     assert got.returncode == 1, err
     assert "Traceback" not in err, err

@@ -4,31 +4,25 @@ from __future__ import annotations
 
 import csv
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from helpers.cli import run_pplan
+
 DATA = Path(__file__).parent / "data"
 ROOT = Path(__file__).parent.parent
 
 
-def _pplan(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "cli.app", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, timeout=120, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})
-
-
 @pytest.fixture()
-def work(tmp_path: Path) -> Path:
-    shutil.copy(DATA / "sim_plan.json", tmp_path / "plan.json")
-    shutil.copy(DATA / "sim_profile.csv", tmp_path / "sim_profile.csv")
-    return tmp_path
+def work(sim_work: Path) -> Path:
+    return sim_work
 
 
 def test_human_output_and_files(work: Path) -> None:
-    r = _pplan("simulate", str(work / "plan.json"), "--out", str(work / "sim.json"),
+    r = run_pplan("simulate", str(work / "plan.json"), "--out", str(work / "sim.json"),
                "--timeline", str(work / "t.csv"), "--plot", str(work / "g.png"))
     assert r.returncode == 0, r.stderr
     assert "iteration" in r.stdout and "bubble" in r.stdout and "gpu2" in r.stdout
@@ -41,32 +35,32 @@ def test_human_output_and_files(work: Path) -> None:
     assert {r["kind"] for r in rows} == {"F", "B", "R", "C", "O"}  # stage 1 recomputes layer 3
     assert max(float(r["end_ms"]) for r in rows) == pytest.approx(sim["iteration_ms"], abs=1e-5)
     from planner.report.style import KIND_COLORS
-    from test_run_support import assert_drawn_png
+    from helpers.figures import assert_drawn_png
 
     # the Gantt chart decodes and shows the kinds the timeline has (stage 1 recomputes: R)
     assert_drawn_png(work / "g.png", colors=tuple(KIND_COLORS[k] for k in ("F", "B", "R")))
 
 
 def test_json_and_what_if_flags(work: Path) -> None:
-    base = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
-    more = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16").stdout)
+    base = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json").stdout)
+    more = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16").stdout)
     assert more["n_microbatches"] == 16 and more["micro_batch_size"] == 2  # global batch 32 kept, as partition does
     assert more["bubble_fraction"] < base["bubble_fraction"]
-    kept = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16",
+    kept = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--microbatches", "16",
                              "--keep", "micro-batch-size").stdout)
     assert kept["n_microbatches"] == 16 and kept["micro_batch_size"] == 4  # size kept, global batch doubles
-    slow = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--bandwidth", "10MB/s", "--latency", "1ms").stdout)
+    slow = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--bandwidth", "10MB/s", "--latency", "1ms").stdout)
     assert slow["iteration_ms"] > base["iteration_ms"] + 10
-    zb = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--schedule", "zb").stdout)
+    zb = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--schedule", "zb").stdout)
     assert zb["schedule"] == "zb" and zb["iteration_ms"] < base["iteration_ms"]
-    interp = _pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3", "--keep", "micro-batch-size")
+    interp = run_pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3", "--keep", "micro-batch-size")
     assert interp.returncode == 0 and "interpolated" in interp.stdout
-    odd = _pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3")
+    odd = run_pplan("simulate", str(work / "plan.json"), "--micro-batch-size", "3")
     assert odd.returncode == 2 and "does not divide the global batch 32" in odd.stderr
 
 
 def test_sweep_table_json_and_plot(work: Path) -> None:
-    r = _pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=1,4,8,16,3", "--plot", str(work / "s.png"))
+    r = run_pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=1,4,8,16,3", "--plot", str(work / "s.png"))
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert "global batch kept" in lines[0] and "basis: uncalibrated" in lines[0]
@@ -75,12 +69,12 @@ def test_sweep_table_json_and_plot(work: Path) -> None:
     assert [line.split()[1:4] for line in lines[3:6]] == [["4", "8", "32"], ["8", "4", "32"], ["16", "2", "32"]]
     assert "cannot run" in lines[6] and "does not divide the global batch 32" in lines[6]
     assert len(lines) == 7
-    grown = _pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=4,16", "--keep", "micro-batch-size")
+    grown = run_pplan("simulate", str(work / "plan.json"), "--sweep", "microbatches=4,16", "--keep", "micro-batch-size")
     assert [line.split()[1:4] for line in grown.stdout.splitlines()[2:]] == [["4", "4", "16"], ["16", "4", "64"]]
-    from test_run_support import assert_drawn_png
+    from helpers.figures import assert_drawn_png
 
     assert_drawn_png(work / "s.png")
-    data = json.loads(_pplan("simulate", str(work / "plan.json"), "--sweep", "schedule=gpipe,1f1b,zb,interleaved", "--json").stdout)
+    data = json.loads(run_pplan("simulate", str(work / "plan.json"), "--sweep", "schedule=gpipe,1f1b,zb,interleaved", "--json").stdout)
     by = {row["value"]: row for row in data["rows"]}
     assert by["gpipe"]["iteration_ms"] == pytest.approx(by["1f1b"]["iteration_ms"], rel=0.05)
     assert by["zb"]["iteration_ms"] < by["1f1b"]["iteration_ms"]
@@ -97,7 +91,7 @@ def test_sweep_table_json_and_plot(work: Path) -> None:
 ])
 def test_errors_are_one_line_exit_2_and_leave_no_files(work: Path, args: list[str]) -> None:
     out = ["--out", str(work / "o.json"), "--timeline", str(work / "o.csv")]
-    r = _pplan("simulate", str(work / "plan.json"), *out, *args)
+    r = run_pplan("simulate", str(work / "plan.json"), *out, *args)
     assert r.returncode == 2, (r.stdout, r.stderr)
     assert r.stderr.startswith("pplan: error: ") and r.stderr.count("\n") == 1
     assert sorted(p.name for p in work.iterdir()) == ["plan.json", "sim_profile.csv"]
@@ -117,35 +111,35 @@ def test_simulate_imports_neither_torch_nor_matplotlib(work: Path) -> None:
 
 
 def test_json_errors_go_to_stdout_with_the_same_exit_code(work: Path) -> None:
-    r = _pplan("simulate", str(work / "missing.json"), "--json")
+    r = run_pplan("simulate", str(work / "missing.json"), "--json")
     assert r.returncode == 2 and r.stderr == ""
     data = json.loads(r.stdout)
     assert set(data) == {"error", "hint"} and "missing.json" in data["error"]
-    usage = _pplan("simulate", "--json")  # a usage error (no PLAN.json) is JSON too
+    usage = run_pplan("simulate", "--json")  # a usage error (no PLAN.json) is JSON too
     assert usage.returncode == 2 and "error" in json.loads(usage.stdout)
-    plain = _pplan("simulate", str(work / "missing.json"))
+    plain = run_pplan("simulate", str(work / "missing.json"))
     assert plain.returncode == 2 and plain.stdout == "" and plain.stderr.startswith("pplan: error: ")
 
 
 def test_version() -> None:
-    r = _pplan("--version")
+    r = run_pplan("--version")
     assert r.returncode == 0 and r.stdout.startswith("pplan 0.")
 
 
 def test_basis_is_named_and_a_calibration_is_applied_only_when_asked_or_found(work: Path) -> None:
     from planner.calibration import Calibration, write_calibration
 
-    base = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
+    base = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json").stdout)
     assert base["basis"].startswith("uncalibrated")
     write_calibration(Calibration(compute_scale=2.0), work / "mine.json")
-    r = _pplan("simulate", str(work / "plan.json"), "--calibration", str(work / "mine.json"))
+    r = run_pplan("simulate", str(work / "plan.json"), "--calibration", str(work / "mine.json"))
     assert r.returncode == 0 and f"basis: calibrated by {work / 'mine.json'}" in r.stdout
-    slow = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", str(work / "mine.json")).stdout)
+    slow = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", str(work / "mine.json")).stdout)
     assert slow["iteration_ms"] > 1.5 * base["iteration_ms"]
     write_calibration(Calibration(compute_scale=2.0), work / "sim_profile.calibration.json")  # the profile's own
-    found = json.loads(_pplan("simulate", str(work / "plan.json"), "--json").stdout)
+    found = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json").stdout)
     assert found["basis"].startswith("calibrated") and found["iteration_ms"] == slow["iteration_ms"]
-    off = json.loads(_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", "none").stdout)
+    off = json.loads(run_pplan("simulate", str(work / "plan.json"), "--json", "--calibration", "none").stdout)
     assert off["basis"].startswith("uncalibrated") and off["iteration_ms"] == base["iteration_ms"]
 
 

@@ -52,7 +52,7 @@ def test_predicted_and_measured_share_one_time_axis() -> None:
     assert top.get_xlim() == bottom.get_xlim()
     assert top.get_xlim()[1] >= 2 * r.iteration_ms
     from planner.report.style import KIND_COLORS
-    from test_run_support import assert_drawn_png
+    from helpers.figures import assert_drawn_png
 
     # rendered, decoded: both panels show the zb schedule's I and W boxes and the recompute R
     px = assert_drawn_png(gantt_png(r.timeline, measured=measured), colors=tuple(KIND_COLORS[k] for k in "FIWR"))

@@ -1,0 +1,28 @@
+"""Model specs several tests build, and a digest of a model's weights."""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+TINY_LM = "n_layer=2,n_embd=32,n_head=2,vocab_size=128"
+HF_SPECS = {
+    "gpt2": f"hf:gpt2:{TINY_LM}",
+    "gpt2-untied": f"hf:gpt2:{TINY_LM},tie_word_embeddings=false",
+    "llama": "hf:llama:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,num_key_value_heads=1,intermediate_size=64,vocab_size=128",
+    "qwen2": "hf:qwen2:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,num_key_value_heads=1,intermediate_size=64,vocab_size=128",
+    "bert": "hf:bert:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,vocab_size=128",
+    "vit": "hf:vit:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,image_size=16,patch_size=4,num_labels=10",
+    "resnet": "hf:resnet:depths=1/1,hidden_sizes=8/16,embedding_size=8,num_labels=10",
+    "convnext": "hf:convnext:depths=1/1,hidden_sizes=8/16,num_stages=2,num_labels=10",
+}
+"""Tiny configurations of every Hugging Face family `hf:` supports (built from config, no download)."""
+
+
+def weights_digest(bundle: Any) -> str:
+    """sha256 over a ModelBundle's state dict: names and bytes, in order."""
+    h = hashlib.sha256()
+    for name, t in bundle.layers.state_dict().items():
+        h.update(name.encode())
+        h.update(t.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
