@@ -20,7 +20,7 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
     from planner.calibration import calibration_path_for, find_calibration, write_calibration
     from planner.errors import PplanError
     from planner.execute.calibrate import fit_calibration
-    from planner.execute.preflight import resolve_profile_path
+    from planner.plan import resolve_profile_path
     from planner.jsonio import read_json_file
     from planner.plan import load_plan
     from planner.profiling.profile import load_profile

@@ -127,7 +127,7 @@ def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None
     """--calibrate writes beside the profile at the end of the run: refuse an unwritable place now."""
     from planner.atomic import ensure_writable_file
     from planner.calibration import calibration_path_for
-    from planner.execute.preflight import resolve_profile_path
+    from planner.plan import resolve_profile_path
 
     path = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
     if path is not None:  # no profile: run_plan refuses --calibrate with its own message

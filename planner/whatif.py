@@ -110,7 +110,7 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
                calibration: str | os.PathLike | None = None) -> Setup:
     """Load a plan, its profile (--profile, else the one it names, as `pplan run` finds it) and
     the calibration (--calibration PATH or 'none', else the profile's own if there is one)."""
-    from planner.execute.preflight import resolve_profile_path
+    from planner.plan import resolve_profile_path
 
     plan = load_plan(plan_path)
     path = resolve_profile_path(plan, plan_path, str(profile) if profile is not None else None)

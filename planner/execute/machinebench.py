@@ -198,13 +198,13 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
 def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool = False, steps: int = 30,
                     hardware: str | None = None, progress: Callable[[str], None] | None = None):
     """Run the microbenchmarks on this machine (CPU, gloo) and return a planner.machine.Machine."""
-    from planner.execute.preflight import available_cores
+    from planner.hostinfo import cpu_model, usable_cores
     from planner.machine import Machine
 
     say = progress or (lambda _m: None)
     if ranks < 2:
         raise PplanError(f"--ranks {ranks} must be at least 2 (hand-overs need two processes)")
-    threads = threads or max(1, available_cores() // ranks)
+    threads = threads or max(1, usable_cores() // ranks)
     t_start = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="pplan-machine-") as tmp:
@@ -222,11 +222,10 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
         row["action_ms_median"] = statistics.median(actions) if actions else None
     import torch
 
-    from planner.hostinfo import cpu_model
 
     measured = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "host": socket.gethostname(), "cpu": cpu_model(), "cores": available_cores(),
+        "host": socket.gethostname(), "cpu": cpu_model(), "cores": usable_cores(),
         "load_average": load, "torch": torch.__version__, "seconds": round(time.perf_counter() - t_start, 1),
         "cases": json.loads(json.dumps(rows)),
     }

@@ -15,18 +15,17 @@ Refused with a one-line PlanError/PplanError (exit code 2):
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from planner.errors import PlanError, PplanError, ProfileError
 from planner.execute.options import RunOptions
 from planner.jsonio import read_bounded_bytes
-from planner.plan import Plan
+from planner.hostinfo import usable_cores
+from planner.plan import Plan, resolve_profile_path
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 
-__all__ = ["Preflight", "preflight", "check_parallel", "model_kwargs", "available_cores", "cpu_rank_cap", "resolve_profile_path"]
+__all__ = ["Preflight", "preflight", "check_parallel", "model_kwargs", "cpu_rank_cap"]
 
 
 @dataclass(frozen=True)
@@ -45,30 +44,9 @@ class Preflight:
     """Steps already done according to the checkpoint directory (0 when starting fresh)."""
 
 
-def available_cores() -> int:
-    """CPU cores this process may run on."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
-
-
 def cpu_rank_cap() -> int:
     """Most CPU ranks `pplan run` starts without --force."""
-    return max(8, 4 * available_cores())
-
-
-def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:
-    """The plan's profile: --profile, else the recorded path as given or beside the plan file."""
-    if override:
-        return Path(override)
-    if not plan.profile_path:
-        return None
-    p = Path(plan.profile_path)
-    if p.exists() or p.is_absolute() or plan_path is None:
-        return p
-    beside = Path(plan_path).parent / p
-    return beside if beside.exists() else p
+    return max(8, 4 * usable_cores())
 
 
 def model_kwargs(profile: Profile | None, opts: RunOptions | None = None) -> dict[str, Any]:

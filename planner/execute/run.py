@@ -34,7 +34,8 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
 from planner.execute.mesh import dp_degree, world_size
 from planner.execute.options import RunOptions
-from planner.execute.preflight import Preflight, available_cores, preflight
+from planner.execute.preflight import Preflight, preflight
+from planner.hostinfo import usable_cores
 from planner.execute.results import RunRecord, assemble_record, measured_timeline, replica0
 from planner.execute.worker import read_env, run_worker
 from planner.plan import Plan, plan_to_dict
@@ -128,7 +129,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     if opts.checkpoint_dir:
         cfg["resume"] = _resume(plan, opts, say=env is None or env.rank == 0)
     if env is None:
-        threads = opts.threads or max(1, available_cores() // world)
+        threads = opts.threads or max(1, usable_cores() // world)
         with _signals_end_the_run():
             with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
                 records = launch_local(cfg, world, Path(tmp), threads, verbose=opts.verbose)

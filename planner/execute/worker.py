@@ -74,7 +74,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
     import torch
     import torch.distributed as dist
 
-    from planner.execute.preflight import available_cores
+    from planner.hostinfo import usable_cores
     from planner.execute.train import train_rank
 
     plan = plan_from_dict(cfg["plan"])
@@ -85,7 +85,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
         raise RunError(f"the job has {env.world} processes but the plan needs {world_size(plan)} "
                        f"({plan.n_devices} devices x dp {world_size(plan) // plan.n_devices})",
                        f"start {world_size(plan)} processes in total (torchrun --nnodes x --nproc-per-node)")
-    torch.set_num_threads(opts.threads or max(1, available_cores() // max(1, env.local_world)))
+    torch.set_num_threads(opts.threads or max(1, usable_cores() // max(1, env.local_world)))
     use_cuda = cfg.get("device_type") == "cuda"
     if use_cuda:
         if env.local_rank >= torch.cuda.device_count():

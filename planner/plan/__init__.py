@@ -29,7 +29,7 @@ from planner.plan.records import (
 from planner.plan.serialize import (
     DEVICE_KEYS, FORMAT, LINKS_KEYS, MEMORY_KEYS, PAIR_KEYS, PLAN_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS,
     PROFILE_KEYS, SEARCH_KEYS, SEARCH_ROW_KEYS, STAGE_KEYS, load_plan, plan_from_dict, plan_to_dict, plan_to_json,
-    write_plan,
+    resolve_profile_path, write_plan,
 )
 
 __all__ = [
@@ -38,7 +38,7 @@ __all__ = [
     "Prediction", "PredictedDevice", "MemoryRecord", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
     "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan",
+    "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path",
     "MAX_BANDWIDTH", "MAX_GLOBAL_BATCH", "MAX_LATENCY_MS", "MAX_MEMORY_BYTES", "MAX_SEED", "MAX_SPEED",
     "MIN_BANDWIDTH", "MIN_SPEED",
 ]

@@ -20,7 +20,7 @@ from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, Sear
 __all__ = [
     "FORMAT", "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "plan_from_dict", "plan_to_dict", "plan_to_json", "load_plan", "write_plan",
+    "plan_from_dict", "plan_to_dict", "plan_to_json", "load_plan", "write_plan", "resolve_profile_path",
 ]
 
 FORMAT = "pplan-plan/1"
@@ -218,3 +218,17 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     except PlanError as e:
         raise PlanError(f"not writing plan {str(path)!r}, it could not be read back: {e.message}", e.hint) from None
     atomic_write_text(path, text)
+
+
+def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:
+    """The plan's profile: `override` (--profile), else the recorded path as given or, when that
+    does not exist and is relative, beside the plan file (plans travel with their profiles)."""
+    if override:
+        return Path(override)
+    if not plan.profile_path:
+        return None
+    p = Path(plan.profile_path)
+    if p.exists() or p.is_absolute() or plan_path is None:
+        return p
+    beside = Path(plan_path).parent / p
+    return beside if beside.exists() else p
