@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -80,3 +82,9 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    # torch 2.13's gloo threads can abort the interpreter's teardown ("terminate called without an
+    # active exception", SIGABRT) after every step is done and saved; leave without it, as pplan
+    # run's own ranks do.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
