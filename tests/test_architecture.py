@@ -27,7 +27,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.models", "planner.graph", "planner.profiling"),
     ("planner.execute",),
     ("planner.report", "planner.bench"),
-    ("planner.demo", "planner"),
+    ("planner.demo", "planner.demo_limit", "planner"),
     ("cli",),
 )
 
