@@ -32,6 +32,10 @@ def _check_out(out: Path) -> None:
 def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:
     k = len(profile.micro_batch_sizes) - 1
     c = profile.columns
+    size = profile.micro_batch_sizes[k]
+    skip = [0] * profile.n_layers  # bytes each layer sends past the next layer (a skip tensor), at `size`
+    for edge in profile.skip_edges:
+        skip[edge.src] += edge.bytes_per_sample * size
     return {
         "path": str(path),
         "sha256": sha,
@@ -46,7 +50,7 @@ def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:
                 "layer": i, "name": name,
                 "fwd_ms": round(float(c["fwd_ms"][i, k]), 6), "bwd_ms": round(float(c["bwd_ms"][i, k]), 6),
                 "param_bytes": int(c["param_bytes"][i, k]), "activation_bytes": int(c["activation_bytes"][i, k]),
-                "output_bytes": int(c["output_bytes"][i, k]),
+                "output_bytes": int(c["output_bytes"][i, k]), "skip_bytes": skip[i],
             }
             for i, name in enumerate(profile.names)
         ],
@@ -57,6 +61,7 @@ def _print_table(s: dict[str, Any]) -> None:
     typer.echo(f"{s['model']} on {s['device']} ({s['dtype']}), micro-batch sizes {','.join(map(str, s['micro_batch_sizes']))}: {s['elapsed_s']:.1f} s")
     typer.echo(f"per layer at micro-batch size {s['summary_micro_batch_size']}:")
     width = max(4, *(len(row["name"]) for row in s["layers"]))
+    # output: bytes sent to the next layer; a layer whose tensor is read further on also shows "+ N skip"
     typer.echo(f"{'layer':>5}  {'name':<{width}}  {'fwd':>10}  {'bwd':>10}  {'params':>10}  {'activations':>11}  {'output':>10}")
     totals = {"fwd_ms": 0.0, "bwd_ms": 0.0, "param_bytes": 0, "activation_bytes": 0}
     for row in s["layers"]:
@@ -65,6 +70,7 @@ def _print_table(s: dict[str, Any]) -> None:
         typer.echo(
             f"{row['layer']:>5}  {row['name']:<{width}}  {format_ms(row['fwd_ms']):>10}  {format_ms(row['bwd_ms']):>10}  "
             f"{format_bytes(row['param_bytes']):>10}  {format_bytes(row['activation_bytes']):>11}  {format_bytes(row['output_bytes']):>10}"
+            + (f" + {format_bytes(row['skip_bytes'])} skip" if row.get("skip_bytes") else "")
         )
     typer.echo(
         f"{'':>5}  {'total':<{width}}  {format_ms(totals['fwd_ms']):>10}  {format_ms(totals['bwd_ms']):>10}  "

@@ -306,3 +306,15 @@ def test_gpt4_profile_bytes_agree_run_to_run():
         ok = a.columns[column] > 0
         ratio = b.columns[column][ok] / a.columns[column][ok]
         print(f"\n{column} run2/run1: median {np.median(ratio):.3f} (load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores)")
+
+
+def test_profile_table_shows_what_a_layer_sends_past_the_next_one(tmp_path, pplan):
+    # enc1 hands nothing to down1 directly but keeps a 4 KiB-per-sample tensor for up1 (a skip):
+    # the table says so instead of showing a bare "0 B"
+    code, stdout, stderr = pplan("profile", "-m", "tests.unet_model:build", "-b", "2", "--warmup", "0", "--repeats", "1",
+                                 "--threads", "1", "-o", tmp_path / "unet.csv")
+    assert code == 0, stderr
+    enc1 = next(line for line in stdout.splitlines() if line.split()[1:2] == ["enc1"])
+    assert enc1.rstrip().endswith("0 B + 8.0 KiB skip")
+    down1 = next(line for line in stdout.splitlines() if line.split()[1:2] == ["down1"])
+    assert "skip" not in down1
