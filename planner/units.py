@@ -39,6 +39,8 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
     result = value * _BYTE_UNITS[unit]
     if not math.isfinite(result) or result <= 0:
         raise PplanError(f"{what} {text!r} must be positive", "give a size such as 16GiB")
+    if result < 1:  # would round to 0 bytes: a device with no memory
+        raise PplanError(f"{what} {text!r} is less than one byte", "give a size such as 16GiB (units: B, KB, MB, GB, KiB, MiB, GiB)")
     if result > _MAX_BYTES:
         raise PplanError(f"{what} {text!r} is absurdly large ({result:.3g} bytes)", "give a real device size such as 80GiB")
     return int(result)

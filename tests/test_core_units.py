@@ -47,3 +47,12 @@ def test_format_bytes():
     assert format_bytes(1536) == "1.5 KiB"
     assert format_bytes(512) == "512 B"
     assert format_bytes(3 * 2**30) == "3.0 GiB"
+
+
+def test_a_size_below_one_byte_is_refused_not_rounded_to_zero():
+    # hypothesis found `"memory": 0.5` in a cluster file becoming a device with 0 bytes
+    with pytest.raises(PplanError, match="less than one byte"):
+        parse_bytes(0.5, "memory")
+    with pytest.raises(PplanError, match="less than one byte"):
+        parse_bytes("0.5B", "--memory")
+    assert parse_bytes("1B") == 1
