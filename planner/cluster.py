@@ -256,7 +256,8 @@ def _nearest_neighbour(cost: list[list[float]]) -> list[int]:
             left.remove(nxt)
         if best is None or path_score(cost, path) < path_score(cost, best):
             best = path
-    assert best is not None
+    if not (best is not None):  # cannot happen for any input: the search always fills these
+        raise RuntimeError("internal error: best is not None")
     return best
 
 

@@ -203,7 +203,8 @@ def baseline_rows(search: Search, chosen: Candidate) -> list[BaselineRow]:
 
 def _plan(profile: Profile, settings: PartitionSettings, chosen: Candidate, search: Search, links: Links) -> Plan:
     sim = chosen.sim
-    assert sim is not None and chosen.stages is not None
+    if not (sim is not None and chosen.stages is not None):  # cannot happen for any input: the search always fills these
+        raise RuntimeError("internal error: sim is not None and chosen.stages is not None")
     bottleneck = max(range(len(chosen.stage_ms)), key=lambda s: (chosen.stage_ms[s], -s))
     record = SearchRecord(
         method=settings.method,

@@ -330,7 +330,8 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
 
 def _polish(ev: CandidateEvaluator, cand: Candidate) -> Candidate:
     """First-improvement hill climbing on the cuts, judged by the simulator (deterministic)."""
-    assert cand.stages is not None
+    if not (cand.stages is not None):  # cannot happen for any input: the search always fills these
+        raise RuntimeError("internal error: cand.stages is not None")
     point, layout = cand.point, cand.layout
     problem = ev.problem(point, layout)
     memo: dict = {}

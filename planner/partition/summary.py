@@ -26,7 +26,8 @@ def summary_dict(result: PartitionResult) -> dict[str, Any]:
     """Per-stage and per-device numbers, the bottleneck, runners-up and baselines."""
     plan, chosen, prof = result.plan, result.chosen, result.profile
     sim = chosen.sim
-    assert sim is not None and chosen.stages is not None
+    if not (sim is not None and chosen.stages is not None):  # cannot happen for any input: the search always fills these
+        raise RuntimeError("internal error: sim is not None and chosen.stages is not None")
     stages = []
     for s, st in enumerate(chosen.stages):
         a, b = st.layers
@@ -104,7 +105,8 @@ def summary_text(result: PartitionResult) -> str:
     """The human report: headline, stage table, device memory, why, baselines."""
     plan, chosen, prof = result.plan, result.chosen, result.profile
     sim = chosen.sim
-    assert sim is not None and chosen.stages is not None
+    if not (sim is not None and chosen.stages is not None):  # cannot happen for any input: the search always fills these
+        raise RuntimeError("internal error: sim is not None and chosen.stages is not None")
     search = plan.search or SearchRecord()
     limit = {d.memory_bytes for d in plan.devices}
     lim_text = ("unlimited memory" if limit == {None} else
