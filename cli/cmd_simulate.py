@@ -37,6 +37,7 @@ def simulate_cmd(
     bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s."),
     latency: Optional[str] = typer.Option(None, "--latency", help="What if: every link's latency, e.g. 0.01ms."),
     sweep: Optional[str] = typer.Option(None, "--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb."),
+    hardware: Optional[str] = typer.Option(None, "--hardware", help="Data/tensor-parallel plans: price on this preset or hardware JSON instead of the one the plan names."),
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 
@@ -45,6 +46,10 @@ def simulate_cmd(
     micro-batch-size keeps the plan's micro-batch size instead, so the global batch changes.
     --bandwidth/--latency replace every link's values (and win over a calibration's). The
     output names the basis: the profile as measured, or the calibration applied.
+
+    A plan from `pplan partition --nodes` (data x pipeline x tensor parallelism) simulates one
+    pipeline replica on its hardware, with the tensor-parallel collectives and the gradient
+    sync on the timeline, and reports tokens/s, TFLOP/s per GPU, MFU and memory per GPU.
     """
     from planner.atomic import ensure_writable_file
     from planner.errors import PplanError
@@ -71,7 +76,7 @@ def simulate_cmd(
     for path, _, flag in outputs:
         if path is not None:
             ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
-    result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration)
+    result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware)
     if result.setup.profile_changed:
         err(f"warning: {result.setup.profile_path} differs from the profile the plan was made from (checksum changed)")
     if result.parameter is not None:
@@ -124,6 +129,8 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any) ->
              f"{', '.join(map(str, prof.micro_batch_sizes))}); costs are interpolated")
     echo(f"iteration  {format_ms(r.iteration_ms)}   throughput {r.throughput_samples_per_s:,.1f} samples/s   "
          f"bubble {100 * r.bubble_fraction:.1f}%")
+    if r.replica is not None:
+        _print_replica(r.replica)
     echo("")
     head = ["device", "name", "busy", "idle", "peak memory", "limit", "weights", "grads", "optimizer", "activations", "buffers"]
     table = [head]
@@ -144,6 +151,15 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any) ->
     if not r.fits:
         over = [str(d) for d in range(r.n_devices) if r.memory_limit_bytes[d] is not None and r.peak_memory_bytes[d] > r.memory_limit_bytes[d]]
         echo(f"warning: device(s) {', '.join(over)} exceed their memory limit; try recompute, more micro-batches with 1f1b, or `pplan partition`")
+
+
+def _print_replica(rep: Any) -> None:
+    from planner.units import format_ms
+
+    typer.echo(f"cluster    {rep.layout} on {rep.gpus} x {rep.hardware}, global batch {rep.global_batch}: "
+               f"{rep.tokens_per_s:,.0f} tokens/s, {rep.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {100 * rep.mfu:.1f}%")
+    typer.echo(f"comm       gradient sync {format_ms(rep.grad_sync_ms)} per iteration ({format_ms(rep.grad_sync_exposed_ms)} "
+               f"exposed), tensor-parallel collectives {format_ms(rep.tp_comm_ms)} per micro-batch; memory below is per GPU")
 
 
 def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) -> None:

@@ -6,21 +6,26 @@ Placement (Narayanan et al., SC21): tp innermost, within one node; pipeline neig
 of the data-parallel group: 0 none, 1 optimizer state, 2 + gradients, 3 + weights sharded.
 
 A plan JSON holds it as the object `"parallel": {"dp": D, "pp": P, "tp": T, "zero": Z}`
-(`to_dict` / `from_dict`); `parse_parallel("dp=8,pp=12,tp=4")` reads the command-line form.
+(`to_dict` / `from_dict`), with the cluster it was planned for when known (`"gpus_per_node"`,
+`"hardware"`: a preset name or a hardware file's name) so `pplan simulate` can price it again;
+`parse_parallel("dp=8,pp=12,tp=4")` reads the command-line form.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from planner.errors import PplanError
+from planner.jsonio import nearest
 
 __all__ = ["ParallelConfig", "ZERO_STAGES", "parse_parallel"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 _MAX_DEGREE = 1 << 20
 _KEYS = ("dp", "pp", "tp", "zero")
+_CLUSTER_KEYS = ("gpus_per_node", "hardware")
+_MAX_NAME = 200
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,10 @@ class ParallelConfig:
     """Tensor-parallel ranks per stage, within one node (T)."""
     zero: int = 0
     """ZeRO stage of the data-parallel group (0..3)."""
+    gpus_per_node: int | None = field(default=None, compare=False)
+    """GPUs per node of the cluster it was planned for (None: the hardware's); not part of the layout's identity."""
+    hardware: str | None = field(default=None, compare=False)
+    """Hardware preset or file name it was planned for (None: unknown); not part of the layout's identity."""
 
     def __post_init__(self) -> None:
         for key in ("dp", "pp", "tp"):
@@ -43,25 +52,38 @@ class ParallelConfig:
                 raise PplanError(f"parallel {key} must be a whole number in 1..{_MAX_DEGREE}, got {value!r}", "e.g. dp=8,pp=12,tp=4")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
             raise PplanError(f"ZeRO stage must be one of 0, 1, 2, 3, got {self.zero!r}")
+        gpn = self.gpus_per_node
+        if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= _MAX_DEGREE):
+            raise PplanError(f"parallel gpus_per_node must be a whole number in 1..{_MAX_DEGREE}, got {gpn!r}", "e.g. 8")
+        if self.hardware is not None and (not isinstance(self.hardware, str) or not 0 < len(self.hardware) <= _MAX_NAME):
+            raise PplanError(f"parallel hardware must be a name of 1..{_MAX_NAME} characters, got {str(self.hardware)[:40]!r}",
+                             "a preset (`pplan hardware`) or a hardware file's name")
 
     @property
     def gpus(self) -> int:
         """dp x pp x tp."""
         return self.dp * self.pp * self.tp
 
-    def to_dict(self) -> dict[str, int]:
-        """The plan JSON object."""
-        return {"dp": self.dp, "pp": self.pp, "tp": self.tp, "zero": self.zero}
+    def to_dict(self) -> dict[str, Any]:
+        """The plan JSON object (the cluster keys only when known)."""
+        out: dict[str, Any] = {"dp": self.dp, "pp": self.pp, "tp": self.tp, "zero": self.zero}
+        for key in _CLUSTER_KEYS:
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        return out
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> "ParallelConfig":
         """Read the plan JSON object; PplanError names an unknown key or a bad value."""
         if not isinstance(data, Mapping):
             raise PplanError("a plan's parallel entry must be an object like {\"dp\": 8, \"pp\": 12, \"tp\": 4, \"zero\": 1}")
-        unknown = sorted(set(data) - set(_KEYS))
+        known = _KEYS + _CLUSTER_KEYS
+        unknown = sorted(map(str, set(data) - set(known)))
         if unknown:
-            raise PplanError(f"unknown key(s) in parallel: {', '.join(map(str, unknown))[:80]}", f"known keys: {', '.join(_KEYS)}")
-        return cls(**{k: data[k] for k in _KEYS if k in data})
+            close = nearest(unknown[0], known)
+            raise PplanError(f"unknown key {unknown[0][:40]!r} in parallel" + (f" (did you mean {close!r}?)" if close else ""),
+                             f"known keys: {', '.join(known)}")
+        return cls(**{k: data[k] for k in known if k in data})
 
     def describe(self) -> str:
         """`dp=8,pp=12,tp=4` (and `,zero=1` when sharded)."""

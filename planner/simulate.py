@@ -1,6 +1,9 @@
 """Simulate a plan: the single source of truth for iteration time and memory over time.
 
     simulate(plan, profile)            -> SimResult  (costs from the profile via planner.cost)
+                                          a plan with data or tensor parallelism (`parallel`
+                                          dp or tp > 1, or ZeRO) simulates one replica on its
+                                          hardware: planner.simulation.replica
     simulate_costs(schedule, stages, stage_device, devices, links, micro_batch_size=...)
                                        -> SimResult  (the fast core the partitioner calls)
 
@@ -18,14 +21,18 @@ from __future__ import annotations
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, stage_cost
+from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
+from planner.hardware import Hardware, load_hardware
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 from planner.schedules import generate
 from planner.simulation.engine import simulate_costs
+from planner.simulation.replica import Cluster, replica_costs, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
-__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "MAX_SIMULATED_ACTIONS",
+__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "is_replica_plan", "plan_hardware",
+           "MAX_SIMULATED_ACTIONS",
            "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
 
 MAX_SIMULATED_ACTIONS = 4_000_000
@@ -62,23 +69,61 @@ def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], boo
 
 
 def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = None,
-             record_timeline: bool = True) -> SimResult:
+             record_timeline: bool = True, hardware: Hardware | None = None) -> SimResult:
     """Simulate one training iteration of `plan` with costs from `profile`.
 
     The micro-batch size selects the profile's rows (interpolated if not measured: the result's
     `interpolated` says so). ScheduleError if the schedule cannot run at the plan's sizes.
+    A data/tensor-parallel plan is priced on `hardware` (default: the one the plan names).
     """
-    if plan.parallel is not None and (plan.parallel.dp > 1 or plan.parallel.tp > 1):
-        # The engine below times one pipeline; the data/tensor-parallel terms live in the 3D
-        # search (planner.partition.parallel_search), whose prediction the plan records.
-        raise PlanError(f"plan uses parallel {plan.parallel.describe()}: this simulator times one pipeline without "
-                        "data or tensor parallelism", "its prediction is the plan's `predicted` (from `pplan partition --nodes`); "
-                        "re-run that command to change settings")
     check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches)
+    if is_replica_plan(plan):
+        return _simulate_replica_plan(plan, profile, calibration, record_timeline, hardware)
     stages, interpolated = plan_stage_costs(plan, profile)
     schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
     return simulate_costs(
         schedule, stages, [st.device for st in plan.stages], plan.devices, plan.links,
         micro_batch_size=plan.micro_batch_size, optimizer=plan.optimizer, calibration=calibration,
         record_timeline=record_timeline, interpolated=interpolated,
+    )
+
+
+def is_replica_plan(plan: Plan) -> bool:
+    """True when the plan is one replica of a data/tensor-parallel (or ZeRO) layout."""
+    cfg = plan.parallel
+    return cfg is not None and (cfg.dp > 1 or cfg.tp > 1 or cfg.zero > 0)
+
+
+def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
+    """The hardware a data/tensor-parallel plan is priced on: `hardware`, else the one it names."""
+    if hardware is not None:
+        return hardware
+    name = (plan.parallel.hardware if plan.parallel is not None else None) or (plan.predicted.hardware if plan.predicted else None)
+    if name is None:
+        raise PlanError(f"plan uses parallel {plan.parallel.describe() if plan.parallel else '?'} but does not say which "
+                        "hardware it is for", "give it with --hardware NAME (see `pplan hardware`) or a hardware JSON file")
+    return load_hardware(name)
+
+
+def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibration | None, record_timeline: bool,
+                           hardware: Hardware | None) -> SimResult:
+    cfg = plan.parallel
+    if calibration is not None:
+        # a calibration fits one pipeline measured on this machine; a cluster plan's costs are
+        # for GPUs the profile describes (measured there or analytic)
+        raise PlanError(f"a calibration cannot apply to a plan with parallel {cfg.describe()}",
+                        "simulate it with --calibration none")
+    if cfg.pp != plan.n_devices:
+        raise PlanError(f"plan has {plan.n_devices} devices but parallel pp={cfg.pp}", "each pipeline device is one pp rank")
+    plan_stage_costs(plan, profile)  # the plan's checks (layers, sizes, times) for a one-GPU profile too
+    hw = plan_hardware(plan, hardware)
+    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
+    raw = profile.at(plan.micro_batch_size)
+    cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
+    return simulate_replica(
+        generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages),
+        replica_costs(raw, profile.names, cfg, cluster), cuts, [st.recompute for st in plan.stages], cfg, cluster,
+        model_flops(profile, plan.global_batch), devices=plan.devices, links=plan.links,
+        stage_device=[st.device for st in plan.stages], micro_batch_size=plan.micro_batch_size,
+        record_timeline=record_timeline, interpolated=raw.interpolated,
     )

@@ -22,6 +22,7 @@ from typing import Any, Iterable
 from planner.calibration import Calibration
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
+from planner.hardware import Hardware, load_hardware
 from planner.plan import Links, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
 from planner.schedules import SCHEDULE_NAMES
@@ -109,10 +110,14 @@ class Setup:
 def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None = None,
                calibration: str | os.PathLike | None = None) -> Setup:
     """Load a plan, its profile (--profile, else the one it names, as `pplan run` finds it) and
-    the calibration (--calibration PATH or 'none', else the profile's own if there is one)."""
+    the calibration (--calibration PATH or 'none', else the profile's own if there is one, except
+    for a data/tensor-parallel plan: a calibration fits a pipeline measured on this machine)."""
     from planner.plan import resolve_profile_path
+    from planner.simulate import is_replica_plan
 
     plan = load_plan(plan_path)
+    if calibration is None and is_replica_plan(plan):
+        calibration = "none"
     path = resolve_profile_path(plan, plan_path, str(profile) if profile is not None else None)
     if path is None:
         raise PlanError(f"plan {str(plan_path)!r} names no profile", "pass --profile PROFILE.csv")
@@ -133,13 +138,15 @@ def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[i
         return m, b
     if keep == "micro-batch-size" or (m is None and b is None):
         return (m or plan.n_microbatches), (b or plan.micro_batch_size)
-    g = plan.global_batch
+    g = plan.n_microbatches * plan.micro_batch_size  # one replica's share of the global batch
+    dp = plan.parallel.dp if plan.parallel is not None else 1
+    batch = "global batch" if dp == 1 else f"replica's batch (global batch {plan.global_batch} / dp {dp})"
     given, other = ("micro-batches", m) if m is not None else ("micro-batch size", b)
     if other > g:
-        raise PplanError(f"{given} {other} is too large for the global batch {g}",
+        raise PplanError(f"{given} {other} is too large for the {batch} {g}",
                          f"use at most {g}, or keep the micro-batch size (--keep micro-batch-size)")
     if g % other:
-        raise PplanError(f"{given} {other} does not divide the global batch {g}",
+        raise PplanError(f"{given} {other} does not divide the {batch} {g}",
                          "choose a divisor, or keep the micro-batch size (--keep micro-batch-size)")
     return (m, g // m) if m is not None else (g // b, b)
 
@@ -198,15 +205,16 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     return name, counts
 
 
-def _row(value: Any, variant: Plan, profile: Profile, calibration: Calibration | None) -> SweepRow:
+def _row(value: Any, variant: Plan, profile: Profile, calibration: Calibration | None,
+         hardware: Hardware | None = None) -> SweepRow:
     """Simulate one variant; a variant that cannot run becomes a row with its reason."""
     from planner.simulate import simulate
 
     base = dict(value=value, schedule=variant.schedule, n_microbatches=variant.n_microbatches,
-                micro_batch_size=variant.micro_batch_size, global_batch=variant.n_microbatches * variant.micro_batch_size)
+                micro_batch_size=variant.micro_batch_size, global_batch=variant.global_batch)
     try:
         variant.validate(profile.n_layers)
-        r = simulate(variant, profile, calibration=calibration, record_timeline=False)
+        r = simulate(variant, profile, calibration=calibration, record_timeline=False, hardware=hardware)
     except PplanError as e:
         return SweepRow(**base, iteration_ms=None, bubble_fraction=None, throughput_samples_per_s=None,
                         peak_memory_bytes=None, fits=None, error=e.one_line())
@@ -216,7 +224,8 @@ def _row(value: Any, variant: Plan, profile: Profile, calibration: Calibration |
 
 
 def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
-              calibration: Calibration | None = None, keep: str = "global-batch") -> list[SweepRow]:
+              calibration: Calibration | None = None, keep: str = "global-batch",
+              hardware: Hardware | None = None) -> list[SweepRow]:
     """Simulate `plan` once per value of `parameter` (see the module docstring)."""
     if parameter not in ("microbatches", "schedule"):
         raise PplanError(f"cannot sweep {parameter!r}", "sweep microbatches or schedule")
@@ -233,7 +242,7 @@ def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
             rows.append(SweepRow(value, value if parameter == "schedule" else plan.schedule, m, b, m * b,
                                  None, None, None, None, None, e.one_line()))
             continue
-        rows.append(_row(value, variant, profile, calibration))
+        rows.append(_row(value, variant, profile, calibration, hardware))
     return rows
 
 
@@ -290,19 +299,22 @@ class WhatIfResult:
 
 def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: str | None = None,
             profile: str | os.PathLike | None = None, calibration: str | os.PathLike | None = None,
-            record_timeline: bool = True) -> WhatIfResult:
+            record_timeline: bool = True, hardware: str | None = None) -> WhatIfResult:
     """Load a plan with its profile and calibration, apply `change`, then simulate it once or,
-    with `sweep` ('microbatches=4,8,16' or 'schedule=gpipe,1f1b'), once per value."""
+    with `sweep` ('microbatches=4,8,16' or 'schedule=gpipe,1f1b'), once per value.
+    `hardware` (a preset or hardware JSON) prices a data/tensor-parallel plan instead of the
+    hardware it names; such a plan ignores the profile's own calibration (it fits this machine)."""
     from planner.simulate import simulate
 
     spec = parse_sweep(sweep) if sweep is not None else None
     setup = load_setup(plan_path, profile, calibration)
+    hw = load_hardware(hardware) if hardware is not None else None
     plan, cal = apply_what_if(setup.plan, setup.calibration, change)
     if spec is None:
-        sim = simulate(plan, setup.profile, calibration=cal, record_timeline=record_timeline)
+        sim = simulate(plan, setup.profile, calibration=cal, record_timeline=record_timeline, hardware=hw)
         return WhatIfResult(setup, plan, cal, sim=sim, keep=change.keep)
     parameter, values = spec
-    rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.keep)
+    rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.keep, hardware=hw)
     if all(r.error for r in rows):
         raise PplanError(f"no value of the sweep can run: {rows[0].error}")
     return WhatIfResult(setup, plan, cal, parameter=parameter, rows=tuple(rows), keep=change.keep)

@@ -32,12 +32,21 @@ def test_partition_nodes_writes_a_plan_with_its_parallel_layout(pplan, analytic_
     assert plan_to_json(plan_from_dict(json.loads(out.read_text()))) == out.read_text()  # round trip
 
 
-def test_parallel_plan_is_refused_by_the_one_pipeline_simulator(pplan, analytic_csv, tmp_path):
-    out = tmp_path / "plan.json"
-    assert pplan("partition", analytic_csv, "--nodes", 1, "--hardware", "a100-80gb", "--global-batch", 64,
-                 "--parallel", "dp=8", "--out", out)[0] == 0
-    code, _, err = pplan("simulate", out)
-    assert code == 2 and "dp=8" in err and "Traceback" not in err
+def test_simulate_reproduces_a_parallel_plans_prediction(pplan, analytic_csv, tmp_path):
+    out, timeline = tmp_path / "plan.json", tmp_path / "timeline.csv"
+    assert pplan("partition", analytic_csv, "--nodes", 2, "--hardware", "a100-80gb", "--global-batch", 64,
+                 "--parallel", "dp=2,pp=4,tp=2", "--out", out)[0] == 0
+    plan = load_plan(out)
+    assert (plan.parallel.gpus_per_node, plan.parallel.hardware) == (8, "a100-80gb")
+    code, stdout, err = pplan("simulate", out, "--json", "--timeline", timeline)
+    assert code == 0, err
+    sim = json.loads(stdout)
+    for key in ("iteration_ms", "tokens_per_s", "tflops_per_gpu", "mfu", "grad_sync_ms", "tp_comm_ms"):
+        assert sim[key] == pytest.approx(getattr(plan.predicted, key), rel=1e-12), key
+    kinds = {line.split(",")[2] for line in timeline.read_text().splitlines()[1:]}
+    assert {"T", "A", "F", "O"} <= kinds and kinds & {"B", "I"}  # tensor-parallel collectives and the gradient sync are on it
+    code, stdout, _ = pplan("simulate", out)
+    assert code == 0 and "TFLOP/s per GPU" in stdout and "dp=2,pp=4,tp=2" in stdout
 
 
 def test_too_little_memory_names_what_would_fit_and_writes_nothing(pplan, analytic_csv, tmp_path):

@@ -88,6 +88,9 @@ def test_tensor_parallel_costs_divide_compute_and_add_block_allreduces():
     np.testing.assert_allclose(z1.optimizer_ms, c.optimizer_ms / 8)
     slow = tensor_parallel_costs(c, blocks, 4, INTRA, compute_scale=2.0)
     assert slow.fwd_ms[1] == pytest.approx(2 * c.fwd_ms[1] / 4 + comm)
+    # a compute calibration is about time: bytes are the same as without it
+    np.testing.assert_allclose(slow.param_bytes, t4.param_bytes)
+    np.testing.assert_allclose(slow.activation_bytes, t4.activation_bytes)
 
 
 def test_parallel_config_round_trip_and_validation():

@@ -41,20 +41,22 @@ blocks of width h, vocabulary V: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
-from planner.errors import PplanError
-from planner.profiling.profile import LayerCosts
+from planner.cost.memory import MemoryBreakdown
+from planner.errors import ModelSpecError, PplanError
+from planner.models.spec import parse_spec
+from planner.profiling.profile import LayerCosts, Profile
 
 __all__ = [
     "WEIGHT_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "BYTES_PER_PARAM",
     "Link2", "Placement", "placement",
     "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
-    "zero_bytes_per_param", "grad_sync_ms", "exposed_sync_ms", "zero3_gather_ms",
-    "tensor_parallel_costs", "tp_layers",
-    "gpt_model_flops", "profile_model_flops",
+    "zero_bytes_per_param", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
+    "collective_ms", "tensor_parallel_costs", "tp_layers", "replica_memory",
+    "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops",
 ]
 
 WEIGHT_BYTES = 2.0
@@ -150,6 +152,12 @@ def exposed_sync_ms(sync_ms: float, last_backward_ms: float) -> float:
     return max(0.0, sync_ms - last_backward_ms)
 
 
+def rank_exposed_sync_ms(stages: Sequence[Any], overlap: bool = True) -> float:
+    """The gradient sync of one device's stages (StageCost) left on the critical path: each
+    stage's sync overlaps at most that stage's one backward (`exposed_sync_ms`), or none of it."""
+    return sum(exposed_sync_ms(st.grad_sync_ms, st.bwd_ms) if overlap else st.grad_sync_ms for st in stages)
+
+
 def zero3_gather_ms(param_bytes: Any, dp: int, link: Link2) -> Any:
     """ZeRO-3: all-gather of a layer's (bf16) weights over `dp` ranks, once per forward and once per backward, ms."""
     return allgather_ms(param_bytes, dp, link)
@@ -161,32 +169,57 @@ def tp_layers(names: tuple[str, ...]) -> np.ndarray:
     return mask if mask.any() else np.ones(len(names), dtype=bool)
 
 
+def collective_ms(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2, dp: int = 1, zero: int = 0,
+                  dp_link: Link2 | None = None) -> np.ndarray:
+    """Per layer, the collectives of one forward on one GPU, ms: a block's 2 tensor-parallel
+    all-reduces of its output, plus ZeRO-3's all-gather of the layer's weight shard. The
+    input-gradient backward runs the same collectives again (Megatron's conjugate operators)."""
+    out = np.asarray(costs.output_bytes, dtype=float)
+    comm = np.where(blocks, 2.0 * allreduce_ms(out, tp, tp_link), 0.0) if tp > 1 else np.zeros(len(out))
+    if zero >= 3 and dp > 1 and dp_link is not None:
+        comm = comm + zero3_gather_ms(np.asarray(costs.param_bytes, dtype=float) / float(tp), dp, dp_link)
+    return comm
+
+
 def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2,
                           dp: int = 1, zero: int = 0, dp_link: Link2 | None = None,
                           compute_scale: float = 1.0) -> LayerCosts:
     """One GPU's share of `costs` under T-way tensor parallelism (and the ZeRO-3 gathers over D).
 
     Compute (forward, both backward halves, optimizer step), parameter bytes and kept
-    activations of every layer divide by T; blocks add 2 all-reduces of their output in the
-    forward and 2 in the input-gradient backward; ZeRO-3 adds an all-gather of the layer's
-    weights (its T-shard) to the forward and to the backward. Output bytes (what a pipeline
-    boundary sends) stay whole: Megatron (2021) sends the full activation between stages.
-    ZeRO 1+ also divides the optimizer step by D (each rank updates its shard).
-    `compute_scale` multiplies every compute time (not communication): a calibration of how far
-    the profile's kernels are from the real ones (1 = as profiled).
+    activations of every layer divide by T; `collective_ms` is added to the forward and to the
+    input-gradient backward. Output bytes (what a pipeline boundary sends) stay whole: Megatron
+    (2021) sends the full activation between stages. ZeRO 1+ also divides the optimizer step by
+    D (each rank updates its shard). `compute_scale` multiplies every compute time (not
+    communication): a calibration of how far the profile's kernels are from the real ones
+    (1 = as profiled).
     """
     t = float(tp) / float(compute_scale)
-    out = np.asarray(costs.output_bytes, dtype=float)
-    comm = np.where(blocks, 2.0 * allreduce_ms(out, tp, tp_link), 0.0) if tp > 1 else np.zeros(len(out))
-    params = np.asarray(costs.param_bytes, dtype=float) / t
-    gather = zero3_gather_ms(params, dp, dp_link) if (zero >= 3 and dp > 1 and dp_link is not None) else 0.0
-    fwd = np.asarray(costs.fwd_ms, dtype=float) / t + comm + gather
-    bwd_in = np.asarray(costs.bwd_input_ms, dtype=float) / t + comm + gather
+    comm = collective_ms(costs, blocks, tp, tp_link, dp, zero, dp_link)
+    fwd = np.asarray(costs.fwd_ms, dtype=float) / t + comm
+    bwd_in = np.asarray(costs.bwd_input_ms, dtype=float) / t + comm
     bwd_w = np.asarray(costs.bwd_weight_ms, dtype=float) / t
     opt = np.asarray(costs.optimizer_ms, dtype=float) / t / (dp if zero >= 1 else 1)
-    act = np.asarray(costs.activation_bytes, dtype=float) / t
+    # bytes divide by T only: compute_scale is about time (it once scaled these too)
+    act = np.asarray(costs.activation_bytes, dtype=float) / float(tp)
+    params = np.asarray(costs.param_bytes, dtype=float) / float(tp)
     return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
                    optimizer_ms=opt, param_bytes=params, activation_bytes=act)
+
+
+def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int, zero: int) -> MemoryBreakdown:
+    """Peak memory of one GPU holding `stages` (StageCost, parameter bytes in bf16) of a replica:
+    bf16 weights and gradients and 12 bytes of fp32 Adam state per parameter, each divided by D
+    as far as the ZeRO stage shards it, plus the schedule's activations and the boundary buffers."""
+    n_params = sum(st.param_bytes for st in stages) / WEIGHT_BYTES
+    d = float(dp)
+    return MemoryBreakdown(
+        weights=n_params * WEIGHT_BYTES / (d if zero >= 3 else 1.0),
+        gradients=n_params * GRAD_BYTES / (d if zero >= 2 else 1.0),
+        optimizer=n_params * OPTIMIZER_BYTES / (d if zero >= 1 else 1.0),
+        activations=peak_activation_bytes,
+        buffers=sum(st.buffer_bytes for st in stages),
+    )
 
 
 def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool) -> float:
@@ -201,3 +234,43 @@ def profile_model_flops(fwd_flops_per_microbatch: float, n_microbatches_total: f
     """Model FLOPs from a profile's `flops` column: forward + backward = 3 x forward per micro-batch,
     plus the recomputed layers' forward again; `n_microbatches_total` over all replicas."""
     return (3.0 * fwd_flops_per_microbatch + recompute_fwd_flops) * n_microbatches_total
+
+
+@dataclass(frozen=True)
+class ModelFlops:
+    """Model FLOPs of one iteration over the global batch, counted as Narayanan et al. (2021) do."""
+
+    plain: float
+    """Forward + backward (what MFU counts)."""
+    recomputed: float
+    """Forward + backward + the forward run again under full recompute."""
+    tokens_per_sample: int
+    """Sequence length of a gpt profile, 1 otherwise."""
+    source: str
+    """How the FLOPs were counted."""
+
+    def achieved(self, recompute: bool) -> float:
+        """The FLOPs that achieved TFLOP/s per GPU counts: recomputed forwards included when recomputing."""
+        return self.recomputed if recompute else self.plain
+
+
+def _gpt_params(profile: Profile) -> dict | None:
+    try:
+        kind, params = parse_spec(profile.meta.get("model", ""))
+    except (ModelSpecError, PplanError):
+        return None
+    return params if kind == "gpt" else None
+
+
+def model_flops(profile: Profile, global_batch: int) -> ModelFlops:
+    """FLOPs of one iteration of `global_batch` samples: eq. 3 of Narayanan et al. for a gpt
+    profile, else 3 x the profile's `flops` column (forward) per sample, else zero (unknown)."""
+    gpt = _gpt_params(profile)
+    if gpt is not None:
+        args = (global_batch, gpt["seq"], gpt["layers"], gpt["hidden"], gpt["vocab"])
+        return ModelFlops(gpt_model_flops(*args, False), gpt_model_flops(*args, True), int(gpt["seq"]),
+                          "Narayanan et al. 2021, eq. 3")
+    if "flops" in profile.present:
+        fwd = float(np.sum(profile.columns["flops"][:, 0])) / profile.micro_batch_sizes[0] * global_batch
+        return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)")
+    return ModelFlops(0.0, 0.0, 1, "none (the profile has no flops column)")

@@ -59,6 +59,14 @@ class StageCost:
     """Bytes received per micro-batch (0 for the first stage)."""
     output_bytes: float
     """Bytes sent per micro-batch (0 for the last stage)."""
+    comm_fwd_ms: float = 0.0
+    """The part of fwd_ms spent in collectives (tensor-parallel all-reduces, ZeRO-3 gathers), ms."""
+    comm_bwd_ms: float = 0.0
+    """The part of bwd_ms (and of bwd_input_ms) spent in collectives, ms (a recomputed forward's own
+    collectives are in recompute_ms)."""
+    grad_sync_ms: float = 0.0
+    """Data-parallel gradient synchronisation of this stage once per iteration, ms (0 without data
+    parallelism); the simulator decides how much of it the last backward hides."""
 
     @property
     def buffer_bytes(self) -> float:

@@ -11,18 +11,15 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import stage_cost
-from planner.cost.parallel import (
-    Link2, allreduce_ms, exposed_sync_ms, grad_sync_ms, placement, tensor_parallel_costs, tp_layers, zero_bytes_per_param,
-)
+from planner.cost.parallel import ModelFlops, Placement, grad_sync_ms, zero_bytes_per_param
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
 from planner.partition.build import Layout, build_problem
 from planner.partition.dp import min_memory_scale, solve_dp
-from planner.plan import Device, Links
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, get_schedule
 from planner.schedules.memory import stage_inflight_peak
-from planner.simulate import simulate_costs
+from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
 __all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "inflight_peaks", "solve_task",
            "simulate_task"]
@@ -89,30 +86,36 @@ class ParallelTask:
 
 
 class ParallelCosts:
-    """Shared state: the profile's costs per (b, T, D), the model's FLOPs and the links."""
+    """Shared state: the profile's costs per (b, layout), the cluster and the model's parameters."""
 
     def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
         self.profile, self.hw, self.gpn, self.zero = profile, hw, gpn, zero
-        self.compute_scale, self.overlap = compute_scale, overlap
-        self.blocks = tp_layers(profile.names)
-        self.intra = Link2(hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_latency_ms)
-        self.inter = Link2(hw.inter_node_bandwidth_bytes_per_s, hw.inter_node_latency_ms)
+        self.overlap = overlap
+        self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
-        self._tp: dict[tuple, LayerCosts] = {}
+        self._per_gpu: dict[tuple, ReplicaCosts] = {}
         self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
+
+    def place(self, cfg: ParallelConfig) -> Placement:
+        """The links `cfg` uses on this cluster."""
+        return self.cluster.placement(cfg)
 
     def raw(self, b: int) -> LayerCosts:
         if b not in self._raw:
             self._raw[b] = self.profile.at(b)
         return self._raw[b]
 
+    def replica(self, cfg: ParallelConfig, b: int) -> ReplicaCosts:
+        """One GPU's costs under `cfg` at micro-batch size b (cached: layouts share them)."""
+        # what the costs depend on: T, D only through ZeRO (its sharded optimizer step, ZeRO-3's
+        # gathers), and which links they use
+        key = (b, cfg.tp, cfg.dp if self.zero >= 1 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
+        if key not in self._per_gpu:
+            self._per_gpu[key] = replica_costs(self.raw(b), self.profile.names, replace(cfg, zero=self.zero), self.cluster)
+        return self._per_gpu[key]
+
     def costs(self, cfg: ParallelConfig, b: int) -> LayerCosts:
-        key = (b, cfg.tp, cfg.dp if self.zero >= 3 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
-        if key not in self._tp:
-            place = placement(cfg.dp, cfg.pp, cfg.tp, self.gpn, self.intra, self.inter)
-            self._tp[key] = tensor_parallel_costs(self.raw(b), self.blocks, cfg.tp, place.tp, cfg.dp, self.zero, place.dp,
-                                                   self.compute_scale)
-        return self._tp[key]
+        return self.replica(cfg, b).layers
 
 
 def bubble_slots(schedule: str, p: int, v: int) -> float:
@@ -124,11 +127,8 @@ def bubble_slots(schedule: str, p: int, v: int) -> float:
     return float(p - 1)
 
 
-def _layout(cfg: ParallelConfig, v: int, mem: float, gpn: int, ctx: ParallelCosts) -> Layout:
-    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
-    devices = tuple(Device(name=f"stage{i}", memory_bytes=int(mem)) for i in range(cfg.pp))
-    pairs = tuple((s, s + 1, l.bandwidth, l.latency_ms) for s, l in enumerate(place.pp))
-    links = Links(bandwidth_bytes_per_s=ctx.inter.bandwidth, latency_ms=ctx.inter.latency_ms, pairs=pairs)
+def _layout(cfg: ParallelConfig, v: int, mem: float, ctx: ParallelCosts) -> Layout:
+    devices, links = replica_layout(cfg, mem, ctx.cluster)
     return Layout(devices=devices, order=tuple(range(cfg.pp)), links=links, virtual_stages=v)
 
 
@@ -154,7 +154,7 @@ def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
     """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
     cfg = task.cfg
     costs = ctx.costs(cfg, task.b)
-    layout = _layout(cfg, task.v, mem, gpn, ctx)
+    layout = _layout(cfg, task.v, mem, ctx)
     prob = build_problem(costs, layout, inflight_peaks(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
                          recompute="all" if task.recompute == "full" else "none",
                          split_backward=get_schedule(task.schedule).split_backward)
@@ -170,7 +170,7 @@ def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol)
     """(M + bubble) x v x bottleneck + the largest stage's gradient sync (exposed) and optimizer step:
     never below the task's balanced estimate."""
     cfg = task.cfg
-    place = placement(cfg.dp, cfg.pp, cfg.tp, ctx.gpn, ctx.intra, ctx.inter)
+    place = ctx.place(cfg)
     cuts = sol.cuts
     params = np.concatenate([[0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=float))])
     opt = np.concatenate([[0.0], np.cumsum(np.asarray(costs.optimizer_ms, dtype=float))])
@@ -183,50 +183,21 @@ def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol)
     return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * task.v * sol.bottleneck_ms + max(per_rank.values())
 
 
-def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, gpn: int, flops, seq: int, batch: int, n: int) -> ParallelCandidate:
-    """Simulate the DP's solution of `task`; per-GPU memory with ZeRO, FLOP/s and MFU from `flops`."""
+def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, flops: ModelFlops) -> ParallelCandidate:
+    """Simulate the DP's solution of `task` (planner.simulation.replica): per-GPU memory with
+    ZeRO, TFLOP/s and MFU from `flops`."""
     cfg = task.cfg
-    costs = ctx.costs(cfg, task.b)
-    layout = _layout(cfg, task.v, mem, gpn, ctx)
-    place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
-    sched = generate(task.schedule, cfg.pp, task.m, task.v)
-    cuts = sol.cuts
-    stages, syncs = [], []
-    bpp = zero_bytes_per_param(cfg.dp, ctx.zero)
-    for s in range(len(cuts) - 1):
-        st = stage_cost(costs, cuts[s], cuts[s + 1], sol.recompute[s], "adam")
-        sync = grad_sync_ms(st.param_bytes, cfg.dp, ctx.zero, place.dp)
-        syncs.append(sync)
-        stages.append(replace(st, optimizer_ms=st.optimizer_ms + (exposed_sync_ms(sync, st.bwd_ms) if ctx.overlap else sync),
-                              static_bytes=st.param_bytes / 2.0 * bpp))
-    sim = simulate_costs(sched, stages, [layout.device_of(s) for s in range(len(stages))], layout.devices, layout.links,
-                         micro_batch_size=task.b)
-    peak, breakdown = 0.0, {}
-    for r in range(cfg.pp):
-        params = sum(st.param_bytes for i, st in enumerate(stages) if layout.device_of(i) == r) / 2.0
-        mb = sim.memory[r]
-        parts = {
-            "weights": params * 2.0 / (cfg.dp if ctx.zero >= 3 else 1),
-            "gradients": params * 2.0 / (cfg.dp if ctx.zero >= 2 else 1),
-            "optimizer": params * 12.0 / (cfg.dp if ctx.zero >= 1 else 1),
-            "activations": mb.activations,
-            "buffers": mb.buffers,
-        }
-        total = sum(parts.values())
-        if total > peak:
-            peak, breakdown = total, {k: int(x) for k, x in parts.items()} | {"total": int(total)}
-    it = sim.iteration_ms
-    achieved, fwd_bwd = flops(task.recompute == "full")
-    tp_comm = 0.0
-    if cfg.tp > 1:
-        out = np.asarray(costs.output_bytes, dtype=float)
-        per_layer = np.where(ctx.blocks, 4.0 * allreduce_ms(out, cfg.tp, place.tp), 0.0)
-        tp_comm = max(float(np.sum(per_layer[cuts[s]:cuts[s + 1]])) for s in range(len(cuts) - 1))
-    sec = it / 1e3
+    layout = _layout(cfg, task.v, mem, ctx)
+    sim = simulate_replica(generate(task.schedule, cfg.pp, task.m, task.v), ctx.replica(cfg, task.b), sol.cuts,
+                           sol.recompute, cfg, ctx.cluster, flops, devices=layout.devices, links=layout.links,
+                           stage_device=[layout.device_of(s) for s in range(len(sol.cuts) - 1)], micro_batch_size=task.b)
+    rep = sim.replica
+    worst = max(range(sim.n_devices), key=lambda d: (sim.peak_memory_bytes[d], -d))
+    peak = float(sim.peak_memory_bytes[worst])
     return ParallelCandidate(
         config=cfg, schedule=task.schedule, micro_batch_size=task.b, n_microbatches=task.m, recompute=task.recompute,
-        cuts=tuple(int(c) for c in cuts), iteration_ms=it, samples_per_s=batch / sec, tokens_per_s=batch * seq / sec,
-        peak_memory_bytes=peak, memory=breakdown, tflops_per_gpu=achieved / (sec * n) / 1e12,
-        mfu=fwd_bwd / (sec * n * ctx.hw.peak_bf16_flops_per_s), bubble_fraction=sim.bubble_fraction,
-        grad_sync_ms=max(syncs) if syncs else 0.0, tp_comm_ms=tp_comm, fits=peak <= mem,
+        cuts=tuple(int(c) for c in sol.cuts), iteration_ms=sim.iteration_ms, samples_per_s=sim.throughput_samples_per_s,
+        tokens_per_s=rep.tokens_per_s, peak_memory_bytes=peak, memory=sim.memory[worst].as_dict(),
+        tflops_per_gpu=rep.tflops_per_gpu, mfu=rep.mfu, bubble_fraction=sim.bubble_fraction,
+        grad_sync_ms=rep.grad_sync_ms, tp_comm_ms=rep.tp_comm_ms, fits=peak <= mem,
     )

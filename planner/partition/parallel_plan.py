@@ -2,18 +2,21 @@
 
 The plan holds one pipeline replica: `pp` devices (each standing for a tensor-parallel group
 of `tp` GPUs), the chosen cuts, schedule, micro-batches per replica and recompute, with
-`parallel` = {dp, pp, tp, zero}; its global batch is dp x micro-batch size x micro-batches.
-`predicted` carries what the 3D search simulated (iteration time, tokens/s, TFLOP/s per GPU,
-MFU) so `pplan simulate` and reports can show it without the cluster at hand.
+`parallel` = {dp, pp, tp, zero, gpus_per_node, hardware}; its global batch is dp x micro-batch
+size x micro-batches. `predicted` carries what the 3D search simulated (iteration time,
+tokens/s, TFLOP/s per GPU, MFU); `pplan simulate` prices the plan again on the same hardware
+(planner.simulation.replica) and draws its timeline with the collectives on it.
 """
 
 from __future__ import annotations
 
-from planner.cost.parallel import Link2, placement
+from dataclasses import replace
+
 from planner.hardware import Hardware
 from planner.partition.parallel_search import ParallelCandidate, ParallelResult
-from planner.plan import Device, Links, Plan, Prediction, StagePlan
+from planner.plan import Plan, Prediction, StagePlan
 from planner.profiling.profile import Profile
+from planner.simulation.replica import Cluster, replica_layout
 
 __all__ = ["parallel_plan"]
 
@@ -22,13 +25,8 @@ def parallel_plan(result: ParallelResult, profile: Profile, hardware: Hardware,
                   candidate: ParallelCandidate | None = None) -> Plan:
     """The plan of `candidate` (default: the best) of `result`, searched on `profile` and `hardware`."""
     c = candidate or result.best
-    cfg = c.config
-    intra = Link2(hardware.intra_node_bandwidth_bytes_per_s, hardware.intra_node_latency_ms)
-    inter = Link2(hardware.inter_node_bandwidth_bytes_per_s, hardware.inter_node_latency_ms)
-    place = placement(cfg.dp, cfg.pp, cfg.tp, result.gpus_per_node, intra, inter)
-    devices = tuple(Device(name=f"tp-group{i}", memory_bytes=int(hardware.memory_bytes)) for i in range(cfg.pp))
-    links = Links(bandwidth_bytes_per_s=inter.bandwidth, latency_ms=inter.latency_ms,
-                  pairs=tuple((s, s + 1, link.bandwidth, link.latency_ms) for s, link in enumerate(place.pp)))
+    cfg = replace(c.config, gpus_per_node=result.gpus_per_node, hardware=hardware.name)
+    devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, result.gpus_per_node))
     stages = []
     for s in range(len(c.cuts) - 1):
         first, end = c.cuts[s], c.cuts[s + 1]

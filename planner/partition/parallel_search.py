@@ -28,10 +28,9 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.cost.parallel import allreduce_ms, gpt_model_flops, placement, zero_bytes_per_param
-from planner.errors import InfeasibleError, ModelSpecError, PplanError, ScheduleError
+from planner.cost.parallel import allreduce_ms, model_flops, zero_bytes_per_param
+from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.hardware import Hardware, load_hardware
-from planner.models.spec import parse_spec
 from planner.parallel import ParallelConfig, parse_parallel
 from planner.partition.parallel_eval import (
     ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, simulate_task, solve_task,
@@ -76,26 +75,6 @@ class ParallelResult:
     """Pipeline DPs run."""
     skipped: tuple[str, ...]
     """Layouts left out, with the reason."""
-
-
-def _model_info(profile: Profile) -> dict | None:
-    try:
-        kind, p = parse_spec(profile.meta.get("model", ""))
-    except (ModelSpecError, PplanError):
-        return None
-    return p if kind == "gpt" else None
-
-
-def _flops_fn(profile: Profile, gpt: dict | None, batch: int):
-    """(recompute: bool) -> (achieved FLOPs, forward + backward FLOPs) of one iteration."""
-    if gpt is not None:
-        args = (batch, gpt["seq"], gpt["layers"], gpt["hidden"], gpt["vocab"])
-        return (lambda rec: (gpt_model_flops(*args, rec), gpt_model_flops(*args, False))), "Narayanan et al. 2021, eq. 3"
-    if "flops" in profile.present:
-        k = 0
-        fwd = float(np.sum(profile.columns["flops"][:, k])) / profile.micro_batch_sizes[k] * batch
-        return (lambda rec: ((4.0 if rec else 3.0) * fwd, 3.0 * fwd)), "profile flops column: 3 x forward (+1 x forward recomputed)"
-    return (lambda rec: (0.0, 0.0)), "none (the profile has no flops column)"
 
 
 def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
@@ -175,9 +154,7 @@ def plan_parallel(
         profile = analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
     n = nodes * gpn
     mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
-    gpt = _model_info(profile)
-    seq = int(gpt["seq"]) if gpt else 1
-    flops, flops_source = _flops_fn(profile, gpt, global_batch)
+    flops = model_flops(profile, global_batch)
     names = tuple(schedules or SCHEDULE_NAMES)
     for name in names:
         get_schedule(name)
@@ -194,12 +171,12 @@ def plan_parallel(
     if not found:
         raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
     found.sort(key=lambda x: x[0])
-    sims = [simulate_task(ctx, task, sol, mem, gpn, flops, seq, global_batch, n) for _, task, sol in found[:keep]]
+    sims = [simulate_task(ctx, task, sol, mem, flops) for _, task, sol in found[:keep]]
     sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
     if not sims[0].fits:
         raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
-                          global_batch=global_batch, seq=seq, flops_source=flops_source, layouts=len(layouts),
+                          global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, layouts=len(layouts),
                           solved=solved, skipped=tuple(skipped))
 
 
@@ -225,7 +202,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
             costs = ctx.costs(cfg, b)
             per_mb = float(np.sum(costs.fwd_ms) + np.sum(costs.bwd_ms))
             refwd = float(np.sum(costs.fwd_ms))
-            place = placement(cfg.dp, cfg.pp, cfg.tp, gpn, ctx.intra, ctx.inter)
+            place = ctx.place(cfg)
             sync = float(allreduce_ms(ctx.params * 2.0 / (cfg.tp * cfg.pp), cfg.dp, place.dp)) if cfg.dp > 1 else 0.0
             opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
             for name in names:

@@ -17,7 +17,7 @@ from planner.simulation.result import TimelineRow
 
 __all__ = ["as_rows", "draw_gantt", "gantt_figure", "gantt_compare_figure", "gantt_png"]
 
-_KIND_ORDER = ("F", "B", "I", "W", "R", "O", "C")
+_KIND_ORDER = ("F", "B", "I", "W", "R", "T", "A", "O", "C")
 _IDLE_COLOR = "#F3D9D9"
 _MAX_LABELS = 1500  # beyond this many boxes, numbers would be unreadable anyway
 
@@ -55,6 +55,8 @@ def draw_gantt(ax: Any, rows: Sequence[Any], n_devices: int | None = None,
         color = KIND_COLORS.get(kind, "#333333")
         if kind == "C":
             ax.broken_barh(spans, (d + height / 2 + 0.02, comm_h), facecolors=color, edgecolor="none", zorder=2)
+        elif kind == "A":  # the gradient sync overlaps the last backward: its own thin lane above the bar
+            ax.broken_barh(spans, (d - height / 2 - 0.02 - comm_h, comm_h), facecolors=color, edgecolor="none", zorder=2)
         else:
             ax.broken_barh(spans, (d - height / 2, height), facecolors=color, edgecolor="white", linewidth=0.4, zorder=3)
     compute = [r for r in rows if r.kind in "FBIWR" and r.microbatch >= 0]

@@ -29,11 +29,12 @@ __all__ = [
 # One color per kind of timeline interval, the same in every Gantt chart.
 KIND_COLORS = {
     "F": "#4C72B0", "B": "#55A868", "I": "#8BC97A", "W": "#2D7F5E",
-    "R": "#DD8452", "C": "#9A9A9A", "O": "#8172B3",
+    "R": "#DD8452", "C": "#9A9A9A", "O": "#8172B3", "T": "#C44E52", "A": "#DA8BC3",
 }
 KIND_LABELS = {
     "F": "forward", "B": "backward", "I": "backward (input grad)", "W": "backward (weight grad)",
-    "R": "recompute", "C": "transfer", "O": "optimizer step",
+    "R": "recompute", "C": "transfer", "O": "optimizer step", "T": "tensor-parallel collectives",
+    "A": "gradient sync (data parallel)",
 }
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "buffers")
 MEMORY_COLORS = {

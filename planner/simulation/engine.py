@@ -9,8 +9,13 @@ Model (docs/simulator.md):
   link carries one transfer at a time, first-in first-out.
 - Recomputed layers cost their forward again just before the backward (folded into B/I by
   planner.cost; the timeline shows that part as an R row).
-- Each device ends the iteration with its optimizer step after its last backward work;
-  iteration time = max over devices of that end (+ calibration.step_overhead_ms).
+- Data parallelism: a stage's gradient synchronisation (StageCost.grad_sync_ms) starts inside
+  its last backward, which hides up to that backward's length of it (overlap_grad_sync; without
+  overlap it all runs after); the exposed rest delays the optimizer step. Tensor-parallel
+  collectives are part of each F/B/I (StageCost.comm_*_ms), drawn as a T row at the box's end.
+- Each device ends the iteration with its optimizer step after its last backward work and
+  its exposed gradient sync; iteration time = max over devices of that end
+  (+ calibration.step_overhead_ms).
 - Calibration: compute times pass through planner.cost.action_ms (scale, plus the per-action
   overhead); the optimizer step is scaled only (cost.scaled_ms); a transfer costs
   cost.link_ms, where comm_latency_ms / comm_bandwidth_bytes_per_s replace every link's values.
@@ -19,10 +24,12 @@ Every duration and byte count comes from planner.cost; this module only orders t
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, action_ms, link_between, link_ms, scaled_ms, stage_memory
+from planner.cost.memory import MemoryBreakdown
+from planner.cost.parallel import rank_exposed_sync_ms
 from planner.errors import PlanError
 from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
@@ -47,11 +54,16 @@ def simulate_costs(
     calibration: Calibration | None = None,
     record_timeline: bool = False,
     interpolated: bool = False,
+    overlap_grad_sync: bool = True,
+    memory_model: Callable[[Sequence[StageCost], float], MemoryBreakdown] | None = None,
 ) -> SimResult:
     """Simulate one iteration of `schedule` with per-stage costs (already divided by device speed).
 
     `stage_device[s]` is the device index (into `devices`) of stage s; all stages of one rank
     must share a device and different ranks need different devices. ScheduleError on deadlock.
+    `memory_model(stages, peak activation bytes)` prices a device's memory (default: one
+    pipeline's, planner.cost.stage_memory with `optimizer`; a data-parallel replica passes
+    planner.cost.parallel.replica_memory for ZeRO's sharding).
     """
     cs = compile_schedule(schedule)
     cal = calibration or _IDENTITY
@@ -61,24 +73,15 @@ def simulate_costs(
     res = sweep(cs, dur, send_ms, link, n_links, order=schedule.order)
 
     n_dev = len(devices)
-    opt_start = [0.0] * n_dev
-    opt_end = [0.0] * n_dev
-    busy = [0.0] * n_dev
-    for r, d in enumerate(rank_device):
-        opt = scaled_ms(sum(stages[s].optimizer_ms for s in cs.rank_stages[r]), cal)
-        opt_start[d] = res.device_end[r]
-        opt_end[d] = res.device_end[r] + opt
-        busy[d] = opt + sum(n * dur[k] for k, n in cs.rank_keys[r])
+    sync = _grad_syncs(cs, stages, rank_device, n_dev, overlap_grad_sync)
+    opt_start, opt_end, busy = _device_ends(cs, res, stages, rank_device, n_dev, dur, sync, cal)
     iteration = float(max(opt_end) + cal.step_overhead_ms)
-    busy = [float(b) for b in busy]
-    act = activation_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
-    memory = [stage_memory([], 0.0, optimizer)] * n_dev
-    for r, d in enumerate(rank_device):
-        memory[d] = stage_memory([stages[s] for s in cs.rank_stages[r]], act[r], optimizer)
+    price = memory_model or (lambda sts, peak: stage_memory(list(sts), peak, optimizer))
+    memory = _device_memory(schedule, cs, stages, rank_device, n_dev, price)
     timeline: tuple[TimelineRow, ...] = ()
     mem_timeline: dict[int, tuple[tuple[float, float], ...]] = {}
     if record_timeline:
-        timeline = _timeline_rows(cs, res, stages, stage_device, cal, rank_device, opt_start, opt_end)
+        timeline = _timeline_rows(cs, res, stages, stage_device, cal, rank_device, opt_start, opt_end, sync)
         mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory)
     total_busy = sum(busy)
     return SimResult(
@@ -99,6 +102,32 @@ def simulate_costs(
         timeline=timeline,
         memory_timeline=mem_timeline,
     )
+
+
+def _device_ends(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], rank_device: list[int], n_dev: int,
+                 dur: list[float], sync: list[tuple[float, float]], cal: Calibration) -> tuple[list[float], list[float], list[float]]:
+    """Per device: optimizer step start and end (after its last backward and its exposed
+    gradient sync) and busy time."""
+    opt_start = [0.0] * n_dev
+    opt_end = [0.0] * n_dev
+    busy = [0.0] * n_dev
+    for r, d in enumerate(rank_device):
+        opt = scaled_ms(sum(stages[s].optimizer_ms for s in cs.rank_stages[r]), cal)
+        opt_start[d] = res.device_end[r] + sync[d][1]
+        opt_end[d] = opt_start[d] + opt
+        # an exposed gradient sync counts as busy: it is not a pipeline bubble
+        busy[d] = float(opt + sync[d][1] + sum(n * dur[k] for k, n in cs.rank_keys[r]))
+    return opt_start, opt_end, busy
+
+
+def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Sequence[StageCost], rank_device: list[int],
+                   n_dev: int, price: Callable[[Sequence[StageCost], float], MemoryBreakdown]) -> list[MemoryBreakdown]:
+    """Per device: peak memory of its stages at the schedule's activation peak."""
+    act = activation_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
+    memory = [price([], 0.0)] * n_dev
+    for r, d in enumerate(rank_device):
+        memory[d] = price([stages[s] for s in cs.rank_stages[r]], act[r])
+    return memory
 
 
 def _rank_devices(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int],
@@ -144,8 +173,27 @@ def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Seq
     return dur, send, link, len(link_ids)
 
 
+def _grad_syncs(cs: CompiledSchedule, stages: Sequence[StageCost], rank_device: list[int], n_dev: int,
+                overlap: bool) -> list[tuple[float, float]]:
+    """Device -> (hidden, exposed) ms of its stages' data-parallel gradient sync."""
+    out = [(0.0, 0.0)] * n_dev
+    for r, d in enumerate(rank_device):
+        mine = [stages[s] for s in cs.rank_stages[r]]
+        exposed = rank_exposed_sync_ms(mine, overlap)
+        out[d] = (sum(st.grad_sync_ms for st in mine) - exposed, exposed)
+    return out
+
+
+def _comm_tail_ms(st: StageCost, kind: int) -> float:
+    """The collective part of an F, B or I box (drawn at the box's end)."""
+    if kind == CODE_F:
+        return st.comm_fwd_ms
+    return st.comm_bwd_ms if kind in (CODE_B, CODE_I) else 0.0
+
+
 def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], stage_device: Sequence[int],
-                   cal: Calibration, rank_device: list[int], opt_start: list[float], opt_end: list[float]) -> tuple[TimelineRow, ...]:
+                   cal: Calibration, rank_device: list[int], opt_start: list[float], opt_end: list[float],
+                   sync: list[tuple[float, float]]) -> tuple[TimelineRow, ...]:
     rows: list[TimelineRow] = []
     for r in range(cs.n_ranks):
         d = rank_device[r]
@@ -157,9 +205,15 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
             if rec > 0:
                 rows.append(TimelineRow(d, s, "R", m, t0, t0 + rec))
                 t0 += rec
-            rows.append(TimelineRow(d, s, KINDS[kind], m, t0, t1))
+            comm = min(_comm_tail_ms(stages[s], kind), t1 - t0)
+            rows.append(TimelineRow(d, s, KINDS[kind], m, t0, t1 - comm))
+            if comm > 0:
+                rows.append(TimelineRow(d, s, "T", m, t1 - comm, t1))
             if res.send_start[a] >= 0:
                 rows.append(TimelineRow(d, s, "C", m, res.send_start[a], res.ready[a]))
+        hidden, exposed = sync[d]
+        if hidden + exposed > 0:
+            rows.append(TimelineRow(d, -1, "A", -1, res.device_end[r] - hidden, res.device_end[r] + exposed))
         rows.append(TimelineRow(d, -1, "O", -1, opt_start[d], opt_end[d]))
     rows.sort(key=lambda x: (x.start_ms, x.device, x.kind == "C", x.stage))
     return tuple(rows)

@@ -9,17 +9,21 @@ from typing import Any, NamedTuple
 from planner.cost import MemoryBreakdown
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction
 
-__all__ = ["TimelineRow", "SimResult", "TIMELINE_COLUMNS"]
+__all__ = ["TimelineRow", "SimResult", "TIMELINE_COLUMNS", "TIMELINE_KINDS", "ReplicaMetrics"]
 
 TIMELINE_COLUMNS = ("device", "stage", "kind", "microbatch", "start_ms", "end_ms")
+TIMELINE_KINDS = ("F", "B", "I", "W", "R", "T", "C", "A", "O")
+"""Every kind a timeline row may have (TimelineRow's docstring says what each is)."""
 
 
 class TimelineRow(NamedTuple):
     """One box of the timeline (the timeline CSV's columns).
 
     kind: F B I W compute, R the recompute part of a backward (its own row just before the B/I),
-    C a transfer (device = sender, stage = sending stage), O the optimizer step (microbatch -1,
-    stage -1).
+    T the tensor-parallel collectives at the end of an F, B or I box (its own row), C a transfer
+    (device = sender, stage = sending stage), A the data-parallel gradient sync (microbatch -1,
+    stage -1; it starts inside the last backward when that hides part of it), O the optimizer
+    step (microbatch -1, stage -1).
     """
 
     device: int
@@ -28,6 +32,32 @@ class TimelineRow(NamedTuple):
     microbatch: int
     start_ms: float
     end_ms: float
+
+
+@dataclass(frozen=True)
+class ReplicaMetrics:
+    """What a data x pipeline x tensor plan adds to the simulation of its one pipeline replica."""
+
+    layout: str
+    """dp=D,pp=P,tp=T (and zero=Z)."""
+    gpus: int
+    """D x P x T."""
+    hardware: str
+    """The hardware the costs are for."""
+    global_batch: int
+    """Samples per iteration over all replicas."""
+    tokens_per_s: float
+    """Tokens per second over all replicas."""
+    tflops_per_gpu: float
+    """Achieved model TFLOP/s per GPU (recomputed forwards counted, as Narayanan et al. 2021)."""
+    mfu: float
+    """Forward + backward model FLOPs / (iteration time x GPUs x the hardware's peak)."""
+    grad_sync_ms: float
+    """Largest stage's data-parallel gradient sync before overlap, ms."""
+    grad_sync_exposed_ms: float
+    """Largest device's gradient sync not hidden by its last backward, ms."""
+    tp_comm_ms: float
+    """Tensor-parallel collectives of one micro-batch (forward + backward) on the busiest stage, ms."""
 
 
 @dataclass(frozen=True)
@@ -64,6 +94,8 @@ class SimResult:
     """Every box of the iteration, sorted by start time (empty unless record_timeline)."""
     memory_timeline: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     """Device index -> (time ms, total bytes) after each change (empty unless record_timeline)."""
+    replica: ReplicaMetrics | None = None
+    """Data x pipeline x tensor plans: the cluster-wide figures (throughput is then over all replicas)."""
 
     @property
     def n_devices(self) -> int:
@@ -98,7 +130,15 @@ class SimResult:
                 )
                 for d in range(self.n_devices)
             ),
+            **self._replica_fields(),
         )
+
+    def _replica_fields(self) -> dict[str, Any]:
+        rep = self.replica
+        if rep is None:
+            return {}
+        return {"tokens_per_s": rep.tokens_per_s, "tflops_per_gpu": rep.tflops_per_gpu, "mfu": rep.mfu,
+                "grad_sync_ms": rep.grad_sync_ms, "tp_comm_ms": rep.tp_comm_ms, "hardware": rep.hardware}
 
     def to_dict(self) -> dict[str, Any]:
         """The simulation JSON layout (docs/simulator.md): the prediction, then memory_timeline."""
