@@ -14,6 +14,8 @@ from planner.partition import PartitionSettings, partition
 from planner.partition.synthetic import uniform_layers
 from planner.plan import Device, Links
 
+from helpers.asserts import assert_file_refused
+
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "cluster.json"
 
 
@@ -53,17 +55,16 @@ def test_bad_cluster_descriptions_are_one_line_errors(data, needle):
     assert needle in info.value.one_line() and "\n" not in info.value.one_line()
 
 
-def test_unreadable_cluster_files(tmp_path):
-    bad = tmp_path / "c.json"
-    bad.write_text("{not json")
-    with pytest.raises(ClusterError, match="invalid JSON"):
-        load_cluster(bad)
-    bad.write_text('{"devices": [{"name": "a", "name": "b"}]}')
-    with pytest.raises(ClusterError, match="appears twice"):
-        load_cluster(bad)
-    bad.write_text('{"devices": [{"name": "a", "speed": 1e400}]}')
-    with pytest.raises(ClusterError, match="out of range"):
-        load_cluster(bad)
+@pytest.mark.parametrize("text, match", [
+    ("{not json", "invalid JSON"),
+    ('{"devices": [{"name": "a", "name": "b"}]}', "appears twice"),
+    ('{"devices": [{"name": "a", "speed": 1e400}]}', "out of range"),
+])
+def test_unreadable_cluster_files(tmp_path, text, match):
+    assert_file_refused(load_cluster, tmp_path / "c.json", text, ClusterError, match)
+
+
+def test_missing_cluster_file(tmp_path):
     with pytest.raises(ClusterError, match="does not exist"):
         load_cluster(tmp_path / "missing.json")
 

@@ -6,6 +6,8 @@ from planner.atomic import atomic_open, atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, load_calibration, write_calibration
 from planner.errors import PplanError
 
+from helpers.asserts import assert_file_refused
+
 
 def test_failed_write_leaves_old_file_and_no_temp(tmp_path):
     target = tmp_path / "out.txt"
@@ -28,11 +30,6 @@ def test_calibration_round_trip(tmp_path):
     assert cal.apply_compute(10.0) == pytest.approx(11.2)
 
 
-def test_bad_calibration(tmp_path):
-    p = tmp_path / "c.json"
-    p.write_text('{"compute_scale": -1}')
-    with pytest.raises(PplanError, match="compute_scale"):
-        load_calibration(p)
-    p.write_text("{not json")
-    with pytest.raises(PplanError, match="not valid JSON"):
-        load_calibration(p)
+@pytest.mark.parametrize("text, match", [('{"compute_scale": -1}', "compute_scale"), ("{not json", "not valid JSON")])
+def test_bad_calibration(tmp_path, text, match):
+    assert_file_refused(load_calibration, tmp_path / "c.json", text, PplanError, match)

@@ -20,27 +20,23 @@ from planner.errors import ProfileError
 from planner.graph import SkipEdge, crossing_bytes
 from planner.partition import PartitionSettings, partition
 from planner.partition.brute import solve_brute
-from planner.partition.build import Layout, build_problem, stage_costs
+from planner.partition.build import Layout, build_problem
 from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.ilp import solve_ilp
-from planner.partition.problem import PartitionProblem, passthrough_table, recompute_family, stage_bytes, stage_passthrough
-from planner.partition.search import CandidateEvaluator, GridPoint
+from planner.partition.problem import PartitionProblem, passthrough_table, stage_bytes, stage_passthrough
 from planner.plan import Device, Links, Plan, StagePlan
 from planner.profiling.profile import load_profile, make_profile, profile_to_text, read_profile_text
-from planner.schedules import SCHEDULE_NAMES, generate
-from planner.simulate import simulate, simulate_costs
+from planner.simulate import simulate
 
 from helpers.figures import layer_graph_counts
+from helpers.graphs import UNET_EDGES, UNET_NAMES, UNET_OUTPUT_BYTES
+from helpers.oracles import brute_min_scale, dp_plan_fits_the_simulator
 from helpers.problems import MODES, objective, random_problem
+from helpers.profiles import SIZES, random_edges, random_profile
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = sorted((ROOT / "profiles").glob("*.csv"))
-SIZES = [1, 2, 4]
-
-# The U-Net of tests/unet_model.py (width 4, image 16), bytes per sample as docs/graph.md lists.
-UNET_NAMES = ["enc1", "down1", "enc2", "down2", "mid", "up2", "dec2", "up1", "dec1", "head"]
-UNET_CHAIN = np.array([0, 1024, 0, 512, 1024, 4096, 2048, 8192, 4096, 2048], dtype=float)
-UNET_EDGES = (SkipEdge(0, 7, 4096, (1,)), SkipEdge(2, 5, 2048, (3,)))
+UNET_CHAIN = np.array(UNET_OUTPUT_BYTES, dtype=float)
 
 
 def unet_profile(edges=UNET_EDGES):
@@ -53,34 +49,7 @@ def unet_profile(edges=UNET_EDGES):
         "activation_bytes": np.array([19472, 6144, 9232, 3072, 4624, 1024, 12304, 2048, 24592, 8192.0])[:, None] * b,
         "output_bytes": UNET_CHAIN[:, None] * b,
     }
-    return make_profile(UNET_NAMES, SIZES, cols, {"model": "tests.unet_model:build", "input_bytes_per_sample": "3072"}, skip_edges=edges)
-
-
-def random_edges(rng: np.random.Generator, n_layers: int, scale: float = 1.0, max_edges: int = 3) -> tuple[SkipEdge, ...]:
-    """Up to max_edges skip tensors with random producers, readers and bytes per sample."""
-    edges: dict[tuple, SkipEdge] = {}
-    for _ in range(int(rng.integers(0, max_edges + 1))):
-        if n_layers < 3:
-            break
-        src = int(rng.integers(0, n_layers - 2))
-        dst = int(rng.integers(src + 2, n_layers))
-        mids = tuple(c for c in range(src + 1, dst) if rng.random() < 0.3)
-        edges[(src, mids + (dst,))] = SkipEdge(src, dst, int(rng.integers(1, 40) * scale), mids)
-    return tuple(sorted(edges.values()))
-
-
-def random_graph_profile(rng: np.random.Generator, n_layers: int):
-    """A random profile with random skip edges (bytes comparable to the chain outputs)."""
-    b = np.array(SIZES, dtype=float)[None, :]
-    per = lambda lo, hi: rng.uniform(lo, hi, (n_layers, 1))  # noqa: E731
-    fwd = per(0.1, 2.0) * (b + rng.uniform(0, 2))
-    cols = {
-        "fwd_ms": np.round(fwd, 4), "bwd_ms": np.round(fwd * rng.uniform(1.5, 2.5), 4),
-        "param_bytes": np.repeat(np.round(per(1e5, 5e7)), 3, axis=1),
-        "activation_bytes": np.round(per(1e5, 3e7) * b), "output_bytes": np.round(per(1e4, 3e6) * b),
-    }
-    edges = random_edges(rng, n_layers, scale=1e5, max_edges=4)
-    return make_profile([f"l{i}" for i in range(n_layers)], SIZES, cols, {"input_bytes_per_sample": "1000", "seed": "3"}, skip_edges=edges)
+    return make_profile(list(UNET_NAMES), SIZES, cols, {"model": "tests.unet_model:build", "input_bytes_per_sample": "3072"}, skip_edges=edges)
 
 
 # --- profile format -------------------------------------------------------------------------
@@ -137,7 +106,7 @@ def test_stage_cost_charges_crossing_passthrough_and_checkpoint_inputs():
     checked = 0
     for _ in range(40):
         n = int(rng.integers(3, 9))
-        prof = random_graph_profile(rng, n)
+        prof = random_profile(rng, n, skip_edges=True)
         if not prof.skip_edges:
             continue
         b = int(rng.choice([1, 2, 3, 4, 8]))  # 3 and 8 are interpolated
@@ -239,15 +208,7 @@ def test_min_memory_scale_counts_passthrough():
     for case in range(150):
         base = random_problem(rng, MODES[case % 3])
         p = _with_edges(base, random_edges(rng, base.n_layers))
-        best = np.inf
-        for inner in itertools.combinations(range(1, p.n_layers), p.n_stages - 1):
-            cuts = (0, *inner, p.n_layers)
-            worst = 0.0
-            for s in range(p.n_stages):
-                least = min(stage_bytes(p, s, cuts[s], cuts[s + 1], r) for r in recompute_family(p, cuts[s], cuts[s + 1]))
-                worst = max(worst, least / p.budget[s] if np.isfinite(p.budget[s]) else 0.0)
-            best = min(best, worst)
-        assert min_memory_scale(p)[0] == pytest.approx(best, rel=1e-12, abs=1e-12)
+        assert min_memory_scale(p)[0] == pytest.approx(brute_min_scale(p), rel=1e-12, abs=1e-12)
 
 
 def _two_cut_profile(with_edge: bool):
@@ -279,31 +240,12 @@ def test_dp_feasible_plans_fit_in_the_simulator_on_random_non_chain_profiles():
     rng = np.random.default_rng(4048)
     checked = through = 0
     for case in range(70):
-        prof = random_graph_profile(rng, int(rng.integers(3, 11)))
-        n = int(rng.integers(1, min(prof.n_layers, 4) + 1))
-        schedule = SCHEDULE_NAMES[case % 4]
-        v = 2 if schedule == "interleaved" else 1
-        m = n * int(rng.integers(1, 4))
-        if n * v > prof.n_layers:
+        found = dp_plan_fits_the_simulator(rng, case, random_profile(rng, int(rng.integers(3, 11)), skip_edges=True))
+        if found is None:
             continue
-        limit = int(rng.uniform(0.05, 0.6) * 16 * prof.columns["param_bytes"][:, 0].sum() + 4e8)
-        devices = tuple(Device(f"d{i}", limit, speed=float(rng.choice([1.0, 0.5]))) for i in range(n))
-        layout = Layout(devices, tuple(range(n)), Links(bandwidth_bytes_per_s=1e9, latency_ms=0.02), v)
-        settings = PartitionSettings(n_devices=n, memory_bytes=limit, global_batch=4 * m, recompute=("auto", "none", "all")[case % 3])
-        problem = CandidateEvaluator(prof, settings, None).problem(GridPoint(schedule, m, 4, v), layout)
-        sol = solve_dp(problem)
-        if sol is None:
-            continue
+        problem, sol = found
         checked += 1
         through += any(stage_passthrough(problem, i, j) > 0 for i, j in zip(sol.cuts, sol.cuts[1:]))
-        sim = simulate_costs(generate(schedule, n, m, v), stage_costs(prof.at(4), layout, sol.cuts, sol.recompute, "adam"),
-                             [layout.device_of(s) for s in range(layout.n_stages)], devices, layout.links, micro_batch_size=4)
-        assert sim.fits, (case, sol, sim.peak_memory_bytes, limit)
-        if v == 1:
-            for s in range(n):
-                assert sim.peak_memory_bytes[s] <= sol.stage_bytes[s] * (1 + 1e-12)
-                if schedule in ("gpipe", "1f1b"):
-                    assert sim.peak_memory_bytes[s] == pytest.approx(sol.stage_bytes[s], rel=1e-9)
     assert checked >= 25 and through >= 5
 
 

@@ -25,9 +25,11 @@ from planner.profiling.profile import load_profile, profile_to_text
 from planner.profiling.profiler import profile_model
 from planner.profiling.saved import tensor_bytes
 
+from helpers.graphs import UNET_EDGES
+from helpers.pipes import stage_sends
+
 ROOT = Path(__file__).resolve().parents[1]
 UNET = "tests.unet_model:build"
-UNET_EDGES = (SkipEdge(0, 7, 4096, (1,)), SkipEdge(2, 5, 2048, (3,)))
 
 
 class Residual(nn.Module):
@@ -197,25 +199,11 @@ def _timeline_link_bytes(path: Path, bandwidth: float, latency_ms: float) -> dic
 
 def _pipeline_sends(model: nn.Module, lg, cuts: list[int], mb: torch.Tensor) -> np.ndarray:
     """Bytes each stage sends the next per micro-batch in torch's pipeline() with split_policy."""
-    import operator
-
     from torch.distributed.pipelining import pipeline
-    from torch.fx.passes.shape_prop import ShapeProp
 
     from planner.graph import split_policy
 
-    pipe = pipeline(model, (mb,), split_policy=split_policy(lg, cuts))
-    gm = pipe.split_gm
-    ShapeProp(gm).propagate(mb)
-    stage_of = {nd: i for i, nd in enumerate(n for n in gm.graph.nodes if n.op == "call_module")}
-    sends = np.zeros((len(stage_of), len(stage_of)))
-    for nd, dst in stage_of.items():
-        for arg in nd.all_input_nodes:
-            src = stage_of.get(arg.args[0] if arg.target is operator.getitem else arg)
-            if src is not None:
-                tm = arg.meta["tensor_meta"]
-                sends[src, dst] += tm.shape.numel() * tm.dtype.itemsize
-    return sends
+    return stage_sends(pipeline(model, (mb,), split_policy=split_policy(lg, cuts)), mb)
 
 
 def test_profile_partition_simulate_a_unet_end_to_end(pplan, monkeypatch, tmp_path):

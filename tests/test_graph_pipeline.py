@@ -10,36 +10,21 @@ from __future__ import annotations
 
 import json
 import multiprocessing as mp
-import operator
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from torch.distributed.pipelining import pipeline
-from torch.fx.passes.shape_prop import ShapeProp
 
 from planner.graph import direct_send_bytes, trace_layers
 from planner.graph.pipe import split_policy, split_spec
 from unet_model import build
 
+from helpers.pipes import stage_sends
+
 pytestmark = pytest.mark.slow
 MB = 2  # micro-batch size
-
-
-def _stage_sends(pipe, mb) -> np.ndarray:
-    """(S, S) forward bytes between the stages of a Pipe, read off its split graph."""
-    gm = pipe.split_gm
-    ShapeProp(gm).propagate(mb)
-    stage_of = {nd: i for i, nd in enumerate(n for n in gm.graph.nodes if n.op == "call_module")}
-    sends = np.zeros((len(stage_of), len(stage_of)))
-    for nd, dst in stage_of.items():
-        for arg in nd.all_input_nodes:
-            src = stage_of.get(arg.args[0] if arg.target is operator.getitem else arg)
-            if src is not None:
-                tm = arg.meta["tensor_meta"]
-                sends[src, dst] += tm.shape.numel() * tm.dtype.itemsize
-    return sends
 
 
 @pytest.mark.parametrize("cuts", [[4], [2, 6], [0, 4, 7]])
@@ -52,10 +37,10 @@ def test_pipeline_splits_where_planned_and_sends_what_the_planner_predicts(cuts)
     relayed = pipeline(build(), (x,), split_policy=split_policy(lg, cuts))
     assert by_spec.num_stages == direct.num_stages == relayed.num_stages == len(cuts) + 1
     want = direct_send_bytes(lg.n_layers, cuts, np.array(lg.output_bytes_per_sample) * MB, lg.skip_edges, MB)
-    assert np.array_equal(_stage_sends(by_spec, x), want)
-    assert np.array_equal(_stage_sends(direct, x), want)
+    assert np.array_equal(stage_sends(by_spec, x), want)
+    assert np.array_equal(stage_sends(direct, x), want)
     hops = np.diag(lg.crossing_bytes(MB)[cuts], k=1)  # neighbours only, the crossing bytes of each cut
-    assert np.array_equal(_stage_sends(relayed, x), hops)
+    assert np.array_equal(stage_sends(relayed, x), hops)
     # Stage modules keep the original parameter names, so state dicts map back.
     for pipe in (by_spec, relayed):
         names = {n for i in range(pipe.num_stages) for n, _ in pipe.get_stage_module(i).named_parameters()}

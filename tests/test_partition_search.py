@@ -9,62 +9,20 @@ import pytest
 from planner.calibration import Calibration
 from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.partition import PartitionSettings, partition, summary_dict, summary_text
-from planner.partition.build import Layout, stage_costs
-from planner.partition.dp import solve_dp
-from planner.partition.search import GridPoint, CandidateEvaluator
 from planner.partition.synthetic import gpt_like, synthetic_profile, uniform_layers
-from planner.plan import Device, Links, StagePlan, plan_to_json
-from planner.profiling.profile import make_profile
-from planner.schedules import SCHEDULE_NAMES, generate
-from planner.simulate import simulate, simulate_costs
+from planner.plan import StagePlan, plan_to_json
+from planner.simulate import simulate
 from planner.units import parse_bytes
 
-
-def random_profile(rng: np.random.Generator, n_layers: int):
-    sizes = [1, 2, 4]
-    b = np.array(sizes, dtype=float)[None, :]
-    per = lambda lo, hi: rng.uniform(lo, hi, (n_layers, 1))  # noqa: E731
-    fwd = per(0.1, 2.0) * (b + rng.uniform(0, 2))
-    cols = {
-        "fwd_ms": np.round(fwd, 4), "bwd_ms": np.round(fwd * rng.uniform(1.5, 2.5), 4),
-        "param_bytes": np.repeat(np.round(per(1e5, 5e7)), 3, axis=1),
-        "activation_bytes": np.round(per(1e5, 3e7) * b), "output_bytes": np.round(per(1e4, 3e6) * b),
-    }
-    return make_profile([f"l{i}" for i in range(n_layers)], sizes, cols, {"input_bytes_per_sample": "1000", "seed": "3"})
+from helpers.oracles import dp_plan_fits_the_simulator
+from helpers.profiles import random_profile
 
 
 def test_dp_feasible_plans_fit_in_the_simulator_on_random_instances():
     rng = np.random.default_rng(2024)
     checked = 0
     for case in range(60):
-        prof = random_profile(rng, int(rng.integers(2, 11)))
-        n = int(rng.integers(1, min(prof.n_layers, 4) + 1))
-        schedule = SCHEDULE_NAMES[case % 4]
-        v = 2 if schedule == "interleaved" else 1
-        m = n * int(rng.integers(1, 4))
-        if n * v > prof.n_layers:
-            continue
-        limit = int(rng.uniform(0.05, 0.6) * 16 * prof.columns["param_bytes"][:, 0].sum() + 4e8)
-        devices = tuple(Device(f"d{i}", limit, speed=float(rng.choice([1.0, 0.5]))) for i in range(n))
-        layout = Layout(devices, tuple(range(n)), Links(bandwidth_bytes_per_s=1e9, latency_ms=0.02), v)
-        settings = PartitionSettings(n_devices=n, memory_bytes=limit, global_batch=4 * m, recompute=("auto", "none", "all")[case % 3])
-        ev = CandidateEvaluator(prof, settings, None)
-        point = GridPoint(schedule, m, 4, v)
-        problem = ev.problem(point, layout)
-        sol = solve_dp(problem)
-        if sol is None:
-            continue
-        checked += 1
-        sched = generate(schedule, n, m, v)
-        costs = prof.at(4)
-        sim = simulate_costs(sched, stage_costs(costs, layout, sol.cuts, sol.recompute, "adam"),
-                             [layout.device_of(s) for s in range(layout.n_stages)], devices, layout.links, micro_batch_size=4)
-        assert sim.fits, (case, sol, sim.peak_memory_bytes, limit)
-        if v == 1:  # one stage per device: the simulator's peak is the DP's stage memory
-            for s in range(n):
-                assert sim.peak_memory_bytes[s] <= sol.stage_bytes[s] * (1 + 1e-12)
-                if schedule in ("gpipe", "1f1b"):
-                    assert sim.peak_memory_bytes[s] == pytest.approx(sol.stage_bytes[s], rel=1e-9)
+        checked += dp_plan_fits_the_simulator(rng, case, random_profile(rng, int(rng.integers(2, 11)))) is not None
     assert checked >= 25
 
 

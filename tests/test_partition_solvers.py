@@ -13,6 +13,7 @@ from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.ilp import solve_ilp
 from planner.partition.problem import PartitionProblem, evaluate, fits, recompute_family, stage_bytes
 
+from helpers.oracles import brute_min_scale
 from helpers.problems import MODES, objective, random_problem
 
 
@@ -71,24 +72,12 @@ def test_dp_solutions_are_contiguous_and_within_budget(seed, mode):
     assert again.bottleneck_ms == pytest.approx(sol.bottleneck_ms) and again.total_ms == pytest.approx(sol.total_ms)
 
 
-def _brute_min_scale(p):
-    best = np.inf
-    for inner in itertools.combinations(range(1, p.n_layers), p.n_stages - 1):
-        cuts = (0, *inner, p.n_layers)
-        worst = 0.0
-        for s in range(p.n_stages):
-            least = min(stage_bytes(p, s, cuts[s], cuts[s + 1], r) for r in recompute_family(p, cuts[s], cuts[s + 1]))
-            worst = max(worst, least / p.budget[s] if np.isfinite(p.budget[s]) else 0.0)
-        best = min(best, worst)
-    return best
-
-
 def test_min_memory_scale_matches_brute_force_and_is_sufficient():
     rng = np.random.default_rng(7)
     for case in range(200):
         p = random_problem(rng, MODES[case % 3])
         scale, _ = min_memory_scale(p)
-        assert scale == pytest.approx(_brute_min_scale(p), rel=1e-12, abs=1e-12)
+        assert scale == pytest.approx(brute_min_scale(p), rel=1e-12, abs=1e-12)
         if np.all(np.isfinite(p.budget)):
             grown = PartitionProblem(**{**p.__dict__, "budget": p.budget * scale * (1 + 1e-12)})
             assert solve_dp(grown) is not None

@@ -9,16 +9,12 @@ import pytest
 from planner.errors import ProfileError
 from planner.profiling.profile import FORMAT, load_profile, make_profile, read_profile_text, write_profile
 
+from helpers.profiles import profile_csv
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "profile-format.md"
-GOOD = """\
-# format: pplan-profile/1
-# input_bytes_per_sample: 16
-layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes
-0,a,1,1.0,2.0,100,10,4
-0,a,2,2.0,4.0,100,20,8
-1,b,1,1.5,3.0,50,12,4
-1,b,2,3.0,6.0,50,24,8
-"""
+# two layers at micro-batch sizes 1 and 2: text lines 3 to 6 (0-based) are the rows
+GOOD = profile_csv({"input_bytes_per_sample": 16}, ["0,a,1,1.0,2.0,100,10,4", "0,a,2,2.0,4.0,100,20,8",
+                                                   "1,b,1,1.5,3.0,50,12,4", "1,b,2,3.0,6.0,50,24,8"])
 
 
 def _doc_example() -> str:

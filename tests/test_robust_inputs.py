@@ -117,65 +117,65 @@ _REPORT_PLANS = ("plan_empty.json", "plan_stages_overlap.json", "plan_device_out
 _SAMPLE_PROFILES = ("profile_truncated.csv", "profile_binary.csv", "profile_nan.csv", "profile_empty.csv",
                     "profile_huge_values.csv")
 
-PARTITION_FLAGS = {  # absurd sizes and bad options of `pplan partition` on the good profile
-    "memory-negative": (("--memory", "-1"), r"negative"),
-    "memory-1e30": (("--memory", "1e30"), r"absurdly large"),
-    "memory-text": (("--memory", "lots"), r"cannot read --memory"),
-    "memory-tiny": (("--memory", "1KB"), r"no plan fits"),
-    "global-batch-0": (("--global-batch", "0"), r"global-batch must be at least 1"),
-    "global-batch-absurd": (("--global-batch", "99999999999999999999999"), r"global.batch"),
-    "devices-0": (("--devices", "0"), r"devices must be at least 1"),
-    "devices-more-than-layers": (("--devices", "1000"), r"1000 devices but the profile has only 4 layers"),
-    "microbatches-not-divisor": (("--microbatches", "3"), r"not divisible"),
-    "microbatches-text": (("--microbatches", "many"), r"neither auto nor an integer"),
-    "bandwidth-0": (("--bandwidth", "0"), r"bandwidth"),
-    "latency-negative": (("--latency", "-1ms"), r"latency"),
-    "schedule-unknown": (("--schedule", "pipedream"), r"unknown schedule"),
-    "method-unknown": (("--method", "magic"), r"unknown method"),
-    "recompute-unknown": (("--recompute", "some"), r"unknown recompute"),
-    "optimizer-unknown": (("--optimizer", "lion"), r"unknown optimizer"),
-    "time-limit-0": (("--time-limit", "0"), r"time-limit must be positive"),
-    "cluster-missing": (("--cluster", "{gen}/missing.json"), r"does not exist|cluster"),
-    "cluster-not-json": (("--cluster", str(BAD / "profile_binary.csv")), r"cluster"),
+FLAG_BASE = {  # command -> (its arguments before the bad flags, the output it must not write)
+    "partition": (("partition", str(GOOD_PROFILE), "--devices", "2", "--global-batch", "8", "--out", "{out}"), "out.json"),
+    "simulate": (("simulate", str(GOOD_PLAN), "--out", "{out}", "--timeline", "{dir}/tl.csv"), "out.json"),
+    "run": (("run", str(GOOD_PLAN), "--out", "{out}"), "out.json"),
+    "profile": (("profile", "--out", "{dir}/profile.csv"), "profile.csv"),
 }
 
-SIMULATE_FLAGS = {
-    "microbatches-0": (("--microbatches", "0"), r"at least 1"),
-    "microbatches-absurd": (("--microbatches", "1000000000000"), r"too large"),
-    "micro-batch-size-0": (("--micro-batch-size", "0"), r"at least 1"),
-    "bandwidth-negative": (("--bandwidth", "-5GB/s"), r"negative"),
-    "latency-absurd": (("--latency", "1e300"), r"out of range"),
-    "schedule-unknown": (("--schedule", "pipedream"), r"unknown"),
-    "schedule-interleaved-1-stage-per-device": (("--schedule", "interleaved"), r"2 stages per device"),
-    "sweep-garbage": (("--sweep", "nonsense"), r"cannot read --sweep"),
-    "sweep-zero": (("--sweep", "microbatches=0"), r"between 1 and"),
-    "calibration-missing": (("--calibration", "{gen}/missing.json"), r"does not exist"),
-    "calibration-not-calibration": (("--calibration", str(GOOD_PLAN)), r"not a pplan-calibration"),
-}
-
-RUN_FLAGS = {
-    "steps-0": (("--steps", "0"), r"--steps 0"),
-    "warmup-negative": (("--warmup", "-1"), r"--warmup -1"),
-    "device-unknown": (("--device", "tpu"), r"--device 'tpu'"),
-    "timeout-0": (("--timeout", "0"), r"--timeout"),
-    "threads-negative": (("--threads", "-1"), r"--threads"),
-    "lr-nan": (("--lr", "nan"), r"--lr"),
-    "runtime-unknown": (("--runtime", "jax"), r"--runtime 'jax'"),
-    "checkpoint-every-without-dir": (("--checkpoint-every", "2"), r"needs --checkpoint-dir"),
-}
-
-PROFILE_FLAGS = {  # `pplan profile`: every one is refused before torch is imported or anything measured
-    "model-unknown": (("--model", "transformerXL"), r"unknown model"),
-    "model-negative-layers": (("--model", "gpt:layers=-1"), r"below 1"),
-    "model-nan": (("--model", "synthetic:fwd_ms=nan"), r"not finite"),
-    "model-absurd-layers": (("--model", "synthetic:layers=100000000"), r"too large"),
-    "sizes-zero": (("--model", "synthetic", "-b", "0"), r"positive integers"),
-    "sizes-text": (("--model", "synthetic", "-b", "big"), r"comma-separated"),
-    "repeats-zero": (("--model", "synthetic", "--repeats", "0"), r"repeats"),
-    "dtype-unknown": (("--model", "synthetic", "--dtype", "int3"), r"dtype"),
-    "device-unknown": (("--model", "synthetic", "--device", "tpu"), r"device"),
-    "out-not-csv": (("--model", "synthetic", "--out", "{dir}/profile.txt"), r"\.csv"),
-}
+# (command, case, flags, what the message must say). partition: absurd sizes and bad options on the
+# good profile; profile: every one is refused before torch is imported or anything measured.
+FLAG_CASES = [
+    ("partition", "memory-negative", ("--memory", "-1"), r"negative"),
+    ("partition", "memory-1e30", ("--memory", "1e30"), r"absurdly large"),
+    ("partition", "memory-text", ("--memory", "lots"), r"cannot read --memory"),
+    ("partition", "memory-tiny", ("--memory", "1KB"), r"no plan fits"),
+    ("partition", "global-batch-0", ("--global-batch", "0"), r"global-batch must be at least 1"),
+    ("partition", "global-batch-absurd", ("--global-batch", "99999999999999999999999"), r"global.batch"),
+    ("partition", "devices-0", ("--devices", "0"), r"devices must be at least 1"),
+    ("partition", "devices-more-than-layers", ("--devices", "1000"), r"1000 devices but the profile has only 4 layers"),
+    ("partition", "microbatches-not-divisor", ("--microbatches", "3"), r"not divisible"),
+    ("partition", "microbatches-text", ("--microbatches", "many"), r"neither auto nor an integer"),
+    ("partition", "bandwidth-0", ("--bandwidth", "0"), r"bandwidth"),
+    ("partition", "latency-negative", ("--latency", "-1ms"), r"latency"),
+    ("partition", "schedule-unknown", ("--schedule", "pipedream"), r"unknown schedule"),
+    ("partition", "method-unknown", ("--method", "magic"), r"unknown method"),
+    ("partition", "recompute-unknown", ("--recompute", "some"), r"unknown recompute"),
+    ("partition", "optimizer-unknown", ("--optimizer", "lion"), r"unknown optimizer"),
+    ("partition", "time-limit-0", ("--time-limit", "0"), r"time-limit must be positive"),
+    ("partition", "cluster-missing", ("--cluster", "{gen}/missing.json"), r"does not exist|cluster"),
+    ("partition", "cluster-not-json", ("--cluster", str(BAD / "profile_binary.csv")), r"cluster"),
+    ("simulate", "microbatches-0", ("--microbatches", "0"), r"at least 1"),
+    ("simulate", "microbatches-absurd", ("--microbatches", "1000000000000"), r"too large"),
+    ("simulate", "micro-batch-size-0", ("--micro-batch-size", "0"), r"at least 1"),
+    ("simulate", "bandwidth-negative", ("--bandwidth", "-5GB/s"), r"negative"),
+    ("simulate", "latency-absurd", ("--latency", "1e300"), r"out of range"),
+    ("simulate", "schedule-unknown", ("--schedule", "pipedream"), r"unknown"),
+    ("simulate", "schedule-interleaved-1-stage-per-device", ("--schedule", "interleaved"), r"2 stages per device"),
+    ("simulate", "sweep-garbage", ("--sweep", "nonsense"), r"cannot read --sweep"),
+    ("simulate", "sweep-zero", ("--sweep", "microbatches=0"), r"between 1 and"),
+    ("simulate", "calibration-missing", ("--calibration", "{gen}/missing.json"), r"does not exist"),
+    ("simulate", "calibration-not-calibration", ("--calibration", str(GOOD_PLAN)), r"not a pplan-calibration"),
+    ("run", "steps-0", ("--steps", "0"), r"--steps 0"),
+    ("run", "warmup-negative", ("--warmup", "-1"), r"--warmup -1"),
+    ("run", "device-unknown", ("--device", "tpu"), r"--device 'tpu'"),
+    ("run", "timeout-0", ("--timeout", "0"), r"--timeout"),
+    ("run", "threads-negative", ("--threads", "-1"), r"--threads"),
+    ("run", "lr-nan", ("--lr", "nan"), r"--lr"),
+    ("run", "runtime-unknown", ("--runtime", "jax"), r"--runtime 'jax'"),
+    ("run", "checkpoint-every-without-dir", ("--checkpoint-every", "2"), r"needs --checkpoint-dir"),
+    ("profile", "model-unknown", ("--model", "transformerXL"), r"unknown model"),
+    ("profile", "model-negative-layers", ("--model", "gpt:layers=-1"), r"below 1"),
+    ("profile", "model-nan", ("--model", "synthetic:fwd_ms=nan"), r"not finite"),
+    ("profile", "model-absurd-layers", ("--model", "synthetic:layers=100000000"), r"too large"),
+    ("profile", "sizes-zero", ("--model", "synthetic", "-b", "0"), r"positive integers"),
+    ("profile", "sizes-text", ("--model", "synthetic", "-b", "big"), r"comma-separated"),
+    ("profile", "repeats-zero", ("--model", "synthetic", "--repeats", "0"), r"repeats"),
+    ("profile", "dtype-unknown", ("--model", "synthetic", "--dtype", "int3"), r"dtype"),
+    ("profile", "device-unknown", ("--model", "synthetic", "--device", "tpu"), r"device"),
+    ("profile", "out-not-csv", ("--model", "synthetic", "--out", "{dir}/profile.txt"), r"\.csv"),
+]
 
 
 def _cases() -> list[Case]:
@@ -197,17 +197,9 @@ def _cases() -> list[Case]:
     for name in _REPORT_PLANS:
         cases.append(Case(f"report[{name}]", ("report", "--plan", str(BAD / name), "--profile", str(GOOD_PROFILE), "--out", "{out}"),
                           PLAN_CASES[name], out="report"))
-    for key, (flags, rx) in PARTITION_FLAGS.items():
-        cases.append(Case(f"partition-flag[{key}]", ("partition", str(GOOD_PROFILE), "--devices", "2", "--global-batch", "8",
-                                                     "--out", "{out}", *flags), rx))
-    for key, (flags, rx) in SIMULATE_FLAGS.items():
-        cases.append(Case(f"simulate-flag[{key}]", ("simulate", str(GOOD_PLAN), "--out", "{out}", "--timeline", "{dir}/tl.csv", *flags), rx))
-    for key, (flags, rx) in RUN_FLAGS.items():
-        cases.append(Case(f"run-flag[{key}]", ("run", str(GOOD_PLAN), "--out", "{out}", *flags), rx))
-    for key, (flags, rx) in PROFILE_FLAGS.items():
-        out = "{dir}/profile.csv"
-        args = ("profile", "--out", out, *flags)
-        cases.append(Case(f"profile-flag[{key}]", args, rx, out="profile.csv"))
+    for command, key, flags, rx in FLAG_CASES:
+        base, out = FLAG_BASE[command]
+        cases.append(Case(f"{command}-flag[{key}]", (*base, *flags), rx, out=out))
     cases.append(Case("report-flag[formats-gif]", ("report", "--profile", str(GOOD_PROFILE), "--formats", "gif", "--out", "{out}"),
                       r"format", out="report"))
     cases.append(Case("bench-flag[layers-zero]", ("bench", "planner", "--layers", "0", "--out-dir", "{out}"), r"--layers", out="bench"))

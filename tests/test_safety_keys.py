@@ -98,32 +98,56 @@ class Case:
     """Regular expression the error line must match (case-insensitive)."""
 
 
+# A key renamed to a typo, in each kind of file (its good example, and what a top-level key's
+# error calls the file); the error must say where the key is, the typo, and the key meant.
+GOOD = {"plan": (GOOD_PLAN, "plan"), "plan-report": (FULL_PLAN, "plan"), "cluster": (GOOD_CLUSTER, "cluster"),
+        "calibration": (GOOD_CALIBRATION, "calibration"), "run": (GOOD_RUN, "run"), "sim": (GOOD_SIM, "simulation")}
+TYPOS = [  # (command, id, key path 'a.0.b', the typo)
+    ("plan", "device-memory", "devices.0.memory_bytes", "memory"),
+    ("plan", "links-bandwith", "links.bandwidth_bytes_per_s", "bandwith_bytes_per_s"),
+    ("plan", "stage-recomputed", "stages.1.recompute", "recomputed"),
+    ("plan", "micro-batches", "n_microbatches", "n_micro_batches"),
+    # predicted and search, as `pplan partition` writes them, through `pplan report --plan`
+    ("plan-report", "predicted-iteration", "predicted.iteration_ms", "iteration"),
+    ("plan-report", "predicted-device", "predicted.devices.0.peak_memory_bytes", "peak_memory"),
+    ("plan-report", "predicted-memory", "predicted.devices.1.memory.weights", "weight"),
+    ("plan-report", "search-candiates", "search.candidates", "candiates"),
+    ("plan-report", "search-baseline-row", "search.baselines.0.iteration_ms", "iteration_msec"),
+    ("cluster", "device-memroy", "devices.0.memory", "memroy"),
+    ("cluster", "link-bandwith", "links.0.bandwidth", "bandwith"),
+    ("cluster", "default-latncy", "default_link.latency", "latncy"),
+    ("cluster", "top-default-links", "default_link", "default_links"),
+    ("cluster", "device-memory-bytes", "devices.1.memory", "memory_bytes"),
+    ("calibration", "compute-scael", "compute_scale", "compute_scael"),
+    ("calibration", "step-overhead", "step_overhead_ms", "step_overhead"),
+    ("calibration", "fitted-from-runn", "fitted_from.run", "runn"),
+    ("run", "top-step-mss", "step_ms", "step_mss"),
+    ("run", "rank-peak", "ranks.0.peak_memory_bytes_measured", "peak_memory_measured"),
+    ("run", "rank-memory", "ranks.1.memory_measured.weights", "weight"),
+    ("sim", "top-bubble", "bubble_fraction", "bubble"),
+    ("sim", "device-busy", "devices.0.busy_ms", "busy"),
+]
+
+
+def _typo_cases() -> list[Case]:
+    cases = []
+    for command, name, path, typo in TYPOS:
+        good, top = GOOD[command]
+        *parents, last = path.split(".")
+        where = "".join(f"[{k}]" if k.isdigit() else f".{k}" for k in parents).lstrip(".") or top  # 'a[0].b'
+        cases.append(Case(f"{command}[{name}]", command, _edit(good, _rename(path, typo)),
+                          rf"{re.escape(where)}: unknown key '{typo}'; did you mean '{last}'\?"))
+    return cases
+
+
 def _plan_cases() -> list[Case]:
-    key = [  # (id, base, edit, expected): unknown keys at every level of a plan
-        ("device-memory", GOOD_PLAN, _rename("devices.0.memory_bytes", "memory"),
-         r"devices\[0\]: unknown key 'memory'; did you mean 'memory_bytes'\?"),
-        ("top-optimiser", GOOD_PLAN, _set("optimiser", "adam"), r"plan: unknown key 'optimiser'; did you mean 'optimizer'\?"),
-        ("links-bandwith", GOOD_PLAN, _rename("links.bandwidth_bytes_per_s", "bandwith_bytes_per_s"),
-         r"links: unknown key 'bandwith_bytes_per_s'; did you mean 'bandwidth_bytes_per_s'\?"),
-        ("pair-latency", GOOD_PLAN, _set("links.pairs", [{"a": 0, "b": 1, "bandwidth_bytes_per_s": 1e9, "latency": 0.1}]),
+    key = [  # (id, edit, expected): unknown keys added at every level of a plan
+        ("top-optimiser", _set("optimiser", "adam"), r"plan: unknown key 'optimiser'; did you mean 'optimizer'\?"),
+        ("pair-latency", _set("links.pairs", [{"a": 0, "b": 1, "bandwidth_bytes_per_s": 1e9, "latency": 0.1}]),
          r"links.pairs\[0\]: unknown key 'latency'; did you mean 'latency_ms'\?"),
-        ("stage-recomputed", GOOD_PLAN, _rename("stages.1.recompute", "recomputed"),
-         r"stages\[1\]: unknown key 'recomputed'; did you mean 'recompute'\?"),
-        ("profile-sha", GOOD_PLAN, _set("profile.sha", "abc"), r"profile: unknown key 'sha'; did you mean 'sha256'\?"),
-        ("micro-batches", GOOD_PLAN, _rename("n_microbatches", "n_micro_batches"),
-         r"unknown key 'n_micro_batches'; did you mean 'n_microbatches'\?"),
+        ("profile-sha", _set("profile.sha", "abc"), r"profile: unknown key 'sha'; did you mean 'sha256'\?"),
     ]
     full = [  # predicted and search, as `pplan partition` writes them, through `pplan report --plan`
-        ("predicted-iteration", _rename("predicted.iteration_ms", "iteration"),
-         r"predicted: unknown key 'iteration'; did you mean 'iteration_ms'\?"),
-        ("predicted-device", _rename("predicted.devices.0.peak_memory_bytes", "peak_memory"),
-         r"predicted.devices\[0\]: unknown key 'peak_memory'; did you mean 'peak_memory_bytes'\?"),
-        ("predicted-memory", _rename("predicted.devices.1.memory.weights", "weight"),
-         r"predicted.devices\[1\].memory: unknown key 'weight'; did you mean 'weights'\?"),
-        ("search-candiates", _rename("search.candidates", "candiates"),
-         r"search: unknown key 'candiates'; did you mean 'candidates'\?"),
-        ("search-baseline-row", _rename("search.baselines.0.iteration_ms", "iteration_msec"),
-         r"search.baselines\[0\]: unknown key 'iteration_msec'; did you mean 'iteration_ms'\?"),
         ("search-at-plan-setting", _set("search.baselines.0.at_plan_setting", {"fits": True, "iteration": 1.0}),
          r"at_plan_setting: unknown key 'iteration'; did you mean 'iteration_ms'\?"),
         ("global-batch-mismatch", _set("global_batch", 999), r"global_batch 999 is not micro_batch_size"),
@@ -144,7 +168,7 @@ def _plan_cases() -> list[Case]:
          r"links device 1 to itself"),
         ("seed-huge", _set("seed", 10**30), r"seed .* out of range"),
     ]
-    cases = [Case(f"plan[{i}]", "plan", _edit(base, fn), rx) for i, base, fn, rx in key]
+    cases = [Case(f"plan[{i}]", "plan", _edit(GOOD_PLAN, fn), rx) for i, fn, rx in key]
     cases += [Case(f"plan-report[{i}]", "plan-report", _edit(FULL_PLAN, fn), rx) for i, fn, rx in full]
     cases += [Case(f"plan[{i}]", "plan", _edit(GOOD_PLAN, fn), rx) for i, fn, rx in numbers]
     cases += [Case(f"plan[{i}]", "plan", text, rx) for i, (text, rx) in _odd_json(GOOD_PLAN).items()]
@@ -156,14 +180,6 @@ def _plan_cases() -> list[Case]:
 
 def _cluster_cases() -> list[Case]:
     edits = [
-        ("device-memroy", _rename("devices.0.memory", "memroy"), r"devices\[0\]: unknown key 'memroy'; did you mean 'memory'\?"),
-        ("link-bandwith", _rename("links.0.bandwidth", "bandwith"), r"links\[0\]: unknown key 'bandwith'; did you mean 'bandwidth'\?"),
-        ("default-latncy", _rename("default_link.latency", "latncy"),
-         r"default_link: unknown key 'latncy'; did you mean 'latency'\?"),
-        ("top-default-links", _rename("default_link", "default_links"),
-         r"cluster: unknown key 'default_links'; did you mean 'default_link'\?"),
-        ("device-memory-bytes", _rename("devices.1.memory", "memory_bytes"),
-         r"devices\[1\]: unknown key 'memory_bytes'; did you mean 'memory'\?"),
         ("speed-tiny", _set("devices.1.speed", 1e-9), r"speed must be a positive number .*1e-09"),
     ]
     cases = [Case(f"cluster[{i}]", "cluster", _edit(GOOD_CLUSTER, fn), rx) for i, fn, rx in edits]
@@ -173,11 +189,6 @@ def _cluster_cases() -> list[Case]:
 
 def _calibration_cases() -> list[Case]:
     edits = [
-        ("compute-scael", _rename("compute_scale", "compute_scael"),
-         r"calibration: unknown key 'compute_scael'; did you mean 'compute_scale'\?"),
-        ("step-overhead", _rename("step_overhead_ms", "step_overhead"),
-         r"calibration: unknown key 'step_overhead'; did you mean 'step_overhead_ms'\?"),
-        ("fitted-from-runn", _rename("fitted_from.run", "runn"), r"fitted_from: unknown key 'runn'; did you mean 'run'\?"),
         ("compute-scale-1e308", _set("compute_scale", 1e308), r"compute_scale 1e\+308 is out of range"),
         ("compute-scale-tiny", _set("compute_scale", 1e-300), r"compute_scale 1e-300 is out of range"),
         ("action-overhead-1e308", _set("action_overhead_ms", 1e308), r"action_overhead_ms 1e\+308 is out of range"),
@@ -199,11 +210,6 @@ def _calibration_cases() -> list[Case]:
 
 def _report_cases() -> list[Case]:
     run = [
-        ("top-step-mss", _rename("step_ms", "step_mss"), r"run: unknown key 'step_mss'; did you mean 'step_ms'\?"),
-        ("rank-peak", _rename("ranks.0.peak_memory_bytes_measured", "peak_memory_measured"),
-         r"ranks\[0\]: unknown key 'peak_memory_measured'; did you mean 'peak_memory_bytes_measured'\?"),
-        ("rank-memory", _rename("ranks.1.memory_measured.weights", "weight"),
-         r"ranks\[1\].memory_measured: unknown key 'weight'; did you mean 'weights'\?"),
         ("comm-latency", _set("comm", [{"a": 0, "b": 1, "latency": 0.1, "bandwidth_bytes_per_s": 1e9, "points": []}]),
          r"comm\[0\]: unknown key 'latency'; did you mean 'latency_ms'\?"),
         ("calibration-fit-point", _set("calibration_fit", {"measured_ms": 1.0, "compute_points": [{"action": "0F", "profiled": 1.0}]}),
@@ -212,8 +218,6 @@ def _report_cases() -> list[Case]:
         ("action-key", _set("ranks.0.action_ms", {"0F": 1.0, "forward": 2.0}), r"action_ms: unknown key 'forward'"),
     ]
     sim = [
-        ("top-bubble", _rename("bubble_fraction", "bubble"), r"simulation: unknown key 'bubble'; did you mean 'bubble_fraction'\?"),
-        ("device-busy", _rename("devices.0.busy_ms", "busy"), r"devices\[0\]: unknown key 'busy'; did you mean 'busy_ms'\?"),
         ("memory-timeline-key", _set("memory_timeline.cpu0", []), r"memory_timeline: unknown key 'cpu0'"),
     ]
     cases = [Case(f"run[{i}]", "run", _edit(GOOD_RUN, fn), rx) for i, fn, rx in run]
@@ -228,7 +232,7 @@ def _report_cases() -> list[Case]:
 WRITE_CASES = [Case("partition-writes[bandwidth-0.5]", "partition-flags", "--bandwidth 0.5",
                     r"links.bandwidth_bytes_per_s 0.5 is out of range")]
 
-CASES = _plan_cases() + _cluster_cases() + _calibration_cases() + _report_cases() + WRITE_CASES
+CASES = _typo_cases() + _plan_cases() + _cluster_cases() + _calibration_cases() + _report_cases() + WRITE_CASES
 
 
 def _args(case: Case, folder: Path) -> tuple[list[str], Path]:
