@@ -21,10 +21,11 @@ are ordered along a Hamiltonian path minimising the slowest hop's transfer time,
 
 from __future__ import annotations
 
+import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import networkx as nx
 
@@ -191,45 +192,11 @@ def exact_path(cost: list[list[float]]) -> tuple[int, ...]:
     O(2^n n^2), so for at most EXACT_MAX devices)."""
     n = len(cost)
     full = (1 << n) - 1
-    inf = float("inf")
     # pass 1: least bottleneck over Hamiltonian paths (min-max has optimal substructure)
-    bot = [[inf] * n for _ in range(1 << n)]
-    for v in range(n):
-        bot[1 << v][v] = 0.0
-    for mask in range(1, full + 1):
-        row = bot[mask]
-        for v in range(n):
-            cur = row[v]
-            if cur == inf:
-                continue
-            for u in range(n):
-                if mask >> u & 1:
-                    continue
-                val = max(cur, cost[v][u])
-                nxt = bot[mask | 1 << u]
-                if val < nxt[u]:
-                    nxt[u] = val
-    z = min(bot[full])
+    bottleneck, _ = _subset_paths(cost, max, float("inf"))
     # pass 2: least total using hops no slower than the bottleneck
-    tot = [[inf] * n for _ in range(1 << n)]
-    back = [[-1] * n for _ in range(1 << n)]
-    for v in range(n):
-        tot[1 << v][v] = 0.0
-    for mask in range(1, full + 1):
-        row = tot[mask]
-        for v in range(n):
-            cur = row[v]
-            if cur == inf:
-                continue
-            for u in range(n):
-                if mask >> u & 1 or cost[v][u] > z:
-                    continue
-                val = cur + cost[v][u]
-                m2 = mask | 1 << u
-                if val < tot[m2][u]:
-                    tot[m2][u] = val
-                    back[m2][u] = v
-    end = min(range(n), key=lambda v: (tot[full][v], v))
+    total, back = _subset_paths(cost, operator.add, min(bottleneck[full]))
+    end = min(range(n), key=lambda v: (total[full][v], v))
     path, mask = [end], full
     while back[mask][path[-1]] >= 0:
         prev = back[mask][path[-1]]
@@ -237,6 +204,36 @@ def exact_path(cost: list[list[float]]) -> tuple[int, ...]:
         path.append(prev)
     path.reverse()
     return _canonical(tuple(path))
+
+
+def _subset_paths(cost: list[list[float]], extend: Callable[[float, float], float],
+                  max_hop: float) -> tuple[list[list[float]], list[list[int]]]:
+    """Held-Karp over subsets: best[mask][v] is the least score of a path visiting the devices in
+    `mask` and ending at v, a path's score folding its hops with `extend` (max: slowest hop, add:
+    total), using only hops of cost at most `max_hop`; back[mask][v] is the device before v on it."""
+    n = len(cost)
+    full = (1 << n) - 1
+    inf = float("inf")
+    best = [[inf] * n for _ in range(1 << n)]
+    back = [[-1] * n for _ in range(1 << n)]
+    for v in range(n):
+        best[1 << v][v] = 0.0
+    for mask in range(1, full + 1):
+        row = best[mask]
+        for v in range(n):
+            cur = row[v]
+            if cur == inf:
+                continue
+            hops = cost[v]
+            for u in range(n):
+                if mask >> u & 1 or hops[u] > max_hop:
+                    continue
+                val = extend(cur, hops[u])
+                m2 = mask | 1 << u
+                if val < best[m2][u]:
+                    best[m2][u] = val
+                    back[m2][u] = v
+    return best, back
 
 
 def path_score(cost: list[list[float]], path: list[int] | tuple[int, ...]) -> tuple[float, float]:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.demo_limit import LimitChoice, choose_memory_limit, partition_settings
+from planner.execute import trust
 from planner.units import format_bytes, format_ms
 
 __all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread", "uniform_plan"]
@@ -118,19 +119,18 @@ class DemoResult:
              if self.noisy else [])
 
 
-NOISE = 0.25  # (90th - 10th percentile) / median of a run's timed steps above this: flagged as noisy
+NOISE = 0.25  # step_spread of a run above this: flagged as noisy
 
 
 def step_spread(run: dict[str, Any]) -> float:
-    """(90th - 10th percentile) / median of the run's timed steps (0 with fewer than 3)."""
-    import numpy as np
-
+    """(max - min) / median of the run's timed steps, as `pplan run` measures it (execute/trust.py);
+    0 with fewer than 3, too few to tell noise from a slow step."""
     steps = run.get("step_ms") or []
-    timed = [steps[i] for i in run.get("measured_steps") or range(len(steps)) if i < len(steps)]
-    if len(timed) < 3:
+    measured = run.get("measured_steps") or list(range(len(steps)))
+    if sum(0 <= i < len(steps) for i in measured) < 3:
         return 0.0
-    p10, p50, p90 = np.percentile(timed, [10, 50, 90])
-    return float((p90 - p10) / p50) if p50 > 0 else 0.0
+    pct = trust.step_spread(steps, measured)[3]
+    return pct / 100.0 if pct is not None else 0.0
 
 
 def _stderr(message: str) -> None:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import math
 import os
 import types
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -150,19 +150,23 @@ def _text(raw: Any, key: str, where: str, required: bool) -> str:
 
 _GB, _GIB = 10**9, 2**30
 _NVIDIA = "NVIDIA datasheet"
+_DGX_A100 = "NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand port per GPU"
+# The 80 GB A100 and the H200 differ from their siblings only in memory: derived, so they cannot drift.
+_A100_40GB = Hardware(
+    "a100-40gb", 312e12, 19.5e12, 40 * _GB, 1.555e12, 300e9, 25e9, 0.01, 0.02, 8,
+    f"{_NVIDIA} A100 SXM4 40GB (HBM2 1,555 GB/s); {_DGX_A100}")
+_H100_80GB = Hardware(
+    "h100-80gb", 989e12, 67e12, 80 * _GB, 3.35e12, 450e9, 50e9, 0.01, 0.02, 8,
+    f"{_NVIDIA} H100 SXM5 80GB (HBM3 3.35 TB/s); NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR InfiniBand port per GPU")
 PRESETS: Mapping[str, Hardware] = types.MappingProxyType({
-    "a100-40gb": Hardware(
-        "a100-40gb", 312e12, 19.5e12, 40 * _GB, 1.555e12, 300e9, 25e9, 0.01, 0.02, 8,
-        f"{_NVIDIA} A100 SXM4 40GB (HBM2 1,555 GB/s); NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand port per GPU"),
-    "a100-80gb": Hardware(
-        "a100-80gb", 312e12, 19.5e12, 80 * _GB, 2.039e12, 300e9, 25e9, 0.01, 0.02, 8,
-        f"{_NVIDIA} A100 SXM4 80GB (HBM2e 2,039 GB/s); NVLink3 600 GB/s bidirectional; DGX A100: 8 GPUs, one 200 Gb/s HDR InfiniBand port per GPU"),
-    "h100-80gb": Hardware(
-        "h100-80gb", 989e12, 67e12, 80 * _GB, 3.35e12, 450e9, 50e9, 0.01, 0.02, 8,
-        f"{_NVIDIA} H100 SXM5 80GB (HBM3 3.35 TB/s); NVLink4 900 GB/s bidirectional; DGX H100: 8 GPUs, one 400 Gb/s NDR InfiniBand port per GPU"),
-    "h200": Hardware(
-        "h200", 989e12, 67e12, 141 * _GB, 4.8e12, 450e9, 50e9, 0.01, 0.02, 8,
-        f"{_NVIDIA} H200 SXM 141GB (HBM3e 4.8 TB/s), compute and NVLink4 as H100 SXM; DGX H200: 8 GPUs, 400 Gb/s per GPU"),
+    "a100-40gb": _A100_40GB,
+    "a100-80gb": replace(
+        _A100_40GB, name="a100-80gb", memory_bytes=80 * _GB, memory_bandwidth_bytes_per_s=2.039e12,
+        source=f"{_NVIDIA} A100 SXM4 80GB (HBM2e 2,039 GB/s); {_DGX_A100}"),
+    "h100-80gb": _H100_80GB,
+    "h200": replace(
+        _H100_80GB, name="h200", memory_bytes=141 * _GB, memory_bandwidth_bytes_per_s=4.8e12,
+        source=f"{_NVIDIA} H200 SXM 141GB (HBM3e 4.8 TB/s), compute and NVLink4 as H100 SXM; DGX H200: 8 GPUs, 400 Gb/s per GPU"),
     "cpu": Hardware(
         "cpu", 96e9, 96e9, 12 * _GIB, 16e9, 2.5e9, 1.25e9, 0.5, 0.5, 2,
         "generic x86-64 core, conservative: one core per device (pplan run gives each stage one thread), AVX2 2 FMA x 8 fp32 lanes "

@@ -19,7 +19,12 @@ _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 _MAX_BYTES = 2**60  # an exbibyte: anything larger is a typo, not a device
 
 
-def _split(text: str, what: str, example: str) -> tuple[float, str]:
+def _split(text: str | float, what: str, plain_unit: str, negative_hint: str, example: str) -> tuple[float, str]:
+    """(number, lower-case unit) of `text`; a plain number has `plain_unit`. Refuses a negative."""
+    if isinstance(text, (int, float)):
+        return float(text), plain_unit
+    if text.strip().startswith("-"):
+        raise PplanError(f"{what} {text!r} is negative", negative_hint)
     m = re.fullmatch(_NUMBER + r"\s*([A-Za-z/]*)", text.strip())
     if not m:
         raise PplanError(f"cannot read {what} {text!r}", f"write it like {example}")
@@ -28,12 +33,7 @@ def _split(text: str, what: str, example: str) -> tuple[float, str]:
 
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
     """'16GiB', '500MB', '1e9' or a plain number of bytes -> int bytes (> 0)."""
-    if isinstance(text, (int, float)):
-        value, unit = float(text), ""
-    else:
-        if text.strip().startswith("-"):
-            raise PplanError(f"{what} {text!r} is negative", "give a positive size such as 16GiB")
-        value, unit = _split(text, what, "16GiB, 500MB or 1000000")
+    value, unit = _split(text, what, "", "give a positive size such as 16GiB", "16GiB, 500MB or 1000000")
     if unit not in _BYTE_UNITS:
         raise PplanError(f"unknown unit {unit!r} in {what} {text!r}", "use B, KB, MB, GB, KiB, MiB or GiB")
     result = value * _BYTE_UNITS[unit]
@@ -48,12 +48,7 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
 
 def parse_bandwidth(text: str | float) -> float:
     """'25GB/s', '100Gbit/s', '1e9' (bytes/s) -> bytes per second (> 0)."""
-    if isinstance(text, (int, float)):
-        value, unit = float(text), ""
-    else:
-        if text.strip().startswith("-"):
-            raise PplanError(f"bandwidth {text!r} is negative", "give e.g. 25GB/s")
-        value, unit = _split(text, "bandwidth", "25GB/s")
+    value, unit = _split(text, "bandwidth", "", "give e.g. 25GB/s", "25GB/s")
     unit = unit.removesuffix("/s").removesuffix("ps")
     bits = unit.endswith("bit")
     if bits:
@@ -68,12 +63,7 @@ def parse_bandwidth(text: str | float) -> float:
 
 def parse_ms(text: str | float, what: str = "latency") -> float:
     """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds (>= 0)."""
-    if isinstance(text, (int, float)):
-        value, unit = float(text), "ms"
-    else:
-        if text.strip().startswith("-"):
-            raise PplanError(f"{what} {text!r} is negative", "give e.g. 0.01ms")
-        value, unit = _split(text, what, "0.01ms")
+    value, unit = _split(text, what, "ms", "give e.g. 0.01ms", "0.01ms")
     scale = {"": 1.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}.get(unit)
     if scale is None:
         raise PplanError(f"unknown time unit in {what} {text!r}", "use s, ms, us or ns")

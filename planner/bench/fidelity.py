@@ -84,9 +84,7 @@ def _fmt_pct(v: float | None) -> str:
 def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5, warmup: int = 2,
                    device: str = "cpu", progress: Callable[[str], None] | None = None, repeats: int = 1) -> Table:
     """Run every grid point on the executor and compare with the simulator's prediction."""
-    from planner.bench.execution import profile_to, run_measured
-    from planner.partition.api import partition
-    from planner.partition.search import PartitionSettings
+    from planner.bench.execution import profile_to
 
     if steps <= warmup:
         raise PplanError(f"--steps {steps} must exceed --warmup {warmup}", "e.g. --steps 5 --warmup 2")
@@ -104,33 +102,59 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
                 for m in g.microbatches:
                     done += 1
                     say(f"fidelity {done}/{total}: {g.label} on {g.devices} devices, {name}, M={m}")
-                    settings = PartitionSettings(n_devices=g.devices, memory_bytes=None, global_batch=m * g.micro_batch_size,
-                                                 microbatches=m, schedule=name)
-                    try:
-                        plan = partition(prof, settings).plan
-                    except PplanError as e:
-                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
-                                     None, None, None, 0))
-                        continue
-                    runs = [run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}-{k}", steps=steps, warmup=warmup,
-                                         device=device) for k in range(repeats)]
-                    failed = [r for r in runs if "error" in r]
-                    if failed:
-                        rows.append((g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
-                                     None, None, None, len(runs) - len(failed)))
-                        continue
-                    import statistics
+                    rows.append(_fidelity_row(g, name, m, prof, work, steps=steps, warmup=warmup, device=device,
+                                              repeats=repeats))
+    notes, summary = _fidelity_summary(rows, grid, steps=steps, warmup=warmup, device=device, repeats=repeats)
+    return Table(
+        name="fidelity",
+        title="Fidelity: simulator prediction against the executor's measurement",
+        columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
+                 "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
+                 "measured_ms_max", "err_spread_pct", "repeats"),
+        rows=tuple(rows),
+        notes=notes,
+        summary=summary,
+    )
 
-                    meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
-                    run = runs[0]
-                    pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
-                    errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
-                    mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
-                    peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
-                    peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
-                    rows.append((g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
-                                 _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
-                                 (max(errs) - min(errs)) if errs else None, len(runs)))
+
+def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *, steps: int, warmup: int,
+                  device: str, repeats: int) -> tuple[Any, ...]:
+    """Plan `g` under schedule `name` with `m` micro-batches, run it `repeats` times, and compare:
+    one table row (with the error, and no numbers, when it cannot be planned or run)."""
+    import statistics
+
+    from planner.bench.execution import run_measured
+    from planner.partition.api import partition
+    from planner.partition.search import PartitionSettings
+
+    settings = PartitionSettings(n_devices=g.devices, memory_bytes=None, global_batch=m * g.micro_batch_size,
+                                 microbatches=m, schedule=name)
+    try:
+        plan = partition(prof, settings).plan
+    except PplanError as e:
+        return (g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
+                None, None, None, 0)
+    runs = [run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}-{k}", steps=steps, warmup=warmup,
+                         device=device) for k in range(repeats)]
+    failed = [r for r in runs if "error" in r]
+    if failed:
+        return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
+                None, None, None, len(runs) - len(failed))
+    meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
+    run = runs[0]
+    pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
+    errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
+    mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
+    peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
+    peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
+    return (g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
+            _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
+            (max(errs) - min(errs)) if errs else None, len(runs))
+
+
+def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint], *, steps: int, warmup: int,
+                      device: str, repeats: int) -> tuple[tuple[str, ...], dict[str, Any]]:
+    """(the table's notes, its summary): errors over all rows and per model/devices group."""
     time_mape = _mape([r[6] for r in rows])
     mem_mape = _mape([r[9] for r in rows])
     ok = sum(1 for r in rows if r[6] is not None)
@@ -149,17 +173,9 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
         "of the runs' errors (points).",
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),
     )
-    return Table(
-        name="fidelity",
-        title="Fidelity: simulator prediction against the executor's measurement",
-        columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
-                 "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
-                 "measured_ms_max", "err_spread_pct", "repeats"),
-        rows=tuple(rows),
-        notes=notes,
-        summary={"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
-                 "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()}},
-    )
+    summary = {"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
+               "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()}}
+    return notes, summary
 
 
 def fidelity_figure(table: Table, path: str) -> None:

@@ -71,21 +71,12 @@ def bench_quality(profiles: Sequence[str | Path] | None = None, devices: Sequenc
                   global_batch: int = 32, progress: Callable[[str], None] | None = None) -> Table:
     """Simulated comparison on committed profiles (synthetic stand-ins when there are none)."""
     from planner.calibration import find_calibration
-    from planner.partition.api import partition
     from planner.partition.search import PartitionSettings
-    from planner.profiling.profile import load_profile
 
     if global_batch < 1:
         raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
     say = progress or (lambda _m: None)
-    paths = [Path(p) for p in profiles] if profiles else find_profiles()
-    items: list[tuple[Any, Path | None]] = [(load_profile(p), p) for p in paths]
-    notes = []
-    if not items:
-        from planner.partition.synthetic import gpt_like, imbalanced
-
-        items = [(gpt_like(24), None), (imbalanced(64), None)]
-        notes.append("profiles/ holds no profile: synthetic stand-ins (planner.partition.synthetic) were used.")
+    items, notes = _quality_profiles(profiles)
     rows = []
     for prof, path in items:
         cal = find_calibration(path) if path is not None else None
@@ -99,24 +90,56 @@ def bench_quality(profiles: Sequence[str | Path] | None = None, devices: Sequenc
                 mem = None if mode == "none" else _tight_memory(prof, base, cal)
                 if mode == "tight" and mem is None:
                     continue
-                settings = replace(base, memory_bytes=mem)
-                try:
-                    result = partition(prof, settings, cal)
-                except InfeasibleError as e:
-                    rows.append((label, n, mem, None, f"infeasible: {e.message[:60]}", *([None, False] * len(_COMPARED))))
-                    continue
-                chosen = result.chosen
-                cells: list[Any] = []
-                for b in _COMPARED:
-                    best = _best(result.search, b)
-                    cells += [None if best is None else best.iteration_ms / chosen.iteration_ms, best is not None]
-                rows.append((label, n, mem, chosen.iteration_ms,
-                             f"{chosen.point.schedule} M={chosen.point.n_microbatches}", *cells))
+                rows.append(_quality_row(prof, replace(base, memory_bytes=mem), cal, label))
+    summary_notes, geo, only_pplan = _quality_summary(rows, global_batch)
+    cols = ["profile", "devices", "memory_limit_bytes", "pplan_ms", "pplan_choice"]
+    for b in _COMPARED:
+        cols += [f"{b}_x", f"{b}_fits"]
+    return Table(name="quality", title="Plan quality: simulated iteration time of baselines relative to pplan",
+                 columns=tuple(cols), rows=tuple(rows), notes=tuple(notes + summary_notes),
+                 summary={"best_baseline_geomean_x": geo, "settings_only_pplan_fits": only_pplan})
+
+
+def _quality_profiles(profiles: Sequence[str | Path] | None) -> tuple[list[tuple[Any, Path | None]], list[str]]:
+    """(profile, its path or None) to compare on: the given ones, those under profiles/, or else
+    synthetic stand-ins (with a note saying so)."""
+    from planner.profiling.profile import load_profile
+
+    paths = [Path(p) for p in profiles] if profiles else find_profiles()
+    items: list[tuple[Any, Path | None]] = [(load_profile(p), p) for p in paths]
+    if items:
+        return items, []
+    from planner.partition.synthetic import gpt_like, imbalanced
+
+    return ([(gpt_like(24), None), (imbalanced(64), None)],
+            ["profiles/ holds no profile: synthetic stand-ins (planner.partition.synthetic) were used."])
+
+
+def _quality_row(prof: Any, settings: Any, cal: Any, label: str) -> tuple:
+    """One table row: pplan's plan under `settings`, then (ratio to it, fits) per compared method."""
+    from planner.partition.api import partition
+
+    mem, n = settings.memory_bytes, settings.n_devices
+    try:
+        result = partition(prof, settings, cal)
+    except InfeasibleError as e:
+        return (label, n, mem, None, f"infeasible: {e.message[:60]}", *([None, False] * len(_COMPARED)))
+    chosen = result.chosen
+    cells: list[Any] = []
+    for b in _COMPARED:
+        best = _best(result.search, b)
+        cells += [None if best is None else best.iteration_ms / chosen.iteration_ms, best is not None]
+    return (label, n, mem, chosen.iteration_ms, f"{chosen.point.schedule} M={chosen.point.n_microbatches}", *cells)
+
+
+def _quality_summary(rows: list[tuple], global_batch: int) -> tuple[list[str], float | None, int]:
+    """(notes explaining the table, geometric mean of the best baseline's ratio, settings where
+    only pplan fits)."""
     cells_of = range(1, len(_COMPARED))  # the baselines' cells follow the DP's
     ratios = [min(r[5 + 2 * k] for k in cells_of if r[5 + 2 * k] is not None)
               for r in rows if r[3] is not None and any(r[5 + 2 * k] is not None for k in cells_of)]
     only_pplan = sum(1 for r in rows if r[3] is not None and not any(r[6 + 2 * k] for k in cells_of))
-    notes += [
+    notes = [
         "x columns: that method's best simulated iteration time over the same schedules and micro-batch counts, "
         "divided by pplan's (above 1: pplan is faster); '-' with fits=no: none of its plans fits the memory limit.",
         "pplan (`--method auto`) keeps the fastest plan that fits among the DP's and the baselines' candidates, so no "
@@ -129,12 +152,7 @@ def bench_quality(profiles: Sequence[str | Path] | None = None, devices: Sequenc
     if geo is not None:
         notes.append(f"Best baseline vs pplan, geometric mean over {len(ratios)} settings: {geo:.3f}x; "
                      f"settings where no baseline fits but pplan does: {only_pplan}.")
-    cols = ["profile", "devices", "memory_limit_bytes", "pplan_ms", "pplan_choice"]
-    for b in _COMPARED:
-        cols += [f"{b}_x", f"{b}_fits"]
-    return Table(name="quality", title="Plan quality: simulated iteration time of baselines relative to pplan",
-                 columns=tuple(cols), rows=tuple(rows), notes=tuple(notes),
-                 summary={"best_baseline_geomean_x": geo, "settings_only_pplan_fits": only_pplan})
+    return notes, geo, only_pplan
 
 
 def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASURED_CONFIGS, steps: int = 5,

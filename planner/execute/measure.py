@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable
 
 import torch
 
-from planner.profiling.saved import storage_key
+from planner.profiling.saved import SavedTensorHooks, storage_key
 
 __all__ = ["Event", "ActionRecorder", "MemoryTracker", "RssWindow", "recorder", "tracker", "set_tracker",
            "read_rss", "mark_baseline", "baseline_rss"]
@@ -153,11 +153,11 @@ class _Held:
         self.owner._release(self.key)
 
 
-class MemoryTracker:
+class MemoryTracker(SavedTensorHooks):
     """Live and peak bytes of saved activations (per storage) on this rank."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = (), transient_bytes: dict[int, int] | None = None):
-        self._exclude = {storage_key(t)[0] for t in exclude}
+        super().__init__(exclude)
         self._refs: dict[Any, list[int]] = {}  # storage -> [holders, bytes]
         self.live = 0
         self.transient = 0
@@ -166,7 +166,6 @@ class MemoryTracker:
         self.transient_bytes: dict[int, int] = {} if transient_bytes is None else transient_bytes
         """id(checkpointed layer) -> its activations, measured once without checkpointing (shared
         between trackers so the measuring forward runs in an earlier step than the measured one)."""
-        self._hooks: Any = None
 
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         self._exclude.update(storage_key(t)[0] for t in tensors)
@@ -184,9 +183,8 @@ class MemoryTracker:
             ref[0] += 1
         return _Held(t, key, self)
 
-    @staticmethod
-    def unpack(h: Any) -> torch.Tensor:
-        return h.tensor if isinstance(h, _Held) else h
+    def unpack(self, packed: Any) -> torch.Tensor:
+        return packed.tensor if isinstance(packed, _Held) else packed
 
     def _release(self, key: Any) -> None:
         ref = self._refs.get(key)
@@ -205,16 +203,6 @@ class MemoryTracker:
         if self.live + self.transient > self.peak:
             self.peak = self.live + self.transient
             self.peak_transient = self.transient
-
-    def __enter__(self) -> "MemoryTracker":
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
-        self._hooks.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self._hooks is not None:
-            self._hooks.__exit__(*exc)
-            self._hooks = None
 
 
 _RECORDER = ActionRecorder()

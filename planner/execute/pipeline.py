@@ -188,26 +188,9 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
                          f"start {world_size(plan)} processes (torchrun --nproc-per-node)")
     if device_mesh is None and dp > 1:
         device_mesh = make_mesh(plan, device.type)
-    if device_mesh is not None:
-        dp_index, pp_index = device_mesh.get_local_rank("dp"), device_mesh.get_local_rank("pp")
-        pp_group, dp_group = device_mesh.get_group("pp"), device_mesh.get_group("dp")
-        if (dp_index, pp_index) != coords(plan, rank):
-            raise PplanError(f"rank {rank} sits at dp {dp_index}, pp {pp_index} in the mesh but the plan places it at "
-                             f"dp {coords(plan, rank)[0]}, pp {coords(plan, rank)[1]}",
-                             "make the mesh with planner.execute.mesh.make_mesh (dims dp, pp; rank = d x P + p)")
-    else:
-        dp_index, pp_index = coords(plan, rank)
-        pp_group, dp_group = None, None
+    dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)
     mods = build_stage_modules(plan, layers, pp_index, example)
-    # Weights held by layers on several pipeline ranks (tied embeddings): one group per replica
-    # and rank set, made by every rank in the same order (new_group is collective).
-    tied = []
-    for ranks, shared in shared_parameter_groups(plan, layers):
-        for d in range(dp):
-            members = [global_rank(plan, d, r) for r in ranks]
-            group = dist.new_group(members) if world > 1 else None
-            if rank in members:
-                tied.append((group, tuple(shared)))
+    tied = _tied_groups(plan, layers, rank, world)
     for m in mods:
         m.module.to(device)
     stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group) for m in mods)
@@ -215,3 +198,31 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
                     dp_index=dp_index, pp_index=pp_index, dp=dp, device=device, mesh=device_mesh, tied=tuple(tied),
                     dp_group=dp_group)
+
+
+def _place(plan: Plan, rank: int, device_mesh: Any) -> tuple[int, int, Any, Any]:
+    """(dp index, pp index, pipeline group, data-parallel group) of `rank`: from the mesh, checked
+    against the plan's placement, or the plan's placement on the default group without one."""
+    if device_mesh is None:
+        dp_index, pp_index = coords(plan, rank)
+        return dp_index, pp_index, None, None
+    dp_index, pp_index = device_mesh.get_local_rank("dp"), device_mesh.get_local_rank("pp")
+    if (dp_index, pp_index) != coords(plan, rank):
+        raise PplanError(f"rank {rank} sits at dp {dp_index}, pp {pp_index} in the mesh but the plan places it at "
+                         f"dp {coords(plan, rank)[0]}, pp {coords(plan, rank)[1]}",
+                         "make the mesh with planner.execute.mesh.make_mesh (dims dp, pp; rank = d x P + p)")
+    return dp_index, pp_index, device_mesh.get_group("pp"), device_mesh.get_group("dp")
+
+
+def _tied_groups(plan: Plan, layers: Any, rank: int, world: int) -> list[tuple[Any, tuple[Any, ...]]]:
+    """(process group, parameters) of each weight `rank` shares with layers on other pipeline ranks
+    (tied embeddings): one group per replica and rank set, made by every rank in the same order
+    (new_group is collective, so each rank makes the groups it is not in too)."""
+    tied = []
+    for ranks, shared in shared_parameter_groups(plan, layers):
+        for d in range(dp_degree(plan)):
+            members = [global_rank(plan, d, r) for r in ranks]
+            group = dist.new_group(members) if world > 1 else None
+            if rank in members:
+                tied.append((group, tuple(shared)))
+    return tied

@@ -105,10 +105,12 @@ class Plan:
 
     @property
     def n_devices(self) -> int:
+        """Pipeline devices (one data-parallel replica's)."""
         return len(self.devices)
 
     @property
     def n_stages(self) -> int:
+        """Pipeline stages, in model order."""
         return len(self.stages)
 
     @property

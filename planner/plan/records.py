@@ -162,9 +162,9 @@ class Prediction(_Record):
     mfu: float | None = _opt(_NUM)
     """Data/tensor-parallel plans: model FLOP utilization."""
     grad_sync_ms: float | None = _opt(_NUM)
-    """Data/tensor-parallel plans: exposed gradient synchronisation per iteration, ms."""
+    """Data/tensor-parallel plans: the largest stage's gradient synchronisation per iteration (before overlap), ms."""
     tp_comm_ms: float | None = _opt(_NUM)
-    """Data/tensor-parallel plans: tensor-parallel communication per iteration, ms."""
+    """Data/tensor-parallel plans: tensor-parallel collectives of one micro-batch (forward + backward) on the busiest stage, ms."""
     hardware: str | None = _opt(str)
     """Data/tensor-parallel plans: the hardware preset searched on."""
 

@@ -247,21 +247,8 @@ def measure_layer(
     grad = None
     if out.requires_grad:
         grad = None if loss_fn is not None else _output_gradient(out, grad_seed)
-        leaves = params + ([inp] if inp.requires_grad else [])
-
-        def clear() -> None:
-            for t in leaves:
-                t.grad = None
-
-        clear()
-        bwd = timed_ms(lambda: torch.autograd.backward(out, grad, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-        clear()
-        if inp.requires_grad and params:
-            samples = timed_ms(lambda: torch.autograd.grad(out, [inp], grad, retain_graph=True, allow_unused=True),
-                               warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-            bwd_input = min(statistics.median(samples), statistics.median(bwd))
-        elif inp.requires_grad:
-            bwd_input = statistics.median(bwd)
+        bwd, bwd_input = _time_backward(out, grad, [inp] if inp.requires_grad else [], params,
+                                        warmup=warmup, repeats=repeats, sync=sync, timer=timer)
     if inp.device.type == "cuda":
         cuda_peak = _cuda_peak(forward, grad, inp.device)
         for t in params + [inp]:
@@ -302,21 +289,8 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
     bwd_input = 0.0
     cuda_peak = 0
     if roots:
-        leaves = params + grad_inputs
-
-        def clear() -> None:
-            for t in leaves:
-                t.grad = None
-
-        clear()
-        bwd = timed_ms(lambda: torch.autograd.backward(roots, grads, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-        clear()
-        if grad_inputs and params:
-            samples = timed_ms(lambda: torch.autograd.grad(roots, grad_inputs, grads, retain_graph=True, allow_unused=True),
-                               warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-            bwd_input = min(statistics.median(samples), statistics.median(bwd))
-        elif grad_inputs:
-            bwd_input = statistics.median(bwd)
+        bwd, bwd_input = _time_backward(roots, grads, grad_inputs, params,
+                                        warmup=warmup, repeats=repeats, sync=sync, timer=timer)
     if device.type == "cuda":
         def run() -> None:
             got, loss = forward()
@@ -331,6 +305,27 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 
+def _time_backward(roots: Any, grads: Any, grad_inputs: list[torch.Tensor], params: list[torch.nn.Parameter], *,
+                   warmup: int, repeats: int, sync: Callable[[], None], timer: str) -> tuple[list[float], float]:
+    """(full backward samples, input-gradient ms) of the graph from `roots` (a tensor or a list,
+    seeded with `grads`): the input-gradient part alone is timed only when there are both
+    parameters and `grad_inputs` (otherwise it is all of the backward, or nothing)."""
+    leaves = params + grad_inputs
+
+    def clear() -> None:
+        for t in leaves:
+            t.grad = None
+
+    clear()
+    bwd = timed_ms(lambda: torch.autograd.backward(roots, grads, retain_graph=True), warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+    clear()
+    if grad_inputs and params:
+        samples = timed_ms(lambda: torch.autograd.grad(roots, grad_inputs, grads, retain_graph=True, allow_unused=True),
+                           warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+        return bwd, min(statistics.median(samples), statistics.median(bwd))
+    return bwd, statistics.median(bwd) if grad_inputs else 0.0
+
+
 def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
     """Allocator peak above the starting point while `run` (a forward and backward) runs."""
     torch.cuda.synchronize(device)
@@ -342,16 +337,13 @@ def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
 
 
 def _cuda_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None, device: torch.device) -> int:
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    y, out = forward()
-    if out.requires_grad:
-        torch.autograd.backward(out, grad)
-    torch.cuda.synchronize(device)
-    peak = torch.cuda.max_memory_allocated(device) - base
-    del y, out
-    return max(int(peak), 0)
+    """_cuda_peak_of a forward and backward of a one-tensor layer."""
+    def run() -> None:
+        _, out = forward()
+        if out.requires_grad:
+            torch.autograd.backward(out, grad)
+
+    return _cuda_peak_of(run, device)
 
 
 def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int, timer: str = "sched") -> float:

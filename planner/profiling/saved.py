@@ -9,11 +9,11 @@ the whole run whatever the schedule does, and the cost model counts them as weig
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Any, Iterable, Self
 
 import torch
 
-__all__ = ["SavedTensors", "storage_key", "tensor_bytes"]
+__all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes"]
 
 _Key = tuple[str, int]
 
@@ -41,32 +41,25 @@ def tensor_bytes(obj: object) -> int:
     return 0
 
 
-class SavedTensors:
-    """Context manager recording the storages autograd saves inside it.
-
-    The recorded tensors are kept referenced until `release()`, so a freed storage's address
-    cannot be reused by a later tensor and be mistaken for the same storage.
-    """
+class SavedTensorHooks:
+    """Base of the context managers that watch what autograd saves for backward: inside `with`,
+    every saved tensor passes through `pack` (which may wrap it) and back through `unpack`.
+    `exclude`'s storages (parameters, buffers) are kept in `_exclude` for `pack` to skip."""
 
     def __init__(self, exclude: Iterable[torch.Tensor] = ()):
         self._exclude = {storage_key(t)[0] for t in exclude}
-        self.storages: dict[_Key, int] = {}
-        self._held: list[torch.Tensor] = []
         self._hooks: torch.autograd.graph.saved_tensors_hooks | None = None
 
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        key, nbytes = storage_key(t)
-        if key not in self._exclude:
-            self.storages[key] = max(nbytes, self.storages.get(key, 0))
-            self._held.append(t)
+    def pack(self, t: torch.Tensor) -> Any:
+        """What autograd keeps in place of `t` (here `t` itself)."""
         return t
 
-    @staticmethod
-    def _unpack(t: torch.Tensor) -> torch.Tensor:
-        return t
+    def unpack(self, packed: Any) -> torch.Tensor:
+        """The tensor `pack` returned `packed` for."""
+        return packed
 
-    def __enter__(self) -> "SavedTensors":
-        self._hooks = torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+    def __enter__(self) -> Self:
+        self._hooks = torch.autograd.graph.saved_tensors_hooks(self.pack, self.unpack)
         self._hooks.__enter__()
         return self
 
@@ -74,6 +67,27 @@ class SavedTensors:
         if self._hooks is not None:
             self._hooks.__exit__(*exc)
             self._hooks = None
+
+
+class SavedTensors(SavedTensorHooks):
+    """Context manager recording the storages autograd saves inside it.
+
+    The recorded tensors are kept referenced until `release()`, so a freed storage's address
+    cannot be reused by a later tensor and be mistaken for the same storage.
+    """
+
+    def __init__(self, exclude: Iterable[torch.Tensor] = ()):
+        super().__init__(exclude)
+        self.storages: dict[_Key, int] = {}
+        self._held: list[torch.Tensor] = []
+
+    def pack(self, t: torch.Tensor) -> torch.Tensor:
+        """Record `t`'s storage (unless excluded) and keep `t` referenced."""
+        key, nbytes = storage_key(t)
+        if key not in self._exclude:
+            self.storages[key] = max(nbytes, self.storages.get(key, 0))
+            self._held.append(t)
+        return t
 
     @property
     def total_bytes(self) -> int:

@@ -36,14 +36,20 @@ class Report:
 
     out_dir: Path
     """The report folder."""
-    markdown: Path
-    """report.md."""
-    html: Path
-    """report.html (self-contained)."""
     figures: tuple[FigureEntry, ...]
     """Every figure, drawn or skipped (with the reason)."""
     summary: tuple[tuple[str, str], ...]
     """The key numbers shown at the top."""
+
+    @property
+    def markdown(self) -> Path:
+        """report.md."""
+        return self.out_dir / "report.md"
+
+    @property
+    def html(self) -> Path:
+        """report.html (self-contained)."""
+        return self.out_dir / "report.html"
 
 
 def parse_formats(text: str | None) -> tuple[str, ...]:
@@ -127,8 +133,7 @@ def build_report(
     )
     say(f"writing {out}")
     write_report_folder(out, files, render_markdown(doc), render_html(doc))
-    return Report(out_dir=out, markdown=out / "report.md", html=out / "report.html",
-                  figures=tuple(entries), summary=summary)
+    return Report(out_dir=out, figures=tuple(entries), summary=summary)
 
 
 def _regenerate_command(inputs: ReportInputs, out: Path, formats: tuple[str, ...]) -> str:

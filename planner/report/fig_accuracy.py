@@ -6,9 +6,10 @@ from typing import Any
 
 import numpy as np
 
+from planner.report.fig_memory import draw_limit_marks
 from planner.report.inputs import ReportInputs
 from planner.report.style import (
-    LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
+    MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
 )
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines"]
@@ -93,12 +94,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
             _stacked_pairs(ax_mem, x, ranks, w, div, floors)
         else:
             _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div, floors)
-        drawn = False
-        for i, lim in enumerate(limits):
-            if lim:
-                ax_mem.hlines(float(lim) / div, i - 0.45, i + 0.45, **LIMIT_STYLE,
-                              label=None if drawn else "memory limit")
-                drawn = True
+        draw_limit_marks(ax_mem, limits, div, 0.45)
         ax_mem.set_xticks(x, labels)
         ax_mem.set_ylabel(f"peak memory ({unit})")
         ax_mem.set_title("Peak memory per device")

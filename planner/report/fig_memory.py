@@ -11,7 +11,7 @@ from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "settled"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "settled", "draw_limit_marks"]
 
 KEY = "2_memory"
 TITLE = "Memory per device"
@@ -74,12 +74,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         values = np.array([float((d.get("memory") or {}).get(part, 0)) for d in devices]) / div
         ax_bar.bar(x, values, bottom=bottom, width=0.6, color=MEMORY_COLORS[part], label=part)
         bottom += values
-    limit_drawn = False
-    for i, lim in enumerate(limits):
-        if lim:
-            ax_bar.hlines(float(lim) / div, i - 0.4, i + 0.4, **LIMIT_STYLE,
-                          label=None if limit_drawn else "memory limit")
-            limit_drawn = True
+    draw_limit_marks(ax_bar, limits, div, 0.4)
     meas_drawn = False
     for i, d in enumerate(devices):
         value = measured.get(d.get("device", i))
@@ -109,6 +104,17 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     if ax_t is not None:
         _draw_timeline(ax_t, inputs, devices, limits, div, unit)
     return fig
+
+
+def draw_limit_marks(ax: Any, limits: list, div: float, half_width: float) -> None:
+    """A dashed line at each bar's memory limit (bar i spans i ± half_width; None or 0: no limit),
+    in the legend once. Bytes are divided by `div` (bytes_axis)."""
+    drawn = False
+    for i, lim in enumerate(limits):
+        if lim:
+            ax.hlines(float(lim) / div, i - half_width, i + half_width, **LIMIT_STYLE,
+                      label=None if drawn else "memory limit")
+            drawn = True
 
 
 def settled(points: list) -> list:

@@ -13,7 +13,7 @@ import math
 import os
 import re
 from dataclasses import dataclass, field, fields
-from typing import Any
+from typing import Any, Callable
 
 from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
@@ -21,7 +21,7 @@ from planner.execute.results import RankRecord, RunRecord
 from planner.jsonio import MAX_JSON_BYTES, check_keys, read_bounded_text, read_json_file
 from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
-from planner.simulation.result import TIMELINE_COLUMNS, TimelineRow  # one row type for simulated and measured timelines
+from planner.simulation.result import TIMELINE_COLUMNS, TIMELINE_KINDS, TimelineRow  # one row type for simulated and measured timelines
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -35,7 +35,6 @@ __all__ = [
     "load_inputs",
 ]
 
-TIMELINE_KINDS = ("F", "B", "I", "W", "R", "C", "O")
 
 # Every key a simulation or run JSON may hold, per object level (what `pplan simulate --out` and
 # `pplan run --out` write: planner/simulation/result.py, planner/execute/results.py and run.py).
@@ -181,15 +180,32 @@ def _list_of_objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
 def _require_numbers(data: dict[str, Any], keys: tuple[str, ...], source: str, what: str, hint: str) -> None:
     for key in keys:
         value = data.get(key)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not _is_number(value):
             raise _bad(source, f"{what} field {key!r} must be a number, got {value!r}"[:200], hint)
+
+
+def _require_list(data: dict[str, Any], key: str, item_ok: Callable[[Any], bool], items: str,
+                  source: str, what: str, hint: str) -> list:
+    """`data[key]` (absent: []), refused unless a list whose every item passes `item_ok`."""
+    value = data.get(key, [])
+    if not isinstance(value, list) or not all(item_ok(x) for x in value):
+        raise _bad(source, f"{what} field {key!r} must be a list of {items}", hint)
+    return value
+
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _load_checked(path: str | os.PathLike, what: str, check: Callable[[dict[str, Any], str], None]) -> dict[str, Any]:
+    data = _read_json(path, what)
+    check(data, str(path))
+    return data
 
 
 def load_sim(path: str | os.PathLike) -> dict[str, Any]:
     """Read a simulation JSON (as written by `pplan simulate --json-out`) and check its core fields."""
-    data = _read_json(path, "simulation")
-    check_sim(data, str(path))
-    return data
+    return _load_checked(path, "simulation", check_sim)
 
 
 def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
@@ -201,9 +217,7 @@ def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
         _keys(dev.get("memory"), MEMORY_KEYS, f"devices[{i}].memory", source)
     _data_keys(data.get("memory_timeline"), _INDEX_KEY, "device indices", "memory_timeline", source)
     _require_numbers(data, ("iteration_ms",), source, "simulation", hint)
-    devices = data.get("devices", [])
-    if not isinstance(devices, list) or not all(isinstance(d, dict) for d in devices):
-        raise _bad(source, "simulation field 'devices' must be a list of objects", hint)
+    devices = _require_list(data, "devices", lambda d: isinstance(d, dict), "objects", source, "simulation", hint)
     for i, dev in enumerate(devices):
         mem = dev.get("memory")
         if mem is not None and not isinstance(mem, dict):
@@ -215,9 +229,7 @@ def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
 
 def load_run(path: str | os.PathLike) -> dict[str, Any]:
     """Read a run JSON written by `pplan run` and check its core fields."""
-    data = _read_json(path, "run")
-    check_run(data, str(path))
-    return data
+    return _load_checked(path, "run", check_run)
 
 
 def check_run(data: dict[str, Any], source: str = "<run>") -> None:
@@ -225,12 +237,8 @@ def check_run(data: dict[str, Any], source: str = "<run>") -> None:
     hint = "give the JSON that `pplan run` writes"
     check_run_keys(data, source)
     _require_numbers(data, ("iteration_ms_measured",), source, "run", hint)
-    steps = data.get("step_ms", [])
-    if not isinstance(steps, list) or not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in steps):
-        raise _bad(source, "run field 'step_ms' must be a list of numbers", hint)
-    ranks = data.get("ranks", [])
-    if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
-        raise _bad(source, "run field 'ranks' must be a list of objects", hint)
+    _require_list(data, "step_ms", _is_number, "numbers", source, "run", hint)
+    _require_list(data, "ranks", lambda r: isinstance(r, dict), "objects", source, "run", hint)
 
 
 def check_run_keys(data: dict[str, Any], source: str = "<run>") -> None:

@@ -123,15 +123,42 @@ def compile_schedule(schedule: PipelineSchedule) -> CompiledSchedule:
 
 def _compile(sch: PipelineSchedule) -> CompiledSchedule:
     S, M, R = sch.n_stages, sch.n_microbatches, sch.n_ranks
+    _check_sizes(sch)
+    ids_r, pos_r, pos = _flatten_orders(sch)
+    bwd_kind, split = _backward_kinds(sch, pos)
+    key_counts = [0] * (N_KINDS * S)
+    for ids in ids_r:
+        for aid in ids:
+            key_counts[aid // M] += 1
+    rank_stages = tuple(tuple(s for s in range(S) if sch.stage_rank[s] == r) for r in range(R))
+    rank_keys = tuple(
+        tuple((k * S + s, key_counts[k * S + s]) for s in rank_stages[r] for k in range(N_KINDS) if key_counts[k * S + s])
+        for r in range(R)
+    )
+    return CompiledSchedule(
+        n_ranks=R, n_stages=S, n_microbatches=M, stage_rank=tuple(sch.stage_rank),
+        ids=tuple(tuple(x) for x in ids_r), deps=tuple(_dependencies(ids, bwd_kind, S, M) for ids in ids_r),
+        positions=tuple(tuple(x) for x in pos_r), split_backward=split,
+        key_counts=tuple(key_counts), rank_stages=rank_stages, rank_keys=rank_keys,
+    )
+
+
+def _check_sizes(sch: PipelineSchedule) -> None:
+    """ScheduleError unless the counts are positive, every stage has a rank and `order` every rank."""
+    S, M, R = sch.n_stages, sch.n_microbatches, sch.n_ranks
     if R < 1 or S < 1 or M < 1:
         raise ScheduleError(f"schedule {sch.name!r} has {R} ranks, {S} stages, {M} micro-batches", "all must be at least 1")
     if len(sch.stage_rank) != S or any(not 0 <= r < R for r in sch.stage_rank):
         raise ScheduleError(f"schedule {sch.name!r}: stage_rank {list(sch.stage_rank)[:16]} must give a rank in 0..{R - 1} for each of {S} stages")
     if sorted(sch.order) != list(range(R)):
         raise ScheduleError(f"schedule {sch.name!r}: order has ranks {sorted(sch.order)[:16]}, expected 0..{R - 1}")
-    stage_rank = sch.stage_rank
-    n_ids = N_KINDS * S * M
-    pos = [-1] * n_ids  # id -> index within its rank's compute-only list
+
+
+def _flatten_orders(sch: PipelineSchedule) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """(rank -> action ids in order, rank -> their steps in the order with idle slots, id -> index
+    in its rank's list or -1). ScheduleError on a malformed, misplaced or repeated action."""
+    S, M, R = sch.n_stages, sch.n_microbatches, sch.n_ranks
+    pos = [-1] * (N_KINDS * S * M)
     ids_r, pos_r = [], []
     for rank in range(R):
         ids: list[int] = []
@@ -145,8 +172,8 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
             s, m = a.stage, a.microbatch
             if kind is None or not (0 <= s < S and 0 <= m < M):
                 raise ScheduleError(f"schedule {sch.name!r}: action {a} on rank {rank} step {step} is outside {S} stages x {M} micro-batches")
-            if stage_rank[s] != rank:
-                raise ScheduleError(f"schedule {sch.name!r}: action {a} is on rank {rank} but stage {s} belongs to rank {stage_rank[s]}")
+            if sch.stage_rank[s] != rank:
+                raise ScheduleError(f"schedule {sch.name!r}: action {a} is on rank {rank} but stage {s} belongs to rank {sch.stage_rank[s]}")
             aid = action_id(kind, s, m, S, M)
             if pos[aid] >= 0:
                 raise ScheduleError(f"schedule {sch.name!r}: action {a} appears twice (rank {rank} step {step})")
@@ -155,8 +182,15 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
             where.append(step)
         ids_r.append(ids)
         pos_r.append(where)
+    return ids_r, pos_r, pos
+
+
+def _backward_kinds(sch: PipelineSchedule, pos: list[int]) -> tuple[list[int], bool]:
+    """((stage, mb) -> code of its input-gradient action (B or I), whether any backward is split).
+    ScheduleError unless every (stage, mb) has one F and then one B, or F, I, W in that order."""
+    S, M = sch.n_stages, sch.n_microbatches
     split = False
-    bwd_kind = [0] * (S * M)  # (stage, mb) -> kind code of its input-gradient action
+    bwd_kind = [0] * (S * M)
     for s in range(S):
         for m in range(M):
             f, b, i, w = (action_id(k, s, m, S, M) for k in (_F, _B, _I, _W))
@@ -167,43 +201,32 @@ def _compile(sch: PipelineSchedule) -> CompiledSchedule:
                 if pos[i] >= 0 or pos[w] >= 0:
                     raise ScheduleError(f"schedule {sch.name!r}: {name} has both a full backward and a split one (I/W)")
                 if pos[b] < pos[f]:
-                    raise ScheduleError(f"schedule {sch.name!r}: {s}B{m} runs before {s}F{m} on rank {stage_rank[s]}")
+                    raise ScheduleError(f"schedule {sch.name!r}: {s}B{m} runs before {s}F{m} on rank {sch.stage_rank[s]}")
                 bwd_kind[s * M + m] = _B
             else:
                 if pos[i] < 0 or pos[w] < 0:
                     raise ScheduleError(f"schedule {sch.name!r}: {name} has no backward", "give it one B, or one I and one W")
                 if not pos[f] < pos[i] < pos[w]:
-                    raise ScheduleError(f"schedule {sch.name!r}: {name} must run F, then I, then W on rank {stage_rank[s]}")
+                    raise ScheduleError(f"schedule {sch.name!r}: {name} must run F, then I, then W on rank {sch.stage_rank[s]}")
                 bwd_kind[s * M + m] = _I
                 split = True
-    deps_r = []
-    for ids in ids_r:
-        deps = []
-        for aid in ids:
-            key, m = divmod(aid, M)
-            kind, s = divmod(key, S)
-            if kind == _F:
-                deps.append(action_id(_F, s - 1, m, S, M) if s > 0 else -1)
-            elif kind == _W or s == S - 1:
-                deps.append(-1)  # local inputs only: the order check above guarantees them
-            else:
-                deps.append(action_id(bwd_kind[(s + 1) * M + m], s + 1, m, S, M))
-        deps_r.append(tuple(deps))
-    key_counts = [0] * (N_KINDS * S)
-    for ids in ids_r:
-        for aid in ids:
-            key_counts[aid // M] += 1
-    rank_stages = tuple(tuple(s for s in range(S) if stage_rank[s] == r) for r in range(R))
-    rank_keys = tuple(
-        tuple((k * S + s, key_counts[k * S + s]) for s in rank_stages[r] for k in range(N_KINDS) if key_counts[k * S + s])
-        for r in range(R)
-    )
-    return CompiledSchedule(
-        n_ranks=R, n_stages=S, n_microbatches=M, stage_rank=tuple(stage_rank),
-        ids=tuple(tuple(x) for x in ids_r), deps=tuple(deps_r),
-        positions=tuple(tuple(x) for x in pos_r), split_backward=split,
-        key_counts=tuple(key_counts), rank_stages=rank_stages, rank_keys=rank_keys,
-    )
+    return bwd_kind, split
+
+
+def _dependencies(ids: list[int], bwd_kind: list[int], S: int, M: int) -> tuple[int, ...]:
+    """For each of a rank's actions, the id of the action on another stage whose output it waits
+    for (-1: none): F waits for the previous stage's F, B or I for the next stage's B or I."""
+    deps = []
+    for aid in ids:
+        key, m = divmod(aid, M)
+        kind, s = divmod(key, S)
+        if kind == _F:
+            deps.append(action_id(_F, s - 1, m, S, M) if s > 0 else -1)
+        elif kind == _W or s == S - 1:
+            deps.append(-1)  # local inputs only: the order check in _backward_kinds guarantees them
+        else:
+            deps.append(action_id(bwd_kind[(s + 1) * M + m], s + 1, m, S, M))
+    return tuple(deps)
 
 
 def sweep(
@@ -222,59 +245,66 @@ def sweep(
     the one device at its sending end, in that device's order, so FIFO order is known without
     a global event queue. Raises ScheduleError with the rank x step grid on deadlock.
     """
-    M = cs.n_microbatches
     n_ids = cs.n_ids
-    start = [-1.0] * n_ids
-    end = [-1.0] * n_ids
-    ready = [-1.0] * n_ids
-    send_start = [-1.0] * n_ids
+    # Filled in place by _pass; device_end doubles as each rank's "free from" time.
+    out = SweepResult(start=[-1.0] * n_ids, end=[-1.0] * n_ids, send_start=[-1.0] * n_ids, ready=[-1.0] * n_ids,
+                      device_end=[0.0] * cs.n_ranks)
     link_free = [0.0] * max(n_links, 1)
-    R = cs.n_ranks
-    free = [0.0] * R
-    ptr = [0] * R
+    ptr = [0] * cs.n_ranks
     remaining = sum(len(x) for x in cs.ids)
     while remaining:
-        moved = 0
-        for r in range(R):
-            p = ptr[r]
-            ids = cs.ids[r]
-            deps = cs.deps[r]
-            n = len(ids)
-            t = free[r]
-            p0 = p
-            while p < n:
-                d = deps[p]
-                if d >= 0:
-                    rd = ready[d]
-                    if rd < 0.0:
-                        break
-                    if rd > t:
-                        t = rd
-                a = ids[p]
-                key = a // M
-                start[a] = t
-                t += dur[key]
-                end[a] = t
-                ln = link[key]
-                if ln >= 0:
-                    s0 = link_free[ln]
-                    if t > s0:
-                        s0 = t
-                    send_start[a] = s0
-                    s0 += send_ms[key]
-                    link_free[ln] = s0
-                    ready[a] = s0
-                else:
-                    ready[a] = t
-                p += 1
-            if p != p0:
-                moved += p - p0
-                ptr[r] = p
-                free[r] = t
+        moved = _pass(cs, ptr, dur, send_ms, link, link_free, out)
         if not moved:
             _raise_deadlock(cs, ptr, order)
         remaining -= moved
-    return SweepResult(start=start, end=end, send_start=send_start, ready=ready, device_end=free)
+    return out
+
+
+def _pass(cs: CompiledSchedule, ptr: list[int], dur: Sequence[float], send_ms: Sequence[float], link: Sequence[int],
+          link_free: list[float], out: SweepResult) -> int:
+    """One pass over the ranks: each runs its actions from `ptr[rank]` until one waits for an
+    input not produced yet. Writes the actions' times into `out`, moves `ptr` and the links' next
+    free times (`link_free`); returns how many actions ran (0: deadlock)."""
+    M = cs.n_microbatches
+    start, end, send_start, ready, free = out.start, out.end, out.send_start, out.ready, out.device_end
+    moved = 0
+    for r in range(cs.n_ranks):
+        p = ptr[r]
+        ids = cs.ids[r]
+        deps = cs.deps[r]
+        n = len(ids)
+        t = free[r]
+        p0 = p
+        while p < n:
+            d = deps[p]
+            if d >= 0:
+                rd = ready[d]
+                if rd < 0.0:
+                    break
+                if rd > t:
+                    t = rd
+            a = ids[p]
+            key = a // M
+            start[a] = t
+            t += dur[key]
+            end[a] = t
+            ln = link[key]
+            if ln >= 0:
+                s0 = link_free[ln]
+                if t > s0:
+                    s0 = t
+                send_start[a] = s0
+                s0 += send_ms[key]
+                link_free[ln] = s0
+                ready[a] = s0
+            else:
+                ready[a] = t
+            p += 1
+        if p != p0:
+            moved += p - p0
+            ptr[r] = p
+            free[r] = t
+    return moved
 
 
 def _raise_deadlock(cs: CompiledSchedule, ptr: list[int], order: dict | None) -> None:
