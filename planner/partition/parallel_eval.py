@@ -64,6 +64,12 @@ class ParallelCandidate:
     fits: bool
     """Peak memory within the GPU's memory."""
 
+    @property
+    def schedule_label(self) -> str:
+        """The schedule, with its chunks per rank when more than one: `interleaved/v3`."""
+        chunks = (len(self.cuts) - 1) // self.config.pp
+        return self.schedule if chunks == 1 else f"{self.schedule}/v{chunks}"
+
 
 @dataclass(frozen=True)
 class ParallelTask:

@@ -51,6 +51,13 @@ class ScheduleSpec:
     """True when recomputed layers (activation checkpointing) run under it."""
     description: str
     """One line for help texts and docs."""
+    chunk_choices: tuple[int, ...] = ()
+    """Chunks per rank the cluster search (planner.partition.parallel_search) tries; empty: just virtual_stages."""
+
+    @property
+    def chunk_counts(self) -> tuple[int, ...]:
+        """The chunks per rank a search may plan with."""
+        return self.chunk_choices or (self.virtual_stages,)
 
     def valid_microbatches(self, n_ranks: int, n_microbatches: int) -> bool:
         """True when torch's class accepts this micro-batch count on `n_ranks` ranks."""
@@ -84,7 +91,9 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
         name="interleaved", order=interleaved_order, torch_class="ScheduleInterleaved1F1B",
         torch_runtime="class-if-same-order", virtual_stages=2, multi_chunk=True, split_backward=False,
         microbatches="multiple-of-rounds", recompute=True,
-        description="interleaved 1F1B (Megatron-LM): several stages per rank"),
+        description="interleaved 1F1B (Megatron-LM): several stages per rank",
+        # 3 and 4 fit layer counts that 2 x P does not divide well (105 blocks on 35 ranks)
+        chunk_choices=(2, 3, 4)),
     ScheduleSpec(
         name="zb", order=_one_chunk(zb_h1_order), torch_class="ScheduleInterleavedZeroBubble", torch_runtime="csv",
         virtual_stages=1, multi_chunk=False, split_backward=True, microbatches="multiple-of-rounds",
