@@ -160,3 +160,14 @@ def test_untrustworthy_runs_say_why_in_one_line_each():
     assert trust_warnings(n_measured=1, median_ms=100.0, spread_pct=0.0, load=None, profile_load=None,
                           compute_ratio=None)[0].startswith("only 1 measured step")
     assert step_spread([1.0, 2.0], []) == (None, None, None, None)
+
+
+@pytest.mark.parametrize("cpu,says", [(1.05, "1.05x in CPU time: the ranks waited for CPUs"),
+                                      (1.9, "1.90x in CPU time: the computation itself ran slower"),
+                                      (None, "the profile does not describe this run")])
+def test_slow_actions_say_whether_the_cpu_time_agrees_with_the_profile(cpu, says):
+    warn = trust_warnings(n_measured=5, median_ms=100.0, spread_pct=1.0, load=None, profile_load=None,
+                          compute_ratio=2.0, compute_ratio_cpu=cpu)
+    assert len(warn) == 1 and warn[0].startswith("actions took 2.00x their profiled time") and says in warn[0]
+    rec = _assembled([90.0, 100.0, 104.0, 96.0], compute_ratio=2.0, compute_ratio_cpu=cpu)
+    assert rec.compute_ratio_cpu == cpu and RunRecord.from_dict(json.loads(json.dumps(rec.to_dict()))) == rec

@@ -91,6 +91,9 @@ class _Clock:
     def perf_counter(self) -> float:
         return self.now
 
+    def thread_time(self) -> float:  # a thread that never waits: its CPU time is the wall time
+        return self.now
+
     def advance(self, seconds: float) -> None:
         self.now += seconds
 
@@ -109,6 +112,7 @@ def test_recorder_keeps_actions_in_execution_order_and_extends_forward_by_the_lo
     f, i, w = rec.events
     assert (f.start, f.end) == (50.0, pytest.approx(50.005))  # the loss (3 ms) extends F (2 ms)
     assert i.end - i.start == pytest.approx(0.004) and w.end == w.start == i.end
+    assert (f.cpu_ms, i.cpu_ms, w.cpu_ms) == (pytest.approx(2.0), pytest.approx(4.0), 0.0)  # the loss is wall only
     with pytest.raises(ValueError):
         rec.record(1, "B", 1, lambda: (clock.advance(0.001), (_ for _ in ()).throw(ValueError("boom"))))
     assert rec.events[-1].end - rec.events[-1].start == pytest.approx(0.001)

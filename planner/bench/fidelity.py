@@ -16,6 +16,7 @@ y = x line and +-10% bands, one point per case (matplotlib, imported there).
 
 from __future__ import annotations
 
+import statistics
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,8 +30,10 @@ __all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fid
 
 _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/10/6/8/12/6/8/10/6/8/10/6/12/8/6/10,"
           "param_bytes=2MB,act_bytes=1MB")
-_GPT = "gpt:layers=4,hidden=128,heads=4,seq=64,vocab=2048"
-_MLP = "mlp:layers=6,hidden=1024"
+# realistic sizes (steps of tenths of a second to seconds): on smaller ones the per-action and
+# hand-over costs that no layer profile sees dominate, and `run` says so instead
+_GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=8192"
+_MLP = "mlp:layers=6,hidden=2048"
 _RESNET = "resnet:stages=3,blocks=1,width=16,image=32"
 _SYN_QUICK = "synthetic:layers=4,fwd_ms=4/6/4/6,bwd_ms=8/12/8/12,param_bytes=1MB,act_bytes=1MB"
 _ALL = SCHEDULE_NAMES
@@ -57,9 +60,9 @@ class FidelityPoint:
 DEFAULT_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("synthetic", _SYN16, 4, _ALL, (4, 8)),
     FidelityPoint("synthetic", _SYN16, 8, _ALL, (8,)),
-    FidelityPoint("gpt", _GPT, 2, _ALL, (4, 8)),
-    FidelityPoint("mlp", _MLP, 2, _ALL, (4,)),
-    FidelityPoint("resnet", _RESNET, 2, ("gpipe", "1f1b"), (4,)),
+    FidelityPoint("gpt", _GPT, 2, _ALL, (4,), micro_batch_size=32),
+    FidelityPoint("mlp", _MLP, 2, _ALL, (4,), micro_batch_size=32),
+    FidelityPoint("resnet", _RESNET, 2, ("gpipe", "1f1b"), (4,), micro_batch_size=32),
 )
 QUICK_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("synthetic", _SYN_QUICK, 2, ("gpipe", "1f1b"), (2,)),
@@ -75,6 +78,11 @@ def _pct(pred: float | None, meas: float | None) -> float | None:
 def _mape(values: list[float | None]) -> float | None:
     vals = [abs(v) for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
+
+
+def _median_abs(values: list[float | None]) -> float | None:
+    vals = [abs(v) for v in values if v is not None]
+    return statistics.median(vals) if vals else None
 
 
 def _fmt_pct(v: float | None) -> str:
@@ -110,7 +118,8 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
         title="Fidelity: simulator prediction against the executor's measurement",
         columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
                  "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
-                 "measured_ms_max", "err_spread_pct", "repeats"),
+                 "measured_ms_max", "err_spread_pct", "repeats", "compute_ratio", "compute_ratio_cpu",
+                 "rss_growth_peak_bytes", "load_average", "basis"),
         rows=tuple(rows),
         notes=notes,
         summary=summary,
@@ -121,8 +130,6 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
                   device: str, repeats: int) -> tuple[Any, ...]:
     """Plan `g` under schedule `name` with `m` micro-batches, run it `repeats` times, and compare:
     one table row (with the error, and no numbers, when it cannot be planned or run)."""
-    import statistics
-
     from planner.bench.execution import run_measured
     from planner.partition.api import partition
     from planner.partition.search import PartitionSettings
@@ -133,13 +140,13 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
         plan = partition(prof, settings).plan
     except PplanError as e:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
-                None, None, None, 0)
+                None, None, None, 0) + _NO_RUN
     runs = [run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}-{k}", steps=steps, warmup=warmup,
                          device=device) for k in range(repeats)]
     failed = [r for r in runs if "error" in r]
     if failed:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
-                None, None, None, len(runs) - len(failed))
+                None, None, None, len(runs) - len(failed)) + _NO_RUN
     meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
     run = runs[0]
     pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
@@ -147,9 +154,20 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
     mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
     peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
     peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
+    rss = [r.get("peak_memory_bytes_rss") for r in run["ranks"] if r.get("peak_memory_bytes_rss") is not None]
     return (g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
             _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
-            (max(errs) - min(errs)) if errs else None, len(runs))
+            (max(errs) - min(errs)) if errs else None, len(runs), _median_of(runs, "compute_ratio"),
+            _median_of(runs, "compute_ratio_cpu"), max(rss) if rss else None, _median_of(runs, "load_average"),
+            run.get("prediction_source"))
+
+
+_NO_RUN = (None, None, None, None, None)
+
+
+def _median_of(runs: list[dict[str, Any]], key: str) -> float | None:
+    vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+    return statistics.median(vals) if vals else None
 
 
 def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint], *, steps: int, warmup: int,
@@ -161,9 +179,15 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
     groups = {f"{g.label}/{g.devices}": None for g in grid}
     per_group = {k: (_mape([r[6] for r in rows if f"{r[0]}/{r[1]}" == k]), _mape([r[9] for r in rows if f"{r[0]}/{r[1]}" == k]))
                  for k in groups}
+    median_group = {k: _median_abs([r[6] for r in rows if f"{r[0]}/{r[1]}" == k]) for k in groups}
+    bases = sorted({str(r[19]) for r in rows if r[19]})
     notes = (
         f"{ok} of {len(rows)} runs completed; each trained {steps} steps ({warmup} warm-up) on {device}, "
-        "measured_ms = median step time; predictions from the profile alone (no calibration).",
+        f"measured_ms = median step time; predicted by {', '.join(bases) or '-'} (no per-plan calibration).",
+        "Median |time error| by model/devices: " + "; ".join(f"{k} {_fmt_pct(v)}" for k, v in median_group.items()) + ".",
+        "compute_ratio = median over actions of measured / profiled time; compute_ratio_cpu the same with the "
+        "actions' CPU time (near 1 while compute_ratio is not: the ranks waited for CPUs); rss_growth_peak_bytes = "
+        "the largest rank's RSS growth over a step, independent of the prediction (measured_peak_bytes counts tensors).",
         f"MAPE step time: {'-' if time_mape is None else f'{time_mape:.1f}%'}; "
         f"MAPE peak memory (mean over ranks): {'-' if mem_mape is None else f'{mem_mape:.1f}%'}.",
         "MAPE by model/devices (time, memory): " + "; ".join(
@@ -174,7 +198,8 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),
     )
     summary = {"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
-               "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()}}
+               "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()},
+               "median_abs_time_pct_by_group": median_group}
     return notes, summary
 
 

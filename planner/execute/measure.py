@@ -49,6 +49,9 @@ class Event:
     """perf_counter() at the start."""
     end: float
     """perf_counter() at the end."""
+    cpu_ms: float = 0.0
+    """CPU time this thread spent in the action, ms: the wall time minus waiting for a CPU (and
+    for other threads), so a loaded machine shows as wall time above it."""
 
 
 class ActionRecorder:
@@ -71,6 +74,7 @@ class ActionRecorder:
     def record(self, stage: int, kind: str, microbatch: int, fn: Callable[[], Any]) -> Any:
         """Run `fn` as action (stage, kind, microbatch) and keep its start and end."""
         start = self._now()
+        cpu0 = time.thread_time()
         is_bwd = kind in ("B", "I", "W")
         if is_bwd:
             self._recompute_s = 0.0
@@ -79,16 +83,20 @@ class ActionRecorder:
             return fn()
         finally:
             end = self._now()
+            cpu_ms = (time.thread_time() - cpu0) * 1e3
             if is_bwd:
                 self._backward = None
                 rec = self._recompute_s
                 if rec > 0:  # the recompute ran inside this backward: its own row first
-                    self.events.append(Event(stage, "R", microbatch, start, start + rec))
+                    # its CPU share is not measured apart: counted at its wall time, capped
+                    rec_cpu = min(rec * 1e3, cpu_ms)
+                    self.events.append(Event(stage, "R", microbatch, start, start + rec, rec_cpu))
                     start += rec
+                    cpu_ms -= rec_cpu
                 tk = tracker()
                 if tk is not None:
                     tk.set_transient(0)
-            self.events.append(Event(stage, kind, microbatch, start, end))
+            self.events.append(Event(stage, kind, microbatch, start, end, cpu_ms))
 
     def in_backward(self) -> bool:
         return self._backward is not None

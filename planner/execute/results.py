@@ -82,6 +82,8 @@ class RankRecord:
     """CPU: RSS before the model was built (torch, process group)."""
     action_ms: dict[str, float] = field(default_factory=dict)
     """Median ms per '<stage><kind>'."""
+    action_cpu_ms: dict[str, float] = field(default_factory=dict)
+    """Median CPU ms per '<stage><kind>' (this rank's thread; below action_ms when it waited for a CPU)."""
     threads: int | None = None
     """torch threads of the rank."""
     replica: int = 0
@@ -172,6 +174,8 @@ class RunRecord:
     """The load the profile recorded (its metadata `load_average`), if any."""
     compute_ratio: float | None = None
     """Median over actions of measured / profiled time (1 = as profiled)."""
+    compute_ratio_cpu: float | None = None
+    """The same with the actions' CPU time: what stays when waiting for a busy machine's CPUs is taken out."""
     warnings: list[str] = field(default_factory=list)
     """Why the comparison may not be trusted, one line each."""
     dp: int = 1
@@ -307,7 +311,8 @@ def _busy(rec: dict[str, Any]) -> float:
 def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
                     steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
                     calibration: dict[str, Any] | None, load_average: float | None = None,
-                    profile_load_average: float | None = None, compute_ratio: float | None = None) -> RunRecord:
+                    profile_load_average: float | None = None, compute_ratio: float | None = None,
+                    compute_ratio_cpu: float | None = None) -> RunRecord:
     """The run record from rank records and a prediction (docs/executor.md layout)."""
     records = sorted(records, key=lambda r: r["rank"])
     r0 = records[0]
@@ -340,13 +345,15 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
             memory_measured=mem.get("breakdown"), memory_predicted=pd.get("memory"),
             rss_peak_bytes=mem.get("rss_peak_bytes"), peak_memory_bytes_rss=mem.get("rss_growth_bytes"),
             rss_baseline_bytes=mem.get("rss_baseline_bytes"), action_ms=rec["action_ms"], threads=rec["threads"],
+            action_cpu_ms=rec.get("action_cpu_ms") or {},
             replica=rec.get("replica", 0),
             grad_allreduce_ms=statistics.median(rec["grad_allreduce_ms"]) if rec.get("grad_allreduce_ms") else None))
     lo, med, hi, spread = step_spread(step_ms, measured)
     dp = plan.parallel.dp if plan.parallel is not None else 1
     lead = replica0(records)  # the pipeline the simulator's timeline describes
     warnings = trust_warnings(n_measured=len(measured), median_ms=med, spread_pct=spread, load=load_average,
-                              profile_load=profile_load_average, compute_ratio=compute_ratio)
+                              profile_load=profile_load_average, compute_ratio=compute_ratio,
+                              compute_ratio_cpu=compute_ratio_cpu)
     return RunRecord(
         plan=plan_path, model=plan.model, schedule=plan.schedule, runtime=r0["runtime"], device_type=device_type,
         n_ranks=plan.n_devices * dp, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
@@ -359,7 +366,8 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
         transfer_gaps=transfer_gaps(measured_timeline(lead), plan.n_stages, boundary)
         if len({rec["host"] for rec in lead}) == 1 else [],
         step_ms_min=lo, step_ms_median=med, step_ms_max=hi, step_spread_pct=spread, load_average=load_average,
-        profile_load_average=profile_load_average, compute_ratio=compute_ratio, warnings=warnings, dp=dp,
+        profile_load_average=profile_load_average, compute_ratio=compute_ratio, compute_ratio_cpu=compute_ratio_cpu,
+        warnings=warnings, dp=dp,
         grad_allreduce_ms_measured=_allreduce_ms(records) if dp > 1 else None,
         grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None))
 

@@ -141,7 +141,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              warmup=opts.warmup, prediction=prediction, prediction_source=source,
                              calibration=_cal_dict(used_cal), load_average=load_before,
                              profile_load_average=_profile_load(pf),
-                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal))
+                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal),
+                             compute_ratio_cpu=_compute_ratio(replica0(records), plan, pf, used_cal, key="action_cpu_ms"))
     record = record.with_(warnings=record.warnings + _thread_warnings(records, pf))
     rows = measured_timeline(replica0(records))
     if record.diverged:
@@ -184,14 +185,16 @@ def _profile_load(pf: Preflight) -> float | None:
     return load if load is not None and math.isfinite(load) and load >= 0 else None
 
 
-def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal: Calibration | None) -> float | None:
-    """Median over the run's actions of measured / predicted action time (calibration applied)."""
+def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal: Calibration | None,
+                   key: str = "action_ms") -> float | None:
+    """Median over the run's actions of measured / predicted action time (calibration applied);
+    `key` = action_cpu_ms compares the actions' CPU time instead of their wall time."""
     if pf.profile is None:
         return None
     from planner.execute.calibrate import compute_points
 
     try:
-        points = compute_points({"ranks": records}, plan, pf.profile)
+        points = compute_points({"ranks": [{**r, "action_ms": r.get(key) or {}} for r in records]}, plan, pf.profile)
     except (PplanError, KeyError, IndexError, ValueError):
         return None
     ratios = []

@@ -212,6 +212,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     step_ms: list[float] = []
     allreduce_ms: list[float] = []
     step_events: list[list[list[Any]]] = []
+    step_cpu: list[list[list[Any]]] = []  # the same actions as (stage, kind, mb, 0, CPU ms)
     step_t0: list[float] = []
     memory: dict[str, Any] = {}
     probes: dict[int, int] = {}
@@ -265,6 +266,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         step_ms.append(float(local[0].item()))
         step_t0.append(t0)
         step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
+        step_cpu.append([[e.stage, e.kind, e.microbatch, 0.0, e.cpu_ms] for e in rec.events])
         if is_last and pipe.dp_index == 0:
             _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
         if float(local[1].item()) > 0:
@@ -294,6 +296,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
         "events": events,
         "action_ms": _action_medians([step_events[i] for i in measured]),
+        "action_cpu_ms": _action_medians([step_cpu[i] for i in measured]),
         "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last and pipe.dp_index == 0 else {},
         "diverged_step": diverged_step,
         "memory": memory,

@@ -30,7 +30,8 @@ def step_spread(step_ms: list[float], measured: list[int]) -> tuple[float | None
 
 
 def trust_warnings(*, n_measured: int, median_ms: float | None, spread_pct: float | None, load: float | None,
-                   profile_load: float | None, compute_ratio: float | None) -> list[str]:
+                   profile_load: float | None, compute_ratio: float | None,
+                   compute_ratio_cpu: float | None = None) -> list[str]:
     """One line per reason the prediction's comparison with this run cannot be trusted."""
     out = []
     if n_measured < 3:
@@ -45,6 +46,19 @@ def trust_warnings(*, n_measured: int, median_ms: float | None, spread_pct: floa
         out.append(f"machine load {load:.1f} before the run, {profile_load:.1f} when the profile was made: compute "
                    "times differ with the load; re-profile or rerun under the same load")
     if compute_ratio is not None and not COMPUTE_RATIO_WARN[0] <= compute_ratio <= COMPUTE_RATIO_WARN[1]:
-        out.append(f"actions took {compute_ratio:.2f}x their profiled time (median over actions): the profile does not "
-                   "describe this run (threads, load, machine); re-profile with the run's --threads or calibrate")
+        out.append(_compute_warning(compute_ratio, compute_ratio_cpu))
     return out
+
+
+def _compute_warning(wall: float, cpu: float | None) -> str:
+    """Why the actions' times differ from the profile's: waiting for a CPU (the CPU time agrees
+    with the profile) or the computation itself (threads, caches, another machine)."""
+    head = f"actions took {wall:.2f}x their profiled time (median over actions)"
+    if cpu is not None and COMPUTE_RATIO_WARN[0] <= cpu <= COMPUTE_RATIO_WARN[1]:
+        return (f"{head} but {cpu:.2f}x in CPU time: the ranks waited for CPUs other work was using; "
+                "the prediction holds for this machine when it is not shared: rerun when it is quieter")
+    if cpu is not None:
+        return (f"{head}, {cpu:.2f}x in CPU time: the computation itself ran slower or faster than profiled "
+                "(threads, caches shared between ranks, another machine); re-profile with the run's --threads or calibrate")
+    return (f"{head}: the profile does not describe this run (threads, load, machine); re-profile with the "
+            "run's --threads or calibrate")
