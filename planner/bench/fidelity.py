@@ -35,6 +35,7 @@ _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/1
 _GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=8192"
 _MLP = "mlp:layers=6,hidden=2048"
 _RESNET = "resnet:stages=3,blocks=1,width=16,image=32"
+_HF_GPT2 = "hf:gpt2:n_layer=4,n_embd=256,n_head=4,vocab_size=8192"
 _SYN_QUICK = "synthetic:layers=4,fwd_ms=4/6/4/6,bwd_ms=8/12/8/12,param_bytes=1MB,act_bytes=1MB"
 _ALL = SCHEDULE_NAMES
 
@@ -55,6 +56,8 @@ class FidelityPoint:
     """Micro-batch counts to try."""
     micro_batch_size: int = 2
     """Samples per micro-batch (the profile measures exactly this size)."""
+    input_shape: tuple[int, ...] | None = None
+    """One sample's shape for models that need it (`hf:`: tokens per sample)."""
 
 
 DEFAULT_GRID: tuple[FidelityPoint, ...] = (
@@ -63,6 +66,7 @@ DEFAULT_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("gpt", _GPT, 2, _ALL, (4,), micro_batch_size=32),
     FidelityPoint("mlp", _MLP, 2, _ALL, (4,), micro_batch_size=32),
     FidelityPoint("resnet", _RESNET, 2, ("gpipe", "1f1b"), (4,), micro_batch_size=32),
+    FidelityPoint("hf-gpt2", _HF_GPT2, 2, _ALL, (4,), micro_batch_size=16, input_shape=(128,)),
 )
 QUICK_GRID: tuple[FidelityPoint, ...] = (
     FidelityPoint("synthetic", _SYN_QUICK, 2, ("gpipe", "1f1b"), (2,)),
@@ -105,10 +109,18 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
     with tempfile.TemporaryDirectory(prefix="pplan-bench-") as tmp:
         work = Path(tmp)
         for g in grid:
-            prof = profile_to(g.spec, [g.micro_batch_size], work, say, device=device)
+            try:
+                # as `pplan profile` measures by default: the prediction is only as good as the profile
+                prof = profile_to(g.spec, [g.micro_batch_size], work, say, device=device, input_shape=g.input_shape,
+                                  warmup=3, repeats=15)
+            except PplanError as e:  # e.g. transformers not installed: that model's rows say so
+                prof, why = None, f"not profiled: {e.one_line()[:120]}"
             for name in g.schedules:
                 for m in g.microbatches:
                     done += 1
+                    if prof is None:
+                        rows.append((g.label, g.devices, name, m) + (None,) * 6 + (why, None, None, None, 0) + _NO_RUN)
+                        continue
                     say(f"fidelity {done}/{total}: {g.label} on {g.devices} devices, {name}, M={m}")
                     rows.append(_fidelity_row(g, name, m, prof, work, steps=steps, warmup=warmup, device=device,
                                               repeats=repeats))
