@@ -2,7 +2,7 @@
 
 Each is an ordinary PyTorch model that knows nothing of pplan: in-place ReLUs, BatchNorm,
 Flatten, views that are not contiguous, residual adds across modules, tuple outputs, tied
-weights. tests/test_byom_*.py run them from profile to run.
+weights, a layer called twice. tests/test_byom_*.py run them from profile to run.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from collections import OrderedDict
 import torch
 from torch import nn
 
-__all__ = ["mlp", "cnn", "residual", "vit", "tied_lm"]
+__all__ = ["mlp", "cnn", "residual", "vit", "tied_lm", "shared"]
 
 
 def mlp(width: int = 256) -> nn.Sequential:
@@ -136,3 +136,25 @@ def tied_lm(vocab: int = 64, dim: int = 16) -> nn.Sequential:
     emb = nn.Embedding(vocab, dim)
     return nn.Sequential(OrderedDict(embed=_Embed(emb), mix=nn.Sequential(nn.Linear(dim, dim), nn.GELU()),
                                      head=_TiedHead(emb)))
+
+
+class Shared(nn.Module):
+    """One Linear called in two places: its weight is used twice in forward (layers `mix`, `mix@2`)."""
+
+    def __init__(self, dim: int = 16, out: int = 4):
+        super().__init__()
+        self.inp = nn.Linear(dim, dim)
+        self.mix = nn.Linear(dim, dim)
+        self.mid = nn.Sequential(nn.LayerNorm(dim), nn.GELU())
+        self.head = nn.Linear(dim, out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.tanh(self.mix(self.inp(x)))
+        h = self.mid(h)
+        h = self.mix(h) + h  # the same weight again, and a skip over it
+        return self.head(h)
+
+
+def shared(dim: int = 16, out: int = 4) -> nn.Module:
+    """`--model examples.byom_models:shared --input-shape 16`: 5 layers, `mix` and `mix@2` share weights."""
+    return Shared(dim, out)

@@ -3,10 +3,9 @@
 Every rank builds the whole model from the plan's spec and seed (so all ranks agree on the
 weights without communicating), keeps its stages' layers (a PipeStage each, which sends and
 receives whatever structure of tensors crosses its cuts) and wraps the plan's recompute layers
-in activation checkpointing, one layer per checkpoint. Chain and traced (non-chain) models
-take this one path. Ranks are numbered by the plan's stage
-order: rank r runs stages r, r + P, r + 2P, ... (torch's loop-style mapping), and reports the
-plan device that the first of those stages names.
+in activation checkpointing, one layer per checkpoint. Chain and traced (non-chain) models take
+this one path. Ranks are numbered by the plan's stage order: rank r runs stages r, r + P, ...
+(torch's loop-style mapping), and reports the plan device that the first of those stages names.
 
 Schedules: gpipe, 1f1b and interleaved run on torch's own classes (ScheduleGPipe,
 Schedule1F1B, ScheduleInterleaved1F1B) when their order equals the planner's; zb (ZB-H1, with
@@ -28,27 +27,14 @@ import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from planner.errors import PlanError, RunError
+from planner.errors import PlanError
 from planner.execute.measure import recorder, tracker
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
-__all__ = [
-    "Checkpointed",
-    "StageModule",
-    "rank_device",
-    "stages_of_rank",
-    "build_stage_modules",
-    "is_non_chain",
-    "PipeStage",
-    "boundary_specs",
-    "shared_parameter_groups",
-    "plan_schedule",
-    "make_schedule",
-    "check_executed_order",
-    "step_seed",
-    "make_optimizer",
-]
+__all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "is_non_chain", "PipeStage",
+           "boundary_specs", "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed",
+           "make_optimizer"]
 
 
 def step_seed(plan_seed: int, step: int) -> int:
@@ -271,26 +257,16 @@ def shared_parameter_groups(plan: Plan, layers: nn.Sequential) -> list[tuple[lis
     """(ranks, the shared parameters of that rank set) for parameters whose layers sit on
     several ranks, in an order every rank computes alike (every rank builds the whole model)."""
     stage_of = {i: s for s, st in enumerate(plan.stages) for i in range(*st.layers)}
-    groups: dict[tuple[int, ...], list[Any]] = {}
-    params: dict[int, Any] = {}
-    for child in layers.children():
-        for p in child.parameters():
-            params.setdefault(id(p), p)
-    ids = []
+    params: dict[int, Any] = {}  # by first appearance, the same order on every rank
+    holders: dict[int, set[int]] = {}
     for i, child in enumerate(layers.children()):
         for p in child.parameters():
-            ids.append((id(p), i))
-    holders: dict[int, set[int]] = {}
-    order: list[int] = []
-    for pid, i in ids:
-        if pid not in holders:
-            holders[pid] = set()
-            order.append(pid)
-        holders[pid].add(stage_of[i] % plan.n_devices)
-    for pid in order:
-        ranks = tuple(sorted(holders[pid]))
-        if len(ranks) > 1:
-            groups.setdefault(ranks, []).append(params[pid])
+            params.setdefault(id(p), p)
+            holders.setdefault(id(p), set()).add(stage_of[i] % plan.n_devices)
+    groups: dict[tuple[int, ...], list[Any]] = {}
+    for pid, p in params.items():
+        if len(holders[pid]) > 1:
+            groups.setdefault(tuple(sorted(holders[pid])), []).append(p)
     return [(list(r), ps) for r, ps in groups.items()]
 
 
@@ -311,7 +287,7 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
 
     ScheduleGPipe and Schedule1F1B execute a fixed order written in their code (their
     `_get_pipeline_order` is only a drawing, and torch 2.13's 1F1B drawing is off by one on
-    later ranks), which the planner's generators reproduce; `check_executed_order` verifies it
+    later ranks), which the planner's generators reproduce; train.check_executed_order verifies it
     on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here.
     """
     from torch.distributed import pipelining
@@ -320,6 +296,9 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     sched = plan_schedule(plan)
     spec = get_schedule(plan.schedule)
     M = plan.n_microbatches
+    _scale_each_parameter_once(sched, stages)
+    if spec.split_backward:
+        _retain_graph_in_weight_backward(stages)
     if prefer_torch and spec.torch_runtime in ("class", "class-if-same-order"):
         cls = getattr(pipelining, spec.torch_class)
         # single-stage classes take this rank's one stage, multi-chunk ones the list
@@ -340,24 +319,77 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     return runtime, "_PipelineScheduleRuntime(plan actions)"
 
 
-def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
-    """Raise RunError unless this rank's compute ran in the planner's order."""
-    want = [str(a) for a in plan_schedule(plan).actions(rank)]
-    got = [f"{e.stage}{e.kind}{e.microbatch}" for e in events if e.kind in ("F", "B", "I", "W")]
-    if got != want:
-        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
-        raise RunError(f"rank {rank} executed {' '.join(got[max(0, i - 2):i + 3])} where the plan has "
-                       f"{' '.join(want[max(0, i - 2):i + 3])} (action {i})", "report this: torch's schedule differs from the simulated one")
+def _scale_each_parameter_once(sched: PipelineSchedule, stages: list[Any]) -> None:
+    """On a rank with several stages, make torch divide each gradient by M once per step.
+
+    torch calls `scale_grads(M)` on a stage after its last backward, dividing every gradient of
+    its module: a parameter two stages of one rank share (a module called in two places, on
+    stages s and s + P of an interleaved plan) would be divided twice, the first time before the
+    other stage's last contributions. So a shared parameter is scaled only by the stage whose
+    last weight-gradient action (B or W) comes last in this rank's order.
+    """
+    if len(stages) < 2:
+        return
+    last = {a.stage: pos for pos, a in enumerate(sched.actions(sched.stage_rank[stages[0].stage_index])) if a.kind in ("B", "W")}
+    owner = {id(p): st for st in sorted(stages, key=lambda st: last.get(st.stage_index, -1)) for p in st.submod.parameters()}
+    for st in stages:
+        own = [p for p in st.submod.parameters() if owner[id(p)] is st]
+        if len(own) < len(list(st.submod.parameters())):
+            def scale_grads(factor: int, own: list[Any] = own) -> None:  # torch's, restricted to `own`
+                for p in own:
+                    if factor != 1 and p.grad is not None:
+                        p.grad.div_(factor)
+
+            st.scale_grads = scale_grads
 
 
-def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> torch.optim.Optimizer:
-    """The plan's optimizer over `params` (sgd = SGD with momentum 0.9)."""
-    if name == "adam":
-        return torch.optim.Adam(params, lr=lr)
-    if name == "adamw":
-        return torch.optim.AdamW(params, lr=lr)
-    if name == "sgd":
-        return torch.optim.SGD(params, lr=lr, momentum=0.9)
-    if name == "sgd-plain":
-        return torch.optim.SGD(params, lr=lr)
-    raise PlanError(f"plan optimizer {name!r} is unknown", "use adam, adamw, sgd or sgd-plain")
+def _retain_graph_in_weight_backward(stages: list[Any]) -> None:
+    """Let split (I/W) backwards run a weight used twice in one stage (tied embeddings, a module
+    called twice). torch's W step differentiates one parameter group at a time and frees the graph
+    behind each; from a weight's later use it reaches the layers between its two uses, whose saved
+    tensors another group has freed ("backward through the graph a second time"). Keeping the
+    graph until the W step ends gives the same gradients (torch clamps each intermediate's gradient
+    to the one saved at the I step), freed as W lets go of it: the same memory between actions."""
+    from torch.distributed.pipelining._backward import stage_backward_weight
+
+    for st in stages:
+        def backward(kind: str, kwargs: dict, last_backward: bool = False, run: Any = st.backward_maybe_with_nosync,
+                     st: Any = st) -> Any:
+            if kind != "weight":
+                return run(kind, kwargs, last_backward)
+            return stage_backward_weight(st.submod.parameters(), kwargs["param_groups"], retain_graph=True), None
+
+        st.backward_maybe_with_nosync = backward
+
+
+class _NoParameters:
+    """The optimizer of a rank whose stages hold no parameters (activations, pooling, Flatten):
+    torch's optimizers refuse an empty parameter list, and there is nothing to step or save."""
+
+    state: dict = {}
+    param_groups: list = []
+
+    def step(self, closure: Any = None) -> None:
+        """Nothing to update."""
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        """No gradients to clear."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"state": {}, "param_groups": []}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("state") or state.get("param_groups"):
+            raise ValueError("the saved optimizer has parameters but this rank's stages hold none")
+
+
+_OPTIMIZERS = {"adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr), "adamw": lambda ps, lr: torch.optim.AdamW(ps, lr=lr),
+               "sgd": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9), "sgd-plain": lambda ps, lr: torch.optim.SGD(ps, lr=lr)}
+
+
+def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> Any:
+    """The plan's optimizer over `params` (sgd = SGD with momentum 0.9); one that does nothing
+    when `params` is empty (a stage of parameter-free layers)."""
+    if name not in _OPTIMIZERS:
+        raise PlanError(f"plan optimizer {name!r} is unknown", "use adam, adamw, sgd or sgd-plain")
+    return _OPTIMIZERS[name](params, lr) if params else _NoParameters()

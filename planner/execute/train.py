@@ -36,12 +36,12 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
-from planner.execute.stages import check_executed_order, make_optimizer, rank_device, step_seed
-from planner.errors import PplanError
+from planner.execute.stages import make_optimizer, plan_schedule, rank_device, step_seed
+from planner.errors import PplanError, RunError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
 
-__all__ = ["train_rank", "rank_seed", "seed_rank", "rng_state", "set_rng_state"]
+__all__ = ["train_rank", "rank_seed", "seed_rank", "rng_state", "set_rng_state", "check_executed_order"]
 
 def _to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
@@ -304,6 +304,16 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "boundary_bytes": {str(s): v for s, v in boundary.items()},
         "threads": torch.get_num_threads(),
     }
+
+
+def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
+    """Raise RunError unless this rank's compute ran in the planner's order."""
+    want = [str(a) for a in plan_schedule(plan).actions(rank)]
+    got = [f"{e.stage}{e.kind}{e.microbatch}" for e in events if e.kind in ("F", "B", "I", "W")]
+    if got != want:
+        i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        raise RunError(f"rank {rank} executed {' '.join(got[max(0, i - 2):i + 3])} where the plan has "
+                       f"{' '.join(want[max(0, i - 2):i + 3])} (action {i})", "report this: torch's schedule differs from the simulated one")
 
 
 def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:

@@ -15,9 +15,11 @@ So every layer is a contiguous stretch of the program, which is exactly how
 `torch.distributed.pipelining.pipeline()` splits a program at `pipe_split()` markers, and a
 cut after layer c is a split at the first module call of layer c+1.
 
-A module with parameters called in two separate places (weights shared between layers) is
-refused; a parameter-free one (a shared `nn.MaxPool2d`) gives one layer per run, named
-`pool`, `pool@2`, ...
+A module called in two separate places gives one layer per run, named `pool`, `pool@2`, ...
+Its parameters are shared by those layers (the same Parameter objects, as tied embeddings
+are): stages on different ranks each hold them and `pplan run` sums their gradients before
+every optimizer step. A module that keeps running statistics (BatchNorm) is refused instead:
+each stage would update its own copy, where one process updates one copy twice.
 
 Bytes are measured by running the traced graph once on `example_input` (no_grad, eval mode,
 restored afterwards) and divided by its batch size (the first dimension of the first tensor).
@@ -71,20 +73,24 @@ def _key(node: fx.Node, depth: int, current: str | None) -> str | None:
     return paths[-1]
 
 
-def _has_params(module: nn.Module | None, path: str) -> bool:
+def _running_stats(module: nn.Module | None, path: str) -> str | None:
+    """Type name of a submodule of `path` that updates running statistics in training, if any."""
     if module is None:
-        return False
+        return None
     try:
         sub = module.get_submodule(path)
     except AttributeError:
-        return False
-    return any(True for _ in sub.parameters())
+        return None
+    for m in sub.modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase) and m.track_running_stats:
+            return type(m).__name__
+    return None
 
 
 def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int) -> tuple[dict[fx.Node, int], list[str], list[str], list[fx.Node]]:
     """(layer of each node, layer names, layer module paths, top-level parameter reads).
 
-    `module` (None: skip the check) is asked whether a re-run module holds parameters.
+    `module` (None: skip the check) is asked whether a re-run module keeps running statistics.
     """
     layer_of: dict[fx.Node, int] = {}
     keys: list[str] = []
@@ -105,11 +111,13 @@ def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int) -> t
                 layer_of[node] = max(len(keys) - 1, 0)
             continue
         if not keys or key != keys[-1]:
-            if runs_of[key] and _has_params(module, key):
+            stats = _running_stats(module, key) if runs_of[key] else None
+            if stats is not None:
                 first = runs_of[key][0]
                 raise ModelSpecError(
-                    f"module {key!r} holds parameters and is called in two separate places (layer {first} {names[first]!r} and layer {len(keys)})",
-                    "pipeline stages cannot share weights: give each place its own module, or trace with a larger depth")
+                    f"module {key!r} ({stats} inside) is called in two separate places (layer {first} {names[first]!r} and layer {len(keys)}): "
+                    "pipeline stages would each update their own running statistics, where one process updates one copy twice",
+                    f"give each place its own {stats} (shared weights without running statistics are fine: their gradients are summed)")
             runs_of[key].append(len(keys))
             names.append(key if len(runs_of[key]) == 1 else f"{key}@{len(runs_of[key])}")
             keys.append(key)
@@ -223,7 +231,7 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
     the batch. `opaque=True` records each layer module as one call instead of tracing into
     it: for layer modules whose own forward fx cannot trace. Raises ModelSpecError (one
     line) when fx cannot trace the forward (data-dependent control flow), the example
-    fails, weights are shared across layers, or forward calls no submodule.
+    fails, a module with running statistics runs in two layers, or forward calls no submodule.
     """
     if depth < 1:
         raise ModelSpecError(f"grouping depth {depth} must be at least 1")

@@ -18,6 +18,24 @@ HF_SPECS = {
 }
 """Tiny configurations of every Hugging Face family `hf:` supports (built from config, no download)."""
 
+_IMG = (3, 16, 16)
+BYOM_MODELS = {
+    "gpt2-tied": (HF_SPECS["gpt2"], (16,), True),
+    "gpt2-untied": (HF_SPECS["gpt2-untied"], (16,), False),
+    "llama": (HF_SPECS["llama"], (16,), False),
+    "bert": (HF_SPECS["bert"], (16,), True),
+    "hf-vit": (HF_SPECS["vit"], None, False),
+    "hf-resnet": (HF_SPECS["resnet"], _IMG, False),
+    "docs-mlp": ("examples.byom_models:mlp:width=64", (784,), False),
+    "cnn": ("examples.byom_models:cnn", _IMG, False),
+    "residual": ("examples.byom_models:residual", _IMG, False),
+    "vit-seq": ("examples.byom_models:vit", _IMG, False),
+    "shared": ("examples.byom_models:shared", (16,), True),
+}
+"""name -> (model spec, input shape for build_model and `run`, has a weight held by two layers):
+the models tests/test_byom_*.py take from profile to run. docs-mlp is docs/models.md's Sequential
+example; cnn, residual, vit-seq and shared are examples/byom_models.py's."""
+
 
 def weights_digest(bundle: Any) -> str:
     """sha256 over a ModelBundle's state dict: names and bytes, in order."""
