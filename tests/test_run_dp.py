@@ -156,3 +156,23 @@ def test_dp2_pp2_synthetic_on_four_processes(tmp_path):
     # the timeline shows replica 0's pipeline: one row per F and B of each device
     fb = [r for r in outcome.timeline if r.kind in "FB"]
     assert len(fb) == 2 * 2 * 4
+
+
+@pytest.mark.slow
+def test_a_checkpoint_resumes_with_more_replicas(tmp_path):
+    # replicas hold the same state after every step, so a replica added on resume starts from
+    # replica 0's file: the run goes on in sync, and the save records its dp
+    ck, common = tmp_path / "ck", (GPT, "1f1b", 2, [(0, 2), (2, 4)])
+    kw = dict(micro_batch_size=2, n_microbatches=4, optimizer="sgd", seed=3)
+    one = load_plan(dp_plan(tmp_path / "one.json", *common, parallel={"dp": 1, "pp": 2, "tp": 1, "zero": 0}, **kw))
+    opts = dict(warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS, checkpoint_dir=str(ck))
+    run_plan(one, RunOptions(steps=2, **opts), plan_path=str(tmp_path / "one.json"))
+    two = load_plan(dp_plan(tmp_path / "two.json", *common, **kw))
+    run = run_plan(two, RunOptions(steps=4, **opts), plan_path=str(tmp_path / "two.json")).run
+    assert run["dp"] == 2 and run["first_step"] == 2
+    step, folder = latest_checkpoint(ck, two)
+    assert step == 4 and json.loads((folder / "COMPLETE.json").read_text())["dp"] == 2
+    first, second = _layers(ck, two, [0, 1]), _layers(ck, two, [2, 3])
+    for i, sd in first.items():
+        for name, w in sd.items():
+            torch.testing.assert_close(second[i][name], w, rtol=0, atol=0)

@@ -18,19 +18,22 @@ __all__ = ["profile_to", "candidate_plan", "run_measured"]
 
 
 def profile_to(spec: str, sizes: list[int], work_dir: Path, progress: Callable[[str], None],
-               device: str = "cpu", input_shape: tuple[int, ...] | None = None, warmup: int = 1, repeats: int = 3):
+               device: str = "cpu", input_shape: tuple[int, ...] | None = None, warmup: int = 1, repeats: int = 3,
+               threads: int = 1):
     """Profile `spec` at `sizes` into work_dir (once per spec, sizes and input) and load it back.
     The few default repeats suit benches that compare plans; one that compares predicted with
-    measured times profiles as `pplan profile` does (warmup 3, repeats 15)."""
+    measured times profiles as `pplan profile` does (warmup 3, repeats 15). `threads`: what each
+    rank of the runs will have (the executor gives cores // ranks, at least 1)."""
     from planner.profiling.profile import load_profile, write_profile
 
-    key = hashlib.sha256(f"{spec}|{sizes}|{device}|{input_shape}|{warmup}|{repeats}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{spec}|{sizes}|{device}|{input_shape}|{warmup}|{repeats}|{threads}".encode()).hexdigest()[:12]
     path = work_dir / f"profile-{key}.csv"
     if not path.exists():
         from planner.profiling.profiler import profile_model
 
         progress(f"profiling {spec} at micro-batch sizes {','.join(map(str, sizes))}")
-        prof = profile_model(spec, sizes, device=device, warmup=warmup, repeats=repeats, input_shape=input_shape)
+        prof = profile_model(spec, sizes, device=device, warmup=warmup, repeats=repeats, input_shape=input_shape,
+                             threads=threads)
         write_profile(prof, path)
     return load_profile(path)
 

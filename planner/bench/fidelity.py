@@ -24,6 +24,7 @@ from typing import Any, Callable, Sequence
 
 from planner.bench.table import Table
 from planner.errors import PplanError
+from planner.hostinfo import usable_cores
 from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fidelity_figure"]
@@ -112,7 +113,7 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
             try:
                 # as `pplan profile` measures by default: the prediction is only as good as the profile
                 prof = profile_to(g.spec, [g.micro_batch_size], work, say, device=device, input_shape=g.input_shape,
-                                  warmup=3, repeats=15)
+                                  warmup=3, repeats=15, threads=max(1, usable_cores() // g.devices))
             except PplanError as e:  # e.g. transformers not installed: that model's rows say so
                 prof, why = None, f"not profiled: {e.one_line()[:120]}"
             for name in g.schedules:

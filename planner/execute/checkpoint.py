@@ -41,7 +41,8 @@ from planner.errors import PlanError, PplanError, RunError
 from planner.plan import Plan
 
 __all__ = ["KEEP", "FORMAT", "Resume", "fingerprint", "latest_checkpoint", "resume_point", "save_rank_file",
-           "finish_save", "load_rank_file", "tmp_dir_for", "prepare_save", "check_save_targets", "save_steps"]
+           "finish_save", "load_rank_file", "rank_file_for", "tmp_dir_for", "prepare_save", "check_save_targets",
+           "save_steps"]
 
 FORMAT = "pplan-checkpoint/1"
 KEEP = 2  # complete saves kept; older ones are deleted after a new one completes
@@ -254,7 +255,8 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
     files = {f"rank{r}.pt": {"bytes": (tmp / f"rank{r}.pt").stat().st_size, "sha256": _sha256(tmp / f"rank{r}.pt")}
              for r in range(world)}
     meta = {"format": FORMAT, "step": step, "world_size": world, "fingerprint": fingerprint(plan),
-            "schedule": plan.schedule, "model": plan.model, "files": files}
+            "schedule": plan.schedule, "model": plan.model, "files": files,
+            "dp": plan.parallel.dp if plan.parallel is not None else 1}
     atomic_write_text(tmp / "COMPLETE.json", json.dumps(meta, indent=2) + "\n")
     final = _final_dir(base, step)
     _remove_ours(final)  # re-saving a step (a resumed run that ends where it began)
@@ -272,6 +274,14 @@ def prepare_save(root: str | os.PathLike, step: int) -> None:
     _remove_ours(tmp)
     tmp.mkdir(parents=True)
     (tmp / SAVE_MARKER).write_text("written by pplan run; removed with its folder\n", encoding="utf-8")
+
+
+def rank_file_for(folder: Path, rank: int, pp_index: int) -> int:
+    """Which rank's file `rank` resumes from: its own, or, for a data-parallel replica added since
+    the save (the run now has more replicas), replica 0's file at the same pipeline position:
+    replicas hold the same weights and optimizer state after every step (their gradients are
+    all-reduced), so any replica's file restores them. Fewer replicas than saved need nothing."""
+    return rank if (Path(folder) / f"rank{rank}.pt").is_file() else pp_index
 
 
 def load_rank_file(folder: Path, rank: int) -> dict[str, Any]:

@@ -188,17 +188,19 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
         if found is not None:
             start_step, folder = found
-            state = ckpt.load_rank_file(folder, rank)
+            source = ckpt.rank_file_for(folder, rank, pipe.pp_index)
+            state = ckpt.load_rank_file(folder, source)
             try:
                 for m in mods:
                     for i, layer in enumerate(m.layers):
                         layer.load_state_dict(state["layers"][m.first + i])
                 opt.load_state_dict(state["optimizer"])
-                set_rng_state(state["rng"], device)
+                if source == rank:  # a new replica keeps its own random stream (seed_rank above)
+                    set_rng_state(state["rng"], device)
                 loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
             except (KeyError, TypeError, ValueError, RuntimeError) as e:
                 text = " ".join(str(e).split())[:200]
-                raise PplanError(f"checkpoint file {folder / f'rank{rank}.pt'} does not fit this plan's stages: "
+                raise PplanError(f"checkpoint file {folder / f'rank{source}.pt'} does not fit this plan's stages: "
                                  f"{type(e).__name__}: {text}", "use another --checkpoint-dir") from None
             if is_last and pipe.dp_index == 0:
                 _progress(f"resuming from {folder} (step {start_step})")

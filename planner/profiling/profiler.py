@@ -214,7 +214,7 @@ def profile_model(
     warmup: int = 3,
     repeats: int = 15,
     seed: int = 0,
-    threads: int | None = None,
+    threads: int | None = 1,
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float",
     vocab: int | None = None,
@@ -222,7 +222,13 @@ def profile_model(
     command: str | None = None,
     on_step: Callable[[int, int, str], None] | None = None,
 ) -> Profile:
-    """Measure every layer of `spec` at every size; `on_step(done, total, note)` after each."""
+    """Measure every layer of `spec` at every size; `on_step(done, total, note)` after each.
+
+    `threads`: torch CPU threads while measuring, as `pplan profile --threads` (default 1, what
+    each rank of a run with as many ranks as cores gets; None keeps the process's setting). A
+    profile measured with more threads than the run's ranks get predicts them too fast: 2
+    threads made a gpt layer 0.52x and an MLP layer 0.63x of its 1-thread time on the 2-core
+    development machine (docs/simulator.md)."""
     sizes = sorted(micro_batch_sizes)
     _check_args(sizes, dtype, warmup, repeats, threads)
     if timer not in TIMERS:
