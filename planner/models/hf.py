@@ -1,22 +1,24 @@
 """`hf:MODEL_TYPE[:config_key=value,...]`: a Hugging Face transformers model from its config.
 
 No download: `AutoConfig.for_model(model_type, **config)` and the task's auto class
-(`from_config`) give random weights drawn under pplan's seed. The model is split along its
-own structure, the way torch pipelining users split it by module name:
+(`from_config`) give random weights drawn under pplan's seed. The task is the first of masked
+LM, causal LM, image classifier that transformers registers for the type. The model is split
+along its own structure, the way torch pipelining users split it by module name:
 
-  causal LMs (gpt2; llama, mistral, qwen2 and others laid out like llama)
-      embed, block0 .. block{N-1}, head (final norm + LM head); loss: the model's own
-      causal-LM loss (`model.loss_function`, labels = the input, shifted inside);
-  masked LMs (bert and others laid out like it)
-      embed, block0 .., head (the MLM head); 15% of the tokens masked, the model's MLM loss;
-  image classifiers (vit; resnet; convnext)
-      embed (patch embedding / stem), one layer per encoder block, head (norm, pooling,
-      classifier); cross-entropy on class ids.
+  language models and transformer image classifiers (gpt2, llama, bert, vit, ...: any model
+      whose blocks are an nn.ModuleList): embed, block0 .. block{N-1}, head, found by watching
+      one forward of the model and run by the model's own code (planner.models.hf_split);
+  staged CNNs (resnet, regnet; convnext, convnextv2): embed (stem), one layer per block of
+      every stage, head (norm, pooling, classifier), by their common layout (_image_layers).
+Every cut is checked when built against the model's own logits and loss on a short probe; a
+family whose cut differs, or whose blocks need more than hidden states, is refused in one line.
+Losses: the model's own causal-LM loss (`model.loss_function`, labels = the input, shifted
+inside); its MLM loss with 15% of the tokens masked; cross-entropy on class ids.
 
-Tied weights (GPT-2's and BERT's input embedding and output projection) stay tied: the
-embedding layer and the head hold the same Parameter, and `pplan run` sums its gradients
-over the stages that hold it. Dropout defaults to 0 (set `*dropout*`/`*pdrop` keys to turn
-it on): pipelined and one-process runs draw different masks, so they could not be compared.
+Tied weights (GPT-2's and BERT's input embedding and output projection, ALBERT's shared layer
+group) stay tied: the layers hold the same Parameter, and `pplan run` sums its gradients over
+the stages that hold it. Dropout defaults to 0 (set `*dropout*`/`*pdrop` keys to turn it on):
+pipelined and one-process runs draw different masks, so they could not be compared.
 Input: `--input-shape SEQ` (tokens per sample, default 64) for LMs, `--input-shape 3,H,W`
 for images (default the config's image size, else 3,32,32).
 """
@@ -32,10 +34,12 @@ from torch import nn
 
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
+from planner.models.hf_split import Split, check_split, find_split
 
 __all__ = ["build_hf"]
 
 _DEFAULT_SEQ = 64
+_PROBE_SEQ = 16  # tokens of the probe that finds and checks the cut (planner.models.hf_split)
 
 
 def _transformers() -> Any:
@@ -52,11 +56,12 @@ def _config(model_type: str, given: dict[str, Any], spec: str) -> Any:
         cfg = tf.AutoConfig.for_model(model_type, **given)
     except Exception as e:  # noqa: BLE001 - an unknown type or a bad key: one line
         raise ModelSpecError(f"model {spec!r}: transformers cannot make a {model_type!r} config: {type(e).__name__}: {e}",
-                             "model types are transformers' names: gpt2, llama, mistral, qwen2, bert, vit, resnet, convnext") from None
+                             "model types are transformers' names: gpt2, llama, mistral, qwen2, bert, roberta, vit, resnet, convnext (docs/models.md)") from None
     for key, value in list(vars(cfg).items()):
         if key in given or isinstance(value, bool) or not isinstance(value, float):
             continue
-        if "dropout" in key or key.endswith("pdrop") or key == "drop_path_rate":
+        # every random drop: dropout, LayerDrop, stochastic depth (drop path / drop connect)
+        if "dropout" in key or key.endswith(("pdrop", "layerdrop", "drop_path_rate", "drop_connect_rate", "drop_rate")):
             setattr(cfg, key, 0.0)
     vocab = getattr(cfg, "vocab_size", None)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
@@ -68,46 +73,64 @@ def _config(model_type: str, given: dict[str, Any], spec: str) -> Any:
     return cfg
 
 
-class _Embed(nn.Module):
-    """Token (and learned position) embedding of a causal LM."""
-
-    def __init__(self, tokens: nn.Module, positions: nn.Module | None = None, drop: nn.Module | None = None):
-        super().__init__()
-        self.tokens, self.positions, self.drop = tokens, positions, drop
-
-    def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        h = self.tokens(ids)
-        if self.positions is not None:
-            h = h + self.positions(torch.arange(ids.shape[1], device=ids.device))[None]
-        return self.drop(h) if self.drop is not None else h
-
-
 def _first(out: Any) -> torch.Tensor:
     return out[0] if isinstance(out, (tuple, list)) else getattr(out, "last_hidden_state", out)
 
 
+class _Contiguous(torch.autograd.Function):
+    """Identity that makes a layer's output and its gradient contiguous, as they are when they
+    cross a cut: ConvNeXt's permuted blocks give strided ones, and kernels on those sum in
+    another order, so one process would not train bit for bit as the pipeline does."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous() if not x.is_contiguous() else x.view_as(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def _contiguous(x: torch.Tensor) -> torch.Tensor:
+    return _Contiguous.apply(x) if isinstance(x, torch.Tensor) and x.requires_grad else x.contiguous()
+
+
 class _Block(nn.Module):
-    """One transformer block on hidden states (no mask: causal by the attention's own flag)."""
+    """One image-model block on its input (no extra arguments)."""
 
     def __init__(self, block: nn.Module):
         super().__init__()
         self.block = block
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return _first(self.block(h))
+        return _contiguous(_first(self.block(h)))
 
 
-class _RopeBlock(nn.Module):
-    """A llama-style decoder layer; the rotary embedding is recomputed from positions 0..T-1."""
+class _Part(nn.Module):
+    """The prologue or the head of a model cut by planner.models.hf_split: it holds the modules
+    whose weights it uses, and runs the model's own code for its part."""
 
-    def __init__(self, block: nn.Module, rotary: nn.Module):
+    def __init__(self, run: Callable[[torch.Tensor], torch.Tensor], owned: list[nn.Module]):
         super().__init__()
-        self.block = block
-        self.__dict__["rotary"] = rotary  # no parameters; not a child, so not counted per layer
+        self.owned = nn.ModuleList(owned)
+        self.__dict__["run"] = run  # a bound method of the Split: not a child
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _contiguous(self.run(x))
+
+
+class _SplitBlock(nn.Module):
+    """Call i of the model's blocks, with the arguments the model passes it (recorded per shape)."""
+
+    def __init__(self, split: Split, i: int):
+        super().__init__()
+        self.block = split.calls[i]
+        self.__dict__["split"], self.i = split, i
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        pos = torch.arange(h.shape[1], device=h.device)[None]
-        return _first(self.block(h, position_ids=pos, position_embeddings=self.rotary(h, pos)))
+        args, kwargs, by_kw = self.split.block_inputs(self.i, h)
+        out = self.block(*args, hidden_states=h, **kwargs) if by_kw else self.block(h, *args, **kwargs)
+        return _contiguous(_first(out))
 
 
 class _Head(nn.Module):
@@ -126,56 +149,58 @@ class _Head(nn.Module):
         return h
 
 
-def _cls_token(h: torch.Tensor) -> torch.Tensor:
-    return h[:, 0]
-
-
 def _spatial_mean(h: torch.Tensor) -> torch.Tensor:
     return h.mean([-2, -1])
 
 
-def _causal_layers(model: nn.Module, spec: str) -> list[tuple[str, nn.Module]]:
+def _split_layers(split: Split) -> list[tuple[str, nn.Module]]:
+    # the head holds the epilogue and the task model's own modules (LM head), in call order
+    return ([("embed", _Part(split.embed, split.before))] + [(f"block{i}", _SplitBlock(split, i)) for i in range(len(split.calls))]
+            + [("head", _Part(split.head, split.base_tail + split.task_tail))])
+
+
+def _image_layers(model: nn.Module, spec: str) -> list[tuple[str, nn.Module]] | None:
+    """A CNN's blocks sit in stages; one pipeline layer per block, not per stage (the generic
+    cut, planner.models.hf_split, would cut at the stage list). None: not a staged CNN."""
     base = model.base_model
-    if all(hasattr(base, k) for k in ("wte", "wpe", "h", "ln_f")):  # gpt2
-        return ([("embed", _Embed(base.wte, base.wpe, base.drop))] + [(f"block{i}", _Block(b)) for i, b in enumerate(base.h)]
-                + [("head", _Head(base.ln_f, model.lm_head))])
-    if all(hasattr(base, k) for k in ("embed_tokens", "layers", "norm", "rotary_emb")):  # llama, mistral, qwen2, ...
-        return ([("embed", _Embed(base.embed_tokens))] + [(f"block{i}", _RopeBlock(b, base.rotary_emb)) for i, b in enumerate(base.layers)]
-                + [("head", _Head(base.norm, model.lm_head))])
-    raise ModelSpecError(f"model {spec!r}: pplan does not know how to split {type(model).__name__} into layers",
-                         "causal LMs laid out like gpt2 (wte, wpe, h, ln_f) or llama (embed_tokens, layers, norm, rotary_emb) are supported")
-
-
-def _masked_layers(model: nn.Module, spec: str) -> list[tuple[str, nn.Module]]:
-    base = model.base_model
-    encoder = getattr(base, "encoder", None)
-    blocks = getattr(encoder, "layer", None) or getattr(encoder, "layers", None)
-    head = getattr(model, "cls", None) or getattr(model, "lm_head", None)
-    if not hasattr(base, "embeddings") or blocks is None or head is None:
-        raise ModelSpecError(f"model {spec!r}: pplan does not know how to split {type(model).__name__} into layers",
-                             "masked LMs laid out like bert (embeddings, encoder.layer, cls) are supported")
-    return [("embed", _Block(base.embeddings))] + [(f"block{i}", _Block(b)) for i, b in enumerate(blocks)] + [("head", _Block(head))]
-
-
-def _image_layers(model: nn.Module, spec: str) -> list[tuple[str, nn.Module]]:
-    base = model.base_model
-    if hasattr(base, "embeddings") and hasattr(base, "layernorm") and isinstance(getattr(base, "layers", None), nn.ModuleList):  # vit
-        return ([("embed", _Block(base.embeddings))] + [(f"block{i}", _Block(b)) for i, b in enumerate(base.layers)]
-                + [("head", _Head(base.layernorm, model.classifier, pool=_cls_token, pool_after=1))])
-    if hasattr(base, "embedder") and hasattr(base, "pooler"):  # resnet
+    if hasattr(base, "embedder") and hasattr(base, "pooler"):  # resnet, regnet
         layers = [("embed", _Block(base.embedder))]
         for s, stage in enumerate(base.encoder.stages):
             layers += [(f"stage{s}.{j}", _Block(b)) for j, b in enumerate(stage.layers)]
         return layers + [("head", _Head(base.pooler, model.classifier))]
-    if hasattr(base, "embeddings") and hasattr(base, "encoder") and hasattr(getattr(base, "encoder"), "stages"):  # convnext
+    if hasattr(base, "embeddings") and hasattr(base, "encoder") and hasattr(getattr(base, "encoder"), "stages"):  # convnext, convnextv2
         layers = [("embed", _Block(base.embeddings))]
         for s, stage in enumerate(base.encoder.stages):
             down, blocks = list(stage.downsampling_layer), list(stage.layers)
             seq = [_Block(nn.Sequential(*down, blocks[0]))] + [_Block(b) for b in blocks[1:]]
             layers += [(f"stage{s}.{j}", b) for j, b in enumerate(seq)]
         return layers + [("head", _Head(base.layernorm, model.classifier, pool=_spatial_mean, pool_after=0))]
-    raise ModelSpecError(f"model {spec!r}: pplan does not know how to split {type(model).__name__} into layers",
-                         "image classifiers laid out like vit, resnet or convnext are supported")
+    return None
+
+
+def _staged_cnn(model: nn.Module, x: torch.Tensor, y: torch.Tensor, loss_fn: Callable[[Any, Any], Any],
+                spec: str) -> nn.Sequential | None:
+    """The per-block cut of a staged CNN when the model has that layout and the cut gives its
+    own logits (BiT has a norm before its pooler, which this cut does not know); else None."""
+    try:
+        staged = _image_layers(model, spec)
+        if staged is None:
+            return None
+        layers = _sequential(staged)
+        check_split(model, None, layers, "pixel_values", x, y, loss_fn, spec)
+        return layers
+    except (ModelSpecError, AttributeError, TypeError):
+        return None
+
+
+def _find(model: nn.Module, x: torch.Tensor, key: str, probe: Callable[[torch.Tensor], torch.Tensor], spec: str) -> Split:
+    try:
+        return find_split(model, x, key, probe, spec)
+    except ModelSpecError:
+        raise
+    except Exception as e:  # noqa: BLE001 - the model's forward failed on the probe: one line
+        raise ModelSpecError(f"model {spec!r}: {type(model).__name__} fails on a probe input of shape {tuple(x.shape)}: "
+                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
 
 
 def _sequential(pairs: list[tuple[str, nn.Module]]) -> nn.Sequential:
@@ -210,6 +235,22 @@ def _image_batch(shape: tuple[int, ...], classes: int) -> Callable[[int, int], t
     return make
 
 
+def _from_config(auto: Any, cfg: Any, task: str, spec: str) -> nn.Module:
+    classes = auto._model_mapping[type(cfg)]
+    if isinstance(classes, (tuple, list)) and not getattr(cfg, "architectures", None):
+        cfg.architectures = [classes[0].__name__]  # DeiT has two image classifiers: the auto class picks by this
+    try:
+        if task == "image":
+            return auto.from_config(cfg)
+        try:
+            return auto.from_config(cfg, attn_implementation="sdpa")
+        except (ValueError, ImportError):  # a family without SDPA (Gemma 2, Bloom): its eager attention
+            return auto.from_config(cfg, attn_implementation="eager")
+    except Exception as e:  # noqa: BLE001 - inconsistent config values: one line
+        raise ModelSpecError(f"model {spec!r}: building it failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                             "check the config keys against transformers' config class for this model type") from None
+
+
 def build_hf(params: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None) -> ModelBundle:
     """The `hf:` model of `params` (planner.models.spec) as a ModelBundle (module docstring)."""
     tf = _transformers()
@@ -230,15 +271,12 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
     task = next((name for name, auto in tasks if type(cfg) in auto._model_mapping), None)
     if task is None:
         raise ModelSpecError(f"model {spec!r}: {model_type!r} is not a causal LM, masked LM or image classifier in transformers",
-                             "supported: gpt2, llama, mistral, qwen2 (causal), bert (masked), vit, resnet, convnext (images)")
+                             "supported: causal LMs (gpt2, llama, ...), masked LMs (bert, ...), image classifiers (vit, resnet, ...); see docs/models.md")
+    if getattr(cfg, "is_encoder_decoder", False):  # BART is registered as a masked LM, as its whole seq2seq model
+        raise ModelSpecError(f"model {spec!r}: {model_type!r} is an encoder-decoder model; pplan cuts one stack of blocks",
+                             "use a decoder-only or encoder-only family; see docs/models.md")
     auto = dict(tasks)[task]
-    kwargs = {"attn_implementation": "sdpa"} if task != "image" else {}
-    try:
-        model = auto.from_config(cfg, **kwargs)
-    except (ValueError, ImportError):
-        model = auto.from_config(cfg)
-    except Exception as e:  # noqa: BLE001 - inconsistent config values: one line
-        raise ModelSpecError(f"model {spec!r}: building it failed: {type(e).__name__}: {e}") from None
+    model = _from_config(auto, cfg, task, spec)
     model.train()
     if task == "image":
         channels = int(getattr(cfg, "num_channels", 3))
@@ -248,11 +286,17 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
         if len(shape) != 3:
             raise ModelSpecError(f"model {spec!r}: --input-shape {','.join(map(str, shape))} is not an image (C,H,W)", "e.g. --input-shape 3,32,32")
         classes = int(cfg.num_labels)
-        layers = _sequential(_image_layers(model, spec))
         make = _image_batch(shape, classes)
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return F.cross_entropy(logits.float(), labels)
+
+        x, y = make(2, 0)
+        layers = _staged_cnn(model, x, y, loss_fn, spec)
+        if layers is None:  # not laid out like one: the generic cut
+            split = _find(model, x, "pixel_values", lambda h: torch.zeros(h.shape[0], *shape), spec)
+            layers = _sequential(_split_layers(split))
+            check_split(model, split, layers, "pixel_values", x, y, loss_fn, spec)
 
         meta = {"input_shape": ",".join(map(str, shape)), "input_dtype": "float", "vocab": ""}
         per_sample = 4 * int(torch.Size(shape).numel())
@@ -264,12 +308,19 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
         if limit and seq > limit:
             raise ModelSpecError(f"model {spec!r}: {seq} tokens per sample exceed the config's {limit} positions", "give a shorter --input-shape or raise the positions in the spec")
         vocab = int(cfg.vocab_size)
-        layers = _sequential(_causal_layers(model, spec) if task == "causal" else _masked_layers(model, spec))
         make = _lm_batch(vocab, seq, task == "masked")
         own_loss = model.loss_function  # transformers' ForCausalLMLoss / ForMaskedLMLoss
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
             return own_loss(logits=logits, labels=labels, vocab_size=vocab)
+
+        # a short probe: watch the forward, then check the cut against the model's own output
+        x, y = (t[:, :min(seq, _PROBE_SEQ)] for t in make(2, 0))
+        special = {getattr(cfg, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
+        split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
+        layers = _sequential(_split_layers(split))
+        check_split(model, split, layers, "input_ids", x, y, loss_fn, spec)
 
         meta = {"input_shape": str(seq), "input_dtype": "long", "vocab": str(vocab)}
         per_sample = 8 * seq

@@ -16,7 +16,75 @@ HF_SPECS = {
     "resnet": "hf:resnet:depths=1/1,hidden_sizes=8/16,embedding_size=8,num_labels=10",
     "convnext": "hf:convnext:depths=1/1,hidden_sizes=8/16,num_stages=2,num_labels=10",
 }
-"""Tiny configurations of every Hugging Face family `hf:` supports (built from config, no download)."""
+"""Tiny configurations of the Hugging Face families tests/test_byom_models.py and test_byom_run.py use
+(built from config, no download)."""
+
+_LM = "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,vocab_size=128"
+_GQA = f"{_LM},num_key_value_heads=1"
+_VIT = "num_hidden_layers=2,hidden_size=32,num_attention_heads=2,intermediate_size=64,image_size=16,patch_size=4,num_labels=10"
+_CNN = "depths=1/1,hidden_sizes=8/16,num_labels=10"
+HF_FAMILIES = {
+    # decoder-only causal LMs; mistral and gemma2 with a sliding window shorter than the 16 tokens
+    # the tests use (masks that differ per layer), opt with project_in/out (word_embed_proj_dim)
+    "gpt2": HF_SPECS["gpt2"],
+    "gpt_neox": f"hf:gpt_neox:{_LM}",
+    "gptj": "hf:gptj:n_layer=2,n_embd=32,n_head=2,vocab_size=128,rotary_dim=8",
+    "opt": "hf:opt:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,ffn_dim=64,vocab_size=128,word_embed_proj_dim=16",
+    "llama": HF_SPECS["llama"],
+    "mistral": f"hf:mistral:{_GQA},sliding_window=8",
+    "qwen2": HF_SPECS["qwen2"],
+    "qwen3": f"hf:qwen3:{_GQA},head_dim=16",
+    "phi": f"hf:phi:{_LM}",
+    "phi3": f"hf:phi3:{_LM}",
+    "gemma": f"hf:gemma:{_GQA},head_dim=16",
+    "gemma2": f"hf:gemma2:{_GQA},head_dim=16,sliding_window=8",
+    "falcon": "hf:falcon:num_hidden_layers=2,hidden_size=32,num_attention_heads=2,vocab_size=128",
+    "bloom": "hf:bloom:n_layer=2,hidden_size=32,n_head=2,vocab_size=128",
+    "stablelm": f"hf:stablelm:{_GQA}",  # its default num_key_value_heads (32) exceeds 2 heads
+    "olmo": f"hf:olmo:{_LM}",
+    # encoder-only masked LMs; albert shares one layer group between its layers
+    "bert": HF_SPECS["bert"],
+    "roberta": f"hf:roberta:{_LM}",
+    "distilbert": "hf:distilbert:n_layers=2,dim=32,n_heads=2,hidden_dim=64,vocab_size=128",
+    "albert": f"hf:albert:{_LM},embedding_size=16",
+    "electra": f"hf:electra:{_LM},embedding_size=16",
+    "deberta-v2": f"hf:deberta-v2:{_LM}",  # absolute positions (its default); relative_attention=true is refused
+    # image classifiers
+    "vit": HF_SPECS["vit"],
+    "deit": f"hf:deit:{_VIT}",
+    "resnet": HF_SPECS["resnet"],
+    "regnet": f"hf:regnet:{_CNN},embedding_size=8,groups_width=8",
+    "convnext": HF_SPECS["convnext"],
+    "convnextv2": f"hf:convnextv2:{_CNN},num_stages=2",
+    "mobilenet_v2": "hf:mobilenet_v2:image_size=16,depth_multiplier=0.25,num_labels=10",
+}
+"""Every family `hf:` is known to cut correctly, tiny (tests/test_byom_families.py)."""
+
+HF_REFUSED = {
+    # relative-position embeddings computed from weights once, then passed to every block
+    "deberta-v2-relative": (f"hf:deberta-v2:{_LM},relative_attention=true", "computed from weights"),
+    # stages pass their output size (ints) to the next; the pooling is the base model's own code
+    "swin": ("hf:swin:image_size=16,patch_size=2,embed_dim=8,depths=1/1,num_heads=1/2,window_size=4,num_labels=10", "cut into layers"),
+    # patch embeddings between the groups of blocks
+    "poolformer": ("hf:poolformer:depths=1/1,hidden_sizes=8/16,num_encoder_blocks=2,patch_sizes=7/3,strides=4/2,padding=2/1,"
+                   "pool_size=3,num_labels=10", "between its blocks"),
+    "t5": ("hf:t5:num_layers=1", "not a causal LM, masked LM or image classifier"),
+    "bart": ("hf:bart:encoder_layers=1,decoder_layers=1,d_model=32,encoder_attention_heads=2,decoder_attention_heads=2,"
+             "vocab_size=128", "encoder-decoder"),
+}
+"""Families `hf:` refuses, with a piece of the one-line reason (docs/models.md lists why)."""
+
+HF_IMAGE = ("vit", "deit", "resnet", "regnet", "convnext", "convnextv2", "mobilenet_v2")
+"""The image classifiers of HF_FAMILIES (the others take tokens)."""
+
+
+def hf_input_shape(name: str) -> tuple[int, ...] | None:
+    """build_model's input_shape for a family of HF_FAMILIES: 16 tokens, or a 16x16 image (the
+    ViTs' config size, None)."""
+    if name in ("vit", "deit"):
+        return None
+    return (3, 16, 16) if name in HF_IMAGE else (16,)
+
 
 _IMG = (3, 16, 16)
 BYOM_MODELS = {
