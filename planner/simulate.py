@@ -25,7 +25,7 @@ from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import Hardware, load_hardware
 from planner.plan import Plan
-from planner.profiling.profile import Profile
+from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate
 from planner.simulation.engine import simulate_costs
 from planner.simulation.replica import Cluster, replica_costs, simulate_replica
@@ -50,8 +50,8 @@ def check_action_count(schedule: str, n_stages: int, n_microbatches: int) -> int
     return n
 
 
-def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], bool]:
-    """(per-stage costs at the plan's micro-batch size and device speeds, interpolated?)."""
+def _plan_layer_costs(plan: Plan, profile: Profile) -> LayerCosts:
+    """The profile's costs at the plan's micro-batch size, once the plan is checked against it."""
     if plan.n_layers is not None and plan.n_layers != profile.n_layers:
         raise PlanError(f"plan is for {plan.n_layers} layers but the profile has {profile.n_layers}", "simulate with the profile the plan was made from (--profile)")
     plan.validate(profile.n_layers)
@@ -61,6 +61,12 @@ def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], boo
         where = f"{profile.path!r}" if getattr(profile, "path", None) else "the profile"
         raise ProfileError(f"{where}: every layer of the plan has fwd_ms = bwd_ms = 0 at micro_batch_size "
                            f"{plan.micro_batch_size}: there is no time to simulate", "profile the model again; times must be measured")
+    return costs
+
+
+def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], bool]:
+    """(per-stage costs at the plan's micro-batch size and device speeds, interpolated?)."""
+    costs = _plan_layer_costs(plan, profile)
     stages = [
         stage_cost(costs, st.layers[0], st.layers[1], st.recompute, plan.optimizer, plan.devices[st.device].speed)
         for st in plan.stages
@@ -115,10 +121,9 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
                         "simulate it with --calibration none")
     if cfg.pp != plan.n_devices:
         raise PlanError(f"plan has {plan.n_devices} devices but parallel pp={cfg.pp}", "each pipeline device is one pp rank")
-    plan_stage_costs(plan, profile)  # the plan's checks (layers, sizes, times) for a one-GPU profile too
+    raw = _plan_layer_costs(plan, profile)
     hw = plan_hardware(plan, hardware)
     cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
-    raw = profile.at(plan.micro_batch_size)
     cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
     return simulate_replica(
         generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages),

@@ -95,12 +95,21 @@ class ParallelCosts:
     """Shared state: the profile's costs per (b, layout), the cluster and the model's parameters."""
 
     def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
-        self.profile, self.hw, self.gpn, self.zero = profile, hw, gpn, zero
-        self.overlap = overlap
+        self.profile, self.zero = profile, zero
         self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
         self._per_gpu: dict[tuple, ReplicaCosts] = {}
         self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
+
+    @property
+    def gpn(self) -> int:
+        """GPUs per node."""
+        return self.cluster.gpus_per_node
+
+    @property
+    def overlap(self) -> bool:
+        """The gradient sync may overlap each stage's last backward."""
+        return self.cluster.overlap_grad_sync
 
     def place(self, cfg: ParallelConfig) -> Placement:
         """The links `cfg` uses on this cluster."""
