@@ -23,7 +23,7 @@ from planner.calibration import Calibration
 from planner.cost import StageCost, stage_cost
 from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
-from planner.hardware import Hardware, load_hardware
+from planner.hardware import PRESETS, Hardware
 from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate
@@ -108,7 +108,11 @@ def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
     if name is None:
         raise PlanError(f"plan uses parallel {plan.parallel.describe() if plan.parallel else '?'} but does not say which "
                         "hardware it is for", "give it with --hardware NAME (see `pplan hardware`) or a hardware JSON file")
-    return load_hardware(name)
+    # a plan may come from someone else: it names a preset, never a file this command would open
+    if name not in PRESETS:
+        raise PlanError(f"plan was made for hardware {name[:60]!r}, which is not a preset",
+                        "give its file with --hardware FILE.json (presets: `pplan hardware`)")
+    return PRESETS[name]
 
 
 def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibration | None, record_timeline: bool,

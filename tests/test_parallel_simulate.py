@@ -95,6 +95,9 @@ def test_a_plan_that_does_not_name_its_hardware_needs_it(searched, tmp_path):
         simulate(plan, prof)
     again = simulate(plan, prof, hardware=load_hardware("a100-80gb"))  # gpus per node: the preset's 8
     assert again.iteration_ms == pytest.approx(result.best.iteration_ms, rel=1e-12)
+    data["parallel"]["hardware"] = "/etc/hostname"  # a plan names presets only: no file is opened for it
+    with pytest.raises(PlanError, match="not a preset"):
+        simulate(plan_from_dict(data), prof)
 
 
 def test_cluster_keys_round_trip_and_a_typo_names_the_key():
