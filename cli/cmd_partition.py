@@ -53,57 +53,23 @@ def partition_cmd(
     """
     from planner.calibration import basis_text
     from planner.machine import prediction_basis
-    from planner.cluster import load_cluster
-    from planner.errors import PplanError
-    from planner.partition import PartitionSettings, partition, summary_dict, summary_text
+    from planner.partition import partition, summary_dict, summary_text
     from planner.partition.api import resolve_devices, validate_settings
+    from planner.partition.options import settings_from_options
     from planner.partition.search import grid_points
     from planner.plan import plan_to_dict, write_plan
     from planner.profiling.profile import load_profile
-    from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
-    from planner.atomic import ensure_writable_file
-
-    if out.suffix.lower() != ".json":
-        raise PplanError(f"--out {str(out)!r} must end in .json")
-    if out.exists() and out.is_dir():
-        raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
-    ensure_writable_file(out, "--out")  # before the search: a plan that cannot be written is not searched for
-    if plot is not None:
-        if plot.suffix.lower() != ".png":
-            raise PplanError(f"--plot {str(plot)!r} must end in .png")
-        ensure_writable_file(plot, "--plot")
+    _check_outputs(out, plot)
     if nodes is not None or hardware is not None:
         _partition_cluster(profile_path, nodes=nodes, gpus_per_node=gpus_per_node, hardware=hardware, parallel=parallel,
                            zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json,
                            plot=plot)
         return
-    m = microbatches.strip().lower()
-    if m == "auto":
-        n_micro = None
-    else:
-        try:
-            n_micro = int(m)
-        except ValueError:
-            raise PplanError(f"--microbatches {microbatches!r} is neither auto nor an integer", "use --microbatches auto or e.g. 8") from None
-        if n_micro < 1:
-            raise PplanError(f"--microbatches must be at least 1, got {n_micro}")
-    settings = PartitionSettings(
-        n_devices=devices,
-        memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
-        global_batch=global_batch,
-        microbatches=n_micro,
-        schedule=schedule.strip().lower(),
-        recompute=recompute.strip().lower(),
-        optimizer=optimizer.strip().lower(),
-        bandwidth=parse_bandwidth(bandwidth),
-        latency_ms=parse_ms(latency),
-        cluster=load_cluster(cluster) if cluster is not None else None,
-        method=method.strip().lower(),
-        time_limit=time_limit,
-    )
-    if settings.cluster is None and devices is None:
-        raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
+    settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
+                                     microbatches=microbatches, schedule=schedule, recompute=recompute,
+                                     optimizer=optimizer, bandwidth=bandwidth, latency=latency, cluster=cluster,
+                                     method=method, time_limit=time_limit)
     prof = load_profile(profile_path)
     validate_settings(prof, settings)
     cal, cal_path = prediction_basis(prof, calibration)
@@ -129,6 +95,22 @@ def partition_cmd(
     typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
 
 
+def _check_outputs(out: Path, plot: Optional[Path]) -> None:
+    """Refuse outputs that cannot be written before the search: a plan that cannot be saved is not searched for."""
+    from planner.atomic import ensure_writable_file
+    from planner.errors import PplanError
+
+    if out.suffix.lower() != ".json":
+        raise PplanError(f"--out {str(out)!r} must end in .json")
+    if out.exists() and out.is_dir():
+        raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
+    ensure_writable_file(out, "--out")
+    if plot is not None:
+        if plot.suffix.lower() != ".png":
+            raise PplanError(f"--plot {str(plot)!r} must end in .png")
+        ensure_writable_file(plot, "--plot")
+
+
 def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: int | None, hardware: str | None,
                        parallel: str, zero: int, global_batch: int, recompute: str, memory: str | None, out: Path,
                        as_json: bool, plot: Path | None = None) -> None:
@@ -136,6 +118,7 @@ def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: 
     from planner.errors import PplanError
     from planner.hardware import load_hardware
     from planner.partition.parallel_plan import parallel_plan
+    from planner.partition.options import cluster_recompute
     from planner.partition.parallel_search import format_parallel, plan_parallel
     from planner.plan import plan_to_dict, write_plan
     from planner.profiling.profile import load_profile
@@ -145,10 +128,10 @@ def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: 
         raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
     hw = load_hardware(hardware)
     prof = load_profile(profile_path)
-    mode = recompute.strip().lower()
+    mode = cluster_recompute(recompute)
     result = plan_parallel(prof, hardware=hw, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
                            parallel=parallel.strip().lower(), zero=zero,
-                           recompute={"all": "full"}.get(mode, mode),
+                           recompute=mode,
                            memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
     plan = parallel_plan(result, prof, hw)
     write_plan(plan, out)
@@ -157,7 +140,7 @@ def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: 
         from planner.report.fig_parallel import write_layout_figure
 
         points = layout_sweep(prof, hardware=hw, nodes=nodes, gpus_per_node=result.gpus_per_node,
-                              global_batch=global_batch, zero=zero, recompute={"all": "full"}.get(mode, mode),
+                              global_batch=global_batch, zero=zero, recompute=mode,
                               memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
         title = (f"{prof.meta.get('model', profile_path)}\n{result.gpus} x {hw.name}, global batch {global_batch}, "
                  f"chosen {result.best.config.describe()}")

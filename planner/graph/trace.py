@@ -255,45 +255,12 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
         raise ModelSpecError(f"{model}.forward takes {len(placeholders)} input(s) but the example gives {len(args)}")
     output = next(nd for nd in nodes if nd.op == "output")
 
-    crossing: dict[fx.Node, tuple[int, ...]] = {}
-    for nd in nodes:
-        if nd in layer_of and nd.op != "output":
-            consumers = sorted({layer_of[u] for u in nd.users if u in layer_of} - {layer_of[nd]})
-            if consumers and consumers[0] < layer_of[nd]:  # impossible for a program-order grouping
-                raise RuntimeError(f"internal: {nd.name} in layer {layer_of[nd]} feeds earlier layer {consumers[0]}")
-            if consumers:
-                crossing[nd] = tuple(consumers)
+    crossing = _crossing_values(nodes, layer_of)
     sizes = _measure(gm, args, {nd.name for nd in crossing} | {output.name}, model)
-
     values = tuple(Value(nd.name, layer_of[nd], cons, _per_sample(sizes[nd.name], batch)) for nd, cons in crossing.items())
-    chain = [0] * n
-    merged: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
-    for v in values:
-        if v.consumers == (v.producer + 1,):
-            chain[v.producer] += v.bytes_per_sample
-        else:
-            merged[(v.producer, v.consumers)] += v.bytes_per_sample
-    chain[n - 1] = _per_sample(sizes[output.name], batch)
-    skip = tuple(sorted(SkipEdge(src, cons[-1], b, cons[:-1]) for (src, cons), b in merged.items()))
-
-    fx_nodes: list[list[str]] = [[] for _ in range(n)]
-    for nd in nodes:
-        if nd in layer_of:
-            fx_nodes[layer_of[nd]].append(nd.name)
-        elif nd in shared:
-            for layer in sorted({layer_of[u] for u in nd.users if u in layer_of}):
-                fx_nodes[layer].append(nd.name)
-
-    g = nx.DiGraph()
-    for i in range(n):
-        g.add_node(i, name=names[i], module=keys[i], fx_nodes=tuple(fx_nodes[i]))
-    for v in values:
-        for c in v.consumers:
-            if g.has_edge(v.producer, c):
-                g.edges[v.producer, c]["bytes_per_sample"] += v.bytes_per_sample
-                g.edges[v.producer, c]["values"] += (v.name,)
-            else:
-                g.add_edge(v.producer, c, bytes_per_sample=v.bytes_per_sample, values=(v.name,), skip=c != v.producer + 1)
+    chain, skip = _chain_and_skips(values, n, _per_sample(sizes[output.name], batch))
+    fx_nodes = _fx_nodes_per_layer(nodes, layer_of, shared, n)
+    g = _layer_digraph(names, keys, fx_nodes, values)
 
     return LayerGraph(
         names=tuple(names),
@@ -309,3 +276,58 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
         depth=depth,
         module=gm,
     )
+
+
+def _crossing_values(nodes: list[fx.Node], layer_of: dict[fx.Node, int]) -> dict[fx.Node, tuple[int, ...]]:
+    """Each fx value read by a later layer than the one computing it -> those layers, ascending."""
+    crossing: dict[fx.Node, tuple[int, ...]] = {}
+    for nd in nodes:
+        if nd in layer_of and nd.op != "output":
+            consumers = sorted({layer_of[u] for u in nd.users if u in layer_of} - {layer_of[nd]})
+            if consumers and consumers[0] < layer_of[nd]:  # impossible for a program-order grouping
+                raise RuntimeError(f"internal: {nd.name} in layer {layer_of[nd]} feeds earlier layer {consumers[0]}")
+            if consumers:
+                crossing[nd] = tuple(consumers)
+    return crossing
+
+
+def _chain_and_skips(values: tuple[Value, ...], n: int, output_bytes: int) -> tuple[list[int], tuple[SkipEdge, ...]]:
+    """Bytes per sample each layer hands its successor (the last: the model output), and the
+    values that skip ahead, merged per (producer, consumers)."""
+    chain = [0] * n
+    merged: dict[tuple[int, tuple[int, ...]], int] = defaultdict(int)
+    for v in values:
+        if v.consumers == (v.producer + 1,):
+            chain[v.producer] += v.bytes_per_sample
+        else:
+            merged[(v.producer, v.consumers)] += v.bytes_per_sample
+    chain[n - 1] = output_bytes
+    return chain, tuple(sorted(SkipEdge(src, cons[-1], b, cons[:-1]) for (src, cons), b in merged.items()))
+
+
+def _fx_nodes_per_layer(nodes: list[fx.Node], layer_of: dict[fx.Node, int], shared: Any, n: int) -> list[list[str]]:
+    """The fx node names each layer runs; a shared node (a weight read by several layers) is
+    listed under every layer that reads it."""
+    fx_nodes: list[list[str]] = [[] for _ in range(n)]
+    for nd in nodes:
+        if nd in layer_of:
+            fx_nodes[layer_of[nd]].append(nd.name)
+        elif nd in shared:
+            for layer in sorted({layer_of[u] for u in nd.users if u in layer_of}):
+                fx_nodes[layer].append(nd.name)
+    return fx_nodes
+
+
+def _layer_digraph(names: list[str], keys: list[str], fx_nodes: list[list[str]], values: tuple[Value, ...]) -> nx.DiGraph:
+    """Layers as nodes; an edge per (producer, consumer) with the bytes per sample crossing it."""
+    g = nx.DiGraph()
+    for i, name in enumerate(names):
+        g.add_node(i, name=name, module=keys[i], fx_nodes=tuple(fx_nodes[i]))
+    for v in values:
+        for c in v.consumers:
+            if g.has_edge(v.producer, c):
+                g.edges[v.producer, c]["bytes_per_sample"] += v.bytes_per_sample
+                g.edges[v.producer, c]["values"] += (v.name,)
+            else:
+                g.add_edge(v.producer, c, bytes_per_sample=v.bytes_per_sample, values=(v.name,), skip=c != v.producer + 1)
+    return g

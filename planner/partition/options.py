@@ -1,0 +1,64 @@
+"""`pplan partition`'s options as text -> PartitionSettings: the one place that parses them.
+
+The command declares its options and hands their text here, so a library user writing
+`settings_from_options(devices=4, memory="16GiB", global_batch=64, microbatches="8")` gets the
+same parsing and the same one-line errors as the command line.
+"""
+
+from __future__ import annotations
+
+import os
+
+from planner.cluster import load_cluster
+from planner.errors import PplanError
+from planner.partition.search import PartitionSettings
+from planner.units import parse_bandwidth, parse_bytes, parse_ms
+
+__all__ = ["parse_microbatches", "settings_from_options", "cluster_recompute"]
+
+
+def parse_microbatches(text: str) -> int | None:
+    """'auto' -> None (every divisor of the batch is searched); '8' -> 8."""
+    value = text.strip().lower()
+    if value == "auto":
+        return None
+    try:
+        count = int(value)
+    except ValueError:
+        raise PplanError(f"--microbatches {text!r} is neither auto nor an integer",
+                         "use --microbatches auto or e.g. 8") from None
+    if count < 1:
+        raise PplanError(f"--microbatches must be at least 1, got {count}")
+    return count
+
+
+def cluster_recompute(text: str) -> str:
+    """`--recompute` for the data x pipeline x tensor search, whose modes are none|full|auto
+    ('all' is accepted as the single-pipeline search spells it)."""
+    mode = text.strip().lower()
+    return {"all": "full"}.get(mode, mode)
+
+
+def settings_from_options(*, devices: int | None, memory: str | None, global_batch: int, microbatches: str = "auto",
+                          schedule: str = "auto", recompute: str = "auto", optimizer: str = "adam",
+                          bandwidth: str = "25GB/s", latency: str = "0.01ms",
+                          cluster: str | os.PathLike | None = None, method: str = "auto",
+                          time_limit: float = 60.0) -> PartitionSettings:
+    """PartitionSettings from the command's option values (sizes and times as text, names in any
+    case); the checks that need the profile stay in planner.partition.api.validate_settings."""
+    if cluster is None and devices is None:
+        raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
+    return PartitionSettings(
+        n_devices=devices,
+        memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
+        global_batch=global_batch,
+        microbatches=parse_microbatches(microbatches),
+        schedule=schedule.strip().lower(),
+        recompute=recompute.strip().lower(),
+        optimizer=optimizer.strip().lower(),
+        bandwidth=parse_bandwidth(bandwidth),
+        latency_ms=parse_ms(latency),
+        cluster=load_cluster(cluster) if cluster is not None else None,
+        method=method.strip().lower(),
+        time_limit=time_limit,
+    )
