@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -136,27 +136,11 @@ def plan_parallel(
     or runs entirely after it (False, as Megatron-LM 2021 and DeepSpeed's pipeline engine did).
     InfeasibleError when nothing fits, naming the GPUs or memory that would.
     """
-    if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
-        raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     gpn = int(gpus_per_node or hw.gpus_per_node)
-    if nodes < 1 or gpn < 1:
-        raise PplanError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpn}")
-    if global_batch < 1:
-        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
-    if recompute not in RECOMPUTE_CHOICES:
-        raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
-    forced: ParallelConfig | None = None
-    if isinstance(parallel, ParallelConfig):
-        forced, zero = parallel, parallel.zero
-    elif parallel not in (None, "auto"):
-        forced = parse_parallel(str(parallel), zero)
-    ParallelConfig(zero=zero)  # validates the stage
+    forced, zero = _checked_layout(nodes, gpn, global_batch, recompute, compute_scale, parallel, zero)
     if profile is None:
-        if model is None:
-            raise PplanError("give a profile or a gpt model spec", "e.g. model='gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200'")
-        from planner.profiling.analytic import analytic_profile
-        profile = analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
+        profile = _analytic(model, hw, micro_batch_sizes)
     n = nodes * gpn
     mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
     flops = model_flops(profile, global_batch)
@@ -175,16 +159,52 @@ def plan_parallel(
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
         raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
-    found.sort(key=lambda x: x[0])
-    bound = found[min(keep, len(found)) - 1][0] * (1.0 + _ESTIMATE_MARGIN)
-    judged = found[:keep] + [f for f in found[keep:] if f[0] <= bound][:2 * keep]
-    sims = [simulate_task(ctx, task, sol, mem, flops) for _, task, sol in judged]
-    sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
+    sims = _judge(ctx, found, keep, mem, flops)
     if not sims[0].fits:
         raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, layouts=len(layouts),
                           solved=solved, skipped=tuple(skipped))
+
+
+def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
+                    parallel: ParallelConfig | str | None, zero: int) -> tuple[ParallelConfig | None, int]:
+    """Refuse arguments the search cannot start with; (the forced layout or None, the ZeRO stage)."""
+    if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
+        raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
+    if nodes < 1 or gpn < 1:
+        raise PplanError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpn}")
+    if global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    if recompute not in RECOMPUTE_CHOICES:
+        raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
+    forced: ParallelConfig | None = None
+    if isinstance(parallel, ParallelConfig):
+        forced, zero = parallel, parallel.zero
+    elif parallel not in (None, "auto"):
+        forced = parse_parallel(str(parallel), zero)
+    ParallelConfig(zero=zero)  # validates the stage
+    return forced, zero
+
+
+def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] | None) -> Profile:
+    """The analytic profile of a gpt spec on `hw` (planning without a measured profile)."""
+    if model is None:
+        raise PplanError("give a profile or a gpt model spec", "e.g. model='gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200'")
+    from planner.profiling.analytic import analytic_profile
+    return analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
+
+
+def _judge(ctx: ParallelCosts, found: list[Any], keep: int, mem: float, flops: Any) -> list[ParallelCandidate]:
+    """Simulate the `keep` best estimates, and the next ones within _ESTIMATE_MARGIN of the
+    keep-th (the estimate over-prices interleaved by a few per cent, so a close one may win once
+    simulated), at most 3 x keep in all; fastest fitting first."""
+    found.sort(key=lambda x: x[0])
+    bound = found[min(keep, len(found)) - 1][0] * (1.0 + _ESTIMATE_MARGIN)
+    judged = found[:keep] + [f for f in found[keep:] if f[0] <= bound][:2 * keep]
+    sims = [simulate_task(ctx, task, sol, mem, flops) for _, task, sol in judged]
+    sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
+    return sims
 
 
 def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], names: tuple[str, ...],
