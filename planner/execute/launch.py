@@ -118,27 +118,13 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
     cfg = dict(cfg, run_dir=str(run_dir))
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
-    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_"))}
-    base.update({
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n_ranks),
-        "LOCAL_WORLD_SIZE": str(n_ranks), PARENT_ENV: str(os.getpid()),
-        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
-    })
     procs: list[subprocess.Popen] = []
     tails = [collections.deque(maxlen=60) for _ in range(n_ranks)]
-    pumps = []
+    pumps: list[threading.Thread] = []
     timeout_s = float((cfg.get("options") or {}).get("timeout_s") or 300.0)
     stopped_since: dict[int, float] = {}
     try:
-        for r in range(n_ranks):
-            env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-            p = subprocess.Popen([sys.executable, "-m", "planner.execute.worker", str(cfg_path)], env=env,
-                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 start_new_session=True)
-            procs.append(p)
-            t = threading.Thread(target=_pump, args=(p.stdout, r, tails[r], verbose, n_ranks), daemon=True)
-            t.start()
-            pumps.append(t)
+        _start_workers(cfg_path, n_ranks, threads, verbose, procs, tails, pumps)
         while True:
             codes = [p.poll() for p in procs]
             if all(c == 0 for c in codes):
@@ -153,31 +139,7 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
                                f"for more than --timeout {timeout_s:g} s",
                                "the other ranks were stopped; continue a stopped rank (SIGCONT) or leave it alone, then rerun")
             if any(c not in (None, 0) for c in codes):
-                time.sleep(_GRACE_S)
-                codes = [p.poll() for p in procs]
-                halted = sorted(set(halted) | set(_stopped(procs)))
-                _stop(procs)
-                for t in pumps:
-                    t.join(timeout=1.0)
-                failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-                causes = [_cause(r, c, run_dir, tails[r]) for r, c in failed]
-                causes.sort(key=lambda x: x[1])  # real causes before "connection closed" echoes
-                text = causes[0][0]
-                if len(causes) > 1:
-                    text += f" (then {', '.join(c[0].split(':')[0] for c in causes[1:])})"
-                if halted and causes[0][2] != 2:
-                    # the stopped rank is the cause; the failed ones gave up waiting for it
-                    names = ", ".join(f"rank {r}" for r in halted)
-                    raise RunError(f"{names} stopped answering: its process was stopped (SIGSTOP or a debugger) while "
-                                   f"its peers waited; then {text}",
-                                   "continue a stopped rank (SIGCONT) or leave it alone, then rerun; --timeout sets how "
-                                   "long peers wait")
-                if causes[0][2] == 2:
-                    raise PplanError(text)
-                hint = "the other ranks were stopped; rerun with --verbose for their output"
-                if causes[0][1]:
-                    hint = ("a rank waited for a peer in vain (peer hung, dead or slower than --timeout); " + hint)
-                raise RunError(text, hint)
+                _raise_failure(procs, pumps, halted, run_dir, tails)
             time.sleep(_POLL_S)
         for t in pumps:
             t.join(timeout=5.0)
@@ -187,3 +149,56 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
     if not result.is_file():
         raise RunError("all ranks exited cleanly but rank 0 wrote no result", "rerun with --verbose")
     return json.loads(result.read_text(encoding="utf-8"))
+
+
+def _start_workers(cfg_path: Path, n_ranks: int, threads: int, verbose: bool, procs: list[subprocess.Popen],
+                   tails: list[collections.deque], pumps: list[threading.Thread]) -> None:
+    """Start one worker per rank on a fresh loopback rendezvous, each in its own session (so a
+    stop reaches its children), with a thread pumping its output; appends to procs and pumps as
+    it goes, so the caller's cleanup stops whatever started before a failure."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("TORCHELASTIC_", "GROUP_", "ROLE_"))}
+    base.update({
+        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(n_ranks),
+        "LOCAL_WORLD_SIZE": str(n_ranks), PARENT_ENV: str(os.getpid()),
+        "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+    })
+    for r in range(n_ranks):
+        env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
+        p = subprocess.Popen([sys.executable, "-m", "planner.execute.worker", str(cfg_path)], env=env,
+                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True)
+        procs.append(p)
+        t = threading.Thread(target=_pump, args=(p.stdout, r, tails[r], verbose, n_ranks), daemon=True)
+        t.start()
+        pumps.append(t)
+
+
+def _raise_failure(procs: list[subprocess.Popen], pumps: list[threading.Thread], halted: list[int], run_dir: Path,
+                   tails: list[collections.deque]) -> None:
+    """A rank exited with an error: stop the others and raise the cause, real causes before the
+    "connection closed" echoes of their peers, and a stopped rank named as the cause."""
+    time.sleep(_GRACE_S)
+    codes = [p.poll() for p in procs]
+    halted = sorted(set(halted) | set(_stopped(procs)))
+    _stop(procs)
+    for t in pumps:
+        t.join(timeout=1.0)
+    failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+    causes = [_cause(r, c, run_dir, tails[r]) for r, c in failed]
+    causes.sort(key=lambda x: x[1])
+    text = causes[0][0]
+    if len(causes) > 1:
+        text += f" (then {', '.join(c[0].split(':')[0] for c in causes[1:])})"
+    if halted and causes[0][2] != 2:
+        # the stopped rank is the cause; the failed ones gave up waiting for it
+        names = ", ".join(f"rank {r}" for r in halted)
+        raise RunError(f"{names} stopped answering: its process was stopped (SIGSTOP or a debugger) while "
+                       f"its peers waited; then {text}",
+                       "continue a stopped rank (SIGCONT) or leave it alone, then rerun; --timeout sets how "
+                       "long peers wait")
+    if causes[0][2] == 2:
+        raise PplanError(text)
+    hint = "the other ranks were stopped; rerun with --verbose for their output"
+    if causes[0][1]:
+        hint = ("a rank waited for a peer in vain (peer hung, dead or slower than --timeout); " + hint)
+    raise RunError(text, hint)
