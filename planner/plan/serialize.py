@@ -98,6 +98,33 @@ def _record(d: dict, key: str, cls: type) -> Any:
     return None if value is None else cls.from_dict(value, key)
 
 
+def _stages_and_devices(d: dict[str, Any]) -> tuple[list[Any], tuple[Device, ...]]:
+    """The plan's stages and devices; `devices` is a count (identical devices) or a list of objects."""
+    raw_devices = get_field(d, "devices", (int, list), "")
+    if isinstance(raw_devices, int):
+        if raw_devices < 1:
+            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
+        n_devices = raw_devices
+    else:
+        n_devices = len(as_objects(raw_devices, "devices", DEVICE_KEYS))
+    stages = _stages(d, n_devices)
+    if not isinstance(raw_devices, int):
+        return stages, tuple(_device(dv, i) for i, dv in enumerate(raw_devices))
+    if raw_devices > max(1, len(stages)):  # refused before a huge count allocates that many devices
+        raise PlanError(f"plan field devices is {raw_devices} but the plan has {len(stages)} stages",
+                        "every device needs at least one stage")
+    return stages, tuple(Device(name=f"dev{i}") for i in range(raw_devices))
+
+
+def _parallel(d: dict[str, Any]) -> ParallelConfig | None:
+    """The `parallel` object (dp, pp, tp, zero), None when absent (one pipeline)."""
+    parallel_d = get_field(d, "parallel", (dict, type(None)), "", None)
+    try:
+        return ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
+    except PplanError as e:
+        raise PlanError(e.message, e.hint) from None
+
+
 def plan_from_dict(d: Any) -> Plan:
     """Build and validate a Plan from parsed JSON; PlanError names the bad field.
 
@@ -111,32 +138,14 @@ def plan_from_dict(d: Any) -> Plan:
         raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
     check_keys(d, PLAN_KEYS, "plan", PlanError)
     as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)
-    raw_devices = get_field(d, "devices", (int, list), "")
-    if isinstance(raw_devices, int):
-        if raw_devices < 1:
-            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
-        n_devices = raw_devices
-    else:
-        n_devices = len(as_objects(raw_devices, "devices", DEVICE_KEYS))
-    stages = _stages(d, n_devices)
-    if isinstance(raw_devices, int):
-        if raw_devices > max(1, len(stages)):  # refused before a huge count allocates that many devices
-            raise PlanError(f"plan field devices is {raw_devices} but the plan has {len(stages)} stages",
-                            "every device needs at least one stage")
-        devices = tuple(Device(name=f"dev{i}") for i in range(raw_devices))
-    else:
-        devices = tuple(_device(dv, i) for i, dv in enumerate(raw_devices))
+    stages, devices = _stages_and_devices(d)
     links = _links(d)
     profile = get_field(d, "profile", (dict, type(None)), "", None) or {}
     check_keys(profile, PROFILE_KEYS, "profile", PlanError)
     predicted = _record(d, "predicted", Prediction)
     search = _record(d, "search", SearchRecord)
     seed = get_field(d, "seed", int, "", 0)
-    parallel_d = get_field(d, "parallel", (dict, type(None)), "", None)
-    try:
-        parallel = ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
-    except PplanError as e:
-        raise PlanError(e.message, e.hint) from None
+    parallel = _parallel(d)
     if abs(seed) > MAX_SEED:
         raise PlanError(f"plan field seed {seed} is out of range (at most 2**62 in magnitude)")
     plan = Plan(
