@@ -167,14 +167,7 @@ def analytic_profile(
             cols["bwd_input_ms"][i, k] = layer.bwd_input
             cols["bwd_weight_ms"][i, k] = layer.bwd_weight
         cols["flops"][:, k] = [0.0] + [2.0 * T * (4 + 2 * f) * h * h + 4.0 * b * s * s * h] * L + [2.0 * T * h * V]
-        if activations == "flash":  # (8 + 2f) tensors of T x h, LayerNorm mean/rstd and logsumexp in fp32
-            block_act = (8 + 2 * f) * T * h * dt + 16 * T + 4 * b * a * s
-        else:  # Korthikanti et al.: + dropout masks (1 byte) + attention scores, softmax and its dropout
-            block_act = (8 + 2 * f) * T * h * dt + 2 * T * h + (2 * dt + 1) * b * a * s * s
-        # embed keeps the token ids and positions (int64); norm_head its LayerNorm input and
-        # statistics, the head's input, the fp32 log-softmax, the int64 targets and nll's total weight
-        head_act = 2 * T * h * dt + 8 * T + 4 * T * V + 8 * T + 4
-        cols["activation_bytes"][:, k] = [8 * T + 8 * s] + [block_act] * L + [head_act]
+        cols["activation_bytes"][:, k] = _activation_bytes(activations, L, b, s, h, a, f, V, dt)
         cols["output_bytes"][:, k] = [T * h * dt] * (L + 1) + [T * V * dt]
     cols["bwd_ms"] = cols["bwd_input_ms"] + cols["bwd_weight_ms"]
     # Adam, fused: read parameter, gradient and two moments, write parameter and moments
@@ -193,6 +186,19 @@ def analytic_profile(
     if command:
         meta["command"] = " ".join(command.splitlines())
     return make_profile(names, sizes, cols, meta)
+
+
+def _activation_bytes(activations: str, L: int, b: int, s: int, h: int, a: int, f: int, V: int, dt: int) -> list[float]:
+    """Bytes each layer keeps for backward at micro-batch b: embed, L blocks, norm_head."""
+    T = b * s
+    if activations == "flash":  # (8 + 2f) tensors of T x h, LayerNorm mean/rstd and logsumexp in fp32
+        block_act = (8 + 2 * f) * T * h * dt + 16 * T + 4 * b * a * s
+    else:  # Korthikanti et al.: + dropout masks (1 byte) + attention scores, softmax and its dropout
+        block_act = (8 + 2 * f) * T * h * dt + 2 * T * h + (2 * dt + 1) * b * a * s * s
+    # embed keeps the token ids and positions (int64); norm_head its LayerNorm input and
+    # statistics, the head's input, the fp32 log-softmax, the int64 targets and nll's total weight
+    head_act = 2 * T * h * dt + 8 * T + 4 * T * V + 8 * T + 4
+    return [8 * T + 8 * s] + [block_act] * L + [head_act]
 
 
 def _embed(T: int, s: int, h: int, V: int, dt: int, peak: float, bw: float, eff: Efficiency) -> _Layer:
