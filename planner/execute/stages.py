@@ -28,7 +28,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanError
-from planner.execute.measure import recorder, tracker
+from planner.execute.measure import MemoryTracker, recorder, tracker
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
@@ -81,8 +81,6 @@ class Checkpointed(nn.Module):
 
     def _probe(self, tk: Any, args: tuple) -> int:
         """Bytes this layer saves for backward when not checkpointed (its recompute transient)."""
-        from planner.execute.measure import MemoryTracker
-
         from torch.utils._pytree import tree_leaves, tree_map
 
         inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
@@ -188,8 +186,7 @@ def boundary_specs(layers: nn.Sequential, example: Any) -> list[tuple[Any, list[
     """Per cut c (after layer c): (pytree spec of what crosses it, type names of non-tensor leaves).
 
     One forward of `example` in eval mode without gradients (BatchNorm statistics and random
-    generators untouched, modes restored).
-    """
+    generators untouched, modes restored)."""
     from torch.utils._pytree import tree_flatten
 
     children = list(layers.children())
@@ -277,8 +274,7 @@ def plan_schedule(plan: Plan) -> PipelineSchedule:
 
 def _compute_order(order: dict[int, list[Any]]) -> dict[int, list[str]]:
     """rank -> torch actions as strings, idle slots and non-compute actions dropped."""
-    keep = ("F", "B", "I", "W")
-    return {rank: [str(a) for a in acts if a is not None and a.computation_type.value in keep]
+    return {rank: [str(a) for a in acts if a is not None and a.computation_type.value in ("F", "B", "I", "W")]
             for rank, acts in order.items()}
 
 
@@ -288,8 +284,7 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     ScheduleGPipe and Schedule1F1B execute a fixed order written in their code (their
     `_get_pipeline_order` is only a drawing, and torch 2.13's 1F1B drawing is off by one on
     later ranks), which the planner's generators reproduce; train.check_executed_order verifies it
-    on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here.
-    """
+    on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here."""
     from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
@@ -326,8 +321,7 @@ def _scale_each_parameter_once(sched: PipelineSchedule, stages: list[Any]) -> No
     its module: a parameter two stages of one rank share (a module called in two places, on
     stages s and s + P of an interleaved plan) would be divided twice, the first time before the
     other stage's last contributions. So a shared parameter is scaled only by the stage whose
-    last weight-gradient action (B or W) comes last in this rank's order.
-    """
+    last weight-gradient action (B or W) comes last in this rank's order."""
     if len(stages) < 2:
         return
     last = {a.stage: pos for pos, a in enumerate(sched.actions(sched.stage_rank[stages[0].stage_index])) if a.kind in ("B", "W")}
@@ -344,12 +338,18 @@ def _scale_each_parameter_once(sched: PipelineSchedule, stages: list[Any]) -> No
 
 
 def _retain_graph_in_weight_backward(stages: list[Any]) -> None:
-    """Let split (I/W) backwards run a weight used twice in one stage (tied embeddings, a module
-    called twice). torch's W step differentiates one parameter group at a time and frees the graph
-    behind each; from a weight's later use it reaches the layers between its two uses, whose saved
-    tensors another group has freed ("backward through the graph a second time"). Keeping the
-    graph until the W step ends gives the same gradients (torch clamps each intermediate's gradient
-    to the one saved at the I step), freed as W lets go of it: the same memory between actions."""
+    """Make split (I/W) backwards give the gradients a full backward gives.
+
+    Graph: torch's W step differentiates one parameter group at a time and frees the graph behind
+    each; from the later use of a weight used twice in one stage (tied embeddings, a module called
+    twice) it reaches layers whose saved tensors another group freed ("backward through the graph
+    a second time"). Kept until W ends, the gradients are the same (torch clamps each
+    intermediate's gradient to the one saved at I), freed as W lets go of it.
+
+    Layout: W stores a weight's first gradient as autograd returns it, maybe a view with other
+    strides (MobileBERT's tied `cat([decoder.weight.t(), ...])` gets a transposed view into the
+    cat's gradient), which gloo's all-reduce of the tied sum adds in storage order (element i to
+    its transpose's element i): it is copied into the weight's own layout, as AccumulateGrad does."""
     from torch.distributed.pipelining._backward import stage_backward_weight
 
     for st in stages:
@@ -357,7 +357,11 @@ def _retain_graph_in_weight_backward(stages: list[Any]) -> None:
                      st: Any = st) -> Any:
             if kind != "weight":
                 return run(kind, kwargs, last_backward)
-            return stage_backward_weight(st.submod.parameters(), kwargs["param_groups"], retain_graph=True), None
+            fresh = [p for p in st.submod.parameters() if p.grad is None]
+            out = stage_backward_weight(st.submod.parameters(), kwargs["param_groups"], retain_graph=True)
+            for p in (p for p in fresh if p.grad is not None):
+                p.grad = torch.empty_like(p).copy_(p.grad)
+            return out, None
 
         st.backward_maybe_with_nosync = backward
 
