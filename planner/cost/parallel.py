@@ -54,7 +54,7 @@ __all__ = [
     "WEIGHT_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "BYTES_PER_PARAM",
     "Link2", "Placement", "placement",
     "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
-    "zero_bytes_per_param", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
+    "zero_bytes_per_param", "zero_divisors", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
     "collective_ms", "tensor_parallel_costs", "tp_layers", "replica_memory",
     "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops",
 ]
@@ -125,13 +125,28 @@ reduce_scatter_ms = allgather_ms
 """Ring reduce-scatter of `nbytes` (before scattering): the same steps and bytes as all-gather."""
 
 
-def zero_bytes_per_param(dp: int, zero: int) -> float:
-    """Static bytes per parameter on one GPU (bf16 + Adam, 16 in all) under ZeRO stage `zero` over `dp` replicas."""
+def zero_divisors(dp: int, zero: int) -> tuple[float, float, float]:
+    """What ZeRO stage `zero` over `dp` replicas divides (weights, gradients, optimizer state) by at
+    a pipeline stage's memory peak.
+
+    Gradients are never divided: a pipeline accumulates them over its micro-batches and can shard
+    them only by reduce-scattering after every micro-batch (M times the traffic). torch's pipeline
+    stages turn FSDP's gradient sync off until the last backward, so the stage's whole gradients
+    are held at the peak and reduce-scattered once (measured: docs/parallel.md, "How pplan run
+    executes ZeRO"); DeepSpeed's pipeline engine allows ZeRO-1 only. So under a pipeline ZeRO-2
+    holds what ZeRO-1 holds, and ZeRO-3 saves the weights too. (With one micro-batch per replica
+    a reduce-scatter inside the backward could shard them; counting them whole there too keeps
+    the rule one line and errs on the side of a plan that fits.)"""
     if zero not in (0, 1, 2, 3):
         raise PplanError(f"ZeRO stage must be 0..3, got {zero!r}")
     d = float(dp)
-    return (WEIGHT_BYTES / (d if zero >= 3 else 1.0) + GRAD_BYTES / (d if zero >= 2 else 1.0)
-            + OPTIMIZER_BYTES / (d if zero >= 1 else 1.0))
+    return (d if zero >= 3 else 1.0), 1.0, (d if zero >= 1 else 1.0)
+
+
+def zero_bytes_per_param(dp: int, zero: int) -> float:
+    """Static bytes per parameter on one GPU (bf16 + Adam, 16 in all) under ZeRO stage `zero` over `dp` replicas."""
+    w, g, o = zero_divisors(dp, zero)
+    return WEIGHT_BYTES / w + GRAD_BYTES / g + OPTIMIZER_BYTES / o
 
 
 def grad_sync_ms(grad_bytes: float, dp: int, zero: int, link: Link2) -> float:
@@ -210,13 +225,13 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
 def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int, zero: int) -> MemoryBreakdown:
     """Peak memory of one GPU holding `stages` (StageCost, parameter bytes in bf16) of a replica:
     bf16 weights and gradients and 12 bytes of fp32 Adam state per parameter, each divided by D
-    as far as the ZeRO stage shards it, plus the schedule's activations and the boundary buffers."""
+    as far as the ZeRO stage shards it at the peak (zero_divisors), plus the schedule's activations and the boundary buffers."""
     n_params = sum(st.param_bytes for st in stages) / WEIGHT_BYTES
-    d = float(dp)
+    w, g, o = zero_divisors(dp, zero)
     return MemoryBreakdown(
-        weights=n_params * WEIGHT_BYTES / (d if zero >= 3 else 1.0),
-        gradients=n_params * GRAD_BYTES / (d if zero >= 2 else 1.0),
-        optimizer=n_params * OPTIMIZER_BYTES / (d if zero >= 1 else 1.0),
+        weights=n_params * WEIGHT_BYTES / w,
+        gradients=n_params * GRAD_BYTES / g,
+        optimizer=n_params * OPTIMIZER_BYTES / o,
         activations=peak_activation_bytes,
         buffers=sum(st.buffer_bytes for st in stages),
     )

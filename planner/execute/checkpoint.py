@@ -10,6 +10,10 @@ rank's file is on disk (fsynced, after a barrier) rank 0 writes COMPLETE.json (t
 each rank file's size and sha256) and renames the folder to its final name. Readers only trust
 folders with the marker, so a save interrupted at any point is never used.
 
+Each rank file holds its stages' full weights and full optimizer state, whatever the plan's
+ZeRO stage (planner.execute.zero gathers the shards when saving and keeps each rank's part when
+loading); COMPLETE.json records the dp and zero of the run that saved it.
+
 Resuming picks the newest complete save whose fingerprint (model, seed, cut, optimizer, ranks)
 matches the plan and whose files are intact (sizes and checksums as recorded): a newest save
 damaged afterwards (a truncated or altered file) is skipped, with a note, for the one before it;
@@ -256,7 +260,8 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
              for r in range(world)}
     meta = {"format": FORMAT, "step": step, "world_size": world, "fingerprint": fingerprint(plan),
             "schedule": plan.schedule, "model": plan.model, "files": files,
-            "dp": plan.parallel.dp if plan.parallel is not None else 1}
+            "dp": plan.parallel.dp if plan.parallel is not None else 1,
+            "zero": plan.parallel.zero if plan.parallel is not None else 0}
     atomic_write_text(tmp / "COMPLETE.json", json.dumps(meta, indent=2) + "\n")
     final = _final_dir(base, step)
     _remove_ours(final)  # re-saving a step (a resumed run that ends where it began)
@@ -280,7 +285,9 @@ def rank_file_for(folder: Path, rank: int, pp_index: int) -> int:
     """Which rank's file `rank` resumes from: its own, or, for a data-parallel replica added since
     the save (the run now has more replicas), replica 0's file at the same pipeline position:
     replicas hold the same weights and optimizer state after every step (their gradients are
-    all-reduced), so any replica's file restores them. Fewer replicas than saved need nothing."""
+    all-reduced), so any replica's file restores them. Fewer replicas than saved need nothing.
+    Under ZeRO every rank file holds the full tensors too (gathered over the replicas when
+    saved), so a save resumes with another ZeRO stage or replica count alike."""
     return rank if (Path(folder) / f"rank{rank}.pt").is_file() else pp_index
 
 

@@ -5,12 +5,12 @@ The one function `pplan run` and users' own training loops call:
     from planner import load_plan, build_pipeline
     plan = load_plan("plan.json")
     pipe = build_pipeline(plan, model, rank=dist.get_rank())      # model: nn.Sequential or ModelBundle
-    opt = torch.optim.Adam(pipe.parameters(), lr=1e-3)
+    opt = pipe.make_optimizer(lr=1e-3)                              # the plan's optimizer (ZeRO-1: sharded)
     for x, y in batches:                                         # the global batch
         x, y = pipe.local_batch(x), pipe.local_batch(y)          # this replica's slice (dp > 1)
         losses = []
         pipe.schedule.step(x if pipe.is_first else None, target=y if pipe.is_last else None, losses=losses)
-        pipe.sync_gradients()                                    # tied weights; dp replicas
+        pipe.sync_gradients()                                    # tied weights; dp replicas (zero 0/1)
         opt.step(); opt.zero_grad()
 
 It cuts the model as planned (this rank's stages only, recompute layers wrapped in activation
@@ -25,12 +25,22 @@ not by wrapping stage modules in DDP: DDP's reducer fires during backward, which
 pipeline schedule means managing `no_sync` across micro-batches and does not fit zero-bubble's
 split I/W backward or tied weights on two ranks; one all-reduce after the step is what the
 cost model prices (no overlap), is exact (sum, then divide by D), and is timed on its own.
+Measured on dp 2 x pp 2 of the GPT: DDP-wrapped stages fail an internal reducer assert under
+gpipe with recompute, leave zb's replicas apart (W's autograd.grad fires no reducer hook) and
+differ from the reference by 7e-9 under 1f1b (it pre-divides); torch's FSDP-based `replicate`
+is exact on gpipe, 1f1b, zb and interleaved, but turns every parameter into a DTensor (users'
+loops and optimizers see them) and cannot own a weight two stages of one rank share.
+
+ZeRO (plan.parallel.zero, with dp > 1; planner.execute.zero): 1 shards the optimizer state
+(torch's ZeroRedundancyOptimizer over the dp group, from `pipe.make_optimizer`); 2 and 3 shard
+each stage module with FSDP2's fully_shard over the dp sub-mesh, whose gradients torch's stage
+code reduce-scatters at the stage's last backward (sync_gradients then only sums tied weights).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -39,6 +49,7 @@ from torch import nn
 
 from planner.errors import PplanError
 from planner.execute.mesh import coords, dp_degree, global_rank, make_mesh, world_size
+from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
 from planner.plan import Plan
 
@@ -91,6 +102,10 @@ class Pipeline:
     embeddings): their gradients are summed over the group."""
     dp_group: Any = None
     """The mesh's "dp" process group of this rank (None when dp = 1)."""
+    zero: int = 0
+    """The ZeRO stage that runs (the plan's; 0 when dp = 1: one replica has nothing to shard)."""
+    reduce_ms: list[float] = field(default_factory=list)
+    """ZeRO-2/3: ms of each stage's gradient reduce-scatter in the step so far (sync_gradients reports and clears it)."""
 
     @property
     def stage_ids(self) -> list[int]:
@@ -111,6 +126,11 @@ class Pipeline:
         """This rank's parameters, a tied weight once (what its optimizer steps)."""
         return list({id(p): p for m in self.modules for p in m.module.parameters()}.values())
 
+    def make_optimizer(self, lr: float) -> Any:
+        """The plan's optimizer over parameters(): ZeroRedundancyOptimizer over the dp group for
+        zero = 1, else the plain one (under zero 2/3 it steps this rank's shards)."""
+        return _zero.make_optimizer(self, lr)
+
     def local_batch(self, obj: Any) -> Any:
         """This replica's slice of a global batch (dim 0 split into dp equal chunks, in replica order)."""
         return replica_slice(obj, self.dp_index, self.dp)
@@ -118,12 +138,22 @@ class Pipeline:
     def sync_gradients(self) -> float:
         """After `schedule.step`: sum tied weights' gradients over their ranks, then average every
         gradient over the data-parallel replicas (one all-reduce per dtype over the "dp" group).
-        Returns the data-parallel all-reduce's time in ms (0.0 when dp = 1)."""
+        Returns the data-parallel all-reduce's time in ms (0.0 when dp = 1). Under ZeRO-2/3 the
+        step's reduce-scatter already averaged them: returns its time instead."""
         for group, shared in self.tied:
             for p in shared:
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
-                dist.all_reduce(p.grad, op=dist.ReduceOp.SUM, group=group)
+                elif not _zero.is_sharded(p.grad) and not p.grad.is_contiguous():
+                    # gloo sums tensors storage element by storage element: a transposed gradient
+                    # would be added to the wrong elements of the other ranks' copies
+                    p.grad = p.grad.contiguous()
+                # zero 2/3: both holders shard the weight alike over their replicas, so shards add up
+                dist.all_reduce(_zero.local(p.grad), op=dist.ReduceOp.SUM, group=group)
+        if self.zero >= 2:
+            spent = sum(self.reduce_ms)
+            self.reduce_ms.clear()
+            return spent
         if self.dp == 1:
             return 0.0
         grads = [p.grad for p in self.parameters() if p.grad is not None]
@@ -193,11 +223,18 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     tied = _tied_groups(plan, layers, rank, world)
     for m in mods:
         m.module.to(device)
+    zero = plan.parallel.zero if plan.parallel is not None and dp > 1 else 0
+    if zero >= 2:
+        moved = _zero.shard_stages(mods, device_mesh["dp"], zero)
+        tied = [(group, tuple(moved.get(id(p), p) for p in shared)) for group, shared in tied]
     stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group) for m in mods)
     schedule, runtime = make_schedule(plan, list(stages), loss_fn, prefer_torch)
+    reduce_ms: list[float] = []
+    if zero >= 2:
+        _zero.wire_stages(list(stages), zero, reduce_ms, device)
     return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
                     dp_index=dp_index, pp_index=pp_index, dp=dp, device=device, mesh=device_mesh, tied=tuple(tied),
-                    dp_group=dp_group)
+                    dp_group=dp_group, zero=zero, reduce_ms=reduce_ms)
 
 
 def _place(plan: Plan, rank: int, device_mesh: Any) -> tuple[int, int, Any, Any]:

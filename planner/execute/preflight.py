@@ -9,7 +9,8 @@ Refused with a one-line PlanError/PplanError (exit code 2):
     --force; zero-bubble or interleaved sizes torch cannot run;
   - a checkpoint directory already at or beyond --steps, or saved by another plan;
   - a `parallel` layout the executor cannot run (check_parallel): tensor parallelism (tp > 1),
-    ZeRO sharding, a pp degree other than the plan's device count, --calibrate with dp > 1.
+    a pp degree other than the plan's device count, --calibrate with dp > 1. ZeRO 1-3 run
+    (planner.execute.zero); with dp = 1 there is nothing to shard and zero runs as 0.
 """
 
 from __future__ import annotations
@@ -98,10 +99,6 @@ def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
                          "not supported by pplan run yet",
                          "run a plan with tp=1 (re-plan with --parallel dp=D,pp=P,tp=1), or run this one with your own "
                          "loop: build_pipeline and torch's parallelize_module on GPUs")
-    if par.zero:
-        raise PplanError(f"plan asks for ZeRO stage {par.zero} (parallel {par.describe()}): pplan run replicates weights, "
-                         "gradients and optimizer state in every replica (no sharding) yet",
-                         'set "zero": 0 in the plan to run it unsharded (same mathematics, more memory per rank)')
     if par.pp != plan.n_devices:
         raise PlanError(f"plan's parallel pp {par.pp} is not its {plan.n_devices} pipeline devices",
                         f'make "pp" equal the devices ({plan.n_devices}) or re-plan')

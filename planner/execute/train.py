@@ -36,7 +36,8 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
-from planner.execute.stages import make_optimizer, plan_schedule, rank_device, step_seed
+from planner.execute import zero
+from planner.execute.stages import plan_schedule, rank_device, step_seed
 from planner.errors import PplanError, RunError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
@@ -176,7 +177,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         _rng_neutral(st, device)
     rec.wrap_loss(schedule)
     params = pipe.parameters()  # a tied weight once
-    opt = make_optimizer(plan.optimizer, params, opts.lr)
+    opt = pipe.make_optimizer(opts.lr)  # ZeRO-1: sharded over the replicas
     is_first, is_last = pipe.is_first, pipe.is_last
 
     seed_rank(plan.seed, rank)
@@ -193,8 +194,8 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             try:
                 for m in mods:
                     for i, layer in enumerate(m.layers):
-                        layer.load_state_dict(state["layers"][m.first + i])
-                opt.load_state_dict(state["optimizer"])
+                        zero.load_full_state(layer, state["layers"][m.first + i])  # ZeRO-2/3: this rank's shards
+                zero.load_optimizer_state(opt, state["optimizer"])
                 if source == rank:  # a new replica keeps its own random stream (seed_rank above)
                     set_rng_state(state["rng"], device)
                 loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
@@ -225,8 +226,8 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         tk = None
         if opts.track_memory and step in (start_step, mem_step):
             # the first step only measures what checkpointed layers hold while recomputed
-            tk = MemoryTracker(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)],
-                               transient_bytes=probes)
+            kw = dict(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)], transient_bytes=probes)
+            tk = zero.GatheredWeightsTracker([m.module for m in mods], **kw) if pipe.zero >= 2 else MemoryTracker(**kw)
             set_tracker(tk)
             if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -241,7 +242,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         with tk if tk is not None else contextlib.nullcontext():
             schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
         allreduce_ms.append(pipe.sync_gradients())  # tied weights, then the dp all-reduce (timed)
-        grad_bytes = sum(tensor_bytes(p.grad) for p in params if p.grad is not None)
+        grad_bytes = sum(tensor_bytes(zero.local(p.grad)) for p in params if p.grad is not None)
         rec.record(mods[0].stage, "O", -1, opt.step)
         opt.zero_grad(set_to_none=True)
         t1 = time.perf_counter()
@@ -252,7 +253,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         if tk is not None:
             set_tracker(None)
             if step == mem_step:
-                memory = _memory(params, grad_bytes, opt, tk, mods, boundary, plan, device)
+                memory = _memory(zero.held_bytes(pipe, opt, grad_bytes), tk, mods, boundary, plan, device)
                 memory.update(window.to_dict() if window is not None else {})
         bad = 0.0
         if is_last:
@@ -276,7 +277,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             break
         done = step + 1
         if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):
-            _save(opts.checkpoint_dir, done, rank, world, plan, mods, opt, loss_log, device)
+            _save(opts.checkpoint_dir, done, rank, world, pipe, opt, loss_log, device)
 
     # The step whose time is the median of the measured ones stands for the run in the timeline.
     measured = list(range(min(opts.warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
@@ -342,16 +343,13 @@ def _action_medians(steps: list[list[list[Any]]]) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in sorted(per.items())}
 
 
-def _memory(params: list, grad_bytes: int, opt: Any, tk: MemoryTracker, mods: list, boundary: dict,
-            plan: Plan, device: torch.device) -> dict[str, Any]:
-    weights = sum(tensor_bytes(p) for p in params)
-    state = sum(tensor_bytes(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict, plan: Plan,
+            device: torch.device) -> dict[str, Any]:
     buffers = 0
     for m in mods:
         inp, out = boundary.get(m.stage, [0, 0])
         buffers += 2 * ((inp if m.stage > 0 else 0) + (out if m.stage < plan.n_stages - 1 else 0))
-    tracked = {"weights": weights, "gradients": grad_bytes or weights, "optimizer": state,
-               "activations": tk.peak, "buffers": buffers}
+    tracked = {**held, "activations": tk.peak, "buffers": buffers}  # weights, gradients, optimizer (ZeRO: held_bytes)
     tracked["total"] = sum(tracked.values())
     mem: dict[str, Any] = {"breakdown": tracked, "transient": tk.peak_transient}
     if device.type == "cuda":
@@ -366,15 +364,16 @@ def _memory(params: list, grad_bytes: int, opt: Any, tk: MemoryTracker, mods: li
     return mem
 
 
-def _save(root: str, step: int, rank: int, world: int, plan: Plan, mods: list, opt: Any, losses: dict,
-          device: torch.device) -> None:
+def _save(root: str, step: int, rank: int, world: int, pipe: Any, opt: Any, losses: dict, device: torch.device) -> None:
+    """Every rank writes its file; under ZeRO the full tensors, gathered over the replicas (collective)."""
+    plan, mods = pipe.plan, pipe.modules
     if rank == 0:
         ckpt.prepare_save(root, step)
     dist.barrier()
     state = {
         "step": step,
-        "layers": {m.first + i: layer.state_dict() for m in mods for i, layer in enumerate(m.layers)},
-        "optimizer": opt.state_dict(),
+        "layers": {m.first + i: zero.full_state(layer.state_dict()) for m in mods for i, layer in enumerate(m.layers)},
+        "optimizer": zero.full_optimizer_state(opt, pipe) if pipe.zero else opt.state_dict(),
         "rng": rng_state(device),
         "losses": {str(k): v for k, v in losses.items()},
     }

@@ -1,0 +1,219 @@
+"""`pplan run` of ZeRO plans: dp = 2 x pp = 2 of the GPT with zero = 1, 2, 3 (planner.execute.zero).
+
+Equivalence, bit for bit, with the single-process reference that accumulates each replica's
+slice (planner.execute.reference), as tests/test_run_dp.py argues for zero = 0: every ZeRO stage
+computes the same numbers in the same order. ZeRO-1's optimizer steps each parameter once, on
+the replica that owns it, and broadcasts it; ZeRO-2/3's reduce-scatter averages two replicas'
+gradients (one addition, one division by 2, as the all-reduce) before the division by M = 4
+(a power of two, exact), and a sharded optimizer step is the whole step's arithmetic cut in
+pieces (element-wise). One launch of 4 processes per ZeRO stage runs every plan of that stage.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from planner.execute.checkpoint import latest_checkpoint, load_rank_file
+from planner.execute.preflight import check_parallel
+from planner.execute.reference import reference_run
+from planner.plan import Plan, load_plan, plan_to_dict
+
+from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
+from helpers.models import BYOM_MODELS
+from test_run_dp import GPT, dp_plan
+
+_REPO = Path(__file__).resolve().parents[1]
+LR, STEPS = 1e-2, 3
+TIED_ATOL = 1e-4  # as tests/test_byom_run.py: a tied weight's two gradients are added in another order
+TWO = [(0, 2), (2, 4)]
+GPT2_TIED, GPT2_SHAPE, _ = BYOM_MODELS["gpt2-tied"]
+CNN, CNN_SHAPE, _ = BYOM_MODELS["cnn"]
+# name: model, input shape, schedule, cuts, recompute, optimizer (zb: Adam, as test_run_dp's zb case)
+PLANS = {
+    "gpipe": (GPT, None, "gpipe", TWO, {0: [1]}, "sgd"),
+    "1f1b": (GPT, None, "1f1b", TWO, {}, "sgd"),
+    "zb": (GPT, None, "zb", TWO, {}, "adam"),  # split I/W backward on torch's CSV runtime
+    "interleaved": (GPT, None, "interleaved", [(0, 1), (1, 2), (2, 3), (3, 4)], {}, "sgd"),
+    # the tied embedding on both pipeline ranks, its head recomputed
+    "gpt2-tied": (GPT2_TIED, GPT2_SHAPE, "1f1b", TWO, {1: [3]}, "adam"),
+    # stage 1 (ReLU, MaxPool, Flatten) has no parameters: nothing to shard on that stage
+    "cnn-parameter-free-stage": (CNN, CNN_SHAPE, "interleaved", [(0, 5), (5, 8), (8, 10), (10, 11)], {}, "sgd"),
+}
+_BUFFERS = ("running_mean", "running_var", "num_batches_tracked")  # BatchNorm statistics: each replica keeps its own
+
+
+def zero_plan(folder: Path, name: str, zero: int) -> Plan:
+    model, _, schedule, cuts, recompute, optimizer = PLANS[name]
+    return load_plan(dp_plan(folder / f"{name}-zero{zero}.json", model, schedule, 2, cuts, micro_batch_size=2,
+                             n_microbatches=4, recompute=recompute, optimizer=optimizer, seed=3,
+                             parallel={"dp": 2, "pp": 2, "tp": 1, "zero": zero}))
+
+
+def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0) -> list[list[dict]]:
+    """Run train_rank for each job ({"plan", "options"}) one after the other in the same `world`
+    processes (tests/helpers/plans.run_plans_in_one_launch, for data-parallel plans); returns
+    per job the records of every rank (losses, memory, all-reduce times)."""
+    from planner.execute.launch import free_port
+
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
+               PYTHONPATH=os.pathsep.join([str(_REPO / "tests"), str(_REPO), env.get("PYTHONPATH", "")]))
+    code = "import sys; from test_run_zero import _rank_main; _rank_main(sys.argv[1])"
+    procs = []
+    for r in range(world):
+        with open(folder / f"rank{r}.log", "wb") as log:
+            procs.append(subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(env, RANK=str(r)),
+                                          cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+    deadline = time.monotonic() + timeout_s
+    try:
+        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"a {world}-rank launch ran past {timeout_s:g} s; logs in {folder}")
+            time.sleep(0.05)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+    errors = sorted(folder.glob("rank*.error"), key=lambda f: "Connection closed" in f.read_text(encoding="utf-8"))
+    if errors or any(p.returncode for p in procs):
+        why = errors[0].read_text(encoding="utf-8") if errors else (folder / "rank0.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"a {world}-rank launch failed: {why}")
+    per_rank = [json.loads((folder / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
+    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
+
+
+def _rank_main(folder_name: str) -> None:
+    """One rank of `launch` (a child process)."""
+    import traceback
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from planner.execute.options import RunOptions
+    from planner.execute.train import train_rank
+    from planner.plan import plan_from_dict
+
+    folder = Path(folder_name)
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    torch.set_num_threads(EQUIVALENCE_THREADS)
+    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
+    out = []
+    for i, job in enumerate(json.loads((folder / "jobs.json").read_text(encoding="utf-8"))):
+        plan = plan_from_dict(job["plan"])
+        kwargs = {"input_shape": tuple(job["input_shape"])} if job.get("input_shape") else {}
+        try:
+            rec = train_rank(plan, RunOptions.from_dict(job["options"]), rank, world, torch.device("cpu"), kwargs)
+        except BaseException:  # noqa: BLE001 - the test shows which plan failed and why
+            (folder / f"rank{rank}.error").write_text(f"job {i} ({plan.schedule}): {traceback.format_exc()}", encoding="utf-8")
+            os._exit(1)
+        out.append({k: rec[k] for k in ("losses", "memory", "grad_allreduce_ms", "first_step")})
+    (folder / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
+    dist.barrier()
+    os._exit(0)  # gloo's threads can abort interpreter teardown (as the worker does)
+
+
+def _options(ck: Path, steps: int = STEPS) -> dict:
+    return {"steps": steps, "warmup": 1, "device": "cpu", "lr": LR, "threads": EQUIVALENCE_THREADS, "timeout_s": 120.0,
+            "checkpoint_dir": str(ck)}
+
+
+def _replica_layers(ck: Path, plan: Plan, replica: int, step: int = STEPS) -> dict[int, dict]:
+    _, newest = latest_checkpoint(ck, plan)
+    folder = newest.with_name(f"step-{step:08d}")  # the resumed run kept the save it started from (KEEP = 2)
+    out: dict[int, dict] = {}
+    for r in (2 * replica, 2 * replica + 1):
+        out.update(load_rank_file(folder, r)["layers"])
+    return out
+
+
+def _assert_same_weights(got: dict[int, dict], ref: dict[int, dict], what: str, atol: float = 0.0) -> None:
+    assert sorted(got) == sorted(ref)
+    for i, sd in ref.items():
+        for name, want in sd.items():
+            if not name.endswith(_BUFFERS):
+                torch.testing.assert_close(got[i][name], want, rtol=0, atol=atol, msg=lambda m, i=i, n=name: f"{what} layer {i} {n}: {m}")
+
+
+def test_zero_plans_pass_the_executor_checks(tmp_path):
+    for zero in (1, 2, 3):
+        check_parallel(zero_plan(tmp_path, "1f1b", zero))  # no refusal: every ZeRO stage runs
+
+
+def test_a_weight_two_stages_of_one_rank_share_is_refused_under_zero_2_and_3():
+    from types import SimpleNamespace
+
+    from planner.errors import PplanError
+    from planner.execute.stages import PipeStage
+    from planner.execute.zero import shard_stages
+
+    embed = torch.nn.Embedding(8, 4)
+    head = torch.nn.Linear(4, 8, bias=False)
+    head.weight = embed.weight  # tied ends of an interleaved plan: stages 0 and 3 on rank 0
+    mods = [SimpleNamespace(stage=0, module=PipeStage([embed], None, None)), SimpleNamespace(stage=3, module=PipeStage([head], None, None))]
+    with pytest.raises(PplanError, match="stages 0 and 3 of one rank share") as err:
+        shard_stages(mods, None, 3)  # refused before any sharding (no process group needed)
+    assert "\n" not in err.value.one_line() and '"zero": 1' in err.value.hint
+
+
+SCHEDULES = {1: ["gpipe", "1f1b", "zb", "gpt2-tied"], 2: ["gpipe", "1f1b", "zb", "gpt2-tied"],
+             3: ["gpipe", "1f1b", "zb", "interleaved", "gpt2-tied", "cnn-parameter-free-stage"]}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_zero_dp2_pp2_equals_single_process_accumulation(tmp_path, zero):
+    names = SCHEDULES[zero]
+    plans = {n: zero_plan(tmp_path, n, zero) for n in names}
+    jobs = [{"plan": plan_to_dict(plans[n]), "input_shape": PLANS[n][1], "options": _options(tmp_path / f"ck-{n}")}
+            for n in names]
+    # one more step of the 1f1b plan, resumed from its save of step 3 (sharded state gathered whole),
+    # then one more with the next ZeRO stage from that save (saves hold full tensors, whatever the stage)
+    other = zero_plan(tmp_path, "1f1b", zero % 3 + 1)
+    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
+    jobs.append({"plan": plan_to_dict(other), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 2)})
+    records = launch(jobs, 4, tmp_path / "launch")
+    for n, recs in zip(names, records):
+        shape = {"input_shape": PLANS[n][1]} if PLANS[n][1] else {}
+        with torch_threads(EQUIVALENCE_THREADS):
+            ref_losses, ref_layers = reference_run(plans[n], STEPS, lr=LR, model_kwargs=shape)
+        tied = n == "gpt2-tied"
+        losses = recs[1]["losses"]  # replica 0's last stage reports the step's mean over replicas
+        assert [losses[str(k)] for k in range(STEPS)] == pytest.approx(ref_losses, rel=1e-6 if tied else 0, abs=0), n
+        assert ref_losses[-1] != ref_losses[0]
+        for replica in (0, 1) if n != "1f1b" else ():  # 1f1b's step-3 save gave way (KEEP = 2) to the resumed ones below
+            # the save gathered every shard: both replicas hold the reference's weights
+            got = _replica_layers(tmp_path / f"ck-{n}", plans[n], replica)
+            _assert_same_weights(got, ref_layers, f"{n} replica {replica}", atol=TIED_ATOL if tied else 0.0)
+        # the gradient sync was timed on every rank: the all-reduce (zero 1) or the reduce-scatter (2, 3)
+        assert all(r["grad_allreduce_ms"] and min(r["grad_allreduce_ms"]) > 0 for r in recs), n
+    with torch_threads(EQUIVALENCE_THREADS):
+        ref_losses, ref_layers = reference_run(plans["1f1b"], STEPS + 2, lr=LR)
+    for k, resumed in ((STEPS, records[-2]), (STEPS + 1, records[-1])):
+        assert resumed[1]["first_step"] == k
+        assert resumed[1]["losses"][str(k)] == pytest.approx(ref_losses[k], rel=0, abs=0)
+    for replica in (0, 1):
+        got = _replica_layers(tmp_path / "ck-1f1b", plans["1f1b"], replica, STEPS + 2)
+        _assert_same_weights(got, ref_layers, f"resumed with zero {zero % 3 + 1}, replica {replica}")
+    # measured memory: each replica holds about half the optimizer state (SGD momentum = one copy of the weights)
+    saved = _replica_layers(tmp_path / "ck-1f1b", plans["1f1b"], 0, STEPS + 2)
+    layer_bytes = {i: sum(v.numel() * v.element_size() for v in sd.values()) for i, sd in saved.items()}  # GPT: no buffers
+    for rank, rec in enumerate(records[1]):
+        mem = rec["memory"]["breakdown"]
+        mine = [layer_bytes[i] for i in range(*plans["1f1b"].stages[rank % 2].layers)]
+        own = sum(mine)
+        assert 0.25 * own < mem["optimizer"] < 0.75 * own, (rank, mem, own)
+        assert mem["total"] == sum(v for k, v in mem.items() if k != "total")
+        # weights: whole (zero 1); half at rest plus the stage gathered (2) or its largest layer gathered (3)
+        assert mem["weights"] == {1: own, 2: own + own // 2, 3: own // 2 + max(mine)}[zero], (rank, mem, mine)
+        assert mem["gradients"] >= (own if zero >= 2 else 0.99 * own)  # unsharded until the reduce-scatter
