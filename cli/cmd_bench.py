@@ -149,9 +149,15 @@ def fidelity_cmd(
     warmup: int = typer.Option(2, "--warmup", help="Untimed first steps."),
     device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
     repeats: int = typer.Option(1, "--repeats", help="Runs per case: the error's median and spread over them."),
+    calibrated: bool = typer.Option(False, "--calibrated", help="Also per-plan calibration (needs --repeats 2 or more): each "
+                                    "case's first run calibrates as `pplan run --calibrate`, the others are predicted with it "
+                                    "(column cal_time_err_pct)."),
     out_dir: Path = _OUT, as_json: bool = _JSON,
 ) -> None:
-    """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png."""
+    """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png.
+
+    Real models on CPU are profiled beside devices - 1 co-running processes (`pplan profile --co-run`,
+    column co_run), as their runs' other ranks share this machine's memory bandwidth."""
     from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
     from planner.bench.fidelity import fidelity_figure
     from planner.errors import PplanError
@@ -161,7 +167,7 @@ def fidelity_cmd(
     _check_out(out_dir)
     machine = _machine()
     table = bench_fidelity(QUICK_GRID if quick else DEFAULT_GRID, steps=steps, warmup=warmup, device=device,
-                           progress=_progress(), repeats=repeats)
+                           progress=_progress(), repeats=repeats, calibrated=calibrated)
     _finish([table], out_dir, as_json, machine)
     out_dir.mkdir(parents=True, exist_ok=True)
     fidelity_figure(table, str(out_dir / "fidelity.png"))

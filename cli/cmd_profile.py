@@ -44,6 +44,7 @@ def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:
         "dtype": profile.meta.get("dtype"),
         "micro_batch_sizes": list(profile.micro_batch_sizes),
         "elapsed_s": float(profile.meta.get("elapsed_s", 0)),
+        "co_run": int(profile.meta.get("co_run") or 0),
         "summary_micro_batch_size": profile.micro_batch_sizes[k],
         "layers": [
             {
@@ -58,7 +59,8 @@ def _summary(profile: Any, path: Path, sha: str) -> dict[str, Any]:
 
 
 def _print_table(s: dict[str, Any]) -> None:
-    typer.echo(f"{s['model']} on {s['device']} ({s['dtype']}), micro-batch sizes {','.join(map(str, s['micro_batch_sizes']))}: {s['elapsed_s']:.1f} s")
+    beside = f", beside {s['co_run']} co-running process(es)" if s.get("co_run") else ""
+    typer.echo(f"{s['model']} on {s['device']} ({s['dtype']}), micro-batch sizes {','.join(map(str, s['micro_batch_sizes']))}{beside}: {s['elapsed_s']:.1f} s")
     typer.echo(f"per layer at micro-batch size {s['summary_micro_batch_size']}:")
     width = max(4, *(len(row["name"]) for row in s["layers"]))
     # output: bytes sent to the next layer; a layer whose tensor is read further on also shows "+ N skip"
@@ -91,6 +93,10 @@ def register(app: typer.Typer) -> None:
         seed: int = typer.Option(0, "--seed", help="Seed of the weights and the batch."),
         timer: str = typer.Option("sched", "--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time."),
         threads: int = typer.Option(1, "--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings."),
+        co_run: int = typer.Option(0, "--co-run", help="Measure while K other processes train the same model at the same size and --threads, "
+                                   "as a CPU pipeline's other ranks do: give ranks - 1 when the ranks share one machine's memory bandwidth "
+                                   "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
+                                   "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory)."),
         out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile CSV to write (atomically)."),
         input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32."),
         input_dtype: str = typer.Option("float", "--input-dtype", help="Factory models: float or long."),
@@ -111,6 +117,8 @@ def register(app: typer.Typer) -> None:
             raise PplanError(f"--vocab {vocab} must be at least 2")
         _check_out(out)
         if analytic or hardware is not None:
+            if co_run:
+                raise PplanError(f"--co-run {co_run} with --analytic: an analytic profile is computed, not measured", "drop --co-run")
             _analytic(model, sizes, hardware, dtype, out, json_out)
             return
         # Checked here too, so these mistakes fail before torch is imported (seconds on a small machine).
@@ -120,6 +128,10 @@ def register(app: typer.Typer) -> None:
             raise PplanError(f"--timer {timer!r} must be sched or wall")
         if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
             raise PplanError(f"--device {device!r} is not supported", "use cpu, cuda or cuda:N")
+        from planner.hostinfo import usable_cores
+        from planner.profiling.corun import check_co_run
+
+        check_co_run(co_run, threads, usable_cores(), device)
         from planner.profiling.profiler import profile_model  # imports torch
         from planner.profiling.profile import write_profile
 
@@ -134,7 +146,7 @@ def register(app: typer.Typer) -> None:
             result = profile_model(
                 model, sizes, device=device, dtype=dtype, warmup=warmup, repeats=repeats, seed=seed,
                 threads=threads, timer=timer, input_shape=shape, input_dtype=input_dtype, vocab=vocab,
-                command="pplan " + shlex.join(sys.argv[1:]), on_step=step,
+                command="pplan " + shlex.join(sys.argv[1:]), on_step=step, co_run=co_run,
             )
         finally:
             if bar:

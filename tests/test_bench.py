@@ -136,3 +136,49 @@ def test_fidelity_quick_runs_the_executor_and_reports_errors(tmp_path: Path) -> 
     assert table["summary"]["completed"] == 2 and table["summary"]["mape_time_pct"] is not None
     md = (tmp_path / "fidelity.md").read_text()
     assert "MAPE step time:" in md and "MAPE by model/devices" in md and "synthetic/2" in md
+    assert "co_run" in table["columns"] and all(r["co_run"] == 0 for r in rows)  # the synthetic model sleeps
+    assert all(r["cal_time_err_pct"] is None for r in rows)  # no --calibrated
+
+
+def test_fidelity_profiles_real_cpu_models_beside_their_other_ranks() -> None:
+    from planner.bench.fidelity import DEFAULT_GRID, FidelityPoint, co_run_for
+
+    gpt = next(g for g in DEFAULT_GRID if g.label == "gpt")
+    syn = next(g for g in DEFAULT_GRID if g.label == "synthetic")
+    assert co_run_for(gpt, "cpu", cores=2) == gpt.devices - 1 == 1
+    assert co_run_for(gpt, "cpu", cores=1) == 0  # more ranks than cores: the run shares CPUs, not bandwidth
+    assert co_run_for(gpt, "cuda", cores=64) == 0
+    assert co_run_for(syn, "cpu", cores=64) == 0
+    assert co_run_for(FidelityPoint("m", "mlp:layers=8", 4, ("gpipe",), (4,)), "cpu", cores=8) == 3
+
+
+def test_fidelity_calibrated_needs_two_runs_per_case() -> None:
+    from planner.bench.fidelity import QUICK_GRID, bench_fidelity
+
+    with pytest.raises(PplanError, match="--calibrated with --repeats 1"):
+        bench_fidelity(QUICK_GRID, repeats=1, calibrated=True)
+
+
+def test_fidelity_calibrated_error_counts_only_runs_predicted_with_the_calibration() -> None:
+    from planner.bench.fidelity import _calibrated_error
+
+    runs = [{"iteration_ms_predicted": 110.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile + calibration)"},
+            {"iteration_ms_predicted": 96.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile + calibration)"},
+            {"iteration_ms_predicted": 50.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile)"}]
+    assert _calibrated_error(runs) == (pytest.approx(3.0), 2)
+    assert _calibrated_error([]) == (None, 0)
+
+
+@pytest.mark.slow
+def test_fidelity_calibrated_quick_predicts_later_runs_with_the_first_runs_calibration(tmp_path: Path) -> None:
+    got = run_pplan("bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--repeats", "2", "--calibrated",
+                    "--out-dir", str(tmp_path), "--json", cwd=tmp_path, timeout=600)
+    assert got.returncode == 0, got.stderr
+    table = json.loads(got.stdout)["tables"][0]
+    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    for r in rows:
+        assert r["error"] is None, r["error"]
+        assert r["cal_runs"] == 1 and r["cal_time_err_pct"] is not None
+        assert "calibration" not in r["basis"]  # the first run was predicted before any calibration existed
+    assert set(table["summary"]["calibrated_median_abs_time_pct_by_group"]) == {"synthetic/2"}
+    assert "With per-plan calibration" in (tmp_path / "fidelity.md").read_text()

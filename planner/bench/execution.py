@@ -19,21 +19,23 @@ __all__ = ["profile_to", "candidate_plan", "run_measured"]
 
 def profile_to(spec: str, sizes: list[int], work_dir: Path, progress: Callable[[str], None],
                device: str = "cpu", input_shape: tuple[int, ...] | None = None, warmup: int = 1, repeats: int = 3,
-               threads: int = 1):
+               threads: int = 1, co_run: int = 0):
     """Profile `spec` at `sizes` into work_dir (once per spec, sizes and input) and load it back.
     The few default repeats suit benches that compare plans; one that compares predicted with
     measured times profiles as `pplan profile` does (warmup 3, repeats 15). `threads`: what each
-    rank of the runs will have (the executor gives cores // ranks, at least 1)."""
+    rank of the runs will have (the executor gives cores // ranks, at least 1). `co_run`: processes
+    training the model beside the profiler, the runs' other ranks (planner.profiling.corun)."""
     from planner.profiling.profile import load_profile, write_profile
 
-    key = hashlib.sha256(f"{spec}|{sizes}|{device}|{input_shape}|{warmup}|{repeats}|{threads}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{spec}|{sizes}|{device}|{input_shape}|{warmup}|{repeats}|{threads}|{co_run}".encode()).hexdigest()[:12]
     path = work_dir / f"profile-{key}.csv"
     if not path.exists():
         from planner.profiling.profiler import profile_model
 
-        progress(f"profiling {spec} at micro-batch sizes {','.join(map(str, sizes))}")
+        beside = f" beside {co_run} co-running process(es)" if co_run else ""
+        progress(f"profiling {spec} at micro-batch sizes {','.join(map(str, sizes))}{beside}")
         prof = profile_model(spec, sizes, device=device, warmup=warmup, repeats=repeats, input_shape=input_shape,
-                             threads=threads)
+                             threads=threads, co_run=co_run)
         write_profile(prof, path)
     return load_profile(path)
 
@@ -49,15 +51,17 @@ def candidate_plan(plan: Any, cand: Any) -> Any:
 
 
 def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: int, device: str = "cpu",
-                 timeout_s: float = 300.0) -> dict[str, Any]:
-    """Run `plan` with the executor; the run JSON, or {'error': one line} when it failed."""
+                 timeout_s: float = 300.0, calibrate: bool = False) -> dict[str, Any]:
+    """Run `plan` with the executor; the run JSON, or {'error': one line} when it failed.
+    `calibrate`: as `pplan run --calibrate`, fit a calibration from this run and write it beside
+    the plan's profile, where later runs of plans on that profile predict with it."""
     from planner.execute.options import RunOptions
     from planner.execute.run import run_plan
     from planner.plan import write_plan
 
     plan_path = work_dir / f"{name}.json"
     write_plan(plan, plan_path)
-    opts = RunOptions(steps=steps, warmup=warmup, device=device, timeout_s=timeout_s)
+    opts = RunOptions(steps=steps, warmup=warmup, device=device, timeout_s=timeout_s, calibrate=calibrate)
     try:
         outcome = run_plan(plan, opts, plan_path=str(plan_path))
     except PplanError as e:  # one failed run is a row of the table, not the end of the bench

@@ -10,12 +10,26 @@ state, saved activations and buffers: docs/executor.md) and averages the ranks.
 
 With `repeats` > 1 each case runs that many times: measured_ms is the median of the runs' medians,
 and the row adds the fastest and slowest run and the spread of the error (max - min, points).
+
+Profiles of real models on CPU are measured with `co_run = devices - 1` (when the ranks fit the
+cores): that many processes train the model beside the profiler, as the run's other ranks will,
+so memory-bound layers are timed under the memory-bandwidth sharing they meet in the run
+(planner.profiling.corun). The synthetic model sleeps instead of computing: no co-run. Column
+`co_run` says what each profile used.
+
+`calibrated=True` (`--calibrated`, with repeats >= 2) also measures per-plan calibration as a
+user gets it from `pplan run --calibrate`: each case's first run fits a calibration (beside a copy
+of the profile for that case alone), and every following run is predicted with it;
+cal_time_err_pct is the median of those runs' errors (the first run's prediction, from the bare
+profile, still gives time_err_pct, and compute_ratio comes from that run alone).
+
 `fidelity_figure(table, path)` draws predicted against measured step time on log axes with the
 y = x line and +-10% bands, one point per case (matplotlib, imported there).
 """
 
 from __future__ import annotations
 
+import shutil
 import statistics
 import tempfile
 from dataclasses import dataclass
@@ -94,8 +108,19 @@ def _fmt_pct(v: float | None) -> str:
     return "-" if v is None else f"{v:.1f}%"
 
 
+def co_run_for(g: FidelityPoint, device: str, cores: int) -> int:
+    """Background processes to profile `g` beside: its other ranks, where they share this CPU
+    (every rank gets cores // devices threads, so devices <= cores ranks fit); else 0."""
+    from planner.models.spec import parse_spec
+
+    if device != "cpu" or parse_spec(g.spec)[0] == "synthetic" or g.devices > cores:
+        return 0  # GPUs have their own memory; sleeping layers share nothing
+    return g.devices - 1
+
+
 def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5, warmup: int = 2,
-                   device: str = "cpu", progress: Callable[[str], None] | None = None, repeats: int = 1) -> Table:
+                   device: str = "cpu", progress: Callable[[str], None] | None = None, repeats: int = 1,
+                   calibrated: bool = False) -> Table:
     """Run every grid point on the executor and compare with the simulator's prediction."""
     from planner.bench.execution import profile_to
 
@@ -103,6 +128,9 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
         raise PplanError(f"--steps {steps} must exceed --warmup {warmup}", "e.g. --steps 5 --warmup 2")
     if not 1 <= repeats <= 100:
         raise PplanError(f"--repeats {repeats} must be from 1 to 100")
+    if calibrated and repeats < 2:
+        raise PplanError(f"--calibrated with --repeats {repeats}: the first run of a case calibrates and the "
+                         "following ones are predicted with it", "e.g. --calibrated --repeats 4 (3 calibrated runs)")
     say = progress or (lambda _m: None)
     total = sum(len(g.schedules) * len(g.microbatches) for g in grid)
     rows: list[tuple[Any, ...]] = []
@@ -110,58 +138,76 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
     with tempfile.TemporaryDirectory(prefix="pplan-bench-") as tmp:
         work = Path(tmp)
         for g in grid:
+            co_run = co_run_for(g, device, usable_cores())
             try:
                 # as `pplan profile` measures by default: the prediction is only as good as the profile
                 prof = profile_to(g.spec, [g.micro_batch_size], work, say, device=device, input_shape=g.input_shape,
-                                  warmup=3, repeats=15, threads=max(1, usable_cores() // g.devices))
+                                  warmup=3, repeats=15, threads=max(1, usable_cores() // g.devices), co_run=co_run)
             except PplanError as e:  # e.g. transformers not installed: that model's rows say so
                 prof, why = None, f"not profiled: {e.one_line()[:120]}"
             for name in g.schedules:
                 for m in g.microbatches:
                     done += 1
                     if prof is None:
-                        rows.append((g.label, g.devices, name, m) + (None,) * 6 + (why, None, None, None, 0) + _NO_RUN)
+                        rows.append((g.label, g.devices, name, m) + (None,) * 6 + (why, None, None, None, 0) + _NO_RUN
+                                    + (co_run, None, None))
                         continue
                     say(f"fidelity {done}/{total}: {g.label} on {g.devices} devices, {name}, M={m}")
-                    rows.append(_fidelity_row(g, name, m, prof, work, steps=steps, warmup=warmup, device=device,
-                                              repeats=repeats))
-    notes, summary = _fidelity_summary(rows, grid, steps=steps, warmup=warmup, device=device, repeats=repeats)
+                    row, cal = _fidelity_row(g, name, m, prof, work, steps=steps, warmup=warmup, device=device,
+                                             repeats=repeats, calibrated=calibrated)
+                    rows.append(row + (co_run,) + cal)
+    notes, summary = _fidelity_summary(rows, grid, steps=steps, warmup=warmup, device=device, repeats=repeats,
+                                       calibrated=calibrated)
     return Table(
         name="fidelity",
         title="Fidelity: simulator prediction against the executor's measurement",
         columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
                  "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
                  "measured_ms_max", "err_spread_pct", "repeats", "compute_ratio", "compute_ratio_cpu",
-                 "rss_growth_peak_bytes", "load_average", "basis"),
+                 "rss_growth_peak_bytes", "load_average", "basis", "co_run", "cal_time_err_pct", "cal_runs"),
         rows=tuple(rows),
         notes=notes,
         summary=summary,
     )
 
 
+def _case_profile(prof: Any, work: Path, case: str) -> Any:
+    """A copy of the profile for one case alone: the calibration its first run writes beside it
+    (planner.calibration.calibration_path_for) must not reach the other cases' predictions."""
+    from planner.profiling.profile import load_profile
+
+    folder = work / case
+    folder.mkdir(exist_ok=True)
+    shutil.copyfile(prof.path, folder / "profile.csv")
+    return load_profile(folder / "profile.csv")
+
+
 def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *, steps: int, warmup: int,
-                  device: str, repeats: int) -> tuple[Any, ...]:
+                  device: str, repeats: int, calibrated: bool = False) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
     """Plan `g` under schedule `name` with `m` micro-batches, run it `repeats` times, and compare:
-    one table row (with the error, and no numbers, when it cannot be planned or run)."""
+    one table row (with the error, and no numbers, when it cannot be planned or run), and
+    (cal_time_err_pct, cal_runs) with `calibrated` (module docstring), else (None, None)."""
     from planner.bench.execution import run_measured
     from planner.partition.api import partition
     from planner.partition.search import PartitionSettings
 
+    case = f"f-{g.label}-{g.devices}-{name}-{m}"
     settings = PartitionSettings(n_devices=g.devices, memory_bytes=None, global_batch=m * g.micro_batch_size,
                                  microbatches=m, schedule=name)
     try:
-        plan = partition(prof, settings).plan
+        plan = partition(_case_profile(prof, work, case) if calibrated else prof, settings).plan
     except PplanError as e:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
-                None, None, None, 0) + _NO_RUN
-    runs = [run_measured(plan, work, f"f-{g.label}-{g.devices}-{name}-{m}-{k}", steps=steps, warmup=warmup,
-                         device=device) for k in range(repeats)]
+                None, None, None, 0) + _NO_RUN, (None, None)
+    runs = [run_measured(plan, work, f"{case}-{k}", steps=steps, warmup=warmup, device=device,
+                         calibrate=calibrated and k == 0) for k in range(repeats)]
     failed = [r for r in runs if "error" in r]
     if failed:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
-                None, None, None, len(runs) - len(failed)) + _NO_RUN
+                None, None, None, len(runs) - len(failed)) + _NO_RUN, (None, None)
     meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
     run = runs[0]
+    bare = runs[:1] if calibrated else runs  # the ratios of measured to the profile's own times, no calibration
     pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
     errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
     mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
@@ -170,9 +216,18 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
     rss = [r.get("peak_memory_bytes_rss") for r in run["ranks"] if r.get("peak_memory_bytes_rss") is not None]
     return (g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
             _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
-            (max(errs) - min(errs)) if errs else None, len(runs), _median_of(runs, "compute_ratio"),
-            _median_of(runs, "compute_ratio_cpu"), max(rss) if rss else None, _median_of(runs, "load_average"),
-            run.get("prediction_source"))
+            (max(errs) - min(errs)) if errs else None, len(runs), _median_of(bare, "compute_ratio"),
+            _median_of(bare, "compute_ratio_cpu"), max(rss) if rss else None, _median_of(runs, "load_average"),
+            run.get("prediction_source")), (_calibrated_error(runs[1:]) if calibrated else (None, None))
+
+
+def _calibrated_error(runs: list[dict[str, Any]]) -> tuple[float | None, int]:
+    """(median error, runs) of the runs predicted with the first run's calibration; a run that
+    did not predict from it (no calibration was written) does not count."""
+    errs = [_pct(r.get("iteration_ms_predicted"), r.get("iteration_ms_measured")) for r in runs
+            if "calibration" in str(r.get("prediction_source"))]
+    errs = [e for e in errs if e is not None]
+    return (statistics.median(errs) if errs else None), len(errs)
 
 
 _NO_RUN = (None, None, None, None, None)
@@ -184,7 +239,7 @@ def _median_of(runs: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint], *, steps: int, warmup: int,
-                      device: str, repeats: int) -> tuple[tuple[str, ...], dict[str, Any]]:
+                      device: str, repeats: int, calibrated: bool = False) -> tuple[tuple[str, ...], dict[str, Any]]:
     """(the table's notes, its summary): errors over all rows and per model/devices group."""
     time_mape = _mape([r[6] for r in rows])
     mem_mape = _mape([r[9] for r in rows])
@@ -194,9 +249,13 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
                  for k in groups}
     median_group = {k: _median_abs([r[6] for r in rows if f"{r[0]}/{r[1]}" == k]) for k in groups}
     bases = sorted({str(r[19]) for r in rows if r[19]})
+    co_runs = {f"{r[0]}/{r[1]}": r[20] for r in rows}
+    cal_group = {k: _median_abs([r[21] for r in rows if f"{r[0]}/{r[1]}" == k]) for k in groups}
     notes = (
         f"{ok} of {len(rows)} runs completed; each trained {steps} steps ({warmup} warm-up) on {device}, "
         f"measured_ms = median step time; predicted by {', '.join(bases) or '-'} (no per-plan calibration).",
+        "Profiled beside co_run processes training the same model (the runs' other ranks on this CPU; 0: alone): "
+        + "; ".join(f"{k} {v}" for k, v in co_runs.items()) + ".",
         "Median |time error| by model/devices: " + "; ".join(f"{k} {_fmt_pct(v)}" for k, v in median_group.items()) + ".",
         "compute_ratio = median over actions of measured / profiled time; compute_ratio_cpu the same with the "
         "actions' CPU time (near 1 while compute_ratio is not: the ranks waited for CPUs); rss_growth_peak_bytes = "
@@ -210,9 +269,15 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
         "of the runs' errors (points).",
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),
     )
+    if calibrated:
+        notes += ("With per-plan calibration (the first run of each case calibrates, the other "
+                  f"{repeats - 1} are predicted with it), median |time error| by model/devices: "
+                  + "; ".join(f"{k} {_fmt_pct(v)}" for k, v in cal_group.items()) + ".",)
     summary = {"mape_time_pct": time_mape, "mape_memory_pct": mem_mape, "runs": len(rows), "completed": ok,
                "mape_by_group": {k: {"time_pct": t, "memory_pct": m} for k, (t, m) in per_group.items()},
-               "median_abs_time_pct_by_group": median_group}
+               "median_abs_time_pct_by_group": median_group, "co_run_by_group": co_runs}
+    if calibrated:
+        summary["calibrated_median_abs_time_pct_by_group"] = cal_group
     return notes, summary
 
 

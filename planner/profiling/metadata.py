@@ -14,11 +14,14 @@ from planner.errors import ProfileError
 from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
 
-__all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "read_meta"]
+__all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
 # Elements in one sample of a factory model's input (--input-shape): 2**30 is 4 GiB of
 # float32 per sample, far beyond any real input (a 512^3 volume is 2**27).
 MAX_INPUT_ELEMENTS = 2**30
+# Background processes of `pplan profile --co-run` (planner.profiling.corun): more than any one
+# machine has cores; a larger number is a typo, and each process holds a copy of the model.
+MAX_CO_RUN = 1024
 
 
 def _free_text(value: str) -> str | None:
@@ -90,6 +93,9 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     "elapsed_s": _number(1e9),
     "load_average": _number(1e6),  # 1-minute load while profiling (planner.hostinfo.load_average)
     "timer": _free_text,
+    # processes that trained the model beside the profiler (`--co-run`); absent in older
+    # profiles, which were all measured alone (0)
+    "co_run": _integer(0, MAX_CO_RUN),
     "source": _free_text,  # planner.partition.synthetic / planner.profiling.analytic: what made the profile
     "analytic": lambda v: None if v in ("true", "false") else "is not true or false",  # computed, not measured
     "hardware": _free_text,  # the hardware preset an analytic profile was computed for

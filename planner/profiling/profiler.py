@@ -15,6 +15,7 @@ measured at the largest micro-batch size, in the profiled dtype.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as _dt
 import gc
 import time
@@ -26,8 +27,9 @@ import numpy as np
 import torch
 
 from planner.errors import ModelSpecError, PplanError
-from planner.hostinfo import cpu_model, load_average
+from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
+from planner.profiling.corun import CoRun, check_co_run
 from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.saved import SavedTensors, tensor_bytes
@@ -193,6 +195,17 @@ def check_batch_fits(bundle: Any, spec: str, sizes: list[int], dev: torch.device
                 "smaller sizes, e.g. 1,2,4,8" if fits else "this model's samples do not fit this machine")
 
 
+def _check_co_run_memory(bundle: Any, spec: str, co_run: int) -> None:
+    """Refuse a co-run whose workers' weights, gradients and Adam moments alone exceed the RAM."""
+    need = co_run * 4 * sum(p.numel() * p.element_size() for p in bundle.layers.parameters())
+    avail = _available_ram()
+    if co_run and avail is not None and need > avail:
+        from planner.units import format_bytes
+        raise PplanError(f"--co-run {co_run} of model {spec!r} needs {format_bytes(need)} for the background copies' "
+                         f"parameters, gradients and Adam state, more than the {format_bytes(avail)} of RAM available",
+                         "lower --co-run, or profile without it")
+
+
 def _make_batch(bundle: Any, spec: str, size: int, seed: int) -> tuple[Any, Any]:
     """bundle.make_batch, with an allocation failure as one line."""
     try:
@@ -221,6 +234,7 @@ def profile_model(
     timer: str = "sched",
     command: str | None = None,
     on_step: Callable[[int, int, str], None] | None = None,
+    co_run: int = 0,
 ) -> Profile:
     """Measure every layer of `spec` at every size; `on_step(done, total, note)` after each.
 
@@ -228,7 +242,11 @@ def profile_model(
     each rank of a run with as many ranks as cores gets; None keeps the process's setting). A
     profile measured with more threads than the run's ranks get predicts them too fast: 2
     threads made a gpt layer 0.52x and an MLP layer 0.63x of its 1-thread time on the 2-core
-    development machine (docs/simulator.md)."""
+    development machine (docs/simulator.md).
+
+    `co_run`: K background processes train the same model at each size and thread count while
+    every layer is measured (planner.profiling.corun): a CPU pipeline's other ranks, which slow
+    memory-bound layers and the optimizer step by sharing memory bandwidth. 0: measured alone."""
     sizes = sorted(micro_batch_sizes)
     _check_args(sizes, dtype, warmup, repeats, threads)
     if timer not in TIMERS:
@@ -237,9 +255,14 @@ def profile_model(
         probe = RunQueueWait()
         timer = "sched" if probe.available else "wall"  # not every kernel reports run-queue waits
         probe.close()
+    check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
     dev, tdtype = resolve_device(device), DTYPES[dtype]
     bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
     check_batch_fits(bundle, spec, sizes, dev, seed)
+    _check_co_run_memory(bundle, spec, co_run)
+    stack = contextlib.ExitStack()  # closes the co-run however profiling ends
+    bg = stack.enter_context(CoRun(co_run, spec, threads=threads or torch.get_num_threads(), dtype=dtype, seed=seed,
+                                   input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)) if co_run else None
     old_threads = torch.get_num_threads()
     if threads:
         torch.set_num_threads(threads)
@@ -256,6 +279,8 @@ def profile_model(
         input_bytes = 0.0
         skip: dict[tuple[int, tuple[int, ...]], float] = {}
         for k, size in enumerate(sizes):
+            if bg is not None:  # the workers train at this size before any layer is timed
+                bg.set_batch(size)
             if lg is not None:
                 input_bytes, skip = _measure_graph(
                     lg, named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed, warmup=warmup,
@@ -278,7 +303,10 @@ def profile_model(
             del h, inp, prev, x, target
             gc.collect()
         opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer) for _, layer in named])
-        cols["optimizer_ms"] = np.repeat(opt[:, None], len(sizes), axis=1)
+        cols["optimizer_ms"] = np.repeat(opt[:, None], len(sizes), axis=1)  # timed under the co-run too
+        if bg is not None:
+            bg.check()  # every figure above was measured with all workers running
+            stack.close()
         param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
         cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], len(sizes), axis=1)
         if dev.type != "cuda":
@@ -297,6 +325,7 @@ def profile_model(
             "warmup": str(warmup),
             "repeats": str(repeats),
             "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
+            "co_run": str(co_run),
         }
         kind = parse_spec(spec)[0]
         if kind == "factory" and input_shape is not None:
@@ -312,6 +341,7 @@ def profile_model(
             return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)
         return make_profile([n for n, _ in named], sizes, cols, meta)
     finally:
+        stack.close()
         torch.set_num_threads(old_threads)
 
 
