@@ -20,7 +20,6 @@ import datetime as _dt
 import gc
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -32,6 +31,7 @@ from planner.models import build_model, parse_spec
 from planner.profiling.corun import CoRun, check_co_run
 from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
 from planner.profiling.profile import Profile, make_profile
+from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, tensor_bytes
 
 __all__ = ["DTYPES", "profile_model", "resolve_device", "check_batch_fits"]
@@ -145,67 +145,6 @@ def _warm_up(bundle: Any, layers: torch.nn.Module, size: int, seed: int, dev: to
         layers.zero_grad(set_to_none=True)
 
 
-def _available_ram() -> int | None:
-    """Bytes this process could still allocate: MemAvailable, capped by a cgroup limit."""
-    avail: int | None = None
-    try:
-        with open("/proc/meminfo", encoding="utf-8") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-        if limit != "max":
-            room = max(0, int(limit) - used)
-            avail = room if avail is None else min(avail, room)
-    except (OSError, ValueError):
-        pass
-    return avail
-
-
-def check_batch_fits(bundle: Any, spec: str, sizes: list[int], dev: torch.device, seed: int = 0) -> None:
-    """Refuse, before allocating it, a micro-batch whose input and target alone exceed the
-    memory this machine has left (RAM, and the GPU's free memory with --device cuda).
-
-    The bytes per sample come from a batch of one; a batch of `size` holds `size` times that.
-    """
-    x, target = bundle.make_batch(1, seed)
-    per_sample = tensor_bytes(x) + tensor_bytes(target)
-    if per_sample <= 0:
-        return
-    largest = max(sizes)
-    need = per_sample * largest
-    room = [("RAM", _available_ram())]
-    if dev.type == "cuda":
-        free, _total = torch.cuda.mem_get_info(dev)
-        room.append((f"{dev} memory", int(free)))
-    for where, avail in room:
-        if avail is not None and need > avail:
-            from planner.units import format_bytes
-
-            fits = max(0, avail // per_sample)
-            raise PplanError(
-                f"micro-batch size {largest} of model {spec!r} needs {format_bytes(need)} for its input and target alone "
-                f"({format_bytes(per_sample)} per sample), more than the {format_bytes(avail)} of {where} available",
-                f"the input alone would fit up to {fits:,} samples and the layers need several times more: profile much "
-                "smaller sizes, e.g. 1,2,4,8" if fits else "this model's samples do not fit this machine")
-
-
-def _check_co_run_memory(bundle: Any, spec: str, co_run: int) -> None:
-    """Refuse a co-run whose workers' weights, gradients and Adam moments alone exceed the RAM."""
-    need = co_run * 4 * sum(p.numel() * p.element_size() for p in bundle.layers.parameters())
-    avail = _available_ram()
-    if co_run and avail is not None and need > avail:
-        from planner.units import format_bytes
-        raise PplanError(f"--co-run {co_run} of model {spec!r} needs {format_bytes(need)} for the background copies' "
-                         f"parameters, gradients and Adam state, more than the {format_bytes(avail)} of RAM available",
-                         "lower --co-run, or profile without it")
-
-
 def _make_batch(bundle: Any, spec: str, size: int, seed: int) -> tuple[Any, Any]:
     """bundle.make_batch, with an allocation failure as one line."""
     try:
@@ -249,17 +188,12 @@ def profile_model(
     memory-bound layers and the optimizer step by sharing memory bandwidth. 0: measured alone."""
     sizes = sorted(micro_batch_sizes)
     _check_args(sizes, dtype, warmup, repeats, threads)
-    if timer not in TIMERS:
-        raise PplanError(f"timer {timer!r} is not one of {', '.join(TIMERS)}")
-    if timer == "sched":
-        probe = RunQueueWait()
-        timer = "sched" if probe.available else "wall"  # not every kernel reports run-queue waits
-        probe.close()
+    timer = _resolve_timer(timer)
     check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
     dev, tdtype = resolve_device(device), DTYPES[dtype]
     bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
     check_batch_fits(bundle, spec, sizes, dev, seed)
-    _check_co_run_memory(bundle, spec, co_run)
+    check_co_run_memory(bundle, spec, co_run)
     stack = contextlib.ExitStack()  # closes the co-run however profiling ends
     bg = stack.enter_context(CoRun(co_run, spec, threads=threads or torch.get_num_threads(), dtype=dtype, seed=seed,
                                    input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)) if co_run else None
@@ -270,10 +204,8 @@ def profile_model(
     try:
         layers = bundle.layers.to(device=dev, dtype=tdtype).train()
         lg = getattr(layers, "graph", None)  # a traced non-chain model (planner.graph.GraphSequential)
-        if lg is not None:
-            named = [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)]
-        else:
-            named = list(layers.named_children())
+        named = [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)] if lg is not None \
+            else list(layers.named_children())
         cols = {c: np.zeros((len(named), len(sizes))) for c in _COLUMNS}
         _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
         input_bytes = 0.0
@@ -287,55 +219,16 @@ def profile_model(
                     repeats=repeats, timer=timer, on_step=on_step, n_steps=len(sizes) * len(named))
                 gc.collect()
                 continue
-            x, target = _make_batch(bundle, spec, size, seed)
-            h, target = _to_device(x, dev, tdtype), _to_device(target, dev, tdtype)
-            input_bytes = h.numel() * h.element_size() / size
-            prev: SavedTensors | None = None
-            for i, (name, layer) in enumerate(named):
-                inp = h if i == 0 else h.detach().requires_grad_(h.is_floating_point())
-                last = i == len(named) - 1
-                h, prev = _measure_into(cols, k, spec, size, i, name, layer, inp, bundle if last else None, target,
-                                        warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
-                if on_step:
-                    on_step(k * len(named) + i + 1, len(sizes) * len(named), f"micro-batch {size} {name}")
-            if prev is not None:
-                prev.release()
-            del h, inp, prev, x, target
-            gc.collect()
-        opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer) for _, layer in named])
-        cols["optimizer_ms"] = np.repeat(opt[:, None], len(sizes), axis=1)  # timed under the co-run too
+            input_bytes = _measure_chain(named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed,
+                                         warmup=warmup, repeats=repeats, timer=timer, on_step=on_step,
+                                         n_steps=len(sizes) * len(named))
+        _size_free_columns(cols, named, len(sizes), dev, warmup=warmup, repeats=repeats, timer=timer)
         if bg is not None:
             bg.check()  # every figure above was measured with all workers running
             stack.close()
-        param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
-        cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], len(sizes), axis=1)
-        if dev.type != "cuda":
-            del cols["cuda_peak_bytes"]
-        meta = {
-            "model": spec,
-            "seed": str(seed),
-            "device": str(dev),
-            "device_name": _device_name(dev),
-            "dtype": dtype,
-            "torch": torch.__version__,
-            "threads": str(torch.get_num_threads()),
-            "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-            "command": " ".join((command or "").splitlines()),
-            "input_bytes_per_sample": f"{input_bytes:g}",
-            "warmup": str(warmup),
-            "repeats": str(repeats),
-            "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
-            "co_run": str(co_run),
-        }
-        kind = parse_spec(spec)[0]
-        if kind == "factory" and input_shape is not None:
-            meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
-        elif kind == "hf":  # the input the model was built for (planner.models.hf), for `pplan run`
-            meta.update(getattr(bundle, "input_meta", None) or {})
-        meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
-        load = load_average()
-        if load is not None:  # `pplan run` compares it with the load it runs under
-            meta["load_average"] = f"{load:g}"
+        meta = _meta(spec, bundle, seed=seed, dev=dev, dtype=dtype, command=command, input_bytes=input_bytes,
+                     warmup=warmup, repeats=repeats, timer=timer, co_run=co_run, input_shape=input_shape,
+                     input_dtype=input_dtype, vocab=vocab, started=started)
         if lg is not None:
             edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
             return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)
@@ -397,3 +290,81 @@ def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: An
     if prev is not None:
         prev.release()
     return tensor_bytes(inputs) / size, dict(skip)
+
+
+def _size_free_columns(cols: dict[str, np.ndarray], named: list[tuple[str, torch.nn.Module]], n_sizes: int,
+                       dev: torch.device, *, warmup: int, repeats: int, timer: str) -> None:
+    """The columns that do not depend on the micro-batch size: the optimizer step (timed now, so
+    under the co-run too) and parameter bytes, repeated for every size; no CUDA peak off CUDA."""
+    opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer) for _, layer in named])
+    cols["optimizer_ms"] = np.repeat(opt[:, None], n_sizes, axis=1)
+    param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
+    cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], n_sizes, axis=1)
+    if dev.type != "cuda":
+        del cols["cuda_peak_bytes"]
+
+
+def _resolve_timer(timer: str) -> str:
+    """The timer to use: `sched` (wall minus run-queue wait) where the kernel reports waits, else wall."""
+    if timer not in TIMERS:
+        raise PplanError(f"timer {timer!r} is not one of {', '.join(TIMERS)}")
+    if timer == "sched":
+        probe = RunQueueWait()
+        timer = "sched" if probe.available else "wall"  # not every kernel reports run-queue waits
+        probe.close()
+    return timer
+
+
+def _measure_chain(named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: str, size: int, k: int,
+                   cols: dict[str, np.ndarray], *, dev: torch.device, dtype: torch.dtype, seed: int, warmup: int,
+                   repeats: int, timer: str, on_step: Callable[[int, int, str], None] | None, n_steps: int) -> float:
+    """Measure a chain model's layers at one size, each on the real output of the one before,
+    into column k of `cols`; returns the model input's bytes per sample."""
+    x, target = _make_batch(bundle, spec, size, seed)
+    h, target = _to_device(x, dev, dtype), _to_device(target, dev, dtype)
+    input_bytes = h.numel() * h.element_size() / size
+    prev: SavedTensors | None = None
+    for i, (name, layer) in enumerate(named):
+        inp = h if i == 0 else h.detach().requires_grad_(h.is_floating_point())
+        last = i == len(named) - 1
+        h, prev = _measure_into(cols, k, spec, size, i, name, layer, inp, bundle if last else None, target,
+                                warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
+        if on_step:
+            on_step(k * len(named) + i + 1, n_steps, f"micro-batch {size} {name}")
+    if prev is not None:
+        prev.release()
+    del h, inp, prev, x, target
+    gc.collect()
+    return input_bytes
+
+
+def _meta(spec: str, bundle: Any, *, seed: int, dev: torch.device, dtype: str, command: str | None,
+          input_bytes: float, warmup: int, repeats: int, timer: str, co_run: int, input_shape: tuple[int, ...] | None,
+          input_dtype: str, vocab: int | None, started: float) -> dict[str, str]:
+    """The profile's metadata lines: what was measured, how, where and under what load."""
+    meta = {
+        "model": spec,
+        "seed": str(seed),
+        "device": str(dev),
+        "device_name": _device_name(dev),
+        "dtype": dtype,
+        "torch": torch.__version__,
+        "threads": str(torch.get_num_threads()),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": " ".join((command or "").splitlines()),
+        "input_bytes_per_sample": f"{input_bytes:g}",
+        "warmup": str(warmup),
+        "repeats": str(repeats),
+        "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
+        "co_run": str(co_run),
+    }
+    kind = parse_spec(spec)[0]
+    if kind == "factory" and input_shape is not None:
+        meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
+    elif kind == "hf":  # the input the model was built for (planner.models.hf), for `pplan run`
+        meta.update(getattr(bundle, "input_meta", None) or {})
+    meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
+    load = load_average()
+    if load is not None:  # `pplan run` compares it with the load it runs under
+        meta["load_average"] = f"{load:g}"
+    return meta
