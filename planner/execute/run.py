@@ -143,7 +143,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              profile_load_average=_profile_load(pf),
                              compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal),
                              compute_ratio_cpu=_compute_ratio(replica0(records), plan, pf, used_cal, key="action_cpu_ms"))
-    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf))
+    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf)
+                          + _co_run_warnings(records, pf, record.compute_ratio))
     rows = measured_timeline(replica0(records))
     if record.diverged:
         _write(_finite(record.to_dict()), rows, out, timeline_path)
@@ -222,6 +223,30 @@ def _thread_warnings(records: list[dict[str, Any]], pf: Preflight) -> list[str]:
         return [f"the ranks ran {'/'.join(map(str, used))} torch thread(s), the profile was measured with {prof}: "
                 f"re-profile with --threads {used[0]} (or run with --threads {prof})"]
     return []
+
+
+CO_RUN_WARN_RATIO = 1.1
+"""Suggest `--co-run` when a CPU run's actions took more than this factor of a profile measured alone."""
+
+
+def _co_run_warnings(records: list[dict[str, Any]], pf: Preflight, compute_ratio: float | None) -> list[str]:
+    """A line when a CPU run's actions ran slower than a profile measured with fewer processes
+    beside it than this run had ranks per host: memory-bound layers slow each other down."""
+    if pf.profile is None or pf.device_type != "cpu" or compute_ratio is None or compute_ratio <= CO_RUN_WARN_RATIO:
+        return []
+    per_host: dict[str, int] = {}
+    for r in records:
+        per_host[r.get("host", "")] = per_host.get(r.get("host", ""), 0) + 1
+    want = max(per_host.values(), default=1) - 1
+    try:
+        had = int(pf.profile.meta.get("co_run") or 0)
+    except ValueError:
+        return []
+    if want < 1 or had >= want or pf.profile.meta.get("analytic") == "true":
+        return []
+    return [f"actions took {compute_ratio:.2f}x their profiled time with {want + 1} ranks on one machine, and the "
+            f"profile measured its layers beside {had} other process(es): memory-bound layers slow each other "
+            f"down; re-profile with --co-run {want} (docs/simulator.md)"]
 
 
 def _write(run: dict[str, Any], rows: list[TimelineRow], out: str | os.PathLike | None,
