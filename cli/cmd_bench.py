@@ -152,6 +152,8 @@ def fidelity_cmd(
     calibrated: bool = typer.Option(False, "--calibrated", help="Also per-plan calibration (needs --repeats 2 or more): each "
                                     "case's first run calibrates as `pplan run --calibrate`, the others are predicted with it "
                                     "(column cal_time_err_pct)."),
+    models: Optional[str] = typer.Option(None, "--models", help="Only these groups of the grid, e.g. gpt,mlp "
+                                         "(synthetic, gpt, mlp, resnet, hf-gpt2; default all)."),
     out_dir: Path = _OUT, as_json: bool = _JSON,
 ) -> None:
     """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png.
@@ -159,14 +161,15 @@ def fidelity_cmd(
     Real models on CPU are profiled beside devices - 1 co-running processes (`pplan profile --co-run`,
     column co_run), as their runs' other ranks share this machine's memory bandwidth."""
     from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
-    from planner.bench.fidelity import fidelity_figure
+    from planner.bench.fidelity import fidelity_figure, select_grid
     from planner.errors import PplanError
 
     if repeats < 1:
         raise PplanError(f"--repeats {repeats} must be at least 1")
     _check_out(out_dir)
     machine = _machine()
-    table = bench_fidelity(QUICK_GRID if quick else DEFAULT_GRID, steps=steps, warmup=warmup, device=device,
+    grid = QUICK_GRID if quick else select_grid(models, DEFAULT_GRID)
+    table = bench_fidelity(grid, steps=steps, warmup=warmup, device=device,
                            progress=_progress(), repeats=repeats, calibrated=calibrated)
     _finish([table], out_dir, as_json, machine)
     out_dir.mkdir(parents=True, exist_ok=True)

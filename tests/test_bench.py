@@ -182,3 +182,19 @@ def test_fidelity_calibrated_quick_predicts_later_runs_with_the_first_runs_calib
         assert "calibration" not in r["basis"]  # the first run was predicted before any calibration existed
     assert set(table["summary"]["calibrated_median_abs_time_pct_by_group"]) == {"synthetic/2"}
     assert "With per-plan calibration" in (tmp_path / "fidelity.md").read_text()
+
+
+def test_fidelity_grid_selection_by_model_label():
+    from planner.bench.fidelity import DEFAULT_GRID, select_grid
+
+    assert select_grid(None) == DEFAULT_GRID and select_grid("") == DEFAULT_GRID
+    picked = select_grid("mlp, gpt")
+    assert [g.label for g in picked] == ["gpt", "mlp"]  # grid order, every group of those labels
+    assert len(select_grid("synthetic")) == sum(g.label == "synthetic" for g in DEFAULT_GRID) == 2
+    with pytest.raises(PplanError, match="did you mean 'resnet'"):
+        select_grid("resnt")
+
+
+def test_fidelity_models_option_refuses_unknown_in_one_line(pplan, tmp_path):
+    code, _, err = pplan("bench", "fidelity", "--models", "bert", "--out-dir", tmp_path / "b")
+    assert code == 2 and "not a model of the fidelity grid" in err and len(err.strip().splitlines()) == 1

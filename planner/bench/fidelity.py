@@ -41,7 +41,7 @@ from planner.errors import PplanError
 from planner.hostinfo import usable_cores
 from planner.schedules.registry import SCHEDULE_NAMES
 
-__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fidelity_figure"]
+__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fidelity_figure", "select_grid"]
 
 _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/10/6/8/12/6/8/10/6/8/10/6/12/8/6/10,"
           "param_bytes=2MB,act_bytes=1MB")
@@ -116,6 +116,22 @@ def co_run_for(g: FidelityPoint, device: str, cores: int) -> int:
     if device != "cpu" or parse_spec(g.spec)[0] == "synthetic" or g.devices > cores:
         return 0  # GPUs have their own memory; sleeping layers share nothing
     return g.devices - 1
+
+
+def select_grid(models: str | None, grid: Sequence[FidelityPoint] = DEFAULT_GRID) -> tuple[FidelityPoint, ...]:
+    """The groups of `grid` whose label is in the comma list `models` (None or empty: all), in grid order."""
+    if not models:
+        return tuple(grid)
+    from planner.jsonio import nearest
+
+    labels = list(dict.fromkeys(g.label for g in grid))
+    wanted = [m.strip() for m in models.split(",") if m.strip()]
+    for m in wanted:
+        if m not in labels:
+            close = nearest(m, labels)
+            raise PplanError(f"--models {m!r} is not a model of the fidelity grid",
+                             (f"did you mean {close!r}? " if close else "") + f"choose from {', '.join(labels)}")
+    return tuple(g for g in grid if g.label in wanted)
 
 
 def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5, warmup: int = 2,
