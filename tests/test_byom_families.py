@@ -6,7 +6,10 @@ refused in one line before any work.
 The pipelined runs: each family is profiled at one micro-batch size (b = 2, one repeat), planned
 by `partition` on 2 devices for one schedule (the schedules rotate over the families, every
 other family with every layer recomputed), and all plans train 3 Adam steps in one 2-rank launch
-(helpers.plans.run_plans_in_one_launch: one torch and transformers import for them all).
+(helpers.plans.run_plans_in_one_launch: one torch and transformers import for them all), together
+with hand-written 2-device plans of the user models the issue 13 hunt found failing
+(helpers.models.USER_PLANS: a dict output and tuple target, ints read across a cut, an
+nn.TransformerEncoder cut between its blocks).
 Tolerances as tests/test_byom_run.py states them: losses within 1e-12 relative and weights bit
 for bit without a weight two layers hold; with one (tied embeddings; ALBERT's shared layer group)
 losses within 1e-6 relative and weights within 1e-4.
@@ -23,7 +26,7 @@ import torch
 from planner.errors import ModelSpecError
 from planner.models import build_model
 
-from helpers.models import HF_FAMILIES, HF_IMAGE, HF_REFUSED, hf_input_shape
+from helpers.models import HF_FAMILIES, HF_IMAGE, HF_REFUSED, USER_PLANS, hf_input_shape
 
 pytest.importorskip("transformers")
 
@@ -95,20 +98,33 @@ def _plan(name: str) -> Any:
     return plan
 
 
+def _user_plan(name: str, folder: Path) -> Any:
+    from planner.plan import load_plan
+
+    from helpers.plans import write_plan
+
+    spec, _, schedule, stages, recompute = USER_PLANS[name]
+    return load_plan(write_plan(folder / f"{name}.json", spec, schedule, 2, stages, n_microbatches=MICROBATCHES, recompute=recompute))
+
+
 @pytest.fixture(scope="module")
 def launched(tmp_path_factory) -> dict[str, Any]:
-    """family -> (plan, losses, checkpoint folder), every family in one 2-rank launch."""
+    """family or user plan -> (plan, losses, checkpoint folder), all in one 2-rank launch (the
+    user models of helpers.models.USER_PLANS ride along: one more launch would cost seconds)."""
     from helpers.plans import run_plans_in_one_launch
 
     folder = tmp_path_factory.mktemp("families")
-    names = list(HF_FAMILIES)
-    plans = [_plan(n) for n in names]
-    losses = run_plans_in_one_launch(plans, [hf_input_shape(n) for n in names], folder, STEPS)
+    names = list(HF_FAMILIES) + list(USER_PLANS)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.syspath_prepend(str(ROOT / "tests"))  # factory_models, imported by spec string
+        plans = [_plan(n) for n in HF_FAMILIES] + [_user_plan(n, folder) for n in USER_PLANS]
+    shapes = [hf_input_shape(n) for n in HF_FAMILIES] + [USER_PLANS[n][1] for n in USER_PLANS]
+    losses = run_plans_in_one_launch(plans, shapes, folder, STEPS)
     return {n: (p, ls, folder / f"ck{i}") for i, (n, p, ls) in enumerate(zip(names, plans, losses))}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", list(HF_FAMILIES))
+@pytest.mark.parametrize("name", list(HF_FAMILIES) + list(USER_PLANS))
 def test_family_trains_as_a_pipeline_as_one_process(monkeypatch, launched, name):
     from planner.execute.checkpoint import latest_checkpoint, load_rank_file
     from planner.execute.reference import reference_run
@@ -122,8 +138,9 @@ def test_family_trains_as_a_pipeline_as_one_process(monkeypatch, launched, name)
     got: dict = {}
     for r in range(plan.n_devices):
         got.update(load_rank_file(folder, r)["layers"])
-    shape = hf_input_shape(name)
+    shape = USER_PLANS[name][1] if name in USER_PLANS else hf_input_shape(name)
+    monkeypatch.syspath_prepend(str(ROOT / "tests"))
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref = reference_run(plan, STEPS, lr=1e-2, model_kwargs={"input_shape": shape} if shape else {})
-    tied = _shared(build_model(HF_FAMILIES[name], input_shape=shape).layers)
+    tied = _shared(build_model(plan.model, input_shape=shape).layers)
     assert_trains_alike(losses, got, ref_losses, ref, loss_rel=1e-6 if tied else 1e-12, atol=TIED_ATOL if tied else 0.0)

@@ -117,3 +117,212 @@ def test_factory_layer_count_needs_the_input_description(monkeypatch):
     with pytest.raises(ModelSpecError, match="does not say what its input is"):
         layer_count("examples.byom_models:residual")
     assert layer_count("examples.byom_models:residual", input_shape=(3, 16, 16)) == 7
+
+
+# --- found by the issue 13 acceptance hunt (models pplan had not seen; tests/factory_models.py) ---
+
+def test_shapes_read_across_a_cut_are_recomputed_not_sent():
+    """`b, c, h, w = x.shape` after `features`, used by `mid`: only tensors cross the cut (the
+    executor can send nothing else), and the layer reading the ints computes them again."""
+    bundle = build_model("factory_models:shapes_across_a_cut", input_shape=(3, 8, 8))
+    lg = bundle.layers.graph
+    assert lg.names == ("features", "mid", "classifier") and lg.skip_edges == ()
+    x, _ = bundle.make_batch(2, 0)
+    env = bundle.layers[0](x)
+    assert all(isinstance(v, torch.Tensor) for v in env.values()), env
+    env = bundle.layers[1](env)
+    assert all(isinstance(v, torch.Tensor) for v in env.values()), env
+    assert lg.output_bytes_per_sample[:2] == (4 * 4 * 4 * 4, 4 * 4 * 4 * 4)  # the pooled map, then the flat view
+    model = bundle.layers.source
+    torch.testing.assert_close(bundle.layers(x), model(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("spec", ["factory_models:two_heads", "factory_models:two_heads:target=dict"])
+def test_a_structured_target_travels_packed_and_the_loss_is_the_users(spec):
+    from torch.utils._pytree import tree_leaves
+
+    bundle = build_model(spec)
+    raw = __import__("factory_models").two_heads(**({"target": "dict"} if "dict" in spec else {}))
+    x, packed = bundle.make_batch(4, 3)
+    rx, target = raw.make_batch(4, 3)
+    assert torch.equal(x, rx) and isinstance(packed, torch.Tensor) and packed.dtype == torch.int64 and packed.shape[0] == 4
+    # a micro-batch of the packed target is the packed micro-batch (split along the batch)
+    out = bundle.layers(x)
+    assert isinstance(out, tuple) and len(out) == 2  # the dict output leaves the last layer as a tuple
+    torch.testing.assert_close(bundle.loss_fn(out, packed), raw.loss_fn(bundle.layers.source(x), target), rtol=0, atol=0)
+    half = bundle.loss_fn(tuple(t[:2] for t in out), packed[:2])
+    mine = {"logits": out[0][:2], "box": out[1][:2]}
+    want = raw.loss_fn(mine, tuple(t[:2] for t in tree_leaves(target)) if "dict" not in spec else {k: v[:2] for k, v in target.items()})
+    torch.testing.assert_close(half, want, rtol=0, atol=0)
+
+
+def test_targets_pack_bit_for_bit():
+    from planner.models.targets import pack_structured_target
+
+    big = torch.tensor([[2**62 + 1], [-(2**40) - 3]])
+    leaves = {"ids": big, "x": torch.randn(2, 3, dtype=torch.float64), "h": torch.randn(2, 2).to(torch.bfloat16),
+              "m": torch.tensor([[True, False], [False, True]]), "f": torch.tensor([[float("nan"), -0.0], [float("inf"), 1e-30]])}
+    seen = {}
+    make, loss = pack_structured_target(lambda b, s: (torch.zeros(b, 1), {k: v[:b] for k, v in leaves.items()}),
+                                        lambda out, t: seen.update(t) or torch.zeros(()), "test")
+    loss(None, make(2, 0)[1])
+    for k, v in leaves.items():
+        assert seen[k].dtype == v.dtype and torch.equal(seen[k].view(torch.uint8) if v.dtype != torch.bool else seen[k],
+                                                        v.view(torch.uint8) if v.dtype != torch.bool else v), k
+    with pytest.raises(ModelSpecError, match="not tensors with a batch dimension"):
+        pack_structured_target(lambda b, s: (torch.zeros(b), (torch.zeros(b), 3)), lambda o, t: 0, "m:f")
+
+
+def test_a_plain_model_with_two_outputs_regresses_each():
+    bundle = build_model("factory_models:two_heads_plain", input_shape=(6,))
+    x, packed = bundle.make_batch(3, 0)
+    out = bundle.layers(x)
+    loss = bundle.loss_fn(out, packed)
+    assert loss.ndim == 0 and loss.item() > 0
+    pair = build_model("factory_models:tuple_output", input_shape=(4,))  # a Sequential whose last layer returns (x, x)
+    x, packed = pair.make_batch(2, 0)
+    assert pair.loss_fn(pair.layers(x), packed).ndim == 0
+    with pytest.raises(ModelSpecError, match="returns a tuple holding int, where pplan needs tensors") as e:
+        build_model("factory_models:int_output", input_shape=(4,))
+    assert "\n" not in str(e.value)
+
+
+def test_transformer_encoder_is_cut_between_its_blocks():
+    """nn.TransformerEncoder is one module holding nearly every weight: traced as its loop over
+    layers and split (planner.graph.balance), so a plan can cut between the blocks; in training
+    (no masks) it computes what the module does."""
+    spec = "factory_models:encoder"
+    bundle = build_model(spec, input_shape=(8,), input_dtype="long", vocab=32)
+    assert [n for n, _ in bundle.layers.named_children()] == ["embed", "encoder_layers_0", "encoder_layers_1", "encoder_layers_2", "head"]
+    x, _ = bundle.make_batch(3, 0)
+    model = bundle.layers.source
+    torch.manual_seed(0)
+    torch.testing.assert_close(bundle.layers(x), model(x), rtol=0, atol=0)
+
+
+def test_a_heavy_layer_that_is_one_weight_stays_whole():
+    from planner.graph.trace import trace_layers
+
+    class Heavy(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.small = torch.nn.Linear(2, 2)
+            self.big = torch.nn.Sequential(torch.nn.Linear(2, 64), torch.nn.Tanh())  # one weight: not spread
+            self.blocks = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))  # two: split
+
+        def forward(self, x):
+            return self.blocks(self.big(self.small(x)))
+
+    lg = trace_layers(Heavy(), torch.randn(1, 2), balance=True)
+    assert lg.names == ("small", "big", "blocks.0", "blocks.1") and lg.expanded == ("blocks",)
+    assert trace_layers(Heavy(), torch.randn(1, 2)).names == ("small", "big", "blocks")
+
+    class Encoder(torch.nn.Module):  # torchvision's ViT encoder: a position add, its blocks in a Sequential, a norm
+        def __init__(self):
+            super().__init__()
+            self.pos = torch.nn.Parameter(torch.zeros(1, 64))
+            self.layers = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 64))
+            self.ln = torch.nn.LayerNorm(64)
+
+        def forward(self, x):
+            return self.ln(self.layers(x + self.pos))
+
+    class Vit(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj, self.encoder, self.head = torch.nn.Linear(2, 64), Encoder(), torch.nn.Linear(64, 2)
+
+        def forward(self, x):
+            return self.head(self.encoder(self.proj(x)))
+
+    model = Vit()
+    lg = trace_layers(model, torch.randn(1, 2), balance=True)
+    assert lg.names == ("proj", "encoder", "encoder.layers.0", "encoder.layers.1", "encoder.ln", "head")
+    assert lg.expanded == ("encoder", "encoder.layers")
+    x = torch.randn(3, 2)
+    torch.testing.assert_close(__import__("planner.graph", fromlist=["as_sequential"]).as_sequential(lg, model)(x), model(x), rtol=0, atol=0)
+
+
+def test_a_value_read_in_a_stage_and_passed_on_survives_split_backward():
+    """Stage [b, cls] of two_heads reads b's output in cls and passes it on to reg. torch's I step
+    detaches stage outputs in place and its W step then needs what cls saved: the stage sends a
+    copy, and I + W give the gradients of one backward."""
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+    from torch.utils._pytree import tree_flatten
+
+    from planner.execute.stages import PipeStage, boundary_specs
+
+    bundle = build_model("factory_models:two_heads")
+    x, _ = bundle.make_batch(2, 0)
+    kids = list(bundle.layers.children())
+    specs = boundary_specs(bundle.layers, x)
+    with torch.no_grad():
+        env = kids[0](x)
+
+    def run() -> tuple[list, list, PipeStage]:
+        received = [t.detach().requires_grad_() for t in tree_flatten(env)[0]]
+        stage = PipeStage(kids[1:3], specs[0][0], specs[2][0])
+        outs = stage(*received)
+        return received, list(outs), stage
+
+    received, outs, stage = run()
+    grads = [torch.full_like(o, 0.5) for o in outs]
+    torch.autograd.backward(outs, grads)
+    want = [p.grad.clone() for p in stage.parameters()] + [received[0].grad.clone()]
+    stage.zero_grad(set_to_none=True)
+    received, outs, stage = run()
+    params = list(stage.parameters())
+    dinputs, groups = stage_backward_input(outs, grads, received, iter(params))
+    stage_backward_weight(iter(params), groups, retain_graph=True)
+    for got, w in zip([p.grad for p in params] + [dinputs[0]], want):
+        torch.testing.assert_close(got, w, rtol=0, atol=0)
+
+
+def test_recompute_restores_a_buffer_the_module_reassigns(monkeypatch):
+    """A running statistic kept by reassignment (`self.x_min = self.x_min + ...`, I-BERT's
+    QuantAct, a hand-written EMA) is put back after a recompute, as an in-place one is."""
+    from planner.execute.measure import recorder
+    from planner.execute.stages import Checkpointed
+
+    class Ema(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = torch.nn.Linear(3, 3)
+            self.register_buffer("mean", torch.zeros(3))
+
+        def forward(self, x):
+            self.mean = 0.9 * self.mean + 0.1 * x.detach().mean(0)
+            return self.lin(x)
+
+    layer = Ema()
+    x = torch.randn(4, 3, requires_grad=True)
+    out = Checkpointed(layer)(x)
+    once = layer.mean.clone()
+    monkeypatch.setattr(recorder(), "_backward", object())  # the recompute runs inside a recorded backward
+    out.sum().backward()
+    assert torch.equal(layer.mean, once)
+
+
+def test_a_mask_made_from_shapes_is_recomputed_by_each_block():
+    """nanoGPT makes its causal mask with torch.ones(t, t) from `idx.size()` (fx cannot call
+    torch.ones on a traced int: pplan records the call) and hands it to every block: each block's
+    layer makes it again from the token ids (a few bytes per sample) instead of receiving it."""
+    bundle = build_model("factory_models:nanogpt")
+    lg = bundle.layers.graph
+    assert lg.names == ("tok", "pos", "blocks.0", "blocks.1", "blocks.2", "head")
+    assert all(lg.layer_inputs(i)[0] == "idx" for i in range(1, 5))  # the ids, not the mask
+    assert [e[:3] for e in lg.skip_edges] == [(0, 4, 8 * 8)]
+    x, y = bundle.make_batch(3, 0)
+    env = bundle.layers[0](x)
+    assert all(v.dtype in (torch.long, torch.float32) and v.shape[0] == 3 for v in env.values())
+    torch.testing.assert_close(bundle.layers(x), bundle.layers.source(x), rtol=0, atol=0)
+    build_model("factory_models:nanogpt")  # a second trace in one process (fx's wrap registry left clean)
+
+
+def test_forward_arguments_with_defaults_are_traced_as_their_defaults():
+    """`if mask is not None:` on an argument the example does not give: traced as its default
+    (what a call with the input alone runs), leaving one input."""
+    bundle = build_model("factory_models:with_defaults", input_shape=(4,))
+    assert bundle.layers.graph.input_names == ("x",) and bundle.layers.graph.names == ("a", "b")
+    x, _ = bundle.make_batch(3, 0)
+    torch.testing.assert_close(bundle.layers(x), bundle.layers.source(x), rtol=0, atol=0)

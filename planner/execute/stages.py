@@ -20,8 +20,9 @@ import csv
 import os
 import tempfile
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
@@ -32,7 +33,7 @@ from planner.execute.measure import MemoryTracker, recorder, tracker
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
-__all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "is_non_chain", "PipeStage",
+__all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage",
            "boundary_specs", "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed",
            "make_optimizer"]
 
@@ -69,15 +70,12 @@ class Checkpointed(nn.Module):
             tk.set_transient(tk.transient_bytes.get(id(self), 0))
         # The recompute is the second forward of this micro-batch: BatchNorm must not count it
         # in its running statistics (the one-process run saw one forward).
-        buffers = [(b, b.detach().clone()) for b in self.layer.buffers()]
         start = time.perf_counter()
         try:
-            return self.layer(*args)
+            with _buffers_kept(self.layer):
+                return self.layer(*args)
         finally:
             rec.add_recompute(time.perf_counter() - start)
-            with torch.no_grad():
-                for b, saved in buffers:
-                    b.copy_(saved)
 
     def _probe(self, tk: Any, args: tuple) -> int:
         """Bytes this layer saves for backward when not checkpointed (its recompute transient)."""
@@ -85,15 +83,23 @@ class Checkpointed(nn.Module):
 
         inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
         probe = MemoryTracker(exclude=list(self.parameters()) + inputs)
-        buffers = [(b, b.detach().clone()) for b in self.layer.buffers()]
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe:
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe, _buffers_kept(self.layer):
             out = self.layer(*tree_map(lambda a: a.detach() if isinstance(a, torch.Tensor) else a, args))
             nbytes = probe.live
             del out
-        with torch.no_grad():
-            for b, saved in buffers:
-                b.copy_(saved)
         return nbytes
+
+
+@contextmanager
+def _buffers_kept(module: nn.Module) -> Iterator[None]:
+    """Put every buffer back afterwards, by name too: a module may reassign one instead of updating it in place (I-BERT's x_min)."""
+    kept = [(m, n, b, b.detach().clone()) for m in module.modules() for n, b in m._buffers.items() if b is not None]
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for m, n, b, saved in kept:
+                m._buffers[n] = b.copy_(saved)
 
 
 class _KeepInput(torch.autograd.Function):
@@ -142,8 +148,8 @@ class PipeStage(nn.Module):
     of them: torch's stages send only tensors, so a stage receives the flattened tensors
     (`in_spec` puts the structure back) and sends its output flattened (`out_spec`), every
     tensor contiguous and no view (gloo cannot send a transposed view; zero-bubble schedules
-    detach outputs in place, which a view refuses). The first stage takes the
-    model input as it is, the last returns the model output as it is.
+    detach outputs in place, which a view refuses). The first stage takes the model input as
+    it is, the last returns the model output as it is.
     """
 
     def __init__(self, layers: list[nn.Module], in_spec: Any, out_spec: Any):
@@ -160,12 +166,12 @@ class PipeStage(nn.Module):
             # torch sends the gradients of these back: they must be contiguous too
             h = tree_unflatten([_ContiguousGrad.apply(a) if a.requires_grad else a for a in args], self.in_spec)
         for layer in self.layers:
-            h = layer(h)
+            seen, h = h, layer(h)
         if self.out_spec is None:
             return h
-        # a view (Flatten's output) is copied too: torch detaches stage outputs in place
-        leaves = [t.clone(memory_format=torch.contiguous_format) if t._base is not None else t.contiguous()
-                  for t in tree_flatten(h)[0]]
+        # Copied: views and values passed on from the last layer's input (torch's I step detaches outputs in place; W reads them)
+        passed = {id(t) for t in tree_flatten(seen)[0]}
+        leaves = [t.clone(memory_format=torch.contiguous_format) if t._base is not None or id(t) in passed else t.contiguous() for t in tree_flatten(h)[0]]
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
 
@@ -242,12 +248,6 @@ def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int, example: A
             out_spec = LeafSpec() if stop < end else None
         out.append(StageModule(stage=s, first=first, end=stop, module=PipeStage(wrapped, in_spec, out_spec), layers=kept))
     return out
-
-
-def is_non_chain(layers: nn.Module) -> bool:
-    """Whether `layers` is a traced model with skip edges (a GraphSequential of a non-chain model)."""
-    graph = getattr(layers, "graph", None)
-    return graph is not None and bool(graph.skip_edges)
 
 
 def shared_parameter_groups(plan: Plan, layers: nn.Sequential) -> list[tuple[list[int], list[Any]]]:

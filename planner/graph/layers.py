@@ -43,7 +43,7 @@ class LayerGraph:
     """The layers of a traced model in order, with the bytes that flow between them.
 
     Layer i runs the fx nodes `fx_nodes[i]` (a contiguous stretch of the traced program,
-    plus top-level parameters it reads). `graph` has one node per layer (attributes `name`,
+    plus top-level parameters it reads and ints it recomputes, planner.graph.scalars). `graph` has one node per layer (attributes `name`,
     `module`, `fx_nodes`) and one edge per (producer, consumer) pair with `bytes_per_sample`
     (every tensor the consumer reads from the producer), `values` (their fx names) and
     `skip` (consumer != producer + 1). A tensor read by several layers is on several edges;
@@ -74,6 +74,8 @@ class LayerGraph:
     """Grouping depth the layers were made with (1: outermost called modules)."""
     module: "torch.fx.GraphModule" = field(compare=False, repr=False)
     """The traced model (shares parameters with the original module)."""
+    expanded: tuple[str, ...] = ()
+    """Modules the grouping sees through (layers are the modules they call): heavy containers."""
     _layer_modules: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property

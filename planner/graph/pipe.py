@@ -66,7 +66,7 @@ def split_policy(lg: LayerGraph, cuts: Iterable[int], relay: bool = True) -> Cal
 
     def policy(gm: fx.GraphModule) -> fx.GraphModule:
         nodes = list(gm.graph.nodes)
-        layer_of, names, _, _ = group_nodes(None, nodes, lg.depth)
+        layer_of, names, _, _ = group_nodes(None, nodes, lg.depth, frozenset(lg.expanded))
         if tuple(names) != lg.names:
             raise ModelSpecError(f"the exported graph groups into layers {names[:8]}... but the trace into {list(lg.names[:8])}...",
                                  "trace and export must see the same forward; report this model")

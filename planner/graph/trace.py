@@ -10,7 +10,12 @@ Grouping rule (docs/graph.md explains it with examples). Walk the traced program
   module call; those before the first module call join layer 0. With depth=k, glue code
   inside an outer module between its depth-k children joins the running layer too.
 - The model's inputs belong to layer 0 and its output to the last layer.
+- A value that is not a tensor (`x.size(0)`, `b, c, h, w = x.shape`) is computed again by every
+  later layer that reads it, never sent (planner.graph.scalars).
 - A top-level parameter or buffer (`self.pos`) is read by every layer that uses it, never sent.
+- With `balance` (what `module:factory` models get), a layer holding more than half of the
+  parameters is split into the modules it calls, repeatedly (planner.graph.balance): a ViT whose
+  blocks sit in one `encoder` module gets one layer per block.
 So every layer is a contiguous stretch of the program, which is exactly how
 `torch.distributed.pipelining.pipeline()` splits a program at `pipe_split()` markers, and a
 cut after layer c is a split at the first module call of layer c+1.
@@ -39,8 +44,11 @@ from torch.utils._pytree import tree_leaves
 
 from planner.errors import ModelSpecError
 from planner.graph.edges import SkipEdge
+from planner.graph.fx_tracer import trace_graph
 from planner.graph.layer_module import build_layer_module
 from planner.graph.layers import LayerGraph, Value
+from planner.graph.balance import balanced
+from planner.graph.scalars import readers, recomputed_scalars, shape_only
 
 __all__ = ["trace_layers", "build_layer_module", "group_nodes", "out_of_place_graph"]
 
@@ -61,13 +69,17 @@ def _stack_paths(node: fx.Node) -> list[str]:
     return paths
 
 
-def _key(node: fx.Node, depth: int, current: str | None) -> str | None:
-    """The module path that owns `node`, or None for top-level glue (see module docstring)."""
+def _key(node: fx.Node, depth: int, current: str | None, expanded: frozenset[str] = frozenset()) -> str | None:
+    """The module path that owns `node`, or None for top-level glue (see module docstring);
+    an `expanded` module is seen through: its called submodules own their nodes."""
     paths = _stack_paths(node)
     if not paths:
         return None
-    if len(paths) >= depth:
-        return paths[depth - 1]
+    k = depth - 1
+    while k < len(paths) and paths[k] in expanded:
+        k += 1
+    if k < len(paths):
+        return paths[k]
     if current is not None and current.startswith(paths[-1] + "."):
         return None  # glue inside an outer module, between its depth-k children
     return paths[-1]
@@ -87,7 +99,8 @@ def _running_stats(module: nn.Module | None, path: str) -> str | None:
     return None
 
 
-def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int) -> tuple[dict[fx.Node, int], list[str], list[str], list[fx.Node]]:
+def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int,
+                expanded: frozenset[str] = frozenset()) -> tuple[dict[fx.Node, int], list[str], list[str], list[fx.Node]]:
     """(layer of each node, layer names, layer module paths, top-level parameter reads).
 
     `module` (None: skip the check) is asked whether a re-run module keeps running statistics.
@@ -103,7 +116,7 @@ def group_nodes(module: nn.Module | None, nodes: list[fx.Node], depth: int) -> t
             continue
         if node.op == "output":
             continue
-        key = _key(node, depth, keys[-1] if keys else None)
+        key = _key(node, depth, keys[-1] if keys else None, expanded)
         if key is None:
             if node.op == "get_attr":
                 shared.append(node)
@@ -143,15 +156,18 @@ class _Sizer(fx.Interpreter):
         self.extra_traceback = False  # its graph dump on failure takes seconds; the error names the op
         self.wanted = wanted
         self.sizes: dict[str, int] = {}
+        self.static: set[str] = set()  # nodes whose value holds no tensor (ints, shapes)
 
     def run_node(self, n: fx.Node) -> Any:
         out = super().run_node(n)
         if n.name in self.wanted:
             self.sizes[n.name] = _nbytes(out)
+        if not any(isinstance(t, torch.Tensor) for t in tree_leaves(out)):
+            self.static.add(n.name)
         return out
 
 
-def _measure(gm: fx.GraphModule, args: tuple, wanted: set[str], model: str) -> dict[str, int]:
+def _measure(gm: fx.GraphModule, args: tuple, wanted: set[str], model: str) -> tuple[dict[str, int], set[str]]:
     modes = [(m, m.training) for m in gm.modules()]
     try:
         gm.eval()  # eval: a size pass must not move BatchNorm running statistics
@@ -163,25 +179,11 @@ def _measure(gm: fx.GraphModule, args: tuple, wanted: set[str], model: str) -> d
     finally:
         for m, training in modes:
             m.training = training
-    return sizer.sizes
+    return sizer.sizes, sizer.static
 
 
 def _per_sample(nbytes: int, batch: int) -> int:
     return int(round(nbytes / batch))
-
-
-class _Tracer(fx.Tracer):
-    """fx's tracer; with `opaque`, modules at the grouping depth are recorded as one call."""
-
-    def __init__(self, depth: int, opaque: bool):
-        super().__init__()
-        self.depth, self.opaque = depth, opaque
-
-    def is_leaf_module(self, m: nn.Module, module_qualified_name: str) -> bool:
-        # module_stack already holds the module being called: its length is its call depth.
-        if self.opaque and len(self.module_stack) >= self.depth:
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
 
 
 _INPLACE_OPERATORS = {operator.iadd: operator.add, operator.isub: operator.sub, operator.imul: operator.mul,
@@ -217,14 +219,13 @@ def out_of_place_graph(graph: fx.Graph) -> int:
     return changed
 
 
-def _symbolic_trace(module: nn.Module, depth: int, opaque: bool) -> fx.GraphModule:
-    tracer = _Tracer(depth, opaque)
-    graph = tracer.trace(module)
+def _symbolic_trace(module: nn.Module, depth: int, opaque: bool, n_args: int) -> fx.GraphModule:
+    root, graph = trace_graph(module, depth, opaque, n_args)
     out_of_place_graph(graph)
-    return fx.GraphModule(tracer.root, graph, type(module).__name__)
+    return fx.GraphModule(root, graph, type(module).__name__)
 
 
-def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: bool = False) -> LayerGraph:
+def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: bool = False, balance: bool = False) -> LayerGraph:
     """Trace `module` with torch.fx and group its program into layers (module docstring).
 
     `example_input` is a tensor or a tuple of positional tensors whose first dimension is
@@ -242,24 +243,26 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
     batch = int(tensors[0].shape[0])
     model = type(module).__name__
     try:
-        gm = _symbolic_trace(module, depth, opaque)
+        gm = _symbolic_trace(module, depth, opaque, len(args))
     except Exception as e:
         raise ModelSpecError(f"torch.fx cannot trace {model}.forward: {_short(e)}",
                              "remove data-dependent control flow (if/for on tensor values) from forward; if it is inside the layer modules, trace with opaque=True") from None
 
     nodes = list(gm.graph.nodes)
-    layer_of, names, keys, shared = group_nodes(module, nodes, depth)
+    expanded = balanced(module, lambda seen: group_nodes(module, nodes, depth, seen)[2]) if balance else frozenset()
+    layer_of, names, keys, shared = group_nodes(module, nodes, depth, expanded)
     n = len(names)
     placeholders = [nd for nd in nodes if nd.op == "placeholder"]
     if len(placeholders) != len(args):
         raise ModelSpecError(f"{model}.forward takes {len(placeholders)} input(s) but the example gives {len(args)}")
     output = next(nd for nd in nodes if nd.op == "output")
 
-    crossing = _crossing_values(nodes, layer_of)
-    sizes = _measure(gm, args, {nd.name for nd in crossing} | {output.name}, model)
+    sizes, static = _measure(gm, args, {nd.name for nd in nodes}, model)
+    extra = recomputed_scalars(nodes, layer_of, shape_only(nodes, static))  # shapes, ints, masks: recomputed, not sent
+    crossing = _crossing_values(nodes, layer_of, extra)
     values = tuple(Value(nd.name, layer_of[nd], cons, _per_sample(sizes[nd.name], batch)) for nd, cons in crossing.items())
     chain, skip = _chain_and_skips(values, n, _per_sample(sizes[output.name], batch))
-    fx_nodes = _fx_nodes_per_layer(nodes, layer_of, shared, n)
+    fx_nodes = _fx_nodes_per_layer(nodes, layer_of, shared, n, extra)
     g = _layer_digraph(names, keys, fx_nodes, values)
 
     return LayerGraph(
@@ -274,16 +277,18 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
         values=values,
         batch_size=batch,
         depth=depth,
+        expanded=tuple(sorted(expanded)),
         module=gm,
     )
 
 
-def _crossing_values(nodes: list[fx.Node], layer_of: dict[fx.Node, int]) -> dict[fx.Node, tuple[int, ...]]:
-    """Each fx value read by a later layer than the one computing it -> those layers, ascending."""
+def _crossing_values(nodes: list[fx.Node], layer_of: dict[fx.Node, int], extra: dict[fx.Node, set[int]]) -> dict[fx.Node, tuple[int, ...]]:
+    """Each fx value read by a later layer than the one computing it -> those layers, ascending
+    (a layer that recomputes a shape from it reads it; one that recomputes it does not)."""
     crossing: dict[fx.Node, tuple[int, ...]] = {}
     for nd in nodes:
         if nd in layer_of and nd.op != "output":
-            consumers = sorted({layer_of[u] for u in nd.users if u in layer_of} - {layer_of[nd]})
+            consumers = sorted(readers(nd, layer_of, extra) - {layer_of[nd]} - extra.get(nd, set()))
             if consumers and consumers[0] < layer_of[nd]:  # impossible for a program-order grouping
                 raise RuntimeError(f"internal: {nd.name} in layer {layer_of[nd]} feeds earlier layer {consumers[0]}")
             if consumers:
@@ -305,15 +310,18 @@ def _chain_and_skips(values: tuple[Value, ...], n: int, output_bytes: int) -> tu
     return chain, tuple(sorted(SkipEdge(src, cons[-1], b, cons[:-1]) for (src, cons), b in merged.items()))
 
 
-def _fx_nodes_per_layer(nodes: list[fx.Node], layer_of: dict[fx.Node, int], shared: Any, n: int) -> list[list[str]]:
-    """The fx node names each layer runs; a shared node (a weight read by several layers) is
-    listed under every layer that reads it."""
+def _fx_nodes_per_layer(nodes: list[fx.Node], layer_of: dict[fx.Node, int], shared: Any, n: int,
+                        extra: dict[fx.Node, set[int]]) -> list[list[str]]:
+    """The fx node names each layer runs, in program order; a shared node (a weight read by
+    several layers) is listed under every layer that reads it, a recomputed shape under its
+    own layer and every layer that recomputes it (those precede the layer's own nodes)."""
     fx_nodes: list[list[str]] = [[] for _ in range(n)]
     for nd in nodes:
         if nd in layer_of:
-            fx_nodes[layer_of[nd]].append(nd.name)
+            for layer in sorted({layer_of[nd]} | extra.get(nd, set())):
+                fx_nodes[layer].append(nd.name)
         elif nd in shared:
-            for layer in sorted({layer_of[u] for u in nd.users if u in layer_of}):
+            for layer in sorted(readers(nd, layer_of, extra)):
                 fx_nodes[layer].append(nd.name)
     return fx_nodes
 

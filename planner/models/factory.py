@@ -8,7 +8,8 @@ under `torch.manual_seed(seed)`, and returns one of:
   3. a plain `nn.Sequential`: the input is random data of `--input-shape` (one sample, no
      batch dim) and `--input-dtype` (`float`: standard normal; `long`: tokens below
      `--vocab`), the target random normal of the output's shape and the loss mean squared
-     error. The output shape is found by one forward pass on a batch of 1.
+     error (an output that is a tuple or dict of tensors: one target each, the errors
+     summed). The output shape is found by one forward pass on a batch of 1.
   4. any other `nn.Module` whose `forward` torch.fx can trace (skip connections, branches:
      a U-Net, a ResNet written with `x + block(x)` at the top level), with `make_batch` and
      `loss_fn` as in 2, or with `--input-shape` as in 3. It is traced on a batch of 1
@@ -17,11 +18,14 @@ under `torch.manual_seed(seed)`, and returns one of:
      the traced layers one after the other, passing the dict of tensors that cross each cut,
      with the LayerGraph (skip edges, per-layer modules) as `layers.graph`. A forward fx
      cannot trace fails here with one line (ModelSpecError). docs/graph.md has the details.
+A target that is a tuple or dict of tensors travels packed in one tensor, and an output that is a
+dict reaches the loss as a tuple, rebuilt before the user's loss_fn (planner.models.targets).
 The current directory is put on sys.path first, so `mymodels:build` finds ./mymodels.py.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import inspect
 import os
@@ -31,9 +35,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
+from planner.models.targets import flatten_structured_output, mse_over_leaves, noise_like, pack_structured_target
 
 __all__ = ["build_factory", "random_input_maker", "out_of_place", "eval_forward"]
 
@@ -115,10 +121,23 @@ def _call(factory: Callable[..., Any], kwargs: dict[str, Any], seed: int, spec: 
 
 def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None, input_dtype: str, vocab: int | None) -> ModelBundle:
     """Import and call the factory (see module docstring); the result as a ModelBundle."""
+    bundle = _build(p, spec, seed, input_shape, input_dtype, vocab)
+    try:
+        out = eval_forward(bundle.layers, bundle.make_batch(1, 0)[0])
+    except Exception as e:  # noqa: BLE001 - the user's model fails on its own example: one line
+        raise ModelSpecError(f"model {spec!r} fails on a batch of one of its own input: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                             "check make_batch against the model's forward") from None
+    # a dict output: the last layer returns its tensors as a tuple, the loss rebuilds the dict
+    loss_fn = flatten_structured_output(bundle.layers, bundle.loss_fn, out)
+    return bundle if loss_fn is bundle.loss_fn else dataclasses.replace(bundle, loss_fn=loss_fn)
+
+
+def _build(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None, input_dtype: str, vocab: int | None) -> ModelBundle:
     made = _call(_load(p["module"], p["callable"], spec), dict(p["kwargs"]), seed, spec)
     if isinstance(made, ModelBundle):
         out_of_place(made.layers)
-        return made
+        make_batch, loss_fn = pack_structured_target(made.make_batch, made.loss_fn, spec)
+        return dataclasses.replace(made, make_batch=make_batch, loss_fn=loss_fn)
     if isinstance(made, nn.Module):
         out_of_place(made)
     traced = isinstance(made, nn.Module) and not isinstance(made, nn.Sequential)
@@ -126,6 +145,7 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
         raise ModelSpecError(f"model {spec!r}: the factory returned {type(made).__name__}, not a non-empty nn.Sequential or another nn.Module", "return nn.Sequential(OrderedDict(name=layer, ...)), an nn.Module whose forward torch.fx can trace, or a ModelBundle")
     make_batch, loss_fn = getattr(made, "make_batch", None), getattr(made, "loss_fn", None)
     if callable(make_batch) and callable(loss_fn):
+        make_batch, loss_fn = pack_structured_target(make_batch, loss_fn, spec)  # a tuple or dict target: one tensor
         x, _ = make_batch(1, 0)
         if traced:
             return _traced_bundle(made, spec, x, make_batch, loss_fn)
@@ -142,7 +162,7 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     except Exception as e:
         raise ModelSpecError(f"model {spec!r} fails on an input of shape (1, {', '.join(map(str, input_shape))}): {type(e).__name__}: {e}", "check --input-shape and --input-dtype") from None
     if not isinstance(out, torch.Tensor):
-        raise ModelSpecError(f"model {spec!r}: the {'model' if traced else 'last layer'} returns {type(out).__name__}, not a tensor")
+        return _structured_output_bundle(made, spec, out, make_input, traced, input_shape, input_dtype)
     out_shape = tuple(out.shape[1:])
     # An image classifier (input C,H,W, output one score per class) trains on class ids with
     # cross-entropy; anything else regresses standard normal noise of the output's shape.
@@ -165,6 +185,29 @@ def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
     return ModelBundle(spec, made, make, mse, per_sample)
 
 
+def _structured_output_bundle(made: nn.Module, spec: str, out: Any, make_input: Callable[[int, int], torch.Tensor], traced: bool,
+                              input_shape: tuple[int, ...], input_dtype: str) -> ModelBundle:
+    """A model returning a tuple or dict of tensors (two heads): each regresses standard normal
+    noise of its shape and the loss is the sum of their mean squared errors."""
+    leaves = tree_leaves(out)
+    bad = sorted({type(t).__name__ if not isinstance(t, torch.Tensor) else "a 0-d tensor" for t in leaves
+                  if not isinstance(t, torch.Tensor) or t.dim() == 0})
+    if not leaves or bad:
+        raise ModelSpecError(f"model {spec!r}: the {'model' if traced else 'last layer'} returns a {type(out).__name__} holding "
+                             f"{', '.join(bad) or 'nothing'}, where pplan needs tensors with a batch dimension",
+                             "return a tensor, or a tuple or dict of tensors; or set make_batch and loss_fn on the model")
+
+    def make(batch_size: int, seed: int) -> tuple[torch.Tensor, Any]:
+        g = torch.Generator().manual_seed(seed + 1_000_003)  # a target stream apart from the input's
+        return make_input(batch_size, seed), noise_like(out, batch_size, g)
+
+    make_batch, loss_fn = pack_structured_target(make, mse_over_leaves, spec)
+    if traced:
+        return _traced_bundle(made, spec, make_input(1, 0), make_batch, loss_fn)
+    per_sample = int(torch.Size(input_shape).numel() * (8 if input_dtype == "long" else 4))
+    return ModelBundle(spec, made, make_batch, loss_fn, per_sample)
+
+
 def _traced_bundle(model: nn.Module, spec: str, example: Any, make_batch: Callable[[int, int], tuple[Any, Any]],
                    loss_fn: Callable[[Any, Any], Any]) -> ModelBundle:
     """Case 4 of the module docstring: trace, then wrap the layers as a GraphSequential."""
@@ -172,7 +215,7 @@ def _traced_bundle(model: nn.Module, spec: str, example: Any, make_batch: Callab
     from planner.graph.trace import trace_layers
 
     try:
-        lg = trace_layers(model, example)
+        lg = trace_layers(model, example, balance=True)  # a heavy container is split into its blocks
     except ModelSpecError as e:
         raise ModelSpecError(f"model {spec!r}: {e.message}", e.hint) from None
     return ModelBundle(spec, as_sequential(lg, source=model), make_batch, loss_fn, lg.input_bytes_per_sample)

@@ -66,11 +66,25 @@ def _config(model_type: str, given: dict[str, Any], spec: str) -> Any:
     vocab = getattr(cfg, "vocab_size", None)
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
         value = getattr(cfg, key, None)
-        if isinstance(value, int) and vocab and value >= vocab and key not in given:
+        if key in given or not vocab:
+            continue
+        if isinstance(value, int) and value >= vocab:
             setattr(cfg, key, None)
+        elif isinstance(value, (list, tuple)):  # GLM lists several end tokens: keep those inside the vocabulary
+            kept = [v for v in value if not isinstance(v, int) or v < vocab]
+            setattr(cfg, key, kept or None)
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     return cfg
+
+
+def _token_ids(cfg: Any) -> list[int]:
+    """The config's bos, eos and pad token ids (each an int, a list of ints, or None)."""
+    out: list[int] = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(cfg, key, None)
+        out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int)]
+    return out
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -316,7 +330,7 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
 
         # a short probe: watch the forward, then check the cut against the model's own output
         x, y = (t[:, :min(seq, _PROBE_SEQ)] for t in make(2, 0))
-        special = {getattr(cfg, k, None) for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
+        special = set(_token_ids(cfg))
         token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
         split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
         layers = _sequential(_split_layers(split))

@@ -25,6 +25,7 @@ when built: `check_split` compares the split with the model's own logits and los
 
 from __future__ import annotations
 
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -56,7 +57,7 @@ class _Out:
         self.pooler_output = x.flatten(1) if flat else x
 
     def __getitem__(self, i: Any) -> Any:
-        return (self.last_hidden_state,)[i]
+        return (self.last_hidden_state, self.pooler_output)[i]  # as BaseModelOutputWithPooling (Hiera reads [1])
 
     def __getattr__(self, name: str) -> Any:
         if name.startswith("_"):
@@ -161,11 +162,20 @@ class Split:
 
         saved = _replace_forward(self.path[1:], base)
         try:
-            out = self.root()
+            out = self.root(**self._head_kwargs())
         finally:
             _restore_forward(saved)
         logits = getattr(out, "logits", None)
         return logits if logits is not None else out[0]
+
+    def _head_kwargs(self) -> dict[str, Any]:
+        """The input as None when the task model's forward requires it (Hiera's takes
+        pixel_values positionally and hands it to the stubbed base model, which ignores it)."""
+        try:
+            param = inspect.signature(self.root.forward).parameters.get(self.input_key)
+        except (TypeError, ValueError):
+            return {}
+        return {self.input_key: None} if param is not None and param.default is inspect.Parameter.empty else {}
 
 
 def _replace_forward(mods: list[nn.Module], fn: Callable[..., Any]) -> list[tuple[nn.Module, Any]]:

@@ -42,6 +42,7 @@ HF_FAMILIES = {
     "bloom": "hf:bloom:n_layer=2,hidden_size=32,n_head=2,vocab_size=128",
     "stablelm": f"hf:stablelm:{_GQA}",  # its default num_key_value_heads (32) exceeds 2 heads
     "olmo": f"hf:olmo:{_LM}",
+    "glm": f"hf:glm:{_GQA},head_dim=16",  # a list of end-of-text token ids (pplan drops those beyond the vocabulary)
     # encoder-only masked LMs; albert shares one layer group between its layers
     "bert": HF_SPECS["bert"],
     "roberta": f"hf:roberta:{_LM}",
@@ -57,6 +58,9 @@ HF_FAMILIES = {
     "convnext": HF_SPECS["convnext"],
     "convnextv2": f"hf:convnextv2:{_CNN},num_stages=2",
     "mobilenet_v2": "hf:mobilenet_v2:image_size=16,depth_multiplier=0.25,num_labels=10",
+    # its classifier takes pixel_values positionally and reads the base model's pooled output as outputs[1]
+    "hiera": "hf:hiera:embed_dim=8,image_size=16/16,patch_size=3/3,patch_stride=2/2,patch_padding=1/1,depths=1/1,num_heads=1/2,"
+             "query_stride=2/2,masked_unit_size=4/4,num_query_pool=1,num_labels=10",
 }
 """Every family `hf:` is known to cut correctly, tiny (tests/test_byom_families.py)."""
 
@@ -74,7 +78,7 @@ HF_REFUSED = {
 }
 """Families `hf:` refuses, with a piece of the one-line reason (docs/models.md lists why)."""
 
-HF_IMAGE = ("vit", "deit", "resnet", "regnet", "convnext", "convnextv2", "mobilenet_v2")
+HF_IMAGE = ("vit", "deit", "resnet", "regnet", "convnext", "convnextv2", "mobilenet_v2", "hiera")
 """The image classifiers of HF_FAMILIES (the others take tokens)."""
 
 
@@ -85,6 +89,21 @@ def hf_input_shape(name: str) -> tuple[int, ...] | None:
         return None
     return (3, 16, 16) if name in HF_IMAGE else (16,)
 
+
+USER_PLANS = {
+    # a dict output and a tuple target (packed); `b`'s output read by `cls` and passed on to `reg`
+    "two-heads-1f1b": ("factory_models:two_heads", None, "1f1b", [(0, 3), (3, 4)], {0: [1, 2]}),
+    "two-heads-dict-zb": ("factory_models:two_heads:target=dict", None, "zb", [(0, 2), (2, 4)], {1: [2]}),
+    "two-heads-plain-interleaved": ("factory_models:two_heads_plain", (6,), "interleaved", [(0, 1), (1, 2), (2, 3), (3, 4)], {}),
+    # `b, c, h, w = x.shape` read across the cut after layer 0, recomputed there
+    "shapes-gpipe": ("factory_models:shapes_across_a_cut", (3, 8, 8), "gpipe", [(0, 1), (1, 3)], {1: [1]}),
+    # a causal mask made from shapes and passed to every block, recomputed by each
+    "nanogpt-zb": ("factory_models:nanogpt", None, "zb", [(0, 3), (3, 6)], {1: [3, 4]}),
+    # nn.TransformerEncoder cut between its blocks
+    "encoder-interleaved": ("factory_models:encoder:own_data=true", None, "interleaved", [(0, 2), (2, 3), (3, 4), (4, 5)], {1: [2]}),
+}
+"""name -> (model spec, input shape, schedule, stages (layers), recompute {stage: [layers]}): 2-device plans of
+the user models the issue 13 hunt found failing (tests/factory_models.py), trained in test_byom_families.py's launch."""
 
 _IMG = (3, 16, 16)
 BYOM_MODELS = {
