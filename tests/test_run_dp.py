@@ -55,12 +55,15 @@ def test_world_and_coordinates(tmp_path):
     assert [coords(plan, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
-@pytest.mark.parametrize("parallel,match", [
-    ({"dp": 1, "pp": 2, "tp": 2, "zero": 0}, "tensor parallelism over gloo is not supported by pplan run yet"),
-    ({"dp": 2, "pp": 4, "tp": 1, "zero": 0}, "pp 4 is not its 2 pipeline devices"),
+@pytest.mark.parametrize("model,parallel,match", [
+    # tensor parallelism runs on the built-in gpt only (tests/test_run_tp.py)
+    ("mlp:layers=4,hidden=32,input=16,classes=8", {"dp": 1, "pp": 2, "tp": 2, "zero": 0}, "runs only on the built-in gpt"),
+    (GPT, {"dp": 1, "pp": 2, "tp": 4, "zero": 0}, "tp 4 does not divide the gpt's 2 attention heads"),
+    (GPT, {"dp": 2, "pp": 2, "tp": 2, "zero": 2}, "ZeRO stage 2 with tensor parallelism"),
+    (GPT, {"dp": 2, "pp": 4, "tp": 1, "zero": 0}, "pp 4 is not its 2 pipeline devices"),
 ])
-def test_layouts_the_executor_cannot_run_are_refused_before_starting(tmp_path, parallel, match):
-    path = dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], parallel=parallel)
+def test_layouts_the_executor_cannot_run_are_refused_before_starting(tmp_path, model, parallel, match):
+    path = dp_plan(tmp_path / "p.json", model, "1f1b", 2, [(0, 2), (2, 4)], parallel=parallel)
     plan = load_plan(path)
     with pytest.raises(PplanError, match=match) as err:
         check_parallel(plan)
@@ -69,14 +72,14 @@ def test_layouts_the_executor_cannot_run_are_refused_before_starting(tmp_path, p
         run_plan(plan, RunOptions(steps=1, device="cpu"), plan_path=str(path))
 
 
-def test_pplan_run_refuses_tensor_parallelism_in_one_line(tmp_path):
+def test_pplan_run_refuses_tensor_parallelism_of_other_models_in_one_line(tmp_path):
     from helpers.cli import run_pplan
 
-    path = dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], parallel={"dp": 1, "pp": 2, "tp": 2, "zero": 0})
+    path = dp_plan(tmp_path / "p.json", MLP, "1f1b", 2, [(0, 2), (2, 4)], parallel={"dp": 1, "pp": 2, "tp": 2, "zero": 0})
     res = run_pplan("run", str(path), "--device", "cpu", timeout=60)
     assert res.returncode == 2
     lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert any("tensor parallelism over gloo is not supported by pplan run yet" in ln for ln in lines), res.stderr
+    assert any("runs only on the built-in gpt" in ln and "tp=1" in ln for ln in lines), res.stderr
     assert "Traceback" not in res.stderr
 
 

@@ -11,8 +11,9 @@ each rank file's size and sha256) and renames the folder to its final name. Read
 folders with the marker, so a save interrupted at any point is never used.
 
 Each rank file holds its stages' full weights and full optimizer state, whatever the plan's
-ZeRO stage (planner.execute.zero gathers the shards when saving and keeps each rank's part when
-loading); COMPLETE.json records the dp and zero of the run that saved it.
+ZeRO stage or tensor-parallel degree (planner.execute.zero and planner.execute.tensor gather the
+shards when saving and keep each rank's part when loading); COMPLETE.json records the dp, zero
+and tp of the run that saved it.
 
 Resuming picks the newest complete save whose fingerprint (model, seed, cut, optimizer, ranks)
 matches the plan and whose files are intact (sizes and checksums as recorded): a newest save
@@ -261,7 +262,8 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
     meta = {"format": FORMAT, "step": step, "world_size": world, "fingerprint": fingerprint(plan),
             "schedule": plan.schedule, "model": plan.model, "files": files,
             "dp": plan.parallel.dp if plan.parallel is not None else 1,
-            "zero": plan.parallel.zero if plan.parallel is not None else 0}
+            "zero": plan.parallel.zero if plan.parallel is not None else 0,
+            "tp": plan.parallel.tp if plan.parallel is not None else 1}
     atomic_write_text(tmp / "COMPLETE.json", json.dumps(meta, indent=2) + "\n")
     final = _final_dir(base, step)
     _remove_ours(final)  # re-saving a step (a resumed run that ends where it began)
@@ -281,14 +283,25 @@ def prepare_save(root: str | os.PathLike, step: int) -> None:
     (tmp / SAVE_MARKER).write_text("written by pplan run; removed with its folder\n", encoding="utf-8")
 
 
-def rank_file_for(folder: Path, rank: int, pp_index: int) -> int:
+def rank_file_for(folder: Path, rank: int, pp_index: int, *, dp_index: int | None = None, tp_index: int = 0,
+                  n_devices: int | None = None) -> int:
     """Which rank's file `rank` resumes from: its own, or, for a data-parallel replica added since
     the save (the run now has more replicas), replica 0's file at the same pipeline position:
     replicas hold the same weights and optimizer state after every step (their gradients are
     all-reduced), so any replica's file restores them. Fewer replicas than saved need nothing.
-    Under ZeRO every rank file holds the full tensors too (gathered over the replicas when
-    saved), so a save resumes with another ZeRO stage or replica count alike."""
-    return rank if (Path(folder) / f"rank{rank}.pt").is_file() else pp_index
+    Under ZeRO and tensor parallelism every rank file holds the full tensors too (gathered when
+    saved), so a save resumes with another ZeRO stage, replica count or tp degree alike.
+
+    With `dp_index` and `n_devices` the saving run's layout is read from COMPLETE.json (dp, tp;
+    rank = (d x P + p) x tp + t): the file of the same replica (else replica 0), pipeline
+    position and tp rank (else tp rank 0), whatever the tp of either run."""
+    meta = _read_marker(Path(folder)) or {}
+    saved_dp, saved_tp = meta.get("dp", 1), meta.get("tp", 1)
+    if dp_index is None or n_devices is None or not all(isinstance(v, int) and v >= 1 for v in (saved_dp, saved_tp)):
+        return rank if (Path(folder) / f"rank{rank}.pt").is_file() else pp_index
+    d = dp_index if dp_index < saved_dp else 0
+    t = tp_index if tp_index < saved_tp else 0
+    return (d * n_devices + pp_index) * saved_tp + t
 
 
 def load_rank_file(folder: Path, rank: int) -> dict[str, Any]:

@@ -1,10 +1,13 @@
-"""The (dp, pp) DeviceMesh of a plan: where each process sits among the replicas and stages.
+"""The (dp, pp[, tp]) DeviceMesh of a plan: where each process sits among replicas, stages and tensor shards.
 
-A plan with `parallel = {dp: D, pp: P}` runs on D x P processes. Rank numbering is torch's
-`init_device_mesh` row-major layout over dims ("dp", "pp"): global rank = d * P + p, so the P
-ranks of one pipeline replica are consecutive (pipeline neighbours on the nearest links, data
-parallelism outermost, as planner/parallel.py places them). A plan without `parallel` (or with
-dp = 1) is one pipeline: rank = p, and no mesh is needed.
+A plan with `parallel = {dp: D, pp: P, tp: T}` runs on D x P x T processes. Rank numbering is
+torch's `init_device_mesh` row-major layout: with T = 1 over dims ("dp", "pp"), global rank =
+d * P + p, so the P ranks of one pipeline replica are consecutive (pipeline neighbours on the
+nearest links, data parallelism outermost, as planner/parallel.py places them); with T > 1 over
+dims ("dp", "pp", "tp"), global rank = (d * P + p) * T + t: the T ranks of one tensor-parallel
+group are consecutive (Megatron places them inside a node, on its fastest links), pipeline
+neighbours next, data parallelism outermost. A plan without `parallel` (or with dp = tp = 1) is
+one pipeline: rank = p, and no mesh is needed.
 """
 
 from __future__ import annotations
@@ -13,10 +16,12 @@ from typing import Any
 
 from planner.plan import Plan
 
-__all__ = ["DIMS", "dp_degree", "world_size", "coords", "make_mesh", "global_rank"]
+__all__ = ["DIMS", "TP_DIMS", "dp_degree", "tp_degree", "world_size", "coords", "tp_index", "make_mesh", "global_rank"]
 
 DIMS = ("dp", "pp")
-"""The mesh's dimension names, outermost first."""
+"""The mesh's dimension names, outermost first (tp = 1)."""
+TP_DIMS = ("dp", "pp", "tp")
+"""The mesh's dimension names with tensor parallelism (tp > 1), outermost first."""
 
 
 def dp_degree(plan: Plan) -> int:
@@ -24,23 +29,36 @@ def dp_degree(plan: Plan) -> int:
     return plan.parallel.dp if plan.parallel is not None else 1
 
 
+def tp_degree(plan: Plan) -> int:
+    """Tensor-parallel ranks per pipeline device (1 without a `parallel` object)."""
+    return plan.parallel.tp if plan.parallel is not None else 1
+
+
 def world_size(plan: Plan) -> int:
-    """Processes a run of the plan needs: dp x pipeline devices."""
-    return dp_degree(plan) * plan.n_devices
+    """Processes a run of the plan needs: dp x pipeline devices x tp."""
+    return dp_degree(plan) * plan.n_devices * tp_degree(plan)
 
 
 def coords(plan: Plan, rank: int) -> tuple[int, int]:
     """(dp index, pp index) of global rank `rank`."""
-    return divmod(rank, plan.n_devices)
+    return divmod(rank // tp_degree(plan), plan.n_devices)
 
 
-def global_rank(plan: Plan, dp_index: int, pp_index: int) -> int:
-    """The global rank at (dp index, pp index)."""
-    return dp_index * plan.n_devices + pp_index
+def tp_index(plan: Plan, rank: int) -> int:
+    """Tensor-parallel index of global rank `rank` (0 when tp = 1)."""
+    return rank % tp_degree(plan)
+
+
+def global_rank(plan: Plan, dp_index: int, pp_index: int, tp_index: int = 0) -> int:
+    """The global rank at (dp index, pp index, tp index)."""
+    return (dp_index * plan.n_devices + pp_index) * tp_degree(plan) + tp_index
 
 
 def make_mesh(plan: Plan, device_type: str) -> Any:
-    """torch's DeviceMesh with dims ("dp", "pp") over the initialized default process group."""
+    """torch's DeviceMesh over the initialized default process group: dims ("dp", "pp"), or
+    ("dp", "pp", "tp") when the plan has tensor parallelism."""
     from torch.distributed.device_mesh import init_device_mesh
 
+    if tp_degree(plan) > 1:
+        return init_device_mesh(device_type, (dp_degree(plan), plan.n_devices, tp_degree(plan)), mesh_dim_names=TP_DIMS)
     return init_device_mesh(device_type, (dp_degree(plan), plan.n_devices), mesh_dim_names=DIMS)

@@ -35,6 +35,16 @@ ZeRO (plan.parallel.zero, with dp > 1; planner.execute.zero): 1 shards the optim
 (torch's ZeroRedundancyOptimizer over the dp group, from `pipe.make_optimizer`); 2 and 3 shard
 each stage module with FSDP2's fully_shard over the dp sub-mesh, whose gradients torch's stage
 code reduce-scatters at the stage's last backward (sync_gradients then only sums tied weights).
+
+Tensor parallelism (plan.parallel.tp = T > 1, the built-in gpt only; planner.execute.tensor):
+the mesh has dims ("dp", "pp", "tp") (rank = (d * P + p) * T + t) and each stage's gpt blocks
+are parallelized Megatron-style with torch's parallelize_module over the "tp" sub-mesh before
+PipelineStage wraps them. Each of the T ranks at a pipeline position runs the same schedule on
+the same micro-batches and sends the same replicated tensors to its own tp peer of the next
+stage (the "pp" group of its tp index); the data-parallel all-reduce sums each rank's local
+shards over its "dp" group. ZeRO-1 steps aliases of the local shards
+(planner.execute.tensor.LocalShardsOptimizer); ZeRO-2/3 with tp > 1 is refused
+(planner.execute.tensor.zero_with_tp_error says why).
 """
 
 from __future__ import annotations
@@ -48,7 +58,8 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PplanError
-from planner.execute.mesh import coords, dp_degree, global_rank, make_mesh, world_size
+from planner.execute.mesh import coords, dp_degree, global_rank, make_mesh, tp_degree, tp_index, world_size
+from planner.execute import tensor as _tensor
 from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
 from planner.plan import Plan
@@ -106,6 +117,10 @@ class Pipeline:
     """The ZeRO stage that runs (the plan's; 0 when dp = 1: one replica has nothing to shard)."""
     reduce_ms: list[float] = field(default_factory=list)
     """ZeRO-2/3: ms of each stage's gradient reduce-scatter in the step so far (sync_gradients reports and clears it)."""
+    tp: int = 1
+    """Tensor-parallel ranks per pipeline position (the gpt's blocks are sharded over them)."""
+    tp_index: int = 0
+    """This rank's index among them (0..tp-1)."""
 
     @property
     def stage_ids(self) -> list[int]:
@@ -128,8 +143,9 @@ class Pipeline:
 
     def make_optimizer(self, lr: float) -> Any:
         """The plan's optimizer over parameters(): ZeroRedundancyOptimizer over the dp group for
-        zero = 1, else the plain one (under zero 2/3 it steps this rank's shards)."""
-        return _zero.make_optimizer(self, lr)
+        zero = 1 (tp > 1: stepping aliases of the local shards), else the plain one (under zero 2/3
+        it steps this rank's shards)."""
+        return (_tensor.make_optimizer if self.tp > 1 else _zero.make_optimizer)(self, lr)
 
     def local_batch(self, obj: Any) -> Any:
         """This replica's slice of a global batch (dim 0 split into dp equal chunks, in replica order)."""
@@ -156,7 +172,8 @@ class Pipeline:
             return spent
         if self.dp == 1:
             return 0.0
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        # tp > 1: each rank all-reduces its own shards with the same shards of the other replicas
+        grads = [_zero.local(p.grad) for p in self.parameters() if p.grad is not None]
         start = time.perf_counter()
         for dtype in sorted({g.dtype for g in grads}, key=str):
             bucket = [g for g in grads if g.dtype == dtype]
@@ -189,15 +206,16 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
                  same weights), or a planner.models ModelBundle (then loss_fn and example
                  default to its own)
     rank         the global rank (default: torch.distributed's, else 0)
-    device_mesh  a DeviceMesh with dims ("dp", "pp"); None: one pipeline on the default group
-                 when dp = 1, else the mesh made by planner.execute.mesh.make_mesh
+    device_mesh  a DeviceMesh with dims ("dp", "pp"), or ("dp", "pp", "tp") when the plan has
+                 tp > 1; None: one pipeline on the default group when dp = tp = 1, else the
+                 mesh made by planner.execute.mesh.make_mesh
     device       where the stages live (default cpu)
     loss_fn      (output, target) -> loss, given to the schedule
     example      one micro-batch of the model input: shows what crosses each cut (tuples,
                  dicts); without it every cut must carry one tensor
     prefer_torch run gpipe/1f1b/interleaved on torch's classes when their order is the plan's
 
-    Needs an initialized process group of dp x P processes.
+    Needs an initialized process group of dp x P x tp processes.
     """
     from torch.distributed.pipelining import PipelineStage
 
@@ -210,20 +228,30 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
         example = model.make_batch(plan.micro_batch_size, 0)[0]
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    dp = dp_degree(plan)
+    dp, tp = dp_degree(plan), tp_degree(plan)
     world = dist.get_world_size() if dist.is_initialized() else 1
     if world != world_size(plan):
         raise PplanError(f"the job has {world} processes but the plan needs {world_size(plan)} "
-                         f"(dp {dp} x {plan.n_devices} pipeline devices)",
+                         f"(dp {dp} x {plan.n_devices} pipeline devices x tp {tp})",
                          f"start {world_size(plan)} processes (torchrun --nproc-per-node)")
-    if device_mesh is None and dp > 1:
+    zero = plan.parallel.zero if plan.parallel is not None and dp > 1 else 0
+    if tp > 1:
+        _tensor.check_tp_model(plan.model, tp)
+        if zero >= 2:
+            raise _tensor.zero_with_tp_error(zero, tp)
+    if device_mesh is None and (dp > 1 or tp > 1):
         device_mesh = make_mesh(plan, device.type)
+    if tp > 1 and "tp" not in (device_mesh.mesh_dim_names or ()):
+        raise PplanError(f"the plan has tp {tp} but the device mesh has dims {device_mesh.mesh_dim_names}",
+                         'make the mesh with planner.execute.mesh.make_mesh (dims "dp", "pp", "tp")')
     dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)
     mods = build_stage_modules(plan, layers, pp_index, example)
     tied = _tied_groups(plan, layers, rank, world)
     for m in mods:
         m.module.to(device)
-    zero = plan.parallel.zero if plan.parallel is not None and dp > 1 else 0
+    if tp > 1:
+        for m in mods:  # every tp rank built the same weights: each keeps its shard
+            _tensor.parallelize_blocks(m.layers, device_mesh["tp"])
     if zero >= 2:
         moved = _zero.shard_stages(mods, device_mesh["dp"], zero)
         tied = [(group, tuple(moved.get(id(p), p) for p in shared)) for group, shared in tied]
@@ -234,7 +262,7 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
         _zero.wire_stages(list(stages), zero, reduce_ms, device)
     return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
                     dp_index=dp_index, pp_index=pp_index, dp=dp, device=device, mesh=device_mesh, tied=tuple(tied),
-                    dp_group=dp_group, zero=zero, reduce_ms=reduce_ms)
+                    dp_group=dp_group, zero=zero, reduce_ms=reduce_ms, tp=tp, tp_index=tp_index(plan, rank))
 
 
 def _place(plan: Plan, rank: int, device_mesh: Any) -> tuple[int, int, Any, Any]:
@@ -244,10 +272,11 @@ def _place(plan: Plan, rank: int, device_mesh: Any) -> tuple[int, int, Any, Any]
         dp_index, pp_index = coords(plan, rank)
         return dp_index, pp_index, None, None
     dp_index, pp_index = device_mesh.get_local_rank("dp"), device_mesh.get_local_rank("pp")
-    if (dp_index, pp_index) != coords(plan, rank):
-        raise PplanError(f"rank {rank} sits at dp {dp_index}, pp {pp_index} in the mesh but the plan places it at "
-                         f"dp {coords(plan, rank)[0]}, pp {coords(plan, rank)[1]}",
-                         "make the mesh with planner.execute.mesh.make_mesh (dims dp, pp; rank = d x P + p)")
+    t = device_mesh.get_local_rank("tp") if "tp" in (device_mesh.mesh_dim_names or ()) else 0
+    if (dp_index, pp_index, t) != (*coords(plan, rank), tp_index(plan, rank)):
+        raise PplanError(f"rank {rank} sits at dp {dp_index}, pp {pp_index}, tp {t} in the mesh but the plan places it at "
+                         f"dp {coords(plan, rank)[0]}, pp {coords(plan, rank)[1]}, tp {tp_index(plan, rank)}",
+                         "make the mesh with planner.execute.mesh.make_mesh (dims dp, pp[, tp]; rank = (d x P + p) x T + t)")
     return dp_index, pp_index, device_mesh.get_group("pp"), device_mesh.get_group("dp")
 
 
@@ -258,8 +287,9 @@ def _tied_groups(plan: Plan, layers: Any, rank: int, world: int) -> list[tuple[A
     tied = []
     for ranks, shared in shared_parameter_groups(plan, layers):
         for d in range(dp_degree(plan)):
-            members = [global_rank(plan, d, r) for r in ranks]
-            group = dist.new_group(members) if world > 1 else None
-            if rank in members:
-                tied.append((group, tuple(shared)))
+            for t in range(tp_degree(plan)):
+                members = [global_rank(plan, d, r, t) for r in ranks]
+                group = dist.new_group(members) if world > 1 else None
+                if rank in members:
+                    tied.append((group, tuple(shared)))
     return tied

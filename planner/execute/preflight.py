@@ -8,9 +8,11 @@ Refused with a one-line PlanError/PplanError (exit code 2):
     max(8, 4 x cores) processes (beyond that a run measures contention, not the plan) unless
     --force; zero-bubble or interleaved sizes torch cannot run;
   - a checkpoint directory already at or beyond --steps, or saved by another plan;
-  - a `parallel` layout the executor cannot run (check_parallel): tensor parallelism (tp > 1),
-    a pp degree other than the plan's device count, --calibrate with dp > 1. ZeRO 1-3 run
-    (planner.execute.zero); with dp = 1 there is nothing to shard and zero runs as 0.
+  - a `parallel` layout the executor cannot run (check_parallel): tensor parallelism (tp > 1)
+    of a model other than the built-in gpt or with a tp that does not divide its heads and FFN
+    width, ZeRO-2/3 with tp > 1, a pp degree other than the plan's device count, --calibrate
+    with dp > 1 or tp > 1. ZeRO 1-3 run (planner.execute.zero), tensor parallelism of the gpt
+    too (planner.execute.tensor); with dp = 1 there is nothing to shard and zero runs as 0.
 """
 
 from __future__ import annotations
@@ -95,10 +97,14 @@ def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
     if par is None:
         return
     if par.tp > 1:
-        raise PplanError(f"plan uses tensor parallelism (parallel {par.describe()}): tensor parallelism over gloo is "
-                         "not supported by pplan run yet",
-                         "run a plan with tp=1 (re-plan with --parallel dp=D,pp=P,tp=1), or run this one with your own "
-                         "loop: build_pipeline and torch's parallelize_module on GPUs")
+        from planner.execute.tensor import check_tp_model, zero_with_tp_error
+
+        check_tp_model(plan.model, par.tp)  # the built-in gpt only, tp dividing its heads and FFN width
+        if par.dp > 1 and par.zero >= 2:
+            raise zero_with_tp_error(par.zero, par.tp)
+        if opts is not None and opts.calibrate:
+            raise PplanError(f"--calibrate with tensor parallelism (tp {par.tp}) is not supported: calibration fits one "
+                             "pipeline of whole layers", 'calibrate on a plan with "tp": 1, then run this one')
     if par.pp != plan.n_devices:
         raise PlanError(f"plan's parallel pp {par.pp} is not its {plan.n_devices} pipeline devices",
                         f'make "pp" equal the devices ({plan.n_devices}) or re-plan')
@@ -143,7 +149,9 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
-    world = plan.n_devices * (plan.parallel.dp if plan.parallel is not None else 1)
+    from planner.execute.mesh import world_size
+
+    world = world_size(plan)
     world_here = local_world if local_world is not None else world
     device_type = _device_type(plan, opts, under_torchrun, world_here)
     if device_type == "cpu" and not under_torchrun and world > cpu_rank_cap() and not force:

@@ -36,7 +36,7 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
-from planner.execute import zero
+from planner.execute import tensor, zero
 from planner.execute.stages import plan_schedule, rank_device, step_seed
 from planner.errors import PplanError, RunError
 from planner.plan import Plan
@@ -189,13 +189,17 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
         if found is not None:
             start_step, folder = found
-            source = ckpt.rank_file_for(folder, rank, pipe.pp_index)
+            source = ckpt.rank_file_for(folder, rank, pipe.pp_index, dp_index=pipe.dp_index, tp_index=pipe.tp_index,
+                                        n_devices=plan.n_devices)
             state = ckpt.load_rank_file(folder, source)
             try:
                 for m in mods:
                     for i, layer in enumerate(m.layers):
-                        zero.load_full_state(layer, state["layers"][m.first + i])  # ZeRO-2/3: this rank's shards
-                zero.load_optimizer_state(opt, state["optimizer"])
+                        tensor.load_layer_state(layer, state["layers"][m.first + i])  # ZeRO-2/3, tp: this rank's shards
+                if pipe.tp > 1:  # saved in the model's row order, full: each tp rank keeps its part
+                    tensor.load_optimizer_state(opt, state["optimizer"], pipe)
+                else:
+                    zero.load_optimizer_state(opt, state["optimizer"])
                 if source == rank:  # a new replica keeps its own random stream (seed_rank above)
                     set_rng_state(state["rng"], device)
                 loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
@@ -203,7 +207,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
                 text = " ".join(str(e).split())[:200]
                 raise PplanError(f"checkpoint file {folder / f'rank{source}.pt'} does not fit this plan's stages: "
                                  f"{type(e).__name__}: {text}", "use another --checkpoint-dir") from None
-            if is_last and pipe.dp_index == 0:
+            if is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
                 _progress(f"resuming from {folder} (step {start_step})")
 
     comm = []
@@ -227,7 +231,10 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         if opts.track_memory and step in (start_step, mem_step):
             # the first step only measures what checkpointed layers hold while recomputed
             kw = dict(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)], transient_bytes=probes)
-            tk = zero.GatheredWeightsTracker([m.module for m in mods], **kw) if pipe.zero >= 2 else MemoryTracker(**kw)
+            if pipe.zero >= 2:
+                tk = zero.GatheredWeightsTracker([m.module for m in mods], **kw)
+            else:  # tp blocks save DTensors: counted by their local shards
+                tk = tensor.ShardTracker(**kw) if pipe.tp > 1 else MemoryTracker(**kw)
             set_tracker(tk)
             if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
@@ -270,7 +277,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         step_t0.append(t0)
         step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
         step_cpu.append([[e.stage, e.kind, e.microbatch, 0.0, e.cpu_ms] for e in rec.events])
-        if is_last and pipe.dp_index == 0:
+        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
             _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
         if float(local[1].item()) > 0:
             diverged_step = step  # stop here; the diverged weights are not checkpointed
@@ -287,6 +294,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "rank": rank,
         "device": rank_device(plan, pp_rank),
         "replica": pipe.dp_index,
+        "tp": pipe.tp_index,
         "grad_allreduce_ms": [allreduce_ms[i] for i in measured if i < len(allreduce_ms)] if pipe.dp > 1 else [],
         "host": socket.gethostname(),
         "pid": os.getpid(),
@@ -300,7 +308,8 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         "events": events,
         "action_ms": _action_medians([step_events[i] for i in measured]),
         "action_cpu_ms": _action_medians([step_cpu[i] for i in measured]),
-        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step} if is_last and pipe.dp_index == 0 else {},
+        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step}
+        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0 else {},
         "diverged_step": diverged_step,
         "memory": memory,
         "comm": comm,
@@ -365,15 +374,20 @@ def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict,
 
 
 def _save(root: str, step: int, rank: int, world: int, pipe: Any, opt: Any, losses: dict, device: torch.device) -> None:
-    """Every rank writes its file; under ZeRO the full tensors, gathered over the replicas (collective)."""
+    """Every rank writes its file: full tensors in the model's layout, under ZeRO gathered over the
+    replicas, under tensor parallelism over the tp ranks (collective)."""
     plan, mods = pipe.plan, pipe.modules
     if rank == 0:
         ckpt.prepare_save(root, step)
     dist.barrier()
+    if pipe.tp > 1:  # gathered over the tp ranks, QKV rows back in the model's order (as the weights)
+        optim = tensor.full_optimizer_state(opt, pipe)
+    else:
+        optim = zero.full_optimizer_state(opt, pipe) if pipe.zero else opt.state_dict()
     state = {
         "step": step,
-        "layers": {m.first + i: zero.full_state(layer.state_dict()) for m in mods for i, layer in enumerate(m.layers)},
-        "optimizer": zero.full_optimizer_state(opt, pipe) if pipe.zero else opt.state_dict(),
+        "layers": {m.first + i: tensor.full_layer_state(layer) for m in mods for i, layer in enumerate(m.layers)},
+        "optimizer": optim,
         "rng": rng_state(device),
         "losses": {str(k): v for k, v in losses.items()},
     }

@@ -136,10 +136,11 @@ def wire_stages(stages: list[Any], zero: int, reduce_ms: list[float], device: to
             st.submod.set_reshard_after_backward = reshard_after_backward
 
 
-def make_optimizer(pipe: Any, lr: float) -> Any:
+def make_optimizer(pipe: Any, lr: float, wrap: Any = None) -> Any:
     """The plan's optimizer over the pipeline's parameters: ZeroRedundancyOptimizer over the dp
-    group for zero = 1 (same class and settings, state sharded by parameter); the plain one
-    otherwise (zero = 2/3 parameters are DTensors: it steps this rank's shards)."""
+    group for zero = 1 (same class and settings, state sharded by parameter; `wrap(params,
+    make)` builds it instead when given: tensor parallelism's LocalShardsOptimizer); the plain
+    one otherwise (zero = 2/3 parameters are DTensors: it steps this rank's shards)."""
     from planner.execute.stages import make_optimizer as plain
 
     params = pipe.parameters()
@@ -150,7 +151,11 @@ def make_optimizer(pipe: Any, lr: float) -> Any:
     probe = plain(pipe.plan.optimizer, [nn.Parameter(torch.zeros(1))], lr)  # the class and settings the plan names
     accepted = inspect.signature(type(probe)).parameters
     kwargs = {k: v for k, v in probe.defaults.items() if k in accepted}
-    return ZeroRedundancyOptimizer(params, optimizer_class=type(probe), process_group=pipe.dp_group, **kwargs)
+
+    def make(ps: list[nn.Parameter]) -> Any:
+        return ZeroRedundancyOptimizer(ps, optimizer_class=type(probe), process_group=pipe.dp_group, **kwargs)
+
+    return wrap(params, make) if wrap is not None else make(params)
 
 
 def optimizer_state_bytes(opt: Any) -> int:
@@ -219,8 +224,8 @@ def held_bytes(pipe: Any, opt: Any, grad_bytes: int) -> dict[str, int]:
     shards = sum(local(p).numel() * p.element_size() for p in params)
     full = sum(p.numel() * p.element_size() for p in params)
     state = optimizer_state_bytes(opt)
-    if pipe.zero < 2:
-        return {"weights": full, "gradients": grad_bytes or full, "optimizer": state}
+    if pipe.zero < 2:  # tensor parallelism: this rank's shards of the tp blocks (shards == full without tp)
+        return {"weights": shards, "gradients": grad_bytes or shards, "optimizer": state}
     from torch.distributed.fsdp import FSDPModule
 
     def own_bytes(unit: nn.Module) -> int:  # what gathering `unit` gathers: its parameters outside units inside it
