@@ -25,19 +25,9 @@ from planner.execute.run import run_plan
 from planner.plan import load_plan
 
 from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
-from helpers.plans import write_plan, write_synthetic_profile
+from helpers.meshruns import GPT, dp_plan
+from helpers.plans import write_synthetic_profile
 
-GPT = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=128,ffn=2"
-DP2 = {"dp": 2, "pp": 2, "tp": 1, "zero": 0}
-
-
-def dp_plan(path: Path, *args, parallel: dict | None = None, **kwargs) -> Path:
-    """write_plan, plus the plan's `parallel` object."""
-    write_plan(path, *args, **kwargs)
-    data = json.loads(path.read_text())
-    data["parallel"] = dict(parallel or DP2)
-    path.write_text(json.dumps(data, indent=1))
-    return path
 
 
 def test_replica_slices():

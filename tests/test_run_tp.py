@@ -30,8 +30,7 @@ from planner.execute.tensor import qkv_order
 from planner.plan import Plan, load_plan, plan_to_dict
 
 from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
-from test_run_dp import GPT, dp_plan
-from test_run_zero import _options, launch
+from helpers.meshruns import GPT, dp_plan, launch, run_options
 
 LR, STEPS = 1e-2, 3
 LOSS_RTOL, WEIGHT_TOL = 1e-6, 1e-5
@@ -185,8 +184,8 @@ def test_pp2_tp2_equals_single_process_accumulation(tmp_path):
     1f1b step resumed from its save; a 2-process launch resumes that save with tp = 1."""
     names = list(PLANS)
     plans = {n: tp_plan(tmp_path, n) for n in names}
-    jobs = [{"plan": plan_to_dict(plans[n]), "options": _options(tmp_path / f"ck-{n}")} for n in names]
-    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
+    jobs = [{"plan": plan_to_dict(plans[n]), "options": run_options(tmp_path / f"ck-{n}")} for n in names]
+    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
     records = launch(jobs, 4, tmp_path / "launch")
     for n, recs in zip(names, records):
         if n != "1f1b":  # 1f1b's step-3 save is checked below, after the resumed runs
@@ -195,7 +194,7 @@ def test_pp2_tp2_equals_single_process_accumulation(tmp_path):
     _assert_memory_holds_the_shards(plans["1f1b"], records[1], {**layers[0], **layers[1]})
     # the same checkpoint resumed with tp = 1 (2 processes): saves hold full tensors in model layout
     one = tp_plan(tmp_path, "1f1b", {"dp": 1, "pp": 2, "tp": 1, "zero": 0})
-    resumed = launch([{"plan": plan_to_dict(one), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 2)}], 2,
+    resumed = launch([{"plan": plan_to_dict(one), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 2)}], 2,
                      tmp_path / "launch-tp1")[0]
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref_layers = reference_run(plans["1f1b"], STEPS + 2, lr=LR)
@@ -217,9 +216,9 @@ def test_dp2_pp2_tp2_with_zero_0_and_1_equals_single_process_accumulation(tmp_pa
     gathered over dp and tp, back into zero 0 (step 5); SGD's momentum must survive both."""
     plans = {z: tp_plan(tmp_path, "1f1b", {"dp": 2, "pp": 2, "tp": 2, "zero": z}) for z in (0, 1)}
     ck = {z: tmp_path / f"ck-{z}" for z in (0, 1)}
-    jobs = [{"plan": plan_to_dict(plans[z]), "options": _options(ck[z])} for z in (0, 1)]
-    jobs += [{"plan": plan_to_dict(plans[1]), "options": _options(ck[0], steps=STEPS + 1)},
-             {"plan": plan_to_dict(plans[0]), "options": _options(ck[0], steps=STEPS + 2)}]
+    jobs = [{"plan": plan_to_dict(plans[z]), "options": run_options(ck[z])} for z in (0, 1)]
+    jobs += [{"plan": plan_to_dict(plans[1]), "options": run_options(ck[0], steps=STEPS + 1)},
+             {"plan": plan_to_dict(plans[0]), "options": run_options(ck[0], steps=STEPS + 2)}]
     records = launch(jobs, 8, tmp_path / "launch")
     _check_run("dp2-zero1", plans[1], records[1], ck[1])
     for rank, rec in enumerate(records[1]):  # ZeRO-1: each replica keeps about half the momentum

@@ -11,11 +11,6 @@ pieces (element-wise). One launch of 4 processes per ZeRO stage runs every plan 
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -28,7 +23,7 @@ from planner.plan import Plan, load_plan, plan_to_dict
 
 from helpers.equivalence import EQUIVALENCE_THREADS, torch_threads
 from helpers.models import BYOM_MODELS
-from test_run_dp import GPT, dp_plan
+from helpers.meshruns import GPT, dp_plan, launch, run_options
 
 _REPO = Path(__file__).resolve().parents[1]
 LR, STEPS = 1e-2, 3
@@ -55,77 +50,6 @@ def zero_plan(folder: Path, name: str, zero: int) -> Plan:
     return load_plan(dp_plan(folder / f"{name}-zero{zero}.json", model, schedule, 2, cuts, micro_batch_size=2,
                              n_microbatches=4, recompute=recompute, optimizer=optimizer, seed=3,
                              parallel={"dp": 2, "pp": 2, "tp": 1, "zero": zero}))
-
-
-def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0) -> list[list[dict]]:
-    """Run train_rank for each job ({"plan", "options"}) one after the other in the same `world`
-    processes (tests/helpers/plans.run_plans_in_one_launch, for data-parallel plans); returns
-    per job the records of every rank (losses, memory, all-reduce times)."""
-    from planner.execute.launch import free_port
-
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(_REPO / "tests"), str(_REPO), env.get("PYTHONPATH", "")]))
-    code = "import sys; from test_run_zero import _rank_main; _rank_main(sys.argv[1])"
-    procs = []
-    for r in range(world):
-        with open(folder / f"rank{r}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(env, RANK=str(r)),
-                                          cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"a {world}-rank launch ran past {timeout_s:g} s; logs in {folder}")
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    errors = sorted(folder.glob("rank*.error"), key=lambda f: "Connection closed" in f.read_text(encoding="utf-8"))
-    if errors or any(p.returncode for p in procs):
-        why = errors[0].read_text(encoding="utf-8") if errors else (folder / "rank0.log").read_text(errors="replace")[-3000:]
-        raise AssertionError(f"a {world}-rank launch failed: {why}")
-    per_rank = [json.loads((folder / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
-    return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
-
-
-def _rank_main(folder_name: str) -> None:
-    """One rank of `launch` (a child process)."""
-    import traceback
-    from datetime import timedelta
-
-    import torch.distributed as dist
-
-    from planner.execute.options import RunOptions
-    from planner.execute.train import train_rank
-    from planner.plan import plan_from_dict
-
-    folder = Path(folder_name)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(EQUIVALENCE_THREADS)
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    out = []
-    for i, job in enumerate(json.loads((folder / "jobs.json").read_text(encoding="utf-8"))):
-        plan = plan_from_dict(job["plan"])
-        kwargs = {"input_shape": tuple(job["input_shape"])} if job.get("input_shape") else {}
-        try:
-            rec = train_rank(plan, RunOptions.from_dict(job["options"]), rank, world, torch.device("cpu"), kwargs)
-        except BaseException:  # noqa: BLE001 - the test shows which plan failed and why
-            (folder / f"rank{rank}.error").write_text(f"job {i} ({plan.schedule}): {traceback.format_exc()}", encoding="utf-8")
-            os._exit(1)
-        out.append({k: rec[k] for k in ("losses", "memory", "grad_allreduce_ms", "first_step")})
-    (folder / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
-    dist.barrier()
-    os._exit(0)  # gloo's threads can abort interpreter teardown (as the worker does)
-
-
-def _options(ck: Path, steps: int = STEPS) -> dict:
-    return {"steps": steps, "warmup": 1, "device": "cpu", "lr": LR, "threads": EQUIVALENCE_THREADS, "timeout_s": 120.0,
-            "checkpoint_dir": str(ck)}
 
 
 def _replica_layers(ck: Path, plan: Plan, replica: int, step: int = STEPS) -> dict[int, dict]:
@@ -175,13 +99,13 @@ SCHEDULES = {1: ["gpipe", "1f1b", "zb", "gpt2-tied"], 2: ["gpipe", "1f1b", "zb",
 def test_zero_dp2_pp2_equals_single_process_accumulation(tmp_path, zero):
     names = SCHEDULES[zero]
     plans = {n: zero_plan(tmp_path, n, zero) for n in names}
-    jobs = [{"plan": plan_to_dict(plans[n]), "input_shape": PLANS[n][1], "options": _options(tmp_path / f"ck-{n}")}
+    jobs = [{"plan": plan_to_dict(plans[n]), "input_shape": PLANS[n][1], "options": run_options(tmp_path / f"ck-{n}")}
             for n in names]
     # one more step of the 1f1b plan, resumed from its save of step 3 (sharded state gathered whole),
     # then one more with the next ZeRO stage from that save (saves hold full tensors, whatever the stage)
     other = zero_plan(tmp_path, "1f1b", zero % 3 + 1)
-    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
-    jobs.append({"plan": plan_to_dict(other), "options": _options(tmp_path / "ck-1f1b", steps=STEPS + 2)})
+    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
+    jobs.append({"plan": plan_to_dict(other), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 2)})
     records = launch(jobs, 4, tmp_path / "launch")
     for n, recs in zip(names, records):
         shape = {"input_shape": PLANS[n][1]} if PLANS[n][1] else {}

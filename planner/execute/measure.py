@@ -175,6 +175,10 @@ class MemoryTracker(SavedTensorHooks):
         """id(checkpointed layer) -> its activations, measured once without checkpointing (shared
         between trackers so the measuring forward runs in an earlier step than the measured one)."""
 
+    def probe(self, exclude: Iterable[torch.Tensor]) -> "MemoryTracker":
+        """A fresh tracker of the same way of counting (a layer's recompute-transient probe)."""
+        return MemoryTracker(exclude=exclude)
+
     def exclude(self, tensors: Iterable[torch.Tensor]) -> None:
         self._exclude.update(storage_key(t)[0] for t in tensors)
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.plan import Plan
 
-__all__ = ["DIMS", "TP_DIMS", "dp_degree", "tp_degree", "world_size", "coords", "tp_index", "make_mesh", "global_rank"]
+__all__ = ["DIMS", "TP_DIMS", "dp_degree", "tp_degree", "world_size", "world_text", "coords", "tp_index", "make_mesh", "global_rank"]
 
 DIMS = ("dp", "pp")
 """The mesh's dimension names, outermost first (tp = 1)."""
@@ -37,6 +37,12 @@ def tp_degree(plan: Plan) -> int:
 def world_size(plan: Plan) -> int:
     """Processes a run of the plan needs: dp x pipeline devices x tp."""
     return dp_degree(plan) * plan.n_devices * tp_degree(plan)
+
+
+def world_text(plan: Plan) -> str:
+    """How the plan's processes multiply up, for messages: `2 devices x dp 2 x tp 2`."""
+    text = f"{plan.n_devices} devices x dp {dp_degree(plan)}"
+    return text + (f" x tp {tp_degree(plan)}" if tp_degree(plan) > 1 else "")
 
 
 def coords(plan: Plan, rank: int) -> tuple[int, int]:

@@ -35,6 +35,7 @@ from typing import Any
 from planner.errors import PplanError
 from planner.jsonio import check_keys
 from planner.plan import Plan
+from planner.execute.mesh import world_size
 from planner.execute.trust import (  # re-exported: the run record carries their verdicts
     COMPUTE_RATIO_WARN, LOAD_WARN_DIFF, SHORT_STEP_MS, SPREAD_WARN_PCT, step_spread, trust_warnings,
 )
@@ -179,7 +180,7 @@ class RunRecord:
     warnings: list[str] = field(default_factory=list)
     """Why the comparison may not be trusted, one line each."""
     dp: int = 1
-    """Data-parallel replicas of the pipeline (n_ranks = dp x pipeline devices)."""
+    """Data-parallel replicas of the pipeline (n_ranks = dp x pipeline devices x tp)."""
     grad_allreduce_ms_measured: float | None = None
     """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
     grad_allreduce_ms_predicted: float | None = None
@@ -290,9 +291,10 @@ def transfer_gaps(rows: list[TimelineRow], n_stages: int, boundary_bytes: dict[s
 
 
 def replica0(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The rank records of data-parallel replica 0 (all of them without data parallelism): the
-    pipeline whose timeline and actions are compared with the simulator's one pipeline."""
-    return [r for r in records if r.get("replica", 0) == 0]
+    """The rank records of data-parallel replica 0 and tensor-parallel rank 0 (all of them without
+    either): the pipeline whose timeline and actions are compared with the simulator's one
+    pipeline (the other tp ranks of a stage run the same actions at the same times)."""
+    return [r for r in records if r.get("replica", 0) == 0 and r.get("tp", 0) == 0]
 
 
 def _allreduce_ms(records: list[dict[str, Any]]) -> float | None:
@@ -356,7 +358,7 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
                               compute_ratio_cpu=compute_ratio_cpu)
     return RunRecord(
         plan=plan_path, model=plan.model, schedule=plan.schedule, runtime=r0["runtime"], device_type=device_type,
-        n_ranks=plan.n_devices * dp, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
+        n_ranks=world_size(plan), n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
         n_microbatches=plan.n_microbatches, optimizer=plan.optimizer, steps=steps, first_step=r0["first_step"],
         warmup=warmup, iteration_ms_measured=meas, iteration_ms_predicted=pred, error_pct=error_pct(pred, meas),
         prediction_source=prediction_source, calibration=calibration,

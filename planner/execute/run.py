@@ -32,7 +32,7 @@ from planner.calibration import Calibration, calibration_path_for, find_calibrat
 from planner.errors import PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
-from planner.execute.mesh import dp_degree, world_size
+from planner.execute.mesh import dp_degree, world_size, world_text
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
@@ -113,7 +113,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     world = world_size(plan)
     if env is not None and env.world != world:
         raise PplanError(f"torchrun started {env.world} processes but the plan needs {world} "
-                         f"({plan.n_devices} devices x dp {world // plan.n_devices})",
+                         f"({world_text(plan)})",
                          f"start {world} in total (--nnodes x --nproc-per-node)")
     pf = preflight(plan, opts, plan_path=plan_path, profile_override=profile_path, force=force,
                    under_torchrun=env is not None, local_world=env.local_world if env else None)

@@ -29,7 +29,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanError
-from planner.execute.measure import MemoryTracker, recorder, tracker
+from planner.execute.measure import recorder, tracker
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
@@ -82,7 +82,7 @@ class Checkpointed(nn.Module):
         from torch.utils._pytree import tree_leaves, tree_map
 
         inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
-        probe = MemoryTracker(exclude=list(self.parameters()) + inputs)
+        probe = tk.probe(list(self.parameters()) + inputs)  # counted the way the run counts (tp: local shards)
         with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe, _buffers_kept(self.layer):
             out = self.layer(*tree_map(lambda a: a.detach() if isinstance(a, torch.Tensor) else a, args))
             nbytes = probe.live

@@ -320,6 +320,10 @@ class ShardTracker(MemoryTracker):
     def exclude(self, tensors: Any) -> None:
         super().exclude(_local_view(t) for t in tensors)
 
+    def probe(self, exclude: Any) -> "ShardTracker":
+        """A recompute-transient probe that counts DTensors by their local shard too."""
+        return ShardTracker(exclude=exclude)
+
     def pack(self, t: torch.Tensor) -> Any:
         local = _local_view(t)
         held = super().pack(local)
