@@ -5,10 +5,8 @@ the barrier to the end of its optimizer step, and the step's time is the slowest
 all-reduce of the maxima, outside the timed region). Synthetic data: step k trains on
 make_batch(global batch, step_seed(seed, k)), so a resumed run sees the same data.
 
-Random numbers: after the model is built, each rank seeds torch (CPU and CUDA), numpy and
-Python's `random` from (plan seed, rank) (rank_seed), so dropout and any other randomness in the
-model draw the same numbers in every run of the plan; checkpoints save and restore all of
-these states, so a resumed run continues the uninterrupted one bit for bit.
+Random numbers and checkpoints: planner.execute.rankstate (seeded per rank; a resumed run
+continues the uninterrupted one bit for bit).
 
 Divergence: when the loss of a step is not finite (inf/NaN), every rank stops after that step
 (the flag travels with the step-time all-reduce) and no checkpoint of the diverged weights is
@@ -18,31 +16,28 @@ saved; the record's `diverged_step` says where.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
-import random
 import socket
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from planner.execute import checkpoint as ckpt
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
+from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_rank, set_rng_state
 from planner.execute import tensor, zero
 from planner.execute.stages import plan_schedule, rank_device, step_seed
-from planner.errors import PplanError, RunError
+from planner.errors import RunError
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
 
-__all__ = ["train_rank", "rank_seed", "seed_rank", "rng_state", "set_rng_state", "check_executed_order"]
+__all__ = ["train_rank", "check_executed_order"]
 
 def _to(obj: Any, device: torch.device) -> Any:
     if isinstance(obj, torch.Tensor):
@@ -55,57 +50,6 @@ def _to(obj: Any, device: torch.device) -> Any:
 def _progress(text: str) -> None:
     sys.stderr.write(f"[pplan] {text}\n")
     sys.stderr.flush()
-
-
-def rank_seed(plan_seed: int, rank: int) -> int:
-    """The seed of rank `rank`'s random number generators in a run of a plan with `plan_seed`."""
-    digest = hashlib.sha256(f"pplan-rank-seed:{plan_seed}:{rank}".encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
-
-
-def seed_rank(plan_seed: int, rank: int) -> None:
-    """Seed torch (and CUDA), numpy and Python's random for this rank."""
-    import numpy as np
-
-    s = rank_seed(plan_seed, rank)
-    torch.manual_seed(s)  # seeds every CUDA device too
-    np.random.seed(s)
-    random.seed(s)
-
-
-def rng_state(device: torch.device) -> dict[str, Any]:
-    """Every random generator's state, as tensors and plain data (loadable with weights_only)."""
-    import numpy as np
-
-    kind, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, py_gauss = random.getstate()
-    out: dict[str, Any] = {
-        "torch": torch.get_rng_state(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)), "pos": int(pos),
-                  "has_gauss": int(has_gauss), "gauss": float(gauss)},
-        "python": {"version": int(version), "state": [int(x) for x in internal], "gauss": py_gauss},
-    }
-    if device.type == "cuda":
-        out["cuda"] = torch.cuda.get_rng_state(device)
-    return out
-
-
-def set_rng_state(state: dict[str, Any], device: torch.device) -> None:
-    """Restore what rng_state saved (a checkpoint of an older pplan holds only torch's)."""
-    import numpy as np
-
-    if isinstance(state, torch.Tensor):  # the old layout: torch's CPU state alone
-        torch.set_rng_state(state)
-        return
-    torch.set_rng_state(state["torch"])
-    if "numpy" in state:
-        n = state["numpy"]
-        np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
-    if "python" in state:
-        p = state["python"]
-        random.setstate((p["version"], tuple(p["state"]), p["gauss"]))
-    if "cuda" in state and device.type == "cuda":
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 _METADATA_INFERENCE = ("_forward_metadata_inference", "_backward_metadata_inference", "_shape_inference")
@@ -144,8 +88,10 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     `resume` ({"step": k, "folder": path}, chosen once by run_plan) is the save to continue
     from; without it the newest intact save in opts.checkpoint_dir is used.
     """
+    from planner.allocator import keep_freed_memory
     from planner.models import build_model
 
+    keep_freed_memory()  # reuse freed host memory step after step, as the profile's loops do
     mark_baseline()  # the process's RSS before the model: what the rank's memory grows from
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
     # One micro-batch shows what crosses each cut (tensors, tuples, a traced model's dicts).
@@ -153,62 +99,20 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     # The library entry users call from their own loops: stages, schedule, tied-weight groups, mesh.
     pipe = build_pipeline(plan, bundle.layers, rank=rank, device=device, loss_fn=bundle.loss_fn, example=example,
                           prefer_torch=opts.prefer_torch)
-    mods, stages, schedule, runtime = list(pipe.modules), list(pipe.stages), pipe.schedule, pipe.runtime
+    mods, runtime = list(pipe.modules), pipe.runtime
     pp_rank = pipe.pp_index
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
     bundle.layers._modules.clear()
     if getattr(bundle.layers, "source", None) is not None:
         bundle.layers.__dict__["source"] = None
-    boundary: dict[int, list[int]] = {}
-    for m in mods:
-        boundary[m.stage] = [0, 0]
-        handles: list[Any] = []
-
-        def hook(mod: Any, args: Any, out: Any, s: int = m.stage, handles: list = handles) -> None:
-            boundary[s] = [tensor_bytes(args), tensor_bytes(out)]  # one micro-batch's boundary tensors
-            handles[0].remove()
-
-        handles.append(m.module.register_forward_hook(hook))
-    rec = recorder()
-    if device.type == "cuda":
-        rec.sync = lambda: torch.cuda.synchronize(device)
-    for st in stages:
-        rec.wrap_stage(st)
-        _rng_neutral(st, device)
-    rec.wrap_loss(schedule)
+    boundary = _record_boundaries(mods)
+    rec = _instrument(pipe, device)
     params = pipe.parameters()  # a tied weight once
     opt = pipe.make_optimizer(opts.lr)  # ZeRO-1: sharded over the replicas
-    is_first, is_last = pipe.is_first, pipe.is_last
+    is_last = pipe.is_last
 
     seed_rank(plan.seed, rank)
-    start_step, loss_log = 0, {}
-    if opts.checkpoint_dir:
-        if resume is not None:
-            found = (int(resume["step"]), Path(resume["folder"])) if resume.get("folder") else None
-        else:
-            found = ckpt.latest_checkpoint(opts.checkpoint_dir, plan)
-        if found is not None:
-            start_step, folder = found
-            source = ckpt.rank_file_for(folder, rank, pipe.pp_index, dp_index=pipe.dp_index, tp_index=pipe.tp_index,
-                                        n_devices=plan.n_devices)
-            state = ckpt.load_rank_file(folder, source)
-            try:
-                for m in mods:
-                    for i, layer in enumerate(m.layers):
-                        tensor.load_layer_state(layer, state["layers"][m.first + i])  # ZeRO-2/3, tp: this rank's shards
-                if pipe.tp > 1:  # saved in the model's row order, full: each tp rank keeps its part
-                    tensor.load_optimizer_state(opt, state["optimizer"], pipe)
-                else:
-                    zero.load_optimizer_state(opt, state["optimizer"])
-                if source == rank:  # a new replica keeps its own random stream (seed_rank above)
-                    set_rng_state(state["rng"], device)
-                loss_log = {int(k): v for k, v in state.get("losses", {}).items()}
-            except (KeyError, TypeError, ValueError, RuntimeError) as e:
-                text = " ".join(str(e).split())[:200]
-                raise PplanError(f"checkpoint file {folder / f'rank{source}.pt'} does not fit this plan's stages: "
-                                 f"{type(e).__name__}: {text}", "use another --checkpoint-dir") from None
-            if is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
-                _progress(f"resuming from {folder} (step {start_step})")
+    start_step, loss_log = resume_rank(plan, opts, pipe, opt, rank, device, resume, _progress)
 
     comm = []
     if opts.calibrate and world > 1:
@@ -230,31 +134,13 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
         tk = None
         if opts.track_memory and step in (start_step, mem_step):
             # the first step only measures what checkpointed layers hold while recomputed
-            kw = dict(exclude=params + [t for t in (x, y) if isinstance(t, torch.Tensor)], transient_bytes=probes)
-            if pipe.zero >= 2:
-                tk = zero.GatheredWeightsTracker([m.module for m in mods], **kw)
-            else:  # tp blocks save DTensors: counted by their local shards
-                tk = tensor.ShardTracker(**kw) if pipe.tp > 1 else MemoryTracker(**kw)
+            tk = _tracker(pipe, params + [t for t in (x, y) if isinstance(t, torch.Tensor)], probes)
             set_tracker(tk)
             if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
-        losses: list[Any] = []
-        args = (tuple(x) if isinstance(x, (tuple, list)) else (x,)) if is_first else ()
-        dist.barrier()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-        window = RssWindow().begin() if tk is not None and step == mem_step else None
-        rec.clear()
-        t0 = time.perf_counter()
-        with tk if tk is not None else contextlib.nullcontext():
-            schedule.step(*args, target=y if is_last else None, losses=losses, return_outputs=False)
-        allreduce_ms.append(pipe.sync_gradients())  # tied weights, then the dp all-reduce (timed)
-        grad_bytes = sum(tensor_bytes(zero.local(p.grad)) for p in params if p.grad is not None)
-        rec.record(mods[0].stage, "O", -1, opt.step)
-        opt.zero_grad(set_to_none=True)
-        t1 = time.perf_counter()
-        if window is not None:
-            window.end()
+        t0, t1, grad_bytes, sync_ms, losses, window = _timed_step(pipe, rec, opt, params, x, y, tk, device,
+                                                                   rss=tk is not None and step == mem_step)
+        allreduce_ms.append(sync_ms)
         if step == start_step:
             check_executed_order(plan, pp_rank, rec.events)
         if tk is not None:
@@ -264,11 +150,7 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
                 memory.update(window.to_dict() if window is not None else {})
         bad = 0.0
         if is_last:
-            loss_log[step] = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
-            if pipe.dp > 1:  # the step's loss is the mean over replicas (their last-stage ranks form one dp group)
-                both = torch.tensor([loss_log[step]], dtype=torch.float64, device=device)
-                dist.all_reduce(both, op=dist.ReduceOp.SUM, group=pipe.dp_group)
-                loss_log[step] = float(both[0].item()) / pipe.dp
+            loss_log[step] = _step_loss(losses, pipe, device)
             bad = 0.0 if math.isfinite(loss_log[step]) else 1.0
         # [step time, loss not finite]: every rank learns both in one all-reduce, outside the timing
         local = torch.tensor([(t1 - t0) * 1e3, bad], dtype=torch.float64, device=device)  # NCCL: on the GPU
@@ -284,38 +166,11 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             break
         done = step + 1
         if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):
-            _save(opts.checkpoint_dir, done, rank, world, pipe, opt, loss_log, device)
+            save_rank(opts.checkpoint_dir, done, rank, world, pipe, opt, loss_log, device)
 
-    # The step whose time is the median of the measured ones stands for the run in the timeline.
-    measured = list(range(min(opts.warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
-    chosen = min(measured, key=lambda i: abs(step_ms[i] - statistics.median(step_ms[j] for j in measured))) if measured else -1
-    events = step_events[chosen] if chosen >= 0 else []
-    return {
-        "rank": rank,
-        "device": rank_device(plan, pp_rank),
-        "replica": pipe.dp_index,
-        "tp": pipe.tp_index,
-        "grad_allreduce_ms": [allreduce_ms[i] for i in measured if i < len(allreduce_ms)] if pipe.dp > 1 else [],
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "stages": [m.stage for m in mods],
-        "runtime": runtime,
-        "first_step": start_step,
-        "step_ms": step_ms,
-        "measured_steps": measured,
-        "chosen_step": chosen,
-        "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
-        "events": events,
-        "action_ms": _action_medians([step_events[i] for i in measured]),
-        "action_cpu_ms": _action_medians([step_cpu[i] for i in measured]),
-        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step}
-        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0 else {},
-        "diverged_step": diverged_step,
-        "memory": memory,
-        "comm": comm,
-        "boundary_bytes": {str(s): v for s, v in boundary.items()},
-        "threads": torch.get_num_threads(),
-    }
+    return _rank_record(plan, pipe, rank, runtime=runtime, start_step=start_step, step_ms=step_ms, step_t0=step_t0,
+                        step_events=step_events, step_cpu=step_cpu, allreduce_ms=allreduce_ms, loss_log=loss_log,
+                        diverged_step=diverged_step, memory=memory, comm=comm, boundary=boundary, warmup=opts.warmup)
 
 
 def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
@@ -373,26 +228,114 @@ def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict,
     return mem
 
 
-def _save(root: str, step: int, rank: int, world: int, pipe: Any, opt: Any, losses: dict, device: torch.device) -> None:
-    """Every rank writes its file: full tensors in the model's layout, under ZeRO gathered over the
-    replicas, under tensor parallelism over the tp ranks (collective)."""
-    plan, mods = pipe.plan, pipe.modules
-    if rank == 0:
-        ckpt.prepare_save(root, step)
-    dist.barrier()
-    if pipe.tp > 1:  # gathered over the tp ranks, QKV rows back in the model's order (as the weights)
-        optim = tensor.full_optimizer_state(opt, pipe)
-    else:
-        optim = zero.full_optimizer_state(opt, pipe) if pipe.zero else opt.state_dict()
-    state = {
-        "step": step,
-        "layers": {m.first + i: tensor.full_layer_state(layer) for m in mods for i, layer in enumerate(m.layers)},
-        "optimizer": optim,
-        "rng": rng_state(device),
-        "losses": {str(k): v for k, v in losses.items()},
+def _record_boundaries(mods: list[Any]) -> dict[int, list[int]]:
+    """stage -> [input bytes, output bytes] of one micro-batch, filled by each stage's first
+    forward (a hook that removes itself)."""
+    boundary: dict[int, list[int]] = {}
+    for m in mods:
+        boundary[m.stage] = [0, 0]
+        handles: list[Any] = []
+
+        def hook(mod: Any, args: Any, out: Any, s: int = m.stage, handles: list = handles) -> None:
+            boundary[s] = [tensor_bytes(args), tensor_bytes(out)]
+            handles[0].remove()
+
+        handles.append(m.module.register_forward_hook(hook))
+    return boundary
+
+
+def _tracker(pipe: Any, exclude: list[Any], probes: dict[int, int]) -> MemoryTracker:
+    """The memory tracker of a measured step: ZeRO-2/3 counts the weights it gathers, tensor
+    parallelism counts DTensors by their local shards, else tensors as they are."""
+    kw = dict(exclude=exclude, transient_bytes=probes)
+    if pipe.zero >= 2:
+        return zero.GatheredWeightsTracker([m.module for m in pipe.modules], **kw)
+    return tensor.ShardTracker(**kw) if pipe.tp > 1 else MemoryTracker(**kw)
+
+
+def _step_loss(losses: list[Any], pipe: Any, device: torch.device) -> float:
+    """The step's loss on a last-stage rank: the mean over micro-batches, and over the replicas
+    (their last-stage ranks form one dp group)."""
+    loss = float(torch.stack([torch.as_tensor(v).detach().double() for v in losses]).mean())
+    if pipe.dp > 1:
+        both = torch.tensor([loss], dtype=torch.float64, device=device)
+        dist.all_reduce(both, op=dist.ReduceOp.SUM, group=pipe.dp_group)
+        loss = float(both[0].item()) / pipe.dp
+    return loss
+
+
+def _rank_record(plan: Plan, pipe: Any, rank: int, *, runtime: str, start_step: int, step_ms: list[float],
+                 step_t0: list[float], step_events: list[Any], step_cpu: list[Any], allreduce_ms: list[float],
+                 loss_log: dict[int, float], diverged_step: int | None, memory: dict[str, Any], comm: list[Any],
+                 boundary: dict[int, list[int]], warmup: int) -> dict[str, Any]:
+    """What this rank measured, for rank 0 to gather (planner.execute.results reads it)."""
+    mods, is_last, pp_rank = pipe.modules, pipe.is_last, pipe.pp_index
+    # The step whose time is the median of the measured ones stands for the run in the timeline.
+    measured = list(range(min(warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
+    chosen = min(measured, key=lambda i: abs(step_ms[i] - statistics.median(step_ms[j] for j in measured))) if measured else -1
+    events = step_events[chosen] if chosen >= 0 else []
+    return {
+        "rank": rank,
+        "device": rank_device(plan, pp_rank),
+        "replica": pipe.dp_index,
+        "tp": pipe.tp_index,
+        "grad_allreduce_ms": [allreduce_ms[i] for i in measured if i < len(allreduce_ms)] if pipe.dp > 1 else [],
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "stages": [m.stage for m in mods],
+        "runtime": runtime,
+        "first_step": start_step,
+        "step_ms": step_ms,
+        "measured_steps": measured,
+        "chosen_step": chosen,
+        "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
+        "events": events,
+        "action_ms": _action_medians([step_events[i] for i in measured]),
+        "action_cpu_ms": _action_medians([step_cpu[i] for i in measured]),
+        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step}
+        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0 else {},
+        "diverged_step": diverged_step,
+        "memory": memory,
+        "comm": comm,
+        "boundary_bytes": {str(s): v for s, v in boundary.items()},
+        "threads": torch.get_num_threads(),
     }
-    ckpt.save_rank_file(root, step, rank, state)
+
+
+def _timed_step(pipe: Any, rec: Any, opt: Any, params: list[Any], x: Any, y: Any, tk: MemoryTracker | None,
+                device: torch.device, rss: bool) -> tuple[float, float, int, float, list[Any], RssWindow | None]:
+    """One step from leaving the barrier to the end of the optimizer step: the schedule, the
+    gradient sync (tied weights, then the replicas; timed on its own), the optimizer.
+    (t0, t1, gradient bytes at the step's end, sync ms, the micro-batches' losses, the RSS window
+    when `rss`)."""
+    losses: list[Any] = []
+    args = (tuple(x) if isinstance(x, (tuple, list)) else (x,)) if pipe.is_first else ()
     dist.barrier()
-    if rank == 0:
-        ckpt.finish_save(root, step, plan, world)
-    dist.barrier()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    window = RssWindow().begin() if rss else None
+    rec.clear()
+    t0 = time.perf_counter()
+    with tk if tk is not None else contextlib.nullcontext():
+        pipe.schedule.step(*args, target=y if pipe.is_last else None, losses=losses, return_outputs=False)
+    sync_ms = pipe.sync_gradients()
+    grad_bytes = sum(tensor_bytes(zero.local(p.grad)) for p in params if p.grad is not None)
+    rec.record(pipe.modules[0].stage, "O", -1, opt.step)
+    opt.zero_grad(set_to_none=True)
+    t1 = time.perf_counter()
+    if window is not None:
+        window.end()
+    return t0, t1, grad_bytes, sync_ms, losses, window
+
+
+def _instrument(pipe: Any, device: torch.device) -> Any:
+    """The action recorder over this rank's stages and loss, and torch's first-step metadata
+    inference made neutral to random generators and buffers (_rng_neutral)."""
+    rec = recorder()
+    if device.type == "cuda":
+        rec.sync = lambda: torch.cuda.synchronize(device)
+    for st in pipe.stages:
+        rec.wrap_stage(st)
+        _rng_neutral(st, device)
+    rec.wrap_loss(pipe.schedule)
+    return rec

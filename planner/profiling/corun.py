@@ -221,7 +221,10 @@ def _worker_main() -> None:
 def _train(cfg: dict[str, Any], proto: IO[str]) -> None:
     import torch
 
+    from planner.allocator import keep_freed_memory
     from planner.models import build_model
+
+    keep_freed_memory()  # as the ranks it stands for (planner.allocator)
 
     torch.set_num_threads(cfg["threads"])
     shape = tuple(cfg["input_shape"]) if cfg["input_shape"] else None

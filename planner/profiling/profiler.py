@@ -25,6 +25,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from planner.allocator import keep_freed_memory
 from planner.errors import ModelSpecError, PplanError
 from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
@@ -188,6 +189,7 @@ def profile_model(
     memory-bound layers and the optimizer step by sharing memory bandwidth. 0: measured alone."""
     sizes = sorted(micro_batch_sizes)
     _check_args(sizes, dtype, warmup, repeats, threads)
+    keep_freed_memory()  # as the run's ranks do (planner.allocator)
     timer = _resolve_timer(timer)
     check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
     dev, tdtype = resolve_device(device), DTYPES[dtype]

@@ -33,9 +33,11 @@ def dp_plan(path: Path, *args, parallel: dict | None = None, **kwargs) -> Path:
 
 
 def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0) -> list[list[dict]]:
-    """Run train_rank for each job ({"plan", "options"}) one after the other in the same `world`
-    processes (tests/helpers/plans.run_plans_in_one_launch, for data-parallel plans); returns
-    per job the records of every rank (losses, memory, all-reduce times)."""
+    """Run train_rank for each job ({"plan", "options", optional "input_shape"}) one after the other
+    in the same `world` processes and process group: starting a rank and importing torch (and
+    transformers) costs seconds, a tiny plan's steps a fraction of one. Returns per job the
+    records of every rank (losses, memory, all-reduce times); raises AssertionError naming the
+    plan and the rank's own error when a rank fails."""
     from planner.execute.launch import free_port
 
     folder.mkdir(parents=True, exist_ok=True)
@@ -60,10 +62,13 @@ def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0)
             if p.poll() is None:
                 p.kill()
             p.wait()
-    errors = sorted(folder.glob("rank*.error"), key=lambda f: "Connection closed" in f.read_text(encoding="utf-8"))
-    if errors or any(p.returncode for p in procs):
-        why = errors[0].read_text(encoding="utf-8") if errors else (folder / "rank0.log").read_text(errors="replace")[-3000:]
-        raise AssertionError(f"a {world}-rank launch failed: {why}")
+    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
+    if failed:
+        # the rank whose own error it is, not a peer that lost its connection to it
+        errors = sorted(folder.glob("rank*.error"), key=lambda f: "Connection closed" in f.read_text(encoding="utf-8"))
+        why = errors[0].read_text(encoding="utf-8") if errors else (folder / f"rank{failed[0]}.log").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{errors[0].stem if errors else f'rank{failed[0]}'} of a {world}-rank launch of {len(jobs)} "
+                             f"plans failed: {why}")
     per_rank = [json.loads((folder / f"rank{r}.json").read_text(encoding="utf-8")) for r in range(world)]
     return [[per_rank[r][j] for r in range(world)] for j in range(len(jobs))]
 
@@ -90,7 +95,8 @@ def rank_main(folder_name: str) -> None:
         try:
             rec = train_rank(plan, RunOptions.from_dict(job["options"]), rank, world, torch.device("cpu"), kwargs)
         except BaseException:  # noqa: BLE001 - the test shows which plan failed and why
-            (folder / f"rank{rank}.error").write_text(f"job {i} ({plan.schedule}): {traceback.format_exc()}", encoding="utf-8")
+            (folder / f"rank{rank}.error").write_text(f"plan {i} ({plan.model} {plan.schedule}): {traceback.format_exc()}",
+                                                      encoding="utf-8")
             os._exit(1)
         out.append({k: rec[k] for k in ("losses", "memory", "grad_allreduce_ms", "first_step")})
     (folder / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")

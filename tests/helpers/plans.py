@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -73,79 +69,16 @@ def run_plans_in_one_launch(plans: list[Any], input_shapes: list[tuple[int, ...]
     importing torch (and transformers) costs seconds, a tiny plan's three steps a fraction of one.
     Plan i's final weights are checkpointed in `folder/ck<i>`. Returns each plan's losses;
     raises AssertionError naming the plan and the rank's error when a rank fails."""
-    from planner.execute.launch import free_port
     from planner.plan import plan_to_dict
 
-    from helpers.equivalence import EQUIVALENCE_THREADS
+    from helpers.meshruns import launch, run_options
 
     world = plans[0].n_devices
     if any(p.n_devices != world for p in plans):
         raise ValueError("every plan of one launch needs the same number of ranks")
     jobs = [{"plan": plan_to_dict(p), "input_shape": list(s) if s else None,
-             "options": {"steps": steps, "warmup": 1, "device": "cpu", "lr": lr, "threads": EQUIVALENCE_THREADS,
-                         "timeout_s": 120.0, "checkpoint_dir": str(folder / f"ck{i}")}}
+             "options": run_options(folder / f"ck{i}", steps=steps, lr=lr)}
             for i, (p, s) in enumerate(zip(plans, input_shapes))]
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
-    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
-               PYTHONPATH=os.pathsep.join([str(_REPO / "tests"), str(_REPO), env.get("PYTHONPATH", "")]))
-    code = "import sys; from helpers.plans import _launch_rank; _launch_rank(sys.argv[1])"
-    procs = []
-    for r in range(world):
-        with open(folder / f"rank{r}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(env, RANK=str(r)), cwd=_REPO,
-                                          stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + timeout_s
-    try:
-        while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
-            if time.monotonic() > deadline:
-                raise AssertionError(f"a {world}-rank launch of {len(plans)} plans ran past {timeout_s:g} s; logs in {folder}")
-            time.sleep(0.05)
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-            p.wait()
-    failed = [r for r, p in enumerate(procs) if p.returncode != 0]
-    if failed:
-        # the rank whose own error it is, not a peer that lost its connection to it
-        errors = sorted(folder.glob("rank*.error"), key=lambda f: "Connection closed" in f.read_text(encoding="utf-8"))
-        why = errors[0].read_text(encoding="utf-8") if errors else (folder / f"rank{failed[0]}.log").read_text(errors="replace")[-3000:]
-        raise AssertionError(f"{errors[0].stem if errors else f'rank{failed[0]}'} of a {world}-rank launch failed: {why}")
-    out = json.loads((folder / f"rank{world - 1}.json").read_text(encoding="utf-8"))  # the last stage's rank has the losses
-    return [[job[str(k)] for k in range(steps)] for job in out]
-
-
-def _launch_rank(folder_name: str) -> None:
-    """One rank of run_plans_in_one_launch (a child process)."""
-    import traceback
-    from datetime import timedelta
-
-    import torch
-    import torch.distributed as dist
-
-    from planner.execute.options import RunOptions
-    from planner.execute.train import train_rank
-    from planner.plan import plan_from_dict
-
-    from helpers.equivalence import EQUIVALENCE_THREADS
-
-    folder = Path(folder_name)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    torch.set_num_threads(EQUIVALENCE_THREADS)  # as `pplan run --threads` sets it in its ranks
-    dist.init_process_group("gloo", rank=rank, world_size=world, timeout=timedelta(seconds=120))
-    losses = []
-    for i, job in enumerate(json.loads((folder / "jobs.json").read_text(encoding="utf-8"))):
-        plan = plan_from_dict(job["plan"])
-        kwargs = {"input_shape": tuple(job["input_shape"])} if job["input_shape"] else {}
-        try:
-            record = train_rank(plan, RunOptions.from_dict(job["options"]), rank, world, torch.device("cpu"), kwargs)
-        except BaseException:  # noqa: BLE001 - the test shows which plan failed and why
-            (folder / f"rank{rank}.error").write_text(f"plan {i} ({plan.model} {plan.schedule}): {traceback.format_exc()}",
-                                                      encoding="utf-8")
-            os._exit(1)
-        losses.append(record["losses"])
-    (folder / f"rank{rank}.json").write_text(json.dumps(losses), encoding="utf-8")
-    dist.barrier()
-    os._exit(0)  # skip interpreter teardown: gloo's threads can abort it (as the worker does)
+    records = launch(jobs, world, folder, timeout_s)
+    # the last stage's rank has the losses
+    return [[per_rank[world - 1]["losses"][str(k)] for k in range(steps)] for per_rank in records]
