@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import mmap
+
 import pytest
 import torch
 from torch import nn
@@ -125,11 +127,14 @@ def test_rss_window_reads_the_kernels_high_water_mark(tmp_path):
     if read_rss() is None:
         pytest.skip("no /proc/self/status VmRSS/VmHWM here")
     w = RssWindow(baseline=read_rss()[0]).begin()
-    # 64 MiB, touched: above glibc's largest mmap threshold (32 MiB), so it always gets fresh pages
-    # from the kernel; a smaller block could reuse pages this process freed earlier and leave the
-    # resident set where it was (that depends on what ran before in the same process).
-    block = torch.ones(64 * 2**20 // 4)
-    del block
+    # 64 MiB of fresh pages straight from the kernel (an anonymous mapping, every page touched):
+    # a tensor could reuse memory this process freed earlier and kept (planner.allocator keeps it
+    # once any test has profiled or trained in this process) and leave the resident set as it was.
+    size = 64 * 2**20
+    block = mmap.mmap(-1, size)
+    for offset in range(0, size, mmap.PAGESIZE):
+        block[offset] = 1
+    block.close()
     w.end()
     if w.peak_rss is None:
         pytest.skip("the kernel refused to reset the high-water mark (/proc/self/clear_refs)")
