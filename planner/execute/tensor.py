@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from planner.errors import PplanError
+from planner.execute import zero
 from planner.execute.measure import MemoryTracker
 
 __all__ = ["TP_MODELS", "check_tp_model", "zero_with_tp_error", "qkv_order", "parallelize_blocks", "full_layer_state",
@@ -161,10 +162,8 @@ def load_layer_state(layer: nn.Module, state: dict[str, Any]) -> None:
 
 
 def _local_view(t: Any) -> Any:
-    """A DTensor's local shard (the same storage; no autograd node), any other value itself."""
-    from torch.distributed.tensor import DTensor
-
-    if isinstance(t, DTensor):
+    """A DTensor's local shard (the same storage; no autograd node, unlike zero.local), any other value itself."""
+    if zero.is_sharded(t):
         with torch.no_grad():
             return t.to_local()
     return t
@@ -181,7 +180,7 @@ class LocalShardsOptimizer:
 
     def __init__(self, params: list[nn.Parameter], make: Any):
         self.params = params
-        self.aliases = [nn.Parameter(_local_view(p), requires_grad=p.requires_grad) if _is_dtensor(p) else p
+        self.aliases = [nn.Parameter(_local_view(p), requires_grad=p.requires_grad) if zero.is_sharded(p) else p
                         for p in params]
         self.inner = make(self.aliases)
 
@@ -215,15 +214,7 @@ class LocalShardsOptimizer:
 def make_optimizer(pipe: Any, lr: float) -> Any:
     """The plan's optimizer of a tp pipeline: planner.execute.zero's, ZeRO-1 stepping aliases of
     the local shards (LocalShardsOptimizer)."""
-    from planner.execute import zero
-
     return zero.make_optimizer(pipe, lr, wrap=LocalShardsOptimizer)
-
-
-def _is_dtensor(t: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(t, DTensor)
 
 
 def _map_shard_state(state: dict[str, Any], params: list[nn.Parameter], fn: Any, shape: Any) -> dict[str, Any]:
@@ -231,7 +222,7 @@ def _map_shard_state(state: dict[str, Any], params: list[nn.Parameter], fn: Any,
     `shape(parameter)` (its momentum, variance; not Adam's step), in parameter order."""
     per = dict(state.get("state", {}))
     for i, p in enumerate(params):
-        if _is_dtensor(p) and i in per:
+        if zero.is_sharded(p) and i in per:
             per[i] = {k: fn(v, p) if isinstance(v, torch.Tensor) and tuple(v.shape) == tuple(shape(p)) else v
                       for k, v in per[i].items()}
     return dict(state, state=per)
@@ -242,7 +233,6 @@ def full_optimizer_state(opt: Any, pipe: Any) -> dict[str, Any]:
     checkpoint holds). Collective over the tp group (and the dp group under ZeRO-1)."""
     from torch.distributed.tensor import DTensor
 
-    from planner.execute import zero
 
     params, modules = pipe.parameters(), [m.module for m in pipe.modules]
     state = zero.full_optimizer_state(opt, pipe)  # plain optimizer: DTensor state gathered
@@ -256,7 +246,6 @@ def load_optimizer_state(opt: Any, state: dict[str, Any], pipe: Any) -> None:
     """Load a full optimizer state in the model's layout (a save of any tp degree) into `opt`."""
     from torch.distributed.tensor import distribute_tensor
 
-    from planner.execute import zero
 
     params, modules = pipe.parameters(), [m.module for m in pipe.modules]
     state = permute_optimizer_state(state, params, modules)
