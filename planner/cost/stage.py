@@ -18,6 +18,7 @@ from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
     boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor, scaled_skip_edges, stage_bytes, transient_bytes,
+    workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -109,7 +110,7 @@ def stage_cost(
         param_bytes=params,
         static_bytes=params * (2.0 + optimizer_factor(optimizer)),
         kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs)),
-        transient_bytes=transient_bytes(costs.activation_bytes, rec),
+        transient_bytes=transient_bytes(costs.activation_bytes, rec) + workspace_max(costs.workspace_bytes, first, end),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
     )

@@ -193,7 +193,11 @@ class MemoryTracker(SavedTensorHooks):
             self._update_peak()
         else:
             ref[0] += 1
-        return _Held(t, key, self)
+        # Held without its autograd history: a tensor an op saves of its own output points back to
+        # that op's node, which holds this object, a cycle Python's collector cannot see through.
+        # A graph never run backward (torch's first-step metadata inference) then stays alive,
+        # with every activation it saved, for the rest of the run.
+        return _Held(t.detach(), key, self)
 
     def unpack(self, packed: Any) -> torch.Tensor:
         return packed.tensor if isinstance(packed, _Held) else packed

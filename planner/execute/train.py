@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.profiling.allocpeak import AllocatorPeak, CpuAllocatorMeter
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
@@ -89,10 +90,23 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
     from; without it the newest intact save in opts.checkpoint_dir is used.
     """
     from planner.allocator import keep_freed_memory
-    from planner.models import build_model
 
     keep_freed_memory()  # reuse freed host memory step after step, as the profile's loops do
     mark_baseline()  # the process's RSS before the model: what the rank's memory grows from
+    # On CPU torch's allocator counts from here, so the model's own tensors are in its peak.
+    meter = CpuAllocatorMeter().start() if opts.track_memory and device.type == "cpu" else None
+    try:
+        return _train(plan, opts, rank, world, device, model_kwargs, resume, meter)
+    finally:
+        if meter is not None:
+            meter.stop()
+
+
+def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
+           model_kwargs: dict[str, Any] | None, resume: dict[str, Any] | None,
+           meter: CpuAllocatorMeter | None) -> dict[str, Any]:
+    from planner.models import build_model
+
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
     # One micro-batch shows what crosses each cut (tensors, tuples, a traced model's dicts).
     example = bundle.make_batch(plan.micro_batch_size, 0)[0]
@@ -138,15 +152,17 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             set_tracker(tk)
             if step == mem_step and device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(device)
+        measured = tk is not None and step == mem_step
         t0, t1, grad_bytes, sync_ms, losses, window = _timed_step(pipe, rec, opt, params, x, y, tk, device,
-                                                                   rss=tk is not None and step == mem_step)
+                                                                   rss=measured, meter=meter if measured else None)
         allreduce_ms.append(sync_ms)
         if step == start_step:
             check_executed_order(plan, pp_rank, rec.events)
         if tk is not None:
             set_tracker(None)
             if step == mem_step:
-                memory = _memory(zero.held_bytes(pipe, opt, grad_bytes), tk, mods, boundary, plan, device)
+                allocated = meter.stop() if meter is not None else None  # counting ends with the measured step
+                memory = _memory(zero.held_bytes(pipe, opt, grad_bytes), tk, mods, boundary, plan, device, allocated)
                 memory.update(window.to_dict() if window is not None else {})
         bad = 0.0
         if is_last:
@@ -208,7 +224,7 @@ def _action_medians(steps: list[list[list[Any]]]) -> dict[str, float]:
 
 
 def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict, plan: Plan,
-            device: torch.device) -> dict[str, Any]:
+            device: torch.device, allocated: AllocatorPeak | None) -> dict[str, Any]:
     buffers = 0
     for m in mods:
         inp, out = boundary.get(m.stage, [0, 0])
@@ -222,8 +238,10 @@ def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict,
     else:
         import resource
 
-        mem["measure"] = "tracked"
-        mem["peak_bytes"] = tracked["total"]
+        # torch's allocator's own count where the profiler gave one; else the tensors' sizes
+        mem["measure"] = "cpu-allocator" if allocated is not None else "tracked"
+        mem["peak_bytes"] = allocated.peak_bytes if allocated is not None else tracked["total"]
+        mem["allocator_step_start_bytes"] = allocated.start_bytes if allocated is not None else None
         mem["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return mem
 
@@ -303,11 +321,12 @@ def _rank_record(plan: Plan, pipe: Any, rank: int, *, runtime: str, start_step: 
 
 
 def _timed_step(pipe: Any, rec: Any, opt: Any, params: list[Any], x: Any, y: Any, tk: MemoryTracker | None,
-                device: torch.device, rss: bool) -> tuple[float, float, int, float, list[Any], RssWindow | None]:
+                device: torch.device, rss: bool, meter: CpuAllocatorMeter | None = None,
+                ) -> tuple[float, float, int, float, list[Any], RssWindow | None]:
     """One step from leaving the barrier to the end of the optimizer step: the schedule, the
     gradient sync (tied weights, then the replicas; timed on its own), the optimizer.
     (t0, t1, gradient bytes at the step's end, sync ms, the micro-batches' losses, the RSS window
-    when `rss`)."""
+    when `rss`). `meter`: the CPU allocator's peak is taken over this step."""
     losses: list[Any] = []
     args = (tuple(x) if isinstance(x, (tuple, list)) else (x,)) if pipe.is_first else ()
     dist.barrier()
@@ -316,12 +335,13 @@ def _timed_step(pipe: Any, rec: Any, opt: Any, params: list[Any], x: Any, y: Any
     window = RssWindow().begin() if rss else None
     rec.clear()
     t0 = time.perf_counter()
-    with tk if tk is not None else contextlib.nullcontext():
-        pipe.schedule.step(*args, target=y if pipe.is_last else None, losses=losses, return_outputs=False)
-    sync_ms = pipe.sync_gradients()
-    grad_bytes = sum(tensor_bytes(zero.local(p.grad)) for p in params if p.grad is not None)
-    rec.record(pipe.modules[0].stage, "O", -1, opt.step)
-    opt.zero_grad(set_to_none=True)
+    with meter.window() if meter is not None else contextlib.nullcontext():
+        with tk if tk is not None else contextlib.nullcontext():
+            pipe.schedule.step(*args, target=y if pipe.is_last else None, losses=losses, return_outputs=False)
+        sync_ms = pipe.sync_gradients()
+        grad_bytes = sum(tensor_bytes(zero.local(p.grad)) for p in params if p.grad is not None)
+        rec.record(pipe.modules[0].stage, "O", -1, opt.step)
+        opt.zero_grad(set_to_none=True)
     t1 = time.perf_counter()
     if window is not None:
         window.end()

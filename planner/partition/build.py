@@ -89,6 +89,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         link_ms_per_byte=mpb,
         recompute=recompute,
         passthrough_edges=arrays.skip_edges,
+        workspace_bytes=arrays.workspace_bytes,
     )
 
 

@@ -51,6 +51,8 @@ class _Tables:
         self._h_cache: dict[tuple[float, int], np.ndarray] = {}
         self._band_cache: dict[float, tuple[np.ndarray, ...]] = {}
         self.ne = 0
+        # per-(i, j) largest layer workspace, a constant on top of the stage's memory; None: all 0
+        self.work = _range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
         if p.recompute == "all":
             self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
             self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
@@ -124,12 +126,13 @@ class _Tables:
         ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
         bb = self.bb
         static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
+        work = self.work[ii, jj] if self.work is not None else 0.0
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
-            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj]) <= budget
+            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work) <= budget
             rec = self.pr[jj] - self.pr[ii]
         else:
-            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, 0.0) - budget
+            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work) - budget
             ok = need <= 0
             rec = 0.0
             if p.recompute == "auto" and self.ne and np.isfinite(budget):
@@ -158,10 +161,11 @@ class _Tables:
         ii, jj = self.band(np.inf)
         bb = self.bb
         static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
+        work = self.work[ii, jj] if self.work is not None else 0.0
         if p.recompute == "all":
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj])
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work)
         else:
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, 0.0)
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work)
             if p.recompute == "auto" and self.ne:
                 starts = self.pe[ii]
                 mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]

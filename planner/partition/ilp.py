@@ -6,11 +6,12 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
           non-increasing in s, w[0,s] = 0, w[L-1,s] = 1. In-stage indicator
           y[l,s] = w[l,s] - w[l,s+1]; stage s starts at layer x iff st[x,s] = w[x,s] - w[x-1,s] = 1.
   r[l]    binary, layer l recomputed (auto: saving layers only; all: fixed 1; none: fixed 0).
-  z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient).
+  z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient),
+  W[s] >= ws_l y[l,s] (ws_l: layer l's workspace, when the profile has one; the stage's largest).
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
   Memory  planner.cost.stage_bytes(static = sum_l y static, bytes in, bytes out, k_s,
-          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s]) <= budget_s
+          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s] + W[s]) <= budget_s
   h[e,s]  >= 1 - sum of y[l,s] over layers l outside e's gaps (l <= src, l >= dst or a reader),
           >= 0: stage s holds skip tensor e it only forwards (non-chain models; none for a chain)
   Time    t_s = planner.cost.stage_time_ms(sum_l y c, sum_l z rc, speed_s, overhead_s, sends) <= Z
@@ -160,6 +161,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
             kept = kept + float(e.bytes_per_sample) * hold
         static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
+        if p.workspace_bytes is not None:  # W[s] >= w_l y[l,s]: the stage's largest layer workspace
+            work = _var(prob, f"W_{s}", 0)
+            for l in range(L):
+                prob += work >= float(p.workspace_bytes[l]) * y(l, s)
+            trans = trans + work
         mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
         prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
     return stage_time_ms(

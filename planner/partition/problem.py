@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import kept_bytes, stage_time_ms, transfer_ms, transient_bytes
+from planner.cost import kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max
 from planner.cost import stage_bytes as cost_stage_bytes
 from planner.graph.crossing import passthrough_bytes
 
@@ -93,6 +93,8 @@ class PartitionProblem:
     """Recompute family: auto, none or all (module docstring)."""
     passthrough_edges: tuple = ()
     """Skip edges (planner.graph.SkipEdge) whose `bytes_per_sample` holds bytes per micro-batch; () for a chain."""
+    workspace_bytes: np.ndarray | None = None
+    """Per layer, bytes alive at its worst moment beyond what it keeps (planner.cost.workspace_max); None: 0."""
 
     @property
     def n_layers(self) -> int:
@@ -177,7 +179,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
     return float(cost_stage_bytes(
         float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), float(p.inflight[s]),
         kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges),
-        transient_bytes(p.activation_bytes, rec),
+        transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
     ))
 
 

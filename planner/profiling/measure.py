@@ -24,6 +24,11 @@ Method (docs/profile-format.md repeats it for users):
 - flops: torch.utils.flop_counter over one forward without a graph (0 where it counts nothing).
 - cuda_peak_bytes: on CUDA, the allocator's peak during one forward+backward above what was
   allocated before it (gradients it creates included).
+- workspace_bytes: that peak, on CUDA from the caching allocator and on CPU from torch's CPU
+  allocator (torch.profiler's memory events, planner.profiling.allocpeak), less the bytes the
+  layer saves for backward: what else is alive at the layer's worst moment (its output, the
+  gradients flowing through it, the temporaries inside its ops; with the loss, the logits'
+  gradients). Parameter gradients already exist, as after a pipeline's first micro-batch.
 - A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
   tuple of outputs: the same method, with one fixed random gradient per output that
   requires grad (seeds grad_seed, grad_seed + 1, ...) and bwd_input_ms taken with respect to
@@ -75,6 +80,8 @@ class LayerMeasurement:
     """Forward floating-point operations (0 when not countable)."""
     cuda_peak_bytes: int
     """Allocator peak above the starting point during forward+backward (0 off CUDA)."""
+    workspace_bytes: int = 0
+    """That peak (CPU or CUDA allocator) less activation_bytes: output, gradients and temporaries."""
 
 
 def _sync_for(device: torch.device) -> Callable[[], None]:
@@ -147,7 +154,7 @@ def _median_std(samples: list[float]) -> tuple[float, float]:
 
 
 def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
-             output_bytes: int, flops: int, cuda_peak: int) -> "LayerMeasurement":
+             output_bytes: int, flops: int, cuda_peak: int, peak: int = 0) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
     fwd_med, fwd_std = _median_std(fwd)
     bwd_med, bwd_std = _median_std(bwd)
@@ -156,6 +163,7 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
         bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
         activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
         output_bytes=output_bytes, flops=flops, cuda_peak_bytes=cuda_peak,
+        workspace_bytes=max(0, peak - saved.total_bytes) if peak else 0,
     )
 
 
@@ -249,11 +257,12 @@ def measure_layer(
         grad = None if loss_fn is not None else _output_gradient(out, grad_seed)
         bwd, bwd_input = _time_backward(out, grad, [inp] if inp.requires_grad else [], params,
                                         warmup=warmup, repeats=repeats, sync=sync, timer=timer)
+    peak = _allocator_peak(forward, grad, inp.device)
     if inp.device.type == "cuda":
-        cuda_peak = _cuda_peak(forward, grad, inp.device)
+        cuda_peak = peak
         for t in params + [inp]:
             t.grad = None
-    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak)
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak)
     return m, y.detach(), saved
 
 
@@ -291,17 +300,18 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
     if roots:
         bwd, bwd_input = _time_backward(roots, grads, grad_inputs, params,
                                         warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-    if device.type == "cuda":
-        def run() -> None:
-            got, loss = forward()
-            rs = [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
-            if rs and all(r.requires_grad for r in rs):
-                torch.autograd.backward(rs, grads)
+    def run() -> None:
+        got, loss = forward()
+        rs = [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
+        if rs and all(r.requires_grad for r in rs):
+            torch.autograd.backward(rs, grads)
 
-        cuda_peak = _cuda_peak_of(run, device)
+    peak = _allocator_peak_of(run, device)
+    if device.type == "cuda":
+        cuda_peak = peak
         for t in params + grad_inputs:
             t.grad = None
-    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak)
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak)
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 
@@ -336,14 +346,25 @@ def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
     return max(int(torch.cuda.max_memory_allocated(device) - base), 0)
 
 
-def _cuda_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None, device: torch.device) -> int:
-    """_cuda_peak_of a forward and backward of a one-tensor layer."""
+def _allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:
+    """Allocator peak above the starting point while `run` runs: CUDA's caching allocator, or
+    torch's CPU allocator as torch.profiler counts it."""
+    if device.type == "cuda":
+        return _cuda_peak_of(run, device)
+    from planner.profiling.allocpeak import peak_above_start
+
+    return peak_above_start(run)
+
+
+def _allocator_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None,
+                    device: torch.device) -> int:
+    """_allocator_peak_of a forward and backward of a one-tensor layer."""
     def run() -> None:
         _, out = forward()
         if out.requires_grad:
             torch.autograd.backward(out, grad)
 
-    return _cuda_peak_of(run, device)
+    return _allocator_peak_of(run, device)
 
 
 def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int, timer: str = "sched") -> float:

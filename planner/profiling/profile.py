@@ -106,6 +106,8 @@ class LayerCosts:
     """Length n_layers-1: bytes crossing the cut after each layer, skip tensors included (None: a chain, output_bytes[:-1])."""
     layer_input_bytes: np.ndarray | None = None
     """Per layer, bytes it reads from earlier layers (layer 0: input_bytes), what a checkpoint keeps (None: a chain)."""
+    workspace_bytes: np.ndarray | None = None
+    """Bytes alive at each layer's worst moment beyond what it keeps: output, gradients, temporaries (None: 0)."""
 
 
 @dataclass(frozen=True)
@@ -141,7 +143,7 @@ class Profile(ProfileTable):
         interpolated = micro_batch_size not in self._position
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
-            "activation_bytes", "output_bytes", "shared_input_bytes")}
+            "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes")}
         input_bytes = self.input_bytes_per_sample * micro_batch_size
         graph: dict = {}
         if self.skip_edges:  # a chain keeps exactly the arrays (and code path) it always had

@@ -40,7 +40,7 @@ __all__ = ["DTYPES", "profile_model", "resolve_device", "check_batch_fits"]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _COLUMNS = (
     "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
-    "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes",
+    "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes", "workspace_bytes",
 )
 _MESSAGE_LIMIT = 300  # torch errors can be pages long; the one-line error keeps the start
 
