@@ -1,4 +1,4 @@
-"""The layer workspace in the memory model: every solver charges the stage's largest one."""
+"""The layer workspace and the held stage output in the memory model: every solver charges them alike."""
 
 from dataclasses import replace
 
@@ -16,7 +16,8 @@ from helpers.problems import MODES, objective, random_problem
 def _with_workspace(rng: np.random.Generator, p):
     w = rng.integers(0, 4, p.n_layers) * float(np.max(p.activation_bytes)) / 2
     w[rng.random(p.n_layers) < 0.4] = 0.0  # some layers need none
-    return replace(p, workspace_bytes=w)
+    held = rng.integers(0, 3, p.n_layers) * float(np.max(p.activation_bytes)) / 4
+    return replace(p, workspace_bytes=w, held_output_bytes=held)
 
 
 def test_stage_memory_rises_by_the_largest_workspace_of_its_layers():
@@ -29,7 +30,17 @@ def test_stage_memory_rises_by_the_largest_workspace_of_its_layers():
     assert workspace_max(None, 0, 3) == 0.0 and workspace_max(w, 2, 2) == 0.0
 
 
-def test_dp_matches_brute_force_with_workspace():
+def test_a_stage_holds_its_own_output_once_per_microbatch_in_flight():
+    p = random_problem(np.random.default_rng(6), "none")
+    held = np.arange(1, p.n_layers + 1, dtype=float) * 100.0
+    q = replace(p, held_output_bytes=held)
+    for s in range(p.n_stages):
+        for i in range(p.n_layers):
+            for j in range(i + 1, p.n_layers + 1):
+                assert stage_bytes(q, s, i, j, ()) - stage_bytes(p, s, i, j, ()) == p.inflight[s] * held[j - 1]
+
+
+def test_dp_matches_brute_force_with_workspace_and_held_outputs():
     rng = np.random.default_rng(77)
     feasible, tighter = 0, 0
     for case in range(300):
@@ -42,7 +53,7 @@ def test_dp_matches_brute_force_with_workspace():
     assert feasible > 50 and tighter > 0  # the workspace changed some answers
 
 
-def test_ilp_matches_dp_with_workspace():
+def test_ilp_matches_dp_with_workspace_and_held_outputs():
     rng = np.random.default_rng(78)
     for case in range(45):
         p = _with_workspace(rng, random_problem(rng, MODES[case % 3], max_layers=6, max_stages=3))

@@ -15,7 +15,9 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
-from planner.cost.memory import boundary_bytes, checkpoint_input_bytes, scaled_skip_edges, static_bytes_per_layer
+from planner.cost.memory import (
+    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, scaled_skip_edges, static_bytes_per_layer,
+)
 from planner.graph.edges import SkipEdge
 from planner.profiling.profile import LayerCosts
 
@@ -42,6 +44,9 @@ class LayerArrays:
     """Skip edges with bytes per micro-batch (the pass-through term); () for a chain."""
     workspace_bytes: np.ndarray | None = None
     """Bytes alive at each layer's worst moment beyond what it keeps (planner.cost.memory.workspace_max); None: 0."""
+    held_output_bytes: np.ndarray | None = None
+    """Bytes of each layer's output a runtime holds for the backward beyond what the layer saves
+    (planner.cost.memory.held_output); None: 0."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -56,6 +61,7 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         boundary_bytes=boundary_bytes(costs),
         skip_edges=scaled_skip_edges(costs),
         workspace_bytes=_workspace(costs),
+        held_output_bytes=held_output_per_layer(costs),
     )
 
 

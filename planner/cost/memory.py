@@ -10,6 +10,8 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                  kept = sum activation_bytes of layers not in R
                       + sum checkpoint input bytes of layers in R (a checkpoint keeps its input)
                       + pass-through bytes (skip tensors the stage only forwards)
+                      + the stage's output, which the runtime holds until the micro-batch's
+                        backward, where its last layer does not save it (`held_output`)
                  transient = the largest activation_bytes in R: during its backward one
                  micro-batch of that layer's activations lives again
                  + the largest workspace_bytes of the stage's layers (`workspace_max`): what
@@ -49,6 +51,8 @@ __all__ = [
     "kept_bytes",
     "transient_bytes",
     "workspace_max",
+    "held_output",
+    "held_output_per_layer",
     "stage_bytes",
     "recompute_saving",
     "stage_memory",
@@ -101,14 +105,32 @@ def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
     return tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
 
 
+def held_output_per_layer(costs: LayerCosts) -> np.ndarray | None:
+    """Per layer, bytes of its output that a pipeline runtime holds beyond what the layer saves
+    itself: torch keeps each in-flight micro-batch's stage output until that micro-batch's
+    backward. None when the profile does not say which outputs are saved (older profiles:
+    no output is then charged twice, and their plans stay what they were)."""
+    if costs.output_saved_bytes is None:
+        return None
+    out = np.asarray(costs.output_bytes, dtype=float)
+    return np.maximum(out - np.asarray(costs.output_saved_bytes, dtype=float), 0.0)
+
+
+def held_output(held: Sequence[float] | None, end: int) -> float:
+    """The held output of a stage ending before layer `end` (its last layer's, 0 when unknown)."""
+    return 0.0 if held is None or end < 1 else float(held[end - 1])
+
+
 def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
-               recompute: Iterable[int], edges: Sequence[SkipEdge] = ()) -> float:
+               recompute: Iterable[int], edges: Sequence[SkipEdge] = (), held: Sequence[float] | None = None) -> float:
     """Bytes stage [first, end) keeps per micro-batch in flight (module docstring).
 
-    `edges` are scaled_skip_edges (bytes per micro-batch); none for a chain.
+    `edges` are scaled_skip_edges (bytes per micro-batch); none for a chain. `held`:
+    held_output_per_layer (the stage's output the runtime holds), None for none.
     """
     rec = set(recompute)
     kept = sum(float(checkpoint_input[i]) if i in rec else float(activation[i]) for i in range(first, end))
+    kept += held_output(held, end)
     if edges:
         kept += passthrough_bytes(first, end, edges)
     return kept

@@ -17,8 +17,8 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor, scaled_skip_edges, stage_bytes, transient_bytes,
-    workspace_max,
+    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_bytes, optimizer_factor, scaled_skip_edges,
+    stage_bytes, transient_bytes, workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -109,7 +109,8 @@ def stage_cost(
         optimizer_ms=float(np.sum(costs.optimizer_ms[sl])) / speed,
         param_bytes=params,
         static_bytes=params * (2.0 + optimizer_factor(optimizer)),
-        kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs)),
+        kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
+                              held_output_per_layer(costs)),
         transient_bytes=transient_bytes(costs.activation_bytes, rec) + workspace_max(costs.workspace_bytes, first, end),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),

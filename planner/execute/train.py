@@ -133,7 +133,9 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
         comm = _comm(rank, world, device)
 
     n_steps = opts.steps
-    mem_step = min(n_steps - 1, start_step + max(0, opts.warmup - 1)) if opts.track_memory else -1
+    # Memory is measured in the last warm-up step, and never in a fresh run's first: torch creates
+    # the optimizer's state at the first optimizer step, so that step's peak lacks it.
+    mem_step = min(n_steps - 1, start_step + max(1, opts.warmup - 1)) if opts.track_memory else -1
     step_ms: list[float] = []
     allreduce_ms: list[float] = []
     step_events: list[list[list[Any]]] = []
@@ -186,7 +188,8 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
 
     return _rank_record(plan, pipe, rank, runtime=runtime, start_step=start_step, step_ms=step_ms, step_t0=step_t0,
                         step_events=step_events, step_cpu=step_cpu, allreduce_ms=allreduce_ms, loss_log=loss_log,
-                        diverged_step=diverged_step, memory=memory, comm=comm, boundary=boundary, warmup=opts.warmup)
+                        diverged_step=diverged_step, memory=memory, comm=comm, boundary=boundary, warmup=opts.warmup,
+                        mem_step=mem_step)
 
 
 def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
@@ -285,11 +288,13 @@ def _step_loss(losses: list[Any], pipe: Any, device: torch.device) -> float:
 def _rank_record(plan: Plan, pipe: Any, rank: int, *, runtime: str, start_step: int, step_ms: list[float],
                  step_t0: list[float], step_events: list[Any], step_cpu: list[Any], allreduce_ms: list[float],
                  loss_log: dict[int, float], diverged_step: int | None, memory: dict[str, Any], comm: list[Any],
-                 boundary: dict[int, list[int]], warmup: int) -> dict[str, Any]:
+                 boundary: dict[int, list[int]], warmup: int, mem_step: int = -1) -> dict[str, Any]:
     """What this rank measured, for rank 0 to gather (planner.execute.results reads it)."""
     mods, is_last, pp_rank = pipe.modules, pipe.is_last, pipe.pp_index
     # The step whose time is the median of the measured ones stands for the run in the timeline.
     measured = list(range(min(warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
+    if len(measured) > 1 and mem_step - start_step in measured:  # its hooks and counting slow it
+        measured.remove(mem_step - start_step)
     chosen = min(measured, key=lambda i: abs(step_ms[i] - statistics.median(step_ms[j] for j in measured))) if measured else -1
     events = step_events[chosen] if chosen >= 0 else []
     return {

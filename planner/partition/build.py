@@ -90,6 +90,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         recompute=recompute,
         passthrough_edges=arrays.skip_edges,
         workspace_bytes=arrays.workspace_bytes,
+        held_output_bytes=arrays.held_output_bytes,
     )
 
 

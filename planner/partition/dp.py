@@ -53,6 +53,9 @@ class _Tables:
         self.ne = 0
         # per-(i, j) largest layer workspace, a constant on top of the stage's memory; None: all 0
         self.work = _range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
+        # hold[j]: what a stage ending before layer j holds of its output per micro-batch; None: all 0
+        self.hold = (np.concatenate([[0.0], np.asarray(p.held_output_bytes, dtype=float)])
+                     if p.held_output_bytes is not None else None)
         if p.recompute == "all":
             self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
             self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
@@ -127,6 +130,8 @@ class _Tables:
         bb = self.bb
         static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
         work = self.work[ii, jj] if self.work is not None else 0.0
+        if self.hold is not None:  # the stage's output, held per micro-batch in flight
+            pt = pt + self.hold[jj]
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
             ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work) <= budget
@@ -162,6 +167,8 @@ class _Tables:
         bb = self.bb
         static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
         work = self.work[ii, jj] if self.work is not None else 0.0
+        if self.hold is not None:  # the stage's output, held per micro-batch in flight
+            pt = pt + self.hold[jj]
         if p.recompute == "all":
             mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work)
         else:

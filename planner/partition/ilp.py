@@ -8,6 +8,8 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   r[l]    binary, layer l recomputed (auto: saving layers only; all: fixed 1; none: fixed 0).
   z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient),
   W[s] >= ws_l y[l,s] (ws_l: layer l's workspace, when the profile has one; the stage's largest).
+  Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
+          (the last stage: ho_(L-1)), when the profile says which outputs layers save.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
   Memory  planner.cost.stage_bytes(static = sum_l y static, bytes in, bytes out, k_s,
@@ -155,6 +157,9 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             prob += trans >= a[l] * z[l, s]
         kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
                 - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
+        if p.held_output_bytes is not None:  # the stage's output: its last layer is x - 1 where stage s+1 starts at x
+            held = np.asarray(p.held_output_bytes, dtype=float)
+            kept = kept + (pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else float(held[L - 1]))
         for n, e in enumerate(p.passthrough_edges):
             hold = _var(prob, f"h_{n}_{s}", 0)
             outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]

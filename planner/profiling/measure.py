@@ -26,9 +26,10 @@ Method (docs/profile-format.md repeats it for users):
   allocated before it (gradients it creates included).
 - workspace_bytes: that peak, on CUDA from the caching allocator and on CPU from torch's CPU
   allocator (torch.profiler's memory events, planner.profiling.allocpeak), less the bytes the
-  layer saves for backward: what else is alive at the layer's worst moment (its output, the
+  layer saves for backward and its output: what else is alive at the layer's worst moment (the
   gradients flowing through it, the temporaries inside its ops; with the loss, the logits'
   gradients). Parameter gradients already exist, as after a pipeline's first micro-batch.
+  output_saved_bytes: the part of the output the layer saves itself (a ReLU's, a softmax's).
 - A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
   tuple of outputs: the same method, with one fixed random gradient per output that
   requires grad (seeds grad_seed, grad_seed + 1, ...) and bwd_input_ms taken with respect to
@@ -47,7 +48,7 @@ from typing import Any, Callable
 import torch
 
 from planner.errors import ModelSpecError
-from planner.profiling.saved import SavedTensors, tensor_bytes
+from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes
 
 __all__ = ["TIMERS", "LayerMeasurement", "RunQueueWait", "measure_layer", "optimizer_ms", "timed_ms"]
 
@@ -81,7 +82,9 @@ class LayerMeasurement:
     cuda_peak_bytes: int
     """Allocator peak above the starting point during forward+backward (0 off CUDA)."""
     workspace_bytes: int = 0
-    """That peak (CPU or CUDA allocator) less activation_bytes: output, gradients and temporaries."""
+    """That peak (CPU or CUDA allocator) less activation_bytes and output_bytes: gradients and temporaries."""
+    output_saved_bytes: int = 0
+    """Bytes of the output that the layer itself saves for backward (counted in activation_bytes)."""
 
 
 def _sync_for(device: torch.device) -> Callable[[], None]:
@@ -154,7 +157,8 @@ def _median_std(samples: list[float]) -> tuple[float, float]:
 
 
 def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
-             output_bytes: int, flops: int, cuda_peak: int, peak: int = 0) -> "LayerMeasurement":
+             output_bytes: int, flops: int, cuda_peak: int, peak: int = 0,
+             output_saved: int = 0) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
     fwd_med, fwd_std = _median_std(fwd)
     bwd_med, bwd_std = _median_std(bwd)
@@ -163,7 +167,9 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
         bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
         activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
         output_bytes=output_bytes, flops=flops, cuda_peak_bytes=cuda_peak,
-        workspace_bytes=max(0, peak - saved.total_bytes) if peak else 0,
+        # the output counts once: in activation_bytes where the layer saves it, else on its own
+        workspace_bytes=max(0, peak - saved.total_bytes - (output_bytes - min(output_bytes, output_saved))) if peak else 0,
+        output_saved_bytes=min(output_bytes, output_saved),
     )
 
 
@@ -262,7 +268,8 @@ def measure_layer(
         cuda_peak = peak
         for t in params + [inp]:
             t.grad = None
-    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak)
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
+                 _saved_output_bytes(saved, [y]))
     return m, y.detach(), saved
 
 
@@ -311,7 +318,8 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         cuda_peak = peak
         for t in params + grad_inputs:
             t.grad = None
-    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak)
+    m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
+                 _saved_output_bytes(saved, [t for t in y if isinstance(t, torch.Tensor)]))
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 
@@ -344,6 +352,12 @@ def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
     run()
     torch.cuda.synchronize(device)
     return max(int(torch.cuda.max_memory_allocated(device) - base), 0)
+
+
+def _saved_output_bytes(saved: SavedTensors, outputs: list[torch.Tensor]) -> int:
+    """Bytes of `outputs` whose storage the layer saved for its own backward: a pipeline runtime
+    that holds a stage's output until its backward holds these anyway."""
+    return sum(tensor_bytes(t) for t in outputs if storage_key(t)[0] in saved.storages)
 
 
 def _allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:

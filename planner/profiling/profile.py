@@ -107,7 +107,9 @@ class LayerCosts:
     layer_input_bytes: np.ndarray | None = None
     """Per layer, bytes it reads from earlier layers (layer 0: input_bytes), what a checkpoint keeps (None: a chain)."""
     workspace_bytes: np.ndarray | None = None
-    """Bytes alive at each layer's worst moment beyond what it keeps: output, gradients, temporaries (None: 0)."""
+    """Bytes alive at each layer's worst moment beyond what it keeps and its output: gradients, temporaries (None: 0)."""
+    output_saved_bytes: np.ndarray | None = None
+    """Bytes of each layer's output it saves itself for backward (None: unknown, taken as all of it)."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +145,10 @@ class Profile(ProfileTable):
         interpolated = micro_batch_size not in self._position
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
-            "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes")}
+            "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes",
+            "output_saved_bytes")}
+        if "output_saved_bytes" not in self.present:  # unknown: the cost model then holds no output twice
+            cols["output_saved_bytes"] = None
         input_bytes = self.input_bytes_per_sample * micro_batch_size
         graph: dict = {}
         if self.skip_edges:  # a chain keeps exactly the arrays (and code path) it always had

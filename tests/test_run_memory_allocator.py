@@ -1,0 +1,41 @@
+"""Measured CPU memory that is really measured: torch's allocator against the cost model.
+
+The profile's workspace column and the ranks' allocator peak come from the same counter, but the
+prediction adds them up through the cost model (weights, gradients, optimizer state, activations
+in flight under the schedule, buffers, the largest workspace): a missing term shows here as a miss.
+Byte counts do not depend on timing or load, so the bound is tight.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers.cli import run_pplan
+
+# Activations and the head's logits outweigh the weights, as in the models people pipeline; in a
+# model whose weights and gradients are as large as its activations the cost model's one known
+# simplification shows instead (gradients are charged from the step's start, torch allocates
+# them at the first backward: an over-prediction of up to the gradients' bytes).
+GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=8192"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_allocator_peak_within_ten_percent_of_the_prediction(tmp_path, schedule):
+    prof, plan, out = tmp_path / "gpt.csv", tmp_path / "plan.json", tmp_path / "run.json"
+    res = run_pplan("profile", "--model", GPT, "-b", "8", "--repeats", "2", "--warmup", "1", "-o", str(prof), timeout=600)
+    assert res.returncode == 0, res.stderr
+    res = run_pplan("partition", str(prof), "--devices", "2", "--memory", "4GiB", "--global-batch", "32",
+                    "--microbatches", "4", "--schedule", schedule, "--recompute", "none", "--out", str(plan))
+    assert res.returncode == 0, res.stderr
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1", "--out", str(out),
+                    timeout=600, PPLAN_MACHINE="off")
+    assert res.returncode == 0, res.stderr
+    run = json.loads(out.read_text())
+    for r in run["ranks"]:
+        measured, predicted = r["peak_memory_bytes_measured"], r["peak_memory_bytes_predicted"]
+        assert r["memory_measure"] == "cpu-allocator"
+        # the last rank's logits gradients are the workspace term: without it this rank misses by half
+        assert measured == pytest.approx(predicted, rel=0.10), (r["rank"], measured, predicted, r["memory_predicted"])
