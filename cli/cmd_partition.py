@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from cli.common import echo_json, err, progress
+from cli.options import CalibrationOption
 
 __all__ = ["register"]
 
@@ -40,7 +41,7 @@ def partition_cmd(
     hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes."),
     parallel: str = typer.Option("auto", "--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4."),
     zero: int = typer.Option(0, "--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights)."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON to apply, or 'none' (default: the profile's own, if `pplan calibrate` made one)."),
+    calibration: CalibrationOption = None,
     out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
     plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),

@@ -11,6 +11,7 @@ from typing import Any
 import typer
 
 from cli.common import echo_json, err, parse_shape
+from cli.options import PlanArgument
 from planner.units import format_bytes, format_ms
 
 __all__ = ["register", "run_command", "run_options", "check_outputs", "print_run"]
@@ -168,7 +169,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("run")
     def run(
-        plan: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON (from `pplan partition` or written by hand)."),
+        plan: PlanArgument,
         steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
         timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
         calibrate: bool = o["calibrate"], checkpoint_dir: Path | None = o["checkpoint_dir"],

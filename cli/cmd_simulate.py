@@ -14,6 +14,7 @@ from typing import Any, Optional
 import typer
 
 from cli.common import echo_json, err
+from cli.options import CalibrationOption, PlanArgument
 
 __all__ = ["register"]
 
@@ -23,9 +24,9 @@ def register(app: typer.Typer) -> None:
 
 
 def simulate_cmd(
-    plan_path: Path = typer.Argument(..., metavar="PLAN.json", help="Plan JSON (from `pplan partition` or written by hand)."),
+    plan_path: PlanArgument,
     profile: Optional[Path] = typer.Option(None, "--profile", help="Profile CSV (default: the one the plan names)."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON to apply, or 'none' (default: the profile's own, if `pplan calibrate` made one)."),
+    calibration: CalibrationOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print the simulation JSON instead of a table."),
     out: Optional[Path] = typer.Option(None, "--out", help="Write the simulation JSON here."),
     timeline: Optional[Path] = typer.Option(None, "--timeline", help="Write the timeline CSV here."),
