@@ -5,8 +5,9 @@ the plan with that schedule and count forced (the plan the user would get), the 
 predicts it from the profile just measured (no calibration), and the executor trains it for a
 few steps. Errors are 100 x (predicted - measured) / measured; the mean absolute percentage
 error (MAPE) is over the runs that completed. Peak memory compares each rank's predicted peak
-with the executor's measure (CUDA allocator peak on GPU; on CPU weights, gradients, optimizer
-state, saved activations and buffers: docs/executor.md) and averages the ranks.
+with the executor's measure, the allocator's peak (CUDA's caching allocator on GPU; on CPU
+torch's allocator as torch.profiler counts it: docs/executor.md), and averages the ranks;
+mem_worst_err_pct is the rank missed most.
 
 With `repeats` > 1 each case runs that many times: measured_ms is the median of the runs' medians,
 and the row adds the fastest and slowest run and the spread of the error (max - min, points).
@@ -166,7 +167,7 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
                     done += 1
                     if prof is None:
                         rows.append((g.label, g.devices, name, m) + (None,) * 6 + (why, None, None, None, 0) + _NO_RUN
-                                    + (co_run, None, None))
+                                    + (co_run, None, None, None))
                         continue
                     say(f"fidelity {done}/{total}: {g.label} on {g.devices} devices, {name}, M={m}")
                     row, cal = _fidelity_row(g, name, m, prof, work, steps=steps, warmup=warmup, device=device,
@@ -180,7 +181,8 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
         columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
                  "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
                  "measured_ms_max", "err_spread_pct", "repeats", "compute_ratio", "compute_ratio_cpu",
-                 "rss_growth_peak_bytes", "load_average", "basis", "co_run", "cal_time_err_pct", "cal_runs"),
+                 "rss_growth_peak_bytes", "load_average", "basis", "co_run", "cal_time_err_pct", "cal_runs",
+                 "mem_worst_err_pct"),
         rows=tuple(rows),
         notes=notes,
         summary=summary,
@@ -214,19 +216,20 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
         plan = partition(_case_profile(prof, work, case) if calibrated else prof, settings).plan
     except PplanError as e:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, f"not planned: {e.one_line()[:120]}",
-                None, None, None, 0) + _NO_RUN, (None, None)
+                None, None, None, 0) + _NO_RUN, (None, None, None)
     runs = [run_measured(plan, work, f"{case}-{k}", steps=steps, warmup=warmup, device=device,
                          calibrate=calibrated and k == 0) for k in range(repeats)]
     failed = [r for r in runs if "error" in r]
     if failed:
         return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
-                None, None, None, len(runs) - len(failed)) + _NO_RUN, (None, None)
+                None, None, None, len(runs) - len(failed)) + _NO_RUN, (None, None, None)
     meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
     run = runs[0]
     bare = runs[:1] if calibrated else runs  # the ratios of measured to the profile's own times, no calibration
     pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
     errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
     mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
+    mem_errs_signed = [e for e in mem_errs if e is not None]
     peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
     peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
     rss = [r.get("peak_memory_bytes_rss") for r in run["ranks"] if r.get("peak_memory_bytes_rss") is not None]
@@ -234,7 +237,8 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
             _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
             (max(errs) - min(errs)) if errs else None, len(runs), _median_of(bare, "compute_ratio"),
             _median_of(bare, "compute_ratio_cpu"), max(rss) if rss else None, _median_of(runs, "load_average"),
-            run.get("prediction_source")), (_calibrated_error(runs[1:]) if calibrated else (None, None))
+            run.get("prediction_source")), ((_calibrated_error(runs[1:]) if calibrated else (None, None))
+                                            + (_worst(mem_errs_signed),))
 
 
 def _calibrated_error(runs: list[dict[str, Any]]) -> tuple[float | None, int]:
@@ -247,6 +251,15 @@ def _calibrated_error(runs: list[dict[str, Any]]) -> tuple[float | None, int]:
 
 
 _NO_RUN = (None, None, None, None, None)
+
+
+def _fmt_signed(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.1f}%"
+
+
+def _worst(errors: list[float]) -> float | None:
+    """The error of largest magnitude, sign kept (the rank the memory model misses most)."""
+    return max(errors, key=abs) if errors else None
 
 
 def _median_of(runs: list[dict[str, Any]], key: str) -> float | None:
@@ -275,12 +288,16 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
         "Median |time error| by model/devices: " + "; ".join(f"{k} {_fmt_pct(v)}" for k, v in median_group.items()) + ".",
         "compute_ratio = median over actions of measured / profiled time; compute_ratio_cpu the same with the "
         "actions' CPU time (near 1 while compute_ratio is not: the ranks waited for CPUs); rss_growth_peak_bytes = "
-        "the largest rank's RSS growth over a step, independent of the prediction (measured_peak_bytes counts tensors).",
+        "the largest rank's RSS growth over a step (the allocator's slack and the C library's kept memory too); "
+        "measured_peak_bytes is the allocator's peak (torch's own count, independent of the prediction).",
         f"MAPE step time: {'-' if time_mape is None else f'{time_mape:.1f}%'}; "
         f"MAPE peak memory (mean over ranks): {'-' if mem_mape is None else f'{mem_mape:.1f}%'}.",
         "MAPE by model/devices (time, memory): " + "; ".join(
             f"{k} {_fmt_pct(t)}, {_fmt_pct(m)}" for k, (t, m) in per_group.items()) + ".",
-        "time_err_pct = 100 x (predicted - measured) / measured; mem_err_pct averages |error| over the ranks.",
+        "time_err_pct = 100 x (predicted - measured) / measured; mem_abs_err_pct averages |error| over the ranks; "
+        "mem_worst_err_pct is the rank with the largest |error|, sign kept. Worst rank by model/devices: "
+        + "; ".join(f"{k} {_fmt_signed(_worst([r[23] for r in rows if f'{r[0]}/{r[1]}' == k and r[23] is not None]))}"
+                    for k in groups) + ".",
         f"Each case ran {repeats} time(s): measured_ms is the median of the runs' medians; err_spread_pct = max - min "
         "of the runs' errors (points).",
         "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((g.label + f"/{g.devices}", g.spec) for g in grid).items()),

@@ -6,9 +6,13 @@ Definitions (docs/executor.md):
   error_pct              100 x (predicted - measured) / measured
   busy_ms                a rank's F/B/I/W/R/O time in the timeline step (the measured step whose
                          time is closest to the median), as the simulator's busy_ms
-  peak_memory_bytes_measured  CUDA: the allocator's peak; CPU: weights + gradients + optimizer
-                         state (from the tensors) + peak saved activations (saved-tensor hooks) +
-                         boundary buffers (2 x (input + output) bytes of one micro-batch)
+  peak_memory_bytes_measured  the allocator's peak over the memory step (the last warm-up step,
+                         never a fresh run's first): CUDA's caching allocator; on CPU torch's
+                         allocator as torch.profiler's memory events count it from before the
+                         model was built (memory_measure "cpu-allocator"). memory_measured is
+                         the tracked breakdown beside it: weights + gradients + optimizer state
+                         (the tensors) + peak saved activations (saved-tensor hooks) + boundary
+                         buffers (2 x (input + output) bytes of one micro-batch)
   losses                 mean loss of each step in loss_steps; JSON has no inf/NaN, so a loss
                          that is not finite is written as null
   diverged               null, or {"step": k, "loss": "inf" | "-inf" | "nan"}: the first step
@@ -64,13 +68,13 @@ class RankRecord:
     busy_ms_predicted: float | None = None
     """The simulator's busy time of the device, ms."""
     peak_memory_bytes_measured: int | None = None
-    """CUDA: allocator peak; CPU: the tracked total (tensor sizes)."""
+    """The allocator's peak over the memory step (CUDA's; on CPU torch's own count via torch.profiler)."""
     peak_memory_bytes_predicted: int | None = None
     """The cost model's peak of the device."""
     memory_limit_bytes: int | None = None
     """The plan's device memory."""
     memory_measure: str | None = None
-    """How peak_memory_bytes_measured was measured: cuda-allocator or tracked."""
+    """How peak_memory_bytes_measured was measured: cuda-allocator, cpu-allocator, or tracked (tensor sizes)."""
     memory_measured: dict[str, Any] | None = None
     """The tracked breakdown (weights, gradients, optimizer, activations, buffers, total)."""
     memory_predicted: dict[str, Any] | None = None
