@@ -3,7 +3,11 @@
 A micro-batch's activations on a stage are allocated when its F starts and freed when its
 backward ends: the end of B, or of W for a split backward (the weight gradient still needs the
 layer inputs). While a B or I of a stage with recomputed layers runs, one micro-batch of
-recomputed activations is alive on top (`transient_bytes`). Nothing here depends on timing:
+recomputed activations is alive on top (`transient_bytes`). Parameter gradients exist from the
+end of a stage's first weight-gradient action (B, or W when split) to the optimizer step, which
+frees them (torch's `zero_grad(set_to_none=True)`): `memory_peaks` counts them only from
+there, so a schedule whose activations peak before any backward (GPipe) does not hold both.
+Nothing here depends on timing:
 a rank runs its actions one after another, so the sequence of allocations and frees on it is its
 order, and the simulator's memory timeline reaches exactly these peaks.
 """
@@ -18,10 +22,10 @@ from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 
-__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks"]
+__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
 _ATTR = "_pplan_inflight"
-_State = tuple[tuple[int, ...], int]
+_State = tuple[tuple[int, ...], int, tuple[int, ...]]  # held micro-batches, backward's stage, gradients exist
 
 
 def _states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
@@ -39,7 +43,7 @@ def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_
         stages = cs.rank_stages[r]
         ids = np.asarray(cs.ids[r], dtype=np.int64)
         if ids.size == 0:
-            out.append((stages, [((0,) * len(stages), -1)]))
+            out.append((stages, [((0,) * len(stages), -1, (0,) * len(stages))]))
             continue
         local = np.full(S, -1, dtype=np.int64)
         local[list(stages)] = np.arange(len(stages))
@@ -57,8 +61,11 @@ def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_
         free[rows[last], col[last]] = 1
         during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
         bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
-        uniq = np.unique(np.column_stack([during, bwd_stage]), axis=0).tolist()
-        out.append((stages, [(tuple(u[:-1]), u[-1]) for u in uniq]))
+        # gradients exist once an earlier action of the stage computed weight gradients
+        grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
+        n = len(stages)
+        uniq = np.unique(np.column_stack([during, bwd_stage, grads]), axis=0).tolist()
+        out.append((stages, [(tuple(u[:n]), u[n], tuple(u[n + 1:])) for u in uniq]))
     return out
 
 
@@ -67,7 +74,7 @@ def stage_inflight_peak(schedule: PipelineSchedule) -> list[int]:
     peak = [0] * schedule.n_stages
     for stages, states in _states(schedule):
         for i, s in enumerate(stages):
-            peak[s] = max(counts[i] for counts, _ in states)
+            peak[s] = max(counts[i] for counts, _, _ in states)
     return peak
 
 
@@ -80,7 +87,7 @@ def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
     for stages, states in _states(schedule):
         kept = [float(kept_bytes[s]) for s in stages]
         best = 0.0
-        for counts, bwd in states:
+        for counts, bwd, _ in states:
             value = sum(c * k for c, k in zip(counts, kept))
             if bwd >= 0:
                 value += float(transient_bytes[bwd])
@@ -88,6 +95,31 @@ def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
                 best = value
         peaks.append(best)
     return peaks
+
+
+def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transient_bytes: Sequence[float],
+                 gradient_bytes: Sequence[float]) -> list[tuple[float, float]]:
+    """rank -> (activation bytes, gradient bytes) at the moment their sum peaks.
+
+    As activation_peaks, with each stage's gradients (`gradient_bytes[s]`) counted only after its
+    first weight-gradient action (module docstring). The activation part is at most
+    activation_peaks' value, and the sum at most that plus all the rank's gradients.
+    """
+    if len(gradient_bytes) != schedule.n_stages:
+        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} gradient values, got {len(gradient_bytes)}")
+    activation_peaks(schedule, kept_bytes, transient_bytes)  # checks the other lengths
+    out = []
+    for stages, states in _states(schedule):
+        kept = [float(kept_bytes[s]) for s in stages]
+        grad = [float(gradient_bytes[s]) for s in stages]
+        best, at = -1.0, (0.0, 0.0)
+        for counts, bwd, has_grad in states:
+            act = sum(c * k for c, k in zip(counts, kept)) + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0)
+            g = sum(h * x for h, x in zip(has_grad, grad))
+            if act + g > best:
+                best, at = act + g, (act, g)
+        out.append(at)
+    return out
 
 
 def rank_activation_peak(schedule: PipelineSchedule, rank: int, kept_bytes: Sequence[float],
