@@ -17,7 +17,9 @@ def _with_workspace(rng: np.random.Generator, p):
     w = rng.integers(0, 4, p.n_layers) * float(np.max(p.activation_bytes)) / 2
     w[rng.random(p.n_layers) < 0.4] = 0.0  # some layers need none
     held = rng.integers(0, 3, p.n_layers) * float(np.max(p.activation_bytes)) / 4
-    return replace(p, workspace_bytes=w, held_output_bytes=held)
+    step = rng.integers(0, 3, p.n_layers) * float(np.max(p.static_bytes))
+    step[rng.random(p.n_layers) < 0.5] = 0.0
+    return replace(p, workspace_bytes=w, held_output_bytes=held, optimizer_workspace_bytes=step)
 
 
 def test_stage_memory_rises_by_the_largest_workspace_of_its_layers():
@@ -38,6 +40,18 @@ def test_a_stage_holds_its_own_output_once_per_microbatch_in_flight():
         for i in range(p.n_layers):
             for j in range(i + 1, p.n_layers + 1):
                 assert stage_bytes(q, s, i, j, ()) - stage_bytes(p, s, i, j, ()) == p.inflight[s] * held[j - 1]
+
+
+def test_the_optimizer_step_counts_instead_of_the_activations_when_larger():
+    p = random_problem(np.random.default_rng(7), "none")
+    big = np.full(p.n_layers, 1e15)
+    q = replace(p, optimizer_workspace_bytes=big)
+    for i in range(p.n_layers):
+        assert stage_bytes(q, 0, i, i + 1, ()) == stage_bytes(replace(p, activation_bytes=p.activation_bytes * 0,
+                                                                       input_bytes=p.input_bytes * 0), 0, i, i + 1, ()) + 1e15
+    small = replace(p, optimizer_workspace_bytes=np.zeros(p.n_layers) + 1.0)
+    assert stage_bytes(small, 0, 0, 1, ()) == stage_bytes(p, 0, 0, 1, ())
+    assert solve_dp(q) is None or not np.isfinite(q.budget).all()
 
 
 def test_dp_matches_brute_force_with_workspace_and_held_outputs():

@@ -32,7 +32,7 @@ from planner.cost.compute import (
 from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
     recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
-    transient_bytes, workspace_max, held_output, held_output_per_layer,
+    transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace,
 )
 from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
 
@@ -69,6 +69,7 @@ __all__ = [
     "transfer_ms",
     "transient_bytes",
     "workspace_max",
+    "optimizer_workspace",
     "held_output",
     "held_output_per_layer",
 ]

@@ -16,7 +16,8 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, scaled_skip_edges, static_bytes_per_layer,
+    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, optimizer_workspace, scaled_skip_edges,
+    static_bytes_per_layer,
 )
 from planner.graph.edges import SkipEdge
 from planner.profiling.profile import LayerCosts
@@ -44,6 +45,8 @@ class LayerArrays:
     """Skip edges with bytes per micro-batch (the pass-through term); () for a chain."""
     workspace_bytes: np.ndarray | None = None
     """Bytes alive at each layer's worst moment beyond what it keeps (planner.cost.memory.workspace_max); None: 0."""
+    optimizer_workspace_bytes: np.ndarray | None = None
+    """Per layer, the optimizer step's temporaries for this optimizer (planner.cost.optimizer_workspace); None: 0."""
     held_output_bytes: np.ndarray | None = None
     """Bytes of each layer's output a runtime holds for the backward beyond what the layer saves
     (planner.cost.memory.held_output); None: 0."""
@@ -62,7 +65,16 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         skip_edges=scaled_skip_edges(costs),
         workspace_bytes=_workspace(costs),
         held_output_bytes=held_output_per_layer(costs),
+        optimizer_workspace_bytes=_step_workspace(costs, optimizer),
     )
+
+
+def _step_workspace(costs: LayerCosts, optimizer: str) -> np.ndarray | None:
+    """The profile's optimizer-step temporaries where this optimizer makes them, else None."""
+    w = costs.optimizer_workspace_bytes
+    if w is None or not np.any(np.asarray(w) > 0) or optimizer_workspace(w, 0, len(w), optimizer) == 0.0:
+        return None
+    return np.asarray(w, dtype=float)
 
 
 def _workspace(costs: LayerCosts) -> np.ndarray | None:

@@ -51,6 +51,7 @@ __all__ = [
     "kept_bytes",
     "transient_bytes",
     "workspace_max",
+    "optimizer_workspace",
     "held_output",
     "held_output_per_layer",
     "stage_bytes",
@@ -141,6 +142,21 @@ def transient_bytes(activation: Sequence[float], recompute: Iterable[int]) -> fl
     return max((float(activation[i]) for i in recompute), default=0.0)
 
 
+# Optimizers whose step makes parameter-sized temporaries (Adam's denominator); SGD updates in place.
+_STEP_TEMPORARIES = frozenset({"adam", "adamw"})
+
+
+def optimizer_workspace(workspace: Sequence[float] | None, first: int, end: int, optimizer: str) -> float:
+    """Temporaries of the optimizer step over layers [first, end): the largest layer's measured
+    Adam step (torch's single-tensor Adam, its default on CPU, updates one parameter at a time;
+    its multi-tensor form on CUDA would hold the stage's sum). 0 for SGD and without the column.
+    The step runs after the backward, when no activations are held, so a stage's peak is the
+    larger of its activation peak and this (stage_bytes)."""
+    if workspace is None or end <= first or optimizer not in _STEP_TEMPORARIES:
+        return 0.0
+    return float(max(workspace[first:end]))
+
+
 def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> float:
     """The largest workspace of layers [first, end): a stage runs one layer at a time, so one
     layer's output, gradients and temporaries are alive on top of what the stage keeps (0 when
@@ -150,12 +166,18 @@ def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> fl
     return float(max(workspace[first:end]))
 
 
-def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any) -> Any:
-    """Peak bytes of a stage: static + buffers + in_flight x kept + transient (module docstring).
+def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
+                optimizer_step: float = 0.0) -> Any:
+    """Peak bytes of a stage: static + buffers + in_flight x kept + transient (module docstring),
+    or static + buffers + the optimizer step's temporaries when those are larger.
 
-    Pure arithmetic: numbers, numpy arrays and PuLP expressions all work.
+    Pure arithmetic: numbers, numpy arrays and PuLP expressions all work (a PuLP caller charges
+    the optimizer step as a row of its own: max is not linear).
     """
-    return static + 2.0 * (bytes_in + bytes_out) + in_flight * kept + transient
+    held = in_flight * kept + transient
+    if not (isinstance(optimizer_step, (int, float)) and optimizer_step == 0):
+        held = np.maximum(held, optimizer_step)
+    return static + 2.0 * (bytes_in + bytes_out) + held
 
 
 def recompute_saving(in_flight: Any, kept_saved: Any, transient: Any) -> Any:
@@ -177,7 +199,8 @@ class MemoryBreakdown:
     optimizer: float
     """Optimizer state."""
     activations: float
-    """Activations at the schedule's peak, recompute transients included."""
+    """Activations at the schedule's peak, recompute transients and layer workspaces included; the
+    optimizer step's temporaries instead where those are larger (the step holds no activations)."""
     buffers: float
     """Send/receive buffers at the stage boundaries."""
 
@@ -200,10 +223,11 @@ def stage_memory(stages: list, peak_activation_bytes: float, optimizer: str = "a
     plus transients); see planner.schedules.memory.
     """
     params = sum(s.param_bytes for s in stages)
+    step = max((s.optimizer_workspace_bytes for s in stages), default=0.0)  # one parameter at a time
     return MemoryBreakdown(
         weights=params,
         gradients=params,
         optimizer=params * optimizer_factor(optimizer),
-        activations=peak_activation_bytes,
+        activations=max(peak_activation_bytes, step),
         buffers=sum(s.buffer_bytes for s in stages),
     )

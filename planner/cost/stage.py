@@ -18,7 +18,7 @@ from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
     boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_bytes, optimizer_factor, scaled_skip_edges,
-    stage_bytes, transient_bytes, workspace_max,
+    optimizer_workspace, stage_bytes, transient_bytes, workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -68,6 +68,8 @@ class StageCost:
     grad_sync_ms: float = 0.0
     """Data-parallel gradient synchronisation of this stage once per iteration, ms (0 without data
     parallelism); the simulator decides how much of it the last backward hides."""
+    optimizer_workspace_bytes: float = 0.0
+    """Temporaries of the optimizer step over this stage's parameters (planner.cost.optimizer_workspace)."""
 
     @property
     def buffer_bytes(self) -> float:
@@ -112,6 +114,7 @@ def stage_cost(
         kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
                               held_output_per_layer(costs)),
         transient_bytes=transient_bytes(costs.activation_bytes, rec) + workspace_max(costs.workspace_bytes, first, end),
+        optimizer_workspace_bytes=optimizer_workspace(costs.optimizer_workspace_bytes, first, end, optimizer),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
     )
@@ -128,4 +131,4 @@ def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, spli
 def stage_peak_bytes(stage: StageCost, in_flight: float) -> float:
     """The partitioner's memory of `stage` holding `in_flight` micro-batches (planner.cost.memory.stage_bytes)."""
     return stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
-                       stage.kept_bytes, stage.transient_bytes)
+                       stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes)

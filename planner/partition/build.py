@@ -91,6 +91,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         passthrough_edges=arrays.skip_edges,
         workspace_bytes=arrays.workspace_bytes,
         held_output_bytes=arrays.held_output_bytes,
+        optimizer_workspace_bytes=arrays.optimizer_workspace_bytes,
     )
 
 

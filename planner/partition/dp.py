@@ -53,6 +53,9 @@ class _Tables:
         self.ne = 0
         # per-(i, j) largest layer workspace, a constant on top of the stage's memory; None: all 0
         self.work = _range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
+        # the optimizer step's temporaries: the stage's largest, charged instead of its activations
+        self.optw = (_range_max(np.asarray(p.optimizer_workspace_bytes, dtype=float))
+                     if p.optimizer_workspace_bytes is not None else None)
         # hold[j]: what a stage ending before layer j holds of its output per micro-batch; None: all 0
         self.hold = (np.concatenate([[0.0], np.asarray(p.held_output_bytes, dtype=float)])
                      if p.held_output_bytes is not None else None)
@@ -149,6 +152,8 @@ class _Tables:
                     q[over] = got
                     ok[over] = got <= count
                 rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
+        if self.optw is not None:  # the optimizer step must fit too; recompute cannot shrink it
+            ok &= stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj]) <= budget
         cin, cout = self.comm(s)
         t = stage_time_ms(self.pc[jj] - self.pc[ii], rec, speed, ovh, cin[ii], cout[jj])
         table = np.full((L1, L1), np.inf)
@@ -176,6 +181,8 @@ class _Tables:
             if p.recompute == "auto" and self.ne:
                 starts = self.pe[ii]
                 mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]
+        if self.optw is not None:
+            mem = np.maximum(mem, stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj]))
         out = np.full((L1, L1), np.inf)
         out[ii, jj] = mem
         return out

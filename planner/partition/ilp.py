@@ -8,6 +8,7 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   r[l]    binary, layer l recomputed (auto: saving layers only; all: fixed 1; none: fixed 0).
   z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient),
   W[s] >= ws_l y[l,s] (ws_l: layer l's workspace, when the profile has one; the stage's largest).
+  Optimizer step: static + buffers + OW[s] <= budget_s, OW[s] >= ow_l y[l,s] (when the profile measured it).
   Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
           (the last stage: ho_(L-1)), when the profile says which outputs layers save.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
@@ -173,6 +174,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             trans = trans + work
         mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
         prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
+        if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
+            step = _var(prob, f"OW_{s}", 0)
+            for l in range(L):
+                prob += step >= float(p.optimizer_workspace_bytes[l]) * y(l, s)
+            prob += (1.0 / budget) * stage_bytes(static, bytes_in, bytes_out, 1.0, step, 0.0) <= 1.0 - _TIGHTEN
     return stage_time_ms(
         pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L)),
         pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand),

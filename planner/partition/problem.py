@@ -95,6 +95,8 @@ class PartitionProblem:
     """Skip edges (planner.graph.SkipEdge) whose `bytes_per_sample` holds bytes per micro-batch; () for a chain."""
     workspace_bytes: np.ndarray | None = None
     """Per layer, bytes alive at its worst moment beyond what it keeps (planner.cost.workspace_max); None: 0."""
+    optimizer_workspace_bytes: np.ndarray | None = None
+    """Per layer, the optimizer step's temporaries (planner.cost.optimizer_workspace, the stage's largest); None: 0."""
     held_output_bytes: np.ndarray | None = None
     """Per layer, its output's bytes the runtime holds per micro-batch when a stage ends with it (planner.cost.held_output); None: 0."""
 
@@ -182,6 +184,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), float(p.inflight[s]),
         kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes),
         transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
+        workspace_max(p.optimizer_workspace_bytes, i, j),
     ))
 
 

@@ -381,6 +381,22 @@ def _allocator_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], gr
     return _allocator_peak_of(run, device)
 
 
+def optimizer_workspace_bytes(layer: torch.nn.Module) -> int:
+    """The allocator's peak during one Adam step over copies of the layer's trainable parameters
+    (state already created, as in every step after the first), above its starting point: the
+    step's temporaries. torch's single-tensor Adam (its default on CPU) makes two
+    parameter-sized temporaries for the update's denominator, one parameter at a time."""
+    params = [p for p in layer.parameters() if p.requires_grad]
+    if not params:
+        return 0
+    copies = [p.detach().clone() for p in params]
+    for c in copies:
+        c.grad = torch.full_like(c, 1e-3)
+    opt = torch.optim.Adam(copies, lr=1e-3)
+    opt.step()  # creates the state
+    return _allocator_peak_of(opt.step, copies[0].device)
+
+
 def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int, timer: str = "sched") -> float:
     """Median time of one Adam step over copies of the layer's trainable parameters, ms."""
     params = [p for p in layer.parameters() if p.requires_grad]

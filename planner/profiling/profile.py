@@ -110,6 +110,8 @@ class LayerCosts:
     """Bytes alive at each layer's worst moment beyond what it keeps and its output: gradients, temporaries (None: 0)."""
     output_saved_bytes: np.ndarray | None = None
     """Bytes of each layer's output it saves itself for backward (None: unknown, taken as all of it)."""
+    optimizer_workspace_bytes: np.ndarray | None = None
+    """Temporaries of one Adam step over each layer's parameters (None: 0)."""
 
 
 @dataclass(frozen=True)
@@ -146,7 +148,7 @@ class Profile(ProfileTable):
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
             "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes",
-            "output_saved_bytes")}
+            "output_saved_bytes", "optimizer_workspace_bytes")}
         if "output_saved_bytes" not in self.present:  # unknown: the cost model then holds no output twice
             cols["output_saved_bytes"] = None
         input_bytes = self.input_bytes_per_sample * micro_batch_size
@@ -190,7 +192,7 @@ class Profile(ProfileTable):
     def _column_at(self, name: str, b: int) -> np.ndarray:
         data = self.columns[name]
         sizes = self.micro_batch_sizes
-        if name == "optimizer_ms":  # independent of the micro-batch size
+        if name in ("optimizer_ms", "optimizer_workspace_bytes"):  # independent of the micro-batch size
             return data[:, 0].copy()
         k = self._position.get(b)
         if k is not None:

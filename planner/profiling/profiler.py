@@ -30,7 +30,7 @@ from planner.errors import ModelSpecError, PplanError
 from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
 from planner.profiling.corun import CoRun, check_co_run
-from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms
+from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, tensor_bytes
@@ -303,6 +303,8 @@ def _size_free_columns(cols: dict[str, np.ndarray], named: list[tuple[str, torch
     cols["optimizer_ms"] = np.repeat(opt[:, None], n_sizes, axis=1)
     param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
     cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], n_sizes, axis=1)
+    work = np.array([optimizer_workspace_bytes(layer) for _, layer in named], dtype=float)
+    cols["optimizer_workspace_bytes"] = np.repeat(work[:, None], n_sizes, axis=1)
     if dev.type != "cuda":
         del cols["cuda_peak_bytes"]
 
