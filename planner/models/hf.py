@@ -326,10 +326,14 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
         own_loss = model.loss_function  # transformers' ForCausalLMLoss / ForMaskedLMLoss
 
         def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            return own_loss(logits=logits, labels=labels, vocab_size=vocab)
+            # ForMaskedLMLoss flattens both with .view: tensors sliced along the sequence (strided) would
+            # fail in a user's loop; .contiguous() copies nothing for pplan's own (contiguous) ones
+            return own_loss(logits=logits.contiguous(), labels=labels.contiguous(), vocab_size=vocab)
 
-        # a short probe: watch the forward, then check the cut against the model's own output
-        x, y = (t[:, :min(seq, _PROBE_SEQ)] for t in make(2, 0))
+        # a short probe: watch the forward, then check the cut against the model's own output. Drawn
+        # at the probe's length, not sliced from a longer batch: a slice is strided, and the masked
+        # LMs' own forward (BERT's, RoBERTa's, ...) flattens its labels with .view, which fails on it
+        x, y = _lm_batch(vocab, min(seq, _PROBE_SEQ), task == "masked")(2, 0)
         special = set(_token_ids(cfg))
         token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
         split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
