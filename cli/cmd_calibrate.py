@@ -99,28 +99,40 @@ def _check_run(run: Any, plan: Any, source: str) -> None:
             _number(v, f"{source}: transfer_gaps[{i}]")
 
 
-def _machine(out: Path | None, ranks: int, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:
-    """Measure this machine once (planner.execute.machinebench) and save the machine file."""
+def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:
+    """Measure this machine once per rank count (planner.execute.machinebench) and save the machine
+    file, keeping the entries it already has for other counts."""
     from planner.atomic import ensure_writable_file
-    from planner.execute.machinebench import measure_machine
-    from planner.machine import default_machine_path, save_machine
+    from planner.errors import PplanError
+    from planner.execute.machinebench import measure_machines, parse_rank_counts
+    from planner.execute.preflight import cpu_rank_cap
+    from planner.machine import default_machine_path, load_machines, save_machine
 
+    counts = parse_rank_counts(ranks, cpu_rank_cap())
     target = out if out is not None else default_machine_path()
+    base = None
     if target.exists():
         ensure_writable_file(target, "machine file")
-    m = measure_machine(ranks=ranks, threads=threads or None, quick=quick, hardware=hardware,
-                        progress=lambda line: typer.echo(f"  {line}", err=True))
-    path = save_machine(m, target)
+        try:
+            base = load_machines(target)
+        except PplanError as e:  # the file is being remeasured: say what is dropped, then replace it
+            typer.echo(f"pplan: warning: replacing unreadable {e.one_line()[:200]}", err=True)
+    machines = measure_machines(counts, base=base, threads=threads or None, quick=quick, hardware=hardware,
+                                progress=lambda line: typer.echo(f"  {line}", err=True))
+    path = save_machine(machines, target)
     if json_out:
-        echo_json(dict(m.to_dict(), path=str(path)))
+        echo_json(dict(machines.to_dict(), path=str(path)))
         return
-    typer.echo(f"machine: {m.ranks} processes x {m.threads} thread(s), {m.backend}, load {m.measured.get('load_average')}")
-    typer.echo(f"action overhead {m.action_overhead_ms:.3f} ms, hand-over latency {m.comm_latency_ms:.3f} ms, "
-               f"bandwidth {m.comm_bandwidth_bytes_per_s / 1e9:.2f} GB/s, step overhead {m.step_overhead_ms:.2f} ms")
-    typer.echo("optimizer ms/MiB: " + ", ".join(f"{k} {v:.3f}" for k, v in m.optimizer_ms_per_mib.items())
-               + (f"; compute with {m.ranks} ranks busy {m.concurrent_compute_ratio:.2f}x alone"
-                  if m.concurrent_compute_ratio else ""))
-    typer.echo(f"wrote {path}")
+    for m in machines.entries:
+        new = " (measured now)" if m.ranks in counts else ""
+        typer.echo(f"{m.ranks} processes x {m.threads} thread(s), {m.backend}, load {m.measured.get('load_average')}{new}: "
+                   f"action overhead {m.action_overhead_ms:.3f} ms, hand-over latency {m.comm_latency_ms:.3f} ms, "
+                   f"bandwidth {m.comm_bandwidth_bytes_per_s / 1e9:.2f} GB/s, step overhead {m.step_overhead_ms:.2f} ms")
+        if m.ranks in counts:
+            typer.echo("  optimizer ms/MiB: " + ", ".join(f"{k} {v:.3f}" for k, v in m.optimizer_ms_per_mib.items())
+                       + (f"; compute with {m.ranks} ranks busy {m.concurrent_compute_ratio:.2f}x alone"
+                          if m.concurrent_compute_ratio else ""))
+    typer.echo(f"wrote {path} (a plan is predicted with the entry for its process count, else the nearest)")
 
 
 def register(app: typer.Typer) -> None:
@@ -132,7 +144,8 @@ def register(app: typer.Typer) -> None:
         from_run: Path | None = typer.Option(None, "--from-run", help="Fit from this run JSON instead of running."),
         machine: bool = typer.Option(False, "--machine", help="Measure this machine once (per-action, hand-over, "
                                      "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json)."),
-        ranks: int = typer.Option(2, "--ranks", help="With --machine: processes of the microbenchmarks."),
+        ranks: str = typer.Option("2,4,8", "--ranks", help="With --machine: process counts to measure, comma-separated "
+                                  "(one entry each; the file's entries for other counts are kept)."),
         quick: bool = typer.Option(False, "--quick", help="With --machine: fewer cases (about half the time)."),
         hardware: str | None = typer.Option(None, "--hardware", help="With --machine: the hardware preset or file this machine is."),
         steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],

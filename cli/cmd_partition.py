@@ -73,7 +73,7 @@ def partition_cmd(
                                      method=method, time_limit=time_limit)
     prof = load_profile(profile_path)
     validate_settings(prof, settings)
-    cal, cal_path = prediction_basis(prof, calibration)
+    cal, cal_path = prediction_basis(prof, calibration, ranks=settings.n_devices)
     if sys.stderr.isatty():  # a bar for people; logs and pipes stay quiet
         n_points = len(grid_points(settings, len(resolve_devices(settings)[0]), prof.n_layers)[0])
         with progress(n_points, "partition") as bar:

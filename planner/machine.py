@@ -19,6 +19,14 @@ never inside a repository). `find_machine()` reads `$PPLAN_MACHINE` (a path, or 
 default. `machine_calibration(machine)` turns it into a `planner.calibration.Calibration` that the
 simulator applies as is; a per-plan calibration (beside the profile) replaces it where one exists.
 Reading is strict (bounded, no unknown keys, values in `planner.calibration.RANGES`).
+
+Per rank count. Per-action overhead and hand-over latency grow with the processes that share the
+cores (on 2 cores, 8 ranks wait for a CPU when they wake where 2 do not), so the file holds one
+entry per rank count measured (`pplan calibrate --machine --ranks 2,4,8`), format
+`pplan-machine/2`: {"format": ..., "entries": [entry, ...]}, each entry the fields of `Machine`.
+A plan is predicted with the entry of its process count, else the nearest one (`MachineSet.pick`;
+the prediction says which). A `pplan-machine/1` file (one machine, its fields at the top level)
+still loads, as a set of one entry.
 """
 
 from __future__ import annotations
@@ -35,15 +43,20 @@ from planner.calibration import RANGES, Calibration, resolve_calibration
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 
-__all__ = ["FORMAT", "Machine", "default_machine_path", "load_machine", "save_machine", "find_machine",
-           "machine_calibration", "machine_path", "prediction_basis", "MEASURED_KEYS"]
+__all__ = ["FORMAT", "FORMAT_V1", "Machine", "MachineSet", "default_machine_path", "load_machine", "load_machines",
+           "save_machine", "find_machine", "machine_calibration", "machine_path", "prediction_basis", "MEASURED_KEYS",
+           "MAX_ENTRIES"]
 
-FORMAT = "pplan-machine/1"
+FORMAT = "pplan-machine/2"
+FORMAT_V1 = "pplan-machine/1"
+"""The first format: one machine (one rank count), its fields at the top level; still read."""
+MAX_ENTRIES = 32
+"""Rank counts one machine file holds (the bench takes about a minute per count)."""
 _MAX_FILE_BYTES = 1 << 20
 _MAX_RATIO = 100.0
 _MAX_OPT_MS_PER_MIB = 1e6
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")
-MEASURED_KEYS = ("date", "host", "cpu", "cores", "load_average", "torch", "seconds", "cases")
+MEASURED_KEYS = ("date", "host", "cpu", "cores", "load_average", "torch", "seconds", "cases", "model")
 """Keys of `measured` (where and when the numbers were taken): informational, checked."""
 
 
@@ -74,7 +87,7 @@ class Machine:
     hardware: str | None = None
     """The hardware preset or file this machine is (planner.hardware), if named."""
     measured: dict[str, Any] = field(default_factory=dict)
-    """Where and when: date, host, cpu, cores, load_average, torch, seconds, cases."""
+    """Where and when: date, host, cpu, cores, load_average, torch, seconds, cases, model (the empty pipeline's)."""
 
     def __post_init__(self) -> None:
         if self.device_type not in ("cpu", "cuda"):
@@ -101,14 +114,16 @@ class Machine:
         check_keys(self.measured, MEASURED_KEYS, "machine measured", PplanError)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"format": FORMAT, **asdict(self)}
+        """One entry of the machine file (MachineSet.to_dict writes the file)."""
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, data: Any, source: str = "machine") -> "Machine":
+        """An entry, or a whole `pplan-machine/1` file (the same fields and its format)."""
         if not isinstance(data, dict):
             raise PplanError(f"{source} is not a JSON object", "make one with `pplan calibrate --machine`")
-        if data.get("format", FORMAT) != FORMAT:
-            raise PplanError(f"{source} is not a {FORMAT} file (format {str(data.get('format'))[:40]!r})")
+        if data.get("format", FORMAT_V1) != FORMAT_V1:
+            raise PplanError(f"{source} is not a {FORMAT_V1} machine (format {str(data.get('format'))[:40]!r})")
         names = [f.name for f in fields(cls)]
         check_keys(data, ["format", *names], source, PplanError)
         missing = [n for n in _REQUIRED if n not in data]
@@ -134,26 +149,99 @@ def _bounded(name: str, value: Any, low: float, high: float) -> None:
                          "remeasure with `pplan calibrate --machine`")
 
 
+@dataclass(frozen=True)
+class MachineSet:
+    """The machine file: one Machine per rank count measured, all of one device type and backend."""
+
+    entries: tuple[Machine, ...]
+    """The entries, one per rank count, in increasing rank order (sorted on construction)."""
+
+    def __post_init__(self) -> None:
+        entries = tuple(self.entries) if isinstance(self.entries, (tuple, list)) else None
+        if not entries or not all(isinstance(m, Machine) for m in entries):
+            raise PplanError("a machine file needs at least one entry", "make one with `pplan calibrate --machine`")
+        if len(entries) > MAX_ENTRIES:
+            raise PplanError(f"machine file has {len(entries)} entries, at most {MAX_ENTRIES} (one per rank count)")
+        counts = [m.ranks for m in entries]
+        twice = sorted({r for r in counts if counts.count(r) > 1})
+        if twice:
+            raise PplanError(f"machine file has two entries for {twice[0]} ranks", "keep one entry per rank count")
+        kinds = sorted({(m.device_type, m.backend) for m in entries})
+        if len(kinds) > 1:
+            raise PplanError(f"machine file mixes {' and '.join('/'.join(k) for k in kinds)} entries",
+                             "keep one machine file per device type and backend")
+        object.__setattr__(self, "entries", tuple(sorted(entries, key=lambda m: m.ranks)))
+
+    @property
+    def ranks(self) -> tuple[int, ...]:
+        """The rank counts measured."""
+        return tuple(m.ranks for m in self.entries)
+
+    def pick(self, ranks: int | None = None) -> Machine:
+        """The entry for `ranks` processes, else the nearest count (a tie goes to the larger, whose
+        ranks share the cores more, as the plan's extra ranks do); None: the fewest ranks (what
+        a `pplan-machine/1` file measured, and all a command that knows no process count can use)."""
+        if ranks is None:
+            return self.entries[0]
+        return min(self.entries, key=lambda m: (abs(m.ranks - ranks), -m.ranks))
+
+    def with_entry(self, machine: Machine) -> "MachineSet":
+        """This set with `machine` added, replacing an entry of the same rank count."""
+        return MachineSet(tuple(m for m in self.entries if m.ranks != machine.ranks) + (machine,))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"format": FORMAT, "entries": [m.to_dict() for m in self.entries]}
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "machine") -> "MachineSet":
+        """A `pplan-machine/2` file, or a `pplan-machine/1` one (a set of its one machine)."""
+        if not isinstance(data, dict):
+            raise PplanError(f"{source} is not a JSON object", "make one with `pplan calibrate --machine`")
+        # a file without a format is read as the format of its shape (format 1 files could omit it)
+        fmt = data.get("format", FORMAT if "entries" in data else FORMAT_V1)
+        if fmt == FORMAT_V1:
+            return cls((Machine.from_dict(data, source),))
+        if fmt != FORMAT:
+            raise PplanError(f"{source} is not a {FORMAT} (or {FORMAT_V1}) file (format {str(data.get('format'))[:40]!r})",
+                             "make it with `pplan calibrate --machine`")
+        check_keys(data, ["format", "entries"], source, PplanError)
+        entries = data.get("entries")
+        if not isinstance(entries, list) or not entries:
+            raise PplanError(f"{source}: entries must be a non-empty list", "make it with `pplan calibrate --machine`")
+        if len(entries) > MAX_ENTRIES:
+            raise PplanError(f"{source} has {len(entries)} entries, at most {MAX_ENTRIES} (one per rank count)")
+        for i, e in enumerate(entries):
+            if isinstance(e, dict) and "format" in e:
+                raise PplanError(f"{source}: entries[{i}] has a format key", "only the file has a format")
+        return cls(tuple(Machine.from_dict(e, f"{source} entries[{i}]") for i, e in enumerate(entries)))
+
+
 def default_machine_path() -> Path:
     """`$XDG_CACHE_HOME/pplan/machine.json`, else `~/.cache/pplan/machine.json`."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "pplan" / "machine.json"
 
 
-def load_machine(path: str | os.PathLike) -> Machine:
-    """Read a machine file: bounded, strict JSON, no unknown keys, values in range."""
+def load_machines(path: str | os.PathLike) -> MachineSet:
+    """Read a machine file (either format): bounded, strict JSON, no unknown keys, values in range."""
     data = read_json_file(path, "machine file", PplanError, max_bytes=_MAX_FILE_BYTES)
     try:
-        return Machine.from_dict(data, "machine")
+        return MachineSet.from_dict(data, "machine")
     except PplanError as e:
         raise PplanError(f"{path}: {e.message}", e.hint) from None
 
 
-def save_machine(machine: Machine, path: str | os.PathLike | None = None) -> Path:
-    """Write atomically (creating the folder); returns the path."""
+def load_machine(path: str | os.PathLike, ranks: int | None = None) -> Machine:
+    """The entry of a machine file for `ranks` processes (MachineSet.pick)."""
+    return load_machines(path).pick(ranks)
+
+
+def save_machine(machine: Machine | MachineSet, path: str | os.PathLike | None = None) -> Path:
+    """Write atomically (creating the folder), as a `pplan-machine/2` file; returns the path."""
     p = Path(path) if path is not None else default_machine_path()
     p.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(p, json.dumps(machine.to_dict(), indent=2, allow_nan=False) + "\n")
+    machines = machine if isinstance(machine, MachineSet) else MachineSet((machine,))
+    atomic_write_text(p, json.dumps(machines.to_dict(), indent=2, allow_nan=False) + "\n")
     return p
 
 
@@ -171,28 +259,31 @@ def machine_path(path: str | os.PathLike | None = None) -> Path | None:
     return default if default.is_file() else None
 
 
-def find_machine(path: str | os.PathLike | None = None, device_type: str | None = None) -> Machine | None:
-    """The machine file to apply (machine_path), loaded; a file measured for another device type
-    is not applied (None)."""
+def find_machine(path: str | os.PathLike | None = None, device_type: str | None = None,
+                 ranks: int | None = None) -> Machine | None:
+    """The entry for `ranks` processes (MachineSet.pick) of the machine file that applies
+    (machine_path); a file measured for another device type is not applied (None)."""
     chosen = machine_path(path)
     if chosen is None:
         return None
-    m = load_machine(chosen)
+    m = load_machine(chosen, ranks)
     if device_type is not None and m.device_type != device_type:
         return None
     return m
 
 
-def prediction_basis(profile: Any, given: str | os.PathLike | None = None) -> tuple[Calibration | None, Path | None]:
+def prediction_basis(profile: Any, given: str | os.PathLike | None = None,
+                     ranks: int | None = None) -> tuple[Calibration | None, Path | None]:
     """(calibration, the file it came from) for predicting with `profile`: `given` ('none' = none),
-    else the profile's own calibration file, else this machine's file (`pplan calibrate --machine`)
-    when the profile was measured on this kind of device; analytic profiles get no machine file."""
+    else the profile's own calibration file, else this machine's file (`pplan calibrate --machine`;
+    its entry for `ranks` processes, MachineSet.pick) when the profile was measured on this kind of
+    device; analytic profiles get no machine file."""
     cal, path = resolve_calibration(profile.path, given)
     if cal is not None or given is not None or profile.meta.get("analytic") == "true":
         return cal, path
     device = str(profile.meta.get("device") or "cpu").split(":")[0]
     chosen = machine_path()
-    machine = find_machine(chosen, device_type=device) if chosen is not None else None
+    machine = find_machine(chosen, device_type=device, ranks=ranks) if chosen is not None else None
     return (machine_calibration(machine), chosen) if machine is not None else (None, None)
 
 

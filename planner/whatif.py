@@ -123,7 +123,7 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
         raise PlanError(f"plan {str(plan_path)!r} names no profile", "pass --profile PROFILE.csv")
     prof = load_profile(path)
     changed = bool(plan.profile_sha256 and prof.sha256 and plan.profile_sha256 != prof.sha256)
-    cal, cal_path = prediction_basis(prof, calibration)
+    cal, cal_path = prediction_basis(prof, calibration, ranks=plan.n_devices)  # the machine entry for its ranks
     return Setup(plan, prof, path, cal, cal_path, changed)
 
 

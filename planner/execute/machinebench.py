@@ -1,14 +1,22 @@
 """`pplan calibrate --machine`: measure once what a pipelined step costs beyond its layers.
 
-Three microbenchmarks (a minute or so on 2 CPU processes):
+Three microbenchmarks (a minute or so on 2 CPU processes), once per rank count asked for
+(`measure_machines`: `pplan calibrate --machine --ranks 2,4,8`), since what an action and a
+hand-over cost grows with the processes sharing the cores:
 
-- **Empty pipeline.** A synthetic model whose two layers cost nothing (`fwd_ms=0,bwd_ms=0`, 16
-  features) is profiled, planned on `ranks` processes and run by the executor (`pplan run`'s code)
-  for a few (schedule, micro-batch) cases. Whatever the steps take is torch pipelining's and the
-  backend's fixed cost. The simulator, given the same plan, says how many actions and hand-overs
-  lie on each case's critical path; a least-squares fit over the cases of
-  measured = simulated(action overhead a, hand-over latency l) + c gives a per action and c per
-  step, with l the median measured hand-over gap (sender's end to the waiting receiver's start).
+- **Empty pipeline.** A synthetic model of one layer per rank, 16 features, is profiled, planned
+  on `ranks` processes and run by the executor (`pplan run`'s code) for a few (schedule,
+  micro-batch) cases. While every rank has a core of its own the layers cost nothing
+  (`fwd_ms=0,bwd_ms=0`). With more ranks than cores they sleep (SLEEP_MS): layers that cost nothing
+  keep every rank runnable at once, and the steps would measure ranks queueing for a CPU, which no
+  plan run on such a machine does (pplan runs more ranks than cores only when they wait most of
+  the time: layers that sleep, or wait for an accelerator); the profile holds the slept time.
+  Whatever the steps take beyond the profile is torch pipelining's and the backend's fixed cost
+  (steadier, too: steps spread 12-43% with 4 and 8 sleeping ranks on 2 cores, 79-204% with layers
+  that cost nothing; load 3.6-7.3, 2026-11-30). The simulator, given the same plan, says
+  how many actions and hand-overs lie on each case's critical path; a least-squares fit over the
+  cases of measured = simulated(action overhead a, hand-over latency l) + c gives a per action and
+  c per step, with l the median measured hand-over gap (sender's end to the waiting receiver's start).
   Bandwidth comes from the ping-pong between the ranks (planner.execute.commbench).
 - **Optimizer.** One process steps each optimizer on 1 and 16 MiB of parameters; the slope is
   ms per MiB.
@@ -16,7 +24,8 @@ Three microbenchmarks (a minute or so on 2 CPU processes):
   processes at once: the ratio is what sharing memory bandwidth and caches costs a rank's
   compute (layers are profiled alone). Recorded, not applied.
 
-The result is a planner.machine.Machine; `pplan calibrate --machine` saves it.
+The result is a planner.machine.Machine, one entry of the machine file (planner.machine.MachineSet)
+that `pplan calibrate --machine` saves.
 """
 
 from __future__ import annotations
@@ -36,10 +45,15 @@ from typing import Any, Callable
 
 from planner.errors import PplanError
 
-__all__ = ["EMPTY_MODEL", "CASES", "QUICK_CASES", "measure_machine", "fit_overheads", "optimizer_ms_per_mib",
-           "kernel_ms"]
+__all__ = ["EMPTY_MODEL", "SLEEP_MS", "CASES", "QUICK_CASES", "empty_model", "measure_machine", "measure_machines",
+           "parse_rank_counts", "fit_overheads", "optimizer_ms_per_mib", "kernel_ms"]
 
-EMPTY_MODEL = "synthetic:layers={layers},fwd_ms=0,bwd_ms=0,param_bytes=4KB,act_bytes=64,hidden=16"
+EMPTY_MODEL = "synthetic:layers={layers},fwd_ms={fwd:g},bwd_ms={bwd:g},param_bytes=4KB,act_bytes=64,hidden=16"
+SLEEP_MS = (4.0, 8.0)
+"""(forward, backward) ms each layer sleeps when ranks outnumber cores: a rank's own work per action
+(~0.3 ms of CPU) is then a few percent of it, as in plans whose layers take milliseconds."""
+MAX_RANK_COUNTS = 8
+"""Rank counts one `--ranks` list may name (each takes a minute or so)."""
 CASES = (("gpipe", 2), ("gpipe", 8), ("1f1b", 8), ("1f1b", 16))
 """(schedule, micro-batches) of the empty-pipeline runs; their action counts differ, so a and c separate."""
 QUICK_CASES = (("gpipe", 2), ("1f1b", 8))
@@ -72,6 +86,31 @@ def fit_overheads(cases: list[tuple[float, float, float]]) -> tuple[float, float
         return sum((y - ac[0] * k - ac[1]) ** 2 for y, k in pts)
 
     return min(origin, flat, key=sse)
+
+
+def empty_model(ranks: int, cores: int) -> str:
+    """The empty pipeline's model for `ranks` processes on `cores` cores (module docstring)."""
+    fwd, bwd = SLEEP_MS if ranks > cores else (0.0, 0.0)
+    return EMPTY_MODEL.format(layers=ranks, fwd=fwd, bwd=bwd)
+
+
+def parse_rank_counts(text: str, most: int) -> tuple[int, ...]:
+    """'2,4,8' -> (2, 4, 8): distinct counts from 2 to `most`, at most MAX_RANK_COUNTS of them."""
+    parts = [p.strip() for p in str(text).split(",") if p.strip()]
+    if not parts:
+        raise PplanError(f"--ranks {str(text)[:40]!r} names no rank count", "e.g. --ranks 2,4,8")
+    counts = []
+    for p in parts:
+        if not p.isdigit() or not 2 <= int(p) <= most:
+            raise PplanError(f"--ranks {p[:20]!r} is not a whole number from 2 to {most}",
+                             f"hand-overs need two processes; more than {most} on this machine measure contention "
+                             "alone (pplan run refuses them without --force)")
+        if int(p) not in counts:
+            counts.append(int(p))
+    if len(counts) > MAX_RANK_COUNTS:
+        raise PplanError(f"--ranks names {len(counts)} counts, at most {MAX_RANK_COUNTS}",
+                         "measure the counts your plans use, e.g. --ranks 2,4,8")
+    return tuple(counts)
 
 
 def optimizer_ms_per_mib(threads: int, sizes_mib: tuple[float, float] = (1.0, 16.0), reps: int = 7,
@@ -146,10 +185,11 @@ def _kernel_processes(n: int, threads: int) -> list[float]:
 
 def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...], steps: int, work: Path,
                     say: Callable[[str], None]) -> tuple[list[dict[str, Any]], list[tuple[float, float, float]], list[float],
-                                                         list[float], float | None]:
+                                                         list[float], float | None, str]:
     from planner.calibration import Calibration
     from planner.execute.options import RunOptions
     from planner.execute.run import run_plan
+    from planner.hostinfo import usable_cores
     from planner.partition.api import partition
     from planner.partition.search import PartitionSettings
     from planner.plan import write_plan
@@ -157,7 +197,7 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
     from planner.profiling.profiler import profile_model
     from planner.simulate import simulate
 
-    spec = EMPTY_MODEL.format(layers=ranks)
+    spec = empty_model(ranks, usable_cores())
     say(f"profiling the empty model {spec}")
     prof_path = work / "empty.csv"
     write_profile(profile_model(spec, [1], warmup=2, repeats=5, threads=threads), prof_path)
@@ -192,7 +232,7 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
                         record_timeline=False).iteration_ms
         row["simulated_base_ms"], row["actions_on_path"] = base, plus - base
         fit_cases.append((row["measured_ms"], base, plus - base))
-    return rows, fit_cases, gaps, actions, bandwidth
+    return rows, fit_cases, gaps, actions, bandwidth, spec
 
 
 def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool = False, steps: int = 30,
@@ -208,7 +248,7 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
     t_start = time.perf_counter()
     load = round(os.getloadavg()[0], 2)
     with tempfile.TemporaryDirectory(prefix="pplan-machine-") as tmp:
-        rows, fit_cases, gaps, actions, bandwidth = _empty_pipeline(
+        rows, fit_cases, gaps, actions, bandwidth, spec = _empty_pipeline(
             ranks, threads, QUICK_CASES if quick else CASES, steps, Path(tmp), say)
     a, c = fit_overheads(fit_cases)
     latency = statistics.median(gaps) if gaps else 0.0
@@ -222,15 +262,29 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
         row["action_ms_median"] = statistics.median(actions) if actions else None
     import torch
 
-
     measured = {
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "host": socket.gethostname(), "cpu": cpu_model(), "cores": usable_cores(),
         "load_average": load, "torch": torch.__version__, "seconds": round(time.perf_counter() - t_start, 1),
-        "cases": json.loads(json.dumps(rows)),
+        "cases": json.loads(json.dumps(rows)), "model": spec,
     }
     return Machine(device_type="cpu", backend="gloo", ranks=ranks, threads=threads, action_overhead_ms=a,
                    comm_latency_ms=max(0.0, latency), comm_bandwidth_bytes_per_s=bandwidth or 1e9,
                    step_overhead_ms=c, optimizer_ms_per_mib=opt,
                    concurrent_compute_ratio=together / alone if alone > 0 else None,
                    hardware=hardware, measured=measured)
+
+
+def measure_machines(counts: tuple[int, ...], *, base: Any = None, progress: Callable[[str], None] | None = None,
+                     **kwargs: Any):
+    """measure_machine once per rank count; a planner.machine.MachineSet of `base`'s entries (a
+    MachineSet, or None) with those counts replaced by the new measurements."""
+    from planner.machine import MachineSet
+
+    say = progress or (lambda _m: None)
+    machines = base
+    for i, ranks in enumerate(counts):
+        say(f"{ranks} ranks ({i + 1} of {len(counts)} counts)")
+        m = measure_machine(ranks=ranks, progress=say, **kwargs)
+        machines = MachineSet((m,)) if machines is None else machines.with_entry(m)
+    return machines

@@ -66,7 +66,8 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
 
     Calibration: the per-plan one beside the profile when it exists, else the machine file
     (`machine`, else planner.machine.find_machine's default: $PPLAN_MACHINE or
-    ~/.cache/pplan/machine.json) measured for this device type, else none.
+    ~/.cache/pplan/machine.json) measured for this device type: its entry for the plan's process
+    count, else the nearest count measured (the source names the count used), else none.
     """
     if pf.profile is not None:
         from planner.simulate import simulate
@@ -78,16 +79,17 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
         if cal is None and use_machine:
             from planner.machine import find_machine, machine_calibration
 
-            found = find_machine(machine, device_type=pf.device_type)
+            # every process of the plan shares this machine's cores: the entry measured with that many
+            found = find_machine(machine, device_type=pf.device_type, ranks=world_size(plan))
             if found is not None:
-                cal, machine_source = machine_calibration(found), " + machine"
+                cal, machine_source = machine_calibration(found), _machine_text(found.ranks, world_size(plan))
         # dp > 1: the simulator times one pipeline replica (all replicas run alike); the gradient
         # all-reduce is not in it (the run measures it apart: grad_allreduce_ms_measured)
         one = plan.with_(parallel=None) if dp_degree(plan) > 1 else plan
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
             sim = simulate(one, pf.profile, calibration=cal, record_timeline=False)
         source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
-            else "simulate(profile + machine)"
+            else f"simulate(profile + {machine_source})"
         if one is not plan:
             source += ", one replica, no gradient all-reduce"
         values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
@@ -98,6 +100,12 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
     if plan.predicted is not None and isinstance(plan.predicted.iteration_ms, (int, float)):
         return plan.predicted.to_dict(), "plan.predicted", None
     return None, None, None
+
+
+def _machine_text(measured: int, wanted: int) -> str:
+    """Which entry of the machine file a prediction used: 'machine, 8 ranks', or the nearest
+    count measured when the plan's was not ('machine, 4 ranks for 6')."""
+    return f"machine, {measured} ranks" + ("" if measured == wanted else f" for {wanted}")
 
 
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,

@@ -93,7 +93,7 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     from planner.machine import prediction_basis
     from planner.simulate import simulate
 
-    cal, cal_path = prediction_basis(inputs.profile, inputs.calibration)
+    cal, cal_path = prediction_basis(inputs.profile, inputs.calibration, ranks=inputs.plan.n_devices)
     basis = basis_text(cal, cal_path)
     fit = fitted_on_run(cal, inputs.run, inputs.sources.get("run"))
     notes = [f"Basis of everything simulated here: {basis}."]
