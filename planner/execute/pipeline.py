@@ -13,6 +13,11 @@ The one function `pplan run` and users' own training loops call:
         pipe.sync_gradients()                                    # tied weights; dp replicas (zero 0/1)
         opt.step(); opt.zero_grad()
 
+Every rank builds the whole model; after build_pipeline, `release_other_layers(layers,
+pipe.parameters())` (planner.models.hf_release; layers: the Sequential, or a ModelBundle's
+.layers) frees the weights of the layers other ranks run, inside a Hugging Face model too (its
+layers keep the whole transformers model, whose code they run).
+
 It cuts the model as planned (this rank's stages only, recompute layers wrapped in activation
 checkpointing), makes one torch `PipelineStage` per stage over the mesh's "pp" process group,
 and the torch schedule object for the plan's schedule and micro-batch count (torch's own class

@@ -35,6 +35,7 @@ from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_ra
 from planner.execute import tensor, zero
 from planner.execute.stages import plan_schedule, rank_device, step_seed
 from planner.errors import RunError
+from planner.models.hf_release import release_other_layers
 from planner.plan import Plan
 from planner.profiling.saved import tensor_bytes
 
@@ -115,10 +116,9 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
                           prefer_torch=opts.prefer_torch)
     mods, runtime = list(pipe.modules), pipe.runtime
     pp_rank = pipe.pp_index
-    # Other ranks' layers are not needed here: let them go (the stages hold this rank's).
-    bundle.layers._modules.clear()
-    if getattr(bundle.layers, "source", None) is not None:
-        bundle.layers.__dict__["source"] = None
+    # Other ranks' layers are not needed here: let them go (the stages hold this rank's), and
+    # their weights inside a Hugging Face model, which this rank's layers keep for its code.
+    release_other_layers(bundle.layers, pipe.parameters())
     boundary = _record_boundaries(mods)
     rec = _instrument(pipe, device)
     params = pipe.parameters()  # a tied weight once
