@@ -10,6 +10,8 @@ scaled_ms and link_ms for the simulator.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -17,6 +19,7 @@ from planner.calibration import Calibration
 from planner.cost import (
     action_ms, link_between, link_ms, microbatch_ms, scaled_ms, stage_cost, stage_memory, stage_peak_bytes,
 )
+from planner.cost.comm import transfer_parts
 from planner.partition.brute import solve_brute
 from planner.partition.build import Layout, build_problem, stage_costs
 from planner.partition.dp import solve_dp
@@ -25,7 +28,7 @@ from planner.partition.problem import Solution
 from planner.plan import Device, Links
 from planner.profiling.profile import LayerCosts, make_profile
 from planner.schedules import SCHEDULE_NAMES, generate, get_schedule
-from planner.schedules.memory import activation_peaks, stage_inflight_peak
+from planner.schedules.memory import memory_peaks, stage_inflight_peak
 from planner.simulation.engine import simulate_costs
 
 REL = 1e-9  # summation order differs between the solvers' arrays and StageCost's sums
@@ -147,20 +150,37 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
         elif row.kind == "O":
             opt = sum(stages[s].optimizer_ms for s in range(S) if placement[s] == row.device)
             assert took == pytest.approx(scaled_ms(opt, cal), rel=REL, abs=1e-9)
-        elif row.kind == "C":  # a transfer may wait for its link, then costs the cost model's link_ms
+        elif row.kind == "C":  # a transfer's two parts: together the cost model's link_ms
             st = stages[row.stage]
-            # the output leaves before this stage's backward of the micro-batch can start (that
-            # backward needs the next stage's forward of it); the input gradient leaves after
-            forward = row.start_ms < _first_backward(sim, row.stage, row.microbatch)
-            dst = row.stage + 1 if forward else row.stage - 1
-            nbytes = st.output_bytes if forward else st.input_bytes
-            want = link_ms(nbytes, link_between(layout.links, placement[row.stage], placement[dst]), cal)
-            assert took == pytest.approx(want, rel=REL, abs=1e-9)
-    peaks = activation_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
+            consumer = _consumer_of(sim, row)
+            if consumer is not None:  # the receiver taking the bytes just before its action
+                src = row.stage - 1 if consumer == "F" else row.stage + 1
+                nbytes = st.input_bytes if consumer == "F" else st.output_bytes
+                part = 1
+            else:  # the latency on the link, under the sender (after waiting for the link)
+                # the output leaves before this stage's backward of the micro-batch can start (that
+                # backward needs the next stage's forward of it); the input gradient leaves after
+                forward = row.start_ms < _first_backward(sim, row.stage, row.microbatch)
+                src, dst = row.stage, (row.stage + 1 if forward else row.stage - 1)
+                nbytes = st.output_bytes if forward else st.input_bytes
+                part = 0
+            ends = (src, row.stage) if part else (row.stage, dst)
+            link = link_between(layout.links, placement[ends[0]], placement[ends[1]])
+            assert took == pytest.approx(transfer_parts(nbytes, link, cal)[part], rel=REL, abs=1e-9)
+            assert sum(transfer_parts(nbytes, link, cal)) == pytest.approx(link_ms(nbytes, link, cal))
+    peaks = memory_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
+                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages])
     for r in range(layout.n_ranks):
         d = layout.order[r]
         mine = [stages[s] for s in range(S) if placement[s] == d]
-        want = stage_memory(mine, peaks[r], optimizer)
+        # the larger of two moments: activations with the gradients that exist by then, and the
+        # optimizer step (all gradients, its temporaries)
+        act, grads = peaks[r]
+        params = sum(st.param_bytes for st in mine)
+        during = stage_memory(mine, act, optimizer)
+        during = replace(during, gradients=during.gradients * (grads / params if params else 1.0))
+        step = stage_memory(mine, 0.0, optimizer)
+        want = during if during.total >= step.total else step
         assert sim.memory[d] == want
         if layout.virtual_stages == 1:  # the partitioner's bound: the schedule's peak count x kept + transient
             k = stage_inflight_peak(sched)[placement.index(d)]
@@ -169,6 +189,16 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
                                                      if sched.split_backward else action_ms(st.bwd_ms, cal)))
                    for st in mine) + scaled_ms(sum(st.optimizer_ms for st in mine), cal)
         assert sim.busy_ms[d] == pytest.approx(busy, rel=REL)
+
+
+def _consumer_of(sim, row) -> str | None:
+    """The kind (F, or B/I/R for a backward) of the action a receiving C row leads into on its
+    device, stage and micro-batch; None for a C row under a sender."""
+    for r in sim.timeline:
+        if (r.device, r.stage, r.microbatch) == (row.device, row.stage, row.microbatch) and r.kind in "FBIR" \
+                and abs(r.start_ms - row.end_ms) < 1e-9:
+            return r.kind
+    return None
 
 
 def _first_backward(sim, stage: int, microbatch: int) -> float:

@@ -25,6 +25,7 @@ from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.ilp import solve_ilp
 from planner.partition.problem import PartitionProblem, passthrough_table, stage_bytes, stage_passthrough
 from planner.plan import Device, Links, Plan, StagePlan
+from planner.profiling.csvio import OPTIONAL_COLUMNS
 from planner.profiling.profile import load_profile, make_profile, profile_to_text, read_profile_text
 from planner.simulate import simulate
 
@@ -141,7 +142,8 @@ def test_zero_byte_edges_give_exactly_the_chain_numbers():
         if n < 3:
             continue
         edges = [SkipEdge(0, n - 1, 0, (1,)), SkipEdge(n - 3, n - 1, 0)]
-        graph = make_profile(list(chain.names), list(chain.micro_batch_sizes), dict(chain.columns), dict(chain.meta), skip_edges=edges)
+        columns = {k: v for k, v in chain.columns.items() if k in chain.present or k not in OPTIONAL_COLUMNS}
+        graph = make_profile(list(chain.names), list(chain.micro_batch_sizes), columns, dict(chain.meta), skip_edges=edges)
         for b in (chain.micro_batch_sizes[0], 3):
             a, g = chain.at(b), graph.at(b)
             for first, end in itertools.combinations(range(n + 1), 2):
@@ -252,12 +254,15 @@ def test_dp_feasible_plans_fit_in_the_simulator_on_random_non_chain_profiles():
 # --- simulator --------------------------------------------------------------------------------
 
 def _link_bytes(sim, plan: Plan) -> dict[int, list[float]]:
-    """Sender device -> bytes of every transfer it made, read back from the C rows' durations."""
+    """Receiving device -> bytes of every transfer it took, read back from the receivers' C rows
+    (a transfer's bytes part; the C row under its sender lasts the link's latency only). On a
+    chain each device receives the same bytes it sends: its input back as a gradient, its output."""
     out: dict[int, list[float]] = {}
     for row in sim.timeline:
         if row.kind == "C":
             bw, lat = plan.links.between(row.device, row.device + 1)
-            out.setdefault(row.device, []).append(round((row.end_ms - row.start_ms - lat) * bw / 1e3))
+            if abs(row.end_ms - row.start_ms - lat) > 1e-9:
+                out.setdefault(row.device, []).append(round((row.end_ms - row.start_ms) * bw / 1e3))
     return {d: sorted(v) for d, v in out.items()}
 
 

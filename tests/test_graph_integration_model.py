@@ -191,8 +191,10 @@ def _timeline_link_bytes(path: Path, bandwidth: float, latency_ms: float) -> dic
     out: dict[int, list[int]] = {}
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
-            if row["kind"] == "C":
-                ms = float(row["end_ms"]) - float(row["start_ms"]) - latency_ms
+            # a receiver's C row holds a transfer's bytes part, the sender's one the latency only;
+            # on a chain each device receives the bytes it sends (its input's gradient, its output)
+            ms = float(row["end_ms"]) - float(row["start_ms"])
+            if row["kind"] == "C" and abs(ms - latency_ms) > 1e-6:
                 out.setdefault(int(row["device"]), []).append(round(ms * bandwidth / 1e3))
     return {d: sorted(v) for d, v in out.items()}
 

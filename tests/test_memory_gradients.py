@@ -35,3 +35,15 @@ def test_split_backward_allocates_weight_gradients_at_w():
     sched = generate("zb", 2, 2)
     for act, g in memory_peaks(sched, [1.0, 1.0], [0.0, 0.0], [100.0, 100.0]):
         assert g == 100.0 and act <= 2.0
+
+
+def test_split_backward_frees_the_held_stage_output_at_i():
+    sched = generate("zb", 2, 4)
+    kept, held = [10.0, 10.0], [4.0, 4.0]
+    whole = memory_peaks(sched, kept, [0.0, 0.0], [0.0, 0.0])
+    split = memory_peaks(sched, kept, [0.0, 0.0], [0.0, 0.0], held)
+    for (a, _), (b, _) in zip(whole, split):
+        assert b <= a
+    assert any(b < a for (a, _), (b, _) in zip(whole, split))  # some W runs after its I's output went
+    one_f_one_b = generate("1f1b", 2, 4)  # B frees everything at once: the same either way
+    assert memory_peaks(one_f_one_b, kept, [0.0, 0.0], [0.0, 0.0], held) == memory_peaks(one_f_one_b, kept, [0.0, 0.0], [0.0, 0.0])

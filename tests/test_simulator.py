@@ -114,21 +114,44 @@ def test_communication_delays_and_overlaps() -> None:
     r = simulate(plan, _profile(2, f=1.0, b=2.0, out=nbytes))
     c = lat + nbytes / bw * 1e3
     assert r.iteration_ms == pytest.approx(1 + c + 1 + 2 + c + 2)
-    comms = [row for row in r.timeline if row.kind == "C"]
-    assert [(x.device, x.stage, x.microbatch) for x in comms] == [(0, 0, 0), (1, 1, 0)]
-    assert comms[0].end_ms - comms[0].start_ms == pytest.approx(c)
+    comms = sorted((row for row in r.timeline if row.kind == "C"), key=lambda x: x.start_ms)
+    # each transfer: its latency on the link under the sender, then its bytes on the waiting receiver
+    assert [(x.device, x.stage, x.microbatch) for x in comms] == [(0, 0, 0), (1, 1, 0), (1, 1, 0), (0, 0, 0)]
+    assert [x.end_ms - x.start_ms for x in comms] == pytest.approx([lat, 1.0, lat, 1.0])
+    assert comms[1].start_ms == pytest.approx(comms[0].end_ms)
     assert sum(r.busy_ms) == pytest.approx(6.0)  # transfers are not compute
 
 
-def test_link_serialises_transfers_fifo() -> None:
-    # GPipe, fast compute, slow link: forwards pile up on link 0->1 and leave one after another
-    plan = _plan("gpipe", 2, 4, links=Links(bandwidth_bytes_per_s=1e6, latency_ms=0.0))
+def test_link_serialises_latencies_and_receiver_takes_bytes_in_turn() -> None:
+    # GPipe, fast compute, slow link: the sender's forwards queue on link 0->1 (latency, FIFO);
+    # the receiver takes each one's bytes only when it gets to that forward (torch posts the
+    # receive just before it), so the forwards of stage 1 are 1 ms of bytes + 0.1 ms apart
+    plan = _plan("gpipe", 2, 4, links=Links(bandwidth_bytes_per_s=1e6, latency_ms=0.2))
     r = simulate(plan, _profile(2, f=0.1, b=0.1, out=1000.0))
-    sends = sorted((x for x in r.timeline if x.kind == "C" and x.device == 0), key=lambda x: x.start_ms)
+    backward = min(x.start_ms for x in r.timeline if x.kind == "B")
+    # device 0's C rows before any backward are its sends (later ones receive the gradients)
+    sends = sorted((x for x in r.timeline if x.kind == "C" and x.device == 0 and x.start_ms < backward),
+                   key=lambda x: x.start_ms)
     assert [x.microbatch for x in sends] == [0, 1, 2, 3]
     for a, b in zip(sends, sends[1:]):
-        assert b.start_ms == pytest.approx(a.end_ms)
-    assert sends[-1].end_ms == pytest.approx(0.1 + 4 * 1.0)
+        assert b.start_ms == pytest.approx(max(a.end_ms, b.start_ms))
+        assert b.end_ms - b.start_ms == pytest.approx(0.2)
+    fwd1 = sorted((x for x in r.timeline if x.kind == "F" and x.stage == 1), key=lambda x: x.microbatch)
+    assert fwd1[0].start_ms == pytest.approx(0.1 + 0.2 + 1.0)
+    for a, b in zip(fwd1, fwd1[1:]):
+        assert b.start_ms == pytest.approx(a.end_ms + 1.0)
+    assert fwd1[-1].end_ms == pytest.approx(0.3 + 4 * 1.1)
+
+
+def test_a_late_receiver_pays_the_bytes_when_it_gets_there() -> None:
+    # 1f1b on 2 stages: stage 1 is busy with B0 when stage 0's F1 arrives; it takes F1's bytes
+    # after B0, not while computing (the old model hid them behind B0 entirely)
+    lat, bw, nbytes = 0.1, 1e6, 2000.0  # the bytes: 2 ms
+    plan = _plan("1f1b", 2, 2, links=Links(bandwidth_bytes_per_s=bw, latency_ms=lat))
+    r = simulate(plan, _profile(2, f=1.0, b=10.0, out=nbytes))
+    row = {(x.stage, x.kind, x.microbatch): x for x in r.timeline if x.kind in "FB"}
+    assert row[(1, "F", 1)].start_ms == pytest.approx(row[(1, "B", 0)].end_ms + 2.0)
+    assert r.busy_ms[1] == pytest.approx(2 * (1.0 + 10.0))
 
 
 def test_recompute_row_and_optimizer_close_the_iteration() -> None:

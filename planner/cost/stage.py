@@ -17,7 +17,7 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_bytes, optimizer_factor, scaled_skip_edges,
+    boundary_bytes, checkpoint_input_bytes, held_output, held_output_per_layer, kept_bytes, optimizer_factor, scaled_skip_edges,
     optimizer_workspace, stage_bytes, transient_bytes, workspace_max,
 )
 from planner.errors import PplanError
@@ -70,6 +70,9 @@ class StageCost:
     parallelism); the simulator decides how much of it the last backward hides."""
     optimizer_workspace_bytes: float = 0.0
     """Temporaries of the optimizer step over this stage's parameters (planner.cost.optimizer_workspace)."""
+    held_output_bytes: float = 0.0
+    """The part of kept_bytes that is the stage output torch holds for the backward (planner.cost.held_output):
+    freed at the end of I when the backward is split, the rest at the end of W."""
 
     @property
     def buffer_bytes(self) -> float:
@@ -115,6 +118,7 @@ def stage_cost(
                               held_output_per_layer(costs)),
         transient_bytes=transient_bytes(costs.activation_bytes, rec) + workspace_max(costs.workspace_bytes, first, end),
         optimizer_workspace_bytes=optimizer_workspace(costs.optimizer_workspace_bytes, first, end, optimizer),
+        held_output_bytes=held_output(held_output_per_layer(costs), end),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
     )

@@ -25,7 +25,8 @@ from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledS
 __all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
 _ATTR = "_pplan_inflight"
-_State = tuple[tuple[int, ...], int, tuple[int, ...]]  # held micro-batches, backward's stage, gradients exist
+# micro-batches held, the stage whose backward runs, gradients exist, stage outputs held
+_State = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...]]
 
 
 def _states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
@@ -43,7 +44,7 @@ def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_
         stages = cs.rank_stages[r]
         ids = np.asarray(cs.ids[r], dtype=np.int64)
         if ids.size == 0:
-            out.append((stages, [((0,) * len(stages), -1, (0,) * len(stages))]))
+            out.append((stages, [((0,) * len(stages), -1, (0,) * len(stages), (0,) * len(stages))]))
             continue
         local = np.full(S, -1, dtype=np.int64)
         local[list(stages)] = np.arange(len(stages))
@@ -63,9 +64,14 @@ def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_
         bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
         # gradients exist once an earlier action of the stage computed weight gradients
         grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
+        # the stage output torch holds for the backward goes at the end of B, or of I when split
+        early = np.zeros_like(alloc)
+        first_bwd = (kind == CODE_B) | (kind == CODE_I)
+        early[rows[first_bwd], col[first_bwd]] = 1
+        outputs = np.cumsum(alloc, axis=0) - np.cumsum(early, axis=0) + early
         n = len(stages)
-        uniq = np.unique(np.column_stack([during, bwd_stage, grads]), axis=0).tolist()
-        out.append((stages, [(tuple(u[:n]), u[n], tuple(u[n + 1:])) for u in uniq]))
+        uniq = np.unique(np.column_stack([during, bwd_stage, grads, outputs]), axis=0).tolist()
+        out.append((stages, [(tuple(u[:n]), u[n], tuple(u[n + 1:2 * n + 1]), tuple(u[2 * n + 1:])) for u in uniq]))
     return out
 
 
@@ -74,7 +80,7 @@ def stage_inflight_peak(schedule: PipelineSchedule) -> list[int]:
     peak = [0] * schedule.n_stages
     for stages, states in _states(schedule):
         for i, s in enumerate(stages):
-            peak[s] = max(counts[i] for counts, _, _ in states)
+            peak[s] = max(state[0][i] for state in states)
     return peak
 
 
@@ -87,7 +93,7 @@ def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
     for stages, states in _states(schedule):
         kept = [float(kept_bytes[s]) for s in stages]
         best = 0.0
-        for counts, bwd, _ in states:
+        for counts, bwd, _, _ in states:
             value = sum(c * k for c, k in zip(counts, kept))
             if bwd >= 0:
                 value += float(transient_bytes[bwd])
@@ -98,23 +104,27 @@ def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
 
 
 def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transient_bytes: Sequence[float],
-                 gradient_bytes: Sequence[float]) -> list[tuple[float, float]]:
+                 gradient_bytes: Sequence[float], output_bytes: Sequence[float] | None = None) -> list[tuple[float, float]]:
     """rank -> (activation bytes, gradient bytes) at the moment their sum peaks.
 
     As activation_peaks, with each stage's gradients (`gradient_bytes[s]`) counted only after its
-    first weight-gradient action (module docstring). The activation part is at most
-    activation_peaks' value, and the sum at most that plus all the rank's gradients.
+    first weight-gradient action (module docstring), and the part `output_bytes[s]` of its kept
+    bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
+    backward is split, not of W. The activation part is at most activation_peaks' value, and the
+    sum at most that plus all the rank's gradients.
     """
     if len(gradient_bytes) != schedule.n_stages:
         raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} gradient values, got {len(gradient_bytes)}")
     activation_peaks(schedule, kept_bytes, transient_bytes)  # checks the other lengths
     out = []
     for stages, states in _states(schedule):
-        kept = [float(kept_bytes[s]) for s in stages]
+        held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
+        kept = [float(kept_bytes[s]) - h for s, h in zip(stages, held)]
         grad = [float(gradient_bytes[s]) for s in stages]
         best, at = -1.0, (0.0, 0.0)
-        for counts, bwd, has_grad in states:
-            act = sum(c * k for c, k in zip(counts, kept)) + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0)
+        for counts, bwd, has_grad, outs in states:
+            act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
+                   + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
             g = sum(h * x for h, x in zip(has_grad, grad))
             if act + g > best:
                 best, at = act + g, (act, g)

@@ -4,9 +4,14 @@ Model (docs/simulator.md):
 - Each device runs its rank's actions one at a time, in the schedule's order, each as soon as
   the device is free and its input has arrived: F of stage s needs F of s-1's output, B/I of s
   needs B/I of s+1's gradient (the last stage: its own F), W needs its own I.
-- A stage boundary between two devices is a transfer of latency + bytes / bandwidth on the
-  directed link sender -> receiver. Sends are asynchronous (they overlap compute); each directed
-  link carries one transfer at a time, first-in first-out.
+- A stage boundary between two devices is a transfer of latency + bytes / bandwidth
+  (planner.cost.comm.transfer_parts). The latency runs on the directed link sender -> receiver
+  from the sender's end (sends are asynchronous: the sender carries on; each directed link
+  carries one transfer at a time, first-in first-out). The bytes move once the receiver has
+  posted its receive, which torch's schedules do just before the consuming action: that part
+  runs on the receiver, at the start of the consuming action (a C row on the receiver; not busy
+  time). A receiver already waiting gets the data latency + bytes / bandwidth after the
+  sender's end, as before; one busy when it was sent pays the bytes' part when it gets there.
 - Recomputed layers cost their forward again just before the backward (folded into B/I by
   planner.cost; the timeline shows that part as an R row).
 - Data parallelism: a stage's gradient synchronisation (StageCost.grad_sync_ms) starts inside
@@ -24,17 +29,19 @@ Every duration and byte count comes from planner.cost; this module only orders t
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable, Sequence
 
 from planner.calibration import Calibration
-from planner.cost import StageCost, action_ms, link_between, link_ms, scaled_ms, stage_memory
+from planner.cost import StageCost, action_ms, link_between, scaled_ms, stage_memory
+from planner.cost.comm import transfer_parts
 from planner.cost.memory import MemoryBreakdown
 from planner.cost.parallel import rank_exposed_sync_ms
 from planner.errors import PlanError
 from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, SweepResult, compile_schedule, sweep
-from planner.schedules.memory import activation_peaks
+from planner.schedules.memory import memory_peaks
 from planner.simulation.result import SimResult, TimelineRow
 
 __all__ = ["simulate_costs"]
@@ -69,20 +76,21 @@ def simulate_costs(
     cal = calibration or _IDENTITY
     M = cs.n_microbatches
     rank_device = _rank_devices(cs, stages, stage_device, devices)
-    dur, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal)
-    res = sweep(cs, dur, send_ms, link, n_links, order=schedule.order)
+    compute, recv, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal)
+    # a consuming action starts with receiving its input's bytes (module docstring)
+    res = sweep(cs, [c + r for c, r in zip(compute, recv)], send_ms, link, n_links, order=schedule.order)
 
     n_dev = len(devices)
     sync = _grad_syncs(cs, stages, rank_device, n_dev, overlap_grad_sync)
-    opt_start, opt_end, busy = _device_ends(cs, res, stages, rank_device, n_dev, dur, sync, cal)
+    opt_start, opt_end, busy = _device_ends(cs, res, stages, rank_device, n_dev, compute, sync, cal)
     iteration = float(max(opt_end) + cal.step_overhead_ms)
     price = memory_model or (lambda sts, peak: stage_memory(list(sts), peak, optimizer))
-    memory = _device_memory(schedule, cs, stages, rank_device, n_dev, price)
+    memory, gradients = _device_memory(schedule, cs, stages, rank_device, n_dev, price)
     timeline: tuple[TimelineRow, ...] = ()
     mem_timeline: dict[int, tuple[tuple[float, float], ...]] = {}
     if record_timeline:
-        timeline = _timeline_rows(cs, res, stages, stage_device, cal, rank_device, opt_start, opt_end, sync)
-        mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory)
+        timeline = _timeline_rows(cs, res, stages, recv, cal, rank_device, opt_start, opt_end, sync)
+        mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory, gradients, opt_start, opt_end)
     total_busy = sum(busy)
     return SimResult(
         iteration_ms=iteration,
@@ -121,13 +129,28 @@ def _device_ends(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageC
 
 
 def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Sequence[StageCost], rank_device: list[int],
-                   n_dev: int, price: Callable[[Sequence[StageCost], float], MemoryBreakdown]) -> list[MemoryBreakdown]:
-    """Per device: peak memory of its stages at the schedule's activation peak."""
-    act = activation_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages])
+                   n_dev: int, price: Callable[[Sequence[StageCost], float], MemoryBreakdown],
+                   ) -> tuple[list[MemoryBreakdown], list[float]]:
+    """Per device: peak memory of its stages, the larger of two moments: when activations and the
+    gradients that exist by then peak together (planner.schedules.memory.memory_peaks: gradients
+    from a stage's first weight-gradient action; GPipe's activation peak holds none), and the
+    optimizer step (every gradient, no activations, the step's temporaries; `price` charges those
+    as the activations figure when they are larger). Also each device's gradient bytes when all
+    exist (for the memory timeline)."""
+    peaks = memory_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
+                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages])
     memory = [price([], 0.0)] * n_dev
+    gradients = [0.0] * n_dev
     for r, d in enumerate(rank_device):
-        memory[d] = price([stages[s] for s in cs.rank_stages[r]], act[r])
-    return memory
+        mine = [stages[s] for s in cs.rank_stages[r]]
+        act, grads = peaks[r]
+        params = sum(st.param_bytes for st in mine)
+        during = price(mine, act)
+        during = replace(during, gradients=during.gradients * (grads / params if params > 0 else 1.0))
+        step = price(mine, 0.0)
+        memory[d] = during if during.total >= step.total else step
+        gradients[d] = step.gradients
+    return memory, gradients
 
 
 def _rank_devices(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int],
@@ -149,18 +172,21 @@ def _rank_devices(cs: CompiledSchedule, stages: Sequence[StageCost], stage_devic
     return rank_device
 
 
-def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int],
-            links: Links, cal: Calibration) -> tuple[list[float], list[float], list[int], int]:
-    """Per key (kind * S + stage): compute ms, transfer ms of the output, directed link id."""
+def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int], links: Links,
+            cal: Calibration) -> tuple[list[float], list[float], list[float], list[int], int]:
+    """Per key (kind * S + stage): compute ms, ms receiving its input's bytes at its start, the
+    link part (latency) of its output's transfer, and the directed link that crosses (-1: none)."""
     S = cs.n_stages
     dur = [0.0] * cs.n_keys
+    recv = [0.0] * cs.n_keys
     send = [0.0] * cs.n_keys
     link = [-1] * cs.n_keys
     link_ids: dict[tuple[int, int], int] = {}
     for s, st in enumerate(stages):
         for code, ms in ((CODE_F, st.fwd_ms), (CODE_B, st.bwd_ms), (CODE_I, st.bwd_input_ms), (CODE_W, st.bwd_weight_ms)):
             dur[code * S + s] = action_ms(ms, cal)
-        # F sends its output to stage s+1; B/I send the input gradient (same size) to stage s-1
+        # F sends its output to stage s+1; B/I send the input gradient (same size) to stage s-1,
+        # where the action of the same kind consumes it
         for code, dst, nbytes in ((CODE_F, s + 1, st.output_bytes), (CODE_B, s - 1, st.input_bytes), (CODE_I, s - 1, st.input_bytes)):
             if not 0 <= dst < S or nbytes <= 0:
                 continue
@@ -168,9 +194,9 @@ def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Seq
             if a == b:
                 continue
             key = code * S + s
-            send[key] = link_ms(nbytes, link_between(links, a, b), cal)
+            send[key], recv[code * S + dst] = transfer_parts(nbytes, link_between(links, a, b), cal)
             link[key] = link_ids.setdefault((a, b), len(link_ids))
-    return dur, send, link, len(link_ids)
+    return dur, recv, send, link, len(link_ids)
 
 
 def _grad_syncs(cs: CompiledSchedule, stages: Sequence[StageCost], rank_device: list[int], n_dev: int,
@@ -191,7 +217,7 @@ def _comm_tail_ms(st: StageCost, kind: int) -> float:
     return st.comm_bwd_ms if kind in (CODE_B, CODE_I) else 0.0
 
 
-def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], stage_device: Sequence[int],
+def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], recv: Sequence[float],
                    cal: Calibration, rank_device: list[int], opt_start: list[float], opt_end: list[float],
                    sync: list[tuple[float, float]]) -> tuple[TimelineRow, ...]:
     rows: list[TimelineRow] = []
@@ -200,6 +226,10 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
         for a in cs.ids[r]:
             kind, s, m = cs.split_id(a)
             t0, t1 = res.start[a], res.end[a]
+            got = recv[a // cs.n_microbatches]
+            if got > 0:  # receiving the input's bytes, on the receiver (not busy time)
+                rows.append(TimelineRow(d, s, "C", m, t0, t0 + got))
+                t0 += got
             # the recompute part of B/I: its scaled forward (the action's overhead stays in B/I)
             rec = scaled_ms(stages[s].recompute_ms, cal) if kind in (CODE_B, CODE_I) else 0.0
             if rec > 0:
@@ -219,14 +249,24 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
     return tuple(rows)
 
 
-def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost],
-                     rank_device: list[int], memory: list) -> dict[int, tuple[tuple[float, float], ...]]:
-    """Device -> (time, total bytes) after each change, replaying the rank's order of events."""
+def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], rank_device: list[int],
+                     memory: list, gradients: list[float], opt_start: list[float],
+                     opt_end: list[float]) -> dict[int, tuple[tuple[float, float], ...]]:
+    """Device -> (time, total bytes) after each change, replaying the rank's order of events:
+    activations with F and their backward, a stage's gradients from the end of its first
+    weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
+    output torch holds freed at the end of I when split, and the optimizer step's temporaries."""
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for r in range(cs.n_ranks):
         d = rank_device[r]
-        level = memory[d].total - memory[d].activations
+        mine = [stages[s] for s in cs.rank_stages[r]]
+        params = sum(st.param_bytes for st in mine)
+        # the device's whole gradient bytes as priced (ZeRO may shard them), shared by parameter bytes
+        grad_per_byte = gradients[d] / params if params > 0 else 0.0
+        step = max((st.optimizer_workspace_bytes for st in mine), default=0.0)
+        level = memory[d].weights + memory[d].optimizer + memory[d].buffers
         points = [(0.0, level)]
+        has_grads: set[int] = set()
 
         def change(t: float, delta: float) -> None:
             nonlocal level
@@ -244,8 +284,13 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                 change(res.end[a], -st.transient_bytes - st.kept_bytes)
             elif kind == CODE_I:
                 change(res.start[a], st.transient_bytes)
-                change(res.end[a], -st.transient_bytes)
+                change(res.end[a], -st.transient_bytes - st.held_output_bytes)
             else:  # W frees what its I left
-                change(res.end[a], -st.kept_bytes)
+                change(res.end[a], -(st.kept_bytes - st.held_output_bytes))
+            if kind in (CODE_B, CODE_W) and s not in has_grads:
+                has_grads.add(s)
+                change(res.end[a], grad_per_byte * st.param_bytes)
+        change(opt_start[d], step)  # the optimizer step's temporaries, then its end frees the gradients
+        change(opt_end[d], -step - grad_per_byte * sum(stages[s].param_bytes for s in has_grads))
         out[d] = tuple(points)
     return out

@@ -20,8 +20,10 @@ class TimelineRow(NamedTuple):
     """One box of the timeline (the timeline CSV's columns).
 
     kind: F B I W compute, R the recompute part of a backward (its own row just before the B/I),
-    T the tensor-parallel collectives at the end of an F, B or I box (its own row), C a transfer
-    (device = sender, stage = sending stage), A the data-parallel gradient sync (microbatch -1,
+    T the tensor-parallel collectives at the end of an F, B or I box (its own row), C a transfer:
+    its latency on the link (device = sender, stage = sending stage) and the receiving of its
+    bytes at the start of the consuming action (device = receiver, stage = receiving stage; not
+    busy time: planner.cost.comm.transfer_parts), A the data-parallel gradient sync (microbatch -1,
     stage -1; it starts inside the last backward when that hides part of it), O the optimizer
     step (microbatch -1, stage -1).
     """

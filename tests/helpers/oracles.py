@@ -5,7 +5,6 @@ from __future__ import annotations
 import itertools
 
 import numpy as np
-import pytest
 
 from planner.partition import PartitionSettings
 from planner.partition.build import Layout, stage_costs
@@ -56,9 +55,11 @@ def dp_plan_fits_the_simulator(rng: np.random.Generator, case: int, prof):
     sim = simulate_costs(generate(schedule, n, m, v), stage_costs(prof.at(4), layout, sol.cuts, sol.recompute, "adam"),
                          [layout.device_of(s) for s in range(layout.n_stages)], devices, layout.links, micro_batch_size=4)
     assert sim.fits, (case, sol, sim.peak_memory_bytes, limit)
-    if v == 1:  # one stage per device: the simulator's peak is the DP's stage memory
+    if v == 1:  # one stage per device: the DP's stage memory bounds the simulator's peak, which
+        # differs from it only by the gradients that do not exist yet at the activations' peak
+        stages = stage_costs(prof.at(4), layout, sol.cuts, sol.recompute, "adam")
         for s in range(n):
             assert sim.peak_memory_bytes[s] <= sol.stage_bytes[s] * (1 + 1e-12)
             if schedule in ("gpipe", "1f1b"):
-                assert sim.peak_memory_bytes[s] == pytest.approx(sol.stage_bytes[s], rel=1e-9)
+                assert sim.peak_memory_bytes[s] >= sol.stage_bytes[s] - stages[s].param_bytes * (1 + 1e-9)
     return problem, sol
