@@ -50,7 +50,7 @@ import torch
 from planner.errors import ModelSpecError
 from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes
 
-__all__ = ["TIMERS", "LayerMeasurement", "RunQueueWait", "measure_layer", "optimizer_ms", "timed_ms"]
+__all__ = ["TIMERS", "LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "allocator_peak_of", "sync_for"]
 
 TIMERS = ("sched", "wall")
 
@@ -87,7 +87,8 @@ class LayerMeasurement:
     """Bytes of the output that the layer itself saves for backward (counted in activation_bytes)."""
 
 
-def _sync_for(device: torch.device) -> Callable[[], None]:
+def sync_for(device: torch.device) -> Callable[[], None]:
+    """What waits for the device before a clock is read: CUDA synchronises, the CPU needs nothing."""
     if device.type == "cuda":
         return lambda: torch.cuda.synchronize(device)
     return lambda: None
@@ -238,7 +239,7 @@ def measure_layer(
     if isinstance(inp, tuple):
         return _measure_multi(layer, inp, loss_fn=loss_fn, target=target, warmup=warmup, repeats=repeats,
                               grad_seed=grad_seed, prev_saved=prev_saved, name=name, timer=timer)
-    sync = _sync_for(inp.device)
+    sync = sync_for(inp.device)
     params = [p for p in layer.parameters() if p.requires_grad]
 
     def forward() -> tuple[torch.Tensor, torch.Tensor]:
@@ -279,7 +280,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
     """measure_layer for a layer with a tuple of inputs and outputs (same method, module docstring)."""
     tensors = [t for t in inputs if isinstance(t, torch.Tensor)]
     device = tensors[0].device if tensors else next((p.device for p in layer.parameters()), torch.device("cpu"))
-    sync = _sync_for(device)
+    sync = sync_for(device)
     params = [p for p in layer.parameters() if p.requires_grad]
     grad_inputs = [t for t in tensors if t.requires_grad]
 
@@ -313,7 +314,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         if rs and all(r.requires_grad for r in rs):
             torch.autograd.backward(rs, grads)
 
-    peak = _allocator_peak_of(run, device)
+    peak = allocator_peak_of(run, device)
     if device.type == "cuda":
         cuda_peak = peak
         for t in params + grad_inputs:
@@ -360,7 +361,7 @@ def _saved_output_bytes(saved: SavedTensors, outputs: list[torch.Tensor]) -> int
     return sum(tensor_bytes(t) for t in outputs if storage_key(t)[0] in saved.storages)
 
 
-def _allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:
+def allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:
     """Allocator peak above the starting point while `run` runs: CUDA's caching allocator, or
     torch's CPU allocator as torch.profiler counts it."""
     if device.type == "cuda":
@@ -372,40 +373,10 @@ def _allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:
 
 def _allocator_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None,
                     device: torch.device) -> int:
-    """_allocator_peak_of a forward and backward of a one-tensor layer."""
+    """allocator_peak_of a forward and backward of a one-tensor layer."""
     def run() -> None:
         _, out = forward()
         if out.requires_grad:
             torch.autograd.backward(out, grad)
 
-    return _allocator_peak_of(run, device)
-
-
-def optimizer_workspace_bytes(layer: torch.nn.Module) -> int:
-    """The allocator's peak during one Adam step over copies of the layer's trainable parameters
-    (state already created, as in every step after the first), above its starting point: the
-    step's temporaries. torch's single-tensor Adam (its default on CPU) makes two
-    parameter-sized temporaries for the update's denominator, one parameter at a time."""
-    params = [p for p in layer.parameters() if p.requires_grad]
-    if not params:
-        return 0
-    copies = [p.detach().clone() for p in params]
-    for c in copies:
-        c.grad = torch.full_like(c, 1e-3)
-    opt = torch.optim.Adam(copies, lr=1e-3)
-    opt.step()  # creates the state
-    return _allocator_peak_of(opt.step, copies[0].device)
-
-
-def optimizer_ms(layer: torch.nn.Module, *, warmup: int, repeats: int, timer: str = "sched") -> float:
-    """Median time of one Adam step over copies of the layer's trainable parameters, ms."""
-    params = [p for p in layer.parameters() if p.requires_grad]
-    if not params:
-        return 0.0
-    copies = [p.detach().clone() for p in params]
-    for c in copies:
-        c.grad = torch.full_like(c, 1e-3)
-    opt = torch.optim.Adam(copies, lr=1e-3)
-    # The first step allocates Adam's state: always warm up at least once.
-    samples = timed_ms(opt.step, warmup=max(warmup, 1), repeats=repeats, sync=_sync_for(copies[0].device), timer=timer)
-    return statistics.median(samples)
+    return allocator_peak_of(run, device)

@@ -30,7 +30,8 @@ from planner.errors import ModelSpecError, PplanError
 from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
 from planner.profiling.corun import CoRun, check_co_run
-from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer, optimizer_ms, optimizer_workspace_bytes
+from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer
+from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, tensor_bytes
