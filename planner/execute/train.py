@@ -27,7 +27,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from planner.profiling.allocpeak import AllocatorPeak, CpuAllocatorMeter
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
@@ -37,6 +36,7 @@ from planner.execute.stages import plan_schedule, rank_device, step_seed
 from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
 from planner.plan import Plan
+from planner.profiling.allocpeak import AllocatorPeak, CpuAllocatorMeter
 from planner.profiling.saved import tensor_bytes
 
 __all__ = ["train_rank", "check_executed_order"]
@@ -244,7 +244,6 @@ def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict,
         # torch's allocator's own count where the profiler gave one; else the tensors' sizes
         mem["measure"] = "cpu-allocator" if allocated is not None else "tracked"
         mem["peak_bytes"] = allocated.peak_bytes if allocated is not None else tracked["total"]
-        mem["allocator_step_start_bytes"] = allocated.start_bytes if allocated is not None else None
         mem["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return mem
 
