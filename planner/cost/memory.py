@@ -152,9 +152,7 @@ def optimizer_workspace(workspace: Sequence[float] | None, first: int, end: int,
     its multi-tensor form on CUDA would hold the stage's sum). 0 for SGD and without the column.
     The step runs after the backward, when no activations are held, so a stage's peak is the
     larger of its activation peak and this (stage_bytes)."""
-    if workspace is None or end <= first or optimizer not in _STEP_TEMPORARIES:
-        return 0.0
-    return float(max(workspace[first:end]))
+    return workspace_max(workspace, first, end) if optimizer in _STEP_TEMPORARIES else 0.0
 
 
 def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> float:
