@@ -68,7 +68,8 @@ def plan_stage_costs(plan: Plan, profile: Profile) -> tuple[list[StageCost], boo
     """(per-stage costs at the plan's micro-batch size and device speeds, interpolated?)."""
     costs = _plan_layer_costs(plan, profile)
     stages = [
-        stage_cost(costs, st.layers[0], st.layers[1], st.recompute, plan.optimizer, plan.devices[st.device].speed)
+        stage_cost(costs, st.layers[0], st.layers[1], st.recompute, plan.optimizer, plan.devices[st.device].speed,
+                   plan.n_microbatches)
         for st in plan.stages
     ]
     return stages, costs.interpolated

@@ -33,6 +33,7 @@ from planner.simulation.engine import simulate_costs
 
 REL = 1e-9  # summation order differs between the solvers' arrays and StageCost's sums
 MB = 2  # micro-batch size the instances are priced at (skip-edge bytes scale with it)
+M = 4  # micro-batches per step (torch's receive buffers, planner.cost.buffer_bytes)
 
 
 def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, str, str]:
@@ -52,6 +53,12 @@ def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, s
         "optimizer_ms": np.repeat(np.round(rng.uniform(0.0, 0.5, L), 3)[:, None], 2, axis=1),
     }
     cols["bwd_ms"] = np.round(cols["fwd_ms"] * rng.uniform(1.5, 2.5, L)[:, None], 3)
+    if seed % 5 in (0, 2):  # the profile says what layers save of their input: torch's receive buffers
+        data_in = 4096.0 * np.asarray(sizes, dtype=float)[None, :]
+        layer_in = np.concatenate([data_in, cols["output_bytes"][:-1]])
+        cols["input_saved_bytes"] = np.round(np.minimum(cols["activation_bytes"], layer_in) * rng.uniform(0, 1, L)[:, None])
+        prev_act = np.concatenate([np.zeros((1, 2)), cols["activation_bytes"][:-1]])
+        cols["shared_input_bytes"] = np.round(np.minimum(cols["input_saved_bytes"], prev_act) * rng.uniform(0, 1, L)[:, None])
     edges: tuple = ()
     if seed % 3 == 0 and L >= 4:  # not a chain: skip tensors cross cuts and pass through stages
         edges = ((0, L - 1, int(rng.integers(1e4, 5e5))), (1, L - 2, int(rng.integers(1e4, 5e5)), (2,)) if L >= 5 else ())
@@ -87,7 +94,7 @@ def _check_solution(sol: Solution, costs: LayerCosts, layout: Layout, cal: Calib
                     inflight: list[int], split: bool, budget: np.ndarray) -> None:
     for s in range(len(sol.cuts) - 1):
         i, j = sol.cuts[s], sol.cuts[s + 1]
-        sc = stage_cost(costs, i, j, sol.recompute[s], optimizer, layout.devices[layout.device_of(s)].speed)
+        sc = stage_cost(costs, i, j, sol.recompute[s], optimizer, layout.devices[layout.device_of(s)].speed, M)
         send_in, send_out = _sends(costs, layout, cal, sol.cuts, s)
         assert sol.stage_ms[s] == pytest.approx(microbatch_ms(sc, cal, split, send_in, send_out), rel=REL)
         assert sol.stage_bytes[s] == pytest.approx(stage_peak_bytes(sc, inflight[s]), rel=REL)
@@ -100,10 +107,10 @@ SEEDS = range(48)
 @pytest.mark.parametrize("seed", SEEDS)
 def test_dp_and_brute_force_charge_the_cost_model(seed: int) -> None:
     costs, layout, name, cal, optimizer, recompute = _instance(seed)
-    sched = generate(name, layout.n_ranks, 4, layout.virtual_stages)
+    sched = generate(name, layout.n_ranks, M, layout.virtual_stages)
     inflight = stage_inflight_peak(sched)
     p = build_problem(costs, layout, inflight, optimizer=optimizer, recompute=recompute, calibration=cal,
-                      split_backward=sched.split_backward)
+                      split_backward=sched.split_backward, n_microbatches=M)
     dp, brute = solve_dp(p), solve_brute(p)
     assert (dp is None) == (brute is None)
     for sol in (dp, brute):
@@ -115,10 +122,10 @@ def test_dp_and_brute_force_charge_the_cost_model(seed: int) -> None:
 def test_ilp_charges_the_cost_model(seed: int) -> None:
     pytest.importorskip("pulp")
     costs, layout, name, cal, optimizer, recompute = _instance(seed)
-    sched = generate(name, layout.n_ranks, 4, layout.virtual_stages)
+    sched = generate(name, layout.n_ranks, M, layout.virtual_stages)
     inflight = stage_inflight_peak(sched)
     p = build_problem(costs, layout, inflight, optimizer=optimizer, recompute=recompute, calibration=cal,
-                      split_backward=sched.split_backward)
+                      split_backward=sched.split_backward, n_microbatches=M)
     sol = solve_ilp(p, time_limit=20)
     if sol is not None:
         _check_solution(sol, costs, layout, cal, optimizer, inflight, sched.split_backward, p.budget)
@@ -127,12 +134,11 @@ def test_ilp_charges_the_cost_model(seed: int) -> None:
 @pytest.mark.parametrize("seed", SEEDS)
 def test_simulator_charges_the_cost_model(seed: int) -> None:
     costs, layout, name, cal, optimizer, recompute = _instance(seed)
-    M = 4
     sched = generate(name, layout.n_ranks, M, layout.virtual_stages)
     S = layout.n_stages
     cuts = tuple(int(round(x)) for x in np.linspace(0, len(costs.fwd_ms), S + 1))
     rec = tuple(tuple(range(cuts[s], cuts[s + 1]))[: s % 2 + (recompute == "all")] for s in range(S))
-    stages = stage_costs(costs, layout, cuts, rec, optimizer)
+    stages = stage_costs(costs, layout, cuts, rec, optimizer, M)
     placement = [layout.device_of(s) for s in range(S)]
     sim = simulate_costs(sched, stages, placement, layout.devices, layout.links, micro_batch_size=MB,
                          optimizer=optimizer, calibration=cal, record_timeline=True)

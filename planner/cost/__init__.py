@@ -32,7 +32,8 @@ from planner.cost.compute import (
 from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
     recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
-    transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace,
+    transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace, buffer_bytes,
+    kept_activation_bytes, runtime_buffers, stage_entry_bytes,
 )
 from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
 
@@ -45,8 +46,10 @@ __all__ = [
     "action_ms",
     "actions_per_microbatch",
     "boundary_bytes",
+    "buffer_bytes",
     "checkpoint_input_bytes",
     "compute_terms",
+    "kept_activation_bytes",
     "kept_bytes",
     "layer_arrays",
     "layer_compute_ms",
@@ -58,10 +61,12 @@ __all__ = [
     "optimizer_factor",
     "recompute_input_bytes",
     "recompute_saving",
+    "runtime_buffers",
     "scaled_ms",
     "scaled_skip_edges",
     "stage_bytes",
     "stage_cost",
+    "stage_entry_bytes",
     "stage_memory",
     "stage_peak_bytes",
     "stage_time_ms",

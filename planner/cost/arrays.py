@@ -16,8 +16,8 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, optimizer_workspace, scaled_skip_edges,
-    static_bytes_per_layer,
+    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_activation_bytes, optimizer_workspace,
+    runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer,
 )
 from planner.graph.edges import SkipEdge
 from planner.profiling.profile import LayerCosts
@@ -36,7 +36,7 @@ class LayerArrays:
     static_bytes: np.ndarray
     """Weights + gradients + optimizer state, bytes."""
     activation_bytes: np.ndarray
-    """Bytes kept for the backward per micro-batch."""
+    """Bytes kept for the backward per micro-batch beyond what the layer before keeps (planner.cost.kept_activation_bytes)."""
     checkpoint_bytes: np.ndarray
     """Bytes kept instead when the layer is recomputed (its input) per micro-batch."""
     boundary_bytes: np.ndarray
@@ -50,6 +50,12 @@ class LayerArrays:
     held_output_bytes: np.ndarray | None = None
     """Bytes of each layer's output a runtime holds for the backward beyond what the layer saves
     (planner.cost.memory.held_output); None: 0."""
+    entry_bytes: np.ndarray | None = None
+    """Per layer x, the kept-bytes correction of a stage starting at x (planner.cost.stage_entry_bytes); None: 0."""
+    runtime_buffers: bool = False
+    """Buffers as torch's stage allocates them, per micro-batch (planner.cost.buffer_bytes); False: the older model."""
+    batch_input_bytes: float = 0.0
+    """The model input per micro-batch (the first stage holds the step's batch of it)."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -59,13 +65,16 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         compute_ms=compute,
         recompute_ms=recompute,
         static_bytes=static_bytes_per_layer(costs.param_bytes, optimizer),
-        activation_bytes=np.asarray(costs.activation_bytes, dtype=float),
+        activation_bytes=kept_activation_bytes(costs),
         checkpoint_bytes=checkpoint_input_bytes(costs),
         boundary_bytes=boundary_bytes(costs),
         skip_edges=scaled_skip_edges(costs),
         workspace_bytes=_workspace(costs),
         held_output_bytes=held_output_per_layer(costs),
         optimizer_workspace_bytes=_step_workspace(costs, optimizer),
+        entry_bytes=stage_entry_bytes(costs),
+        runtime_buffers=runtime_buffers(costs),
+        batch_input_bytes=float(costs.input_bytes),
     )
 
 

@@ -9,6 +9,10 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
   activations  = in_flight x kept + transient, where
                  kept = sum activation_bytes of layers not in R
                       + sum checkpoint input bytes of layers in R (a checkpoint keeps its input)
+                      - what a layer saves that the layer before it in the stage saved already
+                        (`shared_input_bytes`: a ReLU's output saved again as the next layer's input)
+                      - what the stage's first layer saves of its input (`input_saved_bytes`):
+                        torch's stage received it into a buffer it holds anyway (`stage_entry_bytes`)
                       + pass-through bytes (skip tensors the stage only forwards)
                       + the stage's output, which the runtime holds until the micro-batch's
                         backward, where its last layer does not save it (`held_output`)
@@ -17,8 +21,15 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                  + the largest workspace_bytes of the stage's layers (`workspace_max`): what
                  else the allocator holds at a layer's worst moment (its output, the gradients
                  flowing through it, temporaries; the loss's logit gradients), from the profile
-  buffers      = 2 x (bytes in + bytes out): one received activation and its outgoing gradient,
-                 one sent activation and its incoming gradient
+  buffers      = torch's PipelineStage allocates, at its first step and for good, one receive
+                 buffer per micro-batch for the activation (bytes in) and one for its gradient
+                 (bytes out): M x (bytes in + bytes out). The first stage holds the step's whole
+                 input batch instead, M x the model input (`buffer_bytes`). The input gradient
+                 a backward sends is in its first layer's workspace; once sent it is not at the
+                 peak (measured: charging it too over-predicted a ResNet's last rank by 2 MiB).
+  Profiles without `input_saved_bytes` (made before pplan measured it) keep the older model, so
+  their plans stay what they were: every activation_bytes counted in full, buffers 2 x (bytes in
+  + bytes out).
 
 `stage_bytes` is that sum, written once; it takes numbers, numpy arrays (the DP prices every
 (first, end) at once) or PuLP expressions (the ILP's memory rows), so every solver charges the
@@ -54,6 +65,10 @@ __all__ = [
     "optimizer_workspace",
     "held_output",
     "held_output_per_layer",
+    "kept_activation_bytes",
+    "stage_entry_bytes",
+    "runtime_buffers",
+    "buffer_bytes",
     "stage_bytes",
     "recompute_saving",
     "stage_memory",
@@ -123,15 +138,20 @@ def held_output(held: Sequence[float] | None, end: int) -> float:
 
 
 def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
-               recompute: Iterable[int], edges: Sequence[SkipEdge] = (), held: Sequence[float] | None = None) -> float:
+               recompute: Iterable[int], edges: Sequence[SkipEdge] = (), held: Sequence[float] | None = None,
+               entry: Sequence[float] | None = None) -> float:
     """Bytes stage [first, end) keeps per micro-batch in flight (module docstring).
 
-    `edges` are scaled_skip_edges (bytes per micro-batch); none for a chain. `held`:
-    held_output_per_layer (the stage's output the runtime holds), None for none.
+    `activation`: kept_activation_bytes. `edges` are scaled_skip_edges (bytes per micro-batch);
+    none for a chain. `held`: held_output_per_layer (the stage's output the runtime holds), None
+    for none. `entry`: stage_entry_bytes, None for none. A recomputed first layer keeps its
+    checkpoint input and the entry correction too: at least what it really keeps, never less.
     """
     rec = set(recompute)
     kept = sum(float(checkpoint_input[i]) if i in rec else float(activation[i]) for i in range(first, end))
     kept += held_output(held, end)
+    if entry is not None and end > first:
+        kept += float(entry[first])
     if edges:
         kept += passthrough_bytes(first, end, edges)
     return kept
@@ -164,10 +184,50 @@ def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> fl
     return float(max(workspace[first:end]))
 
 
+def kept_activation_bytes(costs: LayerCosts) -> np.ndarray:
+    """Per layer, the bytes it keeps for its backward beyond what the layer before it in the same
+    stage keeps already: activation_bytes less shared_input_bytes (module docstring). A stage's
+    first layer gets the shared part back through stage_entry_bytes. Profiles without
+    input_saved_bytes: activation_bytes as it is (the older model)."""
+    act = np.asarray(costs.activation_bytes, dtype=float)
+    if not runtime_buffers(costs) or costs.shared_input_bytes is None:
+        return act
+    return act - np.minimum(np.asarray(costs.shared_input_bytes, dtype=float), act)
+
+
+def stage_entry_bytes(costs: LayerCosts) -> np.ndarray | None:
+    """Per layer x, what a stage starting at x keeps differently from kept_activation_bytes' sum:
+    the shared part of layer x counts again (the layer before is on another device), and the part
+    of its input layer x saves is the stage's receive buffer (or, on the first stage, the input
+    batch), which buffer_bytes charges: shared_input_bytes[x] - input_saved_bytes[x] (at most 0).
+    None for profiles without input_saved_bytes."""
+    if not runtime_buffers(costs):
+        return None
+    saved_in = np.asarray(costs.input_saved_bytes, dtype=float)
+    shared = np.zeros_like(saved_in) if costs.shared_input_bytes is None else np.asarray(costs.shared_input_bytes, dtype=float)
+    return np.minimum(shared, saved_in) - saved_in
+
+
+def runtime_buffers(costs: LayerCosts) -> bool:
+    """Whether the profile says what each layer saves of its input (`input_saved_bytes`): then a
+    stage's input is charged once, as torch's receive buffers (buffer_bytes with n_microbatches)."""
+    return costs.input_saved_bytes is not None
+
+
+def buffer_bytes(bytes_in: Any, bytes_out: Any, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:
+    """Receive and send buffers of a stage (module docstring). `n_microbatches` None: the older
+    model, 2 x (bytes in + bytes out). Else torch's: M x (bytes in + bytes out + batch_in),
+    `batch_in` the model input per micro-batch when the stage is the first (its input batch), else 0."""
+    if n_microbatches is None:
+        return 2.0 * (bytes_in + bytes_out)
+    return n_microbatches * (bytes_in + bytes_out + batch_in)
+
+
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
-                optimizer_step: float = 0.0) -> Any:
+                optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:
     """Peak bytes of a stage: static + buffers + in_flight x kept + transient (module docstring),
-    or static + buffers + the optimizer step's temporaries when those are larger.
+    or static + buffers + the optimizer step's temporaries when those are larger. Buffers:
+    buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in).
 
     Pure arithmetic: numbers, numpy arrays and PuLP expressions all work (a PuLP caller charges
     the optimizer step as a row of its own: max is not linear).
@@ -175,7 +235,7 @@ def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept
     held = in_flight * kept + transient
     if not (isinstance(optimizer_step, (int, float)) and optimizer_step == 0):
         held = np.maximum(held, optimizer_step)
-    return static + 2.0 * (bytes_in + bytes_out) + held
+    return static + buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 
 def recompute_saving(in_flight: Any, kept_saved: Any, transient: Any) -> Any:

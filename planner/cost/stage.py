@@ -17,8 +17,9 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, held_output, held_output_per_layer, kept_bytes, optimizer_factor, scaled_skip_edges,
-    optimizer_workspace, stage_bytes, transient_bytes, workspace_max,
+    boundary_bytes, buffer_bytes, checkpoint_input_bytes, held_output, held_output_per_layer, kept_activation_bytes, kept_bytes,
+    optimizer_factor, optimizer_workspace, runtime_buffers, scaled_skip_edges, stage_bytes, stage_entry_bytes, transient_bytes,
+    workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -73,10 +74,15 @@ class StageCost:
     held_output_bytes: float = 0.0
     """The part of kept_bytes that is the stage output torch holds for the backward (planner.cost.held_output):
     freed at the end of I when the backward is split, the rest at the end of W."""
+    recv_microbatches: int | None = None
+    """Micro-batches torch's stage keeps a receive buffer for (planner.cost.buffer_bytes); None: the older
+    two-buffers model (a profile without input_saved_bytes, or no micro-batch count given)."""
+    batch_input_bytes: float = 0.0
+    """The model input per micro-batch when this is the first stage (its share of the step's input batch), else 0."""
 
     @property
     def buffer_bytes(self) -> float:
-        return 2.0 * (self.input_bytes + self.output_bytes)
+        return float(buffer_bytes(self.input_bytes, self.output_bytes, self.recv_microbatches, self.batch_input_bytes))
 
 
 def stage_cost(
@@ -86,8 +92,10 @@ def stage_cost(
     recompute: Iterable[int] = (),
     optimizer: str = "adam",
     speed: float = 1.0,
+    n_microbatches: int | None = None,
 ) -> StageCost:
-    """Cost of layers [first, end) with `recompute` checkpointed, on a device of relative `speed`."""
+    """Cost of layers [first, end) with `recompute` checkpointed, on a device of relative `speed`,
+    in a step of `n_microbatches` (the receive buffers torch allocates; None: the older model)."""
     n = len(costs.fwd_ms)
     if not (0 <= first < end <= n):
         raise PplanError(f"stage layers [{first}, {end}) are outside the model's 0..{n}")
@@ -102,6 +110,7 @@ def stage_cost(
     rec_ms = float(sum(costs.fwd_ms[i] for i in rec))
     params = float(np.sum(costs.param_bytes[sl]))
     boundary = boundary_bytes(costs)
+    kept = kept_activation_bytes(costs)
     return StageCost(
         first=first,
         end=end,
@@ -114,13 +123,15 @@ def stage_cost(
         optimizer_ms=float(np.sum(costs.optimizer_ms[sl])) / speed,
         param_bytes=params,
         static_bytes=params * (2.0 + optimizer_factor(optimizer)),
-        kept_bytes=kept_bytes(costs.activation_bytes, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
-                              held_output_per_layer(costs)),
-        transient_bytes=transient_bytes(costs.activation_bytes, rec) + workspace_max(costs.workspace_bytes, first, end),
+        kept_bytes=kept_bytes(kept, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
+                              held_output_per_layer(costs), stage_entry_bytes(costs)),
+        transient_bytes=transient_bytes(kept, rec) + workspace_max(costs.workspace_bytes, first, end),
         optimizer_workspace_bytes=optimizer_workspace(costs.optimizer_workspace_bytes, first, end, optimizer),
         held_output_bytes=held_output(held_output_per_layer(costs), end),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
+        recv_microbatches=n_microbatches if runtime_buffers(costs) else None,
+        batch_input_bytes=float(costs.input_bytes) if first == 0 else 0.0,
     )
 
 
@@ -135,4 +146,5 @@ def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, spli
 def stage_peak_bytes(stage: StageCost, in_flight: float) -> float:
     """The partitioner's memory of `stage` holding `in_flight` micro-batches (planner.cost.memory.stage_bytes)."""
     return stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
-                       stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes)
+                       stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
+                       stage.recv_microbatches, stage.batch_input_bytes)

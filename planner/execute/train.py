@@ -147,6 +147,9 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
     for step in range(start_step, n_steps):
         x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
         x, y = _to(pipe.local_batch(x), device), _to(pipe.local_batch(y), device)  # this replica's slice
+        # only the first stage's rank feeds the inputs and only the last's the targets: elsewhere
+        # the batch would sit in memory for the whole step (the cost model charges it where it is used)
+        x, y = (x if pipe.is_first else None), (y if pipe.is_last else None)
         tk = None
         if opts.track_memory and step in (start_step, mem_step):
             # the first step only measures what checkpointed layers hold while recomputed

@@ -64,8 +64,9 @@ def _links(layout: Layout, calibration: Calibration | None) -> tuple[np.ndarray,
 
 def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *, optimizer: str,
                   recompute: str, calibration: Calibration | None = None,
-                  split_backward: bool = False) -> PartitionProblem:
-    """The stage-cut instance for these costs, devices and the schedule's in-flight counts."""
+                  split_backward: bool = False, n_microbatches: int | None = None) -> PartitionProblem:
+    """The stage-cut instance for these costs, devices and the schedule's in-flight counts, in a
+    step of `n_microbatches` (torch's receive buffers, planner.cost.buffer_bytes; None: the older model)."""
     S = layout.n_stages
     arrays = layer_arrays(costs, optimizer, calibration)
     budgets, speeds = np.empty(S), np.empty(S)
@@ -92,14 +93,18 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         workspace_bytes=arrays.workspace_bytes,
         held_output_bytes=arrays.held_output_bytes,
         optimizer_workspace_bytes=arrays.optimizer_workspace_bytes,
+        entry_bytes=arrays.entry_bytes,
+        recv_microbatches=n_microbatches if arrays.runtime_buffers else None,
+        batch_input_bytes=arrays.batch_input_bytes,
     )
 
 
 def stage_costs(costs: LayerCosts, layout: Layout, cuts: Sequence[int], recompute: Sequence[tuple[int, ...]],
-                optimizer: str) -> list[StageCost]:
+                optimizer: str, n_microbatches: int | None = None) -> list[StageCost]:
     """planner.cost's StageCost of every stage (what the simulator consumes)."""
     return [
-        stage_cost(costs, cuts[s], cuts[s + 1], recompute[s], optimizer, layout.devices[layout.device_of(s)].speed)
+        stage_cost(costs, cuts[s], cuts[s + 1], recompute[s], optimizer, layout.devices[layout.device_of(s)].speed,
+                   n_microbatches)
         for s in range(len(cuts) - 1)
     ]
 

@@ -59,6 +59,9 @@ class _Tables:
         # hold[j]: what a stage ending before layer j holds of its output per micro-batch; None: all 0
         self.hold = (np.concatenate([[0.0], np.asarray(p.held_output_bytes, dtype=float)])
                      if p.held_output_bytes is not None else None)
+        # entry[i]: what a stage starting at layer i keeps differently (its input is the receive buffer); None: all 0
+        self.entry = (np.concatenate([np.asarray(p.entry_bytes, dtype=float), [0.0]])
+                      if p.entry_bytes is not None else None)
         if p.recompute == "all":
             self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
             self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
@@ -135,12 +138,15 @@ class _Tables:
         work = self.work[ii, jj] if self.work is not None else 0.0
         if self.hold is not None:  # the stage's output, held per micro-batch in flight
             pt = pt + self.hold[jj]
+        if self.entry is not None:
+            pt = pt + self.entry[ii]
+        buf = (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # torch's receive buffers
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
-            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work) <= budget
+            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf) <= budget
             rec = self.pr[jj] - self.pr[ii]
         else:
-            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work) - budget
+            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work, 0.0, *buf) - budget
             ok = need <= 0
             rec = 0.0
             if p.recompute == "auto" and self.ne and np.isfinite(budget):
@@ -153,7 +159,7 @@ class _Tables:
                     ok[over] = got <= count
                 rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
         if self.optw is not None:  # the optimizer step must fit too; recompute cannot shrink it
-            ok &= stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj]) <= budget
+            ok &= stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj], *buf) <= budget
         cin, cout = self.comm(s)
         t = stage_time_ms(self.pc[jj] - self.pc[ii], rec, speed, ovh, cin[ii], cout[jj])
         table = np.full((L1, L1), np.inf)
@@ -174,15 +180,18 @@ class _Tables:
         work = self.work[ii, jj] if self.work is not None else 0.0
         if self.hold is not None:  # the stage's output, held per micro-batch in flight
             pt = pt + self.hold[jj]
+        if self.entry is not None:
+            pt = pt + self.entry[ii]
+        buf = (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # torch's receive buffers
         if p.recompute == "all":
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work)
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf)
         else:
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work)
+            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work, 0.0, *buf)
             if p.recompute == "auto" and self.ne:
                 starts = self.pe[ii]
                 mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]
         if self.optw is not None:
-            mem = np.maximum(mem, stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj]))
+            mem = np.maximum(mem, stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj], *buf))
         out = np.full((L1, L1), np.inf)
         out[ii, jj] = mem
         return out

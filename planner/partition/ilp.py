@@ -11,6 +11,8 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   Optimizer step: static + buffers + OW[s] <= budget_s, OW[s] >= ow_l y[l,s] (when the profile measured it).
   Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
           (the last stage: ho_(L-1)), when the profile says which outputs layers save.
+  Entry: kept also counts sum_x st[x,s] en_x (stage 0: en_0), the first layer's correction
+          (planner.cost.stage_entry_bytes), when the profile says what layers save of their input.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
   Memory  planner.cost.stage_bytes(static = sum_l y static, bytes in, bytes out, k_s,
@@ -161,6 +163,9 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         if p.held_output_bytes is not None:  # the stage's output: its last layer is x - 1 where stage s+1 starts at x
             held = np.asarray(p.held_output_bytes, dtype=float)
             kept = kept + (pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else float(held[L - 1]))
+        if p.entry_bytes is not None:  # the stage's first layer x: its input is the receive buffer
+            entry = np.asarray(p.entry_bytes, dtype=float)
+            kept = kept + (pulp.lpSum(st(x, s) * entry[x] for x in range(1, L)) if s > 0 else float(entry[0]))
         for n, e in enumerate(p.passthrough_edges):
             hold = _var(prob, f"h_{n}_{s}", 0)
             outside = [l for l in range(L) if l <= e.src or l >= e.dst or l in e.also_to]
@@ -172,13 +177,14 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             for l in range(L):
                 prob += work >= float(p.workspace_bytes[l]) * y(l, s)
             trans = trans + work
-        mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans)
+        buf = (p.recv_microbatches, p.batch_input_bytes if s == 0 else 0.0)  # torch's receive buffers
+        mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans, 0.0, *buf)
         prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)
             for l in range(L):
                 prob += step >= float(p.optimizer_workspace_bytes[l]) * y(l, s)
-            prob += (1.0 / budget) * stage_bytes(static, bytes_in, bytes_out, 1.0, step, 0.0) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * stage_bytes(static, bytes_in, bytes_out, 1.0, step, 0.0, 0.0, *buf) <= 1.0 - _TIGHTEN
     return stage_time_ms(
         pulp.lpSum(y(l, s) * float(p.compute_ms[l]) for l in range(L)),
         pulp.lpSum(z[l, s] * float(p.recompute_ms[l]) for l in cand),

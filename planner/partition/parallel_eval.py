@@ -172,7 +172,7 @@ def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
     layout = _layout(cfg, task.v, mem, ctx)
     prob = build_problem(costs, layout, inflight_peaks(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
                          recompute="all" if task.recompute == "full" else "none",
-                         split_backward=get_schedule(task.schedule).split_backward)
+                         split_backward=get_schedule(task.schedule).split_backward, n_microbatches=task.m)
     prob = replace(prob, static_bytes=_static(ctx, costs, cfg))
     sol = solve_dp(prob)
     if sol is None:

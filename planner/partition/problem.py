@@ -99,6 +99,12 @@ class PartitionProblem:
     """Per layer, the optimizer step's temporaries (planner.cost.optimizer_workspace, the stage's largest); None: 0."""
     held_output_bytes: np.ndarray | None = None
     """Per layer, its output's bytes the runtime holds per micro-batch when a stage ends with it (planner.cost.held_output); None: 0."""
+    entry_bytes: np.ndarray | None = None
+    """Per layer x, the kept-bytes correction of a stage starting at x (planner.cost.stage_entry_bytes); None: 0."""
+    recv_microbatches: int | None = None
+    """Micro-batches torch's stages keep receive buffers for (planner.cost.buffer_bytes); None: the older model."""
+    batch_input_bytes: float = 0.0
+    """The model input per micro-batch: the first stage holds the step's batch of it (with recv_microbatches)."""
 
     @property
     def n_layers(self) -> int:
@@ -182,9 +188,10 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
     """Memory m_s of layers [i, j) at position s with `rec` recomputed (planner.cost.stage_bytes)."""
     return float(cost_stage_bytes(
         float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), float(p.inflight[s]),
-        kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes),
+        kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes, p.entry_bytes),
         transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
         workspace_max(p.optimizer_workspace_bytes, i, j),
+        p.recv_microbatches, p.batch_input_bytes if i == 0 else 0.0,
     ))
 
 

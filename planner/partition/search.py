@@ -228,7 +228,8 @@ class CandidateEvaluator:
         sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)
         return build_problem(self.costs(point.micro_batch_size), layout, stage_inflight_peak(sched),
                              optimizer=self.settings.optimizer, recompute=self.settings.recompute,
-                             calibration=self.calibration, split_backward=sched.split_backward)
+                             calibration=self.calibration, split_backward=sched.split_backward,
+                             n_microbatches=point.n_microbatches)
 
     def candidate(self, method: str, point: GridPoint, layout: Layout, problem: PartitionProblem,
                   cuts: tuple[int, ...] | None, rec: tuple[tuple[int, ...], ...] | None,
@@ -251,7 +252,8 @@ class CandidateEvaluator:
             if got is None:
                 r, _ = stage_recompute(problem, s, i, j, start)
                 got = memo[key] = (r, stage_time(problem, s, i, j, r), stage_bytes(problem, s, i, j, r),
-                                   stage_cost(costs, i, j, r, self.settings.optimizer, layout.devices[layout.device_of(s)].speed))
+                                   stage_cost(costs, i, j, r, self.settings.optimizer, layout.devices[layout.device_of(s)].speed,
+                                              point.n_microbatches))
             per_stage.append(got)
         sets = tuple(x[0] for x in per_stage)
         sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)

@@ -26,10 +26,15 @@ Method (docs/profile-format.md repeats it for users):
   allocated before it (gradients it creates included).
 - workspace_bytes: that peak, on CUDA from the caching allocator and on CPU from torch's CPU
   allocator (torch.profiler's memory events, planner.profiling.allocpeak), less the bytes the
-  layer saves for backward and its output: what else is alive at the layer's worst moment (the
+  layer saves for backward and its output (less only what the peak counted: the layer's input
+  was allocated before it, so the part of the input the layer saves is not taken off; profiles
+  made before input_saved_bytes existed took it off): what else is alive at the layer's worst moment (the
   gradients flowing through it, the temporaries inside its ops; with the loss, the logits'
   gradients). Parameter gradients already exist, as after a pipeline's first micro-batch.
   output_saved_bytes: the part of the output the layer saves itself (a ReLU's, a softmax's).
+  input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's).
+  On a stage's first layer that input is the buffer torch's stage received it into, which the
+  runtime holds anyway.
 - A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
   tuple of outputs: the same method, with one fixed random gradient per output that
   requires grad (seeds grad_seed, grad_seed + 1, ...) and bwd_input_ms taken with respect to
@@ -85,6 +90,8 @@ class LayerMeasurement:
     """That peak (CPU or CUDA allocator) less activation_bytes and output_bytes: gradients and temporaries."""
     output_saved_bytes: int = 0
     """Bytes of the output that the layer itself saves for backward (counted in activation_bytes)."""
+    input_saved_bytes: int = 0
+    """Bytes of the layer's input that it saves for backward (counted in activation_bytes)."""
 
 
 def sync_for(device: torch.device) -> Callable[[], None]:
@@ -159,7 +166,7 @@ def _median_std(samples: list[float]) -> tuple[float, float]:
 
 def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
              output_bytes: int, flops: int, cuda_peak: int, peak: int = 0,
-             output_saved: int = 0) -> "LayerMeasurement":
+             output_saved: int = 0, input_saved: int = 0) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
     fwd_med, fwd_std = _median_std(fwd)
     bwd_med, bwd_std = _median_std(bwd)
@@ -168,9 +175,12 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
         bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),
         activation_bytes=saved.total_bytes, shared_input_bytes=saved.shared_bytes(prev_saved),
         output_bytes=output_bytes, flops=flops, cuda_peak_bytes=cuda_peak,
-        # the output counts once: in activation_bytes where the layer saves it, else on its own
-        workspace_bytes=max(0, peak - saved.total_bytes - (output_bytes - min(output_bytes, output_saved))) if peak else 0,
+        # the output counts once: in activation_bytes where the layer saves it, else on its own; the
+        # input existed before the peak was taken, so the part of it the layer saves is not in the peak
+        workspace_bytes=max(0, peak - (saved.total_bytes - input_saved)
+                            - (output_bytes - min(output_bytes, output_saved))) if peak else 0,
         output_saved_bytes=min(output_bytes, output_saved),
+        input_saved_bytes=input_saved,
     )
 
 
@@ -270,7 +280,7 @@ def measure_layer(
         for t in params + [inp]:
             t.grad = None
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_output_bytes(saved, [y]))
+                 _saved_bytes_of(saved, [y]), _saved_bytes_of(saved, [inp]))
     return m, y.detach(), saved
 
 
@@ -320,7 +330,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         for t in params + grad_inputs:
             t.grad = None
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_output_bytes(saved, [t for t in y if isinstance(t, torch.Tensor)]))
+                 _saved_bytes_of(saved, [t for t in y if isinstance(t, torch.Tensor)]), _saved_bytes_of(saved, tensors))
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 
@@ -355,10 +365,16 @@ def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
     return max(int(torch.cuda.max_memory_allocated(device) - base), 0)
 
 
-def _saved_output_bytes(saved: SavedTensors, outputs: list[torch.Tensor]) -> int:
-    """Bytes of `outputs` whose storage the layer saved for its own backward: a pipeline runtime
-    that holds a stage's output until its backward holds these anyway."""
-    return sum(tensor_bytes(t) for t in outputs if storage_key(t)[0] in saved.storages)
+def _saved_bytes_of(saved: SavedTensors, tensors: list[torch.Tensor]) -> int:
+    """Bytes of `tensors` (a layer's outputs, or its inputs) whose storage the layer saved for its
+    own backward: a pipeline runtime that holds a stage's output until its backward, or receives
+    its input into a buffer of its own, holds these anyway. A storage counts once."""
+    seen: dict[Any, int] = {}
+    for t in tensors:
+        key = storage_key(t)[0]
+        if key in saved.storages:
+            seen[key] = max(tensor_bytes(t), seen.get(key, 0))
+    return sum(seen.values())
 
 
 def allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:

@@ -112,6 +112,9 @@ class LayerCosts:
     """Bytes of each layer's output it saves itself for backward (None: unknown, taken as all of it)."""
     optimizer_workspace_bytes: np.ndarray | None = None
     """Temporaries of one Adam step over each layer's parameters (None: 0)."""
+    input_saved_bytes: np.ndarray | None = None
+    """Bytes of each layer's input it saves itself for backward (None: unknown; the cost model then
+    charges boundary buffers as it did before the column existed, planner.cost.memory)."""
 
 
 @dataclass(frozen=True)
@@ -148,9 +151,10 @@ class Profile(ProfileTable):
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
             "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes",
-            "output_saved_bytes", "optimizer_workspace_bytes")}
-        if "output_saved_bytes" not in self.present:  # unknown: the cost model then holds no output twice
-            cols["output_saved_bytes"] = None
+            "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes")}
+        for unknown in ("output_saved_bytes", "input_saved_bytes"):  # unknown: the older memory model (planner.cost.memory)
+            if unknown not in self.present:
+                cols[unknown] = None
         input_bytes = self.input_bytes_per_sample * micro_batch_size
         graph: dict = {}
         if self.skip_edges:  # a chain keeps exactly the arrays (and code path) it always had

@@ -42,7 +42,7 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 _COLUMNS = (
     "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
     "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes", "workspace_bytes",
-    "output_saved_bytes",
+    "output_saved_bytes", "input_saved_bytes",
 )
 _MESSAGE_LIMIT = 300  # torch errors can be pages long; the one-line error keeps the start
 

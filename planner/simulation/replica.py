@@ -92,15 +92,16 @@ def replica_layout(cfg: ParallelConfig, memory_bytes: float, cluster: Cluster) -
 
 
 def replica_stages(costs: ReplicaCosts, cuts: Sequence[int], recompute: Sequence[Sequence[int]], cfg: ParallelConfig,
-                   cluster: Cluster) -> list[StageCost]:
+                   cluster: Cluster, n_microbatches: int | None = None) -> list[StageCost]:
     """Stage s = layers [cuts[s], cuts[s+1]) with `recompute[s]` recomputed: its collectives,
-    its gradient sync over the D replicas and its ZeRO-sharded static bytes."""
+    its gradient sync over the D replicas and its ZeRO-sharded static bytes (`n_microbatches`:
+    torch's receive buffers, planner.cost.buffer_bytes)."""
     place = cluster.placement(cfg)
     per_param = zero_bytes_per_param(cfg.dp, cfg.zero)
     stages = []
     for s in range(len(cuts) - 1):
         first, end = int(cuts[s]), int(cuts[s + 1])
-        st = stage_cost(costs.layers, first, end, recompute[s], "adam")
+        st = stage_cost(costs.layers, first, end, recompute[s], "adam", n_microbatches=n_microbatches)
         comm = float(np.sum(costs.collectives_ms[first:end]))
         stages.append(replace(st, comm_fwd_ms=comm, comm_bwd_ms=comm,
                               grad_sync_ms=grad_sync_ms(st.param_bytes, cfg.dp, cfg.zero, place.dp),
@@ -113,7 +114,7 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
                      devices: Sequence[Device], links: Links, stage_device: Sequence[int], micro_batch_size: int,
                      record_timeline: bool = False, interpolated: bool = False) -> SimResult:
     """Simulate one iteration of the replica; the result's `replica` holds the cluster-wide figures."""
-    stages = replica_stages(costs, cuts, recompute, cfg, cluster)
+    stages = replica_stages(costs, cuts, recompute, cfg, cluster, schedule.n_microbatches)
     sim = simulate_costs(schedule, stages, stage_device, devices, links, micro_batch_size=micro_batch_size,
                          record_timeline=record_timeline, interpolated=interpolated,
                          overlap_grad_sync=cluster.overlap_grad_sync,
