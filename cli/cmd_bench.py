@@ -5,6 +5,7 @@
     pplan bench simulator   simulated actions per second per schedule
     pplan bench quality     pplan vs uniform/params/time baselines (--measured: on the executor)
     pplan bench fidelity    predicted vs measured step time and peak memory (--quick: tiny grid)
+    pplan bench handover    what a hand-over between two CPU ranks costs, idle and while both compute
 
 Progress goes to stderr; the table to stdout (or JSON with --json); files to --out-dir
 (default reports/bench/), written atomically once the bench has finished.
@@ -175,3 +176,17 @@ def fidelity_cmd(
     out_dir.mkdir(parents=True, exist_ok=True)
     fidelity_figure(table, str(out_dir / "fidelity.png"))
     err(f"wrote {out_dir / 'fidelity.png'}")
+
+
+@bench_app.command("handover")
+def handover_cmd(
+    quick: bool = typer.Option(False, "--quick", help="One size, a few exchanges: checks the bench, not the figures."),
+    out_dir: Path = _OUT, as_json: bool = _JSON,
+) -> None:
+    """Cost of one gloo hand-over between two local ranks: idle, and while both ranks compute (every core busy)."""
+    from planner.bench.handover import FULL, QUICK, bench_handover
+
+    _check_out(out_dir)
+    machine = _machine()
+    table = bench_handover(QUICK if quick else FULL, progress=_progress())
+    _finish([table], out_dir, as_json, machine)
