@@ -27,7 +27,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -49,7 +48,6 @@ WORK_MS = 5.0
 _MATMUL_N = 128  # a 128 x 128 matmul: ~0.05 ms on one core, so the work is ~100 calls of one kernel
 _PG_TIMEOUT_S = 60.0  # a peer silent this long fails the other rank's collective
 _POLL_S = 0.1
-_TERM_S = 3.0
 _PROGRESS = "[handover] "
 
 COLUMNS = ("mode", "direction", "size_kib", "samples", "work_ms", "median_ms", "mean_ms", "p95_ms", "max_ms",
@@ -181,24 +179,6 @@ def _rank_main() -> None:
 
 # ---------------------------------------------------------------- the parent side
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """SIGTERM every live rank (continued first, should it be stopped), SIGKILL what is left after a grace."""
-    for p in procs:
-        if p.poll() is None:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-                p.terminate()
-            except ProcessLookupError:
-                pass
-    deadline = time.monotonic() + _TERM_S
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
-
-
 def _pump(stream: IO[str], progress: Callable[[str], None]) -> None:
     for line in iter(stream.readline, ""):
         if line.startswith(_PROGRESS):
@@ -217,7 +197,7 @@ def _tail(path: Path) -> str:
 
 def _run_ranks(settings: HandoverSettings, work: Path, progress: Callable[[str], None]) -> list[dict[str, Any]]:
     """Start both ranks, wait for them within the deadline, return their results (rank order)."""
-    from planner.execute.launch import free_port
+    from planner.execute.launch import free_port, stop_processes
 
     cfg = json.dumps({"parent": os.getpid(), "dir": str(work), "sizes": list(settings.sizes_bytes),
                       "reps": settings.reps, "warmup": settings.warmup})
@@ -253,7 +233,7 @@ def _run_ranks(settings: HandoverSettings, work: Path, progress: Callable[[str],
             time.sleep(_POLL_S)
         pump.join(timeout=2.0)
     finally:
-        _stop(procs)
+        stop_processes(procs)
     return [json.loads((work / f"result_{r}.json").read_text(encoding="utf-8")) for r in range(2)]
 
 

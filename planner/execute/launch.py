@@ -32,7 +32,7 @@ from typing import IO, Any
 from planner.errors import PplanError, RunError
 from planner.execute.worker import PARENT_ENV
 
-__all__ = ["free_port", "launch_local"]
+__all__ = ["free_port", "launch_local", "stop_processes"]
 
 _POLL_S = 0.1
 _GRACE_S = 0.4  # after a first failure, how long to wait for simultaneous ones (to pick the cause)
@@ -94,9 +94,9 @@ def _stopped(procs: list[subprocess.Popen]) -> list[int]:
     return [r for r, p in enumerate(procs) if p.poll() is None and _state(p.pid) in ("T", "t")]
 
 
-def _stop(procs: list[subprocess.Popen]) -> None:
-    """Terminate every live rank (a stopped one is continued so it can act on it), then kill
-    what is left after a grace period."""
+def stop_processes(procs: list[subprocess.Popen]) -> None:
+    """Terminate every live process (a stopped one is continued so it can act on it), then kill
+    what is left after a grace period (the ranks of a run, or of a benchmark)."""
     for p in procs:
         if p.poll() is None:
             try:
@@ -134,7 +134,7 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
             stopped_since = {r: stopped_since.get(r, now) for r in halted}
             overdue = [r for r, t in stopped_since.items() if now - t > timeout_s]
             if overdue and all(c in (None, 0) for c in codes):
-                _stop(procs)
+                stop_processes(procs)
                 raise RunError(f"rank {overdue[0]} stopped answering: its process has been stopped (SIGSTOP or a debugger) "
                                f"for more than --timeout {timeout_s:g} s",
                                "the other ranks were stopped; continue a stopped rank (SIGCONT) or leave it alone, then rerun")
@@ -144,7 +144,7 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
         for t in pumps:
             t.join(timeout=5.0)
     finally:
-        _stop(procs)
+        stop_processes(procs)
     result = run_dir / "result.json"
     if not result.is_file():
         raise RunError("all ranks exited cleanly but rank 0 wrote no result", "rerun with --verbose")
@@ -180,7 +180,7 @@ def _raise_failure(procs: list[subprocess.Popen], pumps: list[threading.Thread],
     time.sleep(_GRACE_S)
     codes = [p.poll() for p in procs]
     halted = sorted(set(halted) | set(_stopped(procs)))
-    _stop(procs)
+    stop_processes(procs)
     for t in pumps:
         t.join(timeout=1.0)
     failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]

@@ -10,7 +10,6 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost import stage_cost
 from planner.cost.parallel import ModelFlops, Placement, grad_sync_ms, zero_bytes_per_param
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
