@@ -131,7 +131,9 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: 
         if m.ranks in counts:
             typer.echo("  optimizer ms/MiB: " + ", ".join(f"{k} {v:.3f}" for k, v in m.optimizer_ms_per_mib.items())
                        + (f"; compute with {m.ranks} ranks busy {m.concurrent_compute_ratio:.2f}x alone"
-                          if m.concurrent_compute_ratio else ""))
+                          if m.concurrent_compute_ratio else "")
+                       + (f"; a hand-over while every core computes costs each rank {m.handover_cpu_ms:.3f} ms"
+                          f" + {m.handover_cpu_ms_per_mib or 0.0:.3f} ms/MiB" if m.handover_cpu_ms is not None else ""))
     typer.echo(f"wrote {path} (a plan is predicted with the entry for its process count, else the nearest)")
 
 

@@ -11,6 +11,10 @@ command that applies one says so (`basis_text`). Fields (all optional):
   comm_latency_ms        replaces the plan's link latency between processes
   comm_bandwidth_bytes_per_s  replaces the plan's link bandwidth
   step_overhead_ms       added once per iteration (optimizer bookkeeping, barriers)
+  handover_cpu_ms, handover_cpu_ms_per_mib
+                         what a rank loses per cross-rank hand-over when ranks fill the CPU
+                         cores (the machine's `pplan bench handover` fit: intercept and ms per
+                         MiB), charged to the sending and to the receiving action
   fitted_from            where the numbers came from (run, schedule, n_ranks, n_microbatches,
                          measured_ms, error_pct_before, error_pct_after): informational
 
@@ -48,6 +52,8 @@ RANGES: dict[str, tuple[float, float]] = {
     "comm_latency_ms": (0.0, MAX_LATENCY_MS),
     "comm_bandwidth_bytes_per_s": (MIN_BANDWIDTH, MAX_BANDWIDTH),
     "step_overhead_ms": (0.0, MAX_OVERHEAD_MS),
+    "handover_cpu_ms": (0.0, MAX_OVERHEAD_MS),
+    "handover_cpu_ms_per_mib": (0.0, MAX_OVERHEAD_MS),
 }
 # `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_calibration);
 # pplan never reads it back to compute anything, but its keys are fixed, so they are checked too.
@@ -69,6 +75,8 @@ _HINTS = {
     "comm_latency_ms": "it is the link latency in ms, e.g. 0.01",
     "comm_bandwidth_bytes_per_s": "it is the link bandwidth in bytes/s, e.g. 25e9",
     "step_overhead_ms": "it is added once per iteration, in ms",
+    "handover_cpu_ms": "it is charged to both ranks per cross-rank hand-over, in ms",
+    "handover_cpu_ms_per_mib": "it is charged to both ranks per MiB a hand-over moves, in ms",
 }
 
 
@@ -90,13 +98,18 @@ class Calibration:
     """Link bandwidth override, bytes/s (None = keep the plan's)."""
     step_overhead_ms: float = 0.0
     """Added once per iteration, ms."""
+    handover_cpu_ms: float = 0.0
+    """Charged to the sending and to the receiving action of each cross-rank hand-over, ms (machine-measured)."""
+    handover_cpu_ms_per_mib: float = 0.0
+    """Charged the same way per MiB the hand-over moves, ms."""
     fitted_from: dict[str, Any] = field(default_factory=dict)
     """Where the numbers came from (run file, residual error): informational."""
 
     def __post_init__(self) -> None:
         for name in RANGES:
             value = getattr(self, name)
-            if value is not None or name in ("compute_scale", "action_overhead_ms", "step_overhead_ms"):
+            if value is not None or name in ("compute_scale", "action_overhead_ms", "step_overhead_ms",
+                                             "handover_cpu_ms", "handover_cpu_ms_per_mib"):
                 _check_value(name, value)
         if not isinstance(self.fitted_from, dict):
             raise PplanError(f"calibration fitted_from must be an object, got {type(self.fitted_from).__name__}")

@@ -13,6 +13,11 @@
                               for profiles without optimizer times; measured profiles have them)
   concurrent_compute_ratio    a compute kernel's time with every rank busy / with one rank alone
                               (memory bandwidth and caches shared between ranks); informational
+  handover_cpu_ms, handover_cpu_ms_per_mib
+                              what a rank loses per cross-rank hand-over while every core runs a
+                              rank's compute (`pplan bench handover`'s compute rows, fitted as an
+                              intercept and ms per MiB); measured when the ranks fill the cores,
+                              else absent (0)
 
 and writes them as JSON, by default to `~/.cache/pplan/machine.json` ($XDG_CACHE_HOME respected;
 never inside a repository). `find_machine()` reads `$PPLAN_MACHINE` (a path, or `off`) or that
@@ -84,6 +89,10 @@ class Machine:
     """Optimizer step ms per MiB of parameters, by optimizer name."""
     concurrent_compute_ratio: float | None = None
     """Compute time with all ranks busy / one rank alone (1 = no contention)."""
+    handover_cpu_ms: float | None = None
+    """Time a rank loses per cross-rank hand-over while every core computes, ms (None: not measured, 0)."""
+    handover_cpu_ms_per_mib: float | None = None
+    """The same per MiB the hand-over moves, ms (None: 0)."""
     hardware: str | None = None
     """The hardware preset or file this machine is (planner.hardware), if named."""
     measured: dict[str, Any] = field(default_factory=dict)
@@ -107,6 +116,9 @@ class Machine:
             _bounded(f"optimizer_ms_per_mib.{k}", v, 0.0, _MAX_OPT_MS_PER_MIB)
         if self.concurrent_compute_ratio is not None:
             _bounded("concurrent_compute_ratio", self.concurrent_compute_ratio, 1.0 / _MAX_RATIO, _MAX_RATIO)
+        for name in ("handover_cpu_ms", "handover_cpu_ms_per_mib"):
+            if getattr(self, name) is not None:
+                _bounded(name, getattr(self, name), *RANGES[name])
         if self.hardware is not None and (not isinstance(self.hardware, str) or len(self.hardware) > 200):
             raise PplanError("machine hardware must be a short string or null")
         if not isinstance(self.measured, dict):
@@ -292,10 +304,13 @@ def machine_calibration(machine: Machine, *, optimizer: str | None = None,
     """The simulator's corrections for this machine: per-action overhead, in-pipeline link latency
     and bandwidth, per-step overhead. With `optimizer` and `optimizer_param_bytes` (the largest
     rank's parameters; only for profiles without optimizer times) the optimizer step's measured
-    cost is added to the per-step overhead. compute_scale stays 1: layer times come from the profile."""
+    cost is added to the per-step overhead; the hand-over's CPU share where the machine measured
+    one. compute_scale stays 1: layer times come from the profile."""
     step = machine.step_overhead_ms
     if optimizer and optimizer_param_bytes > 0:
         step += machine.optimizer_ms_per_mib.get(optimizer, 0.0) * optimizer_param_bytes / 2**20
     return Calibration(action_overhead_ms=machine.action_overhead_ms, comm_latency_ms=machine.comm_latency_ms,
                        comm_bandwidth_bytes_per_s=machine.comm_bandwidth_bytes_per_s,
-                       step_overhead_ms=min(step, RANGES["step_overhead_ms"][1]))
+                       step_overhead_ms=min(step, RANGES["step_overhead_ms"][1]),
+                       handover_cpu_ms=machine.handover_cpu_ms or 0.0,
+                       handover_cpu_ms_per_mib=machine.handover_cpu_ms_per_mib or 0.0)

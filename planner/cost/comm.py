@@ -19,6 +19,13 @@ has reached the action: a receiver busy when the data was sent pays it when it g
 Measured on the 2-core CPU machine (ResNet, 2 MB activations, 2 ranks): a receive posted late
 waited 0.3-0.8 ms after posting (+0.1-0.6 ms inside the post), against 0.63 ms for the bytes at
 the machine's 3.3 GB/s.
+
+What a hand-over costs the two ranks themselves (`handover_cpu_ms`): on a CPU machine whose
+cores all run a rank's compute, gloo's own thread has to displace one to move the bytes, and
+either rank loses time to it (`pplan bench handover`: 0.5-1.4 ms per hand-over there, against
+0.1-0.5 ms with the ranks idle). The machine file carries it, measured where ranks fill the
+cores; the simulator charges it to the sending and to the receiving action. GPUs, whose copy
+engines move the bytes, and machines with a core to spare have none.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ from planner.calibration import Calibration
 if TYPE_CHECKING:  # planner.plan imports planner.cost; the type is only needed for hints
     from planner.plan import Links
 
-__all__ = ["Link", "link_between", "link_terms", "transfer_ms", "link_ms", "transfer_parts"]
+__all__ = ["Link", "link_between", "link_terms", "transfer_ms", "link_ms", "transfer_parts", "handover_cpu_ms"]
 
 
 @dataclass(frozen=True)
@@ -93,3 +100,11 @@ def transfer_parts(nbytes: float, link: Link | None, calibration: Calibration | 
         return 0.0, 0.0
     latency, per_byte = link_terms(link, calibration)
     return float(latency), float(nbytes * per_byte)
+
+
+def handover_cpu_ms(nbytes: float, calibration: Calibration | None = None) -> float:
+    """What one cross-rank hand-over of `nbytes` costs each of the two ranks, ms (module
+    docstring): the calibration's intercept plus its ms per MiB; 0 without one, or for nothing sent."""
+    if calibration is None or nbytes <= 0:
+        return 0.0
+    return float(calibration.handover_cpu_ms + calibration.handover_cpu_ms_per_mib * nbytes / 2**20)

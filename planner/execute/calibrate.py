@@ -91,8 +91,10 @@ def fit_calibration(run: dict[str, Any], plan: Plan, profile: Profile,
         # latency that matters; the ping-pong gives the bandwidth, which separates the two.
         per_byte = 1e3 / bw if bw else 0.0
         lat = max(0.0, statistics.median(g - b * per_byte for b, g in gaps))
+    # the machine's hand-over share stays: it is a cost of the transfers, which the compute fit does not see
     cal = Calibration(compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,
-                      comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0)
+                      comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0, handover_cpu_ms=prev.handover_cpu_ms,
+                      handover_cpu_ms_per_mib=prev.handover_cpu_ms_per_mib)
     without = simulate(plan, profile, calibration=cal, record_timeline=False).iteration_ms
     cal = replace(cal, step_overhead_ms=max(0.0, measured - without))
     after = without + cal.step_overhead_ms

@@ -23,6 +23,11 @@ hand-over cost grows with the processes sharing the cores:
 - **Contention.** A fixed matmul-and-add kernel timed in one process alone and in `ranks`
   processes at once: the ratio is what sharing memory bandwidth and caches costs a rank's
   compute (layers are profiled alone). Recorded, not applied.
+- **Hand-overs under compute.** Where the ranks fill the cores (ranks <= cores), `pplan bench
+  handover`'s compute mode at 64 KiB and 1 MiB, both directions: the mean time a rank loses per
+  hand-over while both compute, a line through the two sizes (intercept, ms per MiB), which the
+  simulator charges to both ends of every cross-rank transfer (planner.cost.handover_cpu_ms).
+  With more ranks than cores the plans pplan runs there sleep, leaving cores free: not measured.
 
 The result is a planner.machine.Machine, one entry of the machine file (planner.machine.MachineSet)
 that `pplan calibrate --machine` saves.
@@ -46,7 +51,8 @@ from typing import Any, Callable
 from planner.errors import PplanError
 
 __all__ = ["EMPTY_MODEL", "SLEEP_MS", "CASES", "QUICK_CASES", "empty_model", "measure_machine", "measure_machines",
-           "parse_rank_counts", "fit_overheads", "optimizer_ms_per_mib", "kernel_ms"]
+           "parse_rank_counts", "fit_overheads", "optimizer_ms_per_mib", "kernel_ms", "handover_under_compute",
+           "HANDOVER_SIZES"]
 
 EMPTY_MODEL = "synthetic:layers={layers},fwd_ms={fwd:g},bwd_ms={bwd:g},param_bytes=4KB,act_bytes=64,hidden=16"
 SLEEP_MS = (4.0, 8.0)
@@ -257,6 +263,7 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
     say(f"contention: one process alone, then {ranks} at once")
     alone = statistics.median(_kernel_processes(1, threads))
     together = statistics.median(_kernel_processes(ranks, threads))
+    handover = handover_under_compute(quick, say) if ranks <= usable_cores() else (None, None)
     for row in rows:
         row["predicted_ms"] = row["simulated_base_ms"] + row["actions_on_path"] * a + c
         row["action_ms_median"] = statistics.median(actions) if actions else None
@@ -272,7 +279,31 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
                    comm_latency_ms=max(0.0, latency), comm_bandwidth_bytes_per_s=bandwidth or 1e9,
                    step_overhead_ms=c, optimizer_ms_per_mib=opt,
                    concurrent_compute_ratio=together / alone if alone > 0 else None,
+                   handover_cpu_ms=handover[0], handover_cpu_ms_per_mib=handover[1],
                    hardware=hardware, measured=measured)
+
+
+HANDOVER_SIZES = (64 * 1024, 1024 * 1024)
+"""Message sizes of the hand-over fit (bytes): the small and the large end of the bench's."""
+
+
+def handover_under_compute(quick: bool = False, progress: Callable[[str], None] | None = None,
+                           ) -> tuple[float, float]:
+    """(ms per hand-over, ms per MiB) a rank loses while both ranks compute: `pplan bench handover`'s
+    compute rows at HANDOVER_SIZES, one way and both ways averaged per size, the line through them
+    (each part at least 0)."""
+    from planner.bench.handover import HandoverSettings, bench_handover
+
+    settings = HandoverSettings(sizes_bytes=HANDOVER_SIZES, reps=20 if quick else 150, warmup=5 if quick else 20,
+                                timeout_s=600.0)
+    table = bench_handover(settings, progress)
+    col = {name: k for k, name in enumerate(table.columns)}
+    means = {size: statistics.fmean(float(r[col["mean_ms"]]) for r in table.rows
+                                    if r[col["mode"]] == "compute" and int(r[col["size_kib"]]) * 1024 == size)
+             for size in HANDOVER_SIZES}
+    small, large = HANDOVER_SIZES
+    slope = max(0.0, (means[large] - means[small]) / ((large - small) / 2**20))
+    return max(0.0, means[small] - slope * small / 2**20), slope
 
 
 def measure_machines(counts: tuple[int, ...], *, base: Any = None, progress: Callable[[str], None] | None = None,

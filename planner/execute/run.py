@@ -338,4 +338,5 @@ def _cal_dict(cal: Calibration | None) -> dict[str, Any] | None:
         return None
     return {"compute_scale": cal.compute_scale, "action_overhead_ms": cal.action_overhead_ms,
             "comm_latency_ms": cal.comm_latency_ms, "comm_bandwidth_bytes_per_s": cal.comm_bandwidth_bytes_per_s,
-            "step_overhead_ms": cal.step_overhead_ms}
+            "step_overhead_ms": cal.step_overhead_ms, "handover_cpu_ms": cal.handover_cpu_ms,
+            "handover_cpu_ms_per_mib": cal.handover_cpu_ms_per_mib}

@@ -23,7 +23,9 @@ Model (docs/simulator.md):
   (+ calibration.step_overhead_ms).
 - Calibration: compute times pass through planner.cost.action_ms (scale, plus the per-action
   overhead); the optimizer step is scaled only (cost.scaled_ms); a transfer costs
-  cost.link_ms, where comm_latency_ms / comm_bandwidth_bytes_per_s replace every link's values.
+  cost.link_ms, where comm_latency_ms / comm_bandwidth_bytes_per_s replace every link's values,
+  and a cross-rank hand-over costs the sending and the receiving action cost.handover_cpu_ms
+  each (0 unless the machine measured it).
 Every duration and byte count comes from planner.cost; this module only orders them in time.
 """
 
@@ -34,7 +36,7 @@ from typing import Callable, Sequence
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, action_ms, link_between, scaled_ms, stage_memory
-from planner.cost.comm import transfer_parts
+from planner.cost.comm import handover_cpu_ms, transfer_parts
 from planner.cost.memory import MemoryBreakdown
 from planner.cost.parallel import rank_exposed_sync_ms
 from planner.errors import PlanError
@@ -196,6 +198,10 @@ def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Seq
             key = code * S + s
             send[key], recv[code * S + dst] = transfer_parts(nbytes, link_between(links, a, b), cal)
             link[key] = link_ids.setdefault((a, b), len(link_ids))
+            # both ranks lose the hand-over's CPU share (0 unless the machine measured one)
+            cpu = handover_cpu_ms(nbytes, cal)
+            dur[key] += cpu
+            recv[code * S + dst] += cpu
     return dur, recv, send, link, len(link_ids)
 
 
