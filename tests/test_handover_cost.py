@@ -74,3 +74,13 @@ def test_machine_and_calibration_files_carry_it_and_bound_it(tmp_path):
         Machine(**{**m.to_dict(), "handover_cpu_ms_per_mib": float("inf")})
     unmeasured = Machine(**{**m.to_dict(), "handover_cpu_ms": None, "handover_cpu_ms_per_mib": None})
     assert machine_calibration(unmeasured).handover_cpu_ms == 0.0
+
+
+def test_the_1f1b_class_waits_for_its_sends_so_its_hand_overs_cost_no_compute():
+    _, layout, stages = _two_stages(output_mib=1.0)
+    cal = Calibration(handover_cpu_ms=0.5, handover_cpu_ms_per_mib=1.0)
+    run = lambda name, c: simulate_costs(generate(name, 2, 4), stages, [0, 1], layout.devices, layout.links,  # noqa: E731
+                                         micro_batch_size=1, calibration=c).iteration_ms
+    assert run("1f1b", cal) == run("1f1b", Calibration())
+    assert run("zb", cal) > run("zb", Calibration())
+

@@ -53,6 +53,11 @@ class ScheduleSpec:
     """One line for help texts and docs."""
     chunk_choices: tuple[int, ...] = ()
     """Chunks per rank the cluster search (planner.partition.parallel_search) tries; empty: just virtual_stages."""
+    sends_overlap_compute: bool = True
+    """True when torch's runtime posts a send and computes on while the bytes move (GPipe's class,
+    the runtime behind interleaved and zb); False when it waits for each send, with the next
+    receive, before computing (the 1F1B class): its hand-overs then cost the ranks no compute
+    (planner.cost.handover_cpu_ms is charged only where True)."""
 
     @property
     def chunk_counts(self) -> tuple[int, ...]:
@@ -86,7 +91,8 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec(
         name="1f1b", order=_one_chunk(one_f_one_b_order), torch_class="Schedule1F1B", torch_runtime="class",
         virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks",
-        recompute=True, description="1F1B (PipeDream-Flush): warm-up forwards, then one backward per forward"),
+        recompute=True, description="1F1B (PipeDream-Flush): warm-up forwards, then one backward per forward",
+        sends_overlap_compute=False),
     ScheduleSpec(
         name="interleaved", order=interleaved_order, torch_class="ScheduleInterleaved1F1B",
         torch_runtime="class-if-same-order", virtual_stages=2, multi_chunk=True, split_backward=False,

@@ -39,11 +39,12 @@ from planner.cost import StageCost, action_ms, link_between, scaled_ms, stage_me
 from planner.cost.comm import handover_cpu_ms, transfer_parts
 from planner.cost.memory import MemoryBreakdown
 from planner.cost.parallel import rank_exposed_sync_ms
-from planner.errors import PlanError
+from planner.errors import PlanError, ScheduleError
 from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, SweepResult, compile_schedule, sweep
 from planner.schedules.memory import memory_peaks
+from planner.schedules.registry import get_schedule
 from planner.simulation.result import SimResult, TimelineRow
 
 __all__ = ["simulate_costs"]
@@ -78,7 +79,8 @@ def simulate_costs(
     cal = calibration or _IDENTITY
     M = cs.n_microbatches
     rank_device = _rank_devices(cs, stages, stage_device, devices)
-    compute, recv, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal)
+    compute, recv, send_ms, link, n_links = _tables(cs, stages, stage_device, links, cal,
+                                                    _charges_handover(schedule.name))
     # a consuming action starts with receiving its input's bytes (module docstring)
     res = sweep(cs, [c + r for c, r in zip(compute, recv)], send_ms, link, n_links, order=schedule.order)
 
@@ -174,10 +176,20 @@ def _rank_devices(cs: CompiledSchedule, stages: Sequence[StageCost], stage_devic
     return rank_device
 
 
+def _charges_handover(name: str) -> bool:
+    """Whether the schedule's torch runtime computes while its sends move (registry
+    `sends_overlap_compute`); a schedule the registry does not know is taken to."""
+    try:
+        return get_schedule(name).sends_overlap_compute
+    except ScheduleError:
+        return True
+
+
 def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Sequence[int], links: Links,
-            cal: Calibration) -> tuple[list[float], list[float], list[float], list[int], int]:
+            cal: Calibration, handover: bool = True) -> tuple[list[float], list[float], list[float], list[int], int]:
     """Per key (kind * S + stage): compute ms, ms receiving its input's bytes at its start, the
-    link part (latency) of its output's transfer, and the directed link that crosses (-1: none)."""
+    link part (latency) of its output's transfer, and the directed link that crosses (-1: none).
+    `handover`: charge each cross-rank transfer's CPU share (cost.handover_cpu_ms) to both ends."""
     S = cs.n_stages
     dur = [0.0] * cs.n_keys
     recv = [0.0] * cs.n_keys
@@ -199,7 +211,7 @@ def _tables(cs: CompiledSchedule, stages: Sequence[StageCost], stage_device: Seq
             send[key], recv[code * S + dst] = transfer_parts(nbytes, link_between(links, a, b), cal)
             link[key] = link_ids.setdefault((a, b), len(link_ids))
             # both ranks lose the hand-over's CPU share (0 unless the machine measured one)
-            cpu = handover_cpu_ms(nbytes, cal)
+            cpu = handover_cpu_ms(nbytes, cal) if handover else 0.0
             dur[key] += cpu
             recv[code * S + dst] += cpu
     return dur, recv, send, link, len(link_ids)
