@@ -292,13 +292,13 @@ def handover_under_compute(quick: bool = False, progress: Callable[[str], None] 
     """(ms per hand-over, ms per MiB) a rank loses while both ranks compute: `pplan bench handover`'s
     compute rows at HANDOVER_SIZES, one way and both ways averaged per size, the line through them
     (each part at least 0)."""
-    from planner.bench.handover import HandoverSettings, bench_handover
+    from planner.execute.handover import COLUMNS, HandoverSettings, measure_handover
 
     settings = HandoverSettings(sizes_bytes=HANDOVER_SIZES, reps=20 if quick else 150, warmup=5 if quick else 20,
                                 timeout_s=600.0)
-    table = bench_handover(settings, progress)
-    col = {name: k for k, name in enumerate(table.columns)}
-    means = {size: statistics.fmean(float(r[col["mean_ms"]]) for r in table.rows
+    rows, _ = measure_handover(settings, progress)
+    col = {name: k for k, name in enumerate(COLUMNS)}
+    means = {size: statistics.fmean(float(r[col["mean_ms"]]) for r in rows
                                     if r[col["mode"]] == "compute" and int(r[col["size_kib"]]) * 1024 == size)
              for size in HANDOVER_SIZES}
     small, large = HANDOVER_SIZES
