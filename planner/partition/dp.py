@@ -21,6 +21,8 @@ larger (exactness is kept: see solve_dp); pass 2 uses the optimal bottleneck as 
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from planner.cost import recompute_saving, stage_bytes, stage_time_ms, transfer_ms
@@ -126,6 +128,19 @@ class _Tables:
             hi = np.where(active & reach, mid, hi)
             lo = np.where(active & ~reach, mid + 1, lo)
 
+    def memory_terms(self, ii: np.ndarray, jj: np.ndarray) -> tuple[np.ndarray, Any, Any, tuple[Any, np.ndarray]]:
+        """For stages [ii, jj): (static bytes, kept bytes per micro-batch besides the layers' own,
+        the largest layer workspace, stage_bytes' buffer arguments): pass-through tensors, the held
+        output and the first layer's correction (planner.cost.stage_entry_bytes) in the second."""
+        p = self.p
+        static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
+        work = self.work[ii, jj] if self.work is not None else 0.0
+        if self.hold is not None:  # the stage's output, held per micro-batch in flight
+            pt = pt + self.hold[jj]
+        if self.entry is not None:
+            pt = pt + self.entry[ii]
+        return static, pt, work, (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # receive buffers
+
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,
         i >= j, or the stage cannot be as fast as `cap` (its compute alone is slower)."""
@@ -134,13 +149,7 @@ class _Tables:
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
         ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
         bb = self.bb
-        static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
-        work = self.work[ii, jj] if self.work is not None else 0.0
-        if self.hold is not None:  # the stage's output, held per micro-batch in flight
-            pt = pt + self.hold[jj]
-        if self.entry is not None:
-            pt = pt + self.entry[ii]
-        buf = (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # torch's receive buffers
+        static, pt, work, buf = self.memory_terms(ii, jj)
         q = np.zeros(len(ii), dtype=np.int64)
         if p.recompute == "all":
             ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf) <= budget
@@ -176,13 +185,7 @@ class _Tables:
         k = float(p.inflight[s])
         ii, jj = self.band(np.inf)
         bb = self.bb
-        static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
-        work = self.work[ii, jj] if self.work is not None else 0.0
-        if self.hold is not None:  # the stage's output, held per micro-batch in flight
-            pt = pt + self.hold[jj]
-        if self.entry is not None:
-            pt = pt + self.entry[ii]
-        buf = (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # torch's receive buffers
+        static, pt, work, buf = self.memory_terms(ii, jj)
         if p.recompute == "all":
             mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf)
         else:
