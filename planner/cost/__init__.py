@@ -33,6 +33,7 @@ from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
     recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
     transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace, buffer_bytes,
+    first_stage_batch_bytes, receive_buffer_microbatches,
     kept_activation_bytes, runtime_buffers, stage_entry_bytes,
 )
 from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
@@ -47,6 +48,8 @@ __all__ = [
     "actions_per_microbatch",
     "boundary_bytes",
     "buffer_bytes",
+    "first_stage_batch_bytes",
+    "receive_buffer_microbatches",
     "checkpoint_input_bytes",
     "compute_terms",
     "kept_activation_bytes",

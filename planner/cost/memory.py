@@ -58,6 +58,8 @@ __all__ = [
     "checkpoint_input_bytes",
     "recompute_input_bytes",
     "boundary_bytes",
+    "first_stage_batch_bytes",
+    "receive_buffer_microbatches",
     "scaled_skip_edges",
     "kept_bytes",
     "transient_bytes",
@@ -212,6 +214,19 @@ def runtime_buffers(costs: LayerCosts) -> bool:
     """Whether the profile says what each layer saves of its input (`input_saved_bytes`): then a
     stage's input is charged once, as torch's receive buffers (buffer_bytes with n_microbatches)."""
     return costs.input_saved_bytes is not None
+
+
+def receive_buffer_microbatches(runtime_buffers: bool, n_microbatches: int) -> int | None:
+    """buffer_bytes' `n_microbatches`: the plan's micro-batch count when the profile measured what
+    each layer saves of its input (runtime_buffers), None for the older model."""
+    return n_microbatches if runtime_buffers else None
+
+
+def first_stage_batch_bytes(batch_input_bytes: float, is_first: Any) -> Any:
+    """buffer_bytes' `batch_in`: the model input per micro-batch on the first stage, which holds the
+    step's whole input batch; 0 on every other. `is_first` is a bool or a bool array (numpy)."""
+    return np.where(is_first, batch_input_bytes, 0.0) if isinstance(is_first, np.ndarray) else (
+        float(batch_input_bytes) if is_first else 0.0)
 
 
 def buffer_bytes(bytes_in: Any, bytes_out: Any, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:

@@ -17,9 +17,9 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
-    boundary_bytes, buffer_bytes, checkpoint_input_bytes, held_output, held_output_per_layer, kept_activation_bytes, kept_bytes,
-    optimizer_factor, optimizer_workspace, runtime_buffers, scaled_skip_edges, stage_bytes, stage_entry_bytes, transient_bytes,
-    workspace_max,
+    boundary_bytes, buffer_bytes, checkpoint_input_bytes, first_stage_batch_bytes, held_output, held_output_per_layer,
+    kept_activation_bytes, kept_bytes, optimizer_factor, optimizer_workspace, receive_buffer_microbatches, runtime_buffers,
+    scaled_skip_edges, stage_bytes, stage_entry_bytes, transient_bytes, workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -130,8 +130,8 @@ def stage_cost(
         held_output_bytes=held_output(held_output_per_layer(costs), end),
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
-        recv_microbatches=n_microbatches if runtime_buffers(costs) else None,
-        batch_input_bytes=float(costs.input_bytes) if first == 0 else 0.0,
+        recv_microbatches=receive_buffer_microbatches(runtime_buffers(costs), n_microbatches),
+        batch_input_bytes=first_stage_batch_bytes(costs.input_bytes, first == 0),
     )
 
 

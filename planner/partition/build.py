@@ -16,7 +16,9 @@ from typing import Sequence
 import numpy as np
 
 from planner.calibration import Calibration
-from planner.cost import StageCost, layer_arrays, link_between, link_terms, microbatch_overhead_ms, stage_cost
+from planner.cost import (
+    StageCost, layer_arrays, link_between, link_terms, microbatch_overhead_ms, receive_buffer_microbatches, stage_cost,
+)
 from planner.partition.problem import PartitionProblem
 from planner.plan import Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts
@@ -94,7 +96,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         held_output_bytes=arrays.held_output_bytes,
         optimizer_workspace_bytes=arrays.optimizer_workspace_bytes,
         entry_bytes=arrays.entry_bytes,
-        recv_microbatches=n_microbatches if arrays.runtime_buffers else None,
+        recv_microbatches=receive_buffer_microbatches(arrays.runtime_buffers, n_microbatches),
         batch_input_bytes=arrays.batch_input_bytes,
     )
 

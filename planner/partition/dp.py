@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.cost import recompute_saving, stage_bytes, stage_time_ms, transfer_ms
+from planner.cost import first_stage_batch_bytes, recompute_saving, stage_bytes, stage_time_ms, transfer_ms
 from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, passthrough_table, saving_layers
 
 __all__ = ["solve_dp", "min_memory_scale"]
@@ -139,7 +139,7 @@ class _Tables:
             pt = pt + self.hold[jj]
         if self.entry is not None:
             pt = pt + self.entry[ii]
-        return static, pt, work, (p.recv_microbatches, np.where(ii == 0, p.batch_input_bytes, 0.0))  # receive buffers
+        return static, pt, work, (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, ii == 0))  # receive buffers
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,

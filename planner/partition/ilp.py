@@ -35,7 +35,7 @@ import warnings
 
 import numpy as np
 
-from planner.cost import stage_bytes, stage_time_ms, transfer_ms
+from planner.cost import first_stage_batch_bytes, stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
 from planner.partition.problem import PartitionProblem, Solution, evaluate, saving_layers
 
@@ -177,7 +177,7 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             for l in range(L):
                 prob += work >= float(p.workspace_bytes[l]) * y(l, s)
             trans = trans + work
-        buf = (p.recv_microbatches, p.batch_input_bytes if s == 0 else 0.0)  # torch's receive buffers
+        buf = (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, s == 0))  # torch's receive buffers
         mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans, 0.0, *buf)
         prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too

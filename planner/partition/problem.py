@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max
+from planner.cost import first_stage_batch_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max
 from planner.cost import stage_bytes as cost_stage_bytes
 from planner.graph.crossing import passthrough_bytes
 
@@ -191,7 +191,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes, p.entry_bytes),
         transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
         workspace_max(p.optimizer_workspace_bytes, i, j),
-        p.recv_microbatches, p.batch_input_bytes if i == 0 else 0.0,
+        p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0),
     ))
 
 

@@ -35,10 +35,6 @@ def _opt(kind: Any) -> Any:
     return field(default=None, metadata={"kind": kind})
 
 
-def _kind_name(kind: Any) -> str:
-    return kind[0].__name__ if isinstance(kind, tuple) else kind.__name__
-
-
 class _Record:
     """Shared JSON round-trip of the records below (fields declared with `_opt`)."""
 
