@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import json
 import sys
+from typing import Annotated
 
 import typer
 
@@ -41,9 +42,9 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    debug: bool = typer.Option(False, "--debug", help="Show full tracebacks instead of one-line errors."),
-    version: bool = typer.Option(False, "--version", callback=_show_version, is_eager=True,
-                                 help="Print pplan's version and exit."),
+    debug: Annotated[bool, typer.Option("--debug", help="Show full tracebacks instead of one-line errors.")] = False,
+    version: Annotated[bool, typer.Option(
+        "--version", callback=_show_version, is_eager=True, help="Print pplan's version and exit.")] = False,
 ) -> None:
     """pplan: profile a model, partition it into pipeline stages, simulate, run and report."""
     if debug:

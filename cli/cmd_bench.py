@@ -14,7 +14,7 @@ Progress goes to stderr; the table to stdout (or JSON with --json); files to --o
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 
@@ -25,8 +25,9 @@ __all__ = ["register"]
 bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV + Markdown under reports/bench/.",
                         no_args_is_help=True, rich_markup_mode=None)
 
-_OUT = typer.Option(Path("reports/bench"), "--out-dir", help="Folder for the CSV and Markdown tables.")
-_JSON = typer.Option(False, "--json", help="Print the tables and the machine as JSON instead of text.")
+_OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and Markdown tables.")]
+_Json = Annotated[bool, typer.Option("--json", help="Print the tables and the machine as JSON instead of text.")]
+_BENCH_DIR = Path("reports/bench")
 
 
 def register(app: typer.Typer) -> None:
@@ -71,12 +72,13 @@ def _check_out(out_dir: Path) -> None:
 
 @bench_app.command("planner")
 def planner_cmd(
-    layers: str = typer.Option("50,200,1000", "--layers", help="Layer counts to plan."),
-    devices: str = typer.Option("4,16,64", "--devices", help="Device counts to plan for."),
-    ilp_time_limit: float = typer.Option(20.0, "--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical."),
-    parallel: bool = typer.Option(True, "--parallel/--no-parallel", help="Also time the full dp x pp x tp search for "
-                                  "GPT-175B on 1,536 and GPT-1T on 3,072 A100s (targets 5 s and 10 s)."),
-    out_dir: Path = _OUT, as_json: bool = _JSON,
+    layers: Annotated[str, typer.Option("--layers", help="Layer counts to plan.")] = "50,200,1000",
+    devices: Annotated[str, typer.Option("--devices", help="Device counts to plan for.")] = "4,16,64",
+    ilp_time_limit: Annotated[float, typer.Option("--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical.")] = 20.0,
+    parallel: Annotated[bool, typer.Option(
+        "--parallel/--no-parallel", help="Also time the full dp x pp x tp search for "
+        "GPT-175B on 1,536 and GPT-1T on 3,072 A100s (targets 5 s and 10 s).")] = True,
+    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
 ) -> None:
     """Seconds to solve one stage-cut problem (DP vs ILP over layers x devices), and the 3D search at scale."""
     from planner.bench import bench_planner
@@ -93,10 +95,10 @@ def planner_cmd(
 
 @bench_app.command("simulator")
 def simulator_cmd(
-    sizes: str = typer.Option("8x64,32x256,64x1024", "--sizes", help="STAGESxMICROBATCHES list."),
-    repeats: int = typer.Option(3, "--repeats", help="Warm simulations per cell (the best is reported)."),
-    repeat_alias: Optional[int] = typer.Option(None, "--repeat", hidden=True, help="Old spelling of --repeats."),
-    out_dir: Path = _OUT, as_json: bool = _JSON,
+    sizes: Annotated[str, typer.Option("--sizes", help="STAGESxMICROBATCHES list.")] = "8x64,32x256,64x1024",
+    repeats: Annotated[int, typer.Option("--repeats", help="Warm simulations per cell (the best is reported).")] = 3,
+    repeat_alias: Annotated[Optional[int], typer.Option("--repeat", hidden=True, help="Old spelling of --repeats.")] = None,
+    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
 ) -> None:
     """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
     from planner.bench import bench_simulator, parse_sizes
@@ -109,7 +111,7 @@ def simulator_cmd(
 
 
 @bench_app.command("published")
-def published_cmd(out_dir: Path = _OUT, as_json: bool = _JSON) -> None:
+def published_cmd(out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False) -> None:
     """Predict published large runs (Megatron-LM weak scaling, BLOOM-176B) from their settings; error per row."""
     from planner.bench.published import published_table
 
@@ -120,14 +122,14 @@ def published_cmd(out_dir: Path = _OUT, as_json: bool = _JSON) -> None:
 
 @bench_app.command("quality")
 def quality_cmd(
-    profiles: Optional[list[Path]] = typer.Argument(None, help="Profiles to compare on (default: every CSV under profiles/)."),
-    devices: str = typer.Option("2,4,8", "--devices", help="Device counts."),
-    global_batch: int = typer.Option(32, "--global-batch", help="Samples per iteration."),
-    measured: bool = typer.Option(False, "--measured", help="Also train the plans on the executor (gpt on 2, synthetic on 2 and 4)."),
-    steps: int = typer.Option(5, "--steps", help="--measured: steps per run."),
-    warmup: int = typer.Option(2, "--warmup", help="--measured: untimed first steps."),
-    device: str = typer.Option("cpu", "--device", help="--measured: cpu or cuda."),
-    out_dir: Path = _OUT, as_json: bool = _JSON,
+    profiles: Annotated[Optional[list[Path]], typer.Argument(help="Profiles to compare on (default: every CSV under profiles/).")] = None,
+    devices: Annotated[str, typer.Option("--devices", help="Device counts.")] = "2,4,8",
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration.")] = 32,
+    measured: Annotated[bool, typer.Option("--measured", help="Also train the plans on the executor (gpt on 2, synthetic on 2 and 4).")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="--measured: steps per run.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="--measured: untimed first steps.")] = 2,
+    device: Annotated[str, typer.Option("--device", help="--measured: cpu or cuda.")] = "cpu",
+    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
 ) -> None:
     """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
     from planner.bench import bench_quality, bench_quality_measured
@@ -145,17 +147,19 @@ def quality_cmd(
 
 @bench_app.command("fidelity")
 def fidelity_cmd(
-    quick: bool = typer.Option(False, "--quick", help="A tiny grid (2 runs): checks the pipeline, not the figures."),
-    steps: int = typer.Option(5, "--steps", help="Steps per run."),
-    warmup: int = typer.Option(2, "--warmup", help="Untimed first steps."),
-    device: str = typer.Option("cpu", "--device", help="cpu or cuda."),
-    repeats: int = typer.Option(1, "--repeats", help="Runs per case: the error's median and spread over them."),
-    calibrated: bool = typer.Option(False, "--calibrated", help="Also per-plan calibration (needs --repeats 2 or more): each "
-                                    "case's first run calibrates as `pplan run --calibrate`, the others are predicted with it "
-                                    "(column cal_time_err_pct)."),
-    models: Optional[str] = typer.Option(None, "--models", help="Only these groups of the grid, e.g. gpt,mlp "
-                                         "(synthetic, gpt, mlp, resnet, hf-gpt2; default all)."),
-    out_dir: Path = _OUT, as_json: bool = _JSON,
+    quick: Annotated[bool, typer.Option("--quick", help="A tiny grid (2 runs): checks the pipeline, not the figures.")] = False,
+    steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 5,
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed first steps.")] = 2,
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    repeats: Annotated[int, typer.Option("--repeats", help="Runs per case: the error's median and spread over them.")] = 1,
+    calibrated: Annotated[bool, typer.Option(
+        "--calibrated", help="Also per-plan calibration (needs --repeats 2 or more): each "
+        "case's first run calibrates as `pplan run --calibrate`, the others are predicted with it "
+        "(column cal_time_err_pct).")] = False,
+    models: Annotated[Optional[str], typer.Option(
+        "--models", help="Only these groups of the grid, e.g. gpt,mlp "
+        "(synthetic, gpt, mlp, resnet, hf-gpt2; default all).")] = None,
+    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
 ) -> None:
     """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png.
 
@@ -180,8 +184,8 @@ def fidelity_cmd(
 
 @bench_app.command("handover")
 def handover_cmd(
-    quick: bool = typer.Option(False, "--quick", help="One size, a few exchanges: checks the bench, not the figures."),
-    out_dir: Path = _OUT, as_json: bool = _JSON,
+    quick: Annotated[bool, typer.Option("--quick", help="One size, a few exchanges: checks the bench, not the figures.")] = False,
+    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
 ) -> None:
     """Cost of one gloo hand-over between two local ranks: idle, and while both ranks compute (every core busy)."""
     from planner.bench.handover import FULL, QUICK, bench_handover

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
-from cli.cmd_run import run_command, run_options
+from cli.cmd_run import run_command
+from cli.run_options import (
+    CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson, RunOut,
+    RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
+)
 from cli.common import echo_json
 
 __all__ = ["register"]
@@ -138,25 +142,24 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: 
 
 
 def register(app: typer.Typer) -> None:
-    o = run_options(True)
-
     @app.command("calibrate")
     def calibrate(
-        plan: Path | None = typer.Argument(None, help="Plan JSON to run (or that --from-run ran); not with --machine."),
-        from_run: Path | None = typer.Option(None, "--from-run", help="Fit from this run JSON instead of running."),
-        machine: bool = typer.Option(False, "--machine", help="Measure this machine once (per-action, hand-over, "
-                                     "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json)."),
-        ranks: str = typer.Option("2,4,8", "--ranks", help="With --machine: process counts to measure, comma-separated "
-                                  "(one entry each; the file's entries for other counts are kept)."),
-        quick: bool = typer.Option(False, "--quick", help="With --machine: fewer cases (about half the time)."),
-        hardware: str | None = typer.Option(None, "--hardware", help="With --machine: the hardware preset or file this machine is."),
-        steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
-        timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
-        checkpoint_dir: Path | None = o["checkpoint_dir"], checkpoint_every: int = o["checkpoint_every"],
-        timeout: float = o["timeout"], threads: int = o["threads"], runtime: str = o["runtime"],
-        force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
-        model: str | None = o["model"], trust_model: bool = o["trust_model"],
-        input_shape: str | None = o["input_shape"], input_dtype: str | None = o["input_dtype"], vocab: int | None = o["vocab"],
+        plan: Annotated[Path | None, typer.Argument(help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
+        from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
+        machine: Annotated[bool, typer.Option(
+            "--machine", help="Measure this machine once (per-action, hand-over, "
+            "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json).")] = False,
+        ranks: Annotated[str, typer.Option(
+            "--ranks", help="With --machine: process counts to measure, comma-separated "
+            "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
+        quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
+        hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
+        steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+        profile: RunProfile = None, device: RunDevice = "auto",
+        checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
+        threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
+        json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
+        input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
     ) -> None:
         """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
 

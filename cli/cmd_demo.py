@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 import typer
 
@@ -16,9 +17,9 @@ def register(app: typer.Typer) -> None:
 
 
 def demo(
-    out_dir: Path = typer.Option(Path("reports/demo"), "--out-dir", help="Report folder (default reports/demo); inputs go to OUT_DIR/data/."),
-    quick: bool = typer.Option(False, "--quick", help="A smaller model and fewer steps (for tests, well under a minute)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the results as JSON instead of a summary."),
+    out_dir: Annotated[Path, typer.Option("--out-dir", help="Report folder (default reports/demo); inputs go to OUT_DIR/data/.")] = Path("reports/demo"),
+    quick: Annotated[bool, typer.Option("--quick", help="A smaller model and fewer steps (for tests, well under a minute).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the results as JSON instead of a summary.")] = False,
 ) -> None:
     """The whole pipeline in one command, on CPU, in about a minute; writes reports/demo/.
 

@@ -6,7 +6,7 @@ exactly the user-file format, so `pplan hardware a100-80gb --json > my.json` sta
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -20,8 +20,8 @@ def register(app: typer.Typer) -> None:
 
 
 def hardware_cmd(
-    name: Optional[str] = typer.Argument(None, metavar="[NAME|FILE.json]", help="A preset name or a hardware JSON file (default: list the presets)."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (one device: the user-file format)."),
+    name: Annotated[Optional[str], typer.Argument(metavar="[NAME|FILE.json]", help="A preset name or a hardware JSON file (default: list the presets).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one device: the user-file format).")] = False,
 ) -> None:
     """List the hardware presets (peak FLOP/s, memory, links), or show one preset or JSON file.
 

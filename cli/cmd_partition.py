@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -23,28 +23,28 @@ def register(app: typer.Typer) -> None:
 
 
 def partition_cmd(
-    profile_path: Path = typer.Argument(..., metavar="PROFILE.csv", help="Profile CSV (from `pplan profile` or profiles/)."),
-    devices: Optional[int] = typer.Option(None, "--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices)."),
-    memory: Optional[str] = typer.Option(None, "--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited)."),
-    global_batch: int = typer.Option(..., "--global-batch", help="Samples per iteration (= micro-batches x micro-batch size)."),
-    microbatches: str = typer.Option("auto", "--microbatches", help="auto (every divisor of the batch) or a count M."),
-    schedule: str = typer.Option("auto", "--schedule", help="auto, gpipe, 1f1b, interleaved or zb."),
-    recompute: str = typer.Option("auto", "--recompute", help="auto (per layer, only where memory needs it), none or all."),
-    optimizer: str = typer.Option("adam", "--optimizer", help="adam, adamw, sgd (momentum) or sgd-plain: sets optimizer memory."),
-    bandwidth: str = typer.Option("25GB/s", "--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s."),
-    latency: str = typer.Option("0.01ms", "--latency", help="Link latency per message, e.g. 0.01ms or 5us."),
-    cluster: Optional[Path] = typer.Option(None, "--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json)."),
-    method: str = typer.Option("auto", "--method", help="auto, dp, ilp, uniform, params or time."),
-    time_limit: float = typer.Option(60.0, "--time-limit", help="Seconds the ILP may use over the whole search."),
-    nodes: Optional[int] = typer.Option(None, "--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets)."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes."),
-    parallel: str = typer.Option("auto", "--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4."),
-    zero: int = typer.Option(0, "--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights)."),
+    profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.csv", help="Profile CSV (from `pplan profile` or profiles/).")],
+    devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices).")] = None,
+    memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited).")] = None,
+    global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration (= micro-batches x micro-batch size).")] = ...,
+    microbatches: Annotated[str, typer.Option("--microbatches", help="auto (every divisor of the batch) or a count M.")] = "auto",
+    schedule: Annotated[str, typer.Option("--schedule", help="auto, gpipe, 1f1b, interleaved or zb.")] = "auto",
+    recompute: Annotated[str, typer.Option("--recompute", help="auto (per layer, only where memory needs it), none or all.")] = "auto",
+    optimizer: Annotated[str, typer.Option("--optimizer", help="adam, adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = "adam",
+    bandwidth: Annotated[str, typer.Option("--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s.")] = "25GB/s",
+    latency: Annotated[str, typer.Option("--latency", help="Link latency per message, e.g. 0.01ms or 5us.")] = "0.01ms",
+    cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
+    method: Annotated[str, typer.Option("--method", help="auto, dp, ilp, uniform, params or time.")] = "auto",
+    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the ILP may use over the whole search.")] = 60.0,
+    nodes: Annotated[Optional[int], typer.Option("--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware.")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets).")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
+    parallel: Annotated[str, typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4.")] = "auto",
+    zero: Annotated[int, typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group (1 shards optimizer state, 2 also gradients, 3 also weights).")] = 0,
     calibration: CalibrationOption = None,
-    out: Path = typer.Option(Path("plan.json"), "--out", help="Where to write the plan JSON."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan and a summary as JSON instead of tables."),
+    out: Annotated[Path, typer.Option("--out", help="Where to write the plan JSON.")] = Path("plan.json"),
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan and a summary as JSON instead of tables.")] = False,
 ) -> None:
     """Search stage cuts x micro-batches x recompute x schedule; write the fastest plan that fits.
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import re
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 
@@ -15,8 +14,6 @@ from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
 __all__ = ["register"]
-
-_DTYPES = ("float32", "bfloat16", "float16")  # the keys of planner.profiling.profiler.DTYPES
 
 
 def _check_out(out: Path) -> None:
@@ -84,50 +81,43 @@ def _print_table(s: dict[str, Any]) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("profile")
     def profile(
-        model: str = typer.Option(..., "--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md)."),
-        micro_batch_sizes: str = typer.Option("1,2,4,8", "--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32."),
-        device: str = typer.Option("cpu", "--device", help="cpu, cuda or cuda:N."),
-        dtype: str = typer.Option("float32", "--dtype", help="float32, bfloat16 or float16 (parameters and float inputs)."),
-        warmup: int = typer.Option(3, "--warmup", help="Untimed runs before measuring."),
-        repeats: int = typer.Option(15, "--repeats", help="Timed runs; the median is recorded (15 keeps two runs within ~15% per layer on a shared CPU)."),
-        seed: int = typer.Option(0, "--seed", help="Seed of the weights and the batch."),
-        timer: str = typer.Option("sched", "--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time."),
-        threads: int = typer.Option(1, "--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings."),
-        co_run: int = typer.Option(0, "--co-run", help="Measure while K other processes train the same model at the same size and --threads, "
-                                   "as a CPU pipeline's other ranks do: give ranks - 1 when the ranks share one machine's memory bandwidth "
-                                   "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
-                                   "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory)."),
-        out: Path = typer.Option(Path("profile.csv"), "--out", "-o", help="Profile CSV to write (atomically)."),
-        input_shape: str | None = typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32."),
-        input_dtype: str = typer.Option("float", "--input-dtype", help="Factory models: float or long."),
-        vocab: int | None = typer.Option(None, "--vocab", help="Factory models with --input-dtype long: token ids below this."),
-        json_out: bool = typer.Option(False, "--json", help="Print a JSON summary instead of a table."),
-        analytic: bool = typer.Option(False, "--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md)."),
-        hardware: str | None = typer.Option(None, "--hardware", help="With --analytic: a preset (see `pplan hardware`) or a hardware JSON file."),
+        model: Annotated[str, typer.Option("--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md).")] = ...,
+        micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
+        device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
+        dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (parameters and float inputs).")] = "float32",
+        warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before measuring.")] = 3,
+        repeats: Annotated[int, typer.Option("--repeats", help="Timed runs; the median is recorded (15 keeps two runs within ~15% per layer on a shared CPU).")] = 15,
+        seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
+        timer: Annotated[str, typer.Option("--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time.")] = "sched",
+        threads: Annotated[int, typer.Option("--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings.")] = 1,
+        co_run: Annotated[int, typer.Option(
+            "--co-run", help="Measure while K other processes train the same model at the same size and --threads, "
+            "as a CPU pipeline's other ranks do: give ranks - 1 when the ranks share one machine's memory bandwidth "
+            "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
+            "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory).")] = 0,
+        out: Annotated[Path, typer.Option("--out", "-o", help="Profile CSV to write (atomically).")] = Path("profile.csv"),
+        input_shape: Annotated[str | None, typer.Option("--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32.")] = None,
+        input_dtype: Annotated[str, typer.Option("--input-dtype", help="Factory models: float or long.")] = "float",
+        vocab: Annotated[int | None, typer.Option("--vocab", help="Factory models with --input-dtype long: token ids below this.")] = None,
+        json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of a table.")] = False,
+        analytic: Annotated[bool, typer.Option("--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md).")] = False,
+        hardware: Annotated[str | None, typer.Option("--hardware", help="With --analytic: a preset (see `pplan hardware`) or a hardware JSON file.")] = None,
     ) -> None:
         """Measure forward/backward time and memory of every layer at each micro-batch size."""
         from planner.models import parse_spec
 
-        parse_spec(model)  # a bad --model fails here, before torch is imported
-        sizes = parse_int_list(micro_batch_sizes, "--micro-batch-sizes")
-        shape = parse_shape(input_shape)
-        if input_dtype not in ("float", "long"):
-            raise PplanError(f"--input-dtype {input_dtype!r} must be float or long")
-        if vocab is not None and vocab < 2:
-            raise PplanError(f"--vocab {vocab} must be at least 2")
+        from planner.profiling.options import ProfileOptions
+
+        parse_spec(model)  # a bad --model or setting fails here, before torch is imported (seconds on a small machine)
+        opts = ProfileOptions(tuple(parse_int_list(micro_batch_sizes, "--micro-batch-sizes")), device=device, dtype=dtype,
+                              warmup=warmup, repeats=repeats, seed=seed, threads=threads, timer=timer, co_run=co_run,
+                              input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
         _check_out(out)
         if analytic or hardware is not None:
             if co_run:
                 raise PplanError(f"--co-run {co_run} with --analytic: an analytic profile is computed, not measured", "drop --co-run")
-            _analytic(model, sizes, hardware, dtype, out, json_out)
+            _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out)
             return
-        # Checked here too, so these mistakes fail before torch is imported (seconds on a small machine).
-        if dtype not in _DTYPES:
-            raise PplanError(f"--dtype {dtype!r} is not supported", f"use one of {', '.join(_DTYPES)}")
-        if timer not in ("sched", "wall"):
-            raise PplanError(f"--timer {timer!r} must be sched or wall")
-        if not re.fullmatch(r"cpu|cuda(:\d+)?", device):
-            raise PplanError(f"--device {device!r} is not supported", "use cpu, cuda or cuda:N")
         from planner.hostinfo import usable_cores
         from planner.profiling.corun import check_co_run
 
@@ -143,11 +133,8 @@ def register(app: typer.Typer) -> None:
             bar[0].advance(note)
 
         try:
-            result = profile_model(
-                model, sizes, device=device, dtype=dtype, warmup=warmup, repeats=repeats, seed=seed,
-                threads=threads, timer=timer, input_shape=shape, input_dtype=input_dtype, vocab=vocab,
-                command="pplan " + shlex.join(sys.argv[1:]), on_step=step, co_run=co_run,
-            )
+            result = profile_model(model, list(opts.micro_batch_sizes), **opts.measure_kwargs(),
+                                   command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
         finally:
             if bar:
                 bar[0].__exit__(None, None, None)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -17,19 +17,19 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Profile CSV (per-layer figure, sweep, simulation)."),
-    plan: Optional[Path] = typer.Option(None, "--plan", help="Plan JSON from `pplan partition`."),
-    sim: Optional[Path] = typer.Option(None, "--sim", help="Simulation JSON from `pplan simulate`."),
-    run: Optional[Path] = typer.Option(None, "--run", help="Run JSON from `pplan run`."),
-    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Simulated timeline CSV."),
-    measured_timeline: Optional[Path] = typer.Option(None, "--measured-timeline", help="Measured timeline CSV from `pplan run`."),
-    calibration: Optional[str] = typer.Option(None, "--calibration", help="Calibration JSON for what the report simulates, or 'none' (default: the profile's own, if any)."),
-    name: Optional[str] = typer.Option(None, "--name", help="Write reports/NAME/ (default reports/latest/)."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write to this folder instead of reports/NAME/."),
-    formats: str = typer.Option("png,svg", "--formats", help="Figure files to write: comma list of png, svg, pdf."),
-    title: Optional[str] = typer.Option(None, "--title", help="Title of the report page."),
-    no_simulate: bool = typer.Option(False, "--no-simulate", help="Only draw from the given files; never simulate here."),
-    as_json: bool = typer.Option(False, "--json", help="Print what was written as JSON."),
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile CSV (per-layer figure, sweep, simulation).")] = None,
+    plan: Annotated[Optional[Path], typer.Option("--plan", help="Plan JSON from `pplan partition`.")] = None,
+    sim: Annotated[Optional[Path], typer.Option("--sim", help="Simulation JSON from `pplan simulate`.")] = None,
+    run: Annotated[Optional[Path], typer.Option("--run", help="Run JSON from `pplan run`.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Simulated timeline CSV.")] = None,
+    measured_timeline: Annotated[Optional[Path], typer.Option("--measured-timeline", help="Measured timeline CSV from `pplan run`.")] = None,
+    calibration: Annotated[Optional[str], typer.Option("--calibration", help="Calibration JSON for what the report simulates, or 'none' (default: the profile's own, if any).")] = None,
+    name: Annotated[Optional[str], typer.Option("--name", help="Write reports/NAME/ (default reports/latest/).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this folder instead of reports/NAME/.")] = None,
+    formats: Annotated[str, typer.Option("--formats", help="Figure files to write: comma list of png, svg, pdf.")] = "png,svg",
+    title: Annotated[Optional[str], typer.Option("--title", help="Title of the report page.")] = None,
+    no_simulate: Annotated[bool, typer.Option("--no-simulate", help="Only draw from the given files; never simulate here.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print what was written as JSON.")] = False,
 ) -> None:
     """Write reports/NAME/ with PNG/SVG figures, report.md and a self-contained report.html.
 

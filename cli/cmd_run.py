@@ -1,20 +1,25 @@
 """`pplan run PLAN.json`: train the plan with torch.distributed.pipelining, measure, compare.
 
-Also the home of the options `pplan calibrate` shares (it is `pplan run --calibrate`).
+`pplan calibrate PLAN.json` is `pplan run --calibrate`: it calls run_command with the same
+options (cli/run_options.py).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Optional
 
 import typer
 
 from cli.common import echo_json, err, parse_shape
 from cli.options import PlanArgument
+from cli.run_options import (
+    CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson, RunOut,
+    RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
+)
 from planner.units import format_bytes, format_ms
 
-__all__ = ["register", "run_command", "run_options", "check_outputs", "print_run"]
+__all__ = ["register", "run_command", "check_outputs", "print_run"]
 
 
 def _pct(x: float | None) -> str:
@@ -135,49 +140,21 @@ def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None
         ensure_writable_file(calibration_path_for(path), "calibration")
 
 
-def run_options(calibrate_default: bool) -> dict[str, Any]:
-    """typer parameters shared by `run` and `calibrate`."""
-    return dict(
-        steps=typer.Option(10, "--steps", help="Optimizer steps to train (a resumed run continues up to this count)."),
-        warmup=typer.Option(2, "--warmup", help="First steps left out of the timing."),
-        lr=typer.Option(1e-3, "--lr", help="Learning rate of the plan's optimizer."),
-        out=typer.Option(None, "--out", "-o", help="Run JSON to write (measured vs predicted)."),
-        timeline=typer.Option(None, "--timeline", help="Measured timeline CSV of one step after warm-up."),
-        profile=typer.Option(None, "--profile", help="Profile to predict with (default: the plan's)."),
-        device=typer.Option("auto", "--device", help="cpu, cuda or auto."),
-        calibrate=typer.Option(calibrate_default, "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run."),
-        checkpoint_dir=typer.Option(None, "--checkpoint-dir", help="Save stage weights and optimizer state here; resume from the newest complete save."),
-        checkpoint_every=typer.Option(0, "--checkpoint-every", help="Also save every K steps (0: only at the end)."),
-        timeout=typer.Option(300.0, "--timeout", help="Seconds a rank may wait for a peer before the run fails."),
-        threads=typer.Option(0, "--threads", help="torch threads per rank (0: cores / ranks)."),
-        runtime=typer.Option("torch", "--runtime", help="torch: torch's schedule classes where they run the planned order; plan: always the plan's action lists."),
-        force=typer.Option(False, "--force", help="Run despite a changed profile or more CPU ranks than the machine sensibly runs."),
-        verbose=typer.Option(False, "--verbose", "-v", help="Show every line the ranks print."),
-        json_out=typer.Option(False, "--json", help="Print the run JSON instead of a summary."),
-        model=typer.Option(None, "--model", "-m", help="The plan's model spec, repeated to vouch for a module:factory model (it is imported and run)."),
-        trust_model=typer.Option(False, "--trust-model", help="Import and run the plan's module:factory model without repeating it in --model."),
-        input_shape=typer.Option(None, "--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32 (default: the profile's)."),
-        input_dtype=typer.Option(None, "--input-dtype", help="Factory models: float or long (default: the profile's)."),
-        vocab=typer.Option(None, "--vocab", help="Factory models with long input: token ids below this (default: the profile's)."),
-        machine_file=typer.Option(None, "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with "
-                                  "when the profile has no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json)."),
-    )
-
-
 def register(app: typer.Typer) -> None:
-    o = run_options(False)
-
     @app.command("run")
     def run(
         plan: PlanArgument,
-        steps: int = o["steps"], warmup: int = o["warmup"], lr: float = o["lr"], out: Path | None = o["out"],
-        timeline: Path | None = o["timeline"], profile: Path | None = o["profile"], device: str = o["device"],
-        calibrate: bool = o["calibrate"], checkpoint_dir: Path | None = o["checkpoint_dir"],
-        checkpoint_every: int = o["checkpoint_every"], timeout: float = o["timeout"], threads: int = o["threads"],
-        runtime: str = o["runtime"], force: bool = o["force"], verbose: bool = o["verbose"], json_out: bool = o["json_out"],
-        model: str | None = o["model"], trust_model: bool = o["trust_model"],
-        input_shape: str | None = o["input_shape"], input_dtype: str | None = o["input_dtype"], vocab: int | None = o["vocab"],
-        machine_file: Path | None = o["machine_file"],
+        steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+        profile: RunProfile = None, device: RunDevice = "auto",
+        calibrate: Annotated[bool, typer.Option(
+            "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run.")] = False,
+        checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
+        threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
+        json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
+        input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
+        machine_file: Annotated[Optional[Path], typer.Option(
+            "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with when the profile has "
+            "no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json).")] = None,
     ) -> None:
         """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
 

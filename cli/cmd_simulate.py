@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -25,20 +25,20 @@ def register(app: typer.Typer) -> None:
 
 def simulate_cmd(
     plan_path: PlanArgument,
-    profile: Optional[Path] = typer.Option(None, "--profile", help="Profile CSV (default: the one the plan names)."),
+    profile: Annotated[Optional[Path], typer.Option("--profile", help="Profile CSV (default: the one the plan names).")] = None,
     calibration: CalibrationOption = None,
-    as_json: bool = typer.Option(False, "--json", help="Print the simulation JSON instead of a table."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Write the simulation JSON here."),
-    timeline: Optional[Path] = typer.Option(None, "--timeline", help="Write the timeline CSV here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Draw the Gantt chart (or the sweep) to this PNG/SVG."),
-    schedule: Optional[str] = typer.Option(None, "--schedule", help="What if: gpipe, 1f1b, interleaved or zb."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", help="What if: micro-batches per iteration (see --keep)."),
-    micro_batch_size: Optional[int] = typer.Option(None, "--micro-batch-size", help="What if: samples per micro-batch (see --keep)."),
-    keep: str = typer.Option("global-batch", "--keep", help="What --microbatches, --micro-batch-size and --sweep microbatches keep: global-batch (as partition does) or micro-batch-size."),
-    bandwidth: Optional[str] = typer.Option(None, "--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s."),
-    latency: Optional[str] = typer.Option(None, "--latency", help="What if: every link's latency, e.g. 0.01ms."),
-    sweep: Optional[str] = typer.Option(None, "--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb."),
-    hardware: Optional[str] = typer.Option(None, "--hardware", help="Data/tensor-parallel plans: price on this preset or hardware JSON instead of the one the plan names."),
+    as_json: Annotated[bool, typer.Option("--json", help="Print the simulation JSON instead of a table.")] = False,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write the simulation JSON here.")] = None,
+    timeline: Annotated[Optional[Path], typer.Option("--timeline", help="Write the timeline CSV here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Draw the Gantt chart (or the sweep) to this PNG/SVG.")] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="What if: gpipe, 1f1b, interleaved or zb.")] = None,
+    microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="What if: micro-batches per iteration (see --keep).")] = None,
+    micro_batch_size: Annotated[Optional[int], typer.Option("--micro-batch-size", help="What if: samples per micro-batch (see --keep).")] = None,
+    keep: Annotated[str, typer.Option("--keep", help="What --microbatches, --micro-batch-size and --sweep microbatches keep: global-batch (as partition does) or micro-batch-size.")] = "global-batch",
+    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s.")] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every link's latency, e.g. 0.01ms.")] = None,
+    sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans: price on this preset or hardware JSON instead of the one the plan names.")] = None,
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 

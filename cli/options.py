@@ -1,5 +1,9 @@
 """Command-line parameters that mean the same thing in several commands, declared once.
 
+Every command declares every parameter one way, typer's `Annotated` form:
+`name: Annotated[type, typer.Option("--flag", help=...)] = default`, the default in the
+signature. `pplan run` and `pplan calibrate` share theirs through cli/run_options.py.
+
 Each is an `Annotated` type: the Python type and the typer declaration (flag, metavar, help)
 travel together, so a command writes `plan_path: PlanArgument` and every command that takes the
 parameter shows the same help and parses it the same way. A parameter goes here only when its

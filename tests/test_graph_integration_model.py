@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from planner.errors import ModelSpecError
-from planner.graph import GraphSequential, SkipEdge, crossing_bytes, trace_layers
+from planner.graph import GraphSequential, SkipEdge, crossing_bytes
 from planner.models import build_model
 from planner.plan import load_plan
 from planner.profiling.profile import load_profile, profile_to_text

@@ -120,8 +120,6 @@ def test_synthetic_bytes_are_what_the_spec_says():
 
 
 def test_run_queue_wait_is_subtracted(monkeypatch):
-    import time
-
     from planner.profiling import measure
 
     class FakeWait:

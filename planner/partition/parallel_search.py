@@ -211,7 +211,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
            recs: tuple[str, ...], global_batch: int, mem: float, skipped: list[str]) -> tuple[list[ParallelTask], float]:
     """Every runnable (layout, b, schedule, recompute) with its balanced estimate, cheapest first, and
     the least per-GPU static bytes of the layouts skipped for memory (appended to `skipped`)."""
-    gpn, L = ctx.gpn, ctx.profile.n_layers
+    L = ctx.profile.n_layers
     tasks: list[ParallelTask] = []
     need_min = math.inf  # least per-GPU static bytes over layouts that were skipped for memory
     for cfg in layouts:

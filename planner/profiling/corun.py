@@ -229,7 +229,7 @@ def _train(cfg: dict[str, Any], proto: IO[str]) -> None:
     torch.set_num_threads(cfg["threads"])
     shape = tuple(cfg["input_shape"]) if cfg["input_shape"] else None
     bundle = build_model(cfg["spec"], cfg["seed"], input_shape=shape, input_dtype=cfg["input_dtype"], vocab=cfg["vocab"])
-    dtype = getattr(torch, cfg["dtype"])  # a key of profiler.DTYPES, checked by the profiler: float32, bfloat16, float16
+    dtype = getattr(torch, cfg["dtype"])  # one of options.DTYPE_NAMES, checked by the profiler
     layers = bundle.layers.to(dtype=dtype).train()
     opt = torch.optim.Adam([p for p in layers.parameters() if p.requires_grad], lr=1e-3)  # what the profile's optimizer_ms times
     wanted: list[int] = []

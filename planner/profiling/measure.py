@@ -55,9 +55,7 @@ import torch
 from planner.errors import ModelSpecError
 from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes
 
-__all__ = ["TIMERS", "LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "allocator_peak_of", "sync_for"]
-
-TIMERS = ("sched", "wall")
+__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "allocator_peak_of", "sync_for"]
 
 
 @dataclass(frozen=True)

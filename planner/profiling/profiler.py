@@ -30,7 +30,8 @@ from planner.errors import ModelSpecError, PplanError
 from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
 from planner.profiling.corun import CoRun, check_co_run
-from planner.profiling.measure import TIMERS, RunQueueWait, measure_layer
+from planner.profiling.measure import RunQueueWait, measure_layer
+from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
@@ -38,7 +39,8 @@ from planner.profiling.saved import SavedTensors, tensor_bytes
 
 __all__ = ["DTYPES", "profile_model", "resolve_device", "check_batch_fits"]
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
+"""Profile dtype name -> torch dtype (names checked by planner.profiling.options.ProfileOptions)."""
 _COLUMNS = (
     "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
     "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes", "workspace_bytes",
@@ -104,17 +106,6 @@ def _to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
     if isinstance(x, torch.Tensor):
         return x.to(device=dev, dtype=dtype) if x.is_floating_point() else x.to(dev)
     raise ModelSpecError(f"make_batch returned {type(x).__name__}, not a tensor", "return (input tensor, target tensor)")
-
-
-def _check_args(sizes: list[int], dtype: str, warmup: int, repeats: int, threads: int | None) -> None:
-    if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
-        raise PplanError(f"micro-batch sizes {sizes} must be distinct positive integers", "e.g. 1,2,4,8")
-    if dtype not in DTYPES:
-        raise PplanError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(DTYPES)}")
-    if warmup < 0 or repeats < 1:
-        raise PplanError(f"warmup {warmup} / repeats {repeats}: need warmup >= 0 and repeats >= 1")
-    if threads is not None and threads < 1:
-        raise PplanError(f"threads {threads} must be at least 1")
 
 
 def _failure(spec: str, index: int, name: str, size: int, e: Exception) -> PplanError:
@@ -189,8 +180,10 @@ def profile_model(
     `co_run`: K background processes train the same model at each size and thread count while
     every layer is measured (planner.profiling.corun): a CPU pipeline's other ranks, which slow
     memory-bound layers and the optimizer step by sharing memory bandwidth. 0: measured alone."""
-    sizes = sorted(micro_batch_sizes)
-    _check_args(sizes, dtype, warmup, repeats, threads)
+    opts = ProfileOptions(tuple(micro_batch_sizes), device=device, dtype=dtype, warmup=warmup, repeats=repeats,
+                          seed=seed, threads=threads, timer=timer, co_run=co_run, input_shape=input_shape,
+                          input_dtype=input_dtype, vocab=vocab)  # every argument checked, as `pplan profile` does
+    sizes = list(opts.micro_batch_sizes)
     keep_freed_memory()  # as the run's ranks do (planner.allocator)
     timer = _resolve_timer(timer)
     check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
@@ -312,8 +305,6 @@ def _size_free_columns(cols: dict[str, np.ndarray], named: list[tuple[str, torch
 
 def _resolve_timer(timer: str) -> str:
     """The timer to use: `sched` (wall minus run-queue wait) where the kernel reports waits, else wall."""
-    if timer not in TIMERS:
-        raise PplanError(f"timer {timer!r} is not one of {', '.join(TIMERS)}")
     if timer == "sched":
         probe = RunQueueWait()
         timer = "sched" if probe.available else "wall"  # not every kernel reports run-queue waits

@@ -1,0 +1,79 @@
+"""What a profile is asked to measure (`pplan profile`'s settings), checked when it is made.
+
+torch-free on purpose: `pplan profile` builds ProfileOptions before importing torch, so a
+mistyped --dtype or --timer fails in a fraction of a second rather than after torch's import
+(seconds on a small machine); planner.profiling.profiler builds the same record, so a
+library caller gets the same checks and the same messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, fields
+from typing import Any
+
+from planner.errors import PplanError
+from planner.hardware import DTYPE_BYTES
+from planner.models.spec import INPUT_DTYPES
+
+__all__ = ["DTYPE_NAMES", "TIMER_NAMES", "ProfileOptions"]
+
+DTYPE_NAMES = tuple(DTYPE_BYTES)
+"""Parameter and float-input dtypes a profile can be measured in (torch dtype names; planner.hardware's)."""
+TIMER_NAMES = ("sched", "wall")
+"""sched: wall time minus time spent waiting for a CPU; wall: plain wall time."""
+_DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+
+
+@dataclass(frozen=True)
+class ProfileOptions:
+    """How to measure a model's layers; the model spec says what to measure."""
+
+    micro_batch_sizes: tuple[int, ...]
+    """Micro-batch sizes to measure, ascending and distinct."""
+    device: str = "cpu"
+    """cpu, cuda or cuda:N."""
+    dtype: str = "float32"
+    """One of DTYPE_NAMES."""
+    warmup: int = 3
+    """Untimed runs before measuring."""
+    repeats: int = 15
+    """Timed runs; the median is recorded."""
+    seed: int = 0
+    """Seed of the weights and the batch."""
+    threads: int | None = 1
+    """torch CPU threads while measuring (None: the process's setting)."""
+    timer: str = "sched"
+    """One of TIMER_NAMES."""
+    co_run: int = 0
+    """Background processes training the same model while measuring (planner.profiling.corun)."""
+    input_shape: tuple[int, ...] | None = None
+    """A factory model's input, one sample."""
+    input_dtype: str = "float"
+    """A factory model's input: float or long."""
+    vocab: int | None = None
+    """Token ids below this for long inputs."""
+
+    def __post_init__(self) -> None:
+        sizes = self.micro_batch_sizes
+        if not sizes or any(not isinstance(s, int) or s < 1 for s in sizes) or len(set(sizes)) != len(sizes):
+            raise PplanError(f"micro-batch sizes {list(sizes)} must be distinct positive integers", "e.g. 1,2,4,8")
+        object.__setattr__(self, "micro_batch_sizes", tuple(sorted(sizes)))
+        if not _DEVICE.fullmatch(self.device):
+            raise PplanError(f"--device {self.device!r} is not supported", "use cpu, cuda or cuda:N")
+        if self.dtype not in DTYPE_NAMES:
+            raise PplanError(f"--dtype {self.dtype!r} is not supported", f"use one of {', '.join(DTYPE_NAMES)}")
+        if self.timer not in TIMER_NAMES:
+            raise PplanError(f"--timer {self.timer!r} is not one of {', '.join(TIMER_NAMES)}")
+        if self.warmup < 0 or self.repeats < 1:
+            raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need warmup >= 0 and repeats >= 1")
+        if self.threads is not None and self.threads < 1:
+            raise PplanError(f"--threads {self.threads} must be at least 1")
+        if self.input_dtype not in INPUT_DTYPES:
+            raise PplanError(f"--input-dtype {self.input_dtype!r} must be {' or '.join(INPUT_DTYPES)}")
+        if self.vocab is not None and self.vocab < 2:
+            raise PplanError(f"--vocab {self.vocab} must be at least 2")
+
+    def measure_kwargs(self) -> dict[str, Any]:
+        """Everything but the sizes, as planner.profiling.profiler.profile_model's keyword arguments."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "micro_batch_sizes"}
