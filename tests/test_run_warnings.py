@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from planner.execute.run import CO_RUN_WARN_RATIO, _co_run_warnings
+from planner.execute.run import CO_RUN_WARN_RATIO, co_run_warnings
 
 
 def _pf(co_run: str | None = None, device: str = "cpu", analytic: bool = False) -> SimpleNamespace:
@@ -19,16 +19,16 @@ RANKS = [{"rank": r, "host": "h"} for r in range(2)]
 
 
 def test_slow_actions_beside_other_ranks_suggest_co_run():
-    (line,) = _co_run_warnings(RANKS, _pf(), 1.2)
+    (line,) = co_run_warnings(RANKS, _pf(), 1.2)
     assert "1.20x" in line and "--co-run 1" in line and "2 ranks" in line and "beside 0" in line
 
 
 def test_no_advice_when_it_would_not_help_or_was_followed():
     slow = CO_RUN_WARN_RATIO + 0.05
-    assert _co_run_warnings(RANKS, _pf(), CO_RUN_WARN_RATIO) == []          # not slower than the threshold
-    assert _co_run_warnings(RANKS, _pf("1"), slow) == []                    # profiled beside one process already
-    assert _co_run_warnings(RANKS, _pf(device="cuda"), slow) == []          # GPUs do not share memory
-    assert _co_run_warnings(RANKS, _pf(analytic=True), slow) == []          # nothing was measured
-    assert _co_run_warnings([{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}], _pf(), slow) == []  # one rank per host
-    assert _co_run_warnings(RANKS, _pf(), None) == []
-    assert _co_run_warnings(RANKS, SimpleNamespace(profile=None, device_type="cpu"), slow) == []
+    assert co_run_warnings(RANKS, _pf(), CO_RUN_WARN_RATIO) == []          # not slower than the threshold
+    assert co_run_warnings(RANKS, _pf("1"), slow) == []                    # profiled beside one process already
+    assert co_run_warnings(RANKS, _pf(device="cuda"), slow) == []          # GPUs do not share memory
+    assert co_run_warnings(RANKS, _pf(analytic=True), slow) == []          # nothing was measured
+    assert co_run_warnings([{"rank": 0, "host": "a"}, {"rank": 1, "host": "b"}], _pf(), slow) == []  # one rank per host
+    assert co_run_warnings(RANKS, _pf(), None) == []
+    assert co_run_warnings(RANKS, SimpleNamespace(profile=None, device_type="cpu"), slow) == []

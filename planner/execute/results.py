@@ -314,30 +314,24 @@ def _busy(rec: dict[str, Any]) -> float:
     return sum(end - start for _, kind, _, start, end in rec["events"] if kind in ("F", "B", "I", "W", "R", "O"))
 
 
-def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
-                    steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
-                    calibration: dict[str, Any] | None, load_average: float | None = None,
-                    profile_load_average: float | None = None, compute_ratio: float | None = None,
-                    compute_ratio_cpu: float | None = None) -> RunRecord:
-    """The run record from rank records and a prediction (docs/executor.md layout)."""
-    records = sorted(records, key=lambda r: r["rank"])
-    r0 = records[0]
-    step_ms = r0["step_ms"]
-    measured = r0["measured_steps"]
-    meas = statistics.median(step_ms[i] for i in measured) if measured else float("nan")
-    pred = prediction.get("iteration_ms") if prediction else None
+def _losses(records: list[dict[str, Any]]) -> tuple[dict[str, float], list[int], dict[str, Any] | None]:
+    """(step -> loss, the steps in order, the divergence or None): the first step whose loss was
+    not finite, else the earliest step a rank stopped at (its loss may be unknown)."""
     losses: dict[str, float] = {}
     for rec in records:
         losses.update(rec["losses"])
     loss_steps = sorted(int(k) for k in losses)
     bad = [k for k in loss_steps if not math.isfinite(losses[str(k)])]
     stops = [rec.get("diverged_step") for rec in records if rec.get("diverged_step") is not None]
-    diverged = None
-    if bad or stops:
-        step = bad[0] if bad else min(stops)
-        value = losses.get(str(step))
-        diverged = {"step": step, "loss": "unknown" if value is None else str(value)}
-    boundary = {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()}
+    if not (bad or stops):
+        return losses, loss_steps, None
+    step = bad[0] if bad else min(stops)
+    value = losses.get(str(step))
+    return losses, loss_steps, {"step": step, "loss": "unknown" if value is None else str(value)}
+
+
+def _rank_records(records: list[dict[str, Any]], plan: Plan, prediction: dict[str, Any] | None) -> list[RankRecord]:
+    """Each rank's measurements beside the prediction for the device it plays."""
     pred_devices = {d["device"]: d for d in prediction.get("devices", [])} if prediction else {}
     ranks = []
     for rec in records:
@@ -354,6 +348,24 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
             action_cpu_ms=rec.get("action_cpu_ms") or {},
             replica=rec.get("replica", 0),
             grad_allreduce_ms=statistics.median(rec["grad_allreduce_ms"]) if rec.get("grad_allreduce_ms") else None))
+    return ranks
+
+
+def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
+                    steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
+                    calibration: dict[str, Any] | None, load_average: float | None = None,
+                    profile_load_average: float | None = None, compute_ratio: float | None = None,
+                    compute_ratio_cpu: float | None = None) -> RunRecord:
+    """The run record from rank records and a prediction (docs/executor.md layout)."""
+    records = sorted(records, key=lambda r: r["rank"])
+    r0 = records[0]
+    step_ms = r0["step_ms"]
+    measured = r0["measured_steps"]
+    meas = statistics.median(step_ms[i] for i in measured) if measured else float("nan")
+    pred = prediction.get("iteration_ms") if prediction else None
+    losses, loss_steps, diverged = _losses(records)
+    boundary = {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()}
+    ranks = _rank_records(records, plan, prediction)
     lo, med, hi, spread = step_spread(step_ms, measured)
     dp = plan.parallel.dp if plan.parallel is not None else 1
     lead = replica0(records)  # the pipeline the simulator's timeline describes

@@ -37,11 +37,11 @@ from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
 from planner.execute.results import RunRecord, assemble_record, measured_timeline, replica0
-from planner.execute.worker import read_env, run_worker
+from planner.execute.worker import Env, read_env, run_worker
 from planner.plan import Plan, plan_to_dict
 from planner.simulation.result import TimelineRow
 
-__all__ = ["RunOutcome", "run_plan", "predict"]
+__all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO"]
 
 
 @dataclass(frozen=True)
@@ -118,6 +118,38 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     calibration beside it; `use_machine=False` predicts from the profile alone.
     """
     env = read_env()
+    pf = _check_before_launch(plan, opts, env, plan_path=plan_path, profile_path=profile_path, force=force)
+    # Predict before launching: a profile or calibration that cannot give a number fails in a
+    # second, not after the whole run.
+    prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
+    load_before = _load_average()
+    records = _launch(plan, opts, pf, env)
+    if records is None:
+        return None
+    record = assemble_record(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
+                             warmup=opts.warmup, prediction=prediction, prediction_source=source,
+                             calibration=_cal_dict(used_cal), load_average=load_before,
+                             profile_load_average=_profile_load(pf),
+                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal),
+                             compute_ratio_cpu=_compute_ratio(replica0(records), plan, pf, used_cal, key="action_cpu_ms"))
+    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf)
+                          + co_run_warnings(records, pf, record.compute_ratio))
+    rows = measured_timeline(replica0(records))
+    if record.diverged:
+        _write(_finite(record.to_dict()), rows, out, timeline_path)
+        raise _diverged_error(record.diverged, plan, opts, out)
+    fitted, cal_path = None, None
+    if opts.calibrate and pf.profile is not None:
+        record, fitted, cal_path = _calibrate_from(record, plan, pf, used_cal, out)
+    run = _finite(record.to_dict())
+    _write(run, rows, out, timeline_path)
+    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path, record=record)
+
+
+def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_path: str | None,
+                         profile_path: str | None, force: bool) -> Preflight:
+    """Refuse, before any process starts, a torchrun job of the wrong size, a plan the preflight
+    refuses, and --calibrate without a profile; returns the preflight's findings."""
     world = world_size(plan)
     if env is not None and env.world != world:
         raise PplanError(f"torchrun started {env.world} processes but the plan needs {world} "
@@ -128,52 +160,45 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     if opts.calibrate and pf.profile is None:
         raise PplanError("--calibrate needs the plan's profile (to compare with and to store the calibration beside)",
                          "pass --profile PROFILE.csv")
-    # Predict before launching: a profile or calibration that cannot give a number fails in a
-    # second, not after the whole run.
-    prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
-    load_before = _load_average()
+    return pf
+
+
+def _launch(plan: Plan, opts: RunOptions, pf: Preflight, env: Env | None) -> list[dict[str, Any]] | None:
+    """Train: one local process per rank, or this process as one rank of a torchrun job. Returns
+    the rank records (None on torchrun ranks other than 0)."""
+    world = world_size(plan)
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
     if opts.checkpoint_dir:
         cfg["resume"] = _resume(plan, opts, say=env is None or env.rank == 0)
-    if env is None:
-        threads = opts.threads or max(1, usable_cores() // world)
-        with _signals_end_the_run():
-            with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
-                records = launch_local(cfg, world, Path(tmp), threads, verbose=opts.verbose)
-    else:
-        records = run_worker(cfg, env)
-        if records is None:
-            return None
-    record = assemble_record(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
-                             warmup=opts.warmup, prediction=prediction, prediction_source=source,
-                             calibration=_cal_dict(used_cal), load_average=load_before,
-                             profile_load_average=_profile_load(pf),
-                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal),
-                             compute_ratio_cpu=_compute_ratio(replica0(records), plan, pf, used_cal, key="action_cpu_ms"))
-    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf)
-                          + _co_run_warnings(records, pf, record.compute_ratio))
-    rows = measured_timeline(replica0(records))
-    if record.diverged:
-        _write(_finite(record.to_dict()), rows, out, timeline_path)
-        d = record.diverged
-        kept = f"; wrote the run with the losses so far to {str(out)!r} (non-finite as null)" if out is not None else ""
-        raise RunError(f"training diverged: the loss became {d['loss']} at step {d['step'] + 1} of {opts.steps} "
-                       f"(--lr {opts.lr:g}, optimizer {plan.optimizer}){kept}",
-                       "lower --lr" + ("" if out is not None else "; pass --out to keep the losses of such a run")
-                       + ("; no checkpoint was saved from the diverged weights" if opts.checkpoint_dir else ""))
-    fitted, cal_path = None, None
-    if opts.calibrate and pf.profile is not None:
-        from planner.execute.calibrate import fit_calibration
+    if env is not None:
+        return run_worker(cfg, env)
+    threads = opts.threads or max(1, usable_cores() // world)
+    with _signals_end_the_run():
+        with tempfile.TemporaryDirectory(prefix="pplan-run-") as tmp:
+            return launch_local(cfg, world, Path(tmp), threads, verbose=opts.verbose)
 
-        fitted, report = fit_calibration(record.to_dict(), plan, pf.profile, previous=used_cal,
-                                         run_path=str(out) if out else None)
-        cal_path = str(calibration_path_for(pf.profile.path))
-        write_calibration(fitted, cal_path)
-        record = record.with_(calibration_fit=dict(report, path=cal_path, calibration=_cal_dict(fitted)))
-    run = _finite(record.to_dict())
-    _write(run, rows, out, timeline_path)
-    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path, record=record)
+
+def _diverged_error(diverged: dict[str, Any], plan: Plan, opts: RunOptions, out: str | os.PathLike | None) -> RunError:
+    """The error of a run whose loss stopped being finite: where, and what was (not) kept."""
+    kept = f"; wrote the run with the losses so far to {str(out)!r} (non-finite as null)" if out is not None else ""
+    return RunError(f"training diverged: the loss became {diverged['loss']} at step {diverged['step'] + 1} of {opts.steps} "
+                    f"(--lr {opts.lr:g}, optimizer {plan.optimizer}){kept}",
+                    "lower --lr" + ("" if out is not None else "; pass --out to keep the losses of such a run")
+                    + ("; no checkpoint was saved from the diverged weights" if opts.checkpoint_dir else ""))
+
+
+def _calibrate_from(record: RunRecord, plan: Plan, pf: Preflight, used_cal: Calibration | None,
+                    out: str | os.PathLike | None) -> tuple[RunRecord, Calibration, str]:
+    """--calibrate: fit a calibration to this run, write it beside the profile, and note the fit in
+    the record. Returns (the record with `calibration_fit`, the calibration, where it was written)."""
+    from planner.execute.calibrate import fit_calibration
+
+    fitted, report = fit_calibration(record.to_dict(), plan, pf.profile, previous=used_cal,
+                                     run_path=str(out) if out else None)
+    cal_path = str(calibration_path_for(pf.profile.path))
+    write_calibration(fitted, cal_path)
+    return record.with_(calibration_fit=dict(report, path=cal_path, calibration=_cal_dict(fitted))), fitted, cal_path
 
 
 def _load_average() -> float | None:
@@ -237,9 +262,11 @@ CO_RUN_WARN_RATIO = 1.1
 """Suggest `--co-run` when a CPU run's actions took more than this factor of a profile measured alone."""
 
 
-def _co_run_warnings(records: list[dict[str, Any]], pf: Preflight, compute_ratio: float | None) -> list[str]:
-    """A line when a CPU run's actions ran slower than a profile measured with fewer processes
-    beside it than this run had ranks per host: memory-bound layers slow each other down."""
+def co_run_warnings(records: list[dict[str, Any]], pf: Preflight, compute_ratio: float | None) -> list[str]:
+    """The run's advice to re-profile with --co-run: a list of one line when a CPU run's actions
+    took more than CO_RUN_WARN_RATIO times their profiled time (`compute_ratio`) and the profile
+    measured its layers beside fewer processes than this run had ranks on one host (memory-bound
+    layers slow each other down); else an empty list. `records`: the rank records (their "host")."""
     if pf.profile is None or pf.device_type != "cpu" or compute_ratio is None or compute_ratio <= CO_RUN_WARN_RATIO:
         return []
     per_host: dict[str, int] = {}

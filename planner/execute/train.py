@@ -17,11 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import math
-import os
-import socket
-import statistics
 import sys
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -32,11 +30,12 @@ from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
 from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_rank, set_rng_state
 from planner.execute import tensor, zero
-from planner.execute.stages import plan_schedule, rank_device, step_seed
+from planner.execute.stages import plan_schedule, step_seed
+from planner.execute.steplog import StepLog, rank_record
 from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
 from planner.plan import Plan
-from planner.profiling.allocpeak import AllocatorPeak, CpuAllocatorMeter
+from planner.profiling.allocpeak import CpuAllocatorMeter
 from planner.profiling.saved import tensor_bytes
 
 __all__ = ["train_rank", "check_executed_order"]
@@ -103,9 +102,35 @@ def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torc
             meter.stop()
 
 
-def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
-           model_kwargs: dict[str, Any] | None, resume: dict[str, Any] | None,
-           meter: CpuAllocatorMeter | None) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _RankSetup:
+    """One rank, ready to train: its stages, what measures them, and where training starts."""
+
+    bundle: Any
+    """The built model (its make_batch gives every step's data)."""
+    pipe: Any
+    """build_pipeline's Pipeline: this rank's stages, schedule and process groups."""
+    rec: Any
+    """The action recorder over the stages and the loss."""
+    params: list[Any]
+    """This rank's parameters, a tied weight once."""
+    opt: Any
+    """The optimizer (ZeRO-1: sharded over the replicas)."""
+    boundary: dict[int, list[int]]
+    """stage -> [input bytes, output bytes] of one micro-batch (filled by each stage's first forward)."""
+    start_step: int
+    """The first step to train (a resumed run's save step, else 0)."""
+    loss_log: dict[int, float]
+    """step -> loss on a last-stage rank, filled step by step (a resumed run's earlier ones included)."""
+    comm: list[dict[str, Any]]
+    """Ping-pong times to the neighbour ranks (--calibrate), else empty."""
+    mem_step: int
+    """The step whose memory is measured (-1 when memory is not tracked)."""
+
+
+def _set_up_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
+                 model_kwargs: dict[str, Any] | None, resume: dict[str, Any] | None) -> _RankSetup:
+    """Build the model and this rank's stages, instrument them, make the optimizer, seed, resume."""
     from planner.models import build_model
 
     bundle = build_model(plan.model, seed=plan.seed, **(model_kwargs or {}))
@@ -114,85 +139,91 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
     # The library entry users call from their own loops: stages, schedule, tied-weight groups, mesh.
     pipe = build_pipeline(plan, bundle.layers, rank=rank, device=device, loss_fn=bundle.loss_fn, example=example,
                           prefer_torch=opts.prefer_torch)
-    mods, runtime = list(pipe.modules), pipe.runtime
-    pp_rank = pipe.pp_index
     # Other ranks' layers are not needed here: let them go (the stages hold this rank's), and
     # their weights inside a Hugging Face model, which this rank's layers keep for its code.
     release_other_layers(bundle.layers, pipe.parameters())
-    boundary = _record_boundaries(mods)
+    boundary = _record_boundaries(list(pipe.modules))
     rec = _instrument(pipe, device)
     params = pipe.parameters()  # a tied weight once
     opt = pipe.make_optimizer(opts.lr)  # ZeRO-1: sharded over the replicas
-    is_last = pipe.is_last
-
     seed_rank(plan.seed, rank)
     start_step, loss_log = resume_rank(plan, opts, pipe, opt, rank, device, resume, _progress)
-
-    comm = []
-    if opts.calibrate and world > 1:
-        comm = _comm(rank, world, device)
-
-    n_steps = opts.steps
+    comm = _comm(rank, world, device) if opts.calibrate and world > 1 else []
     # Memory is measured in the last warm-up step, and never in a fresh run's first: torch creates
     # the optimizer's state at the first optimizer step, so that step's peak lacks it.
-    mem_step = min(n_steps - 1, start_step + max(1, opts.warmup - 1)) if opts.track_memory else -1
-    step_ms: list[float] = []
-    allreduce_ms: list[float] = []
-    step_events: list[list[list[Any]]] = []
-    step_cpu: list[list[list[Any]]] = []  # the same actions as (stage, kind, mb, 0, CPU ms)
-    step_t0: list[float] = []
-    memory: dict[str, Any] = {}
+    mem_step = min(opts.steps - 1, start_step + max(1, opts.warmup - 1)) if opts.track_memory else -1
+    return _RankSetup(bundle=bundle, pipe=pipe, rec=rec, params=params, opt=opt, boundary=boundary,
+                      start_step=start_step, loss_log=loss_log, comm=comm, mem_step=mem_step)
+
+
+def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
+           model_kwargs: dict[str, Any] | None, resume: dict[str, Any] | None,
+           meter: CpuAllocatorMeter | None) -> dict[str, Any]:
+    r = _set_up_rank(plan, opts, rank, world, device, model_kwargs, resume)
+    pipe, n_steps = r.pipe, opts.steps
+    log = StepLog()
     probes: dict[int, int] = {}
-    diverged_step: int | None = None
-    for step in range(start_step, n_steps):
-        x, y = bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
-        x, y = _to(pipe.local_batch(x), device), _to(pipe.local_batch(y), device)  # this replica's slice
-        # only the first stage's rank feeds the inputs and only the last's the targets: elsewhere
-        # the batch would sit in memory for the whole step (the cost model charges it where it is used)
-        x, y = (x if pipe.is_first else None), (y if pipe.is_last else None)
-        tk = None
-        if opts.track_memory and step in (start_step, mem_step):
-            # the first step only measures what checkpointed layers hold while recomputed
-            tk = _tracker(pipe, params + [t for t in (x, y) if isinstance(t, torch.Tensor)], probes)
-            set_tracker(tk)
-            if step == mem_step and device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-        measured = tk is not None and step == mem_step
-        t0, t1, grad_bytes, sync_ms, losses, window = _timed_step(pipe, rec, opt, params, x, y, tk, device,
+    for step in range(r.start_step, n_steps):
+        x, y = _step_batch(plan, r, step, device)
+        tk = _start_tracking(opts, r, step, x, y, probes, device)
+        measured = tk is not None and step == r.mem_step
+        t0, t1, grad_bytes, sync_ms, losses, window = _timed_step(pipe, r.rec, r.opt, r.params, x, y, tk, device,
                                                                    rss=measured, meter=meter if measured else None)
-        allreduce_ms.append(sync_ms)
-        if step == start_step:
-            check_executed_order(plan, pp_rank, rec.events)
+        log.allreduce_ms.append(sync_ms)
+        if step == r.start_step:
+            check_executed_order(plan, pipe.pp_index, r.rec.events)
         if tk is not None:
             set_tracker(None)
-            if step == mem_step:
-                allocated = meter.stop() if meter is not None else None  # counting ends with the measured step
-                memory = _memory(zero.held_bytes(pipe, opt, grad_bytes), tk, mods, boundary, plan, device, allocated)
-                memory.update(window.to_dict() if window is not None else {})
-        bad = 0.0
-        if is_last:
-            loss_log[step] = _step_loss(losses, pipe, device)
-            bad = 0.0 if math.isfinite(loss_log[step]) else 1.0
-        # [step time, loss not finite]: every rank learns both in one all-reduce, outside the timing
-        local = torch.tensor([(t1 - t0) * 1e3, bad], dtype=torch.float64, device=device)  # NCCL: on the GPU
-        dist.all_reduce(local, op=dist.ReduceOp.MAX)
-        step_ms.append(float(local[0].item()))
-        step_t0.append(t0)
-        step_events.append([[e.stage, e.kind, e.microbatch, (e.start - t0) * 1e3, (e.end - t0) * 1e3] for e in rec.events])
-        step_cpu.append([[e.stage, e.kind, e.microbatch, 0.0, e.cpu_ms] for e in rec.events])
-        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
-            _progress(f"step {step + 1}/{n_steps}  loss {loss_log[step]:.6f}  {step_ms[-1]:.1f} ms")
-        if float(local[1].item()) > 0:
-            diverged_step = step  # stop here; the diverged weights are not checkpointed
+            if measured:
+                log.memory = _memory(plan, r, tk, grad_bytes, window, meter, device)
+        step_ms, diverged = _agree_on_step(r, step, (t1 - t0) * 1e3, losses, device)
+        log.add_step(step_ms, t0, r.rec.events)
+        if pipe.is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
+            _progress(f"step {step + 1}/{n_steps}  loss {r.loss_log[step]:.6f}  {step_ms:.1f} ms")
+        if diverged:
+            log.diverged_step = step  # stop here; the diverged weights are not checkpointed
             break
-        done = step + 1
-        if opts.checkpoint_dir and (done == n_steps or (opts.checkpoint_every and done % opts.checkpoint_every == 0)):
-            save_rank(opts.checkpoint_dir, done, rank, world, pipe, opt, loss_log, device)
+        if _checkpoint_due(opts, done=step + 1):
+            save_rank(opts.checkpoint_dir, step + 1, rank, world, pipe, r.opt, r.loss_log, device)
+    return rank_record(plan, pipe, rank, log, start_step=r.start_step, loss_log=r.loss_log, comm=r.comm,
+                       boundary=r.boundary, warmup=opts.warmup, mem_step=r.mem_step)
 
-    return _rank_record(plan, pipe, rank, runtime=runtime, start_step=start_step, step_ms=step_ms, step_t0=step_t0,
-                        step_events=step_events, step_cpu=step_cpu, allreduce_ms=allreduce_ms, loss_log=loss_log,
-                        diverged_step=diverged_step, memory=memory, comm=comm, boundary=boundary, warmup=opts.warmup,
-                        mem_step=mem_step)
+
+def _step_batch(plan: Plan, r: _RankSetup, step: int, device: torch.device) -> tuple[Any, Any]:
+    """Step `step`'s (inputs, targets) for this rank: its replica's slice, on its device."""
+    pipe = r.pipe
+    x, y = r.bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
+    x, y = _to(pipe.local_batch(x), device), _to(pipe.local_batch(y), device)  # this replica's slice
+    # only the first stage's rank feeds the inputs and only the last's the targets: elsewhere
+    # the batch would sit in memory for the whole step (the cost model charges it where it is used)
+    return (x if pipe.is_first else None), (y if pipe.is_last else None)
+
+
+def _start_tracking(opts: RunOptions, r: _RankSetup, step: int, x: Any, y: Any, probes: dict[int, int],
+                    device: torch.device) -> MemoryTracker | None:
+    """The memory tracker of this step, installed, on the first step and the memory step; else None."""
+    if not (opts.track_memory and step in (r.start_step, r.mem_step)):
+        return None
+    # the first step only measures what checkpointed layers hold while recomputed
+    tk = _tracker(r.pipe, r.params + [t for t in (x, y) if isinstance(t, torch.Tensor)], probes)
+    set_tracker(tk)
+    if step == r.mem_step and device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    return tk
+
+
+def _agree_on_step(r: _RankSetup, step: int, local_ms: float, losses: list[Any],
+                   device: torch.device) -> tuple[float, bool]:
+    """(the step's time, the slowest rank's; whether any rank's loss was not finite): the last
+    stage logs the step's loss first, then every rank learns both in one all-reduce, outside
+    the timing."""
+    bad = 0.0
+    if r.pipe.is_last:
+        r.loss_log[step] = _step_loss(losses, r.pipe, device)
+        bad = 0.0 if math.isfinite(r.loss_log[step]) else 1.0
+    local = torch.tensor([local_ms, bad], dtype=torch.float64, device=device)  # NCCL: on the GPU
+    dist.all_reduce(local, op=dist.ReduceOp.MAX)
+    return float(local[0].item()), float(local[1].item()) > 0
 
 
 def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
@@ -211,29 +242,22 @@ def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
     return benchmark_neighbours(rank, world, device)
 
 
-def _action_medians(steps: list[list[list[Any]]]) -> dict[str, float]:
-    """'<stage><kind>' -> median duration in ms over measured steps and micro-batches.
-
-    B and I include their recompute (R) so they compare with the cost model's B/I.
-    """
-    per: dict[str, list[float]] = {}
-    for events in steps:
-        rec: dict[tuple[int, int], float] = {}
-        for stage, kind, mb, start, end in events:
-            if kind == "R":
-                rec[(stage, mb)] = end - start
-        for stage, kind, mb, start, end in events:
-            if kind in ("F", "B", "I", "W", "O"):
-                extra = rec.get((stage, mb), 0.0) if kind in ("B", "I") else 0.0
-                per.setdefault(f"{stage}{kind}", []).append(end - start + extra)
-    return {k: statistics.median(v) for k, v in sorted(per.items())}
+def _checkpoint_due(opts: RunOptions, done: int) -> bool:
+    """Whether to save after `done` steps: at the end of the run, and every --checkpoint-every steps."""
+    every = opts.checkpoint_every
+    return bool(opts.checkpoint_dir) and (done == opts.steps or bool(every and done % every == 0))
 
 
-def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict, plan: Plan,
-            device: torch.device, allocated: AllocatorPeak | None) -> dict[str, Any]:
+def _memory(plan: Plan, r: _RankSetup, tk: MemoryTracker, grad_bytes: int, window: RssWindow | None,
+            meter: CpuAllocatorMeter | None, device: torch.device) -> dict[str, Any]:
+    """The memory step's measurement, taken right after it: what the rank holds (weights, gradients,
+    optimizer; ZeRO-aware), the tracker's peaks, the allocator's peak (its counting ends here) and
+    the RSS window."""
+    allocated = meter.stop() if meter is not None else None  # counting ends with the measured step
+    held = zero.held_bytes(r.pipe, r.opt, grad_bytes)
     buffers = 0
-    for m in mods:
-        inp, out = boundary.get(m.stage, [0, 0])
+    for m in r.pipe.modules:
+        inp, out = r.boundary.get(m.stage, [0, 0])
         buffers += 2 * ((inp if m.stage > 0 else 0) + (out if m.stage < plan.n_stages - 1 else 0))
     tracked = {**held, "activations": tk.peak, "buffers": buffers}  # weights, gradients, optimizer (ZeRO: held_bytes)
     tracked["total"] = sum(tracked.values())
@@ -248,6 +272,7 @@ def _memory(held: dict[str, int], tk: MemoryTracker, mods: list, boundary: dict,
         mem["measure"] = "cpu-allocator" if allocated is not None else "tracked"
         mem["peak_bytes"] = allocated.peak_bytes if allocated is not None else tracked["total"]
         mem["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    mem.update(window.to_dict() if window is not None else {})
     return mem
 
 
@@ -285,46 +310,6 @@ def _step_loss(losses: list[Any], pipe: Any, device: torch.device) -> float:
         dist.all_reduce(both, op=dist.ReduceOp.SUM, group=pipe.dp_group)
         loss = float(both[0].item()) / pipe.dp
     return loss
-
-
-def _rank_record(plan: Plan, pipe: Any, rank: int, *, runtime: str, start_step: int, step_ms: list[float],
-                 step_t0: list[float], step_events: list[Any], step_cpu: list[Any], allreduce_ms: list[float],
-                 loss_log: dict[int, float], diverged_step: int | None, memory: dict[str, Any], comm: list[Any],
-                 boundary: dict[int, list[int]], warmup: int, mem_step: int = -1) -> dict[str, Any]:
-    """What this rank measured, for rank 0 to gather (planner.execute.results reads it)."""
-    mods, is_last, pp_rank = pipe.modules, pipe.is_last, pipe.pp_index
-    # The step whose time is the median of the measured ones stands for the run in the timeline.
-    measured = list(range(min(warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
-    if len(measured) > 1 and mem_step - start_step in measured:  # its hooks and counting slow it
-        measured.remove(mem_step - start_step)
-    chosen = min(measured, key=lambda i: abs(step_ms[i] - statistics.median(step_ms[j] for j in measured))) if measured else -1
-    events = step_events[chosen] if chosen >= 0 else []
-    return {
-        "rank": rank,
-        "device": rank_device(plan, pp_rank),
-        "replica": pipe.dp_index,
-        "tp": pipe.tp_index,
-        "grad_allreduce_ms": [allreduce_ms[i] for i in measured if i < len(allreduce_ms)] if pipe.dp > 1 else [],
-        "host": socket.gethostname(),
-        "pid": os.getpid(),
-        "stages": [m.stage for m in mods],
-        "runtime": runtime,
-        "first_step": start_step,
-        "step_ms": step_ms,
-        "measured_steps": measured,
-        "chosen_step": chosen,
-        "chosen_t0": step_t0[chosen] if chosen >= 0 else 0.0,
-        "events": events,
-        "action_ms": _action_medians([step_events[i] for i in measured]),
-        "action_cpu_ms": _action_medians([step_cpu[i] for i in measured]),
-        "losses": {str(k): v for k, v in sorted(loss_log.items()) if k >= start_step}
-        if is_last and pipe.dp_index == 0 and pipe.tp_index == 0 else {},
-        "diverged_step": diverged_step,
-        "memory": memory,
-        "comm": comm,
-        "boundary_bytes": {str(s): v for s, v in boundary.items()},
-        "threads": torch.get_num_threads(),
-    }
 
 
 def _timed_step(pipe: Any, rec: Any, opt: Any, params: list[Any], x: Any, y: Any, tk: MemoryTracker | None,
