@@ -279,6 +279,20 @@ def build_hf(params: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
 def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
     model_type, given = params["model_type"], dict(params["config"])
     cfg = _config(model_type, given, spec)
+    task, auto = _task(tf, cfg, model_type, spec)
+    model = _from_config(auto, cfg, task, spec)
+    model.train()
+    if task == "image":
+        bundle = _image_bundle(model, cfg, spec, input_shape)
+    else:
+        bundle = _lm_bundle(model, cfg, task == "masked", spec, input_shape)
+    bundle.layers.__dict__["source"] = model  # the transformers model itself (not a child: no layer, no parameters twice)
+    return bundle
+
+
+def _task(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:
+    """The task pplan trains the config's model for ("masked", "causal" or "image") and
+    transformers' auto class of that task; a type with none of them, or a seq2seq one, is refused."""
     # masked first: BERT is also registered as a causal LM (its decoder variant)
     tasks = (("masked", tf.AutoModelForMaskedLM), ("causal", tf.AutoModelForCausalLM),
              ("image", tf.AutoModelForImageClassification))
@@ -289,58 +303,68 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
     if getattr(cfg, "is_encoder_decoder", False):  # BART is registered as a masked LM, as its whole seq2seq model
         raise ModelSpecError(f"model {spec!r}: {model_type!r} is an encoder-decoder model; pplan cuts one stack of blocks",
                              "use a decoder-only or encoder-only family; see docs/models.md")
-    auto = dict(tasks)[task]
-    model = _from_config(auto, cfg, task, spec)
-    model.train()
-    if task == "image":
-        channels = int(getattr(cfg, "num_channels", 3))
-        size = getattr(cfg, "image_size", 32)
-        size = int(size[0] if isinstance(size, (list, tuple)) else size)
-        shape = tuple(input_shape) if input_shape else (channels, size, size)
-        if len(shape) != 3:
-            raise ModelSpecError(f"model {spec!r}: --input-shape {','.join(map(str, shape))} is not an image (C,H,W)", "e.g. --input-shape 3,32,32")
-        classes = int(cfg.num_labels)
-        make = _image_batch(shape, classes)
+    return task, dict(tasks)[task]
 
-        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(logits.float(), labels)
 
-        x, y = make(2, 0)
-        layers = _staged_cnn(model, x, y, loss_fn, spec)
-        if layers is None:  # not laid out like one: the generic cut
-            split = _find(model, x, "pixel_values", lambda h: torch.zeros(h.shape[0], *shape), spec)
-            layers = _sequential(_split_layers(split))
-            check_split(model, split, layers, "pixel_values", x, y, loss_fn, spec)
+def _image_bundle(model: nn.Module, cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
+    """An image classifier cut per block when it is a staged CNN, else by its own structure;
+    its data: noise around one fixed pattern per class, its loss cross-entropy."""
+    channels = int(getattr(cfg, "num_channels", 3))
+    size = getattr(cfg, "image_size", 32)
+    size = int(size[0] if isinstance(size, (list, tuple)) else size)
+    shape = tuple(input_shape) if input_shape else (channels, size, size)
+    if len(shape) != 3:
+        raise ModelSpecError(f"model {spec!r}: --input-shape {','.join(map(str, shape))} is not an image (C,H,W)", "e.g. --input-shape 3,32,32")
+    classes = int(cfg.num_labels)
+    make = _image_batch(shape, classes)
 
-        meta = {"input_shape": ",".join(map(str, shape)), "input_dtype": "float", "vocab": ""}
-        per_sample = 4 * int(torch.Size(shape).numel())
-    else:
-        seq = int(input_shape[0]) if input_shape else _DEFAULT_SEQ
-        if input_shape is not None and len(input_shape) != 1:
-            raise ModelSpecError(f"model {spec!r}: --input-shape for a language model is one number, tokens per sample", "e.g. --input-shape 64")
-        limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
-        if limit and seq > limit:
-            raise ModelSpecError(f"model {spec!r}: {seq} tokens per sample exceed the config's {limit} positions", "give a shorter --input-shape or raise the positions in the spec")
-        vocab = int(cfg.vocab_size)
-        make = _lm_batch(vocab, seq, task == "masked")
-        own_loss = model.loss_function  # transformers' ForCausalLMLoss / ForMaskedLMLoss
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(logits.float(), labels)
 
-        def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-            # ForMaskedLMLoss flattens both with .view: tensors sliced along the sequence (strided) would
-            # fail in a user's loop; .contiguous() copies nothing for pplan's own (contiguous) ones
-            return own_loss(logits=logits.contiguous(), labels=labels.contiguous(), vocab_size=vocab)
-
-        # a short probe: watch the forward, then check the cut against the model's own output. Drawn
-        # at the probe's length, not sliced from a longer batch: a slice is strided, and the masked
-        # LMs' own forward (BERT's, RoBERTa's, ...) flattens its labels with .view, which fails on it
-        x, y = _lm_batch(vocab, min(seq, _PROBE_SEQ), task == "masked")(2, 0)
-        special = set(_token_ids(cfg))
-        token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
-        split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
+    x, y = make(2, 0)
+    layers = _staged_cnn(model, x, y, loss_fn, spec)
+    if layers is None:  # not laid out like one: the generic cut
+        split = _find(model, x, "pixel_values", lambda h: torch.zeros(h.shape[0], *shape), spec)
         layers = _sequential(_split_layers(split))
-        check_split(model, split, layers, "input_ids", x, y, loss_fn, spec)
+        check_split(model, split, layers, "pixel_values", x, y, loss_fn, spec)
 
-        meta = {"input_shape": str(seq), "input_dtype": "long", "vocab": str(vocab)}
-        per_sample = 8 * seq
-    layers.__dict__["source"] = model  # the transformers model itself (not a child: no layer, no parameters twice)
-    return ModelBundle(spec, layers, make, loss_fn, per_sample, input_meta=meta)
+    meta = {"input_shape": ",".join(map(str, shape)), "input_dtype": "float", "vocab": ""}
+    return ModelBundle(spec, layers, make, loss_fn, 4 * int(torch.Size(shape).numel()), input_meta=meta)
+
+
+def _lm_seq(cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> int:
+    """Tokens per sample: --input-shape's one number (default _DEFAULT_SEQ), within the config's positions."""
+    seq = int(input_shape[0]) if input_shape else _DEFAULT_SEQ
+    if input_shape is not None and len(input_shape) != 1:
+        raise ModelSpecError(f"model {spec!r}: --input-shape for a language model is one number, tokens per sample", "e.g. --input-shape 64")
+    limit = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    if limit and seq > limit:
+        raise ModelSpecError(f"model {spec!r}: {seq} tokens per sample exceed the config's {limit} positions", "give a shorter --input-shape or raise the positions in the spec")
+    return seq
+
+
+def _lm_bundle(model: nn.Module, cfg: Any, masked: bool, spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
+    """A causal or masked LM cut by its own structure; its data: arithmetic token sequences
+    (15% masked for an MLM), its loss the model's own."""
+    seq = _lm_seq(cfg, spec, input_shape)
+    vocab = int(cfg.vocab_size)
+    make = _lm_batch(vocab, seq, masked)
+    own_loss = model.loss_function  # transformers' ForCausalLMLoss / ForMaskedLMLoss
+
+    def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        # ForMaskedLMLoss flattens both with .view: tensors sliced along the sequence (strided) would
+        # fail in a user's loop; .contiguous() copies nothing for pplan's own (contiguous) ones
+        return own_loss(logits=logits.contiguous(), labels=labels.contiguous(), vocab_size=vocab)
+
+    # a short probe: watch the forward, then check the cut against the model's own output. Drawn
+    # at the probe's length, not sliced from a longer batch: a slice is strided, and the masked
+    # LMs' own forward (BERT's, RoBERTa's, ...) flattens its labels with .view, which fails on it
+    x, y = _lm_batch(vocab, min(seq, _PROBE_SEQ), masked)(2, 0)
+    special = set(_token_ids(cfg))
+    token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
+    split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
+    layers = _sequential(_split_layers(split))
+    check_split(model, split, layers, "input_ids", x, y, loss_fn, spec)
+
+    meta = {"input_shape": str(seq), "input_dtype": "long", "vocab": str(vocab)}
+    return ModelBundle(spec, layers, make, loss_fn, 8 * seq, input_meta=meta)

@@ -221,6 +221,20 @@ def find_split(root: nn.Module, example: torch.Tensor, input_key: str, probe: Ca
     """Watch one forward of `root` on `example` (eval mode, no gradients) and return its Split;
     `probe(h)` makes a model input whose hidden states are shaped like h (Split.block_inputs)."""
     names = {id(m): n for n, m in root.named_modules(remove_duplicate=False)}
+    order, outs = _watch(root, example, input_key)
+    list_name, blocks = _block_list(root, order, spec)
+    members = {id(c): c for c in blocks}
+    calls = [members[i] for i in order if i in members]
+    path = _path_to(root, list_name, names, spec)
+    before, base_tail, task_tail = _beside_path(root, path, blocks, list_name, order, names, spec)
+    out = outs.get(id(calls[0]))
+    out_len = len(out) if isinstance(out, tuple) else 0
+    return Split(root, path, blocks, calls, before, base_tail, task_tail, out_len, input_key, probe)
+
+
+def _watch(root: nn.Module, example: torch.Tensor, input_key: str) -> tuple[list[int], dict[int, Any]]:
+    """One forward of `root` in eval mode without gradients: the ids of the submodules in the
+    order they are called (a module called twice appears twice), and each one's first output."""
     order: list[int] = []
     outs: dict[int, Any] = {}
 
@@ -242,6 +256,12 @@ def find_split(root: nn.Module, example: torch.Tensor, input_key: str, probe: Ca
             h.remove()
         for m, training in modes:
             m.training = training
+    return order, outs
+
+
+def _block_list(root: nn.Module, order: list[int], spec: str) -> tuple[str, nn.ModuleList]:
+    """The name and module of the model's list of blocks: the ModuleList whose members were
+    called most often in `order` (ties: the shallowest)."""
     called = set(order)
     # a list inside a block (MobileBERT's feed-forward stack, ALBERT's layers in a group) is not
     # the model's list of blocks, however often it is called
@@ -252,16 +272,29 @@ def find_split(root: nn.Module, example: torch.Tensor, input_key: str, probe: Ca
         raise ModelSpecError(f"model {spec!r}: pplan finds no list of blocks that {type(root).__name__} calls",
                              "hf: splits models whose layers are an nn.ModuleList; see docs/models.md")
     _, _, list_name, blocks = max(counts, key=lambda c: (c[0], c[1]))
-    members = {id(c): c for c in blocks}
-    calls = [members[i] for i in order if i in members]
-    steps = [k for k, i in enumerate(order) if i in members]
-    first, last = steps[0], steps[-1]
+    return list_name, blocks
+
+
+def _path_to(root: nn.Module, list_name: str, names: dict[int, str], spec: str) -> list[nn.Module]:
+    """The modules from `root` down to the block list's parent; refused when one of them holds
+    a weight directly (no pipeline layer would hold it)."""
     parts = list_name.split(".")
     path = [root] + [root.get_submodule(".".join(parts[:k])) for k in range(1, len(parts))]
     loose = [names.get(id(m), type(m).__name__) or type(root).__name__ for m in path if any(True for _ in m.parameters(recurse=False))]
     if loose:
         raise ModelSpecError(f"model {spec!r}: {loose[0]} holds weights outside its submodules, which no pipeline layer "
                              "would hold", "not supported; see docs/models.md")
+    return path
+
+
+def _beside_path(root: nn.Module, path: list[nn.Module], blocks: nn.ModuleList, list_name: str, order: list[int],
+                 names: dict[int, str], spec: str) -> tuple[list[nn.Module], list[nn.Module], list[nn.Module]]:
+    """The children of the path's modules besides the path, as (prologue, base model's
+    epilogue, task model's epilogue), the epilogues in call order; refused when one is called
+    between the first and the last block."""
+    block_ids = {id(c) for c in blocks}
+    steps = [k for k, i in enumerate(order) if i in block_ids]
+    first, last = steps[0], steps[-1]
     before, base_tail, task_tail = [], [], []
     for depth, owner in enumerate(path):
         for child in owner.children():
@@ -279,11 +312,7 @@ def find_split(root: nn.Module, example: torch.Tensor, input_key: str, probe: Ca
                 before.append(child)
             if when[-1] > last:
                 (task_tail if depth == 0 else base_tail).append((when[0] if when[0] > last else when[-1], child))
-    out = outs.get(id(calls[0]))
-    out_len = len(out) if isinstance(out, tuple) else 0
-    split = Split(root, path, blocks, calls, before, [m for _, m in sorted(base_tail, key=lambda p: p[0])],
-                  [m for _, m in sorted(task_tail, key=lambda p: p[0])], out_len, input_key, probe)
-    return split
+    return before, [m for _, m in sorted(base_tail, key=lambda p: p[0])], [m for _, m in sorted(task_tail, key=lambda p: p[0])]
 
 
 def check_split(model: nn.Module, split: Split | None, layers: nn.Sequential, input_key: str, x: torch.Tensor,
