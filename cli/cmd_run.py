@@ -7,7 +7,7 @@ options (cli/run_options.py).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
@@ -19,6 +19,9 @@ from cli.run_options import (
 )
 from planner.units import format_bytes, format_ms
 
+if TYPE_CHECKING:
+    from planner.execute.results import RunRecord
+
 __all__ = ["register", "run_command", "check_outputs", "print_run"]
 
 
@@ -26,31 +29,30 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1f}%"
 
 
-def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> None:
+def print_run(run: RunRecord, out: Path | None, timeline: Path | None) -> None:
     """The human summary of a run (stdout)."""
-    typer.echo(f"ran {run['plan'] or 'plan'}: {run['schedule']}, {run['n_ranks']} rank(s), {run['n_stages']} stage(s), "
-               f"{run['n_microbatches']} x {run['micro_batch_size']} samples, steps {run['first_step'] + 1}-{run['steps']} "
-               f"on {run['device_type']} ({run['runtime']})")
-    pred = run["iteration_ms_predicted"]
-    line = f"iteration: measured {format_ms(run['iteration_ms_measured'])} (median of {len(run['measured_steps'])} step(s))"
-    if pred is not None:
-        line += f", predicted {format_ms(pred)} [{run['prediction_source']}], error {_pct(run['error_pct'])}"
+    typer.echo(f"ran {run.plan or 'plan'}: {run.schedule}, {run.n_ranks} rank(s), {run.n_stages} stage(s), "
+               f"{run.n_microbatches} x {run.micro_batch_size} samples, steps {run.first_step + 1}-{run.steps} "
+               f"on {run.device_type} ({run.runtime})")
+    line = f"iteration: measured {format_ms(run.iteration_ms_measured)} (median of {len(run.measured_steps)} step(s))"
+    if run.iteration_ms_predicted is not None:
+        line += (f", predicted {format_ms(run.iteration_ms_predicted)} [{run.prediction_source}], "
+                 f"error {_pct(run.error_pct)}")
     typer.echo(line)
     typer.echo(f"{'rank':>4}  {'device':>6}  {'stages':<8}  {'busy':>9}  {'busy pred':>9}  {'peak mem':>10}  {'predicted':>10}  measure")
-    for r in run["ranks"]:
-        bp = r["busy_ms_predicted"]
-        mp = r["peak_memory_bytes_predicted"]
-        mm = r["peak_memory_bytes_measured"]
-        typer.echo(f"{r['rank']:>4}  {r['device']:>6}  {','.join(map(str, r['stages'])):<8}  {format_ms(r['busy_ms']):>9}  "
+    for r in run.ranks:
+        bp, mp, mm = r.busy_ms_predicted, r.peak_memory_bytes_predicted, r.peak_memory_bytes_measured
+        typer.echo(f"{r.rank:>4}  {r.device:>6}  {','.join(map(str, r.stages)):<8}  {format_ms(r.busy_ms):>9}  "
                    f"{format_ms(bp) if bp is not None else 'n/a':>9}  {format_bytes(mm) if mm is not None else 'n/a':>10}  "
-                   f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r['memory_measure'] or ''}")
-    for r in run["ranks"]:
-        lim, mm = r.get("memory_limit_bytes"), r["peak_memory_bytes_measured"]
+                   f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r.memory_measure or ''}")
+    for r in run.ranks:
+        lim, mm = r.memory_limit_bytes, r.peak_memory_bytes_measured
         if lim is not None and mm is not None and mm > lim:
-            err(f"warning: rank {r['rank']} peaked at {format_bytes(mm)}, above its device's limit {format_bytes(lim)} in the plan")
-    if run["losses"]:
-        typer.echo(f"loss: {run['losses'][0]:.6f} (step {run['loss_steps'][0] + 1}) -> {run['losses'][-1]:.6f} (step {run['loss_steps'][-1] + 1})")
-    fit = run.get("calibration_fit")
+            err(f"warning: rank {r.rank} peaked at {format_bytes(mm)}, above its device's limit {format_bytes(lim)} in the plan")
+    if run.losses:
+        typer.echo(f"loss: {_loss(run.losses[0])} (step {run.loss_steps[0] + 1}) -> {_loss(run.losses[-1])} "
+                   f"(step {run.loss_steps[-1] + 1})")
+    fit = run.calibration_fit
     if fit:
         cal = fit["calibration"]
         typer.echo(f"calibration: compute_scale {cal['compute_scale']:.3f}, action_overhead {cal['action_overhead_ms']:.3f} ms, "
@@ -59,11 +61,15 @@ def print_run(run: dict[str, Any], out: Path | None, timeline: Path | None) -> N
                    f"{'n/a' if not cal['comm_bandwidth_bytes_per_s'] else format_bytes(cal['comm_bandwidth_bytes_per_s']) + '/s'}")
         typer.echo(f"prediction error: before {_pct(fit['error_pct_before'])} ({format_ms(fit['predicted_ms_before'])}), "
                    f"after {_pct(fit['error_pct_after'])} ({format_ms(fit['predicted_ms_after'])}); wrote {fit['path']}")
-    for line in run.get("warnings") or []:  # why this comparison should not be trusted (planner.execute.results)
+    for line in run.warnings:  # why this comparison should not be trusted (planner.execute.results)
         err(f"pplan: warning: {line}")
     for what, path in (("run", out), ("timeline", timeline)):
         if path is not None:
             typer.echo(f"wrote {what} {path}")
+
+
+def _loss(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.6f}"
 
 
 def check_outputs(out: Path | None, timeline: Path | None, checkpoint_dir: Path | None) -> None:
@@ -115,9 +121,9 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
                        force=force, out=out, timeline_path=timeline, machine=machine_file)
     if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
         if json_out:
-            echo_json(outcome.run)
+            echo_json(outcome.record.to_dict())
         else:
-            print_run(outcome.run, out, timeline)
+            print_run(outcome.record, out, timeline)
     if env is not None:
         # Under torchrun this process was a rank: leave without interpreter finalization, where
         # gloo's threads can abort an otherwise successful rank (see planner.execute.worker).

@@ -18,11 +18,14 @@ import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from planner.demo_limit import LimitChoice, choose_memory_limit, partition_settings
 from planner.execute import trust
 from planner.units import format_bytes, format_ms
+
+if TYPE_CHECKING:
+    from planner.execute.results import RunRecord
 
 __all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread", "uniform_plan"]
 
@@ -122,11 +125,10 @@ class DemoResult:
 NOISE = 0.25  # step_spread of a run above this: flagged as noisy
 
 
-def step_spread(run: dict[str, Any]) -> float:
-    """(max - min) / median of the run's timed steps, as `pplan run` measures it (execute/trust.py);
-    0 with fewer than 3, too few to tell noise from a slow step."""
-    steps = run.get("step_ms") or []
-    measured = run.get("measured_steps") or list(range(len(steps)))
+def step_spread(steps: list[float], measured: list[int]) -> float:
+    """(max - min) / median of a run's timed steps (`measured` indexes `steps`; empty: all), as
+    `pplan run` measures it (execute/trust.py); 0 with fewer than 3, too few to tell noise from a slow step."""
+    measured = measured or list(range(len(steps)))
     if sum(0 <= i < len(steps) for i in measured) < 3:
         return 0.0
     pct = trust.step_spread(steps, measured)[3]
@@ -195,7 +197,7 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
     d.step(6, "running the re-planned pipeline to check the calibrated prediction")
     run2 = _run(d, final, "plan.json", "run.json", "measured_timeline.csv")
     uniform_pred, run3 = _uniform_step(d, profile, final, cal)
-    result = _result(d, limit, run1.run, run2.run, run3.run, sim, uniform_pred)
+    result = _result(d, limit, run1.record, run2.record, run3.record, sim, uniform_pred)
     d.step(8, f"writing the report to {out}")
     _report_step(d, profile, final, sim, run2, result)
     result = replace(result, elapsed_s=time.perf_counter() - d.started)
@@ -252,8 +254,8 @@ def _first_run_step(d: _Demo, profile: Any, limit: LimitChoice) -> tuple[Any, An
     d.step(4, f"running it: {d.s.steps} steps on {d.s.n_devices} processes, then calibrating the simulator")
     run1 = _run(d, first, "plan_first.json", "run_first.json", "measured_timeline_first.csv", calibrate=True)
     cal_path = calibration_path_for(d.data / "profile.csv")
-    d.emit(f"        measured {format_ms(run1.run['iteration_ms_measured'])}, predicted "
-           f"{format_ms(run1.run['iteration_ms_predicted'])}; calibration written to {cal_path}")
+    d.emit(f"        measured {format_ms(run1.record.iteration_ms_measured)}, predicted "
+           f"{format_ms(run1.record.iteration_ms_predicted)}; calibration written to {cal_path}")
     return first, run1, load_calibration(cal_path)
 
 
@@ -286,22 +288,22 @@ def _uniform_step(d: _Demo, profile: Any, final: Any, cal: Any) -> tuple[float, 
     return predicted, _run(d, uniform, "plan_uniform.json", "run_uniform.json", None)
 
 
-def _result(d: _Demo, limit: LimitChoice, run1: dict[str, Any], run2: dict[str, Any], run3: dict[str, Any],
+def _result(d: _Demo, limit: LimitChoice, run1: RunRecord, run2: RunRecord, run3: RunRecord,
             sim: Any, uniform_pred: float) -> DemoResult:
     """The numbers that matter, with a warning when the machine was busy."""
     runs = (("the first run", run1), ("the second run", run2), ("the uniform split's run", run3))
-    noisy = tuple(name for name, r in runs if step_spread(r) > NOISE)
+    noisy = tuple(name for name, r in runs if step_spread(r.step_ms, r.measured_steps) > NOISE)
     if noisy:
         d.emit(f"        warning: step times of {', '.join(noisy)} varied by more than {NOISE:.0%}: the machine "
                "seems busy with something else, so the times are noisy")
-    fit = run1.get("calibration_fit") or {}
-    peaks = [r.get("peak_memory_bytes_measured") for r in run2["ranks"]]
+    fit = run1.calibration_fit or {}
+    peaks = [r.peak_memory_bytes_measured for r in run2.ranks]
     return DemoResult(
         out_dir=d.out, html=d.out / "report.html", limit=limit,
-        first_predicted_ms=float(fit.get("predicted_ms_before") or run1["iteration_ms_predicted"]),
-        first_measured_ms=float(run1["iteration_ms_measured"]),
-        predicted_ms=float(sim.iteration_ms), measured_ms=float(run2["iteration_ms_measured"]),
-        uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3["iteration_ms_measured"]),
+        first_predicted_ms=float(fit.get("predicted_ms_before") or run1.iteration_ms_predicted),
+        first_measured_ms=float(run1.iteration_ms_measured),
+        predicted_ms=float(sim.iteration_ms), measured_ms=float(run2.iteration_ms_measured),
+        uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.iteration_ms_measured),
         peak_predicted_bytes=float(max(sim.peak_memory_bytes)),
         peak_measured_bytes=float(max(peaks)) if all(isinstance(p, (int, float)) for p in peaks) else None,
         elapsed_s=0.0, noisy=noisy,
@@ -316,7 +318,7 @@ def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, run2: Any, result
     s, data = d.s, d.data
     uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
     inputs = ReportInputs(
-        profile=profile, plan=final, sim=sim.to_dict(), run=run2.run, timeline=tuple(sim.timeline),
+        profile=profile, plan=final, sim=sim.to_dict(), run=run2.record, timeline=tuple(sim.timeline),
         measured_timeline=tuple(run2.timeline), sim_label="after calibration",
         extra_predictions=(("before calibration", uncalibrated_ms),),
         sources={"profile": str(data / "profile.csv"), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),

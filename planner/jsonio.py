@@ -21,6 +21,7 @@ from typing import Any
 from planner.errors import PplanError
 
 __all__ = [
+    "finite_or_null",
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "read_bounded_bytes",
@@ -181,3 +182,15 @@ def check_keys(data: Mapping[str, Any], known: Iterable[str], where: str, error:
             guess = nearest(str(key), known)
             hint = f"did you mean {guess!r}?" if guess else "known keys: " + ", ".join(known)
             raise error(f"{where}: unknown key {str(key)[:60]!r}", hint)
+
+
+def finite_or_null(obj: Any) -> Any:
+    """`obj` with every non-finite float (inf, nan) as None, through dicts, lists and tuples:
+    JSON has no inf or nan, and a file with them is refused by strict readers (this one too)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite_or_null(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite_or_null(v) for v in obj]
+    return obj

@@ -160,13 +160,12 @@ def test_fidelity_calibrated_needs_two_runs_per_case() -> None:
 
 
 def test_fidelity_calibrated_error_counts_only_runs_predicted_with_the_calibration() -> None:
-    from planner.bench.fidelity import _calibrated_error
+    from planner.bench.fidelity import calibrated_error
 
-    runs = [{"iteration_ms_predicted": 110.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile + calibration)"},
-            {"iteration_ms_predicted": 96.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile + calibration)"},
-            {"iteration_ms_predicted": 50.0, "iteration_ms_measured": 100.0, "prediction_source": "simulate(profile)"}]
-    assert _calibrated_error(runs) == (pytest.approx(3.0), 2)
-    assert _calibrated_error([]) == (None, 0)
+    runs = [(110.0, 100.0, "simulate(profile + calibration)"), (96.0, 100.0, "simulate(profile + calibration)"),
+            (50.0, 100.0, "simulate(profile)")]
+    assert calibrated_error(runs) == (pytest.approx(3.0), 2)
+    assert calibrated_error([]) == (None, 0)
 
 
 @pytest.mark.slow

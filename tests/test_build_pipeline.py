@@ -64,7 +64,7 @@ def test_example_under_torchrun_equals_pplan_run(tmp_path):
     assert f"step {steps}/{steps}" in res.stdout
     mine = json.loads((tmp_path / "losses.json").read_text())["losses"]
     run = run_plan(load_plan(path), RunOptions(steps=steps, warmup=1, device="cpu", threads=1, track_memory=False),
-                   plan_path=str(path)).run
+                   plan_path=str(path)).record.to_dict()
     # the same stages, schedule, data, optimizer and thread count: the same numbers
     assert mine == pytest.approx(run["losses"], rel=1e-12, abs=0)
 

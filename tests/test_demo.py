@@ -49,11 +49,11 @@ def test_uniform_comparison_plan_keeps_schedule_and_drops_limit_and_recompute():
 
 
 def test_step_spread_flags_a_run_disturbed_halfway_and_ignores_warmup():
-    steady = {"step_ms": [900.0] + [700.0 + (i % 3) for i in range(12)], "measured_steps": list(range(1, 13))}
-    assert step_spread(steady) < 0.01  # the slow first (warm-up) step does not count
-    disturbed = {"step_ms": [700.0] * 7 + [1100.0] * 6, "measured_steps": list(range(13))}
-    assert step_spread(disturbed) > NOISE
-    assert step_spread({"step_ms": [1.0, 2.0]}) == 0.0
+    steady = [900.0] + [700.0 + (i % 3) for i in range(12)]
+    assert step_spread(steady, list(range(1, 13))) < 0.01  # the slow first (warm-up) step does not count
+    assert step_spread(steady, []) > NOISE  # ... it does when every step is timed
+    assert step_spread([700.0] * 7 + [1100.0] * 6, list(range(13))) > NOISE
+    assert step_spread([1.0, 2.0], []) == 0.0
 
 
 def test_demo_help_and_readme_agree_on_folder_and_duration(pplan):

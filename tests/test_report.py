@@ -243,3 +243,84 @@ def test_plan_of_another_model_is_reported_not_fatal(tmp_path):
     assert "could not be simulated" in md and "8 layers" in md
     assert {f.key for f in rep.figures if not f.skipped} == {"4_baselines", "5_profile"}
     assert "not drawn: it covers 8 layers, the profile has 3" in md
+
+
+# ---- the run JSON is read as its typed record --------------------------------------------------
+
+def _run_file(tmp_path: Path, edit) -> Path:
+    """The fixture run JSON with `edit(data)` applied, written to a fresh file."""
+    data = json.loads(ALL["run"].read_text())
+    edit(data)
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def test_a_run_loads_as_its_record_with_its_values():
+    from planner.execute.results import RankRecord, RunRecord
+    from planner.report.inputs import load_run
+
+    data = json.loads(ALL["run"].read_text())
+    run = load_run(ALL["run"])
+    assert isinstance(run, RunRecord) and all(isinstance(r, RankRecord) for r in run.ranks)
+    assert run.iteration_ms_measured == data["iteration_ms_measured"] and run.step_ms == data["step_ms"]
+    assert [r.peak_memory_bytes_measured for r in run.ranks] == [r["peak_memory_bytes_measured"] for r in data["ranks"]]
+    assert run.diverged is None  # the fixture predates `diverged`: absent reads as not recorded
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(step_ms=[1.0, 2.0, "fast"]), r"run field 'step_ms' must be a list of numbers; item 2 is 'fast'"),
+    (lambda d: d.update(steps=8.5), r"run field 'steps' must be an integer, got 8.5"),
+    (lambda d: d.update(iteration_ms_measured=None), r"run field 'iteration_ms_measured' must be a number, got None"),
+    (lambda d: d["ranks"][1].update(busy_ms="12"), r"ranks\[1\] field 'busy_ms' must be a number, got '12'"),
+    (lambda d: d["ranks"][0].update(rank=True), r"ranks\[0\] field 'rank' must be an integer, got True"),
+    (lambda d: d["ranks"][0].update(stages="0"), r"ranks\[0\] field 'stages' must be a list of integers"),
+    (lambda d: d["ranks"][0]["memory_measured"].update(weights="1 GB"),
+     r"ranks\[0\]\.memory_measured\.weights must be a number of bytes, got '1 GB'"),
+    (lambda d: d.update(diverged={"step": 3, "los": "nan"}), r"diverged: unknown key 'los'; did you mean 'loss'\?"),
+    (lambda d: d.pop("step_ms"), r"missing 1 required positional argument: 'step_ms'"),
+    (lambda d: d["ranks"][0].pop("busy_ms"), r"missing 1 required positional argument: 'busy_ms'"),
+    (lambda d: d.update(ranks={"0": {}}), r"ranks must be a list of objects"),
+])
+def test_a_bad_run_is_one_line_naming_the_field(tmp_path, edit, message):
+    path = _run_file(tmp_path, edit)
+    with pytest.raises(PplanError, match=message) as caught:
+        load_inputs(run=path)
+    line = caught.value.one_line()
+    assert line.startswith(str(path)) and "\n" not in line and len(line) < 400
+
+
+def test_a_byte_count_written_as_a_float_loads():
+    from planner.report.inputs import parse_run
+
+    data = json.loads(ALL["run"].read_text())
+    data["ranks"][0]["peak_memory_bytes_predicted"] = 1.5e6  # the plan's predicted memory may be any number
+    assert parse_run(data).ranks[0].peak_memory_bytes_predicted == 1.5e6
+
+
+def test_report_inputs_take_a_run_record_only():
+    from planner.execute.results import RunRecord
+    from planner.report.inputs import ReportInputs, load_run
+
+    record = load_run(ALL["run"])
+    with pytest.raises(TypeError, match="must be a RunRecord, got dict"):
+        ReportInputs(run=record.to_dict())
+    again = ReportInputs(run=RunRecord.from_dict(record.to_dict()))  # what `pplan demo` hands over
+    assert again.run == record
+
+
+def test_summary_and_fit_read_the_records_fields(tmp_path):
+    from planner.calibration import Calibration
+    from planner.report.derive import fitted_on_run
+    from planner.report.inputs import ReportInputs, load_run
+    from planner.report.summary import key_numbers, peak_rows
+
+    run = load_run(_run_file(tmp_path, lambda d: d.update(iteration_ms_measured=250.0, measured_steps=[5, 6, 7])))
+    rows = dict(key_numbers(ReportInputs(run=run)))
+    assert rows["measured iteration time"].endswith("(median of 3 timed steps)")
+    assert rows["prediction error (plan)"].startswith(f"{(run.iteration_ms_predicted - 250.0) / 250.0:+.1%}")
+    assert [(dev, meas) for dev, _pred, meas, _lim in peak_rows(ReportInputs(run=run))] == \
+        [(r.rank, float(r.peak_memory_bytes_measured)) for r in run.ranks]
+    assert fitted_on_run(Calibration(fitted_from={"run": "elsewhere.json", "measured_ms": 250.0}), run)
+    assert not fitted_on_run(Calibration(fitted_from={"run": "elsewhere.json", "measured_ms": 251.0}), run)
+    assert not fitted_on_run(Calibration(fitted_from={"measured_ms": 250.0}), None)

@@ -28,7 +28,7 @@ def test_resumed_run_equals_uninterrupted(tmp_path):
 
     def run(root, steps):
         return run_plan(plan, RunOptions(steps=steps, warmup=0, device="cpu", lr=1e-2, checkpoint_dir=str(root),
-                                         checkpoint_every=2), plan_path=str(plan_path)).run
+                                         checkpoint_every=2), plan_path=str(plan_path)).record.to_dict()
 
     full = run(tmp_path / "a", 4)
     first = run(tmp_path / "b", 2)

@@ -107,7 +107,7 @@ def test_dp2_pp2_equals_single_process_accumulation(tmp_path, model, schedule, c
     plan = load_plan(path)
     opts = RunOptions(steps=steps, warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS,
                       checkpoint_dir=str(tmp_path / "ck"))
-    run = run_plan(plan, opts, plan_path=str(path)).run
+    run = run_plan(plan, opts, plan_path=str(path)).record.to_dict()
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref_layers = reference_run(plan, steps, lr=1e-2)
     assert run["n_ranks"] == 4 and run["dp"] == 2
@@ -136,7 +136,7 @@ def test_dp2_pp2_synthetic_on_four_processes(tmp_path):
     plan = load_plan(path)
     outcome = run_plan(plan, RunOptions(steps=4, warmup=1, device="cpu", threads=1), plan_path=str(path),
                        use_machine=False)
-    run = outcome.run
+    run = outcome.record.to_dict()
     assert run["n_ranks"] == 4 and run["dp"] == 2 and len(run["ranks"]) == 4
     assert [(r["rank"], r["replica"], r["device"]) for r in run["ranks"]] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert run["loss_steps"] == [0, 1, 2, 3] and all(v is not None for v in run["losses"])
@@ -160,7 +160,7 @@ def test_a_checkpoint_resumes_with_more_replicas(tmp_path):
     opts = dict(warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS, checkpoint_dir=str(ck))
     run_plan(one, RunOptions(steps=2, **opts), plan_path=str(tmp_path / "one.json"))
     two = load_plan(dp_plan(tmp_path / "two.json", *common, **kw))
-    run = run_plan(two, RunOptions(steps=4, **opts), plan_path=str(tmp_path / "two.json")).run
+    run = run_plan(two, RunOptions(steps=4, **opts), plan_path=str(tmp_path / "two.json")).record.to_dict()
     assert run["dp"] == 2 and run["first_step"] == 2
     step, folder = latest_checkpoint(ck, two)
     assert step == 4 and json.loads((folder / "COMPLETE.json").read_text())["dp"] == 2

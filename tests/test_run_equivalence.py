@@ -61,7 +61,7 @@ def test_pipelined_run_equals_single_process_accumulation(tmp_path, model, sched
     opts = RunOptions(steps=STEPS, warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS,
                       checkpoint_dir=str(tmp_path / "ck"))
     outcome = run_plan(plan, opts, plan_path=str(tmp_path / "plan.json"))
-    run = outcome.run
+    run = outcome.record.to_dict()
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref_layers = reference_run(plan, STEPS, lr=1e-2)
     assert run["loss_steps"] == list(range(STEPS))

@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import hashlib
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from planner.errors import PplanError
+
+if TYPE_CHECKING:
+    from planner.execute.results import RunRecord
 
 __all__ = ["profile_to", "candidate_plan", "run_measured"]
 
@@ -51,8 +54,8 @@ def candidate_plan(plan: Any, cand: Any) -> Any:
 
 
 def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: int, device: str = "cpu",
-                 timeout_s: float = 300.0, calibrate: bool = False) -> dict[str, Any]:
-    """Run `plan` with the executor; the run JSON, or {'error': one line} when it failed.
+                 timeout_s: float = 300.0, calibrate: bool = False) -> RunRecord | str:
+    """Run `plan` with the executor: the run's record, or one line saying why it failed.
     `calibrate`: as `pplan run --calibrate`, fit a calibration from this run and write it beside
     the plan's profile, where later runs of plans on that profile predict with it."""
     from planner.execute.options import RunOptions
@@ -65,5 +68,5 @@ def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: in
     try:
         outcome = run_plan(plan, opts, plan_path=str(plan_path))
     except PplanError as e:  # one failed run is a row of the table, not the end of the bench
-        return {"error": e.one_line()}
-    return outcome.run if outcome is not None else {"error": "no result on this rank"}
+        return e.one_line()
+    return outcome.record if outcome is not None else "no result on this rank"

@@ -42,7 +42,7 @@ from planner.errors import PplanError
 from planner.hostinfo import usable_cores
 from planner.schedules.registry import SCHEDULE_NAMES
 
-__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "fidelity_figure", "select_grid"]
+__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "calibrated_error", "fidelity_figure", "select_grid"]
 
 _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/10/6/8/12/6/8/10/6/8/10/6/12/8/6/10,"
           "param_bytes=2MB,act_bytes=1MB")
@@ -219,33 +219,35 @@ def _fidelity_row(g: FidelityPoint, name: str, m: int, prof: Any, work: Path, *,
                 None, None, None, 0) + _NO_RUN, (None, None, None)
     runs = [run_measured(plan, work, f"{case}-{k}", steps=steps, warmup=warmup, device=device,
                          calibrate=calibrated and k == 0) for k in range(repeats)]
-    failed = [r for r in runs if "error" in r]
+    failed = [r for r in runs if isinstance(r, str)]
     if failed:
-        return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0]["error"][:200],
+        return (g.label, g.devices, name, m, None, None, None, None, None, None, failed[0][:200],
                 None, None, None, len(runs) - len(failed)) + _NO_RUN, (None, None, None)
-    meds = [r["iteration_ms_measured"] for r in runs if r.get("iteration_ms_measured")]
-    run = runs[0]
-    bare = runs[:1] if calibrated else runs  # the ratios of measured to the profile's own times, no calibration
-    pred, meas = run.get("iteration_ms_predicted"), (statistics.median(meds) if meds else None)
+    done = [r for r in runs if not isinstance(r, str)]
+    meds = [r.iteration_ms_measured for r in done if r.iteration_ms_measured]
+    run = done[0]
+    bare = done[:1] if calibrated else done  # the ratios of measured to the profile's own times, no calibration
+    pred, meas = run.iteration_ms_predicted, (statistics.median(meds) if meds else None)
     errs = [e for e in (_pct(pred, x) for x in meds) if e is not None]
-    mem_errs = [_pct(r.get("peak_memory_bytes_predicted"), r.get("peak_memory_bytes_measured")) for r in run["ranks"]]
+    mem_errs = [_pct(r.peak_memory_bytes_predicted, r.peak_memory_bytes_measured) for r in run.ranks]
     mem_errs_signed = [e for e in mem_errs if e is not None]
-    peaks_p = [r.get("peak_memory_bytes_predicted") or 0 for r in run["ranks"]]
-    peaks_m = [r.get("peak_memory_bytes_measured") or 0 for r in run["ranks"]]
-    rss = [r.get("peak_memory_bytes_rss") for r in run["ranks"] if r.get("peak_memory_bytes_rss") is not None]
+    peaks_p = [r.peak_memory_bytes_predicted or 0 for r in run.ranks]
+    peaks_m = [r.peak_memory_bytes_measured or 0 for r in run.ranks]
+    rss = [r.peak_memory_bytes_rss for r in run.ranks if r.peak_memory_bytes_rss is not None]
+    later = [(r.iteration_ms_predicted, r.iteration_ms_measured, r.prediction_source) for r in done[1:]]
     return (g.label, g.devices, name, m, pred, meas, _pct(pred, meas), max(peaks_p), max(peaks_m),
             _mape(mem_errs), None, min(meds) if meds else None, max(meds) if meds else None,
-            (max(errs) - min(errs)) if errs else None, len(runs), _median_of(bare, "compute_ratio"),
-            _median_of(bare, "compute_ratio_cpu"), max(rss) if rss else None, _median_of(runs, "load_average"),
-            run.get("prediction_source")), ((_calibrated_error(runs[1:]) if calibrated else (None, None))
-                                            + (_worst(mem_errs_signed),))
+            (max(errs) - min(errs)) if errs else None, len(runs), _median_of([r.compute_ratio for r in bare]),
+            _median_of([r.compute_ratio_cpu for r in bare]), max(rss) if rss else None,
+            _median_of([r.load_average for r in done]), run.prediction_source), \
+        ((calibrated_error(later) if calibrated else (None, None)) + (_worst(mem_errs_signed),))
 
 
-def _calibrated_error(runs: list[dict[str, Any]]) -> tuple[float | None, int]:
-    """(median error, runs) of the runs predicted with the first run's calibration; a run that
-    did not predict from it (no calibration was written) does not count."""
-    errs = [_pct(r.get("iteration_ms_predicted"), r.get("iteration_ms_measured")) for r in runs
-            if "calibration" in str(r.get("prediction_source"))]
+def calibrated_error(runs: list[tuple[float | None, float | None, str | None]]) -> tuple[float | None, int]:
+    """(median error %, runs counted) over (predicted ms, measured ms, prediction source) of the
+    runs after a case's first: only those predicted with the first run's calibration count (a run
+    that did not predict from one, because none was written, does not)."""
+    errs = [_pct(pred, meas) for pred, meas, source in runs if "calibration" in str(source)]
     errs = [e for e in errs if e is not None]
     return (statistics.median(errs) if errs else None), len(errs)
 
@@ -262,8 +264,8 @@ def _worst(errors: list[float]) -> float | None:
     return max(errors, key=abs) if errors else None
 
 
-def _median_of(runs: list[dict[str, Any]], key: str) -> float | None:
-    vals = [r[key] for r in runs if isinstance(r.get(key), (int, float))]
+def _median_of(values: list[float | None]) -> float | None:
+    vals = [v for v in values if isinstance(v, (int, float))]
     return statistics.median(vals) if vals else None
 
 

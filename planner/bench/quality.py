@@ -18,10 +18,13 @@ import math
 import tempfile
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from planner.bench.table import Table
 from planner.errors import InfeasibleError, PplanError
+
+if TYPE_CHECKING:
+    from planner.execute.results import RunRecord
 
 __all__ = ["bench_quality", "bench_quality_measured", "find_profiles", "MEASURED_CONFIGS"]
 
@@ -175,8 +178,8 @@ def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASUR
                 best = _best(result.search, b)
                 if best is not None:
                     plans.append((b, candidate_plan(result.plan, best)))
-            seen: dict[tuple, dict[str, Any]] = {}
-            measured: dict[str, dict[str, Any]] = {}
+            seen: dict[tuple, RunRecord | str] = {}
+            measured: dict[str, RunRecord | str] = {}
             for method, plan in plans:
                 key = (plan.schedule, plan.n_microbatches, tuple(st.layers for st in plan.stages),
                        tuple(st.recompute for st in plan.stages))
@@ -184,16 +187,16 @@ def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASUR
                     say(f"quality --measured: {label} on {n} devices, {method} plan ({plan.schedule}, M={plan.n_microbatches})")
                     seen[key] = run_measured(plan, work, f"q{k}-{method}", steps=steps, warmup=warmup, device=device)
                 measured[method] = seen[key]
-            ref = measured["pplan"].get("iteration_ms_measured")
+            ref = _measured_ms(measured["pplan"])
             for method, plan in plans:
                 run = measured[method]
-                meas = run.get("iteration_ms_measured")
-                peaks = [r.get("peak_memory_bytes_measured") for r in run.get("ranks", [])]
+                meas = _measured_ms(run)
+                peaks = [r.peak_memory_bytes_measured for r in run.ranks] if not isinstance(run, str) else []
                 rows.append((label, n, method, plan.schedule, plan.n_microbatches,
                              "/".join(str(st.layers[1] - st.layers[0]) for st in plan.stages),
                              plan.predicted.iteration_ms if plan.predicted else None, meas,
                              (meas / ref) if meas and ref else None,
-                             max((p for p in peaks if p is not None), default=None), run.get("error")))
+                             max((p for p in peaks if p is not None), default=None), run if isinstance(run, str) else None))
     return Table(
         name="quality_measured",
         title="Plan quality, measured: iteration time of each plan trained on the executor",
@@ -207,3 +210,8 @@ def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASUR
             "Models: " + "; ".join(f"{lab} = {spec}" for lab, spec in dict((c[0], c[1]) for c in configs).items()),
         ),
     )
+
+
+def _measured_ms(run: RunRecord | str) -> float | None:
+    """A run's measured step time; None for a run that failed (its one-line reason instead)."""
+    return None if isinstance(run, str) else run.iteration_ms_measured

@@ -219,14 +219,14 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
         write_plan(plan, plan_path)
         opts = RunOptions(steps=steps, warmup=3, device="cpu", threads=threads, calibrate=last, track_memory=False)
         outcome = run_plan(plan, opts, plan_path=str(plan_path), use_machine=False)
-        run = outcome.run
+        run = outcome.record
         if last:
-            bws = [c["bandwidth_bytes_per_s"] for c in run.get("comm") or [] if c.get("bandwidth_bytes_per_s")]
+            bws = [c["bandwidth_bytes_per_s"] for c in run.comm if c.get("bandwidth_bytes_per_s")]
             bandwidth = statistics.median(bws) if bws else None
-        gaps += [g for _, g in run.get("transfer_gaps") or []]
-        actions += [v for r in run["ranks"] for k, v in (r.get("action_ms") or {}).items() if k[-1] in "FBIW"]
-        rows.append({"schedule": schedule, "microbatches": m, "measured_ms": run["iteration_ms_measured"],
-                     "step_spread_pct": run.get("step_spread_pct"), "plan": plan})
+        gaps += [g for _, g in run.transfer_gaps]
+        actions += [v for r in run.ranks for k, v in r.action_ms.items() if k[-1] in "FBIW"]
+        rows.append({"schedule": schedule, "microbatches": m, "measured_ms": run.iteration_ms_measured,
+                     "step_spread_pct": run.step_spread_pct, "plan": plan})
     latency = statistics.median(gaps) if gaps else 0.0
     bw = bandwidth or 1e9
     for row in rows:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 from planner.errors import PplanError
-from planner.jsonio import check_keys
+from planner.jsonio import check_keys, finite_or_null
 from planner.plan import Plan
 from planner.execute.mesh import world_size
 from planner.execute.trust import (  # re-exported: the run record carries their verdicts
@@ -201,7 +201,7 @@ class RunRecord:
                 continue
             value = getattr(self, f.name)
             out[f.name] = [r.to_dict() for r in value] if f.name == "ranks" else value
-        return out
+        return finite_or_null(out)  # JSON has no inf/nan: a diverged run's non-finite loss is null
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "RunRecord":

@@ -1,7 +1,7 @@
 """`pplan run` as a library call: check, launch (or join torchrun), measure, compare, calibrate.
 
     outcome = run_plan(plan, RunOptions(steps=10), plan_path="plan.json")
-    outcome.run["iteration_ms_measured"], outcome.run["error_pct"]
+    outcome.record.iteration_ms_measured, outcome.record.error_pct
 
 Locally it starts one process per plan device; under torchrun (RANK and WORLD_SIZE set) this
 process is one rank: it joins the job and rank 0 writes the results.
@@ -48,16 +48,14 @@ __all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_
 class RunOutcome:
     """What a run produced (on rank 0, or the local launcher)."""
 
-    run: dict[str, Any]
-    """The run JSON (`record.to_dict()`, non-finite numbers as null)."""
+    record: RunRecord
+    """The run (`record.to_dict()` is the run JSON that --out writes)."""
     timeline: list[TimelineRow]
     """The measured timeline (one step after warm-up)."""
     calibration: Calibration | None = None
     """The calibration fitted from this run (--calibrate)."""
     calibration_path: str | None = None
     """Where it was written."""
-    record: RunRecord | None = None
-    """The run as a typed record."""
 
 
 def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = None,
@@ -136,14 +134,13 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                           + co_run_warnings(records, pf, record.compute_ratio))
     rows = measured_timeline(replica0(records))
     if record.diverged:
-        _write(_finite(record.to_dict()), rows, out, timeline_path)
+        _write(record, rows, out, timeline_path)
         raise _diverged_error(record.diverged, plan, opts, out)
     fitted, cal_path = None, None
     if opts.calibrate and pf.profile is not None:
         record, fitted, cal_path = _calibrate_from(record, plan, pf, used_cal, out)
-    run = _finite(record.to_dict())
-    _write(run, rows, out, timeline_path)
-    return RunOutcome(run=run, timeline=rows, calibration=fitted, calibration_path=cal_path, record=record)
+    _write(record, rows, out, timeline_path)
+    return RunOutcome(record=record, timeline=rows, calibration=fitted, calibration_path=cal_path)
 
 
 def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_path: str | None,
@@ -284,10 +281,10 @@ def co_run_warnings(records: list[dict[str, Any]], pf: Preflight, compute_ratio:
             f"down; re-profile with --co-run {want} (docs/simulator.md)"]
 
 
-def _write(run: dict[str, Any], rows: list[TimelineRow], out: str | os.PathLike | None,
+def _write(record: RunRecord, rows: list[TimelineRow], out: str | os.PathLike | None,
            timeline_path: str | os.PathLike | None) -> None:
     if out is not None:
-        atomic_write_text(out, json.dumps(run, indent=2, allow_nan=False) + "\n")
+        atomic_write_text(out, json.dumps(record.to_dict(), indent=2, allow_nan=False) + "\n")
     if timeline_path is not None:
         from planner.simulation.timeline import write_timeline
 
@@ -347,17 +344,6 @@ def _signals_end_the_run():
         if not fired:
             for sig, h in old.items():
                 signal.signal(sig, h)
-
-
-def _finite(obj: Any) -> Any:
-    """The run with non-finite numbers as null (JSON has no inf/nan)."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
 
 
 def _cal_dict(cal: Calibration | None) -> dict[str, Any] | None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import PplanError
+from planner.execute.results import RunRecord
 from planner.report.inputs import ReportInputs, TimelineRow
 
 __all__ = ["Derived", "derive", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
@@ -57,9 +58,9 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
     return sorted(chosen)
 
 
-def fitted_on_run(cal: Any, run: dict[str, Any] | None, run_source: str | None = None) -> bool:
+def fitted_on_run(cal: Any, run: RunRecord | None, run_source: str | None = None) -> bool:
     """Whether `cal` was fitted on `run` (same file, or the same measured iteration time)."""
-    if cal is None or not run or not cal.fitted_from:
+    if cal is None or run is None or not cal.fitted_from:
         return False
     src = cal.fitted_from.get("run")
     if src and run_source:
@@ -68,7 +69,7 @@ def fitted_on_run(cal: Any, run: dict[str, Any] | None, run_source: str | None =
                 return True
         except OSError:
             pass
-    a, b = cal.fitted_from.get("measured_ms"), run.get("iteration_ms_measured")
+    a, b = cal.fitted_from.get("measured_ms"), run.iteration_ms_measured
     return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-6 * max(abs(b), 1.0)
 
 

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.execute.results import RankRecord
 from planner.report.fig_memory import draw_limit_marks
 from planner.report.inputs import ReportInputs
 from planner.report.style import (
@@ -29,15 +30,15 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
     """(label, iteration ms, color) of each distinct prediction to compare the steps with."""
     lines: list[tuple[str, float, str]] = []
-    run = inputs.run or {}
-    run_pred = run.get("iteration_ms_predicted")
+    run = inputs.run
+    run_pred = run.iteration_ms_predicted if run is not None else None
     sim_pred = inputs.sim.get("iteration_ms") if inputs.sim else None
     same = (isinstance(run_pred, (int, float)) and isinstance(sim_pred, (int, float))
             and abs(sim_pred - run_pred) <= 1e-3 * max(sim_pred, 1e-9))
     if isinstance(run_pred, (int, float)) and run_pred > 0:
         # One number from two files is one line, named after the simulation when it was named.
         label = inputs.sim_label if same and inputs.sim_label != "simulation" else "predicted at run time"
-        if run.get("calibration") and "calibrat" not in label:
+        if run.calibration and "calibrat" not in label:
             label += " (calibrated)"
         lines.append((label, float(run_pred), PREDICTED_COLOR))
     if isinstance(sim_pred, (int, float)) and sim_pred > 0 and not same:
@@ -57,9 +58,8 @@ def caption(inputs: ReportInputs) -> str:
                if inputs.sim_is_fit else ""))
 
 
-def _rank_rows(inputs: ReportInputs) -> list[dict]:
-    return sorted((r for r in inputs.run.get("ranks", []) or [] if isinstance(r.get("rank"), int)),
-                  key=lambda r: r["rank"])
+def _rank_rows(inputs: ReportInputs) -> list[RankRecord]:
+    return sorted(inputs.run.ranks, key=lambda r: r.rank)
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
@@ -71,21 +71,21 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
     if ranks:
         x = np.arange(len(ranks))
-        labels = [f"dev {r['rank']}" for r in ranks]
-        pred_busy = [float(r.get("busy_ms_predicted") or sim_devices.get(r.get("device", r["rank"]), {}).get("busy_ms")
-                           or np.nan) for r in ranks]
-        meas_busy = [float(r.get("busy_ms") or np.nan) for r in ranks]
+        labels = [f"dev {r.rank}" for r in ranks]
+        pred_busy = [float(r.busy_ms_predicted or sim_devices.get(r.device, {}).get("busy_ms") or np.nan)
+                     for r in ranks]
+        meas_busy = [float(r.busy_ms or np.nan) for r in ranks]
         _paired_bars(ax_busy, x, pred_busy, meas_busy, w, 1.0)
         ax_busy.set_xticks(x, labels)
         ax_busy.set_ylabel("busy time per iteration (ms)")
         ax_busy.set_title("Busy time per device")
 
-        pred_mem = [float(r.get("peak_memory_bytes_predicted")
-                          or sim_devices.get(r["rank"], {}).get("peak_memory_bytes") or np.nan) for r in ranks]
-        meas_mem = [float(r.get("peak_memory_bytes_measured") or np.nan) for r in ranks]
-        limits = [sim_devices.get(r["rank"], {}).get("memory_limit_bytes") for r in ranks]
+        pred_mem = [float(r.peak_memory_bytes_predicted or sim_devices.get(r.rank, {}).get("peak_memory_bytes")
+                          or np.nan) for r in ranks]
+        meas_mem = [float(r.peak_memory_bytes_measured or np.nan) for r in ranks]
+        limits = [sim_devices.get(r.rank, {}).get("memory_limit_bytes") for r in ranks]
         if inputs.plan is not None:
-            limits = [lim or (inputs.plan.devices[r["rank"]].memory_bytes if r["rank"] < inputs.plan.n_devices else None)
+            limits = [lim or (inputs.plan.devices[r.rank].memory_bytes if 0 <= r.rank < inputs.plan.n_devices else None)
                       for lim, r in zip(limits, ranks)]
         top = np.nanmax(pred_mem + meas_mem + [float(v) for v in limits if v] + [1.0])
         div, unit = bytes_axis(top)
@@ -120,17 +120,17 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     return fig
 
 
-def _has_breakdowns(ranks: list[dict]) -> bool:
-    return all(isinstance(r.get("memory_predicted"), dict) and isinstance(r.get("memory_measured"), dict) for r in ranks)
+def _has_breakdowns(ranks: list[RankRecord]) -> bool:
+    return all(r.memory_predicted is not None and r.memory_measured is not None for r in ranks)
 
 
-def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[dict], w: float, div: float,
+def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[RankRecord], w: float, div: float,
                    floors: list[float] | None = None) -> None:
     """Predicted (left, solid) and measured (right, hatched) bars per device, stacked by kind."""
     for offset, key, hatch in ((-w / 2, "memory_predicted", None), (w / 2, "memory_measured", "///")):
         bottom = np.zeros(len(ranks))
         for part in MEMORY_PARTS:
-            values = np.array([float(r[key].get(part) or 0) for r in ranks]) / div
+            values = np.array([float(getattr(r, key).get(part) or 0) for r in ranks]) / div
             ax.bar(x + offset, values, bottom=bottom, width=w, color=MEMORY_COLORS[part], hatch=hatch,
                    edgecolor="white", lw=0.3, label=part if hatch is None else None)
             bottom += values
@@ -159,12 +159,8 @@ def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w
 
 
 def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
-    steps = [float(s) for s in inputs.run.get("step_ms", []) or []]
-    timed = inputs.run.get("measured_steps")
-    if not isinstance(timed, list):  # older run files: everything after the warm-up count
-        warm = inputs.run.get("warmup") if isinstance(inputs.run.get("warmup"), int) else 0
-        timed = list(range(warm, len(steps)))
-    timed_set = {i for i in timed if isinstance(i, int)}
+    steps = [float(s) for s in inputs.run.step_ms]
+    timed_set = set(inputs.run.measured_steps)
     if steps:
         idx = np.arange(1, len(steps) + 1)
         ax.plot(idx, steps, color=MEASURED_COLOR, lw=1.0, alpha=0.6)
@@ -174,8 +170,8 @@ def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
         if u:
             ax.plot(idx[u], np.array(steps)[u], marker="o", ms=5, mfc="white", color=MEASURED_COLOR, ls="none",
                     label="warm-up step (not timed)")
-    measured = inputs.run.get("iteration_ms_measured")
-    if isinstance(measured, (int, float)) and np.isfinite(measured):
+    measured = inputs.run.iteration_ms_measured
+    if measured is not None and np.isfinite(measured):
         ax.axhline(measured, color=MEASURED_COLOR, ls=":", lw=1.4, label=f"measured median {measured:.1f} ms")
     else:
         measured = None

@@ -44,10 +44,10 @@ def _has_timeline(inputs: ReportInputs) -> bool:
 
 def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
     out: dict[int, float] = {}
-    for r in (inputs.run or {}).get("ranks", []) or []:
-        value = r.get("peak_memory_bytes_measured")
-        if isinstance(r.get("rank"), int) and isinstance(value, (int, float)) and value > 0:
-            out[r["rank"]] = float(value)
+    for r in inputs.run.ranks if inputs.run is not None else ():
+        value = r.peak_memory_bytes_measured
+        if value is not None and value > 0:
+            out[r.rank] = float(value)
     return out
 
 

@@ -26,12 +26,10 @@ def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | Non
         dev = d.get("device")
         if isinstance(dev, int):
             rows[dev] = [d.get("peak_memory_bytes"), None, d.get("memory_limit_bytes")]
-    for r in (inputs.run or {}).get("ranks", []) or []:
-        dev = r.get("rank")
-        if isinstance(dev, int):
-            row = rows.setdefault(dev, [None, None, None])
-            row[0] = row[0] or r.get("peak_memory_bytes_predicted")
-            row[1] = r.get("peak_memory_bytes_measured")
+    for r in inputs.run.ranks if inputs.run is not None else ():
+        row = rows.setdefault(r.rank, [None, None, None])
+        row[0] = row[0] or r.peak_memory_bytes_predicted
+        row[1] = r.peak_memory_bytes_measured
     if inputs.plan is not None:
         for i, device in enumerate(inputs.plan.devices):
             if i in rows and rows[i][2] is None:
@@ -66,13 +64,13 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
         rows.append(("predicted bubble fraction", f"{sim['bubble_fraction']:.1%}"))
     if isinstance(sim.get("throughput_samples_per_s"), (int, float)):
         rows.append(("predicted throughput", f"{sim['throughput_samples_per_s']:.1f} samples/s"))
-    run = inputs.run or {}
-    measured = run.get("iteration_ms_measured")
-    if isinstance(measured, (int, float)) and measured > 0:
-        timed = run.get("measured_steps")
-        note = f" (median of {len(timed)} timed steps)" if isinstance(timed, list) and timed else ""
+    run = inputs.run
+    measured = run.iteration_ms_measured if run is not None else None
+    if measured is not None and measured > 0:
+        timed = run.measured_steps
+        note = f" (median of {len(timed)} timed steps)" if timed else ""
         rows.append(("measured iteration time", format_ms(measured) + note))
-        run_pred = run.get("iteration_ms_predicted")
+        run_pred = run.iteration_ms_predicted
         # Signed like the run JSON's error_pct: (predicted - measured) / measured.
         if isinstance(run_pred, (int, float)) and run_pred > 0:
             rows.append(("prediction error (plan)", f"{(run_pred - measured) / measured:+.1%} "
