@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 
@@ -24,14 +23,12 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
     from planner.calibration import calibration_path_for, find_calibration, write_calibration
     from planner.errors import PplanError
     from planner.execute.calibrate import fit_calibration
-    from planner.plan import resolve_profile_path
-    from planner.jsonio import read_json_file
-    from planner.plan import load_plan
+    from planner.execute.runfile import load_run
+    from planner.plan import load_plan, resolve_profile_path
     from planner.profiling.profile import load_profile
 
     plan = load_plan(plan_path)
-    run = read_json_file(run_path, "run", PplanError)
-    _check_run(run, plan, str(run_path))
+    run = load_run(run_path)  # every key and value checked; what the fit needs, checked by it
     path = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
     if path is None:
         raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
@@ -48,59 +45,6 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
                    f"step_overhead {cal.step_overhead_ms:.3f} ms")
         typer.echo(f"prediction error on {run_path}: before {report['error_pct_before']:+.1f}%, after {report['error_pct_after']:+.1f}%")
         typer.echo(f"wrote {target}")
-
-
-_NOT_A_RUN = "give the JSON that `pplan run --out` wrote"
-
-
-def _number(value: Any, where: str, *, positive: bool = False) -> None:
-    from planner.errors import PplanError
-
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0 \
-            or (positive and value == 0):
-        raise PplanError(f"{where} is {str(value)[:40]!r}, not a {'positive' if positive else 'non-negative'} finite number", _NOT_A_RUN)
-
-
-def _check_run(run: Any, plan: Any, source: str) -> None:
-    """The fields fit_calibration reads, checked: a hand-edited or foreign run fails on one line."""
-    from planner.errors import PplanError
-
-    if not isinstance(run, dict) or "iteration_ms_measured" not in run or "ranks" not in run:
-        raise PplanError(f"{source} is not a run JSON", _NOT_A_RUN)
-    _number(run["iteration_ms_measured"], f"{source}: iteration_ms_measured", positive=True)
-    ranks = run["ranks"]
-    if not isinstance(ranks, list) or not ranks:
-        raise PplanError(f"{source}: ranks must be a non-empty list", _NOT_A_RUN)
-    for i, rank in enumerate(ranks):
-        where = f"{source}: ranks[{i}]"
-        if not isinstance(rank, dict) or not isinstance(rank.get("stages"), list):
-            raise PplanError(f"{where} must be an object with a list of stages", _NOT_A_RUN)
-        for s in rank["stages"]:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < plan.n_stages:
-                raise PplanError(f"{where}: stage {repr(s)[:40]} is not a stage of the plan (0..{plan.n_stages - 1})",
-                                 "give the run of this plan")
-        acts = rank.get("action_ms")
-        if acts is not None and not isinstance(acts, dict):
-            raise PplanError(f"{where}: action_ms must be an object", _NOT_A_RUN)
-        for key, value in (acts or {}).items():
-            _number(value, f"{where}: action_ms[{str(key)[:20]!r}]")
-    comm = run.get("comm") or []
-    if not isinstance(comm, list):
-        raise PplanError(f"{source}: comm must be a list", _NOT_A_RUN)
-    for i, c in enumerate(comm):
-        if not isinstance(c, dict) or "latency_ms" not in c:
-            raise PplanError(f"{source}: comm[{i}] must be an object with latency_ms", _NOT_A_RUN)
-        _number(c["latency_ms"], f"{source}: comm[{i}].latency_ms")
-        if c.get("bandwidth_bytes_per_s") is not None:
-            _number(c["bandwidth_bytes_per_s"], f"{source}: comm[{i}].bandwidth_bytes_per_s")
-    gaps = run.get("transfer_gaps") or []
-    if not isinstance(gaps, list):
-        raise PplanError(f"{source}: transfer_gaps must be a list", _NOT_A_RUN)
-    for i, g in enumerate(gaps):
-        if not isinstance(g, list) or len(g) != 2:
-            raise PplanError(f"{source}: transfer_gaps[{i}] must be a [bytes, ms] pair", _NOT_A_RUN)
-        for v in g:
-            _number(v, f"{source}: transfer_gaps[{i}]")
 
 
 def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:

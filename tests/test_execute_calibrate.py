@@ -12,7 +12,7 @@ from planner.calibration import Calibration
 from planner.execute.calibrate import fit_calibration, fit_compute
 from planner.execute.commbench import fit_line
 from planner.errors import PplanError
-from planner.execute.results import (RunRecord, assemble_record, assemble_run, error_pct, measured_timeline, step_spread,
+from planner.execute.results import (RankRecord, RunRecord, assemble_record, assemble_run, error_pct, measured_timeline, step_spread,
                                      transfer_gaps, trust_warnings)
 from planner.plan import Device, Plan, StagePlan
 from planner.profiling.profile import make_profile
@@ -35,6 +35,17 @@ def _plan(schedule="1f1b") -> Plan:
     return Plan(schedule=schedule, micro_batch_size=2, n_microbatches=4,
                 stages=(StagePlan(0, (0, 1)), StagePlan(1, (1, 3)), StagePlan(2, (3, 4))),
                 devices=(Device("a"), Device("b"), Device("c")), model="mlp:layers=4")
+
+
+def _run(measured_ms: float, ranks: list[dict], **fields) -> RunRecord:
+    """A run record holding just what a calibration fit reads (the rest filled, unread)."""
+    rank_records = [RankRecord(rank=r["rank"], device=r["rank"], host="h", stages=r["stages"], busy_ms=0.0,
+                               action_ms=r["action_ms"]) for r in ranks]
+    return RunRecord(plan=None, model="mlp:layers=4", schedule="1f1b", runtime="Schedule1F1B", device_type="cpu",
+                     n_ranks=len(ranks), n_stages=len(ranks), micro_batch_size=2, n_microbatches=4, optimizer="adam",
+                     steps=3, warmup=1, iteration_ms_measured=measured_ms, iteration_ms_predicted=None, error_pct=None,
+                     losses=[], loss_steps=[], step_ms=[measured_ms], measured_steps=[0], timeline_step=0,
+                     ranks=rank_records, **fields)
 
 
 def test_fit_line_recovers_latency_and_bandwidth():
@@ -62,9 +73,8 @@ def test_fit_calibration_recovers_what_produced_the_measurements():
     ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": truth.apply_compute(st.fwd_ms),
                                                       f"{s}B": truth.apply_compute(st.bwd_ms)}}
              for s, st in enumerate(stages)]
-    run = {"iteration_ms_measured": measured, "ranks": ranks,
-           "comm": [{"latency_ms": 0.01, "bandwidth_bytes_per_s": 1e9}],
-           "transfer_gaps": [[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5}
+    run = _run(measured, ranks, comm=[{"latency_ms": 0.01, "bandwidth_bytes_per_s": 1e9}],
+               transfer_gaps=[[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5)
     cal, report = fit_calibration(run, plan, prof)
     assert cal.compute_scale == pytest.approx(1.3)
     assert cal.action_overhead_ms == pytest.approx(0.4)
@@ -83,7 +93,7 @@ def test_split_backward_is_fitted_as_one_point():
     ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": 2 * st.fwd_ms,
               f"{s}I": 0.0 if s == 0 else 2 * st.bwd_input_ms,
               f"{s}W": 2 * st.bwd_ms if s == 0 else 2 * st.bwd_weight_ms}} for s, st in enumerate(stages)]
-    run = {"iteration_ms_measured": 100.0, "ranks": ranks}
+    run = _run(100.0, ranks)
     cal, _ = fit_calibration(run, plan, prof)
     assert cal.compute_scale == pytest.approx(2.0)
     assert cal.action_overhead_ms == pytest.approx(0.0, abs=1e-9)

@@ -144,16 +144,28 @@ def test_from_run_refuses_a_fifo(tmp_path):
     assert not (tmp_path / "syn.calibration.json").exists()
 
 
-@pytest.mark.parametrize("run, words", [
-    ('{"iteration_ms_measured": NaN, "ranks": []}', ["NaN"]),
-    ('{"iteration_ms_measured": 10, "ranks": [{"stages": [7], "action_ms": {"0F": 1}}]}', ["stage 7", "not a stage of the plan"]),
-    ('{"iteration_ms_measured": 10, "ranks": [{"stages": [0], "action_ms": {"0F": "slow"}}]}', ["action_ms", "'slow'"]),
-    ('{"iteration_ms_measured": 10, "ranks": "all"}', ["ranks must be a non-empty list"]),
-], ids=["nan", "stage-out-of-range", "text-time", "ranks-not-list"])
-def test_from_run_refuses_a_malformed_run_on_one_line(tmp_path, run, words):
+_RANK = {"rank": 0, "device": 0, "host": "h", "stages": [0], "busy_ms": 5.0, "action_ms": {"0F": 1.0, "0B": 2.0}}
+
+
+@pytest.mark.parametrize("change, words", [
+    ({"iteration_ms_measured": "NaN"}, ["NaN"]),
+    ({"ranks": [dict(_RANK, stages=[7])]}, ["stage 7", "not a stage of the plan"]),
+    ({"ranks": [dict(_RANK, action_ms={"0F": "slow"})]}, ["action_ms", "'slow'"]),
+    ({"ranks": [dict(_RANK, action_ms={"0F": -3.0})]}, ["action_ms['0F']", "-3.0", "not a finite number >= 0"]),
+    ({"ranks": "all"}, ["ranks must be a list of objects"]),
+    ({"transfer_gaps": [[1.0, 2.0, 3.0]]}, ["transfer_gaps[0]", "[bytes, ms] pair"]),
+    ({"step_ms": None}, ["run field 'step_ms' must be a list of numbers"]),
+], ids=["nan", "stage-out-of-range", "text-time", "negative-time", "ranks-not-list", "gap-not-pair", "steps-null"])
+def test_from_run_refuses_a_malformed_run_on_one_line(tmp_path, change, words):
     plan = _from_run_setup(tmp_path)
     path = tmp_path / "run.json"
-    path.write_text(run)
+    run = {"format": "pplan-run/1", "plan": "plan.json", "model": None, "schedule": "gpipe", "runtime": "ScheduleGPipe",
+           "device_type": "cpu", "n_ranks": 1, "n_stages": 1, "micro_batch_size": 1, "n_microbatches": 2,
+           "optimizer": "adam", "steps": 3, "warmup": 1, "iteration_ms_measured": 10.0, "iteration_ms_predicted": None,
+           "error_pct": None, "losses": [], "loss_steps": [], "step_ms": [10.0, 10.0], "measured_steps": [1],
+           "timeline_step": 1, "ranks": [_RANK]}
+    text = json.dumps({**run, **change})
+    path.write_text(text.replace('"NaN"', "NaN"))  # JSON has no NaN: the strict reader refuses it
     res = run_pplan("calibrate", str(plan), "--from-run", str(path), timeout=_GUARD_S)
     _refused(res, *words)
     assert not (tmp_path / "syn.calibration.json").exists()

@@ -15,28 +15,37 @@
 
 from __future__ import annotations
 
+import math
 import statistics
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
 from planner.calibration import Calibration
 from planner.errors import PplanError
-from planner.execute.results import error_pct
+from planner.execute.results import RunRecord, error_pct
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
 __all__ = ["compute_points", "fit_compute", "fit_calibration"]
 
 
-def compute_points(run: dict[str, Any], plan: Plan, profile: Profile) -> list[tuple[float, float, str]]:
-    """(profiled ms, measured ms, label) for every stage and action kind the run measured."""
+def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
+                   profile: Profile) -> list[tuple[float, float, str]]:
+    """(profiled ms, measured ms, label) for every stage and action kind the run measured; `ranks`:
+    each rank's stages and its median action times ('0F' -> ms). A stage the plan does not have,
+    or a time that is not a finite number >= 0, is refused: a fit from it would mean nothing."""
     from planner.simulate import plan_stage_costs
 
     stages, _ = plan_stage_costs(plan, profile)
     points = []
-    for rank in run["ranks"]:
-        acts = rank.get("action_ms") or {}
-        for s in rank["stages"]:
+    for i, (rank_stages, acts) in enumerate(ranks):
+        for key, value in acts.items():
+            _check_ms(value, f"ranks[{i}].action_ms[{str(key)[:20]!r}]")
+        for s in rank_stages:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < len(stages):
+                raise PplanError(f"ranks[{i}]: stage {repr(s)[:40]} is not a stage of the plan (0..{len(stages) - 1})",
+                                 "give the run of this plan")
             st = stages[s]
             if f"{s}F" in acts:
                 points.append((st.fwd_ms, acts[f"{s}F"], f"{s}F"))
@@ -68,24 +77,48 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
     return max(scale, 1e-6), 0.0
 
 
-def fit_calibration(run: dict[str, Any], plan: Plan, profile: Profile,
+def _check_ms(value: Any, where: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise PplanError(f"{where} is {str(value)[:40]!r}, not a finite number >= 0", "give the JSON that `pplan run --out` wrote")
+
+
+def _check_transfers(run: RunRecord) -> None:
+    """The ping-pongs and hand-over gaps the fit reads: numbers where it reads numbers."""
+    for i, c in enumerate(run.comm):
+        if "latency_ms" not in c:
+            raise PplanError(f"comm[{i}] has no latency_ms", "give the JSON that `pplan run --out` wrote")
+        _check_ms(c["latency_ms"], f"comm[{i}].latency_ms")
+        if c.get("bandwidth_bytes_per_s") is not None:
+            _check_ms(c["bandwidth_bytes_per_s"], f"comm[{i}].bandwidth_bytes_per_s")
+    for i, gap in enumerate(run.transfer_gaps):
+        if len(gap) != 2:
+            raise PplanError(f"transfer_gaps[{i}] must be a [bytes, ms] pair", "give the JSON that `pplan run --out` wrote")
+        for value in gap:
+            _check_ms(value, f"transfer_gaps[{i}]")
+
+
+def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
                     previous: Calibration | None = None, run_path: str | None = None) -> tuple[Calibration, dict[str, Any]]:
     """(new calibration, report with the error before and after) for `run` of `plan`."""
     from planner.simulate import simulate
 
-    measured = float(run["iteration_ms_measured"])
+    measured = run.iteration_ms_measured
+    if measured is None or not measured > 0:
+        raise PplanError(f"the run's iteration_ms_measured is {measured!r}, not a positive time",
+                         "give the run of a plan that timed at least one step")
+    _check_transfers(run)
     prev = previous or Calibration()
     before = simulate(plan, profile, calibration=prev, record_timeline=False).iteration_ms
-    points = compute_points(run, plan, profile)
+    points = compute_points([(r.stages, r.action_ms) for r in run.ranks], plan, profile)
     scale, overhead = fit_compute(points)
-    comm = run.get("comm") or []
+    comm = run.comm
     lat = prev.comm_latency_ms
     bw = prev.comm_bandwidth_bytes_per_s
     if comm:
         lat = statistics.median(c["latency_ms"] for c in comm)
         bws = [c["bandwidth_bytes_per_s"] for c in comm if c.get("bandwidth_bytes_per_s")]
         bw = statistics.median(bws) if bws else bw
-    gaps = run.get("transfer_gaps") or []
+    gaps = run.transfer_gaps
     if gaps:
         # What a hand-over costs inside the pipeline (waking the waiting rank included) is the
         # latency that matters; the ping-pong gives the bandwidth, which separates the two.

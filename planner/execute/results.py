@@ -38,6 +38,7 @@ from typing import Any
 
 from planner.errors import PplanError
 from planner.jsonio import check_keys, finite_or_null
+from planner.jsontypes import missing_field
 from planner.plan import Plan
 from planner.execute.mesh import world_size
 from planner.execute.trust import (  # re-exported: the run record carries their verdicts
@@ -50,6 +51,7 @@ __all__ = ["FORMAT", "RankRecord", "RunRecord", "assemble_run", "replica0", "ass
            "COMPUTE_RATIO_WARN"]
 
 FORMAT = "pplan-run/1"
+_FROM_RUN = "give the JSON that `pplan run --out` wrote"
 
 @dataclass(frozen=True)
 class RankRecord:
@@ -102,12 +104,15 @@ class RankRecord:
     @classmethod
     def from_dict(cls, d: dict[str, Any], where: str = "ranks[i]") -> "RankRecord":
         check_keys(d, [f.name for f in fields(cls)], where, PplanError)
+        if (name := missing_field(cls, d)) is not None:
+            raise PplanError(f"{where}: missing field {name!r}", _FROM_RUN)
         return cls(**d)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class RunRecord:
-    """The run JSON (`pplan run --out`), key for key; docs/executor.md defines each."""
+    """The run JSON (`pplan run --out`), key for key; docs/executor.md defines each. Fields with a
+    default may be absent from a file written before they existed (`diverged` came later)."""
 
     plan: str | None
     """Plan file the run executed."""
@@ -131,7 +136,7 @@ class RunRecord:
     """Optimizer name."""
     steps: int
     """Steps reached."""
-    first_step: int
+    first_step: int = 0
     """First step run (a resumed run starts later)."""
     warmup: int
     """Steps left out of the timing."""
@@ -141,15 +146,15 @@ class RunRecord:
     """The simulator's iteration time."""
     error_pct: float | None
     """100 x (predicted - measured) / measured."""
-    prediction_source: str | None
+    prediction_source: str | None = None
     """Where the prediction came from."""
-    calibration: dict[str, Any] | None
+    calibration: dict[str, Any] | None = None
     """The calibration the prediction used."""
     losses: list[float | None]
     """Mean loss of each step in loss_steps."""
     loss_steps: list[int]
     """Steps the losses belong to."""
-    diverged: dict[str, Any] | None
+    diverged: dict[str, Any] | None = None
     """First non-finite loss, if any."""
     step_ms: list[float]
     """Every step's time (slowest rank), ms."""
@@ -214,10 +219,9 @@ class RunRecord:
         ranks = d.get("ranks")
         if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
             raise PplanError("run: ranks must be a list of objects")
-        try:
-            return cls(**dict(d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)]))
-        except TypeError as e:  # a required key is missing
-            raise PplanError(f"run: {e}"[:200], "give the JSON that `pplan run --out` wrote") from None
+        if (name := missing_field(cls, d)) is not None:
+            raise PplanError(f"run: missing field {name!r}", _FROM_RUN)
+        return cls(**dict(d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)]))
 
     def with_(self, **changes: Any) -> "RunRecord":
         return replace(self, **changes)

@@ -191,7 +191,7 @@ def _calibrate_from(record: RunRecord, plan: Plan, pf: Preflight, used_cal: Cali
     the record. Returns (the record with `calibration_fit`, the calibration, where it was written)."""
     from planner.execute.calibrate import fit_calibration
 
-    fitted, report = fit_calibration(record.to_dict(), plan, pf.profile, previous=used_cal,
+    fitted, report = fit_calibration(record, plan, pf.profile, previous=used_cal,
                                      run_path=str(out) if out else None)
     cal_path = str(calibration_path_for(pf.profile.path))
     write_calibration(fitted, cal_path)
@@ -225,7 +225,7 @@ def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal
     from planner.execute.calibrate import compute_points
 
     try:
-        points = compute_points({"ranks": [{**r, "action_ms": r.get(key) or {}} for r in records]}, plan, pf.profile)
+        points = compute_points([(r["stages"], r.get(key) or {}) for r in records], plan, pf.profile)
     except (PplanError, KeyError, IndexError, ValueError):
         return None
     ratios = []

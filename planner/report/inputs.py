@@ -11,15 +11,14 @@ import csv
 import io
 import math
 import os
-import re
 from dataclasses import dataclass, field
-from types import UnionType
-from typing import Any, Callable, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable
 
-from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
-from planner.execute.results import RankRecord, RunRecord
-from planner.jsonio import MAX_JSON_BYTES, check_keys, read_bounded_text, read_json_file
+from planner.execute.results import RunRecord
+from planner.execute.runfile import INDEX_KEY, load_run, parse_run
+from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
+from planner.jsontypes import check_index_keys, check_object_keys, is_number, objects_in
 from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import TIMELINE_COLUMNS, TIMELINE_KINDS, TimelineRow  # one row type for simulated and measured timelines
@@ -41,33 +40,6 @@ __all__ = [
 # Every key a simulation JSON may hold, per object level (what `pplan simulate --out` writes:
 # planner/simulation/result.py). Anything else is refused with the nearest known key.
 SIM_KEYS = (*PREDICTED_KEYS, "memory_timeline")
-# The run JSON is planner.execute.results.RunRecord: its fields (and RankRecord's) are the keys of
-# the run and of each rank, which RunRecord.from_dict checks; the keys below are those of the
-# objects it keeps as plain dicts, checked here.
-DIVERGED_KEYS = ("step", "loss")
-COMM_KEYS = ("a", "b", "latency_ms", "bandwidth_bytes_per_s", "points")
-CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
-                        "compute_points", "path", "calibration")
-COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
-# Objects keyed by data rather than field names: device or stage indices, and stage+kind ("0F")
-_INDEX_KEY = re.compile(r"[0-9]{1,9}")
-_ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
-
-
-def _json_types(record_type: type) -> dict[str, Any]:
-    """Each field's type, which its value read from JSON must have. A byte count may be any number,
-    as in the plan's predicted memory (planner.plan.records), which a run copies."""
-    hints = get_type_hints(record_type)
-    return {k: float | None if "bytes" in k and v == int | None else v for k, v in hints.items()}
-
-
-_RUN_TYPES = {k: v for k, v in _json_types(RunRecord).items() if k != "ranks"}  # ranks: typed by from_dict
-_RANK_TYPES = _json_types(RankRecord)
-# Fields a pplan-run/1 file may lack, read as "not recorded": files written before a field existed
-# (`diverged` came after the committed example report's runs) and the trimmed test fixture.
-_NOT_RECORDED: dict[str, Any] = {"diverged": None, "prediction_source": None, "calibration": None, "first_step": 0,
-                                 "runtime": "not recorded", "optimizer": "not recorded"}
-_RUN_HINT = "give the JSON that `pplan run` writes"
 
 
 @dataclass(frozen=True)
@@ -180,29 +152,10 @@ def _read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
     return data
 
 
-def _keys(data: Any, known: tuple[str, ...], where: str, source: str) -> None:
-    """Refuse a key of the object `data` (when it is one) that is not in `known`."""
-    if isinstance(data, dict):
-        check_keys(data, known, f"{source}: {where}", PplanError)
-
-
-def _data_keys(data: Any, pattern: re.Pattern, what: str, where: str, source: str) -> None:
-    """Refuse a key of `data` (an object keyed by indices) that does not look like one."""
-    if isinstance(data, dict):
-        for key in data:
-            if not pattern.fullmatch(key):
-                raise _bad(source, f"{where}: unknown key {key[:60]!r}", f"its keys are {what}")
-
-
-def _list_of_objects(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
-    value = data.get(key)
-    return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
-
-
 def _require_numbers(data: dict[str, Any], keys: tuple[str, ...], source: str, what: str, hint: str) -> None:
     for key in keys:
         value = data.get(key)
-        if not _is_number(value):
+        if not is_number(value):
             raise _bad(source, f"{what} field {key!r} must be a number, got {value!r}"[:200], hint)
 
 
@@ -215,10 +168,6 @@ def _require_list(data: dict[str, Any], key: str, item_ok: Callable[[Any], bool]
     return value
 
 
-def _is_number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
 def load_sim(path: str | os.PathLike) -> dict[str, Any]:
     """Read a simulation JSON (as written by `pplan simulate --json-out`) and check its core fields."""
     data = _read_json(path, "simulation")
@@ -229,11 +178,11 @@ def load_sim(path: str | os.PathLike) -> dict[str, Any]:
 def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
     """Raise PplanError unless `data` has the simulation fields the figures read."""
     hint = "give the JSON that `pplan simulate` writes"
-    _keys(data, SIM_KEYS, "simulation", source)
-    for i, dev in enumerate(_list_of_objects(data, "devices")):
-        _keys(dev, PREDICTED_DEVICE_KEYS, f"devices[{i}]", source)
-        _keys(dev.get("memory"), MEMORY_KEYS, f"devices[{i}].memory", source)
-    _data_keys(data.get("memory_timeline"), _INDEX_KEY, "device indices", "memory_timeline", source)
+    check_object_keys(data, SIM_KEYS, f"{source}: simulation")
+    for i, dev in enumerate(objects_in(data, "devices")):
+        check_object_keys(dev, PREDICTED_DEVICE_KEYS, f"{source}: devices[{i}]")
+        check_object_keys(dev.get("memory"), MEMORY_KEYS, f"{source}: devices[{i}].memory")
+    check_index_keys(data.get("memory_timeline"), INDEX_KEY, "device indices", f"{source}: memory_timeline")
     _require_numbers(data, ("iteration_ms",), source, "simulation", hint)
     devices = _require_list(data, "devices", lambda d: isinstance(d, dict), "objects", source, "simulation", hint)
     for i, dev in enumerate(devices):
@@ -243,120 +192,6 @@ def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
     timeline = data.get("memory_timeline", {})
     if not isinstance(timeline, dict):
         raise _bad(source, "simulation field 'memory_timeline' must be an object of device -> [[t_ms, bytes], ...]", hint)
-
-
-def load_run(path: str | os.PathLike) -> RunRecord:
-    """Read a run JSON written by `pplan run` as its typed record (every key and type checked)."""
-    return parse_run(_read_json(path, "run"), str(path))
-
-
-def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
-    """The RunRecord of a run JSON's object; PplanError names the first key or value that is wrong.
-
-    RunRecord.from_dict refuses unknown keys of the run and of each rank, a missing field and
-    another format; it builds whatever values it is given. So the objects it keeps as dicts are
-    checked here first (their keys), and every field of the record it built afterwards (its type):
-    a hand-edited or hostile file fails on one line, never inside a figure.
-    """
-    _check_nested(data, source)
-    try:
-        record = RunRecord.from_dict({**_NOT_RECORDED, **data})
-    except PplanError as e:
-        raise _bad(source, e.message, e.hint or _RUN_HINT) from None
-    measured = record.iteration_ms_measured
-    if not _is_number(measured):  # the record allows null, but the report compares the prediction with it
-        raise _bad(source, f"run field 'iteration_ms_measured' must be a number, got {_short(measured)}",
-                   "give the JSON of a run that timed at least one step")
-    _check_types(record, source)
-    return record
-
-
-def _check_nested(data: dict[str, Any], source: str) -> None:
-    """Inside the objects RunRecord keeps as dicts: refuse a key `pplan run` does not write, and memory
-    breakdowns whose parts are not numbers (the figures stack them)."""
-    _keys(data.get("diverged"), DIVERGED_KEYS, "diverged", source)
-    for i, rank in enumerate(_list_of_objects(data, "ranks")):
-        for key in ("memory_measured", "memory_predicted"):
-            memory = rank.get(key)
-            _keys(memory, MEMORY_KEYS, f"ranks[{i}].{key}", source)
-            for part, value in (memory.items() if isinstance(memory, dict) else ()):
-                if value is not None and not _is_number(value):
-                    raise _bad(source, f"ranks[{i}].{key}.{part} must be a number of bytes, got {_short(value)}",
-                               _RUN_HINT)
-        for key in ("action_ms", "action_cpu_ms"):
-            _data_keys(rank.get(key), _ACTION_KEY, "stage and action kind such as '0F'", f"ranks[{i}].{key}", source)
-    for i, comm in enumerate(_list_of_objects(data, "comm")):
-        _keys(comm, COMM_KEYS, f"comm[{i}]", source)
-    _data_keys(data.get("boundary_bytes"), _INDEX_KEY, "stage indices", "boundary_bytes", source)
-    _keys(data.get("calibration"), CALIBRATION_KEYS, "calibration", source)
-    fit = data.get("calibration_fit")
-    _keys(fit, CALIBRATION_FIT_KEYS, "calibration_fit", source)
-    if isinstance(fit, dict):
-        _keys(fit.get("calibration"), CALIBRATION_KEYS, "calibration_fit.calibration", source)
-        for i, point in enumerate(_list_of_objects(fit, "compute_points")):
-            _keys(point, COMPUTE_POINT_KEYS, f"calibration_fit.compute_points[{i}]", source)
-
-
-def _check_types(record: RunRecord, source: str) -> None:
-    """Refuse the first field of the record, or of one of its ranks, whose value its type does not allow."""
-    for name, hint in _RUN_TYPES.items():
-        _check_type(getattr(record, name), hint, f"run field {name!r}", source)
-    for i, rank in enumerate(record.ranks):
-        for name, hint in _RANK_TYPES.items():
-            _check_type(getattr(rank, name), hint, f"ranks[{i}] field {name!r}", source)
-
-
-def _check_type(value: Any, hint: Any, what: str, source: str) -> None:
-    if _conforms(value, hint):
-        return
-    if get_origin(hint) is list and isinstance(value, list):  # name the item: the list may be long
-        i, item = next((i, x) for i, x in enumerate(value) if not _conforms(x, get_args(hint)[0]))
-        raise _bad(source, f"{what} must be {_describe(hint)}; item {i} is {_short(item)}", _RUN_HINT)
-    raise _bad(source, f"{what} must be {_describe(hint)}, got {_short(value)}", _RUN_HINT)
-
-
-def _conforms(value: Any, hint: Any) -> bool:
-    """Whether a value read from JSON fits a field's annotation."""
-    origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, UnionType):
-        return any(_conforms(value, a) for a in args)
-    if origin is list:
-        return isinstance(value, list) and all(_conforms(x, args[0]) for x in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(_conforms(x, args[1]) for x in value.values())
-    if hint is float:
-        return _is_number(value)
-    if hint is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    if hint is type(None):
-        return value is None
-    return isinstance(value, hint)
-
-
-_NAMES = {float: ("a number", "numbers"), int: ("an integer", "integers"), str: ("a string", "strings"),
-          bool: ("true or false", "booleans"), type(None): ("null", "nulls")}
-
-
-def _describe(hint: Any, plural: bool = False) -> str:
-    """An annotation in words: `list[float] | None` -> 'a list of numbers or null'."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, UnionType):
-        return " or ".join(_describe(a, plural) for a in args)
-    if origin is list:
-        return ("lists" if plural else "a list") + " of " + _describe(args[0], plural=True)
-    if hint is Any:
-        return "values" if plural else "any value"
-    if origin is dict or hint not in _NAMES:
-        of = "" if origin is not dict or args[1] is Any else " of " + _describe(args[1], plural=True)
-        return ("objects" if plural else "an object") + of
-    return _NAMES[hint][plural]
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def load_inputs(
