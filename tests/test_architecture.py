@@ -102,3 +102,17 @@ def test_no_import_cycles() -> None:
     graph.remove_nodes_from([m for m, p in _modules().items() if p.name == "__init__.py"])
     cycles = list(nx.simple_cycles(graph))
     assert not cycles, "\n".join(" -> ".join(c) for c in cycles)
+
+
+def test_tests_use_only_public_names_and_no_other_test_module() -> None:
+    """Tests hold the library to its public interface (a private name may change without notice),
+    and share code through tests/helpers and conftest.py, never by importing another test file."""
+    found = []
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in ("planner", "cli"):
+                found += [f"{path.name}: from {node.module} import {a.name}" for a in node.names if a.name.startswith("_")]
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            found += [f"{path.name}: imports {m}" for m in modules if m.split(".")[-1].startswith("test_")]
+    assert not found, "\n".join(found)

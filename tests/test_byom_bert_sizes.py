@@ -1,7 +1,7 @@
 """Masked LMs at sequences longer than the probe that checks their cut.
 
 `hf:` checks a cut against the model's own forward and loss on a short probe
-(planner.models.hf._PROBE_SEQ tokens). The probe was once the first tokens of a full-length
+(planner.models.hf.PROBE_SEQ tokens). The probe was once the first tokens of a full-length
 batch: a strided slice for any sequence longer than the probe. The masked LMs' own forward (BERT, RoBERTa,
 DistilBERT, ALBERT, ELECTRA, ...) flattens its labels with `labels.view(-1)`, which fails on that
 slice, so every one of them was refused ("view size is not compatible with input tensor's size
@@ -20,14 +20,14 @@ import pytest
 import torch
 
 from planner.models import build_model
-from planner.models.hf import _PROBE_SEQ  # imports transformers only when a model is built
+from planner.models.hf import PROBE_SEQ  # imports transformers only when a model is built
 
 from helpers.models import HF_FAMILIES
 
 pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
-LONGER = (_PROBE_SEQ + 1,)
+LONGER = (PROBE_SEQ + 1,)
 """The shortest sequence whose probe slice was strided."""
 MASKED = ("bert", "roberta", "distilbert", "albert", "electra")
 STEPS, GLOBAL_BATCH, MICROBATCHES, TIED_ATOL = 3, 8, 4, 1e-4

@@ -35,7 +35,7 @@ from planner.schedules import PipelineSchedule, generate, get_schedule
 
 __all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage",
            "boundary_specs", "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed",
-           "make_optimizer"]
+           "make_optimizer", "retain_graph_in_weight_backward"]
 
 
 def step_seed(plan_seed: int, step: int) -> int:
@@ -293,7 +293,7 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     M = plan.n_microbatches
     _scale_each_parameter_once(sched, stages)
     if spec.split_backward:
-        _retain_graph_in_weight_backward(stages)
+        retain_graph_in_weight_backward(stages)
     if prefer_torch and spec.torch_runtime in ("class", "class-if-same-order"):
         cls = getattr(pipelining, spec.torch_class)
         # single-stage classes take this rank's one stage, multi-chunk ones the list
@@ -337,7 +337,7 @@ def _scale_each_parameter_once(sched: PipelineSchedule, stages: list[Any]) -> No
             st.scale_grads = scale_grads
 
 
-def _retain_graph_in_weight_backward(stages: list[Any]) -> None:
+def retain_graph_in_weight_backward(stages: list[Any]) -> None:
     """Make split (I/W) backwards give the gradients a full backward gives.
 
     Graph: torch's W step differentiates one parameter group at a time and frees the graph behind

@@ -36,10 +36,11 @@ from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
 from planner.models.hf_split import Split, check_split, find_split
 
-__all__ = ["build_hf"]
+__all__ = ["build_hf", "PROBE_SEQ"]
 
 _DEFAULT_SEQ = 64
-_PROBE_SEQ = 16  # tokens of the probe that finds and checks the cut (planner.models.hf_split)
+PROBE_SEQ = 16
+"""Tokens of the probe batch that finds and checks the cut (planner.models.hf_split)."""
 
 
 def _transformers() -> Any:
@@ -359,7 +360,7 @@ def _lm_bundle(model: nn.Module, cfg: Any, masked: bool, spec: str, input_shape:
     # a short probe: watch the forward, then check the cut against the model's own output. Drawn
     # at the probe's length, not sliced from a longer batch: a slice is strided, and the masked
     # LMs' own forward (BERT's, RoBERTa's, ...) flattens its labels with .view, which fails on it
-    x, y = _lm_batch(vocab, min(seq, _PROBE_SEQ), masked)(2, 0)
+    x, y = _lm_batch(vocab, min(seq, PROBE_SEQ), masked)(2, 0)
     special = set(_token_ids(cfg))
     token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
     split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
