@@ -12,9 +12,9 @@ from planner.calibration import Calibration
 from planner.execute.calibrate import fit_calibration, fit_compute
 from planner.execute.commbench import fit_line
 from planner.errors import PplanError
-from planner.execute.results import (RankRecord, RunRecord, assemble_record, assemble_run, error_pct, measured_timeline, step_spread,
+from planner.execute.results import (RankRecord, RunRecord, assemble_record, error_pct, measured_timeline, step_spread,
                                      transfer_gaps, trust_warnings)
-from planner.plan import Device, Plan, StagePlan
+from planner.plan import Device, Plan, PredictedDevice, Prediction, StagePlan
 from planner.profiling.profile import make_profile
 from planner.simulate import plan_stage_costs, simulate
 
@@ -125,10 +125,10 @@ def test_timeline_shares_one_clock_on_one_machine_and_gaps_are_measured():
 def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
     recs = [_record(1, 1, [], 0.0, losses={"0": 2.0, "1": 1.5, "2": 1.2, "3": 1.0}),
             _record(0, 0, [[0, "F", 0, 0.0, 1.0], [0, "O", -1, 1.0, 1.5]], 0.0)]
-    pred = {"iteration_ms": 5.0, "devices": [{"device": 0, "busy_ms": 1.0, "peak_memory_bytes": 90, "memory": {}},
-                                             {"device": 1, "busy_ms": 1.0, "peak_memory_bytes": 110, "memory": {}}]}
-    run = assemble_run(recs, _plan(), plan_path="p.json", device_type="cpu", steps=4, warmup=1,
-                       prediction=pred, prediction_source="test", calibration=None)
+    pred = Prediction(iteration_ms=5.0, devices=(PredictedDevice(device=0, busy_ms=1.0, peak_memory_bytes=90),
+                                                 PredictedDevice(device=1, busy_ms=1.0, peak_memory_bytes=110)))
+    run = assemble_record(recs, _plan(), plan_path="p.json", device_type="cpu", steps=4, warmup=1,
+                          prediction=pred, prediction_source="test", calibration=None).to_dict()
     assert run["iteration_ms_measured"] == 6.0  # median of 5, 7, 6 (step 0 is warm-up)
     assert run["error_pct"] == pytest.approx(100 * (5 - 6) / 6)
     assert run["losses"] == [2.0, 1.5, 1.2, 1.0]

@@ -128,9 +128,9 @@ def test_predict_uses_the_entry_for_the_plans_process_count_and_says_which(tmp_p
     assert source == "simulate(profile + machine, 3 ranks)"
     assert cal == machine_calibration(machines.pick(3))
     want = simulate(plan, prof, calibration=machine_calibration(machines.pick(3)), record_timeline=False).iteration_ms
-    assert sim["iteration_ms"] == pytest.approx(want)
+    assert sim.iteration_ms == pytest.approx(want)
     wrong = simulate(plan, prof, calibration=machine_calibration(machines.pick(2)), record_timeline=False).iteration_ms
-    assert sim["iteration_ms"] > wrong
+    assert sim.iteration_ms > wrong
     # without an entry for 3 processes: the nearest count, named with the plan's
     path = save_machine(MachineSet((machines.pick(2), machines.pick(8))), tmp_path / "m2.json")
     _, source, cal = predict(plan, pf, machine=path)

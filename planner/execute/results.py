@@ -39,14 +39,14 @@ from typing import Any
 from planner.errors import PplanError
 from planner.jsonio import check_keys, finite_or_null
 from planner.jsontypes import missing_field
-from planner.plan import Plan
+from planner.plan import Plan, PredictedDevice, Prediction
 from planner.execute.mesh import world_size
 from planner.execute.trust import (  # re-exported: the run record carries their verdicts
     COMPUTE_RATIO_WARN, LOAD_WARN_DIFF, SHORT_STEP_MS, SPREAD_WARN_PCT, step_spread, trust_warnings,
 )
 from planner.simulation.result import TimelineRow
 
-__all__ = ["FORMAT", "RankRecord", "RunRecord", "assemble_run", "replica0", "assemble_record", "measured_timeline", "error_pct",
+__all__ = ["FORMAT", "RankRecord", "RunRecord", "replica0", "assemble_record", "measured_timeline", "error_pct",
            "transfer_gaps", "step_spread", "trust_warnings", "SPREAD_WARN_PCT", "SHORT_STEP_MS", "LOAD_WARN_DIFF",
            "COMPUTE_RATIO_WARN"]
 
@@ -334,19 +334,19 @@ def _losses(records: list[dict[str, Any]]) -> tuple[dict[str, float], list[int],
     return losses, loss_steps, {"step": step, "loss": "unknown" if value is None else str(value)}
 
 
-def _rank_records(records: list[dict[str, Any]], plan: Plan, prediction: dict[str, Any] | None) -> list[RankRecord]:
+def _rank_records(records: list[dict[str, Any]], plan: Plan, prediction: Prediction | None) -> list[RankRecord]:
     """Each rank's measurements beside the prediction for the device it plays."""
-    pred_devices = {d["device"]: d for d in prediction.get("devices", [])} if prediction else {}
+    pred_devices = {d.device: d for d in (prediction.devices or ())} if prediction else {}
     ranks = []
     for rec in records:
-        pd = pred_devices.get(rec["device"], {})
+        pd = pred_devices.get(rec["device"], PredictedDevice())
         mem = rec.get("memory") or {}
         ranks.append(RankRecord(
             rank=rec["rank"], device=rec["device"], host=rec["host"], stages=rec["stages"], busy_ms=_busy(rec),
-            busy_ms_predicted=pd.get("busy_ms"), peak_memory_bytes_measured=mem.get("peak_bytes"),
-            peak_memory_bytes_predicted=pd.get("peak_memory_bytes"),
+            busy_ms_predicted=pd.busy_ms, peak_memory_bytes_measured=mem.get("peak_bytes"),
+            peak_memory_bytes_predicted=pd.peak_memory_bytes,
             memory_limit_bytes=plan.devices[rec["device"]].memory_bytes, memory_measure=mem.get("measure"),
-            memory_measured=mem.get("breakdown"), memory_predicted=pd.get("memory"),
+            memory_measured=mem.get("breakdown"), memory_predicted=pd.memory.to_dict() if pd.memory else None,
             rss_peak_bytes=mem.get("rss_peak_bytes"), peak_memory_bytes_rss=mem.get("rss_growth_bytes"),
             rss_baseline_bytes=mem.get("rss_baseline_bytes"), action_ms=rec["action_ms"], threads=rec["threads"],
             action_cpu_ms=rec.get("action_cpu_ms") or {},
@@ -356,7 +356,7 @@ def _rank_records(records: list[dict[str, Any]], plan: Plan, prediction: dict[st
 
 
 def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str | None, device_type: str,
-                    steps: int, warmup: int, prediction: dict[str, Any] | None, prediction_source: str | None,
+                    steps: int, warmup: int, prediction: Prediction | None, prediction_source: str | None,
                     calibration: dict[str, Any] | None, load_average: float | None = None,
                     profile_load_average: float | None = None, compute_ratio: float | None = None,
                     compute_ratio_cpu: float | None = None) -> RunRecord:
@@ -366,7 +366,7 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
     step_ms = r0["step_ms"]
     measured = r0["measured_steps"]
     meas = statistics.median(step_ms[i] for i in measured) if measured else float("nan")
-    pred = prediction.get("iteration_ms") if prediction else None
+    pred = prediction.iteration_ms if prediction else None
     losses, loss_steps, diverged = _losses(records)
     boundary = {k: v for rec in records for k, v in rec.get("boundary_bytes", {}).items()}
     ranks = _rank_records(records, plan, prediction)
@@ -393,7 +393,3 @@ def assemble_record(records: list[dict[str, Any]], plan: Plan, *, plan_path: str
         grad_allreduce_ms_measured=_allreduce_ms(records) if dp > 1 else None,
         grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None))
 
-
-def assemble_run(records: list[dict[str, Any]], plan: Plan, **kwargs: Any) -> dict[str, Any]:
-    """The run JSON as a dict: `assemble_record(...).to_dict()`."""
-    return assemble_record(records, plan, **kwargs).to_dict()

@@ -38,7 +38,7 @@ from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
 from planner.execute.results import RunRecord, assemble_record, measured_timeline, replica0
 from planner.execute.worker import Env, read_env, run_worker
-from planner.plan import Plan, plan_to_dict
+from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
 
 __all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO"]
@@ -59,8 +59,8 @@ class RunOutcome:
 
 
 def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = None,
-            use_machine: bool = True) -> tuple[dict[str, Any] | None, str | None, Calibration | None]:
-    """(simulation JSON, where it came from, calibration used) for the plan as it is now.
+            use_machine: bool = True) -> tuple[Prediction | None, str | None, Calibration | None]:
+    """(prediction, where it came from, calibration used) for the plan as it is now.
 
     Calibration: the per-plan one beside the profile when it exists, else the machine file
     (`machine`, else planner.machine.find_machine's default: $PPLAN_MACHINE or
@@ -94,9 +94,9 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
         if not all(math.isfinite(v) for v in values):
             raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
                              "the profile's numbers are absurdly large; re-profile the model")
-        return sim.to_dict(), source, cal
+        return sim.prediction(), source, cal
     if plan.predicted is not None and isinstance(plan.predicted.iteration_ms, (int, float)):
-        return plan.predicted.to_dict(), "plan.predicted", None
+        return plan.predicted, "plan.predicted", None
     return None, None, None
 
 
