@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
         from planner.profiling.corun import check_co_run
 
         check_co_run(co_run, threads, usable_cores(), device)
-        from planner.profiling.profiler import profile_model  # imports torch
+        from planner.profiling.profiler import measure_profile  # imports torch
         from planner.profiling.profile import write_profile
 
         bar: list[progress] = []
@@ -133,8 +133,7 @@ def register(app: typer.Typer) -> None:
             bar[0].advance(note)
 
         try:
-            result = profile_model(model, list(opts.micro_batch_sizes), **opts.measure_kwargs(),
-                                   command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
+            result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
         finally:
             if bar:
                 bar[0].__exit__(None, None, None)

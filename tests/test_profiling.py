@@ -2,6 +2,8 @@
 
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -13,7 +15,7 @@ from planner.profiling.measure import measure_layer
 from planner.profiling.profile import load_profile
 from planner.profiling.profiler import profile_model
 
-from helpers.cli import run_pplan
+from helpers.cli import REPO, cli_env, run_pplan
 
 TINY_GPT = "gpt:layers=2,hidden=16,heads=2,seq=8,vocab=50"
 
@@ -243,6 +245,10 @@ BAD_CLI = {
     "bad input dtype": (["-m", "mlp", "--input-dtype", "half"], "--input-dtype"),
     "bad dtype": (["-m", "mlp", "--dtype", "float8"], "float8"),
     "bad device": (["-m", "mlp", "--device", "tpu"], "tpu"),
+    "bad timer": (["-m", "mlp", "--timer", "cpu"], "--timer 'cpu' is not supported; use sched or wall"),
+    "negative warmup": (["-m", "mlp", "--warmup", "-1"], "--warmup -1 / --repeats 15"),
+    "zero threads": (["-m", "mlp", "--threads", "0"], "--threads 0 must be at least 1"),
+    "tiny vocab": (["-m", "mlp", "--vocab", "1"], "--vocab 1 must be at least 2"),
     "bad seed": (["-m", "mlp:layers=1,hidden=2,input=2", "-b", "1", "--seed", "-3"], "seed"),
     "no module": (["-m", "no_such_pkg_q.models:make"], "cannot import"),
     "factory without shape": (["-m", "factory_models:plain"], "--input-shape"),
@@ -275,6 +281,20 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, pplan, case):
     assert lines and lines[-1].startswith("pplan: error:") and words in lines[-1], stderr
     assert [line for line in lines if line.startswith("pplan: error:")] == [lines[-1]]
     assert list(work.iterdir()) == [], "a failed profile must not leave a file behind"
+
+
+@pytest.mark.parametrize("args", [["--timer", "cpu"], ["--warmup", "-1"], ["--threads", "0"], ["--dtype", "float8"]],
+                         ids=["timer", "warmup", "threads", "dtype"])
+def test_a_bad_profile_setting_fails_before_torch_is_imported(tmp_path, args):
+    """The settings are checked by planner.profiling.options, which is torch-free: a typo costs a
+    fraction of a second, not torch's import (seconds on a small machine)."""
+    code = ("import sys\nfrom cli.app import main\n"
+            f"sys.argv = ['pplan', 'profile', '-m', 'mlp', '-o', {str(tmp_path / 'p.csv')!r}, *{args!r}]\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    print('EXIT', e.code)\n"
+            "print('TORCH', 'torch' in sys.modules)\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, env=cli_env(), timeout=120)
+    assert "EXIT 2" in r.stdout and "TORCH False" in r.stdout, (r.stdout, r.stderr)
+    assert not (tmp_path / "p.csv").exists()
 
 
 @pytest.mark.cuda

@@ -229,7 +229,7 @@ class RunRecord:
 
 def error_pct(predicted: float | None, measured: float) -> float | None:
     """100 x (predicted - measured) / measured, or None without a prediction."""
-    if predicted is None or measured <= 0:
+    if predicted is None or not measured > 0:  # NaN (no step timed) too
         return None
     return 100.0 * (predicted - measured) / measured
 

@@ -9,8 +9,7 @@ library caller gets the same checks and the same messages.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
-from typing import Any
+from dataclasses import dataclass
 
 from planner.errors import PplanError
 from planner.hardware import DTYPE_BYTES
@@ -64,16 +63,13 @@ class ProfileOptions:
         if self.dtype not in DTYPE_NAMES:
             raise PplanError(f"--dtype {self.dtype!r} is not supported", f"use one of {', '.join(DTYPE_NAMES)}")
         if self.timer not in TIMER_NAMES:
-            raise PplanError(f"--timer {self.timer!r} is not one of {', '.join(TIMER_NAMES)}")
+            raise PplanError(f"--timer {self.timer!r} is not supported", f"use {' or '.join(TIMER_NAMES)}")
         if self.warmup < 0 or self.repeats < 1:
-            raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need warmup >= 0 and repeats >= 1")
+            raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need warmup >= 0 and repeats >= 1",
+                             "e.g. --warmup 3 --repeats 15")
         if self.threads is not None and self.threads < 1:
-            raise PplanError(f"--threads {self.threads} must be at least 1")
+            raise PplanError(f"--threads {self.threads} must be at least 1", "1 gives the steadiest timings")
         if self.input_dtype not in INPUT_DTYPES:
-            raise PplanError(f"--input-dtype {self.input_dtype!r} must be {' or '.join(INPUT_DTYPES)}")
+            raise PplanError(f"--input-dtype {self.input_dtype!r} is not supported", f"use {' or '.join(INPUT_DTYPES)}")
         if self.vocab is not None and self.vocab < 2:
-            raise PplanError(f"--vocab {self.vocab} must be at least 2")
-
-    def measure_kwargs(self) -> dict[str, Any]:
-        """Everything but the sizes, as planner.profiling.profiler.profile_model's keyword arguments."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "micro_batch_sizes"}
+            raise PplanError(f"--vocab {self.vocab} must be at least 2", "give the token ids' upper bound, e.g. --vocab 32000")

@@ -37,7 +37,7 @@ from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, tensor_bytes
 
-__all__ = ["DTYPES", "profile_model", "resolve_device", "check_batch_fits"]
+__all__ = ["DTYPES", "profile_model", "measure_profile", "resolve_device", "check_batch_fits"]
 
 DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 """Profile dtype name -> torch dtype (names checked by planner.profiling.options.ProfileOptions)."""
@@ -182,8 +182,17 @@ def profile_model(
     memory-bound layers and the optimizer step by sharing memory bandwidth. 0: measured alone."""
     opts = ProfileOptions(tuple(micro_batch_sizes), device=device, dtype=dtype, warmup=warmup, repeats=repeats,
                           seed=seed, threads=threads, timer=timer, co_run=co_run, input_shape=input_shape,
-                          input_dtype=input_dtype, vocab=vocab)  # every argument checked, as `pplan profile` does
+                          input_dtype=input_dtype, vocab=vocab)  # every argument checked here
+    return measure_profile(spec, opts, command=command, on_step=on_step)
+
+
+def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = None,
+                    on_step: Callable[[int, int, str], None] | None = None) -> Profile:
+    """profile_model with its settings as one checked record (what `pplan profile` builds)."""
     sizes = list(opts.micro_batch_sizes)
+    device, dtype, warmup, repeats, seed = opts.device, opts.dtype, opts.warmup, opts.repeats, opts.seed
+    threads, timer, co_run = opts.threads, opts.timer, opts.co_run
+    input_shape, input_dtype, vocab = opts.input_shape, opts.input_dtype, opts.vocab
     keep_freed_memory()  # as the run's ranks do (planner.allocator)
     timer = _resolve_timer(timer)
     check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
