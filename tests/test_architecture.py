@@ -116,3 +116,12 @@ def test_tests_use_only_public_names_and_no_other_test_module() -> None:
                 [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             found += [f"{path.name}: imports {m}" for m in modules if m.split(".")[-1].startswith("test_")]
     assert not found, "\n".join(found)
+
+
+MAX_MODULE_LINES = 400  # DESIGN: modules of 40-400 lines, each owning one thing
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in _modules().values()
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_MODULE_LINES]
+    assert not long, "split these where a name would explain a part:\n" + "\n".join(long)
