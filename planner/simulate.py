@@ -20,13 +20,13 @@ refused with ProfileError (there is no iteration time, and throughput would be i
 from __future__ import annotations
 
 from planner.calibration import Calibration
-from planner.cost import StageCost, stage_cost
+from planner.cost import StageCost, actions_per_microbatch, stage_cost
 from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware
 from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import generate
+from planner.schedules import generate, get_schedule
 from planner.simulation.engine import simulate_costs
 from planner.simulation.replica import Cluster, replica_costs, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
@@ -40,7 +40,7 @@ MAX_SIMULATED_ACTIONS = 4_000_000
 
 def check_action_count(schedule: str, n_stages: int, n_microbatches: int) -> int:
     """The number of compute actions of a plan; ScheduleError beyond MAX_SIMULATED_ACTIONS."""
-    per = 3 if schedule == "zb" else 2
+    per = actions_per_microbatch(get_schedule(schedule).split_backward)
     n = per * n_stages * n_microbatches
     if n > MAX_SIMULATED_ACTIONS:
         most = max(1, MAX_SIMULATED_ACTIONS // (per * max(1, n_stages)))

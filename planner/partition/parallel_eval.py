@@ -133,12 +133,8 @@ class ParallelCosts:
 
 
 def bubble_slots(schedule: str, p: int, v: int) -> float:
-    """Idle micro-batch slots of a schedule with p ranks (the estimate's closed forms)."""
-    if schedule == "interleaved":
-        return (p - 1) / v
-    if schedule == "zb":
-        return (p - 1) / 3.0
-    return float(p - 1)
+    """Idle micro-batch slots of a schedule with p ranks (the registry's closed form)."""
+    return get_schedule(schedule).bubble_slots(p, v)
 
 
 def _layout(cfg: ParallelConfig, v: int, mem: float, ctx: ParallelCosts) -> Layout:
@@ -159,7 +155,7 @@ def inflight_peaks(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
     """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate once
     M >= 2P (checked for every registry schedule in tests/test_parallel_search.py), so their
     counts come from the schedule generated at M = 2P, cheap whatever M is."""
-    if name == "gpipe":
+    if get_schedule(name).holds_every_microbatch:
         return (m,) * (p * v)
     return _inflight_cached(name, p, min(m, 2 * p), v)
 

@@ -35,11 +35,10 @@ from planner.schedules.memory import stage_inflight_peak
 from planner.simulate import SimResult, simulate_costs
 from planner.units import format_bytes
 
-__all__ = ["METHODS", "INTERLEAVED_V", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for",
+__all__ = ["METHODS", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for",
            "CandidateEvaluator", "device_orders"]
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
-INTERLEAVED_V = get_schedule("interleaved").virtual_stages  # kept for importers; the registry decides
 MAX_AUTO_MICROBATCHES = 1024  # auto searches M up to this (a forced --microbatches may go beyond)
 POLISH_TOP = 3  # candidates the simulator-driven polish starts from
 POLISH_ROUNDS = 4  # passes over all cuts (each move is one simulation)

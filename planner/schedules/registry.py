@@ -53,6 +53,12 @@ class ScheduleSpec:
     """One line for help texts and docs."""
     chunk_choices: tuple[int, ...] = ()
     """Chunks per rank the cluster search (planner.partition.parallel_search) tries; empty: just virtual_stages."""
+    bubble_slots: Callable[[int, int], float] = lambda p, v: float(p - 1)
+    """(ranks P, chunks per rank v) -> idle micro-batch slots per rank in the closed form (GPipe and
+    1F1B: P - 1); the cluster search's estimate before it simulates (planner.partition.parallel_eval)."""
+    holds_every_microbatch: bool = False
+    """True when a stage holds every micro-batch's activations at its peak (all forwards before any
+    backward); False when the count in flight stops growing once M >= 2P."""
     sends_overlap_compute: bool = True
     """True when torch's runtime posts a send and computes on while the bytes move (GPipe's class,
     the runtime behind interleaved and zb); False when it waits for each send, with the next
@@ -87,7 +93,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
     ScheduleSpec(
         name="gpipe", order=_one_chunk(gpipe_order), torch_class="ScheduleGPipe", torch_runtime="class",
         virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="any",
-        recompute=True, description="GPipe: every forward, then every backward"),
+        recompute=True, description="GPipe: every forward, then every backward", holds_every_microbatch=True),
     ScheduleSpec(
         name="1f1b", order=_one_chunk(one_f_one_b_order), torch_class="Schedule1F1B", torch_runtime="class",
         virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks",
@@ -99,11 +105,13 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
         microbatches="multiple-of-rounds", recompute=True,
         description="interleaved 1F1B (Megatron-LM): several stages per rank",
         # 3 and 4 fit layer counts that 2 x P does not divide well (105 blocks on 35 ranks)
-        chunk_choices=(2, 3, 4)),
+        chunk_choices=(2, 3, 4), bubble_slots=lambda p, v: (p - 1) / v),
     ScheduleSpec(
         name="zb", order=_one_chunk(zb_h1_order), torch_class="ScheduleInterleavedZeroBubble", torch_runtime="csv",
         virtual_stages=1, multi_chunk=False, split_backward=True, microbatches="multiple-of-rounds",
-        recompute=True, description="ZB-H1 zero bubble: 1F1B with the backward split into I and W"),
+        recompute=True, description="ZB-H1 zero bubble: 1F1B with the backward split into I and W",
+        # ZB-H1 with t_F = t_B = t_W: a third of 1F1B's bubble (Qi et al., 2024)
+        bubble_slots=lambda p, v: (p - 1) / 3.0),
 )}
 # The order matters: it breaks ties between equally fast plans (planner.partition.search).
 SCHEDULE_NAMES: tuple[str, ...] = tuple(SCHEDULES)
