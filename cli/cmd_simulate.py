@@ -8,6 +8,7 @@ file behind).
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -91,7 +92,7 @@ def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[
     from planner.simulation.timeline import timeline_csv_text
 
     plan, result = w.plan, w.sim
-    data = {**result.to_dict(), "basis": w.basis}
+    data = replace(result.record(), basis=w.basis).to_dict()
     payloads: list[tuple[Path, bytes]] = []
     if out is not None:
         payloads.append((out, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode()))

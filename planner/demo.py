@@ -318,7 +318,7 @@ def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, run2: Any, result
     s, data = d.s, d.data
     uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
     inputs = ReportInputs(
-        profile=profile, plan=final, sim=sim.to_dict(), run=run2.record, timeline=tuple(sim.timeline),
+        profile=profile, plan=final, sim=sim.record(), run=run2.record, timeline=tuple(sim.timeline),
         measured_timeline=tuple(run2.timeline), sim_label="after calibration",
         extra_predictions=(("before calibration", uncalibrated_ms),),
         sources={"profile": str(data / "profile.csv"), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),

@@ -18,8 +18,11 @@ from planner.jsonio import check_keys
 
 __all__ = [
     "is_number", "short", "conforms", "describe", "type_error", "missing_field", "check_object_keys", "check_index_keys",
-    "objects_in",
+    "objects_in", "INDEX_KEY",
 ]
+
+INDEX_KEY = re.compile(r"[0-9]{1,9}")
+"""The keys of an object keyed by device or stage index (JSON keys are text)."""
 
 
 def is_number(x: Any) -> bool:

@@ -51,10 +51,10 @@ def test_absent_and_null_are_written_as_the_producers_do():
 
 
 @pytest.mark.parametrize("record,fragment", [
-    ({"iteration_ms": "fast"}, "predicted.iteration_ms must be int, got str"),
+    ({"iteration_ms": "fast"}, "predicted.iteration_ms must be a number, got str"),
     ({"devices": [{"busy": 1}]}, "predicted.devices[0]: unknown key 'busy'"),
     ({"devices": [{"memory": {"weight": 1}}]}, "predicted.devices[0].memory: unknown key 'weight'"),
-    ({"interpolated": 1}, "predicted.interpolated must be bool"),
+    ({"interpolated": 1}, "predicted.interpolated must be true or false"),
 ])
 def test_bad_predictions_name_the_field(record, fragment):
     d = {"schedule": "1f1b", "micro_batch_size": 1, "n_microbatches": 2, "devices": 1,

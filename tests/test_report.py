@@ -324,3 +324,55 @@ def test_summary_and_fit_read_the_records_fields(tmp_path):
     assert fitted_on_run(Calibration(fitted_from={"run": "elsewhere.json", "measured_ms": 250.0}), run)
     assert not fitted_on_run(Calibration(fitted_from={"run": "elsewhere.json", "measured_ms": 251.0}), run)
     assert not fitted_on_run(Calibration(fitted_from={"measured_ms": 250.0}), None)
+
+
+def test_report_inputs_take_a_simulation_record_only():
+    from planner.report.inputs import ReportInputs, SimulationRecord, load_sim
+
+    record = load_sim(ALL["sim"])
+    assert isinstance(record, SimulationRecord)
+    assert record.to_dict() == json.loads(ALL["sim"].read_text())  # nothing in the file is lost
+    with pytest.raises(TypeError, match="must be a SimulationRecord, got dict"):
+        ReportInputs(sim=record.to_dict())
+    assert ReportInputs(sim=record).sim.memory_timeline.keys() == {0, 1}
+
+
+def test_a_simulation_reads_back_as_the_record_it_came_from():
+    from planner.plan import load_plan
+    from planner.profiling.profile import load_profile
+    from planner.report.inputs import parse_sim
+    from planner.simulate import simulate
+
+    result = simulate(load_plan(ALL["plan"]), load_profile(ALL["profile"]))
+    assert result.memory_timeline and result.prediction().devices
+    assert parse_sim(json.loads(json.dumps(result.to_dict()))) == result.record()
+
+
+def _sim_edit(fn):
+    data = json.loads(ALL["sim"].read_text())
+    fn(data)
+    return data
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda d: d.update(iteration=d.pop("iteration_ms")), r"simulation: unknown key 'iteration'; did you mean 'iteration_ms'\?"),
+    (lambda d: d["devices"][0].update(peak_memory=d["devices"][0].pop("peak_memory_bytes")),
+     r"devices\[0\]: unknown key 'peak_memory'; did you mean 'peak_memory_bytes'\?"),
+    (lambda d: d["devices"][1]["memory"].update(weight=1), r"devices\[1\]\.memory: unknown key 'weight'; did you mean 'weights'\?"),
+    (lambda d: d["devices"][0].update(busy_ms="12"), r"devices\[0\]\.busy_ms must be .*'12'"),
+    (lambda d: d.update(n_microbatches=4.5), r"simulation\.n_microbatches must be .*4\.5"),
+    (lambda d: d.update(iteration_ms=None), r"'iteration_ms' must be a number, got None"),
+    (lambda d: d["memory_timeline"].update({"cpu0": []}), r"memory_timeline: unknown key 'cpu0'; its keys are device indices"),
+    (lambda d: d.update(memory_timeline=[]), r"'memory_timeline' must be an object, got \[\]"),
+    (lambda d: d["memory_timeline"].update({"0": [[0, 1], ["a", 1]]}), r"memory_timeline\['0'\] must be a list of lists of numbers; item 1 is \['a', 1\]"),
+    (lambda d: d["memory_timeline"].update({"1": [[0.5]]}), r"memory_timeline\['1'\] item 0 must be \[t_ms, bytes\], got \[0\.5\]"),
+], ids=["typo", "device-typo", "memory-typo", "busy-text", "microbatches-fraction", "no-iteration", "timeline-key",
+        "timeline-list", "timeline-text", "timeline-pair"])
+def test_a_bad_simulation_is_one_line_naming_the_file_and_the_field(tmp_path, edit, expected):
+    path = tmp_path / "sim.json"
+    path.write_text(json.dumps(_sim_edit(edit)))
+    with pytest.raises(PplanError) as caught:
+        load_inputs(sim=path)
+    line = caught.value.one_line()
+    assert line.startswith(f"{path}: ") and "\n" not in line, line
+    assert re.search(expected, line), line

@@ -330,7 +330,7 @@ def test_partitioned_plan_and_its_simulation_load_back(tmp_path) -> None:
     from planner.partition import PartitionSettings, partition
     from planner.plan import load_plan, plan_to_json, write_plan
     from planner.profiling.profile import load_profile
-    from planner.report.inputs import check_sim
+    from planner.report.inputs import parse_sim
     from planner.simulate import simulate
 
     prof = load_profile(GOOD_PROFILE)
@@ -339,7 +339,7 @@ def test_partitioned_plan_and_its_simulation_load_back(tmp_path) -> None:
     write_plan(plan, tmp_path / "p.json")
     again = load_plan(tmp_path / "p.json")
     assert plan_to_json(again) == (tmp_path / "p.json").read_text(encoding="utf-8")
-    check_sim(json.loads(json.dumps(simulate(again, prof).to_dict())))
+    parse_sim(json.loads(json.dumps(simulate(again, prof).to_dict())))
 
 
 def test_calibration_refuses_absurd_values_on_construction(tmp_path) -> None:

@@ -29,6 +29,12 @@ def test_human_output_and_files(work: Path) -> None:
     sim = json.loads((work / "sim.json").read_text())
     assert sim["schedule"] == "1f1b" and sim["n_microbatches"] == 8 and len(sim["devices"]) == 3
     assert sim["devices"][1]["memory"]["total"] == sim["devices"][1]["peak_memory_bytes"]
+    from planner.report.inputs import load_sim
+
+    record = load_sim(work / "sim.json")  # what the report reads: the same file, as its typed record
+    assert record.to_dict() == sim
+    assert record.prediction.devices[1].memory.total == record.prediction.devices[1].peak_memory_bytes
+    assert sorted(record.memory_timeline) == [0, 1, 2] and record.basis == sim["basis"]
     with open(work / "t.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert list(rows[0]) == ["device", "stage", "kind", "microbatch", "start_ms", "end_ms"]

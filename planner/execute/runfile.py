@@ -16,11 +16,11 @@ from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
 from planner.execute.results import RankRecord, RunRecord
 from planner.jsonio import read_json_file
-from planner.jsontypes import check_index_keys, check_object_keys, is_number, objects_in, short, type_error
+from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short, type_error
 from planner.plan import MEMORY_KEYS
 
 __all__ = ["load_run", "parse_run", "DIVERGED_KEYS", "COMM_KEYS", "CALIBRATION_FIT_KEYS", "COMPUTE_POINT_KEYS",
-           "ACTION_KEY", "INDEX_KEY"]
+           "ACTION_KEY"]
 
 # RunRecord's fields (and RankRecord's) are the keys of the run and of each rank, which
 # RunRecord.from_dict checks; these are the keys of the objects it keeps as plain dicts.
@@ -29,8 +29,6 @@ COMM_KEYS = ("a", "b", "latency_ms", "bandwidth_bytes_per_s", "points")
 CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
                         "compute_points", "path", "calibration")
 COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
-INDEX_KEY = re.compile(r"[0-9]{1,9}")
-"""Keys of objects keyed by device or stage index."""
 ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
 """Keys of objects keyed by stage and action kind ("0F")."""
 _HINT = "give the JSON that `pplan run --out` wrote"

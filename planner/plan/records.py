@@ -83,7 +83,7 @@ def _read(d: dict, key: str, kind: Any, where: str) -> Any:
         rows = as_objects(items, f"{where}.{key}", inner.keys())
         return tuple(inner.from_dict(row, f"{where}.{key}[{i}]") for i, row in enumerate(rows))
     if not isinstance(items, list):
-        raise PlanError(f"plan field {where}.{key} must be a list, got {type(items).__name__}")
+        raise PlanError(f"field {where}.{key} must be a list, got {type(items).__name__}")
     return tuple(get_field({"": x}, "", inner, f"{where}.{key}[{i}]") for i, x in enumerate(items))
 
 

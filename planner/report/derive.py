@@ -32,8 +32,6 @@ class Derived:
     """The micro-batch x schedule sweep."""
     sweep_skipped: str | None = None
     """Why there is no sweep."""
-    baselines: tuple[dict[str, Any], ...] = ()
-    """Baselines recomputed here when the plan records none."""
     notes: tuple[str, ...] = ()
     """What was computed, for the index."""
 
@@ -111,7 +109,7 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
             reason = f"the plan could not be simulated with this profile: {e.one_line()}"
             return Derived(sweep_skipped=reason, notes=(reason,))
         if inputs.sim is None:
-            changes["sim"] = result.to_dict()
+            changes["sim"] = result.record()
             if fit:
                 changes["sim_label"] = "calibrated on this run (a fit)"
             elif cal is not None and inputs.sim_label == "simulation":

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from planner.execute.results import RankRecord
+from planner.plan import PredictedDevice
 from planner.report.fig_memory import draw_limit_marks
 from planner.report.inputs import ReportInputs
 from planner.report.style import (
@@ -32,7 +33,7 @@ def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
     lines: list[tuple[str, float, str]] = []
     run = inputs.run
     run_pred = run.iteration_ms_predicted if run is not None else None
-    sim_pred = inputs.sim.get("iteration_ms") if inputs.sim else None
+    sim_pred = inputs.sim.prediction.iteration_ms if inputs.sim else None
     same = (isinstance(run_pred, (int, float)) and isinstance(sim_pred, (int, float))
             and abs(sim_pred - run_pred) <= 1e-3 * max(sim_pred, 1e-9))
     if isinstance(run_pred, (int, float)) and run_pred > 0:
@@ -66,13 +67,13 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     fig = new_figure(14.0, 4.6)
     ax_busy, ax_mem, ax_step = fig.subplots(1, 3, width_ratios=[1, 1.4, 1.6])
     ranks = _rank_rows(inputs)
-    sim_devices = {d.get("device"): d for d in (inputs.sim or {}).get("devices", []) or []}
+    sim_devices = _sim_devices(inputs)
     w = 0.38
 
     if ranks:
         x = np.arange(len(ranks))
         labels = [f"dev {r.rank}" for r in ranks]
-        pred_busy = [float(r.busy_ms_predicted or sim_devices.get(r.device, {}).get("busy_ms") or np.nan)
+        pred_busy = [float(r.busy_ms_predicted or _simulated(sim_devices, r.device, "busy_ms") or np.nan)
                      for r in ranks]
         meas_busy = [float(r.busy_ms or np.nan) for r in ranks]
         _paired_bars(ax_busy, x, pred_busy, meas_busy, w, 1.0)
@@ -80,10 +81,10 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax_busy.set_ylabel("busy time per iteration (ms)")
         ax_busy.set_title("Busy time per device")
 
-        pred_mem = [float(r.peak_memory_bytes_predicted or sim_devices.get(r.rank, {}).get("peak_memory_bytes")
+        pred_mem = [float(r.peak_memory_bytes_predicted or _simulated(sim_devices, r.rank, "peak_memory_bytes")
                           or np.nan) for r in ranks]
         meas_mem = [float(r.peak_memory_bytes_measured or np.nan) for r in ranks]
-        limits = [sim_devices.get(r.rank, {}).get("memory_limit_bytes") for r in ranks]
+        limits = [_simulated(sim_devices, r.rank, "memory_limit_bytes") for r in ranks]
         if inputs.plan is not None:
             limits = [lim or (inputs.plan.devices[r.rank].memory_bytes if 0 <= r.rank < inputs.plan.n_devices else None)
                       for lim, r in zip(limits, ranks)]
@@ -118,6 +119,17 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
     _draw_steps(ax_step, inputs)
     return fig
+
+
+def _sim_devices(inputs: ReportInputs) -> dict[int, PredictedDevice]:
+    """The simulation's devices by index (none without a simulation)."""
+    devices = (inputs.sim.prediction.devices or ()) if inputs.sim is not None else ()
+    return {d.device: d for d in devices if d.device is not None}
+
+
+def _simulated(devices: dict[int, PredictedDevice], device: int, name: str) -> float | None:
+    """Field `name` of the simulation's record of `device` (None when the simulation has no such device)."""
+    return getattr(devices[device], name) if device in devices else None
 
 
 def _has_breakdowns(ranks: list[RankRecord]) -> bool:

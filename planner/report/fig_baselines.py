@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from planner.report.inputs import ReportInputs, as_dict
+from planner.plan import Prediction
+from planner.report.inputs import ReportInputs
 from planner.report.style import LIMIT_STYLE, bytes_axis, new_figure
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "candidates"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "candidates", "SplitBar"]
 
 KEY = "4_baselines"
 TITLE = "The plan against baseline splits"
@@ -25,63 +27,59 @@ def _number(value: Any) -> float | None:
 _METHOD_NAMES = {"uniform": "uniform", "params": "params", "time": "time", "dp": "pplan DP", "ilp": "pplan ILP"}
 
 
-def candidates(inputs: ReportInputs, derived: Any = None) -> list[dict[str, Any]]:
-    """The plan first, then each baseline: name, iteration_ms, peak_memory_bytes, feasible, is_plan.
+@dataclass(frozen=True)
+class SplitBar:
+    """One row of the figure and of the summary's comparison: the plan, or one baseline split."""
 
-    Read from `plan.search["baselines"]` as `pplan partition` writes it: one row per method with
-    its best candidate and, under `at_plan_setting`, the same method at the plan's schedule and
-    micro-batch count, which is what is compared here when present (only the cuts differ).
+    name: str
+    """Label: "pplan plan", or the method (with its schedule and M when not at the plan's setting)."""
+    iteration_ms: float | None
+    """Predicted iteration time, ms (None: not known)."""
+    peak_memory_bytes: float | None
+    """Peak memory of the fullest device, bytes (None: not known)."""
+    feasible: bool
+    """Whether it fits the memory limit."""
+    is_plan: bool
+    """True for the plan itself (the first row)."""
+
+
+def candidates(inputs: ReportInputs, derived: Any = None) -> list[SplitBar]:
+    """The plan first, then each baseline split that `pplan partition` recorded in `plan.search.baselines`.
+
+    Each baseline row holds the method's best candidate and, under `at_plan_setting`, the same
+    method at the plan's schedule and micro-batch count, which is what is compared here when
+    present (only the cuts differ).
     """
-    rows: list[dict[str, Any]] = []
     plan = inputs.plan
     if plan is None:
-        return rows
-    search = as_dict(plan.search)
-    source = getattr(derived, "baselines", None) or search.get("baselines") or []
-    if isinstance(source, dict):  # {"uniform": {...}, ...}
-        source = [{"name": k, **v} for k, v in source.items() if isinstance(v, dict)]
-    predicted = as_dict(plan.predicted)
-    origin = search.get("source")
+        return []
+    search = plan.search
+    origin = search.source if search is not None else None
     name = "pplan plan" + (f" (= {origin} split)" if origin in ("uniform", "params", "time") else "")
-    rows.append({"name": name, "iteration_ms": _number(predicted.get("iteration_ms"))
-                 or _number((inputs.sim or {}).get("iteration_ms")),
-                 "peak_memory_bytes": _peak(predicted) or _peak(inputs.sim or {}), "feasible": True, "is_plan": True})
-    for b in source:
-        if not isinstance(b, dict):
+    simulated = inputs.sim.prediction if inputs.sim is not None else None
+    rows = [SplitBar(name, _iteration_ms(plan.predicted) or _iteration_ms(simulated),
+                     _largest_peak(plan.predicted) or _largest_peak(simulated), feasible=True, is_plan=True)]
+    for b in (search.baselines or ()) if search is not None else ():
+        if not b.method:
             continue
-        method = b.get("name") or b.get("method")
-        if not method:
-            continue
-        same = b.get("at_plan_setting") if isinstance(b.get("at_plan_setting"), dict) else None
-        pick = same or b
-        pred = pick.get("predicted") if isinstance(pick.get("predicted"), dict) else {}
-        label = _METHOD_NAMES.get(str(method), str(method))
-        if same is None and b.get("schedule"):
-            label += f" ({b['schedule']}, M={b.get('n_microbatches', '?')})"
-        rows.append({
-            "name": label,
-            "method": str(method),
-            "iteration_ms": _number(pick.get("iteration_ms")) or _number(pred.get("iteration_ms")),
-            "peak_memory_bytes": _peak(pick) or _peak(pred),
-            "feasible": bool(pick.get("feasible", pick.get("fits", True))),
-            "is_plan": False,
-        })
+        pick = b.at_plan_setting or b
+        label = _METHOD_NAMES.get(b.method, b.method)
+        if b.at_plan_setting is None and b.schedule:
+            label += f" ({b.schedule}, M={b.n_microbatches if b.n_microbatches is not None else '?'})"
+        rows.append(SplitBar(label, _number(pick.iteration_ms), _number(pick.peak_memory_bytes),
+                             feasible=pick.fits is not False, is_plan=False))
     return rows
 
 
-def _peak(d: dict[str, Any]) -> float | None:
-    value = d.get("peak_memory_bytes")
-    if isinstance(value, list):
-        nums = [v for v in (_number(x) for x in value) if v]
-        return max(nums) if nums else None
-    if _number(value):
-        return _number(value)
-    devices = d.get("devices")
-    if isinstance(devices, list):
-        nums = [_number(x.get("peak_memory_bytes")) for x in devices if isinstance(x, dict)]
-        nums = [v for v in nums if v]
-        return max(nums) if nums else None
-    return None
+def _iteration_ms(prediction: Prediction | None) -> float | None:
+    return _number(prediction.iteration_ms) if prediction is not None else None
+
+
+def _largest_peak(prediction: Prediction | None) -> float | None:
+    """The largest device peak a prediction records (None when it records none)."""
+    devices = (prediction.devices or ()) if prediction is not None else ()
+    peaks = [v for v in (_number(d.peak_memory_bytes) for d in devices) if v]
+    return max(peaks) if peaks else None
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -94,7 +92,8 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 
 
 def caption(inputs: ReportInputs) -> str:
-    calibrated = as_dict(inputs.plan.search if inputs.plan is not None else None).get("calibrated")
+    search = inputs.plan.search if inputs.plan is not None else None
+    calibrated = search.calibrated if search is not None else None
     basis = {True: " Basis: calibrated, as the plan was searched.",
              False: " Basis: uncalibrated (the profile as measured), as the plan was searched."}.get(calibrated, "")
     return ("Predicted iteration time (left) and largest per-device peak memory (right) of pplan's plan and "
@@ -117,18 +116,18 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     fig = new_figure(11.0, 4.2)
     ax_t, ax_m = fig.subplots(1, 2)
     y = np.arange(len(rows))[::-1]
-    names = [r["name"] for r in rows]
-    colors = [_PLAN_COLOR if r["is_plan"] else (_BASE_COLOR if r["feasible"] else _INFEASIBLE_COLOR) for r in rows]
-    hatches = [None if r["feasible"] else "///" for r in rows]
+    names = [r.name for r in rows]
+    colors = [_PLAN_COLOR if r.is_plan else (_BASE_COLOR if r.feasible else _INFEASIBLE_COLOR) for r in rows]
+    hatches = [None if r.feasible else "///" for r in rows]
 
-    times = [r["iteration_ms"] or 0.0 for r in rows]
-    plan_ms = rows[0]["iteration_ms"]
+    times = [r.iteration_ms or 0.0 for r in rows]
+    plan_ms = rows[0].iteration_ms
     bars = ax_t.barh(y, times, color=colors, hatch=hatches, edgecolor="#C44E52", lw=0)
     for bar, r in zip(bars, rows):
-        text = f"{r['iteration_ms']:.1f} ms" if r["iteration_ms"] else "n/a"
-        if r["iteration_ms"] and plan_ms and not r["is_plan"]:
-            text += f"  ({r['iteration_ms'] / plan_ms:.2f}x the plan's)"
-        if not r["feasible"]:
+        text = f"{r.iteration_ms:.1f} ms" if r.iteration_ms else "n/a"
+        if r.iteration_ms and plan_ms and not r.is_plan:
+            text += f"  ({r.iteration_ms / plan_ms:.2f}x the plan's)"
+        if not r.feasible:
             text += "  infeasible"
         ax_t.text(bar.get_width(), bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5)
     ax_t.set_yticks(y, names)
@@ -136,13 +135,13 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     ax_t.set_title("Iteration time")
     ax_t.set_xlim(0, max(times + [1.0]) * 1.45)
 
-    peaks = [r["peak_memory_bytes"] or 0.0 for r in rows]
+    peaks = [r.peak_memory_bytes or 0.0 for r in rows]
     div, unit = bytes_axis(max(peaks + [limit or 0.0, 1.0]))
     bars = ax_m.barh(y, np.array(peaks) / div, color=colors, hatch=hatches, edgecolor="#C44E52", lw=0)
     for bar, r in zip(bars, rows):
-        text = f"{r['peak_memory_bytes'] / div:.2f} {unit}" if r["peak_memory_bytes"] else "n/a"
-        if r["peak_memory_bytes"] and limit:
-            text += f"  ({r['peak_memory_bytes'] / limit:.0%} of limit)"
+        text = f"{r.peak_memory_bytes / div:.2f} {unit}" if r.peak_memory_bytes else "n/a"
+        if r.peak_memory_bytes and limit:
+            text += f"  ({r.peak_memory_bytes / limit:.0%} of limit)"
         # Right of the bar or of the limit line, whichever is further: a label never crosses the line.
         x_text = max(bar.get_width(), limit / div if limit else 0.0)
         ax_m.text(x_text, bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5,
@@ -159,9 +158,9 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     from matplotlib.patches import Patch
 
     handles = [Patch(facecolor=_PLAN_COLOR, label="pplan's plan")]
-    if any(r["feasible"] and not r["is_plan"] for r in rows):
+    if any(r.feasible and not r.is_plan for r in rows):
         handles.append(Patch(facecolor=_BASE_COLOR, label="baseline that fits"))
-    if any(not r["feasible"] for r in rows):
+    if any(not r.feasible for r in rows):
         handles.append(Patch(facecolor=_INFEASIBLE_COLOR, hatch="///", edgecolor="#C44E52",
                              label="does not fit the memory limit"))
     if limit:

@@ -6,6 +6,7 @@ from typing import Any
 
 import numpy as np
 
+from planner.plan import PredictedDevice
 from planner.report.inputs import ReportInputs
 from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
@@ -19,8 +20,7 @@ TITLE = "Memory per device"
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
     """Why this figure cannot be drawn, or None."""
-    sim = inputs.sim
-    if sim is None or not sim.get("devices"):
+    if inputs.sim is None or not inputs.sim.prediction.devices:
         return "needs a simulation (--sim, or --plan with --profile to simulate here)"
     return None
 
@@ -38,8 +38,7 @@ def caption(inputs: ReportInputs) -> str:
 
 
 def _has_timeline(inputs: ReportInputs) -> bool:
-    tl = (inputs.sim or {}).get("memory_timeline") or {}
-    return any(len(v) > 0 for v in tl.values())
+    return inputs.sim is not None and any(len(v) > 0 for v in inputs.sim.memory_timeline.values())
 
 
 def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
@@ -52,7 +51,7 @@ def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
-    devices = sorted(inputs.sim["devices"], key=lambda d: d.get("device", 0))
+    devices = sorted(inputs.sim.prediction.devices, key=lambda d: _index(d, 0))
     has_tl = _has_timeline(inputs)
     bar_w = max(1.0, len(devices) / 5)
     fig = new_figure((11.5 if has_tl else 6.5) + 2.5 * (bar_w - 1), 4.6)
@@ -61,8 +60,8 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     else:
         ax_bar, ax_t = fig.subplots(1, 1), None
 
-    peaks = [float(d.get("peak_memory_bytes") or (d.get("memory") or {}).get("total", 0)) for d in devices]
-    limits = [d.get("memory_limit_bytes") for d in devices]
+    peaks = [float(d.peak_memory_bytes or _part(d, "total")) for d in devices]
+    limits = [d.memory_limit_bytes for d in devices]
     measured = _measured_peaks(inputs)
     top = max(peaks + [float(x) for x in limits if x] + list(measured.values()) + [1.0])
     div, unit = bytes_axis(top)
@@ -71,13 +70,13 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     labels = [_label(d, i) for i, d in enumerate(devices)]
     bottom = np.zeros(len(devices))
     for part in MEMORY_PARTS:
-        values = np.array([float((d.get("memory") or {}).get(part, 0)) for d in devices]) / div
+        values = np.array([float(_part(d, part)) for d in devices]) / div
         ax_bar.bar(x, values, bottom=bottom, width=0.6, color=MEMORY_COLORS[part], label=part)
         bottom += values
     draw_limit_marks(ax_bar, limits, div, 0.4)
     meas_drawn = False
     for i, d in enumerate(devices):
-        value = measured.get(d.get("device", i))
+        value = measured.get(_index(d, i))
         if value is not None:
             ax_bar.plot([i], [value / div], marker="D", ms=8, color=MEASURED_COLOR, mec="white", ls="none",
                         label=None if meas_drawn else "measured peak")
@@ -91,7 +90,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
             note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
         # Above whatever is highest here (bar, limit line, measured marker) so nothing overlaps.
         top_here = max([bottom[i]] + ([float(lim) / div] if lim else [])
-                       + ([measured[devices[i].get("device", i)] / div] if devices[i].get("device", i) in measured else []))
+                       + ([measured[_index(devices[i], i)] / div] if _index(devices[i], i) in measured else []))
         ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=7.5 if many else 8.5,
                         xytext=(0, 4), textcoords="offset points")
     ax_bar.set_xticks(x, labels)
@@ -133,23 +132,35 @@ def settled(points: list) -> list:
     return out
 
 
-def _label(d: dict, i: int) -> str:
-    dev = d.get("device", i)
-    name = d.get("name")
+def _index(d: PredictedDevice, default: int) -> int:
+    """The device's index; `default` (its position) when the file leaves it out."""
+    return d.device if d.device is not None else default
+
+
+def _part(d: PredictedDevice, part: str) -> float:
+    """One part of the device's peak memory breakdown (0 when absent)."""
+    value = getattr(d.memory, part) if d.memory is not None else None
+    return value if value is not None else 0
+
+
+def _label(d: PredictedDevice, i: int) -> str:
+    dev = _index(d, i)
+    name = d.name
     return f"dev {dev}" if not name or name == f"dev{dev}" else f"{name} (dev {dev})"
 
 
-def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[dict], limits: list, div: float, unit: str) -> None:
-    timeline = inputs.sim.get("memory_timeline") or {}
-    t_end = float(inputs.sim.get("iteration_ms") or 0.0)
+def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[PredictedDevice], limits: list, div: float,
+                   unit: str) -> None:
+    timeline = inputs.sim.memory_timeline
+    t_end = float(inputs.sim.prediction.iteration_ms or 0.0)
     for i, d in enumerate(devices):
-        pts = timeline.get(str(d.get("device", i))) or []
+        pts = timeline.get(_index(d, i)) or []
         if not pts:
             continue
         pts = settled(pts)
         t = [float(p[0]) for p in pts] + [max(t_end, float(pts[-1][0]))]
         y = [float(p[1]) / div for p in pts] + [float(pts[-1][1]) / div]
-        color = device_color(int(d.get("device", i)))
+        color = device_color(_index(d, i))
         ax.step(t, y, where="post", color=color, lw=1.6, label=_label(d, i))
     distinct = sorted({float(v) for v in limits if v})
     for j, lim in enumerate(distinct):

@@ -31,7 +31,7 @@ def caption(inputs: ReportInputs) -> str:
             "and optimizer (O) work, numbered by micro-batch; thin grey bars are transfers the device sends; "
             "the hatched band is idle time (the bubble). ")
     text += "Shown: " + " and ".join(parts) + ", on one time axis."
-    sim_ms = (inputs.sim or {}).get("iteration_ms")
+    sim_ms = inputs.sim.prediction.iteration_ms if inputs.sim is not None else None
     if inputs.timeline and isinstance(sim_ms, (int, float)):
         drawn = max(r.end_ms for r in inputs.timeline) - min(r.start_ms for r in inputs.timeline)
         if sim_ms > drawn * 1.005:
@@ -65,9 +65,9 @@ def one_iteration(rows: Sequence[TimelineRow]) -> list[TimelineRow]:
 def _device_names(inputs: ReportInputs) -> list[str] | None:
     if inputs.plan is not None:
         return [d.name for d in inputs.plan.devices]
-    devices = (inputs.sim or {}).get("devices") or []
-    if devices and all(isinstance(d.get("device"), int) for d in devices):
-        names = {d["device"]: str(d.get("name") or f"dev{d['device']}") for d in devices}
+    devices = (inputs.sim.prediction.devices or ()) if inputs.sim is not None else ()
+    if devices and all(d.device is not None for d in devices):
+        names = {d.device: d.name or f"dev{d.device}" for d in devices}
         return [names.get(i, f"dev{i}") for i in range(max(names) + 1)]
     return None
 
@@ -77,9 +77,10 @@ def _title(inputs: ReportInputs) -> str:
     if source is not None:
         return (f"Pipeline schedule: {source.schedule}, {source.n_microbatches} micro-batches of "
                 f"{source.micro_batch_size} on {source.n_devices} devices")
-    sim = inputs.sim or {}
-    if sim.get("schedule"):
-        return f"Pipeline schedule: {sim['schedule']}, {sim.get('n_microbatches', '?')} micro-batches"
+    prediction = inputs.sim.prediction if inputs.sim is not None else None
+    if prediction is not None and prediction.schedule:
+        m = prediction.n_microbatches if prediction.n_microbatches is not None else "?"
+        return f"Pipeline schedule: {prediction.schedule}, {m} micro-batches"
     return "Pipeline schedule"
 
 

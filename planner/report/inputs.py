@@ -12,16 +12,17 @@ import io
 import math
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from planner.errors import PplanError
 from planner.execute.results import RunRecord
-from planner.execute.runfile import INDEX_KEY, load_run, parse_run
+from planner.execute.runfile import load_run, parse_run
 from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
-from planner.jsontypes import check_index_keys, check_object_keys, is_number, objects_in
-from planner.plan import MEMORY_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS, Plan, load_plan
+from planner.plan import Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
-from planner.simulation.result import TIMELINE_COLUMNS, TIMELINE_KINDS, TimelineRow  # one row type for simulated and measured timelines
+from planner.simulation.result import (  # one row type for simulated and measured timelines
+    TIMELINE_COLUMNS, TIMELINE_KINDS, SimulationRecord, TimelineRow,
+)
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -30,16 +31,13 @@ __all__ = [
     "ReportInputs",
     "read_timeline",
     "read_timeline_text",
+    "SimulationRecord",
     "load_sim",
+    "parse_sim",
     "load_run",
     "parse_run",
     "load_inputs",
 ]
-
-
-# Every key a simulation JSON may hold, per object level (what `pplan simulate --out` writes:
-# planner/simulation/result.py). Anything else is refused with the nearest known key.
-SIM_KEYS = (*PREDICTED_KEYS, "memory_timeline")
 
 
 @dataclass(frozen=True)
@@ -50,8 +48,8 @@ class ReportInputs:
     """Per-layer profile."""
     plan: Plan | None = None
     """The plan (with `predicted` and `search` when written by `pplan partition`)."""
-    sim: dict[str, Any] | None = None
-    """Simulation JSON (iteration_ms, devices, memory_timeline, ...)."""
+    sim: SimulationRecord | None = None
+    """The simulation (`pplan simulate --out`, read by load_sim; or SimResult.record())."""
     run: RunRecord | None = None
     """The measured run (the run JSON that `pplan run` writes, as its record)."""
     timeline: tuple[TimelineRow, ...] | None = None
@@ -77,6 +75,9 @@ class ReportInputs:
         if self.run is not None and not isinstance(self.run, RunRecord):  # a caller's mistake, not a user's
             raise TypeError(f"ReportInputs.run must be a RunRecord, got {type(self.run).__name__}; "
                             "read a run JSON with load_run(path) or RunRecord.from_dict(data)")
+        if self.sim is not None and not isinstance(self.sim, SimulationRecord):
+            raise TypeError(f"ReportInputs.sim must be a SimulationRecord, got {type(self.sim).__name__}; "
+                            "read a simulation JSON with load_sim(path), or pass SimResult.record()")
 
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""
@@ -145,53 +146,16 @@ def _read_text(path: str | os.PathLike, what: str) -> str:
     return read_bounded_text(path, what, PplanError, MAX_JSON_BYTES)
 
 
-def _read_json(path: str | os.PathLike, what: str) -> dict[str, Any]:
-    data = read_json_file(path, what, PplanError)
-    if not isinstance(data, dict):
-        raise PplanError(f"{path}: {what} must be a JSON object, got {type(data).__name__}")
-    return data
+def load_sim(path: str | os.PathLike) -> SimulationRecord:
+    """Read a simulation JSON (as written by `pplan simulate --out`) as its record, every key and value checked."""
+    return parse_sim(read_json_file(path, "simulation", PplanError), str(path))
 
 
-def _require_numbers(data: dict[str, Any], keys: tuple[str, ...], source: str, what: str, hint: str) -> None:
-    for key in keys:
-        value = data.get(key)
-        if not is_number(value):
-            raise _bad(source, f"{what} field {key!r} must be a number, got {value!r}"[:200], hint)
+def parse_sim(data: Any, source: str = "<simulation>") -> SimulationRecord:
+    """The SimulationRecord of a simulation JSON's object; PplanError names `source` and the first bad field."""
+    return SimulationRecord.from_dict(data, source)
 
 
-def _require_list(data: dict[str, Any], key: str, item_ok: Callable[[Any], bool], items: str,
-                  source: str, what: str, hint: str) -> list:
-    """`data[key]` (absent: []), refused unless a list whose every item passes `item_ok`."""
-    value = data.get(key, [])
-    if not isinstance(value, list) or not all(item_ok(x) for x in value):
-        raise _bad(source, f"{what} field {key!r} must be a list of {items}", hint)
-    return value
-
-
-def load_sim(path: str | os.PathLike) -> dict[str, Any]:
-    """Read a simulation JSON (as written by `pplan simulate --json-out`) and check its core fields."""
-    data = _read_json(path, "simulation")
-    check_sim(data, str(path))
-    return data
-
-
-def check_sim(data: dict[str, Any], source: str = "<simulation>") -> None:
-    """Raise PplanError unless `data` has the simulation fields the figures read."""
-    hint = "give the JSON that `pplan simulate` writes"
-    check_object_keys(data, SIM_KEYS, f"{source}: simulation")
-    for i, dev in enumerate(objects_in(data, "devices")):
-        check_object_keys(dev, PREDICTED_DEVICE_KEYS, f"{source}: devices[{i}]")
-        check_object_keys(dev.get("memory"), MEMORY_KEYS, f"{source}: devices[{i}].memory")
-    check_index_keys(data.get("memory_timeline"), INDEX_KEY, "device indices", f"{source}: memory_timeline")
-    _require_numbers(data, ("iteration_ms",), source, "simulation", hint)
-    devices = _require_list(data, "devices", lambda d: isinstance(d, dict), "objects", source, "simulation", hint)
-    for i, dev in enumerate(devices):
-        mem = dev.get("memory")
-        if mem is not None and not isinstance(mem, dict):
-            raise _bad(source, f"simulation field devices[{i}].memory must be an object", hint)
-    timeline = data.get("memory_timeline", {})
-    if not isinstance(timeline, dict):
-        raise _bad(source, "simulation field 'memory_timeline' must be an object of device -> [[t_ms, bytes], ...]", hint)
 
 
 def load_inputs(
@@ -219,15 +183,3 @@ def load_inputs(
         sources=sources,
     )
 
-
-__all__ += ["check_sim", "SIM_KEYS"]
-
-
-def as_dict(record: Any) -> dict[str, Any]:
-    """A plan's `predicted`/`search` as a plain dict, whether typed record, dict or None."""
-    if record is None:
-        return {}
-    if hasattr(record, "to_dict"):
-        return record.to_dict()
-    return dict(record) if isinstance(record, dict) else {}
-__all__ += ["as_dict"]

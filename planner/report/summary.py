@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
-from planner.report.inputs import ReportInputs, as_dict
+from planner.plan import Prediction
+from planner.report.fig_baselines import SplitBar
+from planner.report.inputs import ReportInputs
 from planner.units import format_bytes, format_ms
 
 __all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line"]
@@ -12,8 +14,8 @@ __all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line"]
 
 def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
     """The prediction for the plan as given: simulation, else the plan's recorded prediction."""
-    for source in (inputs.sim, as_dict(inputs.plan.predicted) if inputs.plan else None):
-        value = (source or {}).get("iteration_ms")
+    for source in (inputs.sim.prediction if inputs.sim else None, inputs.plan.predicted if inputs.plan else None):
+        value = source.iteration_ms if source is not None else None
         if isinstance(value, (int, float)) and value > 0:
             return float(value)
     return None
@@ -22,10 +24,9 @@ def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
 def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | None, float | None]]:
     """(device, predicted peak bytes, measured peak bytes, limit bytes) per device."""
     rows: dict[int, list[Any]] = {}
-    for d in (inputs.sim or {}).get("devices", []) or []:
-        dev = d.get("device")
-        if isinstance(dev, int):
-            rows[dev] = [d.get("peak_memory_bytes"), None, d.get("memory_limit_bytes")]
+    for d in (inputs.sim.prediction.devices or ()) if inputs.sim is not None else ():
+        if d.device is not None:
+            rows[d.device] = [d.peak_memory_bytes, None, d.memory_limit_bytes]
     for r in inputs.run.ranks if inputs.run is not None else ():
         row = rows.setdefault(r.rank, [None, None, None])
         row[0] = row[0] or r.peak_memory_bytes_predicted
@@ -46,7 +47,14 @@ def plan_line(plan: Any) -> str:
             f"(global batch {plan.global_batch}) on {plan.n_devices} devices; layers {cuts}")
 
 
-def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = None) -> list[tuple[str, str]]:
+def _prediction(inputs: ReportInputs) -> Prediction | None:
+    """The simulation's prediction, else the one the plan records."""
+    if inputs.sim is not None:
+        return inputs.sim.prediction
+    return inputs.plan.predicted if inputs.plan is not None else None
+
+
+def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = ()) -> list[tuple[str, str]]:
     """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup."""
     rows: list[tuple[str, str]] = []
     if inputs.plan is not None:
@@ -59,11 +67,11 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
         if inputs.sim_is_fit:
             label = "iteration time fitted on this run (calibrated: a fit, not a prediction)"
         rows.append((label, format_ms(predicted)))
-    sim = inputs.sim or (as_dict(inputs.plan.predicted) if inputs.plan else None) or {}
-    if isinstance(sim.get("bubble_fraction"), (int, float)):
-        rows.append(("predicted bubble fraction", f"{sim['bubble_fraction']:.1%}"))
-    if isinstance(sim.get("throughput_samples_per_s"), (int, float)):
-        rows.append(("predicted throughput", f"{sim['throughput_samples_per_s']:.1f} samples/s"))
+    prediction = _prediction(inputs)
+    if prediction is not None and prediction.bubble_fraction is not None:
+        rows.append(("predicted bubble fraction", f"{prediction.bubble_fraction:.1%}"))
+    if prediction is not None and prediction.throughput_samples_per_s is not None:
+        rows.append(("predicted throughput", f"{prediction.throughput_samples_per_s:.1f} samples/s"))
     run = inputs.run
     measured = run.iteration_ms_measured if run is not None else None
     if measured is not None and measured > 0:
@@ -94,35 +102,36 @@ def key_numbers(inputs: ReportInputs, baselines: list[dict[str, Any]] | None = N
             parts.append(f"limit {format_bytes(limit)} ({worst / limit:.0%} used)")
         if parts:
             rows.append((f"peak memory dev {dev}", ", ".join(parts)))
-    search = as_dict(inputs.plan.search) if inputs.plan is not None else {}
-    rows += _baseline_rows(baselines or [], predicted, search.get("recompute"), search.get("calibrated"))
+    search = inputs.plan.search if inputs.plan is not None else None
+    recompute, calibrated = (search.recompute, search.calibrated) if search is not None else (None, None)
+    rows += _baseline_rows(baselines, predicted, recompute, calibrated)
     return rows
 
 
-def _baseline_rows(baselines: list[dict[str, Any]], predicted: float | None,
+def _baseline_rows(baselines: Sequence[SplitBar], predicted: float | None,
                    recompute: str | None = None, calibrated: bool | None = None) -> list[tuple[str, str]]:
     """One row per baseline (as `pplan partition` evaluated it): fits or not, and time against the plan."""
     rows = []
-    mine = next((b for b in baselines if b.get("is_plan")), None)
-    ours = (mine or {}).get("iteration_ms") or predicted
+    mine = next((b for b in baselines if b.is_plan), None)
+    ours = (mine.iteration_ms if mine is not None else None) or predicted
     with_recompute = recompute not in (None, "none")
     for b in baselines:
-        if b.get("is_plan"):
+        if b.is_plan:
             continue
         parts = []
-        if not b.get("feasible", True):
-            need = b.get("peak_memory_bytes")
+        if not b.feasible:
+            need = b.peak_memory_bytes
             parts.append("does not fit the memory limit" + (
                 f": needs {format_bytes(need)}{' even with recompute' if with_recompute else ''}" if need else ""))
         else:
             parts.append("fits")
-        if ours and b.get("iteration_ms"):
-            ratio = b["iteration_ms"] / ours
-            detail = f"{format_ms(b['iteration_ms'])} predicted"
+        if ours and b.iteration_ms:
+            ratio = b.iteration_ms / ours
+            detail = f"{format_ms(b.iteration_ms)} predicted"
             if abs(ratio - 1) >= 0.005:
                 detail += f", {ratio:.2f}x the plan's {format_ms(ours)}"
             parts.append(detail)
         basis = {True: " (partition's prediction, calibrated)",
                  False: " (partition's prediction, uncalibrated)"}.get(calibrated, "")
-        rows.append((f"vs {b['name']} split{basis}", "; ".join(parts)))
+        rows.append((f"vs {b.name} split{basis}", "; ".join(parts)))
     return rows

@@ -7,9 +7,12 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from planner.cost import MemoryBreakdown
+from planner.errors import PplanError
+from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, short, type_error
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction
 
-__all__ = ["TimelineRow", "SimResult", "TIMELINE_COLUMNS", "TIMELINE_KINDS", "ReplicaMetrics"]
+__all__ = ["TimelineRow", "SimResult", "SimulationRecord", "SIMULATION_KEYS", "TIMELINE_COLUMNS", "TIMELINE_KINDS",
+           "ReplicaMetrics"]
 
 TIMELINE_COLUMNS = ("device", "stage", "kind", "microbatch", "start_ms", "end_ms")
 TIMELINE_KINDS = ("F", "B", "I", "W", "R", "T", "C", "A", "O")
@@ -142,8 +145,80 @@ class SimResult:
         return {"tokens_per_s": rep.tokens_per_s, "tflops_per_gpu": rep.tflops_per_gpu, "mfu": rep.mfu,
                 "grad_sync_ms": rep.grad_sync_ms, "tp_comm_ms": rep.tp_comm_ms, "hardware": rep.hardware}
 
+    def record(self) -> SimulationRecord:
+        """What the simulation JSON holds, as its record (bytes whole, as the JSON writes them)."""
+        timeline = {d: tuple((t, int(b)) for t, b in pts) for d, pts in self.memory_timeline.items()}
+        return SimulationRecord(prediction=self.prediction(), memory_timeline=timeline)
+
     def to_dict(self) -> dict[str, Any]:
         """The simulation JSON layout (docs/simulator.md): the prediction, then memory_timeline."""
-        out = self.prediction().to_dict()
-        out["memory_timeline"] = {str(d): [[t, int(b)] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())}
+        return self.record().to_dict()
+
+
+# ---- the simulation JSON read back: what `pplan simulate --out` writes, for the report ---------
+
+SIMULATION_KEYS = (*Prediction.keys(), "memory_timeline", "basis")
+"""Every key of a simulation JSON's top level: the plan's prediction, memory over time, and the basis."""
+_NOT_PREDICTED = ("memory_timeline", "basis")
+_HINT = "give the JSON that `pplan simulate --out` writes"
+
+
+@dataclass(frozen=True)
+class SimulationRecord:
+    """A simulation JSON as a record: the prediction a plan records, and each device's memory over time."""
+
+    prediction: Prediction
+    """Iteration time, bubble, throughput, schedule and per-device busy time and peak memory."""
+    memory_timeline: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    """Device index -> (time ms, total bytes) after each change (empty when the simulation did not record it)."""
+    basis: str | None = None
+    """What the costs were based on, as `pplan simulate --out` names it (None: not said)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """The simulation JSON: the prediction's keys, memory_timeline keyed by device index as text, the basis."""
+        out = self.prediction.to_dict()
+        out["memory_timeline"] = {str(d): [[t, b] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())}
+        if self.basis is not None:
+            out["basis"] = self.basis
         return out
+
+    @classmethod
+    def from_dict(cls, data: Any, source: str = "<simulation>") -> SimulationRecord:
+        """The record of a simulation JSON's object; PplanError names `source` and the first wrong key or value.
+
+        Keys and values of the prediction are checked by Prediction.from_dict (a typo gets the nearest
+        known key); memory_timeline is checked here; iteration_ms is required, since every figure reads it.
+        """
+        if not isinstance(data, dict):
+            raise PplanError(f"{source}: a simulation must be a JSON object, got {type(data).__name__}", _HINT)
+        check_object_keys(data, SIMULATION_KEYS, f"{source}: simulation")
+        try:
+            prediction = Prediction.from_dict({k: v for k, v in data.items() if k not in _NOT_PREDICTED}, "simulation")
+        except PplanError as e:
+            raise PplanError(f"{source}: {e.message}", e.hint or _HINT) from None
+        if prediction.iteration_ms is None:
+            raise PplanError(f"{source}: simulation field 'iteration_ms' must be a number, got "
+                             f"{short(data.get('iteration_ms'))}", _HINT)
+        basis = data.get("basis")
+        if basis is not None and not isinstance(basis, str):
+            raise PplanError(f"{source}: simulation field 'basis' must be a string, got {short(basis)}", _HINT)
+        return cls(prediction, _memory_timeline(data.get("memory_timeline", {}), source), basis)
+
+
+def _memory_timeline(value: Any, source: str) -> dict[int, tuple[tuple[float, float], ...]]:
+    """memory_timeline: device index (as text) -> [[t_ms, bytes], ...], each checked."""
+    shape = "it maps a device index to [[t_ms, bytes], ...]"
+    if not isinstance(value, dict):
+        raise PplanError(f"{source}: simulation field 'memory_timeline' must be an object, got {short(value)}", shape)
+    check_index_keys(value, INDEX_KEY, "device indices", f"{source}: memory_timeline")
+    out: dict[int, tuple[tuple[float, float], ...]] = {}
+    for key, points in value.items():
+        where = f"simulation field memory_timeline[{key!r}]"
+        message = type_error(points, list[list[float]], where)  # names the first point that is not numbers
+        bad = next((i for i, p in enumerate(points) if len(p) != 2), None) if message is None else None
+        if bad is not None:
+            message = f"{where} item {bad} must be [t_ms, bytes], got {short(points[bad])}"
+        if message is not None:
+            raise PplanError(f"{source}: {message}", shape)
+        out[int(key)] = tuple((t, b) for t, b in points)
+    return out
