@@ -86,43 +86,45 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: 
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("calibrate")
-    def calibrate(
-        plan: Annotated[Path | None, typer.Argument(help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
-        from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
-        machine: Annotated[bool, typer.Option(
-            "--machine", help="Measure this machine once (per-action, hand-over, "
-            "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json).")] = False,
-        ranks: Annotated[str, typer.Option(
-            "--ranks", help="With --machine: process counts to measure, comma-separated "
-            "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
-        quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
-        hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
-        steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
-        profile: RunProfile = None, device: RunDevice = "auto",
-        checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
-        threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
-        json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
-        input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
-    ) -> None:
-        """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
+    app.command("calibrate")(calibrate)
 
-        As with `pplan run`, a module:factory model runs only with --model SPEC (the same string) or --trust-model.
-        `pplan calibrate --machine [--out FILE]` instead measures the machine once (no plan).
-        """
-        from planner.errors import PplanError
 
-        if machine:
-            if plan is not None or from_run is not None:
-                raise PplanError("--machine measures the machine, not a plan", "drop the plan and --from-run")
-            _machine(out, ranks, threads, quick, hardware, json_out)
-            return
-        if plan is None:
-            raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
-        if from_run is not None:
-            _from_run(plan, from_run, profile, json_out)
-            return
-        run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
-                    calibrate=True, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
-                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
-                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
+def calibrate(
+    plan: Annotated[Path | None, typer.Argument(help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
+    from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
+    machine: Annotated[bool, typer.Option(
+        "--machine", help="Measure this machine once (per-action, hand-over, "
+        "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json).")] = False,
+    ranks: Annotated[str, typer.Option(
+        "--ranks", help="With --machine: process counts to measure, comma-separated "
+        "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
+    quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
+    hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
+    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+    profile: RunProfile = None, device: RunDevice = "auto",
+    checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
+    threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
+    json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
+    input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
+) -> None:
+    """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
+
+    As with `pplan run`, a module:factory model runs only with --model SPEC (the same string) or --trust-model.
+    `pplan calibrate --machine [--out FILE]` instead measures the machine once (no plan).
+    """
+    from planner.errors import PplanError
+
+    if machine:
+        if plan is not None or from_run is not None:
+            raise PplanError("--machine measures the machine, not a plan", "drop the plan and --from-run")
+        _machine(out, ranks, threads, quick, hardware, json_out)
+        return
+    if plan is None:
+        raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
+    if from_run is not None:
+        _from_run(plan, from_run, profile, json_out)
+        return
+    run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
+                calibrate=True, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
+                threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
+                model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)

@@ -79,70 +79,72 @@ def _print_table(s: dict[str, Any]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("profile")
-    def profile(
-        model: Annotated[str, typer.Option("--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md).")] = ...,
-        micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
-        device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
-        dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (parameters and float inputs).")] = "float32",
-        warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before measuring.")] = 3,
-        repeats: Annotated[int, typer.Option("--repeats", help="Timed runs; the median is recorded (15 keeps two runs within ~15% per layer on a shared CPU).")] = 15,
-        seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
-        timer: Annotated[str, typer.Option("--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time.")] = "sched",
-        threads: Annotated[int, typer.Option("--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings.")] = 1,
-        co_run: Annotated[int, typer.Option(
-            "--co-run", help="Measure while K other processes train the same model at the same size and --threads, "
-            "as a CPU pipeline's other ranks do: give ranks - 1 when the ranks share one machine's memory bandwidth "
-            "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
-            "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory).")] = 0,
-        out: Annotated[Path, typer.Option("--out", "-o", help="Profile CSV to write (atomically).")] = Path("profile.csv"),
-        input_shape: Annotated[str | None, typer.Option("--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32.")] = None,
-        input_dtype: Annotated[str, typer.Option("--input-dtype", help="Factory models: float or long.")] = "float",
-        vocab: Annotated[int | None, typer.Option("--vocab", help="Factory models with --input-dtype long: token ids below this.")] = None,
-        json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of a table.")] = False,
-        analytic: Annotated[bool, typer.Option("--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md).")] = False,
-        hardware: Annotated[str | None, typer.Option("--hardware", help="With --analytic: a preset (see `pplan hardware`) or a hardware JSON file.")] = None,
-    ) -> None:
-        """Measure forward/backward time and memory of every layer at each micro-batch size."""
-        from planner.models import parse_spec
+    app.command("profile")(profile)
 
-        from planner.profiling.options import ProfileOptions
 
-        parse_spec(model)  # a bad --model or setting fails here, before torch is imported (seconds on a small machine)
-        opts = ProfileOptions(tuple(parse_int_list(micro_batch_sizes, "--micro-batch-sizes")), device=device, dtype=dtype,
-                              warmup=warmup, repeats=repeats, seed=seed, threads=threads, timer=timer, co_run=co_run,
-                              input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
-        _check_out(out)
-        if analytic or hardware is not None:
-            if co_run:
-                raise PplanError(f"--co-run {co_run} with --analytic: an analytic profile is computed, not measured", "drop --co-run")
-            _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out)
-            return
-        from planner.hostinfo import usable_cores
-        from planner.profiling.corun import check_co_run
+def profile(
+    model: Annotated[str, typer.Option("--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md).")] = ...,
+    micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
+    dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (parameters and float inputs).")] = "float32",
+    warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before measuring.")] = 3,
+    repeats: Annotated[int, typer.Option("--repeats", help="Timed runs; the median is recorded (15 keeps two runs within ~15% per layer on a shared CPU).")] = 15,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the weights and the batch.")] = 0,
+    timer: Annotated[str, typer.Option("--timer", help="sched: wall time minus time spent waiting for a CPU (steady on a busy machine); wall: plain wall time.")] = "sched",
+    threads: Annotated[int, typer.Option("--threads", help="torch CPU threads while measuring: the number each pipeline stage will have (cores / stages). 1 gives the steadiest timings.")] = 1,
+    co_run: Annotated[int, typer.Option(
+        "--co-run", help="Measure while K other processes train the same model at the same size and --threads, "
+        "as a CPU pipeline's other ranks do: give ranks - 1 when the ranks share one machine's memory bandwidth "
+        "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
+        "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory).")] = 0,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Profile CSV to write (atomically).")] = Path("profile.csv"),
+    input_shape: Annotated[str | None, typer.Option("--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32.")] = None,
+    input_dtype: Annotated[str, typer.Option("--input-dtype", help="Factory models: float or long.")] = "float",
+    vocab: Annotated[int | None, typer.Option("--vocab", help="Factory models with --input-dtype long: token ids below this.")] = None,
+    json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of a table.")] = False,
+    analytic: Annotated[bool, typer.Option("--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md).")] = False,
+    hardware: Annotated[str | None, typer.Option("--hardware", help="With --analytic: a preset (see `pplan hardware`) or a hardware JSON file.")] = None,
+) -> None:
+    """Measure forward/backward time and memory of every layer at each micro-batch size."""
+    from planner.models import parse_spec
 
-        check_co_run(co_run, threads, usable_cores(), device)
-        from planner.profiling.profiler import measure_profile  # imports torch
-        from planner.profiling.profile import write_profile
+    from planner.profiling.options import ProfileOptions
 
-        bar: list[progress] = []
+    parse_spec(model)  # a bad --model or setting fails here, before torch is imported (seconds on a small machine)
+    opts = ProfileOptions(tuple(parse_int_list(micro_batch_sizes, "--micro-batch-sizes")), device=device, dtype=dtype,
+                          warmup=warmup, repeats=repeats, seed=seed, threads=threads, timer=timer, co_run=co_run,
+                          input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
+    _check_out(out)
+    if analytic or hardware is not None:
+        if co_run:
+            raise PplanError(f"--co-run {co_run} with --analytic: an analytic profile is computed, not measured", "drop --co-run")
+        _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out)
+        return
+    from planner.hostinfo import usable_cores
+    from planner.profiling.corun import check_co_run
 
-        def step(done: int, total: int, note: str) -> None:
-            if not bar:
-                bar.append(progress(total, "profiling").__enter__())
-            bar[0].advance(note)
+    check_co_run(co_run, threads, usable_cores(), device)
+    from planner.profiling.profiler import measure_profile  # imports torch
+    from planner.profiling.profile import write_profile
 
-        try:
-            result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
-        finally:
-            if bar:
-                bar[0].__exit__(None, None, None)
-        sha = write_profile(result, out)
-        summary = _summary(result, out, sha)
-        if json_out:
-            echo_json(summary)
-        else:
-            _print_table(summary)
+    bar: list[progress] = []
+
+    def step(done: int, total: int, note: str) -> None:
+        if not bar:
+            bar.append(progress(total, "profiling").__enter__())
+        bar[0].advance(note)
+
+    try:
+        result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
+    finally:
+        if bar:
+            bar[0].__exit__(None, None, None)
+    sha = write_profile(result, out)
+    summary = _summary(result, out, sha)
+    if json_out:
+        echo_json(summary)
+    else:
+        _print_table(summary)
 
 
 def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, out: Path, json_out: bool) -> None:

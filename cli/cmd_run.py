@@ -147,28 +147,30 @@ def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("run")
-    def run(
-        plan: PlanArgument,
-        steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
-        profile: RunProfile = None, device: RunDevice = "auto",
-        calibrate: Annotated[bool, typer.Option(
-            "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run.")] = False,
-        checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
-        threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
-        json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
-        input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
-        machine_file: Annotated[Optional[Path], typer.Option(
-            "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with when the profile has "
-            "no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json).")] = None,
-    ) -> None:
-        """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
+    app.command("run")(run)
 
-        A plan whose model is a module:factory runs only with --model SPEC (the same string) or --trust-model:
-        the factory is Python code the plan file names.
-        """
-        run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
-                    calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
-                    threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
-                    model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab,
-                    machine_file=machine_file)
+
+def run(
+    plan: PlanArgument,
+    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+    profile: RunProfile = None, device: RunDevice = "auto",
+    calibrate: Annotated[bool, typer.Option(
+        "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run.")] = False,
+    checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
+    threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
+    json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
+    input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
+    machine_file: Annotated[Optional[Path], typer.Option(
+        "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with when the profile has "
+        "no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json).")] = None,
+) -> None:
+    """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
+
+    A plan whose model is a module:factory runs only with --model SPEC (the same string) or --trust-model:
+    the factory is Python code the plan file names.
+    """
+    run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
+                calibrate=calibrate, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,
+                threads=threads, runtime=runtime, force=force, verbose=verbose, json_out=json_out,
+                model=model, trust_model=trust_model, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab,
+                machine_file=machine_file)

@@ -56,18 +56,13 @@ def simulate_cmd(
     from planner.atomic import ensure_writable_file
     from planner.errors import PplanError
     from planner.units import parse_bandwidth, parse_ms
-    from planner.whatif import KEEP, WhatIf, parse_sweep, what_if
+    from planner.whatif import WhatIf, parse_sweep, what_if
 
-    # each flag's own value first, then how flags combine, then whether outputs can be written
-    if keep not in KEEP:
-        raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}")
+    # each flag's own value first (WhatIf checks its own), then how flags combine, then whether outputs can be written
     outputs = ((plot, (".png", ".svg"), "--plot"), (out, (".json",), "--out"), (timeline, (".csv",), "--timeline"))
     for path, suffixes, flag in outputs:
         if path is not None and path.suffix.lower() not in suffixes:
             raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(suffixes)}")
-    for flag, value in (("--microbatches", microbatches), ("--micro-batch-size", micro_batch_size)):
-        if value is not None and value < 1:
-            raise PplanError(f"{flag} {value} must be at least 1")
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
                     bandwidth_bytes_per_s=parse_bandwidth(bandwidth) if bandwidth is not None else None,
                     latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)

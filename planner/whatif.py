@@ -50,6 +50,17 @@ class WhatIf:
     keep: str = "global-batch"
     """What a change of micro-batch count or size keeps: global-batch or micro-batch-size."""
 
+    def __post_init__(self) -> None:
+        _check_keep(self.keep)
+        for flag, value in (("--microbatches", self.n_microbatches), ("--micro-batch-size", self.micro_batch_size)):
+            if value is not None and value < 1:
+                raise PplanError(f"{flag} {value} must be at least 1")
+
+
+def _check_keep(keep: str) -> None:
+    if keep not in KEEP:
+        raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}")
+
 
 @dataclass(frozen=True)
 class SweepRow:
@@ -129,8 +140,7 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
 
 def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[int, int]:
     """(micro-batches, micro-batch size) after a change, keeping what `keep` says."""
-    if keep not in KEEP:
-        raise PplanError(f"keep {keep!r} is not one of {', '.join(KEEP)}")
+    _check_keep(keep)
     for flag, value in (("micro-batch count", m), ("micro-batch size", b)):
         if value is not None and value < 1:
             raise PplanError(f"{flag} {value} must be at least 1")
