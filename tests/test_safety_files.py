@@ -167,7 +167,7 @@ def test_from_run_refuses_a_malformed_run_on_one_line(tmp_path, change, words):
     text = json.dumps({**run, **change})
     path.write_text(text.replace('"NaN"', "NaN"))  # JSON has no NaN: the strict reader refuses it
     res = run_pplan("calibrate", str(plan), "--from-run", str(path), timeout=_GUARD_S)
-    _refused(res, *words)
+    _refused(res, str(path), *words)  # the file leads the line
     assert not (tmp_path / "syn.calibration.json").exists()
 
 

@@ -23,29 +23,23 @@ from typing import Any
 
 from planner.calibration import Calibration
 from planner.errors import PplanError
-from planner.execute.results import RunRecord, error_pct
+from planner.execute.results import RUN_FILE_HINT, RunRecord, error_pct
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
-__all__ = ["compute_points", "fit_compute", "fit_calibration"]
+__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_calibration"]
 
 
 def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
                    profile: Profile) -> list[tuple[float, float, str]]:
     """(profiled ms, measured ms, label) for every stage and action kind the run measured; `ranks`:
-    each rank's stages and its median action times ('0F' -> ms). A stage the plan does not have,
-    or a time that is not a finite number >= 0, is refused: a fit from it would mean nothing."""
+    each rank's stages (stages of `plan`) and its median action times ('0F' -> ms)."""
     from planner.simulate import plan_stage_costs
 
     stages, _ = plan_stage_costs(plan, profile)
     points = []
-    for i, (rank_stages, acts) in enumerate(ranks):
-        for key, value in acts.items():
-            _check_ms(value, f"ranks[{i}].action_ms[{str(key)[:20]!r}]")
+    for rank_stages, acts in ranks:
         for s in rank_stages:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < len(stages):
-                raise PplanError(f"ranks[{i}]: stage {repr(s)[:40]} is not a stage of the plan (0..{len(stages) - 1})",
-                                 "give the run of this plan")
             st = stages[s]
             if f"{s}F" in acts:
                 points.append((st.fwd_ms, acts[f"{s}F"], f"{s}F"))
@@ -77,24 +71,39 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
     return max(scale, 1e-6), 0.0
 
 
-def _check_ms(value: Any, where: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-        raise PplanError(f"{where} is {str(value)[:40]!r}, not a finite number >= 0", "give the JSON that `pplan run --out` wrote")
+def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
+    """Refuse, before any work, a run the fit cannot read as `plan`'s: a timed step, the plan's
+    stages, and finite times >= 0 in the actions, ping-pongs and hand-over gaps (a file someone
+    edited; planner.execute.runfile has checked its keys and types). `source` (the file) leads
+    each message."""
+    def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:
+        return PplanError(f"{source}: {message}" if source else message, hint)
 
+    def ms(value: Any, where: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise bad(f"{where} is {str(value)[:40]!r}, not a finite number >= 0")
 
-def _check_transfers(run: RunRecord) -> None:
-    """The ping-pongs and hand-over gaps the fit reads: numbers where it reads numbers."""
+    measured = run.iteration_ms_measured
+    if measured is None or not measured > 0:
+        raise bad(f"iteration_ms_measured is {measured!r}, not a positive time", "give the run of a plan that timed a step")
+    for i, rank in enumerate(run.ranks):
+        for s in rank.stages:
+            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < plan.n_stages:
+                raise bad(f"ranks[{i}]: stage {repr(s)[:40]} is not a stage of the plan (0..{plan.n_stages - 1})",
+                          "give the run of this plan")
+        for key, value in rank.action_ms.items():
+            ms(value, f"ranks[{i}].action_ms[{str(key)[:20]!r}]")
     for i, c in enumerate(run.comm):
         if "latency_ms" not in c:
-            raise PplanError(f"comm[{i}] has no latency_ms", "give the JSON that `pplan run --out` wrote")
-        _check_ms(c["latency_ms"], f"comm[{i}].latency_ms")
+            raise bad(f"comm[{i}] has no latency_ms")
+        ms(c["latency_ms"], f"comm[{i}].latency_ms")
         if c.get("bandwidth_bytes_per_s") is not None:
-            _check_ms(c["bandwidth_bytes_per_s"], f"comm[{i}].bandwidth_bytes_per_s")
+            ms(c["bandwidth_bytes_per_s"], f"comm[{i}].bandwidth_bytes_per_s")
     for i, gap in enumerate(run.transfer_gaps):
         if len(gap) != 2:
-            raise PplanError(f"transfer_gaps[{i}] must be a [bytes, ms] pair", "give the JSON that `pplan run --out` wrote")
+            raise bad(f"transfer_gaps[{i}] must be a [bytes, ms] pair")
         for value in gap:
-            _check_ms(value, f"transfer_gaps[{i}]")
+            ms(value, f"transfer_gaps[{i}]")
 
 
 def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
@@ -102,11 +111,8 @@ def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
     """(new calibration, report with the error before and after) for `run` of `plan`."""
     from planner.simulate import simulate
 
-    measured = run.iteration_ms_measured
-    if measured is None or not measured > 0:
-        raise PplanError(f"the run's iteration_ms_measured is {measured!r}, not a positive time",
-                         "give the run of a plan that timed at least one step")
-    _check_transfers(run)
+    check_fit_inputs(run, plan, run_path)
+    measured = float(run.iteration_ms_measured)
     prev = previous or Calibration()
     before = simulate(plan, profile, calibration=prev, record_timeline=False).iteration_ms
     points = compute_points([(r.stages, r.action_ms) for r in run.ranks], plan, profile)

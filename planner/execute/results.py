@@ -46,12 +46,12 @@ from planner.execute.trust import (  # re-exported: the run record carries their
 )
 from planner.simulation.result import TimelineRow
 
-__all__ = ["FORMAT", "RankRecord", "RunRecord", "replica0", "assemble_record", "measured_timeline", "error_pct",
+__all__ = ["FORMAT", "RUN_FILE_HINT", "RankRecord", "RunRecord", "replica0", "assemble_record", "measured_timeline", "error_pct",
            "transfer_gaps", "step_spread", "trust_warnings", "SPREAD_WARN_PCT", "SHORT_STEP_MS", "LOAD_WARN_DIFF",
            "COMPUTE_RATIO_WARN"]
 
 FORMAT = "pplan-run/1"
-_FROM_RUN = "give the JSON that `pplan run --out` wrote"
+RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
 
 @dataclass(frozen=True)
 class RankRecord:
@@ -105,7 +105,7 @@ class RankRecord:
     def from_dict(cls, d: dict[str, Any], where: str = "ranks[i]") -> "RankRecord":
         check_keys(d, [f.name for f in fields(cls)], where, PplanError)
         if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"{where}: missing field {name!r}", _FROM_RUN)
+            raise PplanError(f"{where}: missing field {name!r}", RUN_FILE_HINT)
         return cls(**d)
 
 
@@ -220,7 +220,7 @@ class RunRecord:
         if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
             raise PplanError("run: ranks must be a list of objects")
         if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"run: missing field {name!r}", _FROM_RUN)
+            raise PplanError(f"run: missing field {name!r}", RUN_FILE_HINT)
         return cls(**dict(d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)]))
 
     def with_(self, **changes: Any) -> "RunRecord":

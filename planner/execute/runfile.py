@@ -14,7 +14,7 @@ from typing import Any, get_type_hints
 
 from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
-from planner.execute.results import RankRecord, RunRecord
+from planner.execute.results import RUN_FILE_HINT, RankRecord, RunRecord
 from planner.jsonio import read_json_file
 from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short, type_error
 from planner.plan import MEMORY_KEYS
@@ -31,7 +31,6 @@ CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before"
 COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
 ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
 """Keys of objects keyed by stage and action kind ("0F")."""
-_HINT = "give the JSON that `pplan run --out` wrote"
 
 
 def _json_types(record_type: type) -> dict[str, Any]:
@@ -49,7 +48,7 @@ def load_run(path: str | os.PathLike) -> RunRecord:
     """Read a run JSON written by `pplan run` as its typed record (every key and type checked)."""
     data = read_json_file(path, "run", PplanError)
     if not isinstance(data, dict):
-        raise PplanError(f"{path}: run must be a JSON object, got {type(data).__name__}", _HINT)
+        raise PplanError(f"{path}: run must be a JSON object, got {type(data).__name__}", RUN_FILE_HINT)
     return parse_run(data, str(path))
 
 
@@ -65,7 +64,7 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
     try:
         record = RunRecord.from_dict(data)
     except PplanError as e:
-        raise PplanError(f"{source}: {e.message}", e.hint or _HINT) from None
+        raise PplanError(f"{source}: {e.message}", e.hint or RUN_FILE_HINT) from None
     measured = record.iteration_ms_measured
     if not is_number(measured):  # the record allows null, but every reader compares a prediction with it
         raise PplanError(f"{source}: run field 'iteration_ms_measured' must be a number, got {short(measured)}",
@@ -80,7 +79,7 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
 
 def _check(message: str | None, source: str) -> None:
     if message is not None:
-        raise PplanError(f"{source}: {message}", _HINT)
+        raise PplanError(f"{source}: {message}", RUN_FILE_HINT)
 
 
 def _check_nested(data: dict[str, Any], source: str) -> None:
@@ -94,7 +93,7 @@ def _check_nested(data: dict[str, Any], source: str) -> None:
             for part, value in (memory.items() if isinstance(memory, dict) else ()):
                 if value is not None and not is_number(value):
                     raise PplanError(f"{source}: ranks[{i}].{key}.{part} must be a number of bytes, got {short(value)}",
-                                     _HINT)
+                                     RUN_FILE_HINT)
         for key in ("action_ms", "action_cpu_ms"):
             check_index_keys(rank.get(key), ACTION_KEY, "stage and action kind such as '0F'", f"{source}: ranks[{i}].{key}")
     for i, comm in enumerate(objects_in(data, "comm")):

@@ -81,12 +81,13 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax_busy.set_ylabel("busy time per iteration (ms)")
         ax_busy.set_title("Busy time per device")
 
-        pred_mem = [float(r.peak_memory_bytes_predicted or _simulated(sim_devices, r.rank, "peak_memory_bytes")
+        # a rank plays pipeline device `device` (with data parallelism rank != device): predictions are per device
+        pred_mem = [float(r.peak_memory_bytes_predicted or _simulated(sim_devices, r.device, "peak_memory_bytes")
                           or np.nan) for r in ranks]
         meas_mem = [float(r.peak_memory_bytes_measured or np.nan) for r in ranks]
-        limits = [_simulated(sim_devices, r.rank, "memory_limit_bytes") for r in ranks]
+        limits = [_simulated(sim_devices, r.device, "memory_limit_bytes") for r in ranks]
         if inputs.plan is not None:
-            limits = [lim or (inputs.plan.devices[r.rank].memory_bytes if 0 <= r.rank < inputs.plan.n_devices else None)
+            limits = [lim or (inputs.plan.devices[r.device].memory_bytes if 0 <= r.device < inputs.plan.n_devices else None)
                       for lim, r in zip(limits, ranks)]
         top = np.nanmax(pred_mem + meas_mem + [float(v) for v in limits if v] + [1.0])
         div, unit = bytes_axis(top)

@@ -74,7 +74,7 @@ class ReportInputs:
     def __post_init__(self) -> None:
         if self.run is not None and not isinstance(self.run, RunRecord):  # a caller's mistake, not a user's
             raise TypeError(f"ReportInputs.run must be a RunRecord, got {type(self.run).__name__}; "
-                            "read a run JSON with load_run(path) or RunRecord.from_dict(data)")
+                            "read a run JSON with load_run(path) or parse_run(data)")
         if self.sim is not None and not isinstance(self.sim, SimulationRecord):
             raise TypeError(f"ReportInputs.sim must be a SimulationRecord, got {type(self.sim).__name__}; "
                             "read a simulation JSON with load_sim(path), or pass SimResult.record()")
