@@ -314,7 +314,7 @@ def test_gpt4_profile_bytes_agree_run_to_run():
     """4-layer gpt on CPU, twice: every byte count agrees exactly; times are printed, not judged
     (their run-to-run spread depends on the machine's load: that is `pplan bench`'s business)."""
     # byte counts do not depend on how often a layer is timed: few repeats keep this test short
-    runs = [profile_model("gpt:layers=4", [1, 2, 4, 8], threads=1, warmup=1, repeats=3) for _ in range(2)]
+    runs = [profile_model("gpt:layers=4", [1, 4], threads=1, warmup=1, repeats=3) for _ in range(2)]
     a, b = runs
     for column in ("param_bytes", "activation_bytes", "output_bytes", "flops", "shared_input_bytes"):
         assert (a.columns[column] == b.columns[column]).all(), column

@@ -139,7 +139,7 @@ def test_sigint_during_profile_leaves_no_profile(tmp_path: Path) -> None:
     _assert_interrupted(proc, proc.finish(), [out])
 
 
-# ---- pplan run: no process outlives the launcher -----------------------------------------------
+# ---- pplan run: finding the processes a launcher started ----------------------------------------
 
 def _environ(pid: int) -> dict[str, str]:
     try:
@@ -200,33 +200,6 @@ def _kill_leftovers(pids: list[int]) -> None:
             pass
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL], ids=["sigint", "sigterm", "sigkill"])
-def test_stopping_pplan_run_leaves_no_process_behind(tmp_path: Path, sig: signal.Signals) -> None:
-    plan = _run_plan(tmp_path)
-    out = tmp_path / "out" / "run.json"
-    proc = _Proc(["run", str(plan), "--steps", "500", "--warmup", "1", "--device", "cpu", "--out", str(out)], tmp_path)
-    launcher = proc.p.pid
-    try:
-        assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
-        ranks = _descendants(launcher)
-        assert len(ranks) >= 2, f"expected the 2 rank processes, found {ranks}"
-        proc.p.send_signal(sig)
-        code = proc.finish(timeout=60)
-        left = _wait_gone(launcher, timeout=20)
-    finally:
-        if proc.p.poll() is None:
-            proc.p.kill()
-            proc.p.wait()
-        stray = _descendants(launcher)
-        _kill_leftovers(stray)
-    assert not left, f"rank processes {left} outlived `pplan run` stopped by {sig.name}"
-    assert not out.exists()
-    if sig == signal.SIGINT:
-        assert code == 130, f"exit code {code}; stderr:\n{proc.stderr}"
-        assert "Traceback" not in proc.stderr, proc.stderr
-
-
 # ---- --debug ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("how", ["flag", "env"])
@@ -251,19 +224,23 @@ def test_debug_flag_works_for_every_command_that_fails(tmp_path: Path) -> None:
         assert got.returncode != 0 and "Traceback" in got.stderr and "PlanError" in got.stderr, (args, got.stderr)
 
 
-# ---- pplan run: no temporary run folder outlives the launcher; a stopped rank is named ---------
+# ---- pplan run stopped: no process, run folder or output outlives it; a stopped rank is named ----
 
 def _run_folders(tmp: Path) -> list[str]:
     return sorted(d.name for d in tmp.iterdir() if d.name.startswith("pplan-run-"))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGKILL], ids=["sigterm", "sighup", "sigkill"])
-def test_stopping_pplan_run_leaves_no_run_folder(tmp_path: Path, sig: signal.Signals) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGKILL],
+                         ids=["sigint", "sigterm", "sighup", "sigkill"])
+def test_stopping_pplan_run_leaves_no_process_no_run_folder_and_no_output(tmp_path: Path, sig: signal.Signals) -> None:
+    """One run stopped by `sig` while its ranks train: no rank outlives the launcher, the temporary
+    run folder is gone, no half-written run JSON is left, and the exit says what stopped it."""
     plan = _run_plan(tmp_path)
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    p = start_pplan("run", plan, "--steps", "500", "--warmup", "1", "--device", "cpu", cwd=tmp_path,
+    out = tmp_path / "out" / "run.json"
+    p = start_pplan("run", plan, "--steps", "500", "--warmup", "1", "--device", "cpu", "--out", str(out), cwd=tmp_path,
                     env=cli_env(TMPDIR=str(tmp)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                     start_new_session=True)
     proc = _Proc.__new__(_Proc)  # reuse the line collector around this Popen (TMPDIR differs)
@@ -273,6 +250,8 @@ def test_stopping_pplan_run_leaves_no_run_folder(tmp_path: Path, sig: signal.Sig
     launcher = p.pid
     try:
         assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
+        ranks = _descendants(launcher)
+        assert len(ranks) >= 2, f"expected the 2 rank processes, found {ranks}"
         assert _run_folders(tmp), "no run folder while running"
         p.send_signal(sig)
         code = proc.finish(timeout=60)
@@ -287,8 +266,12 @@ def test_stopping_pplan_run_leaves_no_run_folder(tmp_path: Path, sig: signal.Sig
         _kill_leftovers(_descendants(launcher))
     assert not left, f"rank processes {left} outlived `pplan run` stopped by {sig.name}"
     assert _run_folders(tmp) == [], f"left behind in TMPDIR after {sig.name}"
-    if sig != signal.SIGKILL:
+    assert not out.exists()
+    if sig == signal.SIGINT:
+        assert code == 130, f"exit code {code}; stderr:\n{proc.stderr}"
+    elif sig != signal.SIGKILL:
         assert code == -sig, f"exit {code}: pplan run should end by the signal it got"
+    if sig != signal.SIGKILL:
         assert "Traceback" not in proc.stderr, proc.stderr
 
 
