@@ -32,10 +32,12 @@ def get_field(d: dict, key: str, kind: type | tuple, where: str, default: Any = 
 
 
 def _in_words(kinds: tuple[type, ...]) -> str:
-    """'a number' for (int, float); else the first kind's name in words ('an integer', 'a string')."""
+    """'a number' for (int, float); else the first kind in words ('an integer', 'a list'), as the
+    run and simulation readers (planner.jsontypes) say them."""
     if float in kinds:
         return "a number"
-    return {int: "an integer", str: "a string", bool: "true or false"}.get(kinds[0], kinds[0].__name__)
+    words = {int: "an integer", str: "a string", bool: "true or false", list: "a list", dict: "an object"}
+    return words.get(kinds[0], kinds[0].__name__)
 
 
 def as_object(value: Any, where: str) -> dict:
