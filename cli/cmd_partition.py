@@ -1,19 +1,25 @@
 """`pplan partition`: choose stage cuts, micro-batch count, recompute and schedule under memory limits.
 
-Thin: parse flags, call planner.partition.partition, print the report (or JSON), write the plan
-atomically. Everything is computed before the plan file is written, so an error leaves no file.
+Thin: declare options, check the outputs can be written, make one library call
+(planner.partition.job: partition_pipeline, or partition_cluster with --nodes/--hardware), write
+the plan atomically (and the figure), print the report or JSON. Everything, the layout figure's
+sweep included, is computed before the plan file is written, so an error leaves no file.
 """
 
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Iterator, Optional
 
 import typer
 
 from cli.common import echo_json, err, progress
 from cli.options import CalibrationOption
+
+if TYPE_CHECKING:
+    from planner.partition.job import ClusterJob, PipelineJob, StepCallback
 
 __all__ = ["register"]
 
@@ -52,48 +58,45 @@ def partition_cmd(
     baselines (uniform, parameter- and time-balanced cuts). Exit code 2 with the least memory
     or the fewest devices that would work when nothing fits.
     """
-    from planner.calibration import basis_text
-    from planner.machine import prediction_basis
-    from planner.partition import partition, summary_dict, summary_text
-    from planner.partition.api import resolve_devices, validate_settings
-    from planner.partition.options import settings_from_options
-    from planner.partition.search import grid_points
-    from planner.plan import plan_to_dict, write_plan
-    from planner.profiling.profile import load_profile
+    from planner.partition.job import partition_cluster, partition_pipeline
+    from planner.partition.options import cluster_settings_from_options, settings_from_options
 
     _check_outputs(out, plot)
     if nodes is not None or hardware is not None:
-        _partition_cluster(profile_path, nodes=nodes, gpus_per_node=gpus_per_node, hardware=hardware, parallel=parallel,
-                           zero=zero, global_batch=global_batch, recompute=recompute, memory=memory, out=out, as_json=as_json,
-                           plot=plot)
+        cluster_settings = cluster_settings_from_options(nodes=nodes, hardware=hardware, global_batch=global_batch,
+                                                         gpus_per_node=gpus_per_node, parallel=parallel, zero=zero,
+                                                         recompute=recompute, memory=memory)
+        _finish_cluster(partition_cluster(profile_path, cluster_settings, layouts=plot is not None), out, plot, as_json)
         return
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
                                      microbatches=microbatches, schedule=schedule, recompute=recompute,
                                      optimizer=optimizer, bandwidth=bandwidth, latency=latency, cluster=cluster,
                                      method=method, time_limit=time_limit)
-    prof = load_profile(profile_path)
-    validate_settings(prof, settings)
-    cal, cal_path = prediction_basis(prof, calibration, ranks=settings.n_devices)
-    if sys.stderr.isatty():  # a bar for people; logs and pipes stay quiet
-        n_points = len(grid_points(settings, len(resolve_devices(settings)[0]), prof.n_layers)[0])
-        with progress(n_points, "partition") as bar:
-            result = partition(prof, settings, calibration=cal, on_step=bar.advance)
-    else:
-        result = partition(prof, settings, calibration=cal)
-    write_plan(result.plan, out)
-    if plot is not None:
-        from planner.report.fig_graph import plan_graph
+    with _search_bar() as on_step:
+        job = partition_pipeline(profile_path, settings, calibration=calibration, on_step=on_step)
+    _finish_pipeline(job, out, plot, as_json)
 
-        plan_graph(result.plan, prof, plot)
-        err(f"wrote {plot}")
-    if as_json:
-        echo_json({"plan": plan_to_dict(result.plan), "summary": summary_dict(result), "out": str(out),
-                   "basis": basis_text(cal, cal_path), "calibration": None if cal_path is None else str(cal_path)})
+
+@contextmanager
+def _search_bar() -> Iterator[StepCallback | None]:
+    """The search's on_step: a progress bar on a terminal, sized when the search says how many
+    steps it has; None for logs and pipes, which stay quiet."""
+    if not sys.stderr.isatty():
+        yield None
         return
-    typer.echo(f"basis: {basis_text(cal, cal_path)}")
-    typer.echo(summary_text(result))
-    typer.echo("")
-    typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
+    bar: list[progress] = []
+
+    def step(done: int, total: int, note: str) -> None:
+        if not bar:
+            bar.append(progress(total, "partition").__enter__())
+        if done:
+            bar[0].advance(note)
+
+    try:
+        yield step
+    finally:
+        if bar:
+            bar[0].__exit__(None, None, None)
 
 
 def _check_outputs(out: Path, plot: Optional[Path]) -> None:
@@ -112,44 +115,42 @@ def _check_outputs(out: Path, plot: Optional[Path]) -> None:
         ensure_writable_file(plot, "--plot")
 
 
-def _partition_cluster(profile_path: Path, *, nodes: int | None, gpus_per_node: int | None, hardware: str | None,
-                       parallel: str, zero: int, global_batch: int, recompute: str, memory: str | None, out: Path,
-                       as_json: bool, plot: Path | None = None) -> None:
-    """`--nodes/--hardware`: the data x pipeline x tensor search (planner.partition.parallel_search)."""
-    from planner.errors import PplanError
-    from planner.hardware import load_hardware
-    from planner.partition.parallel_plan import parallel_plan
-    from planner.partition.options import cluster_recompute
-    from planner.partition.parallel_search import format_parallel, plan_parallel
+def _finish_pipeline(job: PipelineJob, out: Path, plot: Optional[Path], as_json: bool) -> None:
+    """Write the plan (and the layer figure), then print the report or JSON."""
+    from planner.partition import summary_dict, summary_text
     from planner.plan import plan_to_dict, write_plan
-    from planner.profiling.profile import load_profile
-    from planner.units import parse_bytes
 
-    if nodes is None or hardware is None:
-        raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
-    hw = load_hardware(hardware)
-    prof = load_profile(profile_path)
-    mode = cluster_recompute(recompute)
-    result = plan_parallel(prof, hardware=hw, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
-                           parallel=parallel.strip().lower(), zero=zero,
-                           recompute=mode,
-                           memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
-    plan = parallel_plan(result, prof, hw)
-    write_plan(plan, out)
+    write_plan(job.plan, out)
     if plot is not None:
-        from planner.partition.parallel_sweep import layout_sweep
-        from planner.report.fig_parallel import write_layout_figure
+        from planner.report.fig_graph import plan_graph
 
-        points = layout_sweep(prof, hardware=hw, nodes=nodes, gpus_per_node=result.gpus_per_node,
-                              global_batch=global_batch, zero=zero, recompute=mode,
-                              memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None)
-        title = (f"{prof.meta.get('model', profile_path)}\n{result.gpus} x {hw.name}, global batch {global_batch}, "
-                 f"chosen {result.best.config.describe()}")
-        write_layout_figure(points, result.best, title, plot)
+        plan_graph(job.plan, job.profile, plot)
         err(f"wrote {plot}")
     if as_json:
-        echo_json({"plan": plan_to_dict(plan), "out": str(out)})
+        echo_json({"plan": plan_to_dict(job.plan), "summary": summary_dict(job.result), "out": str(out),
+                   "basis": job.basis,
+                   "calibration": None if job.calibration_path is None else str(job.calibration_path)})
         return
-    typer.echo(format_parallel(result))
+    typer.echo(f"basis: {job.basis}")
+    typer.echo(summary_text(job.result))
     typer.echo("")
-    typer.echo(f"wrote {out}  (plan of one pipeline replica with parallel {plan.parallel.describe()})")
+    typer.echo(f"wrote {out}  (simulate it: pplan simulate {out})")
+
+
+def _finish_cluster(job: ClusterJob, out: Path, plot: Optional[Path], as_json: bool) -> None:
+    """`--nodes/--hardware`: write the plan of one replica (and the layout figure), then print the layouts or JSON."""
+    from planner.partition.parallel_search import format_parallel
+    from planner.plan import plan_to_dict, write_plan
+
+    write_plan(job.plan, out)
+    if plot is not None:
+        from planner.report.fig_parallel import write_layout_figure
+
+        write_layout_figure(job.layouts, job.result.best, job.layouts_title, plot)
+        err(f"wrote {plot}")
+    if as_json:
+        echo_json({"plan": plan_to_dict(job.plan), "out": str(out)})
+        return
+    typer.echo(format_parallel(job.result))
+    typer.echo("")
+    typer.echo(f"wrote {out}  (plan of one pipeline replica with parallel {job.plan.parallel.describe()})")

@@ -68,6 +68,33 @@ def test_plan_without_parallel_has_no_parallel_key(pplan, analytic_csv, tmp_path
     assert "parallel" not in json.loads(out.read_text()) and load_plan(out).parallel is None
 
 
+@pytest.mark.parametrize("flags,words", [
+    (["--hardware", "no-such-gpu"], "no-such-gpu"),
+    (["--hardware", "a100-40gb", "--memory", "lots"], "--memory"),
+    (["--hardware", "a100-40gb", "--parallel", "dp=3"], "dp=3"),
+])
+def test_bad_cluster_option_is_one_line_and_writes_nothing(pplan, analytic_csv, tmp_path, flags, words):
+    out = tmp_path / "plan.json"
+    code, _, err = pplan("partition", analytic_csv, "--nodes", 1, "--global-batch", 64, *flags, "--out", out)
+    assert code == 2 and words in err and len(err.strip().splitlines()) == 1 and not out.exists()
+
+
+def test_cluster_job_makes_the_commands_plan_and_sweeps_layouts_only_when_asked(pplan, analytic_csv, tmp_path):
+    from planner.partition.job import partition_cluster
+    from planner.partition.options import cluster_settings_from_options
+
+    out = tmp_path / "plan.json"
+    assert pplan("partition", analytic_csv, "--nodes", 1, "--hardware", "a100-40gb", "--memory", "20GiB",
+                 "--global-batch", 64, "--recompute", "all", "--out", out)[0] == 0
+    settings = cluster_settings_from_options(nodes=1, hardware="a100-40gb", global_batch=64, memory="20GiB", recompute="all")
+    assert settings.recompute == "full" and settings.memory_bytes == 20 * 2**30 and settings.hardware.name == "a100-40gb"
+    plain = partition_cluster(analytic_csv, settings)
+    assert plan_to_json(plain.plan) == out.read_text() and plain.layouts == ()
+    swept = partition_cluster(analytic_csv, settings, layouts=True)
+    assert swept.plan == plain.plan and {p.config.gpus for p in swept.layouts} == {8} and len(swept.layouts) > 1
+    assert swept.layouts_title.endswith(f"global batch 64, chosen {plain.result.best.config.describe()}")
+
+
 def test_nodes_plot_draws_every_layout_with_the_chosen_one(pplan, analytic_csv, tmp_path):
     import matplotlib.image as mpimg
 

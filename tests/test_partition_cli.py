@@ -46,6 +46,43 @@ def test_json_output_and_byte_identical_plans(pplan, profile_csv, tmp_path):
     assert a.read_bytes() == b.read_bytes()
 
 
+def test_the_library_job_makes_the_commands_plan_and_counts_its_steps(pplan, profile_csv, tmp_path):
+    from planner.partition.job import partition_pipeline
+    from planner.partition.options import settings_from_options
+    from planner.plan import plan_to_json
+
+    out = tmp_path / "plan.json"
+    assert pplan("partition", profile_csv, "--devices", 2, "--memory", "3GiB", "--global-batch", 16, "--out", out)[0] == 0
+    steps: list[tuple[int, int, str]] = []
+    job = partition_pipeline(profile_csv, settings_from_options(devices=2, memory="3GiB", global_batch=16),
+                             on_step=lambda done, total, note: steps.append((done, total, note)))
+    assert plan_to_json(job.plan) == out.read_text() and not out.with_name("plan.png").exists()
+    total = steps[0][1]
+    assert total > 1 and [s[0] for s in steps] == list(range(total + 1)) and {s[1] for s in steps} == {total}
+    assert all(" M=" in note for _, _, note in steps[1:])  # each step names its grid point
+    assert job.calibration is None and job.calibration_path is None and job.basis.startswith("uncalibrated")
+
+
+def test_partition_imports_neither_torch_nor_matplotlib(profile_csv, tmp_path):
+    import subprocess
+    import sys
+
+    from helpers.cli import cli_env
+
+    code = (
+        "import sys\n"
+        "from cli.app import main\n"
+        f"sys.argv = ['pplan', 'partition', {str(profile_csv)!r}, '--devices', '2', '--global-batch', '8', "
+        f"'--json', '--out', {str(tmp_path / 'plan.json')!r}]\n"
+        "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "print('HEAVY', sorted(m for m in ('torch', 'matplotlib', 'typer.testing') if m in sys.modules))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, env=cli_env(PPLAN_MACHINE="off"),
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "HEAVY []" in r.stdout and (tmp_path / "plan.json").exists()
+
+
 def test_cluster_option(pplan, profile_csv, tmp_path):
     out = tmp_path / "plan.json"
     code, stdout, _ = pplan("partition", profile_csv, "--cluster", CLUSTER, "--global-batch", 16, "--out", out)
@@ -117,3 +154,10 @@ def test_calibration_beside_the_profile_is_applied(pplan, tmp_path, tiny_gpt_csv
     a, b = load_plan(plain), load_plan(scaled)
     assert b.search.calibrated and not a.search.calibrated
     assert b.predicted.iteration_ms > 2.5 * a.predicted.iteration_ms
+    from planner.partition.job import partition_pipeline
+    from planner.partition.options import settings_from_options
+
+    job = partition_pipeline(prof, settings_from_options(devices=2, memory=None, global_batch=8, microbatches="4",
+                                                         schedule="gpipe"))
+    assert job.calibration_path == calibration_path_for(prof) and job.plan == b
+    assert job.basis == f"calibrated by {calibration_path_for(prof)} (compute x3)"

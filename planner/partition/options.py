@@ -1,4 +1,4 @@
-"""`pplan partition`'s options as text -> PartitionSettings: the one place that parses them.
+"""`pplan partition`'s options as text -> PartitionSettings / ClusterSettings: the one place that parses them.
 
 The command declares its options and hands their text here, so a library user writing
 `settings_from_options(devices=4, memory="16GiB", global_batch=64, microbatches="8")` gets the
@@ -11,10 +11,12 @@ import os
 
 from planner.cluster import load_cluster
 from planner.errors import PplanError
+from planner.hardware import load_hardware
+from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
-__all__ = ["parse_microbatches", "settings_from_options", "cluster_recompute"]
+__all__ = ["parse_microbatches", "settings_from_options", "cluster_recompute", "cluster_settings_from_options"]
 
 
 def parse_microbatches(text: str) -> int | None:
@@ -61,4 +63,24 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         cluster=load_cluster(cluster) if cluster is not None else None,
         method=method.strip().lower(),
         time_limit=time_limit,
+    )
+
+
+def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathLike | None, global_batch: int,
+                                  gpus_per_node: int | None = None, parallel: str = "auto", zero: int = 0,
+                                  recompute: str = "auto", memory: str | None = None) -> ClusterSettings:
+    """ClusterSettings from `pplan partition --nodes`'s option values: the hardware preset or file
+    loaded, sizes parsed; the layout, ZeRO and recompute values are checked by the search itself
+    (planner.partition.parallel_search.plan_parallel), so its library callers get the same messages."""
+    if nodes is None or hardware is None:
+        raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
+    return ClusterSettings(
+        nodes=nodes,
+        hardware=load_hardware(hardware),
+        global_batch=global_batch,
+        gpus_per_node=gpus_per_node,
+        parallel=parallel.strip().lower(),
+        zero=zero,
+        recompute=cluster_recompute(recompute),
+        memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
     )
