@@ -20,7 +20,7 @@ from cli.run_options import (
 from planner.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
-    from planner.execute.results import RunRecord
+    from planner.execute.runrecord import RunRecord
 
 __all__ = ["register", "run_command", "check_outputs", "print_run"]
 

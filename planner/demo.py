@@ -25,7 +25,7 @@ from planner.execute import trust
 from planner.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
-    from planner.execute.results import RunRecord
+    from planner.execute.runrecord import RunRecord
 
 __all__ = ["DemoSettings", "DemoResult", "FULL", "QUICK", "NOISE", "run_demo", "choose_memory_limit", "step_spread", "uniform_plan"]
 

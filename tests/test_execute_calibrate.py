@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,9 +13,12 @@ from planner.calibration import Calibration
 from planner.execute.calibrate import fit_calibration, fit_compute
 from planner.execute.commbench import fit_line
 from planner.errors import PplanError
-from planner.execute.results import (RankRecord, RunRecord, assemble_record, error_pct, measured_timeline, step_spread,
-                                     transfer_gaps, trust_warnings)
-from planner.plan import Device, Plan, PredictedDevice, Prediction, StagePlan
+from planner.execute.measurement import ActionSpan, CommMeasurement, RankMeasurement, RankMemory
+from planner.execute.results import assemble_record, error_pct
+from planner.execute.runrecord import RankRecord, RunRecord
+from planner.execute.timeline import measured_timeline, transfer_gaps
+from planner.execute.trust import step_spread, trust_warnings
+from planner.plan import Device, MemoryRecord, Plan, PredictedDevice, Prediction, StagePlan
 from planner.profiling.profile import make_profile
 from planner.simulate import plan_stage_costs, simulate
 
@@ -73,7 +77,7 @@ def test_fit_calibration_recovers_what_produced_the_measurements():
     ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": truth.apply_compute(st.fwd_ms),
                                                       f"{s}B": truth.apply_compute(st.bwd_ms)}}
              for s, st in enumerate(stages)]
-    run = _run(measured, ranks, comm=[{"latency_ms": 0.01, "bandwidth_bytes_per_s": 1e9}],
+    run = _run(measured, ranks, comm=[CommMeasurement(a=0, b=1, latency_ms=0.01, bandwidth_bytes_per_s=1e9, points=[])],
                transfer_gaps=[[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5)
     cal, report = fit_calibration(run, plan, prof)
     assert cal.compute_scale == pytest.approx(1.3)
@@ -99,12 +103,14 @@ def test_split_backward_is_fitted_as_one_point():
     assert cal.action_overhead_ms == pytest.approx(0.0, abs=1e-9)
 
 
-def _record(rank: int, device: int, events, t0: float, host: str = "h", losses=None, step_ms=(9.0, 5.0, 7.0, 6.0)):
-    return {"rank": rank, "device": device, "host": host, "pid": 1, "stages": [rank], "runtime": "Schedule1F1B",
-            "first_step": 0, "step_ms": list(step_ms), "measured_steps": [1, 2, 3], "chosen_step": 3,
-            "chosen_t0": t0, "events": events, "action_ms": {}, "losses": losses or {},
-            "memory": {"peak_bytes": 100, "measure": "tracked", "breakdown": {"total": 100}},
-            "comm": [], "boundary_bytes": {str(rank): [8, 8]}, "threads": 1}
+def _record(rank: int, device: int, events, t0: float, host: str = "h", losses=None, step_ms=(9.0, 5.0, 7.0, 6.0),
+            measured_steps=(1, 2, 3)) -> RankMeasurement:
+    return RankMeasurement(rank=rank, device=device, host=host, stages=(rank,), runtime="Schedule1F1B", threads=1,
+                           first_step=0, step_ms=tuple(step_ms), measured_steps=tuple(measured_steps), timeline_step=3,
+                           timeline_t0=t0, events=tuple(ActionSpan(*e) for e in events), action_ms={},
+                           action_cpu_ms={}, losses=losses or {},
+                           memory=RankMemory(measure="tracked", peak_bytes=100, breakdown=MemoryRecord(total=100)),
+                           boundary_bytes={rank: (8, 8)})
 
 
 def test_timeline_shares_one_clock_on_one_machine_and_gaps_are_measured():
@@ -118,12 +124,12 @@ def test_timeline_shares_one_clock_on_one_machine_and_gaps_are_measured():
     # F(0,0) ends at 1.0, F(1,0) starts at 1.0 -> 0; B(1,0) ends at 4.0, B(0,0) starts at 4.0 -> 0
     assert sorted(g for _, g in gaps) == pytest.approx([0.0, 0.0])
     # on two machines the clocks cannot be compared: each rank keeps its own origin
-    far = measured_timeline([r0, dict(r1, host="other")])
+    far = measured_timeline([r0, replace(r1, host="other")])
     assert next(r for r in far if r.device == 1 and r.kind == "F").start_ms == pytest.approx(0.5)
 
 
 def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
-    recs = [_record(1, 1, [], 0.0, losses={"0": 2.0, "1": 1.5, "2": 1.2, "3": 1.0}),
+    recs = [_record(1, 1, [], 0.0, losses={0: 2.0, 1: 1.5, 2: 1.2, 3: 1.0}),
             _record(0, 0, [[0, "F", 0, 0.0, 1.0], [0, "O", -1, 1.0, 1.5]], 0.0)]
     pred = Prediction(iteration_ms=5.0, devices=(PredictedDevice(device=0, busy_ms=1.0, peak_memory_bytes=90),
                                                  PredictedDevice(device=1, busy_ms=1.0, peak_memory_bytes=110)))
@@ -140,8 +146,9 @@ def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
 
 
 def _assembled(step_ms, **kw):
-    recs = [dict(_record(1, 1, [], 0.0, losses={"0": 2.0}), step_ms=step_ms, measured_steps=list(range(1, len(step_ms)))),
-            dict(_record(0, 0, [[0, "F", 0, 0.0, 1.0]], 0.0), step_ms=step_ms, measured_steps=list(range(1, len(step_ms))))]
+    measured = range(1, len(step_ms))
+    recs = [_record(1, 1, [], 0.0, losses={0: 2.0}, step_ms=step_ms, measured_steps=measured),
+            _record(0, 0, [[0, "F", 0, 0.0, 1.0]], 0.0, step_ms=step_ms, measured_steps=measured)]
     return assemble_record(recs, _plan(), plan_path="p.json", device_type="cpu", steps=len(step_ms), warmup=1,
                            prediction=None, prediction_source=None, calibration=None, **kw)
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from planner.errors import PplanError
 
 if TYPE_CHECKING:
-    from planner.execute.results import RunRecord
+    from planner.execute.runrecord import RunRecord
 
 __all__ = ["profile_to", "candidate_plan", "run_measured"]
 

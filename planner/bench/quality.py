@@ -24,7 +24,7 @@ from planner.bench.table import Table
 from planner.errors import InfeasibleError, PplanError
 
 if TYPE_CHECKING:
-    from planner.execute.results import RunRecord
+    from planner.execute.runrecord import RunRecord
 
 __all__ = ["bench_quality", "bench_quality_measured", "find_profiles", "MEASURED_CONFIGS"]
 

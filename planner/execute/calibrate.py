@@ -23,7 +23,8 @@ from typing import Any
 
 from planner.calibration import Calibration
 from planner.errors import PplanError
-from planner.execute.results import RUN_FILE_HINT, RunRecord, error_pct
+from planner.execute.results import error_pct
+from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
@@ -94,11 +95,9 @@ def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> N
         for key, value in rank.action_ms.items():
             ms(value, f"ranks[{i}].action_ms[{str(key)[:20]!r}]")
     for i, c in enumerate(run.comm):
-        if "latency_ms" not in c:
-            raise bad(f"comm[{i}] has no latency_ms")
-        ms(c["latency_ms"], f"comm[{i}].latency_ms")
-        if c.get("bandwidth_bytes_per_s") is not None:
-            ms(c["bandwidth_bytes_per_s"], f"comm[{i}].bandwidth_bytes_per_s")
+        ms(c.latency_ms, f"comm[{i}].latency_ms")
+        if c.bandwidth_bytes_per_s is not None:
+            ms(c.bandwidth_bytes_per_s, f"comm[{i}].bandwidth_bytes_per_s")
     for i, gap in enumerate(run.transfer_gaps):
         if len(gap) != 2:
             raise bad(f"transfer_gaps[{i}] must be a [bytes, ms] pair")
@@ -121,8 +120,8 @@ def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
     lat = prev.comm_latency_ms
     bw = prev.comm_bandwidth_bytes_per_s
     if comm:
-        lat = statistics.median(c["latency_ms"] for c in comm)
-        bws = [c["bandwidth_bytes_per_s"] for c in comm if c.get("bandwidth_bytes_per_s")]
+        lat = statistics.median(c.latency_ms for c in comm)
+        bws = [c.bandwidth_bytes_per_s for c in comm if c.bandwidth_bytes_per_s]
         bw = statistics.median(bws) if bws else bw
     gaps = run.transfer_gaps
     if gaps:

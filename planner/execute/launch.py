@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from planner.errors import PplanError, RunError
+from planner.execute.measurement import RankMeasurement, measurements_from_json
 from planner.execute.worker import PARENT_ENV
 
 __all__ = ["free_port", "launch_local", "stop_processes"]
@@ -113,8 +114,9 @@ def stop_processes(procs: list[subprocess.Popen]) -> None:
             p.wait()
 
 
-def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int, verbose: bool = False) -> list[dict[str, Any]]:
-    """Run `n_ranks` worker processes; returns the ranks' records (from rank 0)."""
+def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
+                 verbose: bool = False) -> list[RankMeasurement]:
+    """Run `n_ranks` worker processes; returns the ranks' measurements (from rank 0's result.json)."""
     cfg = dict(cfg, run_dir=str(run_dir))
     cfg_path = run_dir / "config.json"
     cfg_path.write_text(json.dumps(cfg), encoding="utf-8")
@@ -148,7 +150,7 @@ def launch_local(cfg: dict[str, Any], n_ranks: int, run_dir: Path, threads: int,
     result = run_dir / "result.json"
     if not result.is_file():
         raise RunError("all ranks exited cleanly but rank 0 wrote no result", "rerun with --verbose")
-    return json.loads(result.read_text(encoding="utf-8"))
+    return measurements_from_json(json.loads(result.read_text(encoding="utf-8")), "rank 0's result.json")
 
 
 def _start_workers(cfg_path: Path, n_ranks: int, threads: int, verbose: bool, procs: list[subprocess.Popen],

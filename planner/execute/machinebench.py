@@ -221,7 +221,7 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
         outcome = run_plan(plan, opts, plan_path=str(plan_path), use_machine=False)
         run = outcome.record
         if last:
-            bws = [c["bandwidth_bytes_per_s"] for c in run.comm if c.get("bandwidth_bytes_per_s")]
+            bws = [c.bandwidth_bytes_per_s for c in run.comm if c.bandwidth_bytes_per_s]
             bandwidth = statistics.median(bws) if bws else None
         gaps += [g for _, g in run.transfer_gaps]
         actions += [v for r in run.ranks for k, v in r.action_ms.items() if k[-1] in "FBIW"]

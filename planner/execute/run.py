@@ -32,11 +32,14 @@ from planner.calibration import Calibration, calibration_path_for, find_calibrat
 from planner.errors import PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.execute.launch import launch_local
+from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import dp_degree, world_size, world_text
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
-from planner.execute.results import RunRecord, assemble_record, measured_timeline, replica0
+from planner.execute.results import assemble_record
+from planner.execute.runrecord import Divergence, RunRecord
+from planner.execute.timeline import measured_timeline, replica0
 from planner.execute.worker import Env, read_env, run_worker
 from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
@@ -121,18 +124,19 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     # second, not after the whole run.
     prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
     load_before = _load_average()
-    records = _launch(plan, opts, pf, env)
-    if records is None:
+    measurements = _launch(plan, opts, pf, env)
+    if measurements is None:
         return None
-    record = assemble_record(records, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
+    lead = replica0(measurements)  # the pipeline the simulator describes
+    record = assemble_record(measurements, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
                              warmup=opts.warmup, prediction=prediction, prediction_source=source,
                              calibration=_cal_dict(used_cal), load_average=load_before,
                              profile_load_average=_profile_load(pf),
-                             compute_ratio=_compute_ratio(replica0(records), plan, pf, used_cal),
-                             compute_ratio_cpu=_compute_ratio(replica0(records), plan, pf, used_cal, key="action_cpu_ms"))
-    record = record.with_(warnings=record.warnings + _thread_warnings(records, pf)
-                          + co_run_warnings(records, pf, record.compute_ratio))
-    rows = measured_timeline(replica0(records))
+                             compute_ratio=_compute_ratio(lead, plan, pf, used_cal),
+                             compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True))
+    record = record.with_(warnings=record.warnings + _thread_warnings(measurements, pf)
+                          + co_run_warnings([m.host for m in measurements], pf, record.compute_ratio))
+    rows = measured_timeline(lead)
     if record.diverged:
         _write(record, rows, out, timeline_path)
         raise _diverged_error(record.diverged, plan, opts, out)
@@ -160,9 +164,9 @@ def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_
     return pf
 
 
-def _launch(plan: Plan, opts: RunOptions, pf: Preflight, env: Env | None) -> list[dict[str, Any]] | None:
+def _launch(plan: Plan, opts: RunOptions, pf: Preflight, env: Env | None) -> list[RankMeasurement] | None:
     """Train: one local process per rank, or this process as one rank of a torchrun job. Returns
-    the rank records (None on torchrun ranks other than 0)."""
+    the ranks' measurements (None on torchrun ranks other than 0)."""
     world = world_size(plan)
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
@@ -176,10 +180,10 @@ def _launch(plan: Plan, opts: RunOptions, pf: Preflight, env: Env | None) -> lis
             return launch_local(cfg, world, Path(tmp), threads, verbose=opts.verbose)
 
 
-def _diverged_error(diverged: dict[str, Any], plan: Plan, opts: RunOptions, out: str | os.PathLike | None) -> RunError:
+def _diverged_error(diverged: Divergence, plan: Plan, opts: RunOptions, out: str | os.PathLike | None) -> RunError:
     """The error of a run whose loss stopped being finite: where, and what was (not) kept."""
     kept = f"; wrote the run with the losses so far to {str(out)!r} (non-finite as null)" if out is not None else ""
-    return RunError(f"training diverged: the loss became {diverged['loss']} at step {diverged['step'] + 1} of {opts.steps} "
+    return RunError(f"training diverged: the loss became {diverged.loss} at step {diverged.step + 1} of {opts.steps} "
                     f"(--lr {opts.lr:g}, optimizer {plan.optimizer}){kept}",
                     "lower --lr" + ("" if out is not None else "; pass --out to keep the losses of such a run")
                     + ("; no checkpoint was saved from the diverged weights" if opts.checkpoint_dir else ""))
@@ -216,16 +220,17 @@ def _profile_load(pf: Preflight) -> float | None:
     return load if load is not None and math.isfinite(load) and load >= 0 else None
 
 
-def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal: Calibration | None,
-                   key: str = "action_ms") -> float | None:
+def _compute_ratio(measurements: list[RankMeasurement], plan: Plan, pf: Preflight, cal: Calibration | None,
+                   cpu_time: bool = False) -> float | None:
     """Median over the run's actions of measured / predicted action time (calibration applied);
-    `key` = action_cpu_ms compares the actions' CPU time instead of their wall time."""
+    `cpu_time` compares the actions' CPU time instead of their wall time."""
     if pf.profile is None:
         return None
     from planner.execute.calibrate import compute_points
 
     try:
-        points = compute_points([(r["stages"], r.get(key) or {}) for r in records], plan, pf.profile)
+        points = compute_points([(list(m.stages), m.action_cpu_ms if cpu_time else m.action_ms) for m in measurements],
+                                plan, pf.profile)
     except (PplanError, KeyError, IndexError, ValueError):
         return None
     ratios = []
@@ -240,7 +245,7 @@ def _compute_ratio(records: list[dict[str, Any]], plan: Plan, pf: Preflight, cal
     return statistics.median(ratios)
 
 
-def _thread_warnings(records: list[dict[str, Any]], pf: Preflight) -> list[str]:
+def _thread_warnings(measurements: list[RankMeasurement], pf: Preflight) -> list[str]:
     """A line when the ranks ran with another torch thread count than the profile measured with."""
     if pf.profile is None:
         return []
@@ -248,7 +253,7 @@ def _thread_warnings(records: list[dict[str, Any]], pf: Preflight) -> list[str]:
         prof = int(pf.profile.meta.get("threads") or 0)
     except ValueError:
         return []
-    used = sorted({int(r.get("threads") or 0) for r in records})
+    used = sorted({m.threads for m in measurements})
     if prof and used and used != [prof]:
         return [f"the ranks ran {'/'.join(map(str, used))} torch thread(s), the profile was measured with {prof}: "
                 f"re-profile with --threads {used[0]} (or run with --threads {prof})"]
@@ -259,16 +264,16 @@ CO_RUN_WARN_RATIO = 1.1
 """Suggest `--co-run` when a CPU run's actions took more than this factor of a profile measured alone."""
 
 
-def co_run_warnings(records: list[dict[str, Any]], pf: Preflight, compute_ratio: float | None) -> list[str]:
+def co_run_warnings(hosts: list[str], pf: Preflight, compute_ratio: float | None) -> list[str]:
     """The run's advice to re-profile with --co-run: a list of one line when a CPU run's actions
     took more than CO_RUN_WARN_RATIO times their profiled time (`compute_ratio`) and the profile
     measured its layers beside fewer processes than this run had ranks on one host (memory-bound
-    layers slow each other down); else an empty list. `records`: the rank records (their "host")."""
+    layers slow each other down); else an empty list. `hosts`: each rank's host name."""
     if pf.profile is None or pf.device_type != "cpu" or compute_ratio is None or compute_ratio <= CO_RUN_WARN_RATIO:
         return []
     per_host: dict[str, int] = {}
-    for r in records:
-        per_host[r.get("host", "")] = per_host.get(r.get("host", ""), 0) + 1
+    for host in hosts:
+        per_host[host] = per_host.get(host, 0) + 1
     want = max(per_host.values(), default=1) - 1
     try:
         had = int(pf.profile.meta.get("co_run") or 0)

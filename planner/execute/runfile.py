@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import fields
 from typing import Any, get_type_hints
 
 from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
-from planner.execute.results import RUN_FILE_HINT, RankRecord, RunRecord
+from planner.execute.measurement import CommMeasurement
+from planner.execute.runrecord import RUN_FILE_HINT, Divergence, RankRecord, RunRecord
 from planner.jsonio import read_json_file
 from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short, type_error
 from planner.plan import MEMORY_KEYS
@@ -23,9 +25,10 @@ __all__ = ["load_run", "parse_run", "DIVERGED_KEYS", "COMM_KEYS", "CALIBRATION_F
            "ACTION_KEY"]
 
 # RunRecord's fields (and RankRecord's) are the keys of the run and of each rank, which
-# RunRecord.from_dict checks; these are the keys of the objects it keeps as plain dicts.
-DIVERGED_KEYS = ("step", "loss")
-COMM_KEYS = ("a", "b", "latency_ms", "bandwidth_bytes_per_s", "points")
+# RunRecord.from_dict checks; these are the keys of its nested objects: records' fields, and the
+# objects it keeps as plain dicts (calibration_fit).
+DIVERGED_KEYS = tuple(f.name for f in fields(Divergence))
+COMM_KEYS = tuple(f.name for f in fields(CommMeasurement))
 CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
                         "compute_points", "path", "calibration")
 COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
@@ -56,9 +59,10 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
     """The RunRecord of a run JSON's object; PplanError names the first key or value that is wrong.
 
     RunRecord.from_dict refuses unknown keys of the run and of each rank, a missing field and
-    another format; it builds whatever values it is given. So the objects it keeps as dicts are
-    checked here first (their keys), and every field of the record it built afterwards (its type):
-    a hand-edited or hostile file fails on one line, never inside a figure or a fit.
+    another format, and reads its nested records (divergence, ping-pongs, memory breakdowns);
+    other values it keeps as given. So the nested objects are checked here first (their keys and,
+    for memory, that the parts are numbers), and every field of the record it built afterwards
+    (its type): a hand-edited or hostile file fails on one line, never inside a figure or a fit.
     """
     _check_nested(data, source)
     try:

@@ -10,7 +10,7 @@ continues the uninterrupted one bit for bit).
 
 Divergence: when the loss of a step is not finite (inf/NaN), every rank stops after that step
 (the flag travels with the step-time all-reduce) and no checkpoint of the diverged weights is
-saved; the record's `diverged_step` says where.
+saved; the measurement's `diverged_step` says where.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
+from planner.execute.measurement import CommMeasurement, RankMeasurement, RankMemory
 from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
 from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_rank, set_rng_state
@@ -34,7 +35,7 @@ from planner.execute.stages import plan_schedule, step_seed
 from planner.execute.steplog import StepLog, rank_record
 from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
-from planner.plan import Plan
+from planner.plan import MemoryRecord, Plan
 from planner.profiling.allocpeak import CpuAllocatorMeter
 from planner.profiling.saved import tensor_bytes
 
@@ -83,7 +84,7 @@ def _rng_neutral(stage: Any, device: torch.device) -> None:
 
 
 def train_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
-               model_kwargs: dict[str, Any] | None = None, resume: dict[str, Any] | None = None) -> dict[str, Any]:
+               model_kwargs: dict[str, Any] | None = None, resume: dict[str, Any] | None = None) -> RankMeasurement:
     """Train this rank's stages; returns what it measured (gathered by rank 0).
 
     `resume` ({"step": k, "folder": path}, chosen once by run_plan) is the save to continue
@@ -122,7 +123,7 @@ class _RankSetup:
     """The first step to train (a resumed run's save step, else 0)."""
     loss_log: dict[int, float]
     """step -> loss on a last-stage rank, filled step by step (a resumed run's earlier ones included)."""
-    comm: list[dict[str, Any]]
+    comm: list[CommMeasurement]
     """Ping-pong times to the neighbour ranks (--calibrate), else empty."""
     mem_step: int
     """The step whose memory is measured (-1 when memory is not tracked)."""
@@ -158,7 +159,7 @@ def _set_up_rank(plan: Plan, opts: RunOptions, rank: int, world: int, device: to
 
 def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.device,
            model_kwargs: dict[str, Any] | None, resume: dict[str, Any] | None,
-           meter: CpuAllocatorMeter | None) -> dict[str, Any]:
+           meter: CpuAllocatorMeter | None) -> RankMeasurement:
     r = _set_up_rank(plan, opts, rank, world, device, model_kwargs, resume)
     pipe, n_steps = r.pipe, opts.steps
     log = StepLog()
@@ -236,10 +237,10 @@ def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
                        f"{' '.join(want[max(0, i - 2):i + 3])} (action {i})", "report this: torch's schedule differs from the simulated one")
 
 
-def _comm(rank: int, world: int, device: torch.device) -> list[dict[str, Any]]:
+def _comm(rank: int, world: int, device: torch.device) -> list[CommMeasurement]:
     from planner.execute.commbench import benchmark_neighbours
 
-    return benchmark_neighbours(rank, world, device)
+    return [CommMeasurement.from_dict(c, f"rank {rank}'s ping-pong") for c in benchmark_neighbours(rank, world, device)]
 
 
 def _checkpoint_due(opts: RunOptions, done: int) -> bool:
@@ -249,7 +250,7 @@ def _checkpoint_due(opts: RunOptions, done: int) -> bool:
 
 
 def _memory(plan: Plan, r: _RankSetup, tk: MemoryTracker, grad_bytes: int, window: RssWindow | None,
-            meter: CpuAllocatorMeter | None, device: torch.device) -> dict[str, Any]:
+            meter: CpuAllocatorMeter | None, device: torch.device) -> RankMemory:
     """The memory step's measurement, taken right after it: what the rank holds (weights, gradients,
     optimizer; ZeRO-aware), the tracker's peaks, the allocator's peak (its counting ends here) and
     the RSS window."""
@@ -259,21 +260,19 @@ def _memory(plan: Plan, r: _RankSetup, tk: MemoryTracker, grad_bytes: int, windo
     for m in r.pipe.modules:
         inp, out = r.boundary.get(m.stage, [0, 0])
         buffers += 2 * ((inp if m.stage > 0 else 0) + (out if m.stage < plan.n_stages - 1 else 0))
-    tracked = {**held, "activations": tk.peak, "buffers": buffers}  # weights, gradients, optimizer (ZeRO: held_bytes)
-    tracked["total"] = sum(tracked.values())
-    mem: dict[str, Any] = {"breakdown": tracked, "transient": tk.peak_transient}
+    parts = {**held, "activations": tk.peak, "buffers": buffers}  # weights, gradients, optimizer (ZeRO: held_bytes)
+    tracked = MemoryRecord(**parts, total=sum(parts.values()))
+    rss = {"rss_baseline_bytes": window.baseline, "rss_growth_bytes": window.growth_bytes} if window is not None else {}
     if device.type == "cuda":
-        mem["measure"] = "cuda-allocator"
-        mem["peak_bytes"] = int(torch.cuda.max_memory_allocated(device))
-    else:
-        import resource
+        return RankMemory(measure="cuda-allocator", peak_bytes=int(torch.cuda.max_memory_allocated(device)),
+                          breakdown=tracked, transient_bytes=tk.peak_transient, **rss)
+    import resource
 
-        # torch's allocator's own count where the profiler gave one; else the tensors' sizes
-        mem["measure"] = "cpu-allocator" if allocated is not None else "tracked"
-        mem["peak_bytes"] = allocated.peak_bytes if allocated is not None else tracked["total"]
-        mem["rss_peak_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    mem.update(window.to_dict() if window is not None else {})
-    return mem
+    # torch's allocator's own count where the profiler gave one; else the tensors' sizes
+    return RankMemory(measure="cpu-allocator" if allocated is not None else "tracked",
+                      peak_bytes=allocated.peak_bytes if allocated is not None else tracked.total,
+                      breakdown=tracked, transient_bytes=tk.peak_transient,
+                      rss_peak_bytes=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, **rss)
 
 
 def _record_boundaries(mods: list[Any]) -> dict[int, list[int]]:

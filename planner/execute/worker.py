@@ -2,7 +2,9 @@
 
 It reads torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
 MASTER_PORT), joins the process group (gloo on CPU, NCCL on CUDA, with the run's timeout), trains
-its stages and sends what it measured to rank 0, which returns the list of all ranks' records.
+its stages and sends what it measured (a RankMeasurement, pickled by torch's gather_object) to
+rank 0, which returns the list of all ranks' measurements; started by the local launcher, rank 0
+writes that list to `<run_dir>/result.json` (RankMeasurement.to_dict) for the launcher to read.
 A failure is written to `<run_dir>/rank<r>.error.json` (one line, for the launcher's message)
 and the process exits non-zero: 2 for a user error (PplanError), 1 otherwise.
 """
@@ -18,11 +20,14 @@ import time
 import traceback
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from planner.errors import PplanError, RunError
 from planner.execute.options import RunOptions
 from planner.plan import plan_from_dict
+
+if TYPE_CHECKING:
+    from planner.execute.measurement import RankMeasurement
 
 __all__ = ["Env", "read_env", "run_worker", "main"]
 
@@ -69,8 +74,8 @@ def read_env() -> Env | None:
     return Env(rank, world, local_rank, local_world)
 
 
-def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
-    """Train this rank; rank 0 returns every rank's record, the others None."""
+def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
+    """Train this rank; rank 0 returns every rank's measurement, the others None."""
     import torch
     import torch.distributed as dist
 
@@ -101,10 +106,10 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[dict[str, Any]] | None:
         model_kwargs = dict(cfg.get("model_kwargs") or {})
         if "input_shape" in model_kwargs:  # JSON turned the tuple into a list
             model_kwargs["input_shape"] = tuple(model_kwargs["input_shape"])
-        record = train_rank(plan, opts, env.rank, env.world, device, model_kwargs, resume=cfg.get("resume"))
+        measured = train_rank(plan, opts, env.rank, env.world, device, model_kwargs, resume=cfg.get("resume"))
         gathered: list[Any] | None = [None] * env.world if env.rank == 0 else None
         # gather_object needs a device the backend can move objects through
-        dist.gather_object(record, gathered, dst=0)
+        dist.gather_object(measured, gathered, dst=0)
         dist.barrier()  # nobody tears down its connections while a peer still talks to it
         return gathered if env.rank == 0 else None
     finally:
@@ -165,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_worker(cfg, env)
         if result is not None and run_dir:
             tmp = Path(run_dir) / "result.json.tmp"
-            tmp.write_text(json.dumps(result), encoding="utf-8")
+            # non-finite losses stay (NaN, Infinity): the launcher finds the divergence from them
+            tmp.write_text(json.dumps([m.to_dict() for m in result]), encoding="utf-8")
             os.replace(tmp, Path(run_dir) / "result.json")
         return 0
     except PplanError as e:

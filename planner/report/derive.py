@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import PplanError
-from planner.execute.results import RunRecord
+from planner.execute.runrecord import RunRecord
 from planner.report.inputs import ReportInputs, TimelineRow
 
 __all__ = ["Derived", "derive", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]

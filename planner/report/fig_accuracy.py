@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.execute.results import RankRecord
+from planner.execute.runrecord import RankRecord
 from planner.plan import PredictedDevice
 from planner.report.fig_memory import draw_limit_marks
 from planner.report.inputs import ReportInputs
@@ -143,7 +143,7 @@ def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[RankRecord], w: float, di
     for offset, key, hatch in ((-w / 2, "memory_predicted", None), (w / 2, "memory_measured", "///")):
         bottom = np.zeros(len(ranks))
         for part in MEMORY_PARTS:
-            values = np.array([float(getattr(r, key).get(part) or 0) for r in ranks]) / div
+            values = np.array([float(getattr(getattr(r, key), part) or 0) for r in ranks]) / div
             ax.bar(x + offset, values, bottom=bottom, width=w, color=MEMORY_COLORS[part], hatch=hatch,
                    edgecolor="white", lw=0.3, label=part if hatch is None else None)
             bottom += values

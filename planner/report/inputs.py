@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PplanError
-from planner.execute.results import RunRecord
+from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
 from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
 from planner.plan import Plan, load_plan

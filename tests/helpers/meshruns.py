@@ -98,7 +98,8 @@ def rank_main(folder_name: str) -> None:
             (folder / f"rank{rank}.error").write_text(f"plan {i} ({plan.model} {plan.schedule}): {traceback.format_exc()}",
                                                       encoding="utf-8")
             os._exit(1)
-        out.append({k: rec[k] for k in ("losses", "memory", "grad_allreduce_ms", "first_step")})
+        measured = rec.to_dict()
+        out.append({k: measured[k] for k in ("losses", "memory", "grad_allreduce_ms", "first_step")})
     (folder / f"rank{rank}.json").write_text(json.dumps(out), encoding="utf-8")
     dist.barrier()
     os._exit(0)  # gloo's threads can abort interpreter teardown (as the worker does)

@@ -1,0 +1,239 @@
+"""The run JSON's record types: RunRecord (one run, `pplan run --out`) and RankRecord (one rank of it),
+frozen dataclasses whose fields are the JSON's keys in the order written, one to_dict / from_dict
+each; docs/executor.md defines every field. planner.execute.results assembles a RunRecord from the
+ranks' measurements; planner.execute.runfile reads a file back, every value checked.
+
+A field's nested records (a memory breakdown, a ping-pong measurement, a divergence) write the
+same JSON objects the run file always had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any
+
+from planner.errors import PplanError
+from planner.execute.measurement import CommMeasurement
+from planner.jsonio import check_keys, finite_or_null
+from planner.jsontypes import missing_field, short, type_error
+from planner.plan import MemoryRecord
+
+__all__ = ["FORMAT", "RUN_FILE_HINT", "Divergence", "RankRecord", "RunRecord"]
+
+FORMAT = "pplan-run/1"
+RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
+
+
+def _json(value: Any) -> Any:
+    """A field's value as JSON: nested records through their to_dict, lists item by item."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [_json(v) for v in value]
+    return value
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where a run's loss stopped being finite (the run stopped after that step)."""
+
+    step: int
+    """The step (0-based) whose loss was not finite, else the earliest step a rank stopped at."""
+    loss: str
+    """The loss as text: "inf", "-inf", "nan", or "unknown" (the stopping rank did not see it)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"step": self.step, "loss": self.loss}
+
+    @classmethod
+    def from_dict(cls, d: Any) -> "Divergence":
+        if not isinstance(d, dict):
+            raise PplanError(f"run field 'diverged' must be an object or null, got {short(d)}", RUN_FILE_HINT)
+        check_keys(d, [f.name for f in fields(cls)], "diverged", PplanError)
+        if (name := missing_field(cls, d)) is not None:
+            raise PplanError(f"diverged: missing field {name!r}", RUN_FILE_HINT)
+        for name, hint in (("step", int), ("loss", str)):
+            if (message := type_error(d[name], hint, f"diverged field {name!r}")) is not None:
+                raise PplanError(message, RUN_FILE_HINT)
+        return cls(**d)
+
+
+@dataclass(frozen=True)
+class RankRecord:
+    """What one rank measured, next to what the simulator predicted for its device."""
+
+    rank: int
+    """Process rank."""
+    device: int
+    """Plan device the rank plays."""
+    host: str
+    """Host name."""
+    stages: list[int]
+    """Global stages this rank ran."""
+    busy_ms: float
+    """F/B/I/W/R/O time in the timeline step, ms."""
+    busy_ms_predicted: float | None = None
+    """The simulator's busy time of the device, ms."""
+    peak_memory_bytes_measured: int | None = None
+    """The allocator's peak over the memory step (CUDA's; on CPU torch's own count via torch.profiler)."""
+    peak_memory_bytes_predicted: int | None = None
+    """The cost model's peak of the device."""
+    memory_limit_bytes: int | None = None
+    """The plan's device memory."""
+    memory_measure: str | None = None
+    """How peak_memory_bytes_measured was measured: cuda-allocator, cpu-allocator, or tracked (tensor sizes)."""
+    memory_measured: MemoryRecord | None = None
+    """The tracked breakdown (weights, gradients, optimizer, activations, buffers, total)."""
+    memory_predicted: MemoryRecord | None = None
+    """The predicted breakdown, same keys."""
+    rss_peak_bytes: int | None = None
+    """CPU: the process's lifetime max RSS (torch included)."""
+    peak_memory_bytes_rss: int | None = None
+    """CPU: peak RSS over the memory step minus the RSS before the model (independent measure)."""
+    rss_baseline_bytes: int | None = None
+    """CPU: RSS before the model was built (torch, process group)."""
+    action_ms: dict[str, float] = field(default_factory=dict)
+    """Median ms per '<stage><kind>'."""
+    action_cpu_ms: dict[str, float] = field(default_factory=dict)
+    """Median CPU ms per '<stage><kind>' (this rank's thread; below action_ms when it waited for a CPU)."""
+    threads: int | None = None
+    """torch threads of the rank."""
+    replica: int = 0
+    """Data-parallel replica of the rank (0 without data parallelism); rank = replica x P + pipeline rank."""
+    grad_allreduce_ms: float | None = None
+    """dp > 1: median over the measured steps of this rank's gradient all-reduce over its dp group, ms."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _json(getattr(self, f.name)) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "ranks[i]") -> "RankRecord":
+        check_keys(d, [f.name for f in fields(cls)], where, PplanError)
+        if (name := missing_field(cls, d)) is not None:
+            raise PplanError(f"{where}: missing field {name!r}", RUN_FILE_HINT)
+        memory = {k: MemoryRecord.from_dict(d[k], f"{where}.{k}") for k in ("memory_measured", "memory_predicted")
+                  if d.get(k) is not None}
+        return cls(**dict(d, **memory))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunRecord:
+    """The run JSON (`pplan run --out`), key for key; docs/executor.md defines each. Fields with a
+    default may be absent from a file written before they existed (`diverged` came later)."""
+
+    plan: str | None
+    """Plan file the run executed."""
+    model: str | None
+    """Model spec."""
+    schedule: str
+    """Schedule name."""
+    runtime: str
+    """torch class or runtime that executed it."""
+    device_type: str
+    """cpu or cuda."""
+    n_ranks: int
+    """Processes."""
+    n_stages: int
+    """Pipeline stages."""
+    micro_batch_size: int
+    """Samples per micro-batch."""
+    n_microbatches: int
+    """Micro-batches per step."""
+    optimizer: str
+    """Optimizer name."""
+    steps: int
+    """Steps reached."""
+    first_step: int = 0
+    """First step run (a resumed run starts later)."""
+    warmup: int
+    """Steps left out of the timing."""
+    iteration_ms_measured: float | None
+    """Median of step_ms over measured_steps."""
+    iteration_ms_predicted: float | None
+    """The simulator's iteration time."""
+    error_pct: float | None
+    """100 x (predicted - measured) / measured."""
+    prediction_source: str | None = None
+    """Where the prediction came from."""
+    calibration: dict[str, Any] | None = None
+    """The calibration the prediction used."""
+    losses: list[float | None]
+    """Mean loss of each step in loss_steps."""
+    loss_steps: list[int]
+    """Steps the losses belong to."""
+    diverged: Divergence | None = None
+    """First non-finite loss, if any."""
+    step_ms: list[float]
+    """Every step's time (slowest rank), ms."""
+    measured_steps: list[int]
+    """Indices into step_ms that are measured."""
+    timeline_step: int
+    """The step the timeline shows."""
+    ranks: list[RankRecord]
+    """Per rank."""
+    comm: list[CommMeasurement] = field(default_factory=list)
+    """Ping-pong measurements (--calibrate)."""
+    boundary_bytes: dict[str, list[int]] = field(default_factory=dict)
+    """Stage -> [input bytes, output bytes] of one micro-batch."""
+    transfer_gaps: list[list[float]] = field(default_factory=list)
+    """[bytes, ms] of the hand-overs where the receiver waited."""
+    step_ms_min: float | None = None
+    """Fastest measured step, ms."""
+    step_ms_median: float | None = None
+    """Median measured step, ms (= iteration_ms_measured)."""
+    step_ms_max: float | None = None
+    """Slowest measured step, ms."""
+    step_spread_pct: float | None = None
+    """100 x (max - min) / median over the measured steps."""
+    load_average: float | None = None
+    """The machine's 1-minute load average just before the ranks started."""
+    profile_load_average: float | None = None
+    """The load the profile recorded (its metadata `load_average`), if any."""
+    compute_ratio: float | None = None
+    """Median over actions of measured / profiled time (1 = as profiled)."""
+    compute_ratio_cpu: float | None = None
+    """The same with the actions' CPU time: what stays when waiting for a busy machine's CPUs is taken out."""
+    warnings: list[str] = field(default_factory=list)
+    """Why the comparison may not be trusted, one line each."""
+    dp: int = 1
+    """Data-parallel replicas of the pipeline (n_ranks = dp x pipeline devices x tp)."""
+    grad_allreduce_ms_measured: float | None = None
+    """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
+    grad_allreduce_ms_predicted: float | None = None
+    """dp > 1: the plan's predicted gradient synchronisation (predicted.grad_sync_ms), if it has one."""
+    calibration_fit: dict[str, Any] | None = None
+    """With --calibrate: what was fitted (omitted from the JSON otherwise)."""
+    format: str = FORMAT
+    """pplan-run/1."""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"format": self.format}
+        for f in fields(self):
+            if f.name == "format" or (f.name == "calibration_fit" and self.calibration_fit is None):
+                continue
+            out[f.name] = _json(getattr(self, f.name))
+        return finite_or_null(out)  # JSON has no inf/nan: a diverged run's non-finite loss is null
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
+        """Read a run JSON back (unknown keys refused with the nearest known one)."""
+        if not isinstance(d, dict):
+            raise PplanError("a run JSON must be an object")
+        check_keys(d, [f.name for f in fields(cls)], "run", PplanError)
+        if d.get("format", FORMAT) != FORMAT:
+            raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
+        ranks = d.get("ranks")
+        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
+            raise PplanError("run: ranks must be a list of objects")
+        if (name := missing_field(cls, d)) is not None:
+            raise PplanError(f"run: missing field {name!r}", RUN_FILE_HINT)
+        comm = d.get("comm", [])
+        if not isinstance(comm, list):
+            raise PplanError(f"run field 'comm' must be a list of objects, got {short(comm)}", RUN_FILE_HINT)
+        return cls(**dict(
+            d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)],
+            comm=[CommMeasurement.from_dict(c, f"comm[{i}]", PplanError, RUN_FILE_HINT) for i, c in enumerate(comm)],
+            diverged=Divergence.from_dict(d["diverged"]) if d.get("diverged") is not None else None))
+
+    def with_(self, **changes: Any) -> "RunRecord":
+        return replace(self, **changes)
