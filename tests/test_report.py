@@ -257,7 +257,7 @@ def _run_file(tmp_path: Path, edit) -> Path:
 
 
 def test_a_run_loads_as_its_record_with_its_values():
-    from planner.execute.results import RankRecord, RunRecord
+    from planner.execute.runrecord import RankRecord, RunRecord
     from planner.report.inputs import load_run
 
     data = json.loads(ALL["run"].read_text())
@@ -299,7 +299,7 @@ def test_a_byte_count_written_as_a_float_loads():
 
 
 def test_report_inputs_take_a_run_record_only():
-    from planner.execute.results import RunRecord
+    from planner.execute.runrecord import RunRecord
     from planner.report.inputs import ReportInputs, load_run
 
     record = load_run(ALL["run"])
@@ -376,3 +376,23 @@ def test_a_bad_simulation_is_one_line_naming_the_file_and_the_field(tmp_path, ed
     line = caught.value.one_line()
     assert line.startswith(f"{path}: ") and "\n" not in line, line
     assert re.search(expected, line), line
+
+
+def test_peak_memory_rows_are_per_device_under_data_parallelism(tmp_path):
+    """dp = 2: ranks 2 and 3 play devices 0 and 1 again; a device's row holds its ranks' largest peak."""
+    from planner.report.inputs import ReportInputs, load_run
+    from planner.report.summary import key_numbers, peak_rows
+
+    def replicate(d):
+        second = [dict(r, rank=r["rank"] + len(d["ranks"]), replica=1,
+                       peak_memory_bytes_measured=r["peak_memory_bytes_measured"] + 1000 * (1 - r["rank"]))
+                  for r in d["ranks"]]
+        d["ranks"] += second
+        d["n_ranks"] = len(d["ranks"])
+
+    run = load_run(_run_file(tmp_path, replicate))
+    first = {r.device: r.peak_memory_bytes_measured for r in run.ranks if r.replica == 0}
+    rows = peak_rows(ReportInputs(run=run))
+    assert [dev for dev, *_ in rows] == [0, 1]  # devices, not the four ranks
+    assert [meas for _, _, meas, _ in rows] == [float(first[0] + 1000), float(first[1])]
+    assert sum(name.startswith("peak memory dev") for name, _ in key_numbers(ReportInputs(run=run))) == 2

@@ -22,15 +22,19 @@ def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
 
 
 def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | None, float | None]]:
-    """(device, predicted peak bytes, measured peak bytes, limit bytes) per device."""
+    """(device, predicted peak bytes, measured peak bytes, limit bytes) per pipeline device.
+
+    Under data parallelism several ranks play one device (rank = replica x P + device): the
+    device's measured peak is the largest of its ranks', the one its memory limit must hold."""
     rows: dict[int, list[Any]] = {}
     for d in (inputs.sim.prediction.devices or ()) if inputs.sim is not None else ():
         if d.device is not None:
             rows[d.device] = [d.peak_memory_bytes, None, d.memory_limit_bytes]
     for r in inputs.run.ranks if inputs.run is not None else ():
-        row = rows.setdefault(r.rank, [None, None, None])
+        row = rows.setdefault(r.device, [None, None, None])
         row[0] = row[0] or r.peak_memory_bytes_predicted
-        row[1] = r.peak_memory_bytes_measured
+        if r.peak_memory_bytes_measured is not None:
+            row[1] = max(row[1] or 0, r.peak_memory_bytes_measured)
     if inputs.plan is not None:
         for i, device in enumerate(inputs.plan.devices):
             if i in rows and rows[i][2] is None:
