@@ -8,18 +8,16 @@ sweep included, is computed before the plan file is written, so an error leaves 
 
 from __future__ import annotations
 
-import sys
-from contextlib import contextmanager
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Iterator, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.common import echo_json, err, progress
+from cli.common import echo_json, err, step_progress
 from cli.options import CalibrationOption
 
 if TYPE_CHECKING:
-    from planner.partition.job import ClusterJob, PipelineJob, StepCallback
+    from planner.partition.job import ClusterJob, PipelineJob
 
 __all__ = ["register"]
 
@@ -72,31 +70,9 @@ def partition_cmd(
                                      microbatches=microbatches, schedule=schedule, recompute=recompute,
                                      optimizer=optimizer, bandwidth=bandwidth, latency=latency, cluster=cluster,
                                      method=method, time_limit=time_limit)
-    with _search_bar() as on_step:
+    with step_progress("partition", terminal_only=True) as on_step:  # logs and pipes stay quiet
         job = partition_pipeline(profile_path, settings, calibration=calibration, on_step=on_step)
     _finish_pipeline(job, out, plot, as_json)
-
-
-@contextmanager
-def _search_bar() -> Iterator[StepCallback | None]:
-    """The search's on_step: a progress bar on a terminal, sized when the search says how many
-    steps it has; None for logs and pipes, which stay quiet."""
-    if not sys.stderr.isatty():
-        yield None
-        return
-    bar: list[progress] = []
-
-    def step(done: int, total: int, note: str) -> None:
-        if not bar:
-            bar.append(progress(total, "partition").__enter__())
-        if done:
-            bar[0].advance(note)
-
-    try:
-        yield step
-    finally:
-        if bar:
-            bar[0].__exit__(None, None, None)
 
 
 def _check_outputs(out: Path, plot: Optional[Path]) -> None:

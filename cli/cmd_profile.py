@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import echo_json, parse_int_list, parse_shape, progress
+from cli.common import echo_json, parse_int_list, parse_shape, step_progress
 from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
@@ -127,18 +127,8 @@ def profile(
     from planner.profiling.profiler import measure_profile  # imports torch
     from planner.profiling.profile import write_profile
 
-    bar: list[progress] = []
-
-    def step(done: int, total: int, note: str) -> None:
-        if not bar:
-            bar.append(progress(total, "profiling").__enter__())
-        bar[0].advance(note)
-
-    try:
-        result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=step)
-    finally:
-        if bar:
-            bar[0].__exit__(None, None, None)
+    with step_progress("profiling") as on_step:
+        result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=on_step)
     sha = write_profile(result, out)
     summary = _summary(result, out, sha)
     if json_out:

@@ -7,13 +7,14 @@ import os
 import re
 import sys
 import time
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 import typer
 
 from planner.errors import PplanError
 
-__all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "err", "clock", "eta_text", "timed_say"]
+__all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "step_progress", "err", "clock", "eta_text", "timed_say"]
 
 
 class _State:
@@ -89,9 +90,42 @@ class progress:
         elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
             err(f"  {self.label}: {self.done}/{self.total} ({timing}) {note}".rstrip())
 
+    def reach(self, done: int, note: str = "") -> None:
+        """Show `done` steps finished (a library's own count); no change when it is not ahead."""
+        if done > self.done:
+            self.done = done - 1
+            self.advance(note)
+
     def __exit__(self, *exc: object) -> None:
         if self.tty:
             sys.stderr.write("\n")
+
+
+StepCallback = Callable[[int, int, str], None]
+"""on_step(done, total, note): how library work that counts its steps reports them."""
+
+
+@contextmanager
+def step_progress(label: str, *, terminal_only: bool = False) -> Iterator[StepCallback | None]:
+    """An on_step(done, total, note) for library work that counts its own steps (measure_profile,
+    partition_pipeline): the bar opens at the first call, sized by the total the work reports, and
+    closes when the block ends, error or not. With `terminal_only`, None off a terminal, so logs
+    and pipes stay quiet."""
+    if terminal_only and not sys.stderr.isatty():
+        yield None
+        return
+    bars: list[progress] = []
+
+    def step(done: int, total: int, note: str) -> None:
+        if not bars:
+            bars.append(progress(total, label))
+        bars[0].reach(done, note)
+
+    try:
+        yield step
+    finally:
+        if bars:
+            bars[0].__exit__(None, None, None)
 
 
 _COUNT = re.compile(r"\b(\d+)/(\d+)\b")

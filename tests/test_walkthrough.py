@@ -58,6 +58,21 @@ def test_progress_shows_elapsed_and_remaining(capsys, monkeypatch):
     assert "profiling: 4/4 (elapsed 40s) layer" in [line.strip() for line in lines]
 
 
+def test_step_progress_sizes_its_bar_from_the_work_and_is_quiet_off_a_terminal_when_asked(capsys, monkeypatch):
+    from cli import common
+
+    monkeypatch.setattr(common.time, "monotonic", lambda: 0.0)
+    with common.step_progress("partition") as on_step:
+        for done in range(4):  # the work announces its size with done=0 (partition_pipeline), then counts
+            on_step(done, 3, f"M={done}")
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
+    assert lines[0] == "partition: 3 steps" and [line.split(" (")[0] for line in lines[1:]] == \
+        ["partition: 1/3", "partition: 2/3", "partition: 3/3"]
+    with common.step_progress("partition", terminal_only=True) as on_step:  # pytest's stderr is no terminal
+        assert on_step is None
+    assert capsys.readouterr().err == ""
+
+
 def test_bench_messages_carry_elapsed_and_remaining(capsys, monkeypatch):
     from cli import common
 
