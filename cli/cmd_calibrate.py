@@ -50,24 +50,15 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
 def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:
     """Measure this machine once per rank count (planner.execute.machinebench) and save the machine
     file, keeping the entries it already has for other counts."""
-    from planner.atomic import ensure_writable_file
-    from planner.errors import PplanError
-    from planner.execute.machinebench import measure_machines, parse_rank_counts
+    from planner.execute.machinebench import parse_rank_counts, remeasure_machine_file
     from planner.execute.preflight import cpu_rank_cap
-    from planner.machine import default_machine_path, load_machines, save_machine
+    from planner.machine import default_machine_path
 
     counts = parse_rank_counts(ranks, cpu_rank_cap())
-    target = out if out is not None else default_machine_path()
-    base = None
-    if target.exists():
-        ensure_writable_file(target, "machine file")
-        try:
-            base = load_machines(target)
-        except PplanError as e:  # the file is being remeasured: say what is dropped, then replace it
-            typer.echo(f"pplan: warning: replacing unreadable {e.one_line()[:200]}", err=True)
-    machines = measure_machines(counts, base=base, threads=threads or None, quick=quick, hardware=hardware,
-                                progress=lambda line: typer.echo(f"  {line}", err=True))
-    path = save_machine(machines, target)
+    machines, path = remeasure_machine_file(out if out is not None else default_machine_path(), counts,
+                                            threads=threads or None, quick=quick, hardware=hardware,
+                                            progress=lambda line: typer.echo(f"  {line}", err=True),
+                                            warn=lambda line: typer.echo(f"pplan: warning: {line}", err=True))
     if json_out:
         echo_json(dict(machines.to_dict(), path=str(path)))
         return

@@ -52,7 +52,7 @@ from planner.errors import PplanError
 
 __all__ = ["EMPTY_MODEL", "SLEEP_MS", "CASES", "QUICK_CASES", "empty_model", "measure_machine", "measure_machines",
            "parse_rank_counts", "fit_overheads", "optimizer_ms_per_mib", "kernel_ms", "handover_under_compute",
-           "HANDOVER_SIZES"]
+           "HANDOVER_SIZES", "remeasure_machine_file"]
 
 EMPTY_MODEL = "synthetic:layers={layers},fwd_ms={fwd:g},bwd_ms={bwd:g},param_bytes=4KB,act_bytes=64,hidden=16"
 SLEEP_MS = (4.0, 8.0)
@@ -319,3 +319,23 @@ def measure_machines(counts: tuple[int, ...], *, base: Any = None, progress: Cal
         m = measure_machine(ranks=ranks, progress=say, **kwargs)
         machines = MachineSet((m,)) if machines is None else machines.with_entry(m)
     return machines
+
+
+def remeasure_machine_file(target: Path, counts: tuple[int, ...], *, progress: Callable[[str], None] | None = None,
+                           warn: Callable[[str], None] | None = None, **kwargs: Any) -> tuple[Any, Path]:
+    """Measure `counts` and save the machine file `target`, keeping its entries for other counts
+    (`pplan calibrate --machine`). An unreadable file is replaced, after `warn` says what is dropped;
+    one that cannot be written is refused before minutes of measuring. Returns (the MachineSet, its path)."""
+    from planner.atomic import ensure_writable_file
+    from planner.machine import load_machines, save_machine
+
+    base = None
+    if target.exists():
+        ensure_writable_file(target, "machine file")
+        try:
+            base = load_machines(target)
+        except PplanError as e:
+            if warn is not None:
+                warn(f"replacing unreadable {e.one_line()[:200]}")
+    machines = measure_machines(counts, base=base, progress=progress, **kwargs)
+    return machines, save_machine(machines, target)
