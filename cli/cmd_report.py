@@ -44,11 +44,7 @@ def report(
     out_dir = report_dir(name, out)
     check_report_dir(out_dir)  # before reading or simulating anything
     inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
-                         measured_timeline=measured_timeline)
-    if calibration is not None:
-        from dataclasses import replace
-
-        inputs = replace(inputs, calibration=calibration)
+                         measured_timeline=measured_timeline, calibration=calibration)
     result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,
                           progress=None if as_json else err)
     if as_json:

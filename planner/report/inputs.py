@@ -165,8 +165,10 @@ def load_inputs(
     run: str | os.PathLike | None = None,
     timeline: str | os.PathLike | None = None,
     measured_timeline: str | os.PathLike | None = None,
+    calibration: str | None = None,
 ) -> ReportInputs:
-    """Load whichever files are given; raise PplanError on the first unreadable one."""
+    """Load whichever files are given; raise PplanError on the first unreadable one. `calibration`
+    (a file, 'none', or None for the profile's own) is read when the report simulates."""
     sources = {name: str(p) for name, p in (
         ("profile", profile), ("plan", plan), ("sim", sim), ("run", run),
         ("timeline", timeline), ("measured_timeline", measured_timeline)) if p is not None}
@@ -181,5 +183,6 @@ def load_inputs(
         timeline=read_timeline(timeline) if timeline is not None else None,
         measured_timeline=read_timeline(measured_timeline) if measured_timeline is not None else None,
         sources=sources,
+        calibration=calibration,
     )
 
