@@ -18,33 +18,17 @@ __all__ = ["register"]
 
 
 def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: bool) -> None:
-    """Fit from a run JSON already on disk. Nothing is built or imported (no model code runs)."""
-    from planner.atomic import ensure_writable_file
-    from planner.calibration import calibration_path_for, find_calibration, write_calibration
-    from planner.errors import PplanError
-    from planner.execute.calibrate import fit_calibration
-    from planner.execute.runfile import load_run
-    from planner.plan import load_plan, resolve_profile_path
-    from planner.profiling.profile import load_profile
+    """Fit from a run JSON already on disk and write the calibration beside the profile."""
+    from planner.execute.calibrate import calibrate_from_run_file
 
-    plan = load_plan(plan_path)
-    run = load_run(run_path)  # every key and value checked; what the fit needs, checked by it
-    path = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
-    if path is None:
-        raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
-    prof = load_profile(path)
-    target = calibration_path_for(prof.path)
-    ensure_writable_file(target, "calibration")
-    cal, report = fit_calibration(run, plan, prof, previous=find_calibration(prof.path), run_path=str(run_path))
-    write_calibration(cal, target)
-    report["path"] = str(target)
+    cal, fit = calibrate_from_run_file(plan_path, run_path, profile)
     if json_out:
-        echo_json(report)
+        echo_json({k: v for k, v in fit.to_dict().items() if k != "calibration"})  # the values are in the file
     else:
         typer.echo(f"compute_scale {cal.compute_scale:.3f}, action_overhead {cal.action_overhead_ms:.3f} ms, "
                    f"step_overhead {cal.step_overhead_ms:.3f} ms")
-        typer.echo(f"prediction error on {run_path}: before {report['error_pct_before']:+.1f}%, after {report['error_pct_after']:+.1f}%")
-        typer.echo(f"wrote {target}")
+        typer.echo(f"prediction error on {run_path}: before {fit.error_pct_before:+.1f}%, after {fit.error_pct_after:+.1f}%")
+        typer.echo(f"wrote {fit.path}")
 
 
 def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:

@@ -53,14 +53,14 @@ def print_run(run: RunRecord, out: Path | None, timeline: Path | None) -> None:
         typer.echo(f"loss: {_loss(run.losses[0])} (step {run.loss_steps[0] + 1}) -> {_loss(run.losses[-1])} "
                    f"(step {run.loss_steps[-1] + 1})")
     fit = run.calibration_fit
-    if fit:
-        cal = fit["calibration"]
-        typer.echo(f"calibration: compute_scale {cal['compute_scale']:.3f}, action_overhead {cal['action_overhead_ms']:.3f} ms, "
-                   f"step_overhead {cal['step_overhead_ms']:.3f} ms, comm latency "
-                   f"{'n/a' if cal['comm_latency_ms'] is None else format_ms(cal['comm_latency_ms'])}, bandwidth "
-                   f"{'n/a' if not cal['comm_bandwidth_bytes_per_s'] else format_bytes(cal['comm_bandwidth_bytes_per_s']) + '/s'}")
-        typer.echo(f"prediction error: before {_pct(fit['error_pct_before'])} ({format_ms(fit['predicted_ms_before'])}), "
-                   f"after {_pct(fit['error_pct_after'])} ({format_ms(fit['predicted_ms_after'])}); wrote {fit['path']}")
+    if fit is not None:
+        cal = fit.calibration
+        typer.echo(f"calibration: compute_scale {cal.compute_scale:.3f}, action_overhead {cal.action_overhead_ms:.3f} ms, "
+                   f"step_overhead {cal.step_overhead_ms:.3f} ms, comm latency "
+                   f"{'n/a' if cal.comm_latency_ms is None else format_ms(cal.comm_latency_ms)}, bandwidth "
+                   f"{'n/a' if not cal.comm_bandwidth_bytes_per_s else format_bytes(cal.comm_bandwidth_bytes_per_s) + '/s'}")
+        typer.echo(f"prediction error: before {_pct(fit.error_pct_before)} ({format_ms(fit.predicted_ms_before)}), "
+                   f"after {_pct(fit.error_pct_after)} ({format_ms(fit.predicted_ms_after)}); wrote {fit.path}")
     for line in run.warnings:  # why this comparison should not be trusted (planner.execute.results)
         err(f"pplan: warning: {line}")
     for what, path in (("run", out), ("timeline", timeline)):

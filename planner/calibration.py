@@ -55,7 +55,7 @@ RANGES: dict[str, tuple[float, float]] = {
     "handover_cpu_ms": (0.0, MAX_OVERHEAD_MS),
     "handover_cpu_ms_per_mib": (0.0, MAX_OVERHEAD_MS),
 }
-# `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_calibration);
+# `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_from_run);
 # pplan never reads it back to compute anything, but its keys are fixed, so they are checked too.
 FITTED_FROM_KEYS = ("run", "schedule", "n_ranks", "n_microbatches", "measured_ms", "error_pct_before", "error_pct_after")
 CALIBRATION_KEYS = ("format", *RANGES, "fitted_from")

@@ -296,11 +296,11 @@ def _result(d: _Demo, limit: LimitChoice, run1: RunRecord, run2: RunRecord, run3
     if noisy:
         d.emit(f"        warning: step times of {', '.join(noisy)} varied by more than {NOISE:.0%}: the machine "
                "seems busy with something else, so the times are noisy")
-    fit = run1.calibration_fit or {}
+    fit = run1.calibration_fit
     peaks = [r.peak_memory_bytes_measured for r in run2.ranks]
     return DemoResult(
         out_dir=d.out, html=d.out / "report.html", limit=limit,
-        first_predicted_ms=float(fit.get("predicted_ms_before") or run1.iteration_ms_predicted),
+        first_predicted_ms=float(fit.predicted_ms_before if fit is not None else run1.iteration_ms_predicted),
         first_measured_ms=float(run1.iteration_ms_measured),
         predicted_ms=float(sim.iteration_ms), measured_ms=float(run2.iteration_ms_measured),
         uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.iteration_ms_measured),

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 
 from planner.calibration import Calibration
-from planner.execute.calibrate import fit_calibration, fit_compute
+from planner.execute.calibrate import fit_compute, fit_from_run
 from planner.execute.commbench import fit_line
+from planner.execute.fitrecord import CalibrationFit, ComputePoint
 from planner.errors import PplanError
 from planner.execute.measurement import ActionSpan, CommMeasurement, RankMeasurement, RankMemory
 from planner.execute.results import assemble_record, error_pct
@@ -79,15 +80,19 @@ def test_fit_calibration_recovers_what_produced_the_measurements():
              for s, st in enumerate(stages)]
     run = _run(measured, ranks, comm=[CommMeasurement(a=0, b=1, latency_ms=0.01, bandwidth_bytes_per_s=1e9, points=[])],
                transfer_gaps=[[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5)
-    cal, report = fit_calibration(run, plan, prof)
+    cal, fit = fit_from_run(run, plan, prof, calibration_path="c.calibration.json")
     assert cal.compute_scale == pytest.approx(1.3)
     assert cal.action_overhead_ms == pytest.approx(0.4)
     assert cal.comm_latency_ms == pytest.approx(0.2)  # the in-pipeline gaps, not the ping-pong
     assert cal.comm_bandwidth_bytes_per_s == pytest.approx(1e9)
     assert cal.step_overhead_ms == pytest.approx(3.0)
-    assert report["error_pct_after"] == pytest.approx(0.0, abs=1e-9)
-    assert report["error_pct_before"] < -10  # the identity calibration was far too optimistic
+    assert fit.error_pct_after == pytest.approx(0.0, abs=1e-9)
+    assert fit.error_pct_before < -10  # the identity calibration was far too optimistic
     assert cal.fitted_from["schedule"] == "1f1b"
+    # the fit records the calibration's values (not where it was fitted) and every point it used
+    assert fit.calibration == replace(cal, fitted_from={}) and fit.path == "c.calibration.json"
+    assert [(p.action, p.profiled_ms) for p in fit.compute_points] == \
+        [(f"{s}{k}", getattr(st, f"{'fwd' if k == 'F' else 'bwd'}_ms")) for s, st in enumerate(stages) for k in "FB"]
 
 
 def test_split_backward_is_fitted_as_one_point():
@@ -98,8 +103,9 @@ def test_split_backward_is_fitted_as_one_point():
               f"{s}I": 0.0 if s == 0 else 2 * st.bwd_input_ms,
               f"{s}W": 2 * st.bwd_ms if s == 0 else 2 * st.bwd_weight_ms}} for s, st in enumerate(stages)]
     run = _run(100.0, ranks)
-    cal, _ = fit_calibration(run, plan, prof)
+    cal, fit = fit_from_run(run, plan, prof, calibration_path="c.calibration.json")
     assert cal.compute_scale == pytest.approx(2.0)
+    assert [p.action for p in fit.compute_points] == ["0F", "0I+W", "1F", "1I+W", "2F", "2I+W"]
     assert cal.action_overhead_ms == pytest.approx(0.0, abs=1e-9)
 
 
@@ -163,8 +169,14 @@ def test_run_record_reports_the_spread_and_round_trips():
     assert RunRecord.from_dict(json.loads(json.dumps(d))) == rec
     with pytest.raises(PplanError, match="did you mean 'step_spread_pct'"):
         RunRecord.from_dict(dict(d, step_spread=1.0))
-    fitted = rec.with_(calibration_fit={"measured_ms": 1.0})
-    assert fitted.to_dict()["calibration_fit"] == {"measured_ms": 1.0}
+    fit = CalibrationFit(measured_ms=100.0, predicted_ms_before=90.0, error_pct_before=-10.0, predicted_ms_after=100.0,
+                         error_pct_after=0.0, compute_points=[ComputePoint("0F", 1.0, 1.25)], path="p.calibration.json",
+                         calibration=Calibration(compute_scale=1.25))
+    fitted = rec.with_(calibration=Calibration(comm_latency_ms=0.5), calibration_fit=fit)
+    d = fitted.to_dict()
+    assert list(d)[-1] == "calibration_fit" and d["calibration"]["comm_latency_ms"] == 0.5
+    assert d["calibration_fit"]["compute_points"] == [{"action": "0F", "profiled_ms": 1.0, "measured_ms": 1.25}]
+    assert RunRecord.from_dict(json.loads(json.dumps(d))) == fitted
 
 
 def test_untrustworthy_runs_say_why_in_one_line_each():

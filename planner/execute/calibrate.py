@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -23,12 +24,13 @@ from typing import Any
 
 from planner.calibration import Calibration
 from planner.errors import PplanError
+from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded
 from planner.execute.results import error_pct
 from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
-__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_calibration"]
+__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file"]
 
 
 def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
@@ -105,9 +107,10 @@ def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> N
             ms(value, f"transfer_gaps[{i}]")
 
 
-def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
-                    previous: Calibration | None = None, run_path: str | None = None) -> tuple[Calibration, dict[str, Any]]:
-    """(new calibration, report with the error before and after) for `run` of `plan`."""
+def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibration | None = None,
+                 run_path: str | None = None, *, calibration_path: str) -> tuple[Calibration, CalibrationFit]:
+    """(new calibration, what was fitted: the error before and after) for `run` of `plan`;
+    `calibration_path` is where the caller writes the calibration (the fit records it)."""
     from planner.simulate import simulate
 
     check_fit_inputs(run, plan, run_path)
@@ -136,15 +139,38 @@ def fit_calibration(run: RunRecord, plan: Plan, profile: Profile,
     without = simulate(plan, profile, calibration=cal, record_timeline=False).iteration_ms
     cal = replace(cal, step_overhead_ms=max(0.0, measured - without))
     after = without + cal.step_overhead_ms
-    report = {
-        "measured_ms": measured,
-        "predicted_ms_before": before,
-        "error_pct_before": error_pct(before, measured),
-        "predicted_ms_after": after,
-        "error_pct_after": error_pct(after, measured),
-        "compute_points": [{"action": label, "profiled_ms": p, "measured_ms": m} for p, m, label in points],
-    }
+    fit = CalibrationFit(
+        measured_ms=measured, predicted_ms_before=before, error_pct_before=error_pct(before, measured),
+        predicted_ms_after=after, error_pct_after=error_pct(after, measured),
+        compute_points=[ComputePoint(action=label, profiled_ms=p, measured_ms=m) for p, m, label in points],
+        path=str(calibration_path), calibration=as_recorded(cal))
     fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_devices,
               "n_microbatches": plan.n_microbatches, "measured_ms": measured,
-              "error_pct_before": report["error_pct_before"], "error_pct_after": report["error_pct_after"]}
-    return replace(cal, fitted_from=fitted), report
+              "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after}
+    return replace(cal, fitted_from=fitted), fit
+
+
+def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,
+                            profile_path: str | os.PathLike | None = None) -> tuple[Calibration, CalibrationFit]:
+    """`pplan calibrate --from-run`: fit a calibration on a run JSON already on disk and write it
+    beside the plan's profile (`profile_path` overrides the one the plan names). Every input is
+    read and checked, and the target checked writable, before the fit; nothing is built or
+    imported (no model code runs). Returns (the calibration written, the fit, its `path` the file)."""
+    from planner.atomic import ensure_writable_file
+    from planner.calibration import calibration_path_for, find_calibration, write_calibration
+    from planner.execute.runfile import load_run
+    from planner.plan import load_plan, resolve_profile_path
+    from planner.profiling.profile import load_profile
+
+    plan = load_plan(plan_path)
+    run = load_run(run_path)  # every key and value checked; what the fit needs, checked by it
+    path = resolve_profile_path(plan, str(plan_path), str(profile_path) if profile_path else None)
+    if path is None:
+        raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
+    profile = load_profile(path)
+    target = calibration_path_for(profile.path)
+    ensure_writable_file(target, "calibration")
+    cal, fit = fit_from_run(run, plan, profile, previous=find_calibration(profile.path), run_path=str(run_path),
+                            calibration_path=str(target))
+    write_calibration(cal, target)
+    return cal, fit

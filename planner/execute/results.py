@@ -35,8 +35,8 @@ from __future__ import annotations
 
 import math
 import statistics
-from typing import Any
 
+from planner.calibration import Calibration
 from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import world_size
 from planner.execute.runrecord import Divergence, RankRecord, RunRecord
@@ -105,7 +105,7 @@ def _rank_records(measurements: list[RankMeasurement], plan: Plan, prediction: P
 
 def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_path: str | None, device_type: str,
                     steps: int, warmup: int, prediction: Prediction | None, prediction_source: str | None,
-                    calibration: dict[str, Any] | None, load_average: float | None = None,
+                    calibration: Calibration | None, load_average: float | None = None,
                     profile_load_average: float | None = None, compute_ratio: float | None = None,
                     compute_ratio_cpu: float | None = None) -> RunRecord:
     """The run record from the ranks' measurements and a prediction (docs/executor.md layout)."""

@@ -31,6 +31,7 @@ from planner.atomic import atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, write_calibration
 from planner.errors import PplanError, RunError
 from planner.execute import checkpoint as ckpt
+from planner.execute.fitrecord import as_recorded
 from planner.execute.launch import launch_local
 from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import dp_degree, world_size, world_text
@@ -130,7 +131,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     lead = replica0(measurements)  # the pipeline the simulator describes
     record = assemble_record(measurements, plan, plan_path=plan_path, device_type=pf.device_type, steps=opts.steps,
                              warmup=opts.warmup, prediction=prediction, prediction_source=source,
-                             calibration=_cal_dict(used_cal), load_average=load_before,
+                             calibration=as_recorded(used_cal), load_average=load_before,
                              profile_load_average=_profile_load(pf),
                              compute_ratio=_compute_ratio(lead, plan, pf, used_cal),
                              compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True))
@@ -193,13 +194,13 @@ def _calibrate_from(record: RunRecord, plan: Plan, pf: Preflight, used_cal: Cali
                     out: str | os.PathLike | None) -> tuple[RunRecord, Calibration, str]:
     """--calibrate: fit a calibration to this run, write it beside the profile, and note the fit in
     the record. Returns (the record with `calibration_fit`, the calibration, where it was written)."""
-    from planner.execute.calibrate import fit_calibration
+    from planner.execute.calibrate import fit_from_run
 
-    fitted, report = fit_calibration(record, plan, pf.profile, previous=used_cal,
-                                     run_path=str(out) if out else None)
     cal_path = str(calibration_path_for(pf.profile.path))
+    fitted, fit = fit_from_run(record, plan, pf.profile, previous=used_cal, run_path=str(out) if out else None,
+                               calibration_path=cal_path)
     write_calibration(fitted, cal_path)
-    return record.with_(calibration_fit=dict(report, path=cal_path, calibration=_cal_dict(fitted))), fitted, cal_path
+    return record.with_(calibration_fit=fit), fitted, cal_path
 
 
 def _load_average() -> float | None:
@@ -349,12 +350,3 @@ def _signals_end_the_run():
         if not fired:
             for sig, h in old.items():
                 signal.signal(sig, h)
-
-
-def _cal_dict(cal: Calibration | None) -> dict[str, Any] | None:
-    if cal is None:
-        return None
-    return {"compute_scale": cal.compute_scale, "action_overhead_ms": cal.action_overhead_ms,
-            "comm_latency_ms": cal.comm_latency_ms, "comm_bandwidth_bytes_per_s": cal.comm_bandwidth_bytes_per_s,
-            "step_overhead_ms": cal.step_overhead_ms, "handover_cpu_ms": cal.handover_cpu_ms,
-            "handover_cpu_ms_per_mib": cal.handover_cpu_ms_per_mib}

@@ -13,7 +13,6 @@ import re
 from dataclasses import fields
 from typing import Any, get_type_hints
 
-from planner.calibration import CALIBRATION_KEYS
 from planner.errors import PplanError
 from planner.execute.measurement import CommMeasurement
 from planner.execute.runrecord import RUN_FILE_HINT, Divergence, RankRecord, RunRecord
@@ -21,17 +20,14 @@ from planner.jsonio import read_json_file
 from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short, type_error
 from planner.plan import MEMORY_KEYS
 
-__all__ = ["load_run", "parse_run", "DIVERGED_KEYS", "COMM_KEYS", "CALIBRATION_FIT_KEYS", "COMPUTE_POINT_KEYS",
-           "ACTION_KEY"]
+__all__ = ["load_run", "parse_run", "DIVERGED_KEYS", "COMM_KEYS", "ACTION_KEY"]
 
 # RunRecord's fields (and RankRecord's) are the keys of the run and of each rank, which
-# RunRecord.from_dict checks; these are the keys of its nested objects: records' fields, and the
-# objects it keeps as plain dicts (calibration_fit).
+# RunRecord.from_dict checks, as it checks every key, field and value of `calibration` and
+# `calibration_fit` (planner.execute.fitrecord); these are the keys of its other nested records,
+# checked here before any value is read.
 DIVERGED_KEYS = tuple(f.name for f in fields(Divergence))
 COMM_KEYS = tuple(f.name for f in fields(CommMeasurement))
-CALIBRATION_FIT_KEYS = ("measured_ms", "predicted_ms_before", "error_pct_before", "predicted_ms_after", "error_pct_after",
-                        "compute_points", "path", "calibration")
-COMPUTE_POINT_KEYS = ("action", "profiled_ms", "measured_ms")
 ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
 """Keys of objects keyed by stage and action kind ("0F")."""
 
@@ -59,10 +55,11 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
     """The RunRecord of a run JSON's object; PplanError names the first key or value that is wrong.
 
     RunRecord.from_dict refuses unknown keys of the run and of each rank, a missing field and
-    another format, and reads its nested records (divergence, ping-pongs, memory breakdowns);
-    other values it keeps as given. So the nested objects are checked here first (their keys and,
-    for memory, that the parts are numbers), and every field of the record it built afterwards
-    (its type): a hand-edited or hostile file fails on one line, never inside a figure or a fit.
+    another format, and reads its nested records (divergence, ping-pongs, memory breakdowns; the
+    calibration and its fit with every key and value checked); other values it keeps as given.
+    So the other nested objects are checked here first (their keys and, for memory, that the parts
+    are numbers), and every field of the record it built afterwards (its type): a hand-edited or
+    hostile file fails on one line, never inside a figure or a fit.
     """
     _check_nested(data, source)
     try:
@@ -87,8 +84,8 @@ def _check(message: str | None, source: str) -> None:
 
 
 def _check_nested(data: dict[str, Any], source: str) -> None:
-    """Inside the objects RunRecord keeps as dicts: refuse a key `pplan run` does not write, and memory
-    breakdowns whose parts are not numbers (the figures stack them)."""
+    """Inside the nested objects: refuse a key `pplan run` does not write, and memory breakdowns whose
+    parts are not numbers (the figures stack them)."""
     check_object_keys(data.get("diverged"), DIVERGED_KEYS, f"{source}: diverged")
     for i, rank in enumerate(objects_in(data, "ranks")):
         for key in ("memory_measured", "memory_predicted"):
@@ -103,10 +100,3 @@ def _check_nested(data: dict[str, Any], source: str) -> None:
     for i, comm in enumerate(objects_in(data, "comm")):
         check_object_keys(comm, COMM_KEYS, f"{source}: comm[{i}]")
     check_index_keys(data.get("boundary_bytes"), INDEX_KEY, "stage indices", f"{source}: boundary_bytes")
-    check_object_keys(data.get("calibration"), CALIBRATION_KEYS, f"{source}: calibration")
-    fit = data.get("calibration_fit")
-    check_object_keys(fit, CALIBRATION_FIT_KEYS, f"{source}: calibration_fit")
-    if isinstance(fit, dict):
-        check_object_keys(fit.get("calibration"), CALIBRATION_KEYS, f"{source}: calibration_fit.calibration")
-        for i, point in enumerate(objects_in(fit, "compute_points")):
-            check_object_keys(point, COMPUTE_POINT_KEYS, f"{source}: calibration_fit.compute_points[{i}]")

@@ -3,8 +3,9 @@ frozen dataclasses whose fields are the JSON's keys in the order written, one to
 each; docs/executor.md defines every field. planner.execute.results assembles a RunRecord from the
 ranks' measurements; planner.execute.runfile reads a file back, every value checked.
 
-A field's nested records (a memory breakdown, a ping-pong measurement, a divergence) write the
-same JSON objects the run file always had.
+A field's nested records (a memory breakdown, a ping-pong measurement, a divergence, the
+calibration and what --calibrate fitted: planner.execute.fitrecord) write the same JSON objects
+the run file always had.
 """
 
 from __future__ import annotations
@@ -12,7 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
+from planner.calibration import Calibration
 from planner.errors import PplanError
+from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
 from planner.jsonio import check_keys, finite_or_null
 from planner.jsontypes import missing_field, short, type_error
@@ -155,8 +158,8 @@ class RunRecord:
     """100 x (predicted - measured) / measured."""
     prediction_source: str | None = None
     """Where the prediction came from."""
-    calibration: dict[str, Any] | None = None
-    """The calibration the prediction used."""
+    calibration: Calibration | None = None
+    """The calibration the prediction used (its values: planner.execute.fitrecord.as_recorded)."""
     losses: list[float | None]
     """Mean loss of each step in loss_steps."""
     loss_steps: list[int]
@@ -201,7 +204,7 @@ class RunRecord:
     """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
     grad_allreduce_ms_predicted: float | None = None
     """dp > 1: the plan's predicted gradient synchronisation (predicted.grad_sync_ms), if it has one."""
-    calibration_fit: dict[str, Any] | None = None
+    calibration_fit: CalibrationFit | None = None
     """With --calibrate: what was fitted (omitted from the JSON otherwise)."""
     format: str = FORMAT
     """pplan-run/1."""
@@ -211,7 +214,8 @@ class RunRecord:
         for f in fields(self):
             if f.name == "format" or (f.name == "calibration_fit" and self.calibration_fit is None):
                 continue
-            out[f.name] = _json(getattr(self, f.name))
+            value = getattr(self, f.name)
+            out[f.name] = calibration_values(value) if isinstance(value, Calibration) else _json(value)
         return finite_or_null(out)  # JSON has no inf/nan: a diverged run's non-finite loss is null
 
     @classmethod
@@ -230,10 +234,21 @@ class RunRecord:
         comm = d.get("comm", [])
         if not isinstance(comm, list):
             raise PplanError(f"run field 'comm' must be a list of objects, got {short(comm)}", RUN_FILE_HINT)
+        calibration, fit = (_object_or_null(d, name) for name in ("calibration", "calibration_fit"))
         return cls(**dict(
             d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)],
             comm=[CommMeasurement.from_dict(c, f"comm[{i}]", PplanError, RUN_FILE_HINT) for i, c in enumerate(comm)],
-            diverged=Divergence.from_dict(d["diverged"]) if d.get("diverged") is not None else None))
+            diverged=Divergence.from_dict(d["diverged"]) if d.get("diverged") is not None else None,
+            calibration=calibration_from_dict(calibration) if calibration is not None else None,
+            calibration_fit=CalibrationFit.from_dict(fit) if fit is not None else None))
 
     def with_(self, **changes: Any) -> "RunRecord":
         return replace(self, **changes)
+
+
+def _object_or_null(d: dict[str, Any], name: str) -> dict[str, Any] | None:
+    """The run's field `name` when it is an object, None when absent or null; else refused."""
+    value = d.get(name)
+    if value is not None and not isinstance(value, dict):
+        raise PplanError(f"run field {name!r} must be an object or null, got {short(value)}", RUN_FILE_HINT)
+    return value

@@ -39,7 +39,7 @@ def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
     if isinstance(run_pred, (int, float)) and run_pred > 0:
         # One number from two files is one line, named after the simulation when it was named.
         label = inputs.sim_label if same and inputs.sim_label != "simulation" else "predicted at run time"
-        if run.calibration and "calibrat" not in label:
+        if run.calibration is not None and "calibrat" not in label:
             label += " (calibrated)"
         lines.append((label, float(run_pred), PREDICTED_COLOR))
     if isinstance(sim_pred, (int, float)) and sim_pred > 0 and not same:
