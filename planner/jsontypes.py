@@ -1,24 +1,31 @@
 """Whether a value read from JSON has the type a record's field declares, said in words.
 
-A file's reader builds a frozen dataclass from what it read (planner.execute.runfile reads run
-JSONs this way); the dataclass keeps whatever it is given, so the reader checks every field's
-value against the field's annotation here and refuses the first that does not fit, on one line
-that names the field and the value ("ranks[1] field 'busy_ms' must be a number, got '12'").
+A file's reader builds a frozen dataclass from what it read (the run JSON and its nested records,
+what a rank measured); the dataclass keeps whatever it is given, so every such reader passes the
+JSON object through `record_fields` first: it refuses, in this order, a value that is not an
+object, an unknown key (nearest known one suggested), the first missing field, and the first
+value that does not fit its field's annotation, each on one line that names the field and the
+value ("ranks[1] field 'busy_ms' must be a number, got '12'").
+
+An annotation is read as its JSON form: a nested record (a dataclass) is a JSON object, which its
+own reader then checks; `tuple[X, ...]` is a list of X; an object's keys are text.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import MISSING, fields
+from collections.abc import Mapping
+from dataclasses import MISSING, fields, is_dataclass
+from functools import cache
 from types import UnionType
-from typing import Any, Union, get_args, get_origin
+from typing import Any, Union, get_args, get_origin, get_type_hints
 
 from planner.errors import PplanError
 from planner.jsonio import check_keys
 
 __all__ = [
-    "is_number", "short", "conforms", "describe", "type_error", "missing_field", "check_object_keys", "check_index_keys",
-    "objects_in", "INDEX_KEY",
+    "is_number", "short", "conforms", "describe", "type_error", "missing_field", "record_fields", "check_object_keys",
+    "check_index_keys", "objects_in", "INDEX_KEY",
 ]
 
 INDEX_KEY = re.compile(r"[0-9]{1,9}")
@@ -36,23 +43,37 @@ def short(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def conforms(value: Any, hint: Any) -> bool:
-    """Whether a value read from JSON fits an annotation (unions, lists, dicts, numbers, str, bool, None)."""
+def _items_of(hint: Any) -> Any:
+    """The item type of `list[X]` or `tuple[X, ...]`, both a JSON list of X; None for anything else."""
     origin, args = get_origin(hint), get_args(hint)
-    if hint is Any:
-        return True
-    if origin in (Union, UnionType):
-        return any(conforms(value, a) for a in args)
     if origin is list:
-        return isinstance(value, list) and all(conforms(x, args[0]) for x in value)
-    if origin is dict:
-        return isinstance(value, dict) and all(conforms(x, args[1]) for x in value.values())
+        return args[0]
+    if origin is tuple and len(args) == 2 and args[1] is Ellipsis:
+        return args[0]
+    return None
+
+
+def conforms(value: Any, hint: Any) -> bool:
+    """Whether a value read from JSON fits an annotation (unions, lists and `tuple[X, ...]`, dicts,
+    numbers, str, bool, None; a dataclass is a JSON object, which its own reader checks)."""
+    # plain types first: a long run's step times and losses are lists of numbers, each checked here
     if hint is float:
         return is_number(value)
     if hint is int:
         return isinstance(value, int) and not isinstance(value, bool)
+    if hint is Any:
+        return True
     if hint is type(None):
         return value is None
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return any(conforms(value, a) for a in args)
+    if (item := _items_of(hint)) is not None:
+        return isinstance(value, list) and all(conforms(x, item) for x in value)
+    if is_dataclass(hint):
+        return isinstance(value, dict)
+    if origin is dict:
+        return isinstance(value, dict) and all(conforms(x, args[1]) for x in value.values())
     return isinstance(value, hint)
 
 
@@ -65,8 +86,10 @@ def describe(hint: Any, plural: bool = False) -> str:
     origin, args = get_origin(hint), get_args(hint)
     if origin in (Union, UnionType):
         return " or ".join(describe(a, plural) for a in args)
-    if origin is list:
-        return ("lists" if plural else "a list") + " of " + describe(args[0], plural=True)
+    if (item := _items_of(hint)) is not None:
+        return ("lists" if plural else "a list") + " of " + describe(item, plural=True)
+    if hint is list:
+        return "lists" if plural else "a list"
     if hint is Any:
         return "values" if plural else "any value"
     if origin is dict or hint not in _NAMES:
@@ -80,8 +103,8 @@ def type_error(value: Any, hint: Any, what: str) -> str | None:
     list, the first item that does not fit: the list may be long)."""
     if conforms(value, hint):
         return None
-    if get_origin(hint) is list and isinstance(value, list):
-        i, item = next((i, x) for i, x in enumerate(value) if not conforms(x, get_args(hint)[0]))
+    if (item_hint := _items_of(hint)) is not None and isinstance(value, list):
+        i, item = next((i, x) for i, x in enumerate(value) if not conforms(x, item_hint))
         return f"{what} must be {describe(hint)}; item {i} is {short(item)}"
     return f"{what} must be {describe(hint)}, got {short(value)}"
 
@@ -92,6 +115,39 @@ def missing_field(record_type: type, data: dict[str, Any]) -> str | None:
         if f.init and f.name not in data and f.default is MISSING and f.default_factory is MISSING:
             return f.name
     return None
+
+
+@cache
+def _field_hints(record_type: type) -> dict[str, Any]:
+    """The resolved annotation of each field of `record_type` (resolved once per type: ranks have many)."""
+    return get_type_hints(record_type)
+
+
+def record_fields(data: Any, record_type: type, where: str, *, error: type[PplanError] = PplanError,
+                  hint: str | None = None, types: Mapping[str, Any] | None = None,
+                  keys: tuple[str, ...] | None = None, required: tuple[str, ...] | None = None) -> dict[str, Any]:
+    """`data` as the JSON object of the dataclass `record_type`, at `where` in its file: refused with
+    `error` (and `hint`) when it is not an object, has a key that is not a field (nearest one
+    suggested), lacks a field without a default, or holds a value that does not fit its field's
+    annotation (fields in declaration order). Nested records are left as objects for their readers.
+
+    types: a field's JSON form where it differs from its annotation and cannot be derived (an
+    ActionSpan written as a list); keys: the fields the JSON object may hold, when not all of them;
+    required: the keys it must hold, when not the fields without a default.
+    """
+    if not isinstance(data, dict):
+        raise error(f"{where} must be an object, got {short(data)}", hint)
+    names = keys if keys is not None else tuple(f.name for f in fields(record_type) if f.init)
+    check_keys(data, names, where, error)
+    absent = (next((k for k in required if k not in data), None) if required is not None
+              else missing_field(record_type, data))
+    if absent is not None:
+        raise error(f"{where}: missing field {absent!r}", hint)
+    annotations = {**_field_hints(record_type), **(types or {})}
+    for name in names:
+        if name in data and (message := type_error(data[name], annotations[name], f"{where} field {name!r}")):
+            raise error(message, hint)
+    return data
 
 
 def check_object_keys(data: Any, known: tuple[str, ...], where: str) -> None:

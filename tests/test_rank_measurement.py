@@ -70,6 +70,11 @@ def test_the_json_form_keeps_the_keys_the_test_launcher_reads():
     (lambda d: d["memory"].update(peak_bytes=None), r"memory field 'peak_bytes' must be an integer, got None"),
     (lambda d: d["memory"]["breakdown"].update(weight=1), r"memory.breakdown: unknown key 'weight'"),
     (lambda d: d["comm"][0].pop("points"), r"comm\[0\]: missing field 'points'"),
+    # each field's JSON form from its annotation: tuple[int, ...] a list, a nested record an object
+    (lambda d: d.update(stages=[1, "3"]), r"field 'stages' must be a list of integers; item 1 is '3'"),
+    (lambda d: d.update(memory=[1]), r"field 'memory' must be an object or null, got \[1\]"),
+    (lambda d: d.update(comm=[7]), r"field 'comm' must be a list of objects; item 0 is 7"),
+    (lambda d: d.update(events={"0": []}), r"field 'events' must be a list, got \{'0': \[\]\}"),
 ])
 def test_a_malformed_measurement_is_refused_on_one_line(edit, message):
     d = json.loads(json.dumps(_measurement().to_dict()))
@@ -107,6 +112,10 @@ def test_the_run_records_typed_parts_write_the_run_json_key_for_key():
     (lambda d: d.update(comm=[{"a": 0, "b": 1, "latency_ms": "fast", "bandwidth_bytes_per_s": None, "points": []}]),
      r"comm\[0\] field 'latency_ms' must be a number, got 'fast'"),
     (lambda d: d.update(comm={"a": 0}), r"run field 'comm' must be a list of objects"),
+    (lambda d: d["ranks"][0].update(memory_measured=7), r"ranks\[0\] field 'memory_measured' must be an object or null, got 7"),
+    (lambda d: d.pop("ranks"), r"run: missing field 'ranks'"),
+    # another format's keys are not this one's: the format is named, not its first new key
+    (lambda d: d.update(format="pplan-run/2", ranks_by_host={}), r"run format 'pplan-run/2' is not pplan-run/1"),
 ])
 def test_a_bad_typed_part_of_a_run_file_is_one_line(edit, message):
     data = json.loads(RUN_FIXTURE.read_text())

@@ -15,6 +15,7 @@ from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_from_dict
 from planner.execute.runfile import load_run
 from planner.execute.runrecord import RunRecord
+from planner.jsontypes import record_fields
 from planner.report.fig_accuracy import prediction_lines
 from planner.report.inputs import ReportInputs
 
@@ -107,6 +108,9 @@ def _set(where: str, value):
     (_set("calibration_fit.compute_points.0", 1.5), r"calibration_fit.compute_points\[0\] must be an object, got 1.5"),
     (_set("calibration_fit.calibration.compute_scael", 1.0), r"calibration_fit.calibration: unknown key 'compute_scael'"),
     (_set("calibration_fit.calibration", "fitted"), r"calibration_fit.calibration must be an object, got 'fitted'"),
+    # a nested record's own mistake before the fit's missing fields: the most precise message first
+    (_set("calibration_fit", {"measured_ms": 1.0, "calibration": {"compute_scael": 1.0}}),
+     r"calibration_fit.calibration: unknown key 'compute_scael'"),
     (_set("calibration_fit", [1]), r"run field 'calibration_fit' must be an object or null, got \[1\]"),
     (_set("calibration.step_overhead_ms", None), r"calibration: missing field 'step_overhead_ms'"),
     (_set("calibration.compute_scale", True), r"calibration field 'compute_scale' must be a number, got True"),
@@ -124,6 +128,18 @@ def test_a_bad_calibration_object_is_one_line_naming_the_field(tmp_path, edit, m
         load_run(path)
     line = caught.value.one_line()
     assert line.startswith(f"{path}: ") and "\n" not in line and len(line) < 400
+
+
+@pytest.mark.parametrize("data, message", [
+    (["0F"], r"^p must be an object, got \['0F'\]$"),
+    ({"actoin": "0F", "profiled_ms": "x"}, r"^p: unknown key 'actoin'"),  # before the missing field and the type
+    ({"profiled_ms": "x", "measured_ms": 1.0}, r"^p: missing field 'action'$"),  # before the type
+    ({"action": "0F", "profiled_ms": 1.0, "measured_ms": False}, r"^p field 'measured_ms' must be a number, got False$"),
+])
+def test_a_record_is_read_in_one_order_object_keys_missing_types(data, message):
+    with pytest.raises(PplanError, match=message):
+        record_fields(data, ComputePoint, "p")
+    assert record_fields({"action": "0F", "profiled_ms": 1, "measured_ms": 2.5}, ComputePoint, "p")["profiled_ms"] == 1
 
 
 def test_a_calibration_without_the_later_hand_over_values_reads_them_as_zero():

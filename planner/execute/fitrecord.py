@@ -16,12 +16,11 @@ where the message has none).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
-from typing import Any, get_type_hints
+from typing import Any
 
 from planner.calibration import RANGES, Calibration
 from planner.errors import PplanError
-from planner.jsonio import check_keys
-from planner.jsontypes import missing_field, short, type_error
+from planner.jsontypes import record_fields
 
 __all__ = ["CALIBRATION_VALUE_KEYS", "ComputePoint", "CalibrationFit", "calibration_values", "calibration_from_dict",
            "as_recorded"]
@@ -31,21 +30,6 @@ CALIBRATION_VALUE_KEYS = tuple(RANGES)
 _REQUIRED_VALUES = ("compute_scale", "action_overhead_ms", "comm_latency_ms", "comm_bandwidth_bytes_per_s",
                     "step_overhead_ms")
 """The values every run with a calibration has written; the hand-over ones came later and read as 0 when absent."""
-_VALUE_TYPES = {name: hint for name, hint in get_type_hints(Calibration).items() if name in RANGES}
-
-
-def _object(d: Any, known: tuple[str, ...], where: str) -> dict[str, Any]:
-    """`d` as a JSON object with none but `known` keys."""
-    if not isinstance(d, dict):
-        raise PplanError(f"{where} must be an object, got {short(d)}")
-    check_keys(d, known, where, PplanError)
-    return d
-
-
-def _check_types(d: dict[str, Any], types: dict[str, Any], where: str) -> None:
-    for name, hint in types.items():
-        if name in d and (message := type_error(d[name], hint, f"{where} field {name!r}")) is not None:
-            raise PplanError(message)
 
 
 def as_recorded(cal: Calibration | None) -> Calibration | None:
@@ -62,10 +46,7 @@ def calibration_values(cal: Calibration) -> dict[str, Any]:
 def calibration_from_dict(d: Any, where: str = "calibration") -> Calibration:
     """The Calibration of a run JSON's calibration object (`where` names it in messages); its
     values must lie in planner.calibration.RANGES, as in a calibration file."""
-    d = _object(d, CALIBRATION_VALUE_KEYS, where)
-    if (name := next((k for k in _REQUIRED_VALUES if k not in d), None)) is not None:
-        raise PplanError(f"{where}: missing field {name!r}")
-    _check_types(d, _VALUE_TYPES, where)
+    d = record_fields(d, Calibration, where, keys=CALIBRATION_VALUE_KEYS, required=_REQUIRED_VALUES)
     try:
         return Calibration(**d)
     except PplanError as e:  # a value out of range: Calibration's own message, placed
@@ -88,15 +69,7 @@ class ComputePoint:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "ComputePoint":
-        d = _object(d, _POINT_KEYS, where)
-        if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"{where}: missing field {name!r}")
-        _check_types(d, _POINT_TYPES, where)
-        return cls(**d)
-
-
-_POINT_KEYS = tuple(f.name for f in fields(ComputePoint))
-_POINT_TYPES = get_type_hints(ComputePoint)
+        return cls(**record_fields(d, cls, where))
 
 
 @dataclass(frozen=True)
@@ -129,19 +102,12 @@ class CalibrationFit:
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "calibration_fit") -> "CalibrationFit":
-        d = _object(d, _FIT_KEYS, where)
-        # the points' own keys before this object's missing fields: the most precise message first
-        points = d.get("compute_points")
-        if isinstance(points, list):
-            points = [ComputePoint.from_dict(p, f"{where}.compute_points[{i}]") for i, p in enumerate(points)]
-        if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"{where}: missing field {name!r}")
-        if not isinstance(points, list):
-            raise PplanError(f"{where} field 'compute_points' must be a list of objects, got {short(points)}")
-        _check_types(d, _FIT_TYPES, where)
-        return cls(**dict(d, compute_points=points,
-                          calibration=calibration_from_dict(d["calibration"], f"{where}.calibration")))
-
-
-_FIT_KEYS = tuple(f.name for f in fields(CalibrationFit))
-_FIT_TYPES = {k: v for k, v in get_type_hints(CalibrationFit).items() if k not in ("compute_points", "calibration")}
+        # the nested records' own keys and values before this object's missing fields: the most
+        # precise message first (a hand-written fit with one point lacks the rest, and the point has a typo)
+        nested: dict[str, Any] = {}
+        if isinstance(d, dict) and isinstance(points := d.get("compute_points"), list):
+            nested["compute_points"] = [ComputePoint.from_dict(p, f"{where}.compute_points[{i}]")
+                                        for i, p in enumerate(points)]
+        if isinstance(d, dict) and "calibration" in d:
+            nested["calibration"] = calibration_from_dict(d["calibration"], f"{where}.calibration")
+        return cls(**dict(record_fields(d, cls, where), **nested))

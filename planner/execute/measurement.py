@@ -14,39 +14,12 @@ from typing import Any
 
 from planner.errors import PplanError, RunError
 from planner.jsonio import check_keys
-from planner.jsontypes import INDEX_KEY, missing_field, short, type_error
+from planner.jsontypes import INDEX_KEY, record_fields, short, type_error
 from planner.plan import MemoryRecord
 
 __all__ = ["ActionSpan", "CommMeasurement", "RankMemory", "RankMeasurement", "measurements_from_json"]
 
 _HINT = "report this: a rank's measurements did not reach rank 0 intact"
-
-
-@dataclass(frozen=True)
-class _Refusal:
-    """How a reader refuses a bad value: the error class and its hint (a run file's reader passes its own)."""
-
-    error: type[PplanError] = RunError
-    """The error raised."""
-    hint: str = _HINT
-    """Its hint."""
-
-    def check(self, value: Any, hint: Any, what: str) -> None:
-        """Refuse `value` unless it fits the annotation `hint`."""
-        if (message := type_error(value, hint, what)) is not None:
-            raise self.error(message, self.hint)
-
-    def object_of(self, d: Any, cls: type, where: str) -> dict[str, Any]:
-        """`d` as the JSON object of `cls`: an object, no unknown key, no missing field."""
-        if not isinstance(d, dict):
-            raise self.error(f"{where} must be an object, got {type(d).__name__}", self.hint)
-        check_keys(d, [f.name for f in fields(cls)], where, self.error)
-        if (name := missing_field(cls, d)) is not None:
-            raise self.error(f"{where}: missing field {name!r}", self.hint)
-        return d
-
-
-_RANK = _Refusal()
 
 
 @dataclass(frozen=True)
@@ -79,12 +52,9 @@ class ActionSpan:
         if not isinstance(row, list) or len(row) != 5:
             raise RunError(f"{where} must be [stage, kind, micro-batch, start ms, end ms], got {short(row)}", _HINT)
         for value, hint, name in zip(row, (int, str, int, float, float), ("stage", "kind", "micro-batch", "start", "end")):
-            _RANK.check(value, hint, f"{where} {name}")
+            if (message := type_error(value, hint, f"{where} {name}")) is not None:
+                raise RunError(message, _HINT)
         return cls(*row)
-
-
-_COMM_TYPES: dict[str, Any] = {"a": int, "b": int, "latency_ms": float, "bandwidth_bytes_per_s": float | None,
-                               "points": list[list[float]]}
 
 
 @dataclass(frozen=True)
@@ -109,16 +79,7 @@ class CommMeasurement:
     def from_dict(cls, d: Any, where: str, error: type[PplanError] = RunError, hint: str = _HINT) -> "CommMeasurement":
         """The measurement in JSON object `d`; a bad key or value raises `error` with `hint` (a run
         file's reader passes its own)."""
-        refusal = _Refusal(error, hint)
-        d = refusal.object_of(d, cls, where)
-        for name, kind in _COMM_TYPES.items():
-            refusal.check(d[name], kind, f"{where} field {name!r}")
-        return cls(**d)
-
-
-_MEMORY_TYPES: dict[str, Any] = {"measure": str, "peak_bytes": int, "breakdown": dict[str, int], "transient_bytes": int,
-                                 "rss_peak_bytes": int | None, "rss_baseline_bytes": int | None,
-                                 "rss_growth_bytes": int | None}
+        return cls(**record_fields(d, cls, where, error=error, hint=hint))
 
 
 @dataclass(frozen=True)
@@ -146,21 +107,15 @@ class RankMemory:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "RankMemory":
-        d = _RANK.object_of(d, cls, where)
-        for name, value in d.items():
-            _RANK.check(value, _MEMORY_TYPES[name], f"{where} field {name!r}")
+        # a rank counts whole bytes (MemoryRecord alone admits any number: a plan's prediction)
+        d = record_fields(d, cls, where, error=RunError, hint=_HINT, types={"breakdown": dict[str, int]})
         check_keys(d["breakdown"], MemoryRecord.keys(), f"{where}.breakdown", RunError)
         return cls(**dict(d, breakdown=MemoryRecord.from_dict(d["breakdown"], f"{where}.breakdown")))
 
 
-_JSON_TYPES: dict[str, Any] = {
-    "rank": int, "device": int, "replica": int, "tp": int, "host": str, "stages": list[int], "runtime": str,
-    "threads": int, "first_step": int, "step_ms": list[float], "measured_steps": list[int], "timeline_step": int,
-    "timeline_t0": float, "events": list, "action_ms": dict[str, float], "action_cpu_ms": dict[str, float],
-    "grad_allreduce_ms": list[float], "losses": dict[str, float], "diverged_step": int | None,
-    "memory": dict | None, "comm": list, "boundary_bytes": dict[str, list[int]],
-}
-"""Each field's type in the JSON form (keys of losses and boundary_bytes are steps and stages as text)."""
+_JSON_FORMS: dict[str, Any] = {"events": list, "boundary_bytes": dict[str, list[int]]}
+"""The fields whose JSON form is not their annotation's: each ActionSpan is a list (`to_list`), which
+ActionSpan.from_list checks, and each boundary pair a list, whose length the reader checks."""
 
 
 @dataclass(frozen=True)
@@ -226,9 +181,7 @@ class RankMeasurement:
     @classmethod
     def from_dict(cls, d: Any, where: str = "rank measurement") -> "RankMeasurement":
         """The measurement in its JSON form; RunError names the first key or value that is wrong."""
-        d = _RANK.object_of(d, cls, where)
-        for name, value in d.items():
-            _RANK.check(value, _JSON_TYPES[name], f"{where} field {name!r}")
+        d = record_fields(d, cls, where, error=RunError, hint=_HINT, types=_JSON_FORMS)
         for name in ("losses", "boundary_bytes"):
             if bad := [k for k in d.get(name, {}) if not INDEX_KEY.fullmatch(k)]:
                 raise RunError(f"{where} field {name!r}: key {bad[0][:20]!r} is not a step or stage index", _HINT)

@@ -10,37 +10,18 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import fields
-from typing import Any, get_type_hints
+from typing import Any
 
 from planner.errors import PplanError
-from planner.execute.measurement import CommMeasurement
-from planner.execute.runrecord import RUN_FILE_HINT, Divergence, RankRecord, RunRecord
+from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.jsonio import read_json_file
-from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short, type_error
+from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short
 from planner.plan import MEMORY_KEYS
 
-__all__ = ["load_run", "parse_run", "DIVERGED_KEYS", "COMM_KEYS", "ACTION_KEY"]
+__all__ = ["load_run", "parse_run", "ACTION_KEY"]
 
-# RunRecord's fields (and RankRecord's) are the keys of the run and of each rank, which
-# RunRecord.from_dict checks, as it checks every key, field and value of `calibration` and
-# `calibration_fit` (planner.execute.fitrecord); these are the keys of its other nested records,
-# checked here before any value is read.
-DIVERGED_KEYS = tuple(f.name for f in fields(Divergence))
-COMM_KEYS = tuple(f.name for f in fields(CommMeasurement))
 ACTION_KEY = re.compile(r"[0-9]{1,9}[FBIWRO]")
 """Keys of objects keyed by stage and action kind ("0F")."""
-
-
-def _json_types(record_type: type) -> dict[str, Any]:
-    """Each field's type, which its value read from JSON must have. A byte count may be any number,
-    as in the plan's predicted memory (planner.plan.records), which a run copies."""
-    hints = get_type_hints(record_type)
-    return {k: float | None if "bytes" in k and v == int | None else v for k, v in hints.items()}
-
-
-_RUN_TYPES = {k: v for k, v in _json_types(RunRecord).items() if k != "ranks"}  # ranks: typed by from_dict
-_RANK_TYPES = _json_types(RankRecord)
 
 
 def load_run(path: str | os.PathLike) -> RunRecord:
@@ -54,39 +35,27 @@ def load_run(path: str | os.PathLike) -> RunRecord:
 def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
     """The RunRecord of a run JSON's object; PplanError names the first key or value that is wrong.
 
-    RunRecord.from_dict refuses unknown keys of the run and of each rank, a missing field and
-    another format, and reads its nested records (divergence, ping-pongs, memory breakdowns; the
-    calibration and its fit with every key and value checked); other values it keeps as given.
-    So the other nested objects are checked here first (their keys and, for memory, that the parts
-    are numbers), and every field of the record it built afterwards (its type): a hand-edited or
-    hostile file fails on one line, never inside a figure or a fit.
+    RunRecord.from_dict refuses another format, and at every level (the run, each rank, the
+    divergence, the ping-pongs, the calibration and its fit) an unknown key, a missing field and a
+    value of the wrong type (planner.jsontypes.record_fields). The rest is checked here first: the
+    memory breakdowns' keys and that their parts are numbers (their reader, the plan's MemoryRecord,
+    speaks of plan fields), and the keys of objects keyed by data (actions, stages). So a
+    hand-edited or hostile file fails on one line, never inside a figure or a fit.
     """
     _check_nested(data, source)
-    try:
-        record = RunRecord.from_dict(data)
-    except PplanError as e:
-        raise PplanError(f"{source}: {e.message}", e.hint or RUN_FILE_HINT) from None
-    measured = record.iteration_ms_measured
-    if not is_number(measured):  # the record allows null, but every reader compares a prediction with it
+    # the record allows null, but every reader compares a prediction with it (absent: a missing field)
+    if "iteration_ms_measured" in data and not is_number(measured := data["iteration_ms_measured"]):
         raise PplanError(f"{source}: run field 'iteration_ms_measured' must be a number, got {short(measured)}",
                          "give the JSON of a run that timed at least one step")
-    for name, hint in _RUN_TYPES.items():
-        _check(type_error(getattr(record, name), hint, f"run field {name!r}"), source)
-    for i, rank in enumerate(record.ranks):
-        for name, hint in _RANK_TYPES.items():
-            _check(type_error(getattr(rank, name), hint, f"ranks[{i}] field {name!r}"), source)
-    return record
-
-
-def _check(message: str | None, source: str) -> None:
-    if message is not None:
-        raise PplanError(f"{source}: {message}", RUN_FILE_HINT)
+    try:
+        return RunRecord.from_dict(data)
+    except PplanError as e:
+        raise PplanError(f"{source}: {e.message}", e.hint or RUN_FILE_HINT) from None
 
 
 def _check_nested(data: dict[str, Any], source: str) -> None:
-    """Inside the nested objects: refuse a key `pplan run` does not write, and memory breakdowns whose
-    parts are not numbers (the figures stack them)."""
-    check_object_keys(data.get("diverged"), DIVERGED_KEYS, f"{source}: diverged")
+    """Refuse a memory breakdown's key `pplan run` does not write or a part that is not a number (the
+    figures stack them), and a key of an object keyed by data that is not an action or a stage."""
     for i, rank in enumerate(objects_in(data, "ranks")):
         for key in ("memory_measured", "memory_predicted"):
             memory = rank.get(key)
@@ -97,6 +66,4 @@ def _check_nested(data: dict[str, Any], source: str) -> None:
                                      RUN_FILE_HINT)
         for key in ("action_ms", "action_cpu_ms"):
             check_index_keys(rank.get(key), ACTION_KEY, "stage and action kind such as '0F'", f"{source}: ranks[{i}].{key}")
-    for i, comm in enumerate(objects_in(data, "comm")):
-        check_object_keys(comm, COMM_KEYS, f"{source}: comm[{i}]")
     check_index_keys(data.get("boundary_bytes"), INDEX_KEY, "stage indices", f"{source}: boundary_bytes")

@@ -11,14 +11,14 @@ the run file always had.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, replace
-from typing import Any
+from typing import Any, get_type_hints
 
 from planner.calibration import Calibration
 from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
-from planner.jsonio import check_keys, finite_or_null
-from planner.jsontypes import missing_field, short, type_error
+from planner.jsonio import finite_or_null
+from planner.jsontypes import record_fields
 from planner.plan import MemoryRecord
 
 __all__ = ["FORMAT", "RUN_FILE_HINT", "Divergence", "RankRecord", "RunRecord"]
@@ -50,15 +50,7 @@ class Divergence:
 
     @classmethod
     def from_dict(cls, d: Any) -> "Divergence":
-        if not isinstance(d, dict):
-            raise PplanError(f"run field 'diverged' must be an object or null, got {short(d)}", RUN_FILE_HINT)
-        check_keys(d, [f.name for f in fields(cls)], "diverged", PplanError)
-        if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"diverged: missing field {name!r}", RUN_FILE_HINT)
-        for name, hint in (("step", int), ("loss", str)):
-            if (message := type_error(d[name], hint, f"diverged field {name!r}")) is not None:
-                raise PplanError(message, RUN_FILE_HINT)
-        return cls(**d)
+        return cls(**record_fields(d, cls, "diverged", hint=RUN_FILE_HINT))
 
 
 @dataclass(frozen=True)
@@ -110,13 +102,17 @@ class RankRecord:
         return {f.name: _json(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "ranks[i]") -> "RankRecord":
-        check_keys(d, [f.name for f in fields(cls)], where, PplanError)
-        if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"{where}: missing field {name!r}", RUN_FILE_HINT)
+    def from_dict(cls, d: Any, where: str = "ranks[i]") -> "RankRecord":
+        d = record_fields(d, cls, where, hint=RUN_FILE_HINT, types=_RANK_JSON_FORMS)
         memory = {k: MemoryRecord.from_dict(d[k], f"{where}.{k}") for k in ("memory_measured", "memory_predicted")
                   if d.get(k) is not None}
         return cls(**dict(d, **memory))
+
+
+_RANK_JSON_FORMS = {name: float | None for name, hint in get_type_hints(RankRecord).items()
+                    if "bytes" in name and hint == int | None}
+"""A rank's byte counts may be any number in the JSON, as in the plan's predicted memory
+(planner.plan.records), which a run copies."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -219,36 +215,25 @@ class RunRecord:
         return finite_or_null(out)  # JSON has no inf/nan: a diverged run's non-finite loss is null
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunRecord":
-        """Read a run JSON back (unknown keys refused with the nearest known one)."""
-        if not isinstance(d, dict):
-            raise PplanError("a run JSON must be an object")
-        check_keys(d, [f.name for f in fields(cls)], "run", PplanError)
-        if d.get("format", FORMAT) != FORMAT:
-            raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
-        ranks = d.get("ranks")
-        if not isinstance(ranks, list) or not all(isinstance(r, dict) for r in ranks):
-            raise PplanError("run: ranks must be a list of objects")
-        if (name := missing_field(cls, d)) is not None:
-            raise PplanError(f"run: missing field {name!r}", RUN_FILE_HINT)
-        comm = d.get("comm", [])
-        if not isinstance(comm, list):
-            raise PplanError(f"run field 'comm' must be a list of objects, got {short(comm)}", RUN_FILE_HINT)
-        calibration, fit = (_object_or_null(d, name) for name in ("calibration", "calibration_fit"))
+    def from_dict(cls, d: Any) -> "RunRecord":
+        """Read a run JSON back: unknown keys refused with the nearest known one, a missing field
+        named, every value checked against its field's type, and the nested records read."""
+        # the format first (another format's keys would be refused as unknown); ranks that are not
+        # objects keep the words run readers have always refused them with
+        if isinstance(d, dict):
+            if d.get("format", FORMAT) != FORMAT:
+                raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
+            if "ranks" in d and not (isinstance(d["ranks"], list) and all(isinstance(r, dict) for r in d["ranks"])):
+                raise PplanError("run: ranks must be a list of objects")
+        d = record_fields(d, cls, "run", hint=RUN_FILE_HINT)
+        calibration, fit, diverged = d.get("calibration"), d.get("calibration_fit"), d.get("diverged")
         return cls(**dict(
-            d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(ranks)],
-            comm=[CommMeasurement.from_dict(c, f"comm[{i}]", PplanError, RUN_FILE_HINT) for i, c in enumerate(comm)],
-            diverged=Divergence.from_dict(d["diverged"]) if d.get("diverged") is not None else None,
+            d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(d["ranks"])],
+            comm=[CommMeasurement.from_dict(c, f"comm[{i}]", PplanError, RUN_FILE_HINT)
+                  for i, c in enumerate(d.get("comm", []))],
+            diverged=Divergence.from_dict(diverged) if diverged is not None else None,
             calibration=calibration_from_dict(calibration) if calibration is not None else None,
             calibration_fit=CalibrationFit.from_dict(fit) if fit is not None else None))
 
     def with_(self, **changes: Any) -> "RunRecord":
         return replace(self, **changes)
-
-
-def _object_or_null(d: dict[str, Any], name: str) -> dict[str, Any] | None:
-    """The run's field `name` when it is an object, None when absent or null; else refused."""
-    value = d.get(name)
-    if value is not None and not isinstance(value, dict):
-        raise PplanError(f"run field {name!r} must be an object or null, got {short(value)}", RUN_FILE_HINT)
-    return value
