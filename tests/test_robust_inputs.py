@@ -2,25 +2,26 @@
 
 The corpus is tests/data/bad/ (hand-made broken profiles and plans) plus files generated here
 (a 100,000-layer profile, a directory, a missing file) and absurd command-line sizes. Each
-case runs `python -m cli.app ...` in a subprocess with `--out` pointing into a fresh folder,
+case runs the CLI's entry point (`cli.app.main`) with `--out` pointing into a fresh folder,
 and checks: exit code 2, exactly one `pplan: error:` line on stderr that names the problem,
 no traceback, no Python warning, and no output file (nor a temporary one) left behind.
 
-All cases run up front, two at a time, in one module fixture (a subprocess costs ~0.4 s of
-CPU, so this keeps the file under a minute on 2 cores); each case is still its own test.
+All cases run up front in this process, in one module fixture (helpers.cli.run_captured: every
+warning recorded, an escaped exception shown as its traceback); a subprocess per case cost
+~0.35 s of CPU each, 47 s of CPU for the file. Each case is still its own test, and
+test_a_real_process_refuses_as_in_process runs one case per command as `python -m cli.app`.
 """
 
 from __future__ import annotations
 
 import re
-import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from helpers.cli import run_pplan
+from helpers.cli import run_captured, run_pplan
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = ROOT / "tests" / "data" / "bad"
@@ -221,11 +222,18 @@ def _generate(gen: Path) -> None:
 
 @dataclass(frozen=True)
 class Outcome:
+    """What one case's command did."""
+
     code: int
+    """Its exit code."""
     stdout: str
+    """Its stdout."""
     stderr: str
+    """Its stderr, with any traceback and Python warning."""
     out: Path
+    """The output it must not have written."""
     folder: Path
+    """Its own working folder (no temporary file may stay there)."""
 
 
 def _run(case: Case, base: Path, gen: Path) -> Outcome:
@@ -233,11 +241,8 @@ def _run(case: Case, base: Path, gen: Path) -> Outcome:
     folder.mkdir(parents=True)
     out = folder / case.out
     args = [a.replace("{out}", str(out)).replace("{gen}", str(gen)).replace("{dir}", str(folder)) for a in case.args]
-    try:  # a numpy overflow warning is a symptom: let it show
-        proc = run_pplan(*args, cwd=folder, timeout=_TIMEOUT_S, PYTHONWARNINGS="default")
-    except subprocess.TimeoutExpired as e:
-        return Outcome(-999, "", f"timed out after {_TIMEOUT_S} s (hang): {e.stderr or ''}", out, folder)
-    return Outcome(proc.returncode, proc.stdout, proc.stderr, out, folder)
+    got = run_captured(*args, cwd=folder, timeout_s=_TIMEOUT_S)  # a numpy overflow warning is a symptom: it shows
+    return Outcome(got.code, got.out, got.err, out, folder)
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +250,7 @@ def outcomes(tmp_path_factory) -> dict[str, Outcome]:
     base = tmp_path_factory.mktemp("bad")
     gen = base / "_generated"
     _generate(gen)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {c.id: pool.submit(_run, c, base, gen) for c in CASES}
-        return {k: f.result() for k, f in futures.items()}
+    return {c.id: _run(c, base, gen) for c in CASES}
 
 
 def _check(case: Case, o: Outcome) -> None:
@@ -267,6 +270,28 @@ def _check(case: Case, o: Outcome) -> None:
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_bad_input_is_one_line_exit_2_and_writes_nothing(case: Case, outcomes: dict[str, Outcome]) -> None:
     _check(case, outcomes[case.id])
+
+
+def test_a_real_process_refuses_as_in_process(outcomes: dict[str, Outcome], tmp_path: Path) -> None:
+    """The first case of each command again as `python -m cli.app ...` (what a user runs, warnings
+    on): the same exit code and the same checks, so running the rest in-process hides nothing."""
+    firsts = list({c.args[0]: c for c in reversed(CASES)}.values())
+    assert {c.args[0] for c in firsts} == {"partition", "simulate", "run", "report", "profile", "bench"}
+
+    def real(case: Case) -> Outcome:
+        folder = tmp_path / re.sub(r"[^A-Za-z0-9_.-]", "_", case.id)
+        folder.mkdir()
+        gen = tmp_path / "_generated"
+        args = [a.replace("{out}", str(folder / case.out)).replace("{gen}", str(gen)).replace("{dir}", str(folder))
+                for a in case.args]
+        proc = run_pplan(*args, cwd=folder, timeout=_TIMEOUT_S, PYTHONWARNINGS="default")
+        return Outcome(proc.returncode, proc.stdout, proc.stderr, folder / case.out, folder)
+
+    _generate(tmp_path / "_generated")
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        for case, o in zip(firsts, pool.map(real, firsts)):
+            _check(case, o)
+            assert o.code == outcomes[case.id].code, case.id
 
 
 def test_corpus_files_exist_and_cases_are_unique() -> None:

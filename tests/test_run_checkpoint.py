@@ -1,4 +1,5 @@
-"""A run resumed from a checkpoint equals the uninterrupted run (multi-process, slow)."""
+"""A run resumed from a checkpoint equals the uninterrupted run (multi-process, slow). `pplan run`
+goes through the CLI's entry point in this process (conftest's run_cli), its ranks in processes."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from planner.execute.checkpoint import latest_checkpoint, load_rank_file
 from planner.execute.run import run_plan
 from planner.plan import load_plan
 
-from helpers.cli import run_pplan
 from helpers.plans import synthetic_spec, write_plan
 
 
@@ -77,7 +77,7 @@ def _synthetic_plan(tmp_path: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path):
+def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path, run_cli):
     plan_path = _synthetic_plan(tmp_path)
     plan = load_plan(plan_path)
     root = tmp_path / "ckpt"
@@ -91,7 +91,7 @@ def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path):
         files[f"rank{r}.pt"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
     (folder / "COMPLETE.json").write_text(json.dumps({"format": ckpt.FORMAT, "step": 1, "world_size": 2,
                                                       "fingerprint": ckpt.fingerprint(plan), "files": files}))
-    res = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root))
+    res = run_cli("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root))
     errors = _errors(res)
     assert res.returncode == 2, res.stderr
     assert len(errors) == 1 and "refused" in errors[0] and "rank" in errors[0] and ".pt" in errors[0], res.stderr
@@ -99,16 +99,16 @@ def test_run_refuses_a_crafted_checkpoint_and_runs_nothing_from_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_run_resumes_from_the_previous_save_when_the_newest_is_truncated(tmp_path):
+def test_run_resumes_from_the_previous_save_when_the_newest_is_truncated(tmp_path, run_cli):
     plan_path = _synthetic_plan(tmp_path)
     root = tmp_path / "ckpt"
-    first = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "2", "--warmup", "0", "--checkpoint-dir", str(root),
+    first = run_cli("run", str(plan_path), "--device", "cpu", "--steps", "2", "--warmup", "0", "--checkpoint-dir", str(root),
                  "--checkpoint-every", "1")
     assert first.returncode == 0, first.stderr
     victim = root / "step-00000002" / "rank1.pt"
     victim.write_bytes(victim.read_bytes()[:100])
     out = tmp_path / "run.json"
-    res = run_pplan("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root),
+    res = run_cli("run", str(plan_path), "--device", "cpu", "--steps", "3", "--warmup", "0", "--checkpoint-dir", str(root),
                "--out", str(out))
     assert res.returncode == 0, res.stderr
     assert not _errors(res)
@@ -122,21 +122,21 @@ def _dropout_plan(tmp_path: Path) -> Path:
                       micro_batch_size=2, n_microbatches=2, optimizer="adam")
 
 
-def _run_json(plan_path: Path, out: Path, steps: int, root: Path) -> dict:
-    res = run_pplan("run", str(plan_path), "--trust-model", "--device", "cpu", "--steps", str(steps), "--warmup", "0",
+def _run_json(run_cli, plan_path: Path, out: Path, steps: int, root: Path) -> dict:
+    res = run_cli("run", str(plan_path), "--trust-model", "--device", "cpu", "--steps", str(steps), "--warmup", "0",
                "--checkpoint-dir", str(root), "--out", str(out))
     assert res.returncode == 0, res.stderr
     return json.loads(out.read_text())
 
 
 @pytest.mark.slow
-def test_random_layers_give_the_same_losses_twice_and_resume_bit_exactly(tmp_path):
+def test_random_layers_give_the_same_losses_twice_and_resume_bit_exactly(tmp_path, run_cli):
     """torch dropout, numpy noise and Python random in the forward: seeded per rank, restored on resume."""
     plan_path = _dropout_plan(tmp_path)
-    full = _run_json(plan_path, tmp_path / "a.json", 4, tmp_path / "a")
-    first = _run_json(plan_path, tmp_path / "b1.json", 2, tmp_path / "b")
+    full = _run_json(run_cli, plan_path, tmp_path / "a.json", 4, tmp_path / "a")
+    first = _run_json(run_cli, plan_path, tmp_path / "b1.json", 2, tmp_path / "b")
     assert first["losses"] == full["losses"][:2]  # two runs of the plan draw the same numbers
-    resumed = _run_json(plan_path, tmp_path / "b2.json", 4, tmp_path / "b")
+    resumed = _run_json(run_cli, plan_path, tmp_path / "b2.json", 4, tmp_path / "b")
     assert resumed["first_step"] == 2
     assert first["losses"] + resumed["losses"] == full["losses"]  # bit for bit
     plan = load_plan(plan_path)

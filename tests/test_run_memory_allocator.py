@@ -9,6 +9,7 @@ Byte counts do not depend on timing or load, so the bound is tight.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -21,12 +22,19 @@ from helpers.cli import run_pplan
 GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=8192"
 
 
+@pytest.fixture(scope="module")
+def prof(tmp_path_factory) -> Path:
+    """The GPT's profile, measured once for both schedules (one `pplan profile` costs seconds)."""
+    path = tmp_path_factory.mktemp("allocator") / "gpt.csv"
+    res = run_pplan("profile", "--model", GPT, "-b", "8", "--repeats", "2", "--warmup", "1", "-o", str(path), timeout=600)
+    assert res.returncode == 0, res.stderr
+    return path
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_allocator_peak_within_ten_percent_of_the_prediction(tmp_path, schedule):
-    prof, plan, out = tmp_path / "gpt.csv", tmp_path / "plan.json", tmp_path / "run.json"
-    res = run_pplan("profile", "--model", GPT, "-b", "8", "--repeats", "2", "--warmup", "1", "-o", str(prof), timeout=600)
-    assert res.returncode == 0, res.stderr
+def test_allocator_peak_within_ten_percent_of_the_prediction(tmp_path, prof, schedule):
+    plan, out = tmp_path / "plan.json", tmp_path / "run.json"
     res = run_pplan("partition", str(prof), "--devices", "2", "--memory", "4GiB", "--global-batch", "32",
                     "--microbatches", "4", "--schedule", schedule, "--recompute", "none", "--out", str(plan))
     assert res.returncode == 0, res.stderr

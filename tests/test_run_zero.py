@@ -6,7 +6,7 @@ computes the same numbers in the same order. ZeRO-1's optimizer steps each param
 the replica that owns it, and broadcasts it; ZeRO-2/3's reduce-scatter averages two replicas'
 gradients (one addition, one division by 2, as the all-reduce) before the division by M = 4
 (a power of two, exact), and a sharded optimizer step is the whole step's arithmetic cut in
-pieces (element-wise). One launch of 4 processes per ZeRO stage runs every plan of that stage.
+pieces (element-wise). One launch of 4 processes runs every plan of every ZeRO stage.
 """
 
 from __future__ import annotations
@@ -94,19 +94,39 @@ SCHEDULES = {1: ["gpipe", "1f1b", "zb", "gpt2-tied"], 2: ["gpipe", "1f1b", "zb",
              3: ["gpipe", "1f1b", "zb", "interleaved", "gpt2-tied", "cnn-parameter-free-stage"]}
 
 
+def _jobs(folder: Path, zero: int) -> tuple[dict[str, Plan], list[dict]]:
+    """The plans of one ZeRO stage and their launch jobs: each plan's 3 steps, then one more step of
+    the 1f1b plan resumed from its save of step 3 (sharded state gathered whole), then one more
+    with the next ZeRO stage from that save (saves hold full tensors, whatever the stage)."""
+    plans = {n: zero_plan(folder, n, zero) for n in SCHEDULES[zero]}
+    jobs = [{"plan": plan_to_dict(plans[n]), "input_shape": PLANS[n][1], "options": run_options(folder / f"ck-{n}")}
+            for n in SCHEDULES[zero]]
+    other = zero_plan(folder, "1f1b", zero % 3 + 1)
+    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": run_options(folder / "ck-1f1b", steps=STEPS + 1)})
+    jobs.append({"plan": plan_to_dict(other), "options": run_options(folder / "ck-1f1b", steps=STEPS + 2)})
+    return plans, jobs
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[int, tuple[Path, dict[str, Plan], list[list[dict]]]]:
+    """zero -> (its folder, its plans, its jobs' records): every ZeRO stage's jobs in one launch of
+    4 processes (starting 4 ranks and importing torch and transformers costs seconds each time)."""
+    base = tmp_path_factory.mktemp("zero")
+    stages, jobs = {}, []
+    for zero in (1, 2, 3):
+        (folder := base / f"zero{zero}").mkdir()
+        plans, own = _jobs(folder, zero)
+        stages[zero] = (folder, plans, slice(len(jobs), len(jobs) + len(own)))
+        jobs += own
+    records = launch(jobs, 4, base / "launch")
+    return {zero: (folder, plans, records[part]) for zero, (folder, plans, part) in stages.items()}
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("zero", [1, 2, 3])
-def test_zero_dp2_pp2_equals_single_process_accumulation(tmp_path, zero):
+def test_zero_dp2_pp2_equals_single_process_accumulation(launched, zero):
+    folder, plans, records = launched[zero]
     names = SCHEDULES[zero]
-    plans = {n: zero_plan(tmp_path, n, zero) for n in names}
-    jobs = [{"plan": plan_to_dict(plans[n]), "input_shape": PLANS[n][1], "options": run_options(tmp_path / f"ck-{n}")}
-            for n in names]
-    # one more step of the 1f1b plan, resumed from its save of step 3 (sharded state gathered whole),
-    # then one more with the next ZeRO stage from that save (saves hold full tensors, whatever the stage)
-    other = zero_plan(tmp_path, "1f1b", zero % 3 + 1)
-    jobs.append({"plan": plan_to_dict(plans["1f1b"]), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 1)})
-    jobs.append({"plan": plan_to_dict(other), "options": run_options(tmp_path / "ck-1f1b", steps=STEPS + 2)})
-    records = launch(jobs, 4, tmp_path / "launch")
     for n, recs in zip(names, records):
         shape = {"input_shape": PLANS[n][1]} if PLANS[n][1] else {}
         with torch_threads(EQUIVALENCE_THREADS):
@@ -117,7 +137,7 @@ def test_zero_dp2_pp2_equals_single_process_accumulation(tmp_path, zero):
         assert ref_losses[-1] != ref_losses[0]
         for replica in (0, 1) if n != "1f1b" else ():  # 1f1b's step-3 save gave way (KEEP = 2) to the resumed ones below
             # the save gathered every shard: both replicas hold the reference's weights
-            got = _replica_layers(tmp_path / f"ck-{n}", plans[n], replica)
+            got = _replica_layers(folder / f"ck-{n}", plans[n], replica)
             _assert_same_weights(got, ref_layers, f"{n} replica {replica}", atol=TIED_ATOL if tied else 0.0)
         # the gradient sync was timed on every rank: the all-reduce (zero 1) or the reduce-scatter (2, 3)
         assert all(r["grad_allreduce_ms"] and min(r["grad_allreduce_ms"]) > 0 for r in recs), n
@@ -127,10 +147,10 @@ def test_zero_dp2_pp2_equals_single_process_accumulation(tmp_path, zero):
         assert resumed[1]["first_step"] == k
         assert resumed[1]["losses"][str(k)] == pytest.approx(ref_losses[k], rel=0, abs=0)
     for replica in (0, 1):
-        got = _replica_layers(tmp_path / "ck-1f1b", plans["1f1b"], replica, STEPS + 2)
+        got = _replica_layers(folder / "ck-1f1b", plans["1f1b"], replica, STEPS + 2)
         _assert_same_weights(got, ref_layers, f"resumed with zero {zero % 3 + 1}, replica {replica}")
     # measured memory: each replica holds about half the optimizer state (SGD momentum = one copy of the weights)
-    saved = _replica_layers(tmp_path / "ck-1f1b", plans["1f1b"], 0, STEPS + 2)
+    saved = _replica_layers(folder / "ck-1f1b", plans["1f1b"], 0, STEPS + 2)
     layer_bytes = {i: sum(v.numel() * v.element_size() for v in sd.values()) for i, sd in saved.items()}  # GPT: no buffers
     for rank, rec in enumerate(records[1]):
         mem = rec["memory"]["breakdown"]

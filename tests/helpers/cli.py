@@ -1,13 +1,21 @@
-"""Running the real `pplan` CLI: in this process (the conftest `pplan` fixture), or as a real
-process where a test needs one (signals, exit without a traceback, start-up imports, torchrun)."""
+"""Running the real `pplan` CLI: in this process (the conftest `pplan` fixture, or `run_captured`
+for many cases in one module fixture), or as a real process where a test needs one (signals,
+exit without a traceback, start-up imports, torchrun)."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
+import signal
 import subprocess
 import sys
+import threading
+import traceback
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 REPO = Path(__file__).resolve().parents[2]
 TESTS = REPO / "tests"
@@ -30,6 +38,72 @@ def run_in_process(monkeypatch: Any, capsys: Any, *args: object) -> tuple[int, s
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+@dataclass(frozen=True)
+class Captured:
+    """What one in-process `pplan` command left behind."""
+
+    code: int
+    """Its exit code: SystemExit's, 1 for an exception that escaped main() (as Python exits)."""
+    out: str
+    """Its stdout."""
+    err: str
+    """Its stderr, then any escaped exception's traceback and every Python warning it raised."""
+
+
+class _Hang(BaseException):
+    """The command ran past its deadline (a BaseException: no `except Exception` swallows it)."""
+
+
+@contextlib.contextmanager
+def _deadline(seconds: float) -> Iterator[None]:
+    """Raise _Hang in this (main) thread after `seconds`; elsewhere no deadline can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def _expired(signum: int, frame: Any) -> None:
+        raise _Hang(f"still running after {seconds:g} s (a hang)")
+
+    previous = signal.signal(signal.SIGALRM, _expired)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def run_captured(*args: object, cwd: Path, timeout_s: float = 30.0) -> Captured:
+    """Run `cli.app.main` with `args` in this process, from `cwd`, as `python -m cli.app ARGS
+    -W always` would, without fixtures (so a module fixture can run many cases at ~ms each where
+    a subprocess costs ~0.35 s of CPU): a traceback or a warning lands in `err` as it would on a
+    real stderr. Restores argv, the working directory and the --debug flag afterwards."""
+    from cli.app import main
+    from cli.common import state
+
+    saved = (sys.argv, os.getcwd(), state.debug)
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    with warnings.catch_warnings(record=True) as raised:
+        warnings.simplefilter("always")  # every warning, even one this process already showed
+        try:
+            sys.argv, state.debug = ["pplan", *map(str, args)], False
+            os.chdir(cwd)
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _deadline(timeout_s):
+                main()
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        except (Exception, _Hang):  # noqa: BLE001 - shown as Python shows an uncaught one
+            code = 1
+            err.write(traceback.format_exc())
+        finally:
+            sys.argv, state.debug = saved[0], saved[2]
+            os.chdir(saved[1])
+    for w in raised:
+        err.write(warnings.formatwarning(w.message, w.category, w.filename, w.lineno, w.line))
+    return Captured(code, out.getvalue(), err.getvalue())
 
 
 def cli_env(**extra: str) -> dict[str, str]:
