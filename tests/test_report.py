@@ -280,7 +280,7 @@ def test_a_run_loads_as_its_record_with_its_values():
     (lambda d: d.update(diverged={"step": 3, "los": "nan"}), r"diverged: unknown key 'los'; did you mean 'loss'\?"),
     (lambda d: d.pop("step_ms"), r"run: missing field 'step_ms'"),
     (lambda d: d["ranks"][0].pop("busy_ms"), r"ranks\[0\]: missing field 'busy_ms'"),
-    (lambda d: d.update(ranks={"0": {}}), r"ranks must be a list of objects"),
+    (lambda d: d.update(ranks={"0": {}}), r"run field 'ranks' must be a list of objects, got \{'0': \{\}\}"),
 ])
 def test_a_bad_run_is_one_line_naming_the_field(tmp_path, edit, message):
     path = _run_file(tmp_path, edit)

@@ -161,7 +161,7 @@ _RANK = {"rank": 0, "device": 0, "host": "h", "stages": [0], "busy_ms": 5.0, "ac
     ({"ranks": [dict(_RANK, stages=[7])]}, ["stage 7", "not a stage of the plan"]),
     ({"ranks": [dict(_RANK, action_ms={"0F": "slow"})]}, ["action_ms", "'slow'"]),
     ({"ranks": [dict(_RANK, action_ms={"0F": -3.0})]}, ["action_ms['0F']", "-3.0", "not a finite number >= 0"]),
-    ({"ranks": "all"}, ["ranks must be a list of objects"]),
+    ({"ranks": "all"}, ["run field 'ranks' must be a list of objects, got 'all'"]),
     ({"transfer_gaps": [[1.0, 2.0, 3.0]]}, ["transfer_gaps[0]", "[bytes, ms] pair"]),
     ({"step_ms": None}, ["run field 'step_ms' must be a list of numbers"]),
 ], ids=["nan", "stage-out-of-range", "text-time", "negative-time", "ranks-not-list", "gap-not-pair", "steps-null"])

@@ -218,13 +218,9 @@ class RunRecord:
     def from_dict(cls, d: Any) -> "RunRecord":
         """Read a run JSON back: unknown keys refused with the nearest known one, a missing field
         named, every value checked against its field's type, and the nested records read."""
-        # the format first (another format's keys would be refused as unknown); ranks that are not
-        # objects keep the words run readers have always refused them with
-        if isinstance(d, dict):
-            if d.get("format", FORMAT) != FORMAT:
-                raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
-            if "ranks" in d and not (isinstance(d["ranks"], list) and all(isinstance(r, dict) for r in d["ranks"])):
-                raise PplanError("run: ranks must be a list of objects")
+        # the format first: another format's keys would be refused as unknown
+        if isinstance(d, dict) and d.get("format", FORMAT) != FORMAT:
+            raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
         d = record_fields(d, cls, "run", hint=RUN_FILE_HINT)
         calibration, fit, diverged = d.get("calibration"), d.get("calibration_fit"), d.get("diverged")
         return cls(**dict(
