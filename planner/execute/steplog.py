@@ -1,6 +1,6 @@
-"""What one rank measured step by step, and the record of it that rank 0 gathers.
+"""What one rank measured step by step, and the measurement of it that rank 0 gathers.
 
-planner.execute.train fills a StepLog as it trains; rank_record turns it into the rank's
+planner.execute.train fills a StepLog as it trains; rank_measurement turns it into the rank's
 RankMeasurement (planner.execute.measurement), which travels to rank 0, where
 planner.execute.results reads it into the run JSON.
 """
@@ -18,13 +18,13 @@ from planner.execute.measurement import ActionSpan, CommMeasurement, RankMeasure
 from planner.execute.stages import rank_device
 from planner.plan import Plan
 
-__all__ = ["StepLog", "rank_record", "action_medians"]
+__all__ = ["StepLog", "rank_measurement", "action_medians"]
 
 
 @dataclass
 class StepLog:
     """One rank's measurements, one entry per step trained (mutable: the training loop appends
-    to it step by step; it never leaves the rank, rank_record does)."""
+    to it step by step; it never leaves the rank, rank_measurement does)."""
 
     step_ms: list[float] = field(default_factory=list)
     """Each step's time, the slowest rank's (all ranks agree on it), ms."""
@@ -77,9 +77,9 @@ def _measured_steps(step_ms: list[float], warmup: int, memory_index: int) -> lis
     return measured
 
 
-def rank_record(plan: Plan, pipe: Any, rank: int, log: StepLog, *, start_step: int, loss_log: dict[int, float],
-                comm: list[CommMeasurement], boundary: dict[int, list[int]], warmup: int,
-                mem_step: int = -1) -> RankMeasurement:
+def rank_measurement(plan: Plan, pipe: Any, rank: int, log: StepLog, *, start_step: int, loss_log: dict[int, float],
+                     comm: list[CommMeasurement], boundary: dict[int, list[int]], warmup: int,
+                     mem_step: int = -1) -> RankMeasurement:
     """What this rank measured, for rank 0 to gather (planner.execute.results reads it)."""
     step_ms = log.step_ms
     measured = _measured_steps(step_ms, warmup, mem_step - start_step)

@@ -32,7 +32,7 @@ from planner.execute.pipeline import build_pipeline
 from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_rank, set_rng_state
 from planner.execute import tensor, zero
 from planner.execute.stages import plan_schedule, step_seed
-from planner.execute.steplog import StepLog, rank_record
+from planner.execute.steplog import StepLog, rank_measurement
 from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
 from planner.plan import MemoryRecord, Plan
@@ -186,8 +186,8 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
             break
         if _checkpoint_due(opts, done=step + 1):
             save_rank(opts.checkpoint_dir, step + 1, rank, world, pipe, r.opt, r.loss_log, device)
-    return rank_record(plan, pipe, rank, log, start_step=r.start_step, loss_log=r.loss_log, comm=r.comm,
-                       boundary=r.boundary, warmup=opts.warmup, mem_step=r.mem_step)
+    return rank_measurement(plan, pipe, rank, log, start_step=r.start_step, loss_log=r.loss_log, comm=r.comm,
+                            boundary=r.boundary, warmup=opts.warmup, mem_step=r.mem_step)
 
 
 def _step_batch(plan: Plan, r: _RankSetup, step: int, device: torch.device) -> tuple[Any, Any]:
