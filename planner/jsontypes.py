@@ -103,8 +103,11 @@ def type_error(value: Any, hint: Any, what: str) -> str | None:
     list, the first item that does not fit: the list may be long)."""
     if conforms(value, hint):
         return None
-    if (item_hint := _items_of(hint)) is not None and isinstance(value, list):
-        i, item = next((i, x) for i, x in enumerate(value) if not conforms(x, item_hint))
+    # a list names its first bad item, also where the field may be null (`list[float] | None`)
+    members = get_args(hint) if get_origin(hint) in (Union, UnionType) else (hint,)
+    item_hints = [item for member in members if (item := _items_of(member)) is not None]
+    if len(item_hints) == 1 and isinstance(value, list):
+        i, item = next((i, x) for i, x in enumerate(value) if not conforms(x, item_hints[0]))
         return f"{what} must be {describe(hint)}; item {i} is {short(item)}"
     return f"{what} must be {describe(hint)}, got {short(value)}"
 

@@ -107,7 +107,7 @@ class RankMemory:
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> "RankMemory":
-        # a rank counts whole bytes (MemoryRecord alone admits any number: a plan's prediction)
+        # checked here too, so that a bad breakdown from a rank is a RunError, not MemoryRecord's PlanError
         d = record_fields(d, cls, where, error=RunError, hint=_HINT, types={"breakdown": dict[str, int]})
         check_keys(d["breakdown"], MemoryRecord.keys(), f"{where}.breakdown", RunError)
         return cls(**dict(d, breakdown=MemoryRecord.from_dict(d["breakdown"], f"{where}.breakdown")))

@@ -15,8 +15,7 @@ from typing import Any
 from planner.errors import PplanError
 from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.jsonio import read_json_file
-from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, is_number, objects_in, short
-from planner.plan import MEMORY_KEYS
+from planner.jsontypes import INDEX_KEY, check_index_keys, is_number, objects_in, short
 
 __all__ = ["load_run", "parse_run", "ACTION_KEY"]
 
@@ -37,10 +36,9 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
 
     RunRecord.from_dict refuses another format, and at every level (the run, each rank, the
     divergence, the ping-pongs, the calibration and its fit) an unknown key, a missing field and a
-    value of the wrong type (planner.jsontypes.record_fields). The rest is checked here first: the
-    memory breakdowns' keys and that their parts are numbers (their reader, the plan's MemoryRecord,
-    speaks of plan fields), and the keys of objects keyed by data (actions, stages). So a
-    hand-edited or hostile file fails on one line, never inside a figure or a fit.
+    value of the wrong type (planner.jsontypes.record_fields), the memory breakdowns included. The
+    keys of objects keyed by data (actions, stages) are checked here first. So a hand-edited or
+    hostile file fails on one line, never inside a figure or a fit.
     """
     _check_nested(data, source)
     # the record allows null, but every reader compares a prediction with it (absent: a missing field)
@@ -54,16 +52,8 @@ def parse_run(data: dict[str, Any], source: str = "<run>") -> RunRecord:
 
 
 def _check_nested(data: dict[str, Any], source: str) -> None:
-    """Refuse a memory breakdown's key `pplan run` does not write or a part that is not a number (the
-    figures stack them), and a key of an object keyed by data that is not an action or a stage."""
+    """Refuse a key of an object keyed by data that is not an action or a stage."""
     for i, rank in enumerate(objects_in(data, "ranks")):
-        for key in ("memory_measured", "memory_predicted"):
-            memory = rank.get(key)
-            check_object_keys(memory, MEMORY_KEYS, f"{source}: ranks[{i}].{key}")
-            for part, value in (memory.items() if isinstance(memory, dict) else ()):
-                if value is not None and not is_number(value):
-                    raise PplanError(f"{source}: ranks[{i}].{key}.{part} must be a number of bytes, got {short(value)}",
-                                     RUN_FILE_HINT)
         for key in ("action_ms", "action_cpu_ms"):
             check_index_keys(rank.get(key), ACTION_KEY, "stage and action kind such as '0F'", f"{source}: ranks[{i}].{key}")
     check_index_keys(data.get("boundary_bytes"), INDEX_KEY, "stage indices", f"{source}: boundary_bytes")

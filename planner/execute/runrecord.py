@@ -111,8 +111,8 @@ class RankRecord:
 
 _RANK_JSON_FORMS = {name: float | None for name, hint in get_type_hints(RankRecord).items()
                     if "bytes" in name and hint == int | None}
-"""A rank's byte counts may be any number in the JSON, as in the plan's predicted memory
-(planner.plan.records), which a run copies."""
+"""A rank's byte counts are read as any number, as run files have always been read (the fit and
+the figures only compare them)."""
 
 
 @dataclass(frozen=True, kw_only=True)

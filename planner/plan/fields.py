@@ -1,4 +1,6 @@
-"""Reading one field of plan JSON: present or defaulted, of the right type, finite; objects and lists of them."""
+"""Reading one of a plan's own fields (stages, devices, links, ...): present or defaulted, of the right
+type, finite; lists of objects. The records a plan carries (`predicted`, `search`) are read by
+planner.jsontypes.record_fields instead (planner.plan.records)."""
 
 from __future__ import annotations
 
@@ -8,14 +10,12 @@ from typing import Any
 from planner.errors import PlanError
 from planner.jsonio import check_keys
 
-__all__ = ["get_field", "as_object", "as_objects"]
+__all__ = ["get_field", "as_objects"]
 
 
 def get_field(d: dict, key: str, kind: type | tuple, where: str, default: Any = ...) -> Any:
     """`d[key]`, which must be of `kind` (bool is not a number) and finite; `default` when absent
-    (PlanError "missing field {where}{key}" when there is none). The records of plan/records.py
-    are read by this from plans and simulation JSONs alike, so messages say "field", and the
-    reader puts the file's path in front."""
+    (PlanError "missing field {where}{key}" when there is none); load_plan puts the file's path in front."""
     if key not in d:
         if default is ...:
             raise PlanError(f"missing field {where}{key}")
@@ -40,17 +40,12 @@ def _in_words(kinds: tuple[type, ...]) -> str:
     return words.get(kinds[0], kinds[0].__name__)
 
 
-def as_object(value: Any, where: str) -> dict:
-    """`value`, which must be a JSON object."""
-    if not isinstance(value, dict):
-        raise PlanError(f"field {where} must be an object, got {type(value).__name__}")
-    return value
-
-
 def as_objects(value: Any, where: str, known: tuple[str, ...]) -> list[dict]:
     """`value` as a list of objects whose keys are all in `known`."""
     if not isinstance(value, list):
         raise PlanError(f"field {where} must be a list, got {type(value).__name__}")
     for i, item in enumerate(value):
-        check_keys(as_object(item, f"{where}[{i}]"), known, f"{where}[{i}]", PlanError)
+        if not isinstance(item, dict):
+            raise PlanError(f"field {where}[{i}] must be an object, got {type(item).__name__}")
+        check_keys(item, known, f"{where}[{i}]", PlanError)
     return value

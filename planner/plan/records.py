@@ -3,40 +3,29 @@ chose (`search`). Each is a frozen dataclass whose fields are its JSON keys in t
 with one to_dict / from_dict; the key lists the plan reader enforces are derived from the fields.
 
 A field left None is not written, except the ones a record lists in `_WRITE_NULL`, which the
-producers always write (as null when there is no value). Every field may be absent when read:
-a hand-written plan may carry a partial prediction.
+producers always write (as null when there is no value). Every field may be absent or null when
+read: a hand-written plan may carry a partial prediction. from_dict reads through
+planner.jsontypes.record_fields, like every other record pplan reads: a field's JSON type is its
+annotation (a byte count is a whole number), a nested record an object, `tuple[X, ...]` a list.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import Any, ClassVar
+import math
+from dataclasses import dataclass, fields
+from functools import cache
+from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from planner.errors import PlanError
-from planner.jsonio import check_keys
-from planner.plan.fields import as_object, as_objects, get_field
+from planner.jsontypes import record_fields, short
 
 __all__ = [
     "MemoryRecord", "PredictedDevice", "Prediction", "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
 ]
 
-_NUM = (int, float)
-
-
-@dataclass(frozen=True)
-class _ListOf:
-    """Field kind: a JSON list whose items are of `kind` (a type tuple or a record class)."""
-
-    kind: Any
-
-
-def _opt(kind: Any) -> Any:
-    """A field that may be absent (None), of `kind`: a type tuple, a record class or _ListOf."""
-    return field(default=None, metadata={"kind": kind})
-
 
 class _Record:
-    """Shared JSON round-trip of the records below (fields declared with `_opt`)."""
+    """Shared JSON round-trip of the records below (every field defaults to None)."""
 
     _WRITE_NULL: ClassVar[frozenset[str]] = frozenset()
 
@@ -57,12 +46,16 @@ class _Record:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Any:
         """The record in JSON object `d` (at `where` in the plan); PlanError names a bad key or value."""
-        check_keys(as_object(d, where), cls.keys(), where, PlanError)
-        values = {}
-        for f in fields(cls):  # type: ignore[arg-type]
-            if d.get(f.name) is not None:
-                values[f.name] = _read(d, f.name, f.metadata["kind"], where)
-        return cls(**values)
+        d = record_fields(d, cls, where, error=PlanError)
+        kinds = _value_types(cls)
+        return cls(**{key: _from_json(value, kinds[key], where, key) for key, value in d.items() if value is not None})
+
+
+@cache
+def _value_types(cls: type[_Record]) -> dict[str, Any]:
+    """Each field's annotation without its `| None` (a plan holds many search rows: resolved once per type)."""
+    return {name: next(a for a in get_args(hint) if a is not type(None))
+            for name, hint in get_type_hints(cls).items() if name in cls.keys()}
 
 
 def _to_json(value: Any) -> Any:
@@ -73,18 +66,16 @@ def _to_json(value: Any) -> Any:
     return value
 
 
-def _read(d: dict, key: str, kind: Any, where: str) -> Any:
+def _from_json(value: Any, kind: Any, where: str, name: str) -> Any:
+    """Field `name`'s value, which record_fields let through as `kind`, built: a nested record by its own
+    reader, a list as a tuple; a number that is not finite refused (a dict built in Python may hold one)."""
     if isinstance(kind, type) and issubclass(kind, _Record):
-        return kind.from_dict(d[key], f"{where}.{key}")
-    if not isinstance(kind, _ListOf):
-        return get_field(d, key, kind, f"{where}.")
-    items, inner = d[key], kind.kind
-    if isinstance(inner, type) and issubclass(inner, _Record):
-        rows = as_objects(items, f"{where}.{key}", inner.keys())
-        return tuple(inner.from_dict(row, f"{where}.{key}[{i}]") for i, row in enumerate(rows))
-    if not isinstance(items, list):
-        raise PlanError(f"field {where}.{key} must be a list, got {type(items).__name__}")
-    return tuple(get_field({"": x}, "", inner, f"{where}.{key}[{i}]") for i, x in enumerate(items))
+        return kind.from_dict(value, f"{where}.{name}")
+    if get_origin(kind) is tuple:
+        return tuple(_from_json(x, get_args(kind)[0], where, f"{name}[{i}]") for i, x in enumerate(value))
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PlanError(f"{where} field {name!r} must be finite, got {short(value)}")
+    return value
 
 
 # ---- predicted: the simulation JSON (docs/simulator.md) without memory_timeline -------------------
@@ -93,17 +84,17 @@ def _read(d: dict, key: str, kind: Any, where: str) -> Any:
 class MemoryRecord(_Record):
     """Peak memory of one device by kind, bytes."""
 
-    weights: int | None = _opt(_NUM)
+    weights: int | None = None
     """Parameters."""
-    gradients: int | None = _opt(_NUM)
+    gradients: int | None = None
     """Gradients."""
-    optimizer: int | None = _opt(_NUM)
+    optimizer: int | None = None
     """Optimizer state."""
-    activations: int | None = _opt(_NUM)
+    activations: int | None = None
     """Activations kept for backward at the peak."""
-    buffers: int | None = _opt(_NUM)
+    buffers: int | None = None
     """Communication and workspace buffers."""
-    total: int | None = _opt(_NUM)
+    total: int | None = None
     """The sum: the device's peak."""
 
 
@@ -113,19 +104,19 @@ class PredictedDevice(_Record):
 
     _WRITE_NULL = frozenset({"memory_limit_bytes"})
 
-    device: int | None = _opt(int)
+    device: int | None = None
     """Device index."""
-    name: str | None = _opt(str)
+    name: str | None = None
     """Device name."""
-    busy_ms: float | None = _opt(_NUM)
+    busy_ms: float | None = None
     """Time spent computing in one iteration, ms."""
-    idle_ms: float | None = _opt(_NUM)
+    idle_ms: float | None = None
     """Iteration time minus busy time, ms."""
-    peak_memory_bytes: int | None = _opt(_NUM)
+    peak_memory_bytes: int | None = None
     """Peak memory (the breakdown's total), bytes."""
-    memory: MemoryRecord | None = _opt(MemoryRecord)
+    memory: MemoryRecord | None = None
     """Peak memory by kind."""
-    memory_limit_bytes: int | None = _opt(_NUM)
+    memory_limit_bytes: int | None = None
     """The device's memory limit (None = unlimited)."""
 
 
@@ -135,33 +126,33 @@ class Prediction(_Record):
 
     _WRITE_NULL = frozenset({"throughput_samples_per_s"})
 
-    iteration_ms: float | None = _opt(_NUM)
+    iteration_ms: float | None = None
     """Time of one iteration, ms."""
-    bubble_fraction: float | None = _opt(_NUM)
+    bubble_fraction: float | None = None
     """Idle share of device time."""
-    throughput_samples_per_s: float | None = _opt(_NUM)
+    throughput_samples_per_s: float | None = None
     """Samples per second (None when the iteration time is 0)."""
-    schedule: str | None = _opt(str)
+    schedule: str | None = None
     """Schedule simulated."""
-    n_microbatches: int | None = _opt(int)
+    n_microbatches: int | None = None
     """Micro-batches per iteration."""
-    micro_batch_size: int | None = _opt(int)
+    micro_batch_size: int | None = None
     """Samples per micro-batch."""
-    interpolated: bool | None = _opt(bool)
+    interpolated: bool | None = None
     """True when the profile's costs were interpolated at this micro-batch size."""
-    devices: tuple[PredictedDevice, ...] | None = _opt(_ListOf(PredictedDevice))
+    devices: tuple[PredictedDevice, ...] | None = None
     """Per device: busy time and peak memory."""
-    tokens_per_s: float | None = _opt(_NUM)
+    tokens_per_s: float | None = None
     """Data/tensor-parallel plans: tokens per second over all replicas."""
-    tflops_per_gpu: float | None = _opt(_NUM)
+    tflops_per_gpu: float | None = None
     """Data/tensor-parallel plans: model TFLOP/s per GPU."""
-    mfu: float | None = _opt(_NUM)
+    mfu: float | None = None
     """Data/tensor-parallel plans: model FLOP utilization."""
-    grad_sync_ms: float | None = _opt(_NUM)
+    grad_sync_ms: float | None = None
     """Data/tensor-parallel plans: the largest stage's gradient synchronisation per iteration (before overlap), ms."""
-    tp_comm_ms: float | None = _opt(_NUM)
+    tp_comm_ms: float | None = None
     """Data/tensor-parallel plans: tensor-parallel collectives of one micro-batch (forward + backward) on the busiest stage, ms."""
-    hardware: str | None = _opt(str)
+    hardware: str | None = None
     """Data/tensor-parallel plans: the hardware preset searched on."""
 
 
@@ -173,11 +164,11 @@ class AtPlanSetting(_Record):
 
     _WRITE_NULL = frozenset({"iteration_ms", "peak_memory_bytes"})
 
-    fits: bool | None = _opt(bool)
+    fits: bool | None = None
     """Whether it fits memory."""
-    iteration_ms: float | None = _opt(_NUM)
+    iteration_ms: float | None = None
     """Simulated iteration time, ms."""
-    peak_memory_bytes: int | None = _opt(_NUM)
+    peak_memory_bytes: int | None = None
     """Largest device peak, bytes."""
 
 
@@ -187,31 +178,31 @@ class SearchRow(_Record):
 
     _WRITE_NULL = frozenset({"iteration_ms", "bubble_fraction", "bottleneck_ms", "peak_memory_bytes", "slowdown_vs_plan"})
 
-    method: str | None = _opt(str)
+    method: str | None = None
     """Which method cut it (dp, ilp, uniform, params, time)."""
-    polish_moves: int | None = _opt(int)
+    polish_moves: int | None = None
     """Cut moves made by the simulator-driven polish."""
-    schedule: str | None = _opt(str)
+    schedule: str | None = None
     """Schedule."""
-    n_microbatches: int | None = _opt(int)
+    n_microbatches: int | None = None
     """Micro-batches per iteration."""
-    micro_batch_size: int | None = _opt(int)
+    micro_batch_size: int | None = None
     """Samples per micro-batch."""
-    fits: bool | None = _opt(bool)
+    fits: bool | None = None
     """Whether it fits memory."""
-    iteration_ms: float | None = _opt(_NUM)
+    iteration_ms: float | None = None
     """Simulated iteration time, ms."""
-    bubble_fraction: float | None = _opt(_NUM)
+    bubble_fraction: float | None = None
     """Simulated bubble fraction."""
-    bottleneck_ms: float | None = _opt(_NUM)
+    bottleneck_ms: float | None = None
     """Slowest stage's time per micro-batch, ms."""
-    peak_memory_bytes: int | None = _opt(_NUM)
+    peak_memory_bytes: int | None = None
     """Largest device peak, bytes."""
-    slowdown_vs_plan: float | None = _opt(_NUM)
+    slowdown_vs_plan: float | None = None
     """Its iteration time over the plan's."""
-    cuts: tuple[int, ...] | None = _opt(_ListOf(int))
+    cuts: tuple[int, ...] | None = None
     """Stage boundaries [0, a, b, ..., n_layers]."""
-    note: str | None = _opt(str)
+    note: str | None = None
     """Why it does not fit."""
 
 
@@ -219,7 +210,7 @@ class SearchRow(_Record):
 class BaselineRow(SearchRow):
     """A baseline method's best candidate, and how its cuts do at the plan's setting."""
 
-    at_plan_setting: AtPlanSetting | None = _opt(AtPlanSetting)
+    at_plan_setting: AtPlanSetting | None = None
     """Its cuts at the plan's (schedule, M); None when it was not simulated there."""
 
     _WRITE_NULL = SearchRow._WRITE_NULL | {"at_plan_setting"}
@@ -231,37 +222,37 @@ class SearchRecord(_Record):
 
     _WRITE_NULL = frozenset({"optimal"})
 
-    method: str | None = _opt(str)
+    method: str | None = None
     """The --method asked for."""
-    source: str | None = _opt(str)
+    source: str | None = None
     """The method whose cuts won."""
-    polish_moves: int | None = _opt(int)
+    polish_moves: int | None = None
     """Cut moves made by the simulator-driven polish."""
-    optimal: bool | None = _opt(bool)
+    optimal: bool | None = None
     """dp/ilp: whether the cuts are proven optimal; None for heuristics."""
-    objective: str | None = _opt(str)
+    objective: str | None = None
     """What was optimized, in words."""
-    recompute: str | None = _opt(str)
+    recompute: str | None = None
     """The recompute policy searched."""
-    schedule: str | None = _opt(str)
+    schedule: str | None = None
     """Chosen schedule."""
-    n_microbatches: int | None = _opt(int)
+    n_microbatches: int | None = None
     """Chosen micro-batch count."""
-    micro_batch_size: int | None = _opt(int)
+    micro_batch_size: int | None = None
     """Chosen micro-batch size."""
-    device_order: tuple[int, ...] | None = _opt(_ListOf(int))
+    device_order: tuple[int, ...] | None = None
     """Device indices in pipeline order."""
-    bottleneck_stage: int | None = _opt(int)
+    bottleneck_stage: int | None = None
     """The slowest stage."""
-    stage_ms: tuple[float, ...] | None = _opt(_ListOf(_NUM))
+    stage_ms: tuple[float, ...] | None = None
     """Per stage: time per micro-batch, ms."""
-    stage_memory_bytes: tuple[int, ...] | None = _opt(_ListOf(_NUM))
+    stage_memory_bytes: tuple[int, ...] | None = None
     """Per stage: memory, bytes."""
-    calibrated: bool | None = _opt(bool)
+    calibrated: bool | None = None
     """Whether a calibration scaled the profile."""
-    candidates: tuple[SearchRow, ...] | None = _opt(_ListOf(SearchRow))
+    candidates: tuple[SearchRow, ...] | None = None
     """Runners-up, best first."""
-    baselines: tuple[BaselineRow, ...] | None = _opt(_ListOf(BaselineRow))
+    baselines: tuple[BaselineRow, ...] | None = None
     """Per other method: its best candidate."""
-    skipped: tuple[str, ...] | None = _opt(_ListOf(str))
+    skipped: tuple[str, ...] | None = None
     """(schedule, M) points not searched, and why."""

@@ -94,7 +94,8 @@ def _links(d: dict) -> Links:
 
 
 def _record(d: dict, key: str, cls: type) -> Any:
-    value = get_field(d, key, (dict, type(None)), "", None)
+    """`predicted` or `search`: null or absent is None; else its record's reader checks it, an object."""
+    value = d.get(key)
     return None if value is None else cls.from_dict(value, key)
 
 
