@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Callable, Iterator
@@ -38,6 +39,22 @@ def machine_independent_env() -> Iterator[None]:
         for name in JOB_VARS:
             mp.delenv(name, raising=False)
         yield
+
+
+@pytest.fixture(scope="session", autouse=True)
+def interruptible_children() -> Iterator[None]:
+    """Commands this suite starts can be stopped with SIGINT even when pytest itself was started
+    with SIGINT ignored (a shell's background job, `cmd &`, ignores it, and an ignored signal stays
+    ignored across exec, so the ctrl-C tests would see commands finish instead). A handler, unlike
+    SIG_IGN, is reset to the default on exec, which Python turns into KeyboardInterrupt."""
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        yield
+        return
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture
