@@ -58,7 +58,8 @@ def test_absent_and_null_are_written_as_the_producers_do():
     # a dict built in Python (or by json.loads) may hold what the strict file reader refuses
     ({"iteration_ms": float("nan")}, "predicted field 'iteration_ms' must be finite, got nan"),
     ({"devices": [{"busy_ms": float("inf")}]}, "predicted.devices[0] field 'busy_ms' must be finite, got inf"),
-    ({"devices": [{"memory": {"total": 1.5}}]}, "predicted.devices[0].memory field 'total' must be an integer or null"),
+    ({"devices": [{"memory": {"total": "1GB"}}]}, "predicted.devices[0].memory field 'total' must be a number or null"),
+    ({"n_microbatches": 2.0}, "predicted field 'n_microbatches' must be an integer or null, got 2.0"),
     ({"devices": "two"}, "predicted field 'devices' must be a list of objects or null, got 'two'"),
     ({"devices": [3]}, "predicted field 'devices' must be a list of objects or null; item 0 is 3"),
 ])
@@ -123,3 +124,11 @@ def test_planning_does_not_import_pandas():
             "print('pandas' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_byte_counts_may_be_written_as_any_number():
+    """pplan writes whole numbers; a person editing a plan may write 16e9 (a float in JSON)."""
+    d = {"schedule": "1f1b", "micro_batch_size": 1, "n_microbatches": 2, "devices": 1, "stages": [{"layers": [0, 2]}],
+         "predicted": {"devices": [{"memory_limit_bytes": 16e9, "memory": {"total": 1.5e6}}]}}
+    device = plan_from_dict(d).predicted.devices[0]
+    assert device.memory_limit_bytes == 16e9 and device.memory.total == 1.5e6

@@ -276,7 +276,7 @@ def test_a_run_loads_as_its_record_with_its_values():
     (lambda d: d["ranks"][0].update(rank=True), r"ranks\[0\] field 'rank' must be an integer, got True"),
     (lambda d: d["ranks"][0].update(stages="0"), r"ranks\[0\] field 'stages' must be a list of integers"),
     (lambda d: d["ranks"][0]["memory_measured"].update(weights="1 GB"),
-     r"ranks\[0\]\.memory_measured field 'weights' must be an integer or null, got '1 GB'"),
+     r"ranks\[0\]\.memory_measured field 'weights' must be a number or null, got '1 GB'"),
     (lambda d: d.update(diverged={"step": 3, "los": "nan"}), r"diverged: unknown key 'los'; did you mean 'loss'\?"),
     (lambda d: d.pop("step_ms"), r"run: missing field 'step_ms'"),
     (lambda d: d["ranks"][0].pop("busy_ms"), r"ranks\[0\]: missing field 'busy_ms'"),

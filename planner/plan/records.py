@@ -6,7 +6,8 @@ A field left None is not written, except the ones a record lists in `_WRITE_NULL
 producers always write (as null when there is no value). Every field may be absent or null when
 read: a hand-written plan may carry a partial prediction. from_dict reads through
 planner.jsontypes.record_fields, like every other record pplan reads: a field's JSON type is its
-annotation (a byte count is a whole number), a nested record an object, `tuple[X, ...]` a list.
+annotation, a nested record an object, `tuple[X, ...]` a list; a byte count may be any number
+(pplan writes whole numbers, a person may write 16e9, and run files have always been read so).
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ class _Record:
     """Shared JSON round-trip of the records below (every field defaults to None)."""
 
     _WRITE_NULL: ClassVar[frozenset[str]] = frozenset()
+    _ALL_BYTES: ClassVar[bool] = False
+    """Every field is a byte count (MemoryRecord); elsewhere the fields named *_bytes are."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -46,7 +49,7 @@ class _Record:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Any:
         """The record in JSON object `d` (at `where` in the plan); PlanError names a bad key or value."""
-        d = record_fields(d, cls, where, error=PlanError)
+        d = record_fields(d, cls, where, error=PlanError, types=_byte_counts(cls))
         kinds = _value_types(cls)
         return cls(**{key: _from_json(value, kinds[key], where, key) for key, value in d.items() if value is not None})
 
@@ -56,6 +59,13 @@ def _value_types(cls: type[_Record]) -> dict[str, Any]:
     """Each field's annotation without its `| None` (a plan holds many search rows: resolved once per type)."""
     return {name: next(a for a in get_args(hint) if a is not type(None))
             for name, hint in get_type_hints(cls).items() if name in cls.keys()}
+
+
+@cache
+def _byte_counts(cls: type[_Record]) -> dict[str, Any]:
+    """The JSON form of each byte count declared `int | None`: any number or null."""
+    return {name: float | None for name, hint in get_type_hints(cls).items()
+            if hint == int | None and (cls._ALL_BYTES or name.endswith("_bytes"))}
 
 
 def _to_json(value: Any) -> Any:
@@ -83,6 +93,8 @@ def _from_json(value: Any, kind: Any, where: str, name: str) -> Any:
 @dataclass(frozen=True)
 class MemoryRecord(_Record):
     """Peak memory of one device by kind, bytes."""
+
+    _ALL_BYTES = True
 
     weights: int | None = None
     """Parameters."""
