@@ -72,7 +72,9 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
     if ranks:
         x = np.arange(len(ranks))
-        labels = [f"dev {r.rank}" for r in ranks]
+        # one pair of bars per rank: with data parallelism several ranks play a device (rank != device)
+        replicas = len({r.replica for r in ranks}) > 1
+        labels = [f"dev {r.device}" + (f" r{r.replica}" if replicas else "") for r in ranks]
         pred_busy = [float(r.busy_ms_predicted or _simulated(sim_devices, r.device, "busy_ms") or np.nan)
                      for r in ranks]
         meas_busy = [float(r.busy_ms or np.nan) for r in ranks]

@@ -8,6 +8,7 @@ import numpy as np
 
 from planner.plan import PredictedDevice
 from planner.report.inputs import ReportInputs
+from planner.report.summary import peak_rows
 from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
@@ -42,12 +43,8 @@ def _has_timeline(inputs: ReportInputs) -> bool:
 
 
 def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
-    out: dict[int, float] = {}
-    for r in inputs.run.ranks if inputs.run is not None else ():
-        value = r.peak_memory_bytes_measured
-        if value is not None and value > 0:
-            out[r.rank] = float(value)
-    return out
+    """Device -> measured peak, the largest of its ranks' (data parallelism), as the summary table has it."""
+    return {device: measured for device, _, measured, _ in peak_rows(inputs) if measured}
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
