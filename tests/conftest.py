@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 import pytest
 from hypothesis import settings
 
-from helpers.cli import JOB_VARS, REPO, cli_env, run_in_process
+from helpers.cli import JOB_VARS, cli_env, run_in_process, run_in_repo
 
 # Property tests draw the same examples on every machine and every run, so the suite's verdict
 # never depends on luck; PPLAN_HYPOTHESIS=explore draws new ones (to hunt for bugs, not in CI).
@@ -68,19 +68,14 @@ def pplan(monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
 
 
 @pytest.fixture
-def run_cli(monkeypatch, capsys) -> Callable[..., subprocess.CompletedProcess]:
-    """run_cli(*args) -> CompletedProcess: helpers.cli.run_pplan's call in this process, from the
-    repository, with the processes the command starts (ranks) seeing tests/ on PYTHONPATH as
-    run_pplan's do. Saves the ~0.35 s (1.3 s where the command imports torch) of CPU a
-    subprocess costs; keep run_pplan where the process itself is tested (signals, imports)."""
-    monkeypatch.chdir(REPO)
+def run_cli(monkeypatch) -> Callable[..., subprocess.CompletedProcess]:
+    """run_cli(*args) -> CompletedProcess: helpers.cli.run_pplan's call in this process
+    (helpers.cli.run_in_repo: warnings and tracebacks in stderr, a hang guard), with the
+    processes the command starts (ranks) seeing tests/ on PYTHONPATH as run_pplan's do. Saves the
+    ~0.35 s (1.3 s where the command imports torch) of CPU a subprocess costs; keep run_pplan
+    where the process itself is tested (signals, imports)."""
     monkeypatch.setenv("PYTHONPATH", cli_env()["PYTHONPATH"])
-
-    def run(*args: object) -> subprocess.CompletedProcess:
-        code, out, err = run_in_process(monkeypatch, capsys, *args)
-        return subprocess.CompletedProcess(["pplan", *map(str, args)], code, out, err)
-
-    return run
+    return run_in_repo
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ Every case goes through the real CLI and checks what a user sees: exit code 2, o
 line, no traceback, no output file, and nothing executed (a marker file the crafted model would
 create does not exist). Model trust runs in a subprocess (`python -m cli.app`), where no earlier
 test can have imported or run anything already; the file and output checks run the CLI's entry
-point in this process (helpers.cli.run_captured; a subprocess per case cost ~0.35 s of CPU).
+point in this process (helpers.cli.run_in_repo; a subprocess per case cost ~0.35 s of CPU).
 Timeouts here are hang guards (a FIFO read blocks forever), not timing assertions.
 """
 
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -20,7 +19,7 @@ import pytest
 from planner.errors import ModelSpecError
 from planner.models.trust import check_model_trusted
 
-from helpers.cli import REPO, run_captured, run_pplan
+from helpers.cli import run_in_repo, run_pplan
 from helpers.plans import write_plan, write_synthetic_profile
 
 FACTORY = "tests.factory_models:with_data"  # a legitimate 2-layer factory with its own data
@@ -38,12 +37,6 @@ def _refused(res, *words: str) -> str:
     for word in words:
         assert word in lines[0], (word, lines[0])
     return lines[0]
-
-
-def _in_process(*args: object, timeout: float = _GUARD_S) -> subprocess.CompletedProcess:
-    """`pplan ARGS` through cli.app.main in this process, from the repository as run_pplan does."""
-    got = run_captured(*args, cwd=REPO, timeout_s=timeout)
-    return subprocess.CompletedProcess(["pplan", *map(str, args)], got.code, got.out, got.err)
 
 
 def _os_system_plan(tmp_path: Path, marker: Path) -> Path:
@@ -115,7 +108,7 @@ def test_an_unwritable_output_is_refused_before_any_rank_starts(tmp_path, comman
     prof = tmp_path / "syn.csv"
     spec = write_synthetic_profile(prof, 2, 2)
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
-    res = _in_process(command, str(plan), "--device", "cpu", "--steps", "1", option, str(afile / below))
+    res = run_in_repo(command, str(plan), "--device", "cpu", "--steps", "1", option, str(afile / below))
     _refused(res, option, "not a folder")
     assert afile.read_text() == "keep\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["afile", "plan.json", "syn.csv"]
@@ -123,7 +116,7 @@ def test_an_unwritable_output_is_refused_before_any_rank_starts(tmp_path, comman
 
 def test_outputs_are_checked_before_the_plan_is_read(tmp_path):
     (tmp_path / "afile").write_text("")
-    res = _in_process("run", str(tmp_path / "missing.json"), "--out", str(tmp_path / "afile" / "x.json"))
+    res = run_in_repo("run", str(tmp_path / "missing.json"), "--out", str(tmp_path / "afile" / "x.json"))
     _refused(res, "--out")
 
 
@@ -132,7 +125,7 @@ def test_calibrate_refuses_an_unwritable_calibration_before_running(tmp_path):
     spec = write_synthetic_profile(prof, 2, 2)
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
     (tmp_path / "syn.calibration.json").mkdir()  # where the fit would be written
-    res = _in_process("calibrate", str(plan), "--device", "cpu", "--steps", "1")
+    res = run_in_repo("calibrate", str(plan), "--device", "cpu", "--steps", "1")
     _refused(res, "calibration", "syn.calibration.json", "folder")
 
 
@@ -148,7 +141,7 @@ def test_from_run_refuses_a_fifo(tmp_path):
     plan = _from_run_setup(tmp_path)
     fifo = tmp_path / "run.json"
     os.mkfifo(fifo)
-    res = _in_process("calibrate", str(plan), "--from-run", str(fifo))
+    res = run_in_repo("calibrate", str(plan), "--from-run", str(fifo))
     _refused(res, "not a regular file")
     assert not (tmp_path / "syn.calibration.json").exists()
 
@@ -175,7 +168,7 @@ def test_from_run_refuses_a_malformed_run_on_one_line(tmp_path, change, words):
            "timeline_step": 1, "ranks": [_RANK]}
     text = json.dumps({**run, **change})
     path.write_text(text.replace('"NaN"', "NaN"))  # JSON has no NaN: the strict reader refuses it
-    res = _in_process("calibrate", str(plan), "--from-run", str(path))
+    res = run_in_repo("calibrate", str(plan), "--from-run", str(path))
     _refused(res, str(path), *words)  # the file leads the line
     assert not (tmp_path / "syn.calibration.json").exists()
 
@@ -189,7 +182,7 @@ def test_a_layer_index_far_beyond_the_rows_is_refused_at_its_line(tmp_path):
     prof = tmp_path / "p.csv"
     prof.write_text(_HEADER + "0,a,1,1,2,10,1,1\n1000000000,x,1,1,2,10,1,1\n")
     out = tmp_path / "plan.json"
-    res = _in_process("partition", str(prof), "--devices", "2", "--global-batch", "4", "--out", str(out))
+    res = run_in_repo("partition", str(prof), "--devices", "2", "--global-batch", "4", "--out", str(out))
     _refused(res, f"{prof}:3:", "layer index 1000000000", "2 data row(s)")
     assert not out.exists()
 
@@ -199,7 +192,7 @@ def test_fifty_thousand_micro_batch_sizes_plan_quickly(tmp_path):
     prof = tmp_path / "p.csv"
     prof.write_text(_HEADER + "".join(f"0,a,{s},1,2,10,{s},{s}\n" for s in range(1, 50_001)))
     out = tmp_path / "plan.json"
-    res = _in_process("partition", str(prof), "--devices", "1", "--global-batch", "8", "--out", str(out), timeout=30)
+    res = run_in_repo("partition", str(prof), "--devices", "1", "--global-batch", "8", "--out", str(out), timeout_s=30)
     assert res.returncode == 0, res.stderr
     assert out.exists()
 
@@ -207,7 +200,7 @@ def test_fifty_thousand_micro_batch_sizes_plan_quickly(tmp_path):
 def test_a_fifo_profile_is_refused_by_partition(tmp_path):
     fifo = tmp_path / "p.csv"
     os.mkfifo(fifo)
-    res = _in_process("partition", str(fifo), "--devices", "2", "--global-batch", "4", "--out", str(tmp_path / "plan.json"))
+    res = run_in_repo("partition", str(fifo), "--devices", "2", "--global-batch", "4", "--out", str(tmp_path / "plan.json"))
     _refused(res, "not a regular file")
 
 
@@ -220,7 +213,7 @@ def test_a_plan_whose_profile_is_a_fifo_is_refused(tmp_path, command):
     data["profile"] = {"path": str(fifo), "sha256": "0" * 64}
     plan.write_text(json.dumps(data))
     args = ["--device", "cpu", "--steps", "1"] if command == "run" else ["--out", str(tmp_path / "sim.json")]
-    res = _in_process(command, str(plan), *args)
+    res = run_in_repo(command, str(plan), *args)
     _refused(res, str(fifo), "not a regular file")
     assert not (tmp_path / "sim.json").exists()
 
@@ -230,6 +223,6 @@ def test_a_profile_with_bad_metadata_is_refused_by_run_before_launch(tmp_path):
     spec = write_synthetic_profile(prof, 2, 2)
     prof.write_text(prof.read_text().replace("# input_bytes_per_sample: 64", "# input_bytes_per_sample: 64\n# seed: -5"))
     plan = write_plan(tmp_path / "plan.json", spec, "gpipe", 1, [(0, 2)], n_microbatches=2, profile=prof)
-    res = _in_process("run", str(plan), "--device", "cpu", "--steps", "1")
+    res = run_in_repo("run", str(plan), "--device", "cpu", "--steps", "1")
     _refused(res, f"{prof}:4:", "'seed'", "'-5'")
 

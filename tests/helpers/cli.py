@@ -106,6 +106,13 @@ def run_captured(*args: object, cwd: Path, timeout_s: float = 30.0) -> Captured:
     return Captured(code, out.getvalue(), err.getvalue())
 
 
+def run_in_repo(*args: object, timeout_s: float = 300.0) -> subprocess.CompletedProcess:
+    """`pplan ARGS` through run_captured from the repository, as run_pplan runs it in a process
+    (warnings and an escaped traceback in stderr, a hang guard), returned as a CompletedProcess."""
+    got = run_captured(*args, cwd=REPO, timeout_s=timeout_s)
+    return subprocess.CompletedProcess(["pplan", *map(str, args)], got.code, got.out, got.err)
+
+
 def cli_env(**extra: str) -> dict[str, str]:
     """The environment for a `pplan` subprocess: this one without job variables, with the
     repository (and tests/, for test models such as `dropout_model:build`) importable."""
