@@ -187,3 +187,11 @@ def test_calibrate_machine_merges_into_the_file(tmp_path, monkeypatch, pplan):
     target.write_text("{")
     code, out, err = pplan("calibrate", "--machine", "--ranks", "2", "--out", target)
     assert code == 0 and "replacing unreadable" in err and load_machines(target).ranks == (2,)
+
+
+def test_calibrate_machine_refuses_an_unwritable_new_file_before_measuring(tmp_path, monkeypatch, pplan):
+    asked = []
+    monkeypatch.setattr(machinebench, "measure_machine", lambda *, ranks, **kw: asked.append(ranks))
+    (tmp_path / "afile").write_text("not a folder")
+    code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--out", tmp_path / "afile" / "machine.json")
+    assert code == 2 and "is not a folder" in err and asked == []

@@ -329,9 +329,9 @@ def remeasure_machine_file(target: Path, counts: tuple[int, ...], *, progress: C
     from planner.atomic import ensure_writable_file
     from planner.machine import load_machines, save_machine
 
+    ensure_writable_file(target, "machine file")  # a new file too: its folder must be writable
     base = None
     if target.exists():
-        ensure_writable_file(target, "machine file")
         try:
             base = load_machines(target)
         except PplanError as e:
