@@ -92,8 +92,6 @@ class ClusterJob:
     """The best candidate as a plan of one pipeline replica, with `parallel` filled."""
     profile: Profile
     """The profile planned for."""
-    hardware: Hardware
-    """The hardware searched on."""
     layouts: tuple[LayoutPoint, ...]
     """Every dp x pp x tp layout's best throughput, for the layout figure; empty unless asked."""
     layouts_title: str
@@ -110,7 +108,8 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     profile = load_profile(profile_path)
     validate_settings(profile, settings)
     cal, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
-    result = partition(profile, settings, calibration=cal, on_step=_counted(on_step, _steps(profile, settings)))
+    counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
+    result = partition(profile, settings, calibration=cal, on_step=counted)
     return PipelineJob(result=result, calibration=cal, calibration_path=cal_path)
 
 
@@ -125,8 +124,7 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
     points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **common) if layouts else ()
     title = (f"{profile.meta.get('model', profile_path)}\n{result.gpus} x {settings.hardware.name}, "
              f"global batch {settings.global_batch}, chosen {result.best.config.describe()}")
-    return ClusterJob(result=result, plan=plan, profile=profile, hardware=settings.hardware, layouts=points,
-                      layouts_title=title)
+    return ClusterJob(result=result, plan=plan, profile=profile, layouts=points, layouts_title=title)
 
 
 def _steps(profile: Profile, settings: PartitionSettings) -> int:
@@ -134,10 +132,8 @@ def _steps(profile: Profile, settings: PartitionSettings) -> int:
     return len(grid_points(settings, len(resolve_devices(settings)[0]), profile.n_layers)[0])
 
 
-def _counted(on_step: StepCallback | None, total: int) -> Callable[[str], None] | None:
+def _counted(on_step: StepCallback, total: int) -> Callable[[str], None]:
     """partition()'s on_step(note) as on_step(done, total, note), announced with done=0 first."""
-    if on_step is None:
-        return None
     on_step(0, total, "")
     done = 0
 
