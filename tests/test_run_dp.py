@@ -151,6 +151,10 @@ def test_dp2_pp2_synthetic_on_four_processes(tmp_path):
     assert run["n_ranks"] == 4 and run["dp"] == 2 and len(run["ranks"]) == 4
     assert [(r["rank"], r["replica"], r["device"]) for r in run["ranks"]] == [(0, 0, 0), (1, 0, 1), (2, 1, 0), (3, 1, 1)]
     assert run["loss_steps"] == [0, 1, 2, 3] and all(v is not None for v in run["losses"])
+    # the run record's losses (gathered from the ranks, assembled) are one process's accumulation's
+    with torch_threads(1):
+        ref_losses, _ = reference_run(plan, 4, lr=RunOptions().lr)
+    assert run["losses"] == pytest.approx(ref_losses, rel=1e-12, abs=0) and len(set(ref_losses)) > 1
     # the all-reduce was measured on every rank, and is part of the step
     assert run["grad_allreduce_ms_measured"] > 0 and all(r["grad_allreduce_ms"] > 0 for r in run["ranks"])
     assert run["grad_allreduce_ms_measured"] < run["iteration_ms_measured"]
