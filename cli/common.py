@@ -8,11 +8,14 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 import typer
 
 from planner.errors import PplanError
+
+if TYPE_CHECKING:  # the library's callback type; importing it at run time would load the planner
+    from planner.partition.job import StepCallback
 
 __all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "step_progress", "err", "clock", "eta_text", "timed_say"]
 
@@ -99,10 +102,6 @@ class progress:
     def __exit__(self, *exc: object) -> None:
         if self.tty:
             sys.stderr.write("\n")
-
-
-StepCallback = Callable[[int, int, str], None]
-"""on_step(done, total, note): how library work that counts its steps reports them."""
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from planner.jsonio import check_keys
 
 __all__ = [
     "is_number", "short", "conforms", "describe", "type_error", "missing_field", "record_fields", "check_object_keys",
-    "check_index_keys", "objects_in", "INDEX_KEY",
+    "check_index_keys", "objects_in", "INDEX_KEY", "to_json",
 ]
 
 INDEX_KEY = re.compile(r"[0-9]{1,9}")
@@ -171,3 +171,12 @@ def objects_in(data: dict[str, Any], key: str) -> list[dict[str, Any]]:
     """The objects in the list `data[key]` (none when it is absent or not a list)."""
     value = data.get(key)
     return [x for x in value if isinstance(x, dict)] if isinstance(value, list) else []
+
+
+def to_json(value: Any) -> Any:
+    """A record field's value as JSON: a nested record through its to_dict, a list or tuple item by item."""
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    if isinstance(value, (list, tuple)):
+        return [to_json(v) for v in value]
+    return value

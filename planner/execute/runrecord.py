@@ -18,22 +18,13 @@ from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
 from planner.jsonio import finite_or_null
-from planner.jsontypes import record_fields
+from planner.jsontypes import record_fields, to_json
 from planner.plan import MemoryRecord
 
 __all__ = ["FORMAT", "RUN_FILE_HINT", "Divergence", "RankRecord", "RunRecord"]
 
 FORMAT = "pplan-run/1"
 RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
-
-
-def _json(value: Any) -> Any:
-    """A field's value as JSON: nested records through their to_dict, lists item by item."""
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    if isinstance(value, (list, tuple)):
-        return [_json(v) for v in value]
-    return value
 
 
 @dataclass(frozen=True)
@@ -99,7 +90,7 @@ class RankRecord:
     """dp > 1: median over the measured steps of this rank's gradient all-reduce over its dp group, ms."""
 
     def to_dict(self) -> dict[str, Any]:
-        return {f.name: _json(getattr(self, f.name)) for f in fields(self)}
+        return {f.name: to_json(getattr(self, f.name)) for f in fields(self)}
 
     @classmethod
     def from_dict(cls, d: Any, where: str = "ranks[i]") -> "RankRecord":
@@ -211,7 +202,7 @@ class RunRecord:
             if f.name == "format" or (f.name == "calibration_fit" and self.calibration_fit is None):
                 continue
             value = getattr(self, f.name)
-            out[f.name] = calibration_values(value) if isinstance(value, Calibration) else _json(value)
+            out[f.name] = calibration_values(value) if isinstance(value, Calibration) else to_json(value)
         return finite_or_null(out)  # JSON has no inf/nan: a diverged run's non-finite loss is null
 
     @classmethod

@@ -18,7 +18,7 @@ from functools import cache
 from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from planner.errors import PlanError
-from planner.jsontypes import record_fields, short
+from planner.jsontypes import record_fields, short, to_json
 
 __all__ = [
     "MemoryRecord", "PredictedDevice", "Prediction", "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
@@ -43,7 +43,7 @@ class _Record:
         for f in fields(self):  # type: ignore[arg-type]
             value = getattr(self, f.name)
             if value is not None or f.name in self._WRITE_NULL:
-                out[f.name] = _to_json(value)
+                out[f.name] = to_json(value)
         return out
 
     @classmethod
@@ -66,14 +66,6 @@ def _byte_counts(cls: type[_Record]) -> dict[str, Any]:
     """The JSON form of each byte count declared `int | None`: any number or null."""
     return {name: float | None for name, hint in get_type_hints(cls).items()
             if hint == int | None and (cls._ALL_BYTES or name.endswith("_bytes"))}
-
-
-def _to_json(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return value.to_dict()
-    if isinstance(value, tuple):
-        return [_to_json(v) for v in value]
-    return value
 
 
 def _from_json(value: Any, kind: Any, where: str, name: str) -> Any:
