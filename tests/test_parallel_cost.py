@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from planner.cost.parallel import (
-    BYTES_PER_PARAM, Link2, allgather_ms, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement,
-    tensor_parallel_costs, tp_layers, zero_bytes_per_param,
+    MIXED_BF16, PURE_FP32, Link2, allgather_ms, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement,
+    tensor_parallel_costs, tp_layers, zero_bytes_per_param, zero_shares,
 )
 from planner.errors import PplanError
 from planner.parallel import ParallelConfig, parse_parallel
@@ -27,15 +27,18 @@ def test_ring_collectives_follow_the_textbook_formulas():
 
 def test_zero_stages_divide_optimizer_then_weights_never_accumulated_gradients():
     # a pipeline accumulates gradients whole over its micro-batches (torch's stages reduce-scatter
-    # once, at the last backward), so ZeRO-2 holds what ZeRO-1 holds at the peak
-    assert BYTES_PER_PARAM == 16
-    assert zero_bytes_per_param(8, 0) == 16
-    assert zero_bytes_per_param(8, 1) == pytest.approx(2 + 2 + 12 / 8)
-    assert zero_bytes_per_param(8, 2) == zero_bytes_per_param(8, 1)
-    assert zero_bytes_per_param(8, 3) == pytest.approx(2 / 8 + 2 + 12 / 8)
-    assert zero_bytes_per_param(1, 3) == 16
+    # once, at the last backward), so ZeRO-2 shards what ZeRO-1 shards, and FSDP holds its
+    # gathered stage beside the shards (weights 1 + 1/D, measured: docs/parallel.md)
+    assert MIXED_BF16.bytes_per_param == PURE_FP32.bytes_per_param == 16
+    assert zero_bytes_per_param(8, 0, MIXED_BF16) == 16
+    assert zero_bytes_per_param(8, 1, MIXED_BF16) == pytest.approx(2 + 2 + 12 / 8)
+    assert zero_bytes_per_param(8, 2, MIXED_BF16) == pytest.approx(2 * (1 + 1 / 8) + 2 + 12 / 8)
+    assert zero_bytes_per_param(8, 3, MIXED_BF16) == pytest.approx(2 / 8 + 2 + 12 / 8)
+    assert zero_bytes_per_param(8, 1, PURE_FP32) == pytest.approx(4 + 4 + 8 / 8)
+    assert zero_bytes_per_param(1, 3, MIXED_BF16) == zero_bytes_per_param(1, 2, MIXED_BF16) == 16
+    assert zero_shares(2, 2) == (1.5, 1.0, 0.5) and zero_shares(2, 3) == (0.5, 1.0, 0.5)
     with pytest.raises(PplanError):
-        zero_bytes_per_param(2, 4)
+        zero_bytes_per_param(2, 4, MIXED_BF16)
 
 
 def test_grad_sync_and_overlap():
@@ -86,6 +89,12 @@ def test_tensor_parallel_costs_divide_compute_and_add_block_allreduces():
     np.testing.assert_allclose(one.fwd_ms, c.fwd_ms)
     z3 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=3, dp_link=INTER)
     assert z3.fwd_ms[1] == pytest.approx(c.fwd_ms[1] + allgather_ms(c.param_bytes[1], 8, INTER))
+    # ZeRO-3: a computing layer's gathered weights (per tensor-parallel rank) are its workspace
+    own = np.zeros(len(c.param_bytes)) if c.workspace_bytes is None else np.asarray(c.workspace_bytes, dtype=float)
+    np.testing.assert_allclose(z3.workspace_bytes, own + c.param_bytes)
+    z3t = tensor_parallel_costs(c, blocks, 4, INTRA, dp=8, zero=3, dp_link=INTER)
+    np.testing.assert_allclose(z3t.workspace_bytes, own + c.param_bytes / 4)
+    assert tensor_parallel_costs(c, blocks, 1, INTRA, dp=1, zero=3, dp_link=INTER).workspace_bytes is c.workspace_bytes
     z1 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=1, dp_link=INTER)
     np.testing.assert_allclose(z1.optimizer_ms, c.optimizer_ms / 8)
     slow = tensor_parallel_costs(c, blocks, 4, INTRA, compute_scale=2.0)

@@ -14,15 +14,17 @@ SPEC = "gpt:layers=8,hidden=2048,heads=16,seq=1024,vocab=32000"
 
 
 def test_inflight_shortcut_matches_the_generated_schedule():
+    # every micro-batch count torch accepts, multiples of P or not (interleaved P=3 v=2 M=8 holds
+    # 8 on its first stage, where the schedule generated at M = 2P held 6), every chunk count searched
     for name in SCHEDULE_NAMES:
-        v = get_schedule(name).virtual_stages
-        for p in (2, 3, 4):
-            for m in (p, 2 * p, 3 * p, 4 * p, 6 * p):
-                try:
-                    check_sizes(name, p, m, v)
-                except Exception:
-                    continue
-                assert inflight_peaks(name, p, m, v) == tuple(stage_inflight_peak(generate(name, p, m, v))), (name, p, m)
+        for v in get_schedule(name).chunk_counts:
+            for p in (2, 3, 4, 5):
+                for m in range(1, 5 * p + 1):
+                    try:
+                        check_sizes(name, p, m, v)
+                    except Exception:
+                        continue
+                    assert inflight_peaks(name, p, m, v) == tuple(stage_inflight_peak(generate(name, p, m, v))), (name, p, v, m)
 
 
 def test_auto_plan_is_a_valid_layout_with_consistent_metrics():
@@ -64,7 +66,8 @@ def test_zero_shrinks_static_memory():
     kw = dict(model=SPEC, hardware="a100-80gb", nodes=1, gpus_per_node=8, global_batch=64, parallel="dp=8", schedules=("1f1b",))
     z = [plan_parallel(zero=k, **kw).best.memory for k in (0, 1, 2, 3)]
     assert z[1]["optimizer"] == pytest.approx(z[0]["optimizer"] / 8, rel=1e-6)
-    assert z[2]["gradients"] == pytest.approx(z[0]["gradients"], rel=1e-6)  # accumulated whole (zero_divisors)
+    assert z[2]["gradients"] == pytest.approx(z[0]["gradients"], rel=1e-6)  # accumulated whole (zero_shares)
+    assert z[2]["weights"] == pytest.approx(z[0]["weights"] * (1 + 1 / 8), rel=1e-6)  # FSDP: gathered + shards
     assert z[3]["weights"] == pytest.approx(z[0]["weights"] / 8, rel=1e-6)
 
 
@@ -82,7 +85,11 @@ def test_too_little_memory_names_the_gpus_that_would_fit():
     big = "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"  # ~175B parameters, 2.8 TB of state
     with pytest.raises(InfeasibleError) as e:
         plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64)
-    assert "GPUs" in e.value.hint and "--zero" in e.value.hint
+    assert "GPUs" in e.value.hint and "--zero 1" in e.value.hint
+    # ZeRO-2 holds more than ZeRO-1 at a pipeline's peak (FSDP's gathered stage): from 1, suggest 3
+    with pytest.raises(InfeasibleError) as e:
+        plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64, zero=1)
+    assert "--zero 3" in e.value.hint
 
 
 def test_speed_1t_on_3072_a100s_smoke():

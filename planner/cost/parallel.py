@@ -23,11 +23,18 @@ after the stage's last backward; bucketed, it overlaps the backward of that last
 and nothing else (`exposed_sync_ms`), a conservative assumption: Megatron-LM (2021) did not
 overlap at all, DeepSpeed and torch DDP overlap within the last backward.
 
-ZeRO (Rajbhandari et al. 2020), mixed precision with Adam: 16 bytes per parameter, 2 bf16
-weights + 2 bf16 gradients + 12 fp32 master weights, momentum and variance; stage 1 divides
-the 12 by D, stage 2 also the gradients, stage 3 also the weights, and then gathers each
-layer's weights before its forward and again before its backward (all-gather, per micro-batch,
-not overlapped: conservative).
+Precision (`training_precision`, from the profile's `# dtype`): a 16-bit profile trains in
+mixed precision with Adam, 2 weights + 2 gradients + 12 fp32 master weights, momentum and
+variance = 16 bytes per parameter; a float32 profile trains in pure fp32 Adam, 4 + 4 + 8 (no
+master copy), also 16. A profile's param_bytes divide by its element size to give parameters.
+
+ZeRO (Rajbhandari et al. 2020) as `pplan run` executes it under a pipeline (`zero_shares`):
+stage 1 divides the optimizer state by D; stage 2 too, and FSDP holds the whole stage's
+gathered weights beside their shards from the first forward to the reduce-scatter; stage 3
+divides the weights too and gathers each layer's weights before its forward and again before
+its backward (all-gather, per micro-batch, not overlapped: conservative), the computing
+layer's gathered weights alive on top (`zero3_gathered_bytes`). Gradients stay whole at the
+peak under every stage (a pipeline accumulates them over its micro-batches).
 
 Placement (Narayanan et al. SC21, section 3.3): T innermost within a node, then pipeline
 neighbours, then D outermost; a group uses the intra-node link when it fits in one node,
@@ -51,21 +58,65 @@ from planner.models.spec import parse_spec
 from planner.profiling.profile import LayerCosts, Profile
 
 __all__ = [
-    "WEIGHT_BYTES", "GRAD_BYTES", "OPTIMIZER_BYTES", "BYTES_PER_PARAM",
+    "TrainingPrecision", "MIXED_BF16", "PURE_FP32", "DEFAULT_DTYPE", "training_precision", "profile_dtype",
+    "profile_precision",
     "Link2", "Placement", "placement",
     "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
-    "zero_bytes_per_param", "zero_divisors", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
+    "zero_bytes_per_param", "zero_shares", "zero3_gathered_bytes", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
     "collective_ms", "tensor_parallel_costs", "tp_layers", "replica_memory",
     "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops",
 ]
 
-WEIGHT_BYTES = 2.0
-"""bf16 weights per parameter."""
-GRAD_BYTES = 2.0
-"""bf16 gradients per parameter."""
-OPTIMIZER_BYTES = 12.0
-"""fp32 master weights, Adam momentum and variance per parameter."""
-BYTES_PER_PARAM = WEIGHT_BYTES + GRAD_BYTES + OPTIMIZER_BYTES  # 16
+
+@dataclass(frozen=True)
+class TrainingPrecision:
+    """How a profile's model trains: bytes per parameter of each part of its static state."""
+
+    dtype: str
+    """The profile's dtype (its `# dtype` header)."""
+    element_bytes: float
+    """Bytes per parameter in the profile's param_bytes (what its weights are stored in)."""
+    weight_bytes: float
+    """Weights the forward and backward compute with, per parameter."""
+    grad_bytes: float
+    """Gradients per parameter (what the data-parallel sync moves)."""
+    optimizer_bytes: float
+    """Adam's state per parameter: fp32 momentum and variance, plus an fp32 master copy of 16-bit weights."""
+
+    @property
+    def bytes_per_param(self) -> float:
+        """Weights + gradients + optimizer state per parameter, unsharded."""
+        return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
+
+
+MIXED_BF16 = TrainingPrecision("bfloat16", 2.0, 2.0, 2.0, 12.0)
+"""bf16 weights and gradients, fp32 master weights, momentum and variance: 16 bytes per parameter."""
+PURE_FP32 = TrainingPrecision("float32", 4.0, 4.0, 4.0, 8.0)
+"""fp32 weights, gradients, momentum and variance (no master copy): 16 bytes per parameter."""
+DEFAULT_DTYPE = "bfloat16"
+"""The dtype of a profile without a `# dtype` line (hand-written): the cluster model's 16-bit default."""
+
+
+def training_precision(dtype: str) -> TrainingPrecision:
+    """The precision a model profiled in `dtype` trains in (module docstring)."""
+    if dtype in ("bfloat16", "float16"):
+        return replace(MIXED_BF16, dtype=dtype)
+    if dtype == "float32":
+        return PURE_FP32
+    raise PplanError(f"profile dtype {str(dtype)[:40]!r} has no training precision in the cluster model",
+                     "profile in float32, bfloat16 or float16 (the profile's `# dtype:` line)")
+
+
+def profile_dtype(profile: Profile) -> str:
+    """The dtype a profile was measured or computed in (DEFAULT_DTYPE when its header has none)."""
+    dtype = str(profile.meta.get("dtype") or DEFAULT_DTYPE)
+    training_precision(dtype)  # refuse a dtype the model cannot price, naming it
+    return dtype
+
+
+def profile_precision(profile: Profile) -> TrainingPrecision:
+    """The training precision of a profile's model: the one place its param_bytes become parameters."""
+    return training_precision(profile_dtype(profile))
 
 
 @dataclass(frozen=True)
@@ -125,32 +176,50 @@ reduce_scatter_ms = allgather_ms
 """Ring reduce-scatter of `nbytes` (before scattering): the same steps and bytes as all-gather."""
 
 
-def zero_divisors(dp: int, zero: int) -> tuple[float, float, float]:
-    """What ZeRO stage `zero` over `dp` replicas divides (weights, gradients, optimizer state) by at
-    a pipeline stage's memory peak.
+def zero_shares(dp: int, zero: int) -> tuple[float, float, float]:
+    """The shares of the unsharded (weights, gradients, optimizer state) that one GPU holds at a
+    pipeline stage's memory peak under ZeRO stage `zero` over `dp` replicas, as `pplan run`
+    executes it (measured: docs/parallel.md, "How pplan run executes ZeRO").
 
     Gradients are never divided: a pipeline accumulates them over its micro-batches and can shard
     them only by reduce-scattering after every micro-batch (M times the traffic). torch's pipeline
     stages turn FSDP's gradient sync off until the last backward, so the stage's whole gradients
-    are held at the peak and reduce-scattered once (measured: docs/parallel.md, "How pplan run
-    executes ZeRO"); DeepSpeed's pipeline engine allows ZeRO-1 only. So under a pipeline ZeRO-2
-    holds what ZeRO-1 holds, and ZeRO-3 saves the weights too. (With one micro-batch per replica
-    a reduce-scatter inside the backward could shard them; counting them whole there too keeps
-    the rule one line and errs on the side of a plan that fits.)"""
+    are held at the peak and reduce-scattered once; DeepSpeed's pipeline engine allows ZeRO-1
+    only. So ZeRO-2 divides only the optimizer state, as ZeRO-1, and its weights are 1 + 1/D:
+    FSDP (reshard_after_forward=False) keeps the stage's gathered weights beside their shards
+    from the first forward to the reduce-scatter (counted at the optimizer step too, as the whole
+    gradients are: conservative). ZeRO-3 divides the weights (the layer being computed is
+    gathered on top: `zero3_gathered_bytes`). With one replica nothing is sharded.
+    (With one micro-batch per replica a reduce-scatter inside the backward could shard the
+    gradients; counting them whole there too keeps the rule one line and errs on the side of a
+    plan that fits.)"""
     if zero not in (0, 1, 2, 3):
-        raise PplanError(f"ZeRO stage must be 0..3, got {zero!r}")
-    d = float(dp)
-    return (d if zero >= 3 else 1.0), 1.0, (d if zero >= 1 else 1.0)
+        raise PplanError(f"ZeRO stage must be 0..3, got {zero!r}", "use --zero 0, 1, 2 or 3")
+    if dp <= 1 or zero == 0:
+        return 1.0, 1.0, 1.0
+    shard = 1.0 / float(dp)
+    weights = {1: 1.0, 2: 1.0 + shard, 3: shard}[zero]
+    return weights, 1.0, shard
 
 
-def zero_bytes_per_param(dp: int, zero: int) -> float:
-    """Static bytes per parameter on one GPU (bf16 + Adam, 16 in all) under ZeRO stage `zero` over `dp` replicas."""
-    w, g, o = zero_divisors(dp, zero)
-    return WEIGHT_BYTES / w + GRAD_BYTES / g + OPTIMIZER_BYTES / o
+def zero_bytes_per_param(dp: int, zero: int, precision: TrainingPrecision) -> float:
+    """Static bytes per parameter on one GPU (16 unsharded) under ZeRO stage `zero` over `dp`
+    replicas (zero_shares), ZeRO-3's gathered layer not included."""
+    w, g, o = zero_shares(dp, zero)
+    return precision.weight_bytes * w + precision.grad_bytes * g + precision.optimizer_bytes * o
+
+
+def zero3_gathered_bytes(param_bytes: Any, dp: int, zero: int) -> np.ndarray:
+    """Per layer, the weights ZeRO-3 gathers whole while the layer computes (its forward, its
+    backward), in the profile's dtype: alive on top of the GPU's shards at that layer's worst
+    moment, so they count as the layer's workspace (planner.cost.workspace_max: one layer at a
+    time). Zero for other stages and for one replica."""
+    params = np.asarray(param_bytes, dtype=float)
+    return params.copy() if zero >= 3 and dp > 1 else np.zeros_like(params)
 
 
 def grad_sync_ms(grad_bytes: float, dp: int, zero: int, link: Link2) -> float:
-    """Per-iteration gradient synchronisation of one stage's `grad_bytes` (bf16) over `dp` replicas, ms.
+    """Per-iteration gradient synchronisation of one stage's `grad_bytes` over `dp` replicas, ms.
 
     ZeRO 0: all-reduce. ZeRO 1/2: reduce-scatter + all-gather of the updated weights (as many
     bytes as the all-reduce). ZeRO 3: reduce-scatter only (weights are gathered when used).
@@ -174,7 +243,7 @@ def rank_exposed_sync_ms(stages: Sequence[Any], overlap: bool = True) -> float:
 
 
 def zero3_gather_ms(param_bytes: Any, dp: int, link: Link2) -> Any:
-    """ZeRO-3: all-gather of a layer's (bf16) weights over `dp` ranks, once per forward and once per backward, ms."""
+    """ZeRO-3: all-gather of a layer's weights (`param_bytes`, the profile's dtype) over `dp` ranks, once per forward and once per backward, ms."""
     return allgather_ms(param_bytes, dp, link)
 
 
@@ -203,7 +272,8 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
 
     Compute (forward, both backward halves, optimizer step), parameter bytes and kept
     activations of every layer divide by T; `collective_ms` is added to the forward and to the
-    input-gradient backward. Output bytes (what a pipeline boundary sends) stay whole: Megatron
+    input-gradient backward; under ZeRO-3 each layer's workspace grows by its gathered weights
+    (zero3_gathered_bytes), so the DP and the simulator charge the largest one alike. Output bytes (what a pipeline boundary sends) stay whole: Megatron
     (2021) sends the full activation between stages. ZeRO 1+ also divides the optimizer step by
     D (each rank updates its shard). `compute_scale` multiplies every compute time (not
     communication): a calibration of how far the profile's kernels are from the real ones
@@ -218,20 +288,26 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     # bytes divide by T only: compute_scale is about time (it once scaled these too)
     act = np.asarray(costs.activation_bytes, dtype=float) / float(tp)
     params = np.asarray(costs.param_bytes, dtype=float) / float(tp)
+    workspace = costs.workspace_bytes
+    if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
+        base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)
+        workspace = base + zero3_gathered_bytes(params, dp, zero)
     return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
-                   optimizer_ms=opt, param_bytes=params, activation_bytes=act)
+                   optimizer_ms=opt, param_bytes=params, activation_bytes=act, workspace_bytes=workspace)
 
 
-def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int, zero: int) -> MemoryBreakdown:
-    """Peak memory of one GPU holding `stages` (StageCost, parameter bytes in bf16) of a replica:
-    bf16 weights and gradients and 12 bytes of fp32 Adam state per parameter, each divided by D
-    as far as the ZeRO stage shards it at the peak (zero_divisors), plus the schedule's activations and the boundary buffers."""
-    n_params = sum(st.param_bytes for st in stages) / WEIGHT_BYTES
-    w, g, o = zero_divisors(dp, zero)
+def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int, zero: int,
+                   precision: TrainingPrecision) -> MemoryBreakdown:
+    """Peak memory of one GPU holding `stages` (StageCost, parameter bytes in the profile's dtype)
+    of a replica: weights, gradients and Adam state per parameter as `precision` says, each
+    scaled by the share ZeRO leaves on the GPU at the peak (zero_shares), plus the schedule's
+    activations (ZeRO-3's gathered layer is in them, as its workspace) and the boundary buffers."""
+    n_params = sum(st.param_bytes for st in stages) / precision.element_bytes
+    w, g, o = zero_shares(dp, zero)
     return MemoryBreakdown(
-        weights=n_params * WEIGHT_BYTES / w,
-        gradients=n_params * GRAD_BYTES / g,
-        optimizer=n_params * OPTIMIZER_BYTES / o,
+        weights=n_params * precision.weight_bytes * w,
+        gradients=n_params * precision.grad_bytes * g,
+        optimizer=n_params * precision.optimizer_bytes * o,
         activations=peak_activation_bytes,
         buffers=sum(st.buffer_bytes for st in stages),
     )
@@ -263,6 +339,14 @@ class ModelFlops:
     """Sequence length of a gpt profile, 1 otherwise."""
     source: str
     """How the FLOPs were counted."""
+    dtype: str
+    """The profile's dtype, which the model trains in: MFU divides by the hardware's peak in it
+    (Hardware.peak_flops_per_s), and its parameters' bytes follow training_precision."""
+
+    @property
+    def precision(self) -> TrainingPrecision:
+        """Bytes per parameter of the model's training state (training_precision of its dtype)."""
+        return training_precision(self.dtype)
 
     def achieved(self, recompute: bool) -> float:
         """The FLOPs that achieved TFLOP/s per GPU counts: recomputed forwards included when recomputing."""
@@ -279,13 +363,15 @@ def _gpt_params(profile: Profile) -> dict | None:
 
 def model_flops(profile: Profile, global_batch: int) -> ModelFlops:
     """FLOPs of one iteration of `global_batch` samples: eq. 3 of Narayanan et al. for a gpt
-    profile, else 3 x the profile's `flops` column (forward) per sample, else zero (unknown)."""
+    profile, else 3 x the profile's `flops` column (forward) per sample, else zero (unknown);
+    with the profile's dtype (profile_dtype)."""
+    dtype = profile_dtype(profile)
     gpt = _gpt_params(profile)
     if gpt is not None:
         args = (global_batch, gpt["seq"], gpt["layers"], gpt["hidden"], gpt["vocab"])
         return ModelFlops(gpt_model_flops(*args, False), gpt_model_flops(*args, True), int(gpt["seq"]),
-                          "Narayanan et al. 2021, eq. 3")
+                          "Narayanan et al. 2021, eq. 3", dtype)
     if "flops" in profile.present:
         fwd = float(np.sum(profile.columns["flops"][:, 0])) / profile.micro_batch_sizes[0] * global_batch
-        return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)")
-    return ModelFlops(0.0, 0.0, 1, "none (the profile has no flops column)")
+        return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)", dtype)
+    return ModelFlops(0.0, 0.0, 1, "none (the profile has no flops column)", dtype)

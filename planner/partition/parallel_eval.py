@@ -10,13 +10,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost.parallel import ModelFlops, Placement, grad_sync_ms, zero_bytes_per_param
+from planner.cost.parallel import ModelFlops, Placement, grad_sync_ms, profile_precision, zero_bytes_per_param
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
 from planner.partition.build import Layout, build_problem
 from planner.partition.dp import min_memory_scale, solve_dp
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, get_schedule
+from planner.schedules.interleaved import rounds
 from planner.schedules.memory import stage_inflight_peak
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
@@ -91,14 +92,15 @@ class ParallelTask:
 
 
 class ParallelCosts:
-    """Shared state: the profile's costs per (b, layout), the cluster and the model's parameters."""
+    """Shared state: the profile's costs per (b, layout), the cluster, the model's parameters and its training precision."""
 
     def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
         self.profile, self.zero = profile, zero
         self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
         self._per_gpu: dict[tuple, ReplicaCosts] = {}
-        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / 2.0  # bf16 bytes -> parameters
+        self.precision = profile_precision(profile)
+        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / self.precision.element_bytes
 
     @property
     def gpn(self) -> int:
@@ -143,7 +145,8 @@ def _layout(cfg: ParallelConfig, v: int, mem: float, ctx: ParallelCosts) -> Layo
 
 
 def _static(ctx: ParallelCosts, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
-    return np.asarray(costs.param_bytes, dtype=float) / 2.0 * zero_bytes_per_param(cfg.dp, ctx.zero)
+    per_param = zero_bytes_per_param(cfg.dp, ctx.zero, ctx.precision)
+    return np.asarray(costs.param_bytes, dtype=float) / ctx.precision.element_bytes * per_param
 
 
 @functools.lru_cache(maxsize=256)
@@ -152,12 +155,16 @@ def _inflight_cached(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
 
 
 def inflight_peaks(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate once
-    M >= 2P (checked for every registry schedule in tests/test_parallel_search.py), so their
-    counts come from the schedule generated at M = 2P, cheap whatever M is."""
+    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate after
+    two rounds of torch's micro-batches (rounds(P, M)[1] each: P when P divides M, up to 2P - 1
+    when it does not, and the warm-up grows with it), so their counts come from the schedule
+    generated at M' = min(M, 2 x per round), cheap whatever M is. M' has the same rounds as M
+    (its round count is 2 unless M' = M), so the schedule is the same in shape; exact for every
+    valid (schedule, P <= 8, v, M <= 10P), tested in tests/test_parallel_search.py."""
     if get_schedule(name).holds_every_microbatch:
         return (m,) * (p * v)
-    return _inflight_cached(name, p, min(m, 2 * p), v)
+    per_round = rounds(p, m)[1]
+    return _inflight_cached(name, p, min(m, 2 * per_round), v)
 
 
 def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):

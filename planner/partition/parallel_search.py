@@ -5,7 +5,7 @@ For N = nodes x gpus_per_node GPUs and a global batch B, every layout D x P x T 
 profile's sizes and powers of two, D*b dividing B; M = B / (D*b) micro-batches per replica),
 schedule (the registry's) and recompute (none / full) is a candidate:
 
-1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's division, / T / P)
+1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's shares, / T / P)
    above the limit -> skipped, and remembered for the InfeasibleError;
 2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
    + the exposed gradient sync; candidates are solved in that order;
@@ -17,7 +17,9 @@ schedule (the registry's) and recompute (none / full) is a candidate:
 
 Reported: iteration time, samples/s, tokens/s, per-GPU peak memory, achieved TFLOP/s per GPU
 (model FLOPs as Narayanan et al. 2021 for a gpt profile, or from the profile's flops column,
-over iteration time x N) and MFU (forward + backward FLOPs only, over N x peak).
+over iteration time x N) and MFU (forward + backward FLOPs only, over N x the hardware's peak in
+the profile's dtype). The model trains in that dtype (planner.cost.parallel.training_precision):
+a 16-bit profile in mixed precision, a float32 one in pure fp32, 16 bytes per parameter either way.
 """
 
 from __future__ import annotations
@@ -74,6 +76,10 @@ class ParallelResult:
     """Tokens per sample (1 when the profile does not say)."""
     flops_source: str
     """How model FLOPs were counted."""
+    dtype: str
+    """The profile's dtype, which the model trains in (bytes per parameter; MFU's peak)."""
+    mfu_peak_flops_per_s: float
+    """The peak MFU divides by: the hardware's, in that dtype."""
     layouts: int
     """(D, P, T) layouts considered."""
     solved: int
@@ -163,8 +169,9 @@ def plan_parallel(
     if not sims[0].fits:
         raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
-                          global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, layouts=len(layouts),
-                          solved=solved, skipped=tuple(skipped))
+                          global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
+                          mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
+                          skipped=tuple(skipped))
 
 
 def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
@@ -215,7 +222,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
     tasks: list[ParallelTask] = []
     need_min = math.inf  # least per-GPU static bytes over layouts that were skipped for memory
     for cfg in layouts:
-        static = ctx.params * zero_bytes_per_param(cfg.dp, ctx.zero) / (cfg.tp * cfg.pp)
+        static = ctx.params * zero_bytes_per_param(cfg.dp, ctx.zero, ctx.precision) / (cfg.tp * cfg.pp)
         if static > mem:
             need_min = min(need_min, static)
             skipped.append(f"{cfg.describe()}: weights, gradients and optimizer state alone need {format_bytes(static)} per GPU")
@@ -230,7 +237,8 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
             per_mb = float(np.sum(costs.fwd_ms) + np.sum(costs.bwd_ms))
             refwd = float(np.sum(costs.fwd_ms))
             place = ctx.place(cfg)
-            sync = float(allreduce_ms(ctx.params * 2.0 / (cfg.tp * cfg.pp), cfg.dp, place.dp)) if cfg.dp > 1 else 0.0
+            grad_bytes = ctx.params * ctx.precision.grad_bytes / (cfg.tp * cfg.pp)
+            sync = float(allreduce_ms(grad_bytes, cfg.dp, place.dp)) if cfg.dp > 1 else 0.0
             opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
             for name, v in ((name, v) for name in names for v in get_schedule(name).chunk_counts):
                 if cfg.pp * v > L or (cfg.pp == 1 and v > 1):
@@ -281,8 +289,8 @@ def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: flo
     more = int(math.ceil(n * ratio / gpn)) * gpn
     hint = (f"the least memory-hungry layout needs about {format_bytes(need)} per GPU: use about {more} GPUs "
             f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_bytes(need)}")
-    if zero < 3:
-        hint += f", or --zero {zero + 1}"
+    if zero < 3:  # ZeRO-2 holds more than ZeRO-1 at a pipeline's peak (zero_shares): from 1 or 2, 3 is the one that helps
+        hint += f", or --zero {1 if zero == 0 else 3}"
     return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU ({hw.name}) with {where} on {n} GPUs", hint)
 
 
@@ -290,7 +298,7 @@ def format_parallel(result: ParallelResult, n_rows: int = 6) -> str:
     """A table of the best plans for people (the CLI prints it)."""
     head = (f"{result.gpus} x {result.hardware} ({result.gpus // result.gpus_per_node} nodes x {result.gpus_per_node}), "
             f"global batch {result.global_batch}, seq {result.seq}; {result.layouts} layouts, {result.solved} pipeline DPs; "
-            f"FLOPs: {result.flops_source}")
+            f"FLOPs: {result.flops_source}; {result.dtype}, MFU against {result.mfu_peak_flops_per_s / 1e12:.4g} TFLOP/s peak")
     cols = ("dp", "pp", "tp", "zero", "sched", "b", "M", "recomp", "iter ms", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak mem", "fits")
     rows = []
     for c in result.candidates[:n_rows]:

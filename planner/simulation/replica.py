@@ -5,7 +5,7 @@ by side. Its stages are priced by planner.cost.parallel (compute / T plus the co
 the data-parallel gradient sync, ZeRO's sharded memory), the engine times them with the
 collectives on the timeline (T rows inside F/B/I, A rows for the gradient sync), and the
 result carries the cluster-wide figures: samples/s and tokens/s over all replicas, achieved
-TFLOP/s per GPU and MFU.
+TFLOP/s per GPU and MFU (against the hardware's peak in the profile's dtype).
 
 `simulate_replica` is what the 3-D search judges each candidate with
 (planner.partition.parallel_eval) and what `simulate(plan, profile)` runs for a plan whose
@@ -23,8 +23,8 @@ import numpy as np
 
 from planner.cost import StageCost, stage_cost
 from planner.cost.parallel import (
-    Link2, ModelFlops, Placement, collective_ms, grad_sync_ms, placement, rank_exposed_sync_ms, replica_memory,
-    tensor_parallel_costs, tp_layers, zero_bytes_per_param,
+    Link2, ModelFlops, Placement, TrainingPrecision, collective_ms, grad_sync_ms, placement, rank_exposed_sync_ms,
+    replica_memory, tensor_parallel_costs, tp_layers, zero_bytes_per_param,
 )
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
@@ -92,20 +92,21 @@ def replica_layout(cfg: ParallelConfig, memory_bytes: float, cluster: Cluster) -
 
 
 def replica_stages(costs: ReplicaCosts, cuts: Sequence[int], recompute: Sequence[Sequence[int]], cfg: ParallelConfig,
-                   cluster: Cluster, n_microbatches: int | None = None) -> list[StageCost]:
+                   cluster: Cluster, precision: TrainingPrecision, n_microbatches: int | None = None) -> list[StageCost]:
     """Stage s = layers [cuts[s], cuts[s+1]) with `recompute[s]` recomputed: its collectives,
-    its gradient sync over the D replicas and its ZeRO-sharded static bytes (`n_microbatches`:
-    torch's receive buffers, planner.cost.buffer_bytes)."""
+    its gradient sync over the D replicas and its ZeRO-sharded static bytes, per parameter as
+    `precision` says (`n_microbatches`: torch's receive buffers, planner.cost.buffer_bytes)."""
     place = cluster.placement(cfg)
-    per_param = zero_bytes_per_param(cfg.dp, cfg.zero)
+    per_param = zero_bytes_per_param(cfg.dp, cfg.zero, precision)
     stages = []
     for s in range(len(cuts) - 1):
         first, end = int(cuts[s]), int(cuts[s + 1])
         st = stage_cost(costs.layers, first, end, recompute[s], "adam", n_microbatches=n_microbatches)
         comm = float(np.sum(costs.collectives_ms[first:end]))
         stages.append(replace(st, comm_fwd_ms=comm, comm_bwd_ms=comm,
-                              grad_sync_ms=grad_sync_ms(st.param_bytes, cfg.dp, cfg.zero, place.dp),
-                              static_bytes=st.param_bytes / 2.0 * per_param))
+                              grad_sync_ms=grad_sync_ms(st.param_bytes / precision.element_bytes * precision.grad_bytes,
+                                                        cfg.dp, cfg.zero, place.dp),
+                              static_bytes=st.param_bytes / precision.element_bytes * per_param))
     return stages
 
 
@@ -113,12 +114,15 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
                      recompute: Sequence[Sequence[int]], cfg: ParallelConfig, cluster: Cluster, flops: ModelFlops, *,
                      devices: Sequence[Device], links: Links, stage_device: Sequence[int], micro_batch_size: int,
                      record_timeline: bool = False, interpolated: bool = False) -> SimResult:
-    """Simulate one iteration of the replica; the result's `replica` holds the cluster-wide figures."""
-    stages = replica_stages(costs, cuts, recompute, cfg, cluster, schedule.n_microbatches)
+    """Simulate one iteration of the replica; the result's `replica` holds the cluster-wide figures.
+    The model trains in the profile's dtype that `flops` carries: it sets the bytes per parameter
+    (planner.cost.parallel.training_precision) and the peak MFU divides by."""
+    precision = flops.precision
+    stages = replica_stages(costs, cuts, recompute, cfg, cluster, precision, schedule.n_microbatches)
     sim = simulate_costs(schedule, stages, stage_device, devices, links, micro_batch_size=micro_batch_size,
                          record_timeline=record_timeline, interpolated=interpolated,
                          overlap_grad_sync=cluster.overlap_grad_sync,
-                         memory_model=functools.partial(replica_memory, dp=cfg.dp, zero=cfg.zero))
+                         memory_model=functools.partial(replica_memory, dp=cfg.dp, zero=cfg.zero, precision=precision))
     batch = cfg.dp * micro_batch_size * schedule.n_microbatches
     seconds = sim.iteration_ms / 1e3
     full_recompute = all(set(st.recompute) == set(range(st.first, st.end)) for st in stages)
@@ -129,7 +133,7 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
         layout=cfg.describe(), gpus=cfg.gpus, hardware=cluster.hardware.name, global_batch=batch,
         tokens_per_s=batch * flops.tokens_per_sample / seconds,
         tflops_per_gpu=flops.achieved(full_recompute) / (seconds * cfg.gpus) / 1e12,
-        mfu=flops.plain / (seconds * cfg.gpus * cluster.hardware.peak_bf16_flops_per_s),
+        mfu=flops.plain / (seconds * cfg.gpus * cluster.hardware.peak_flops_per_s(flops.dtype)),
         grad_sync_ms=max(st.grad_sync_ms for st in stages),
         grad_sync_exposed_ms=max(rank_exposed_sync_ms(sts, cluster.overlap_grad_sync) for sts in by_device.values()),
         tp_comm_ms=max(2.0 * float(np.sum(costs.tp_comm_ms[st.first:st.end])) for st in stages),
