@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Optional
 
 import typer
 
 from cli.cmd_run import run_command
 from cli.run_options import (
-    CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson, RunOut,
+    CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
 from cli.common import echo_json
@@ -75,7 +75,8 @@ def calibrate(
         "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
     quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
     hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
-    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write (default ~/.cache/pplan/machine.json).")] = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
     threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,

@@ -46,7 +46,7 @@ def partition_cmd(
     parallel: Annotated[str, typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4.")] = "auto",
     zero: Annotated[int, typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group, as pplan run executes it: 1 shards the optimizer state; 2 the same (gradients stay whole at a pipeline's peak) and holds the gathered stage beside its shards; 3 also shards the weights, gathering one layer at a time.")] = 0,
     calibration: CalibrationOption = None,
-    out: Annotated[Path, typer.Option("--out", help="Where to write the plan JSON.")] = Path("plan.json"),
+    out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan JSON.")] = Path("plan.json"),
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout.")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the plan and a summary as JSON instead of tables.")] = False,
 ) -> None:
