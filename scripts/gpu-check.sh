@@ -58,8 +58,8 @@ rm -f "$OUT/profile.calibration.json"
 step profile 240 "$PY" -m cli.app profile --model "$MODEL" --device "$DEVICE" -b 1,2,4,8 --warmup 2 --repeats 5 --out "$OUT/profile.csv"
 step partition 60 "$PY" -m cli.app partition "$OUT/profile.csv" -n 1 --global-batch 32 --microbatches 4 --schedule gpipe --recompute none --out "$OUT/plan.json"
 step partition-recompute 60 "$PY" -m cli.app partition "$OUT/profile.csv" -n 1 --global-batch 32 --microbatches 4 --schedule gpipe --recompute all --out "$OUT/plan-recompute.json"
-step run 180 "$PY" -m cli.app run "$OUT/plan.json" --device "$DEVICE" --steps "$STEPS" --warmup 3 --calibrate --out "$OUT/run.json" --timeline "$OUT/timeline.csv"
-step run-recompute 180 "$PY" -m cli.app run "$OUT/plan-recompute.json" --device "$DEVICE" --steps "$STEPS" --warmup 3 --out "$OUT/run-recompute.json" --timeline "$OUT/timeline-recompute.csv"
+step run 180 "$PY" -m cli.app run "$OUT/plan.json" --device "$DEVICE" --steps "$STEPS" --warmup 3 --threads 1 --calibrate --out "$OUT/run.json" --timeline "$OUT/timeline.csv"
+step run-recompute 180 "$PY" -m cli.app run "$OUT/plan-recompute.json" --device "$DEVICE" --steps "$STEPS" --warmup 3 --threads 1 --out "$OUT/run-recompute.json" --timeline "$OUT/timeline-recompute.csv"
 
 "$PY" - "$OUT" <<'EOF'
 import json, sys
@@ -86,7 +86,8 @@ for name in ("run.json", "run-recompute.json"):
 md = ["# GPU check", "", summary["env"], "",
       "| run | peak measured | peak predicted | memory error | tracked (hooks) | step ms | predicted ms | time error |",
       "|---|---|---|---|---|---|---|---|", *rows, "",
-      "memory error = 100 x (predicted - measured) / measured; measured = torch.cuda.max_memory_allocated over one step.", ""]
+      "memory error = 100 x (predicted - measured) / measured; measured = the allocator's peak over one step "
+      "(torch.cuda.max_memory_allocated on CUDA; torch's CPU allocator on a dry run), as the memory measure column says.", ""]
 (out / "summary.md").write_text("\n".join(md))
 (out / "summary.json").write_text(json.dumps(summary, indent=2))
 print("\n".join(md))
