@@ -36,13 +36,14 @@ def planner_problem(n_layers: int, n_devices: int, seed: int = 0):
     from planner.partition.synthetic import imbalanced
     from planner.plan import Device, Links
     from planner.schedules import generate
-    from planner.schedules.memory import stage_inflight_peak
+    from planner.schedules.memory import stage_inflight_peak, stage_memory_moments
 
     costs = imbalanced(n_layers, seed=seed).at(1)
     devices = tuple(Device(f"dev{i}") for i in range(n_devices))
     layout = Layout(devices, tuple(range(n_devices)), Links())
     sched = generate("1f1b", n_devices, 2 * n_devices)
-    p = build_problem(costs, layout, stage_inflight_peak(sched), optimizer="adam", recompute="auto")
+    p = build_problem(costs, layout, stage_inflight_peak(sched), optimizer="adam", recompute="auto",
+                      moments=stage_memory_moments(sched))  # the memory moments pplan partition charges
     got = min_memory_scale(dataclasses.replace(p, budget=np.full(n_devices, _REF_BUDGET)))
     if got is None:
         raise PplanError(f"benchmark instance {n_layers} layers x {n_devices} devices has no cut")

@@ -32,6 +32,7 @@ from planner.cost.compute import (
 from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
     recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
+    moment_bytes, fixed_bytes,
     transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace, buffer_bytes,
     first_stage_batch_bytes, receive_buffer_microbatches,
     kept_activation_bytes, runtime_buffers, stage_entry_bytes,
@@ -68,6 +69,8 @@ __all__ = [
     "scaled_ms",
     "scaled_skip_edges",
     "stage_bytes",
+    "moment_bytes",
+    "fixed_bytes",
     "stage_cost",
     "stage_entry_bytes",
     "stage_memory",

@@ -3,7 +3,8 @@
 On a device running a stage [first, end) with recompute set R (layers checkpointed):
 
   weights      = sum param_bytes
-  gradients    = weights (same dtype as the parameters)
+  gradients    = weights (same dtype as the parameters), from the end of the stage's first
+                 weight-gradient action to the optimizer step (below)
   optimizer    = state factor x weights: Adam/AdamW keep two moments (2x), SGD with momentum
                  one buffer (1x), plain SGD none. torch keeps state in the parameter dtype.
   activations  = in_flight x kept + transient, where
@@ -31,7 +32,19 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
   their plans stay what they were: every activation_bytes counted in full, buffers 2 x (bytes in
   + bytes out).
 
-`stage_bytes` is that sum, written once; it takes numbers, numpy arrays (the DP prices every
+The peak is the largest over the stage's moments (planner.schedules.memory's
+stage_memory_moments derives them from each rank's order of actions, the same states the
+simulator's memory_peaks walks): a moment holds in_flight micro-batches' kept bytes, the
+transient if a backward of the stage runs then, and the gradients if they exist by then (from
+the end of the stage's first weight-gradient action); and the optimizer step:
+  moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients]
+  step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
+GPipe's activation peak (its first backward) holds no gradients yet. Where a rank runs one stage
+this is the simulator's device peak exactly, except that a split backward frees the stage output
+torch holds at I, not W (charged until W here); several stages on a rank (interleaved) are each
+charged at their own worst moment: at least the simulator's peak.
+
+`stage_bytes` is that maximum, written once; it takes numbers, numpy arrays (the DP prices every
 (first, end) at once) or PuLP expressions (the ILP's memory rows), so every solver charges the
 same formula. Recomputing layers lowers the no-recompute memory by `recompute_saving`.
 `in_flight` (micro-batches held at once) is a property of the schedule
@@ -72,6 +85,8 @@ __all__ = [
     "runtime_buffers",
     "buffer_bytes",
     "stage_bytes",
+    "fixed_bytes",
+    "moment_bytes",
     "recompute_saving",
     "stage_memory",
 ]
@@ -238,26 +253,52 @@ def buffer_bytes(bytes_in: Any, bytes_out: Any, n_microbatches: int | None = Non
     return n_microbatches * (bytes_in + bytes_out + batch_in)
 
 
-def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
-                optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:
-    """Peak bytes of a stage: static + buffers + in_flight x kept + transient (module docstring),
-    or static + buffers + the optimizer step's temporaries when those are larger. Buffers:
-    buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in).
+def fixed_bytes(static: Any, bytes_in: Any, bytes_out: Any, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:
+    """What a stage holds at every moment and the optimizer step: static (weights + gradients +
+    optimizer state) + buffer_bytes. stage_bytes adds the largest moment's activations to it."""
+    return static + buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in)
 
-    Pure arithmetic: numbers, numpy arrays and PuLP expressions all work (a PuLP caller charges
-    the optimizer step as a row of its own: max is not linear).
+
+def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0) -> Any:
+    """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
+    runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
+    fixed_bytes counts them). `moment`: a planner.schedules.memory.Moment. Numbers, numpy arrays
+    or PuLP expressions (an ILP writes one row per moment)."""
+    held = moment.in_flight * kept
+    if moment.transient:
+        held = held + transient
+    if not moment.gradients:
+        held = held - gradients
+    return held
+
+
+def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
+                optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0,
+                gradients: Any = 0.0, moments: Sequence[Any] | None = None) -> Any:
+    """Peak bytes of a stage: fixed_bytes + the largest moment_bytes over `moments` (planner.
+    schedules.memory.stage_memory_moments) and the optimizer step's temporaries (module docstring).
+    Buffers: buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in); `gradients` the stage's
+    gradient bytes (part of `static`). `moments` None: one moment holding `in_flight` micro-batches,
+    the transient and the gradients (the bound used before pplan told the moments apart).
+
+    Pure arithmetic: numbers, numpy arrays and (with moments None) PuLP expressions all work (a
+    PuLP caller charges each moment and the optimizer step as rows of their own: max is not linear).
     """
-    held = in_flight * kept + transient
-    if not (isinstance(optimizer_step, (int, float)) and optimizer_step == 0):
-        held = np.maximum(held, optimizer_step)
-    return static + buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in) + held
+    if moments is None:
+        held = in_flight * kept + transient
+        if not (isinstance(optimizer_step, (int, float)) and optimizer_step == 0):
+            held = np.maximum(held, optimizer_step)
+    else:  # the step (or, without one, the gradients alone) is the floor of every moment
+        held = np.maximum(optimizer_step, 0.0)
+        for moment in moments:
+            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients))
+    return fixed_bytes(static, bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 
 def recompute_saving(in_flight: Any, kept_saved: Any, transient: Any) -> Any:
-    """Bytes a recompute set saves against no recompute: in_flight x (kept bytes it saves) - its transient.
-
-    stage_bytes(..., kept - kept_saved, transient) equals stage_bytes(..., kept, 0) minus this.
-    """
+    """Bytes a recompute set saves against no recompute at one moment: in_flight x (kept bytes it
+    saves) - its transient (0 for a moment without a backward running). Each moment of
+    stage_bytes drops by this with its own count."""
     return in_flight * kept_saved - transient
 
 

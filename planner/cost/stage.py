@@ -10,7 +10,7 @@ checked against the cost model directly (tests/test_cost_consumers.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Any, Iterable, Sequence
 
 import numpy as np
 
@@ -143,8 +143,10 @@ def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, spli
     return (stage.fwd_ms + stage.bwd_ms) * scale + microbatch_overhead_ms(calibration, split_backward) + send_in_ms + send_out_ms
 
 
-def stage_peak_bytes(stage: StageCost, in_flight: float) -> float:
-    """The partitioner's memory of `stage` holding `in_flight` micro-batches (planner.cost.memory.stage_bytes)."""
-    return stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
-                       stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
-                       stage.recv_microbatches, stage.batch_input_bytes)
+def stage_peak_bytes(stage: StageCost, in_flight: float, moments: Sequence[Any] | None = None) -> float:
+    """The partitioner's memory of `stage` at the schedule's `moments` (planner.schedules.memory's
+    stage_memory_moments for its position; None: `in_flight` micro-batches with the transient and
+    every gradient, the older bound) (planner.cost.memory.stage_bytes)."""
+    return float(stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
+                             stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
+                             stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments))

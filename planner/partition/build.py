@@ -22,6 +22,7 @@ from planner.cost import (
 from planner.partition.problem import PartitionProblem
 from planner.plan import Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts
+from planner.schedules.memory import Moment
 
 __all__ = ["Layout", "build_problem", "stage_costs", "stage_plans", "BUDGET_MARGIN"]
 
@@ -66,9 +67,15 @@ def _links(layout: Layout, calibration: Calibration | None) -> tuple[np.ndarray,
 
 def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *, optimizer: str,
                   recompute: str, calibration: Calibration | None = None,
-                  split_backward: bool = False, n_microbatches: int | None = None) -> PartitionProblem:
+                  split_backward: bool = False, n_microbatches: int | None = None,
+                  moments: Sequence[tuple[Moment, ...]] | None = None) -> PartitionProblem:
     """The stage-cut instance for these costs, devices and the schedule's in-flight counts, in a
-    step of `n_microbatches` (torch's receive buffers, planner.cost.buffer_bytes; None: the older model)."""
+    step of `n_microbatches` (torch's receive buffers, planner.cost.buffer_bytes; None: the older model).
+
+    `moments`: per stage position, planner.schedules.memory.stage_memory_moments (the simulator's
+    own memory moments: gradients only once they exist); None: `inflight` micro-batches (the most
+    at any moment, planner.schedules.memory.stage_inflight_peak) with the transient and every
+    gradient, never below the simulator and above it for GPipe."""
     S = layout.n_stages
     arrays = layer_arrays(costs, optimizer, calibration)
     budgets, speeds = np.empty(S), np.empty(S)
@@ -98,6 +105,8 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         entry_bytes=arrays.entry_bytes,
         recv_microbatches=receive_buffer_microbatches(arrays.runtime_buffers, n_microbatches),
         batch_input_bytes=arrays.batch_input_bytes,
+        moments=None if moments is None else tuple(tuple(m) for m in moments),
+        gradient_bytes=np.asarray(costs.param_bytes, dtype=float),
     )
 
 

@@ -11,6 +11,13 @@ where t_s(i, j) is the stage time with the cheapest recompute set of the family 
 position s's budget (inf when none fits). With f >= 0 recompute time grows with q, so the
 cheapest fitting set is the smallest fitting q: "q layers recomputed saves
 k*D(q) - T(q) bytes" is made monotone by a running max over q and searched by bisection.
+A stage's memory is the largest over its schedule's moments (planner.cost.stage_bytes: GPipe's
+first backward, k = M in flight and no gradients yet, and a later one, M - 1 and the gradients);
+each drops by its own k*D(q) - T(q) (k*D(q) where no backward runs then) and all must fit. With
+one moment (1F1B once M >= P) that is one bisection; with more, each moment's bisection gives a
+lower bound, and since T is constant on runs of q where every saving grows, the least q fitting
+all is found by stepping run by run and bisecting inside the first run whose last q fits (runs:
+one per new largest activation, few in practice; planner.partition.recompute.first_fitting_all).
 
 Every table is an (L+1) x (L+1) numpy array over (i, j); a pass costs O(L^2) vector work per
 stage position, O(L^2 * S) in all. Stage costs are only computed inside a band: a stage whose
@@ -25,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, recompute_saving, stage_bytes, stage_time_ms, transfer_ms
-from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, passthrough_table, saving_layers
+from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, recompute_saving, stage_time_ms, transfer_ms
+from planner.partition.recompute import first_fitting_all, least_all, run_ends
+from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, moments, passthrough_table, saving_layers
 
 __all__ = ["solve_dp", "min_memory_scale"]
 
@@ -64,6 +72,10 @@ class _Tables:
         # entry[i]: what a stage starting at layer i keeps differently (its input is the receive buffer); None: all 0
         self.entry = (np.concatenate([np.asarray(p.entry_bytes, dtype=float), [0.0]])
                       if p.entry_bytes is not None else None)
+        # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
+        self.pg = _prefix(p.gradient_bytes) if p.gradient_bytes is not None else None
+        self._min_cache: dict[tuple, np.ndarray] = {}
+        self._run_end: np.ndarray | None = None
         if p.recompute == "all":
             self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
             self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
@@ -84,13 +96,14 @@ class _Tables:
             self.saved = np.where(inside, pd[endc] - pd[start], -np.inf)  # D(p, q)
             self.trans = np.where(inside, _prefix_runmax(a), np.inf)     # T(p, q)
 
-    def h(self, k: float, qmax: int) -> np.ndarray:
-        """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'), for q <= qmax: non-decreasing in q."""
-        key = (k, qmax)
+    def h(self, k: float, qmax: int, transient: bool = True) -> np.ndarray:
+        """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'), for q <= qmax: non-decreasing in q
+        (without `transient`: k*D, for a moment at which no backward runs)."""
+        key = (k, qmax, transient)
         got = self._h_cache.get(key)
         if got is None:
             with np.errstate(invalid="ignore"):
-                g = recompute_saving(k, self.saved[:, :qmax + 1], self.trans[:, :qmax + 1])
+                g = recompute_saving(k, self.saved[:, :qmax + 1], self.trans[:, :qmax + 1] if transient else 0.0)
             g = np.where(np.isnan(g), -np.inf, g)
             got = np.maximum.accumulate(g, axis=1)
             if len(self._h_cache) >= _H_CACHE:  # 1F1B has a different k per position: keep memory bounded
@@ -114,9 +127,9 @@ class _Tables:
         cout = zero if s == p.n_stages - 1 else transfer_ms(bb, p.link_latency_ms[s], p.link_ms_per_byte[s])
         return cin, cout
 
-    def _first_fitting_q(self, k: float, starts: np.ndarray, need: np.ndarray, qmax: int) -> np.ndarray:
+    def _first_fitting_q(self, k: float, starts: np.ndarray, need: np.ndarray, qmax: int, transient: bool = True) -> np.ndarray:
         """Least q <= qmax with H_k(starts, q) >= need (qmax + 1 when none): vectorised bisection."""
-        h = self.h(k, qmax)
+        h = self.h(k, qmax, transient)
         lo = np.zeros(len(need), dtype=np.int64)
         hi = np.full(len(need), qmax + 1, dtype=np.int64)
         while True:
@@ -128,47 +141,72 @@ class _Tables:
             hi = np.where(active & reach, mid, hi)
             lo = np.where(active & ~reach, mid + 1, lo)
 
-    def memory_terms(self, ii: np.ndarray, jj: np.ndarray) -> tuple[np.ndarray, Any, Any, tuple[Any, np.ndarray]]:
-        """For stages [ii, jj): (static bytes, kept bytes per micro-batch besides the layers' own,
-        the largest layer workspace, stage_bytes' buffer arguments): pass-through tensors, the held
-        output and the first layer's correction (planner.cost.stage_entry_bytes) in the second."""
-        p = self.p
+    def run_end(self) -> np.ndarray:
+        """planner.partition.recompute.run_ends of T(p, q), made once."""
+        if self._run_end is None:
+            self._run_end = run_ends(self.trans)
+        return self._run_end
+
+    def memory_terms(self, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, Any, Any, Any, Any]:
+        """For stages [ii, jj): (fixed bytes (planner.cost.fixed_bytes), kept bytes per micro-batch
+        besides the layers' own, the largest layer workspace, gradient bytes, the optimizer step's
+        temporaries): pass-through tensors, the held output and the first layer's correction
+        (planner.cost.stage_entry_bytes) in the second."""
+        p, bb = self.p, self.bb
         static, pt = self.ps[jj] - self.ps[ii], (self.pt[ii, jj] if self.pt is not None else 0.0)
         work = self.work[ii, jj] if self.work is not None else 0.0
         if self.hold is not None:  # the stage's output, held per micro-batch in flight
             pt = pt + self.hold[jj]
         if self.entry is not None:
             pt = pt + self.entry[ii]
-        return static, pt, work, (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, ii == 0))  # receive buffers
+        fixed = fixed_bytes(static, bb[ii], bb[jj], p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, ii == 0))
+        grads = self.pg[jj] - self.pg[ii] if self.pg is not None else 0.0
+        step = self.optw[ii, jj] if self.optw is not None else 0.0
+        return fixed, pt, work, grads, step
+
+    def _base(self, s: int, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, list, Any, tuple]:
+        """Stages [ii, jj) at position s with the family's recompute-free set (all: every layer):
+        (fixed bytes, each moment's bytes beyond them (planner.cost.moment_bytes), the optimizer
+        step's temporaries, the moments)."""
+        p = self.p
+        kinds = moments(p, s)
+        fixed, pt, work, grads, step = self.memory_terms(ii, jj)
+        if p.recompute == "all":
+            kept, trans = self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work
+        else:
+            kept, trans = self.pa[jj] - self.pa[ii] + pt, work
+        return fixed, [moment_bytes(m, kept, trans, grads) for m in kinds], step, kinds
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,
         i >= j, or the stage cannot be as fast as `cap` (its compute alone is slower)."""
         p, L1 = self.p, self.L + 1
-        k, budget = float(p.inflight[s]), float(p.budget[s])
+        budget = float(p.budget[s])
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
         ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
-        bb = self.bb
-        static, pt, work, buf = self.memory_terms(ii, jj)
+        fixed, held, step, kinds = self._base(s, ii, jj)
+        needs = [fixed + h - budget for h in held]  # how far each moment is over the budget
+        # the optimizer step (with no activations: the floor of every moment) must fit too; recompute cannot shrink it
+        step_ok = fixed + np.maximum(step, 0.0) <= budget
+        ok = step_ok.copy()
+        for need in needs:
+            ok &= need <= 0
         q = np.zeros(len(ii), dtype=np.int64)
-        if p.recompute == "all":
-            ok = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf) <= budget
-            rec = self.pr[jj] - self.pr[ii]
-        else:
-            need = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work, 0.0, *buf) - budget
-            ok = need <= 0
-            rec = 0.0
-            if p.recompute == "auto" and self.ne and np.isfinite(budget):
-                over = np.flatnonzero(~ok)
-                starts = self.pe[ii]
-                count = self.pe[jj[over]] - starts[over]  # saving layers in each stage
-                if over.size:
-                    got = self._first_fitting_q(k, starts[over], need[over], int(count.max()))
-                    q[over] = got
-                    ok[over] = got <= count
-                rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
-        if self.optw is not None:  # the optimizer step must fit too; recompute cannot shrink it
-            ok &= stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj], *buf) <= budget
+        rec = self.pr[jj] - self.pr[ii] if p.recompute == "all" else 0.0
+        if p.recompute == "auto" and self.ne and np.isfinite(budget):
+            starts = self.pe[ii]
+            over = np.flatnonzero(~ok & step_ok)
+            count = self.pe[jj[over]] - starts[over]  # saving layers in each stage
+            if over.size:
+                qmax = int(count.max())
+                firsts = [self._first_fitting_q(m.in_flight, starts[over], need[over], qmax, m.transient)
+                          for m, need in zip(kinds, needs)]
+                got = firsts[0] if len(kinds) == 1 else first_fitting_all(
+                    kinds, self.saved, self.trans, self.run_end(), starts[over], np.maximum.reduce(firsts),
+                    [need[over] for need in needs], count)
+                q[over] = got
+                ok[over] = got <= count
+            rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
         cin, cout = self.comm(s)
         t = stage_time_ms(self.pc[jj] - self.pc[ii], rec, speed, ovh, cin[ii], cout[jj])
         table = np.full((L1, L1), np.inf)
@@ -181,22 +219,27 @@ class _Tables:
 
     def min_bytes(self, s: int) -> np.ndarray:
         """Least memory over the family for each (i, j) at position s (inf where i >= j)."""
+        key = moments(self.p, s)
+        got = self._min_cache.get(key)
+        if got is None:
+            got = self._min_cache[key] = self._min_bytes(s)
+        return got
+
+    def _min_bytes(self, s: int) -> np.ndarray:
         p, L1 = self.p, self.L + 1
-        k = float(p.inflight[s])
         ii, jj = self.band(np.inf)
-        bb = self.bb
-        static, pt, work, buf = self.memory_terms(ii, jj)
-        if p.recompute == "all":
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work, 0.0, *buf)
+        fixed, held, step, kinds = self._base(s, ii, jj)
+        if p.recompute == "auto" and self.ne:
+            starts = self.pe[ii]
+            count = self.pe[jj] - starts
+            if len(kinds) == 1:
+                least = held[0] - self.h(kinds[0].in_flight, self.ne, kinds[0].transient)[starts, count]
+            else:  # the least of the largest moment is at the end of a run of q (planner.partition.recompute)
+                least = least_all(kinds, self.saved, self.trans, self.run_end(), starts, held, count)
         else:
-            mem = stage_bytes(static, bb[ii], bb[jj], k, self.pa[jj] - self.pa[ii] + pt, work, 0.0, *buf)
-            if p.recompute == "auto" and self.ne:
-                starts = self.pe[ii]
-                mem = mem - self.h(k, self.ne)[starts, self.pe[jj] - starts]
-        if self.optw is not None:
-            mem = np.maximum(mem, stage_bytes(static, bb[ii], bb[jj], k, 0.0, 0.0, self.optw[ii, jj], *buf))
+            least = np.maximum.reduce(held) if len(held) > 1 else held[0]
         out = np.full((L1, L1), np.inf)
-        out[ii, jj] = mem
+        out[ii, jj] = fixed + np.maximum(least, np.maximum(step, 0.0))
         return out
 
 
@@ -224,7 +267,7 @@ def _position_key(p: PartitionProblem, s: int) -> tuple:
     S = p.n_stages
     lin = (float(p.link_latency_ms[s - 1]), float(p.link_ms_per_byte[s - 1])) if s > 0 else None
     lout = (float(p.link_latency_ms[s]), float(p.link_ms_per_byte[s])) if s < S - 1 else None
-    return (float(p.inflight[s]), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
+    return (float(p.inflight[s]), moments(p, s), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
 
 
 def _first_cap(p: PartitionProblem) -> float:

@@ -15,8 +15,11 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
           (planner.cost.stage_entry_bytes), when the profile says what layers save of their input.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
           stage the recomputed saving layers are a prefix of its saving layers.
-  Memory  planner.cost.stage_bytes(static = sum_l y static, bytes in, bytes out, k_s,
-          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s] + W[s]) <= budget_s
+  Memory  one row per moment of planner.cost.stage_bytes: fixed_bytes(static = sum_l y static,
+          bytes in, bytes out) + moment_bytes(moment, kept, transient, sum_l y grad) <= budget_s
+          (c kept, + transient if a backward runs then, - gradients if they do not exist yet), and
+          fixed bytes alone (the floor: the step without temporaries), where
+          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s] + W[s]
   h[e,s]  >= 1 - sum of y[l,s] over layers l outside e's gaps (l <= src, l >= dst or a reader),
           >= 0: stage s holds skip tensor e it only forwards (non-chain models; none for a chain)
   Time    t_s = planner.cost.stage_time_ms(sum_l y c, sum_l z rc, speed_s, overhead_s, sends) <= Z
@@ -35,9 +38,9 @@ import warnings
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, stage_bytes, stage_time_ms, transfer_ms
+from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
-from planner.partition.problem import PartitionProblem, Solution, evaluate, saving_layers
+from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, saving_layers
 
 __all__ = ["solve_ilp", "ilp_solver_name"]
 
@@ -151,7 +154,7 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
     a = np.asarray(p.activation_bytes, dtype=float)
     inp = np.asarray(p.input_bytes, dtype=float)
     bb = np.asarray(p.boundary_bytes, dtype=float)
-    k, budget = float(p.inflight[s]), float(p.budget[s])
+    kinds, budget = moments(p, s), float(p.budget[s])
     bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
     bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
     if np.isfinite(budget):
@@ -178,8 +181,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
                 prob += work >= float(p.workspace_bytes[l]) * y(l, s)
             trans = trans + work
         buf = (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, s == 0))  # torch's receive buffers
-        mem = stage_bytes(static, bytes_in, bytes_out, k, kept, trans, 0.0, *buf)
-        prob += (1.0 / budget) * mem <= 1.0 - _TIGHTEN
+        fixed = fixed_bytes(static, bytes_in, bytes_out, *buf)
+        grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)
+        for moment in kinds:  # one row per moment at which the stage's memory can peak
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads)) <= 1.0 - _TIGHTEN
+        prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)
             for l in range(L):

@@ -11,10 +11,14 @@ Stage time (one micro-batch, ms; planner.cost.stage_time_ms):
           + send(s-1 <- s, boundary_bytes[i])   (input gradient back; s > 0)
           + send(s -> s+1, boundary_bytes[j])   (output forward;    s < S-1)
     send = latency + bytes x ms_per_byte of that link (0 when no bytes cross it; planner.cost.transfer_ms)
-Stage memory (bytes; planner.cost.stage_bytes with the schedule's in-flight count):
-    m_s = sum static_l + 2 (boundary_bytes[i] + boundary_bytes[j])
-          + k_s (sum_{l not in R} activation_l + sum_{l in R} input_l + passthrough(i, j))
-          + max_{l in R} activation_l
+Stage memory (bytes; planner.cost.stage_bytes at the schedule's memory moments of position s):
+    m_s = sum static_l + buffers(i, j)
+          + max(optimizer step, max over moments (c, t, g) of c kept + [t] transient - [not g] sum grad_l)
+    kept = sum_{l not in R} activation_l + sum_{l in R} input_l + passthrough(i, j) (+ held output,
+    entry correction), transient = max_{l in R} activation_l + the largest workspace; a moment
+    holds c micro-batches, the transient if a backward runs then (t), and the gradients if they
+    exist by then (g) (planner.schedules.memory.stage_memory_moments). Without moments: one
+    moment (k_s, t, g).
 For a model that is not a chain (planner.graph) boundary_bytes are the crossing bytes of each
 cut (skip tensors included), input_l what layer l reads from all earlier layers, and
 passthrough(i, j) the skip tensors the stage only forwards (produced before i, read at or
@@ -38,9 +42,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max
+from planner.cost import (
+    first_stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
+)
 from planner.cost import stage_bytes as cost_stage_bytes
 from planner.graph.crossing import passthrough_bytes
+from planner.schedules.memory import Moment
 
 __all__ = [
     "RECOMPUTE_MODES",
@@ -49,6 +56,8 @@ __all__ = [
     "Solution",
     "stage_time",
     "stage_bytes",
+    "moments",
+    "moment_terms",
     "evaluate",
     "recompute_family",
     "saving_layers",
@@ -105,6 +114,12 @@ class PartitionProblem:
     """Micro-batches torch's stages keep receive buffers for (planner.cost.buffer_bytes); None: the older model."""
     batch_input_bytes: float = 0.0
     """The model input per micro-batch: the first stage holds the step's batch of it (with recv_microbatches)."""
+    moments: tuple | None = None
+    """Per stage position, its memory moments (planner.schedules.memory.Moment tuples); None: one
+    moment of `inflight` micro-batches with the transient and the gradients (the older bound)."""
+    gradient_bytes: np.ndarray | None = None
+    """Per layer, its parameter gradients' bytes (part of static_bytes), absent at moments before the
+    stage's first weight-gradient action; None: 0 (only meaningful with moments)."""
 
     @property
     def n_layers(self) -> int:
@@ -184,6 +199,14 @@ def passthrough_table(p: PartitionProblem) -> np.ndarray | None:
     return diff.cumsum(axis=0).cumsum(axis=1)[: L + 1, : L + 1]
 
 
+def moments(p: PartitionProblem, s: int) -> tuple:
+    """Position s's memory moments (planner.schedules.memory.Moment), the older bound's one moment
+    of inflight[s] micro-batches with the transient and the gradients where the problem has none."""
+    if p.moments is None:
+        return (Moment(float(p.inflight[s]), True, True),)
+    return tuple(p.moments[s])
+
+
 def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...]) -> float:
     """Memory m_s of layers [i, j) at position s with `rec` recomputed (planner.cost.stage_bytes)."""
     return float(cost_stage_bytes(
@@ -192,7 +215,22 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
         workspace_max(p.optimizer_workspace_bytes, i, j),
         p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0),
+        float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
     ))
+
+
+def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tuple[float, ...], float]:
+    """Layers [i, j) at position s without recompute: (fixed bytes, each moment's bytes beyond them,
+    the optimizer step's temporaries). stage_bytes(p, s, i, j, ()) is fixed + the largest of the
+    moments and max(step, 0); recomputing lowers each moment by recompute_saving with its own count
+    (and its transient only where a backward runs then)."""
+    kept = kept_bytes(p.activation_bytes, p.input_bytes, i, j, (), p.passthrough_edges, p.held_output_bytes, p.entry_bytes)
+    grads = float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0
+    work = workspace_max(p.workspace_bytes, i, j)
+    fixed = fixed_bytes(float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]),
+                        p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0))
+    held = tuple(float(moment_bytes(m, kept, work, grads)) for m in moments(p, s))
+    return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 
 def recompute_family(p: PartitionProblem, i: int, j: int) -> list[tuple[int, ...]]:

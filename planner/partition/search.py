@@ -31,7 +31,7 @@ from planner.partition.recompute import stage_recompute
 from planner.plan import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, StagePlan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
-from planner.schedules.memory import stage_inflight_peak
+from planner.schedules.memory import stage_inflight_peak, stage_memory_moments
 from planner.simulate import SimResult, simulate_costs
 from planner.units import format_bytes
 
@@ -226,6 +226,7 @@ class CandidateEvaluator:
     def problem(self, point: GridPoint, layout: Layout) -> PartitionProblem:
         sched = generate(point.schedule, layout.n_ranks, point.n_microbatches, point.virtual_stages)
         return build_problem(self.costs(point.micro_batch_size), layout, stage_inflight_peak(sched),
+                             moments=stage_memory_moments(sched),
                              optimizer=self.settings.optimizer, recompute=self.settings.recompute,
                              calibration=self.calibration, split_backward=sched.split_backward,
                              n_microbatches=point.n_microbatches)

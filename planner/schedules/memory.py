@@ -14,6 +14,7 @@ order, and the simulator's memory timeline reaches exactly these peaks.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -22,7 +23,7 @@ from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 
-__all__ = ["stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
+__all__ = ["Moment", "stage_memory_moments", "stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
 _ATTR = "_pplan_inflight"
 # micro-batches held, the stage whose backward runs, gradients exist, stage outputs held
@@ -82,6 +83,44 @@ def stage_inflight_peak(schedule: PipelineSchedule) -> list[int]:
         for i, s in enumerate(stages):
             peak[s] = max(state[0][i] for state in states)
     return peak
+
+
+@dataclass(frozen=True)
+class Moment:
+    """A kind of moment in a stage's schedule at which its memory can peak (planner.cost.stage_bytes)."""
+
+    in_flight: int
+    """The most micro-batches whose activations the stage holds at such a moment."""
+    transient: bool
+    """Whether a backward action (B or I) of the stage runs then: a recomputed layer's activations
+    and the largest layer workspace are alive on top."""
+    gradients: bool
+    """Whether the stage's parameter gradients exist then (after its first weight-gradient action)."""
+
+
+def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
+    """Per stage, the moments at which its memory can peak, from each rank's order (the states
+    memory_peaks walks): for each of (backward running or not) x (gradients or not), the most
+    micro-batches held, less the moments another one covers (as many or more micro-batches, and
+    the transient or the gradients wherever it has them: held bytes are never negative).
+
+    GPipe and 1F1B have two: the stage's first backward (all it holds, no gradients yet) and a
+    later backward (gradients). Priced with planner.cost.stage_bytes, where a rank runs one stage
+    this is the simulator's peak, except that a split backward frees the stage output torch holds
+    at I, not W (the partitioner charges it until W: at least the simulator's peak)."""
+    best: list[dict[tuple[bool, bool], int]] = [{} for _ in range(schedule.n_stages)]
+    for stages, states in _states(schedule):
+        for i, s in enumerate(stages):
+            for counts, bwd, has_grad, _ in states:
+                key = (bwd == s, bool(has_grad[i]))
+                best[s][key] = max(best[s].get(key, 0), counts[i])
+    out = []
+    for kinds in best:
+        moments = [Moment(c, t, g) for (t, g), c in sorted(kinds.items())]
+        kept = [m for m in moments if not any(o != m and o.in_flight >= m.in_flight and o.transient >= m.transient
+                                              and o.gradients >= m.gradients for o in moments)]
+        out.append(tuple(sorted(set(kept), key=lambda m: (m.gradients, m.transient, m.in_flight))))
+    return out
 
 
 def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
