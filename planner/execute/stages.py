@@ -1,17 +1,16 @@
 """Cutting the model as planned and choosing what runs the schedule.
 
-Every rank builds the whole model from the plan's spec and seed (so all ranks agree on the
-weights without communicating), keeps its stages' layers (a PipeStage each, which sends and
-receives whatever structure of tensors crosses its cuts) and wraps the plan's recompute layers
-in activation checkpointing, one layer per checkpoint. Chain and traced (non-chain) models take
-this one path. Ranks are numbered by the plan's stage order: rank r runs stages r, r + P, ...
-(torch's loop-style mapping), and reports the plan device that the first of those stages names.
+Every rank builds the whole model from the plan's spec and seed (so all ranks agree on the weights
+without communicating), keeps its stages' layers (a PipeStage each, which sends and receives whatever
+structure of tensors crosses its cuts) and wraps the plan's recompute layers in activation checkpointing,
+one layer per checkpoint. Chain and traced (non-chain) models take this one path. Ranks are numbered by
+the plan's stage order: rank r runs stages r, r + P, ... (torch's loop-style mapping), and reports the
+plan device that the first of those stages names.
 
-Schedules: gpipe, 1f1b and interleaved run on torch's own classes (ScheduleGPipe,
-Schedule1F1B, ScheduleInterleaved1F1B) when their order equals the planner's; zb (ZB-H1, with
-split I/W backward) and any schedule whose order differs run the planner's action lists through
-torch's CSV-driven runtime (`_PipelineScheduleRuntime`), which executes exactly what the
-simulator simulated.
+Schedules: gpipe, 1f1b and interleaved run on torch's own classes (ScheduleGPipe, Schedule1F1B,
+ScheduleInterleaved1F1B) when their order equals the planner's; zb (ZB-H1, with split I/W backward) and
+any schedule whose order differs run the planner's action lists through torch's CSV-driven runtime
+(`_PipelineScheduleRuntime`), which executes exactly what the simulator simulated.
 """
 
 from __future__ import annotations
@@ -33,9 +32,8 @@ from planner.execute.measure import recorder, tracker
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
-__all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage",
-           "boundary_specs", "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed",
-           "make_optimizer", "retain_graph_in_weight_backward"]
+__all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage", "boundary_specs",
+           "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed", "make_optimizer", "retain_graph_in_weight_backward"]
 
 
 def step_seed(plan_seed: int, step: int) -> int:
@@ -149,13 +147,13 @@ class PipeStage(nn.Module):
     (`in_spec` puts the structure back) and sends its output flattened (`out_spec`), every
     tensor contiguous and no view (gloo cannot send a transposed view; zero-bubble schedules
     detach outputs in place, which a view refuses). The first stage takes the model input as
-    it is, the last returns the model output as it is.
+    it is, the last returns the model output in its structure (copied under split backwards: `copy_outputs`).
     """
 
-    def __init__(self, layers: list[nn.Module], in_spec: Any, out_spec: Any):
+    def __init__(self, layers: list[nn.Module], in_spec: Any, out_spec: Any, copy_outputs: bool = False):
         super().__init__()
         self.layers = nn.ModuleList(layers)
-        self.in_spec, self.out_spec = in_spec, out_spec
+        self.in_spec, self.out_spec, self.copy_outputs = in_spec, out_spec, copy_outputs
 
     def forward(self, *args: Any) -> Any:
         from torch.utils._pytree import tree_flatten, tree_unflatten
@@ -167,17 +165,19 @@ class PipeStage(nn.Module):
             h = tree_unflatten([_ContiguousGrad.apply(a) if a.requires_grad else a for a in args], self.in_spec)
         for layer in self.layers:
             seen, h = h, layer(h)
+        leaves, spec = tree_flatten(h)
         if self.out_spec is None:
-            return h
+            # torch's I step detaches these in place, W may read one a layer saved (`(logits, hidden)`): copies, each once
+            copies = {id(t): t.clone() for t in leaves if self.copy_outputs and isinstance(t, torch.Tensor) and not t._is_view()}
+            return tree_unflatten([copies.get(id(t), t) for t in leaves], spec) if copies else h
         # Copied: views and values passed on from the last layer's input (torch's I step detaches outputs in place; W reads them)
         passed = {id(t) for t in tree_flatten(seen)[0]}
-        leaves = [t.clone(memory_format=torch.contiguous_format) if t._base is not None or id(t) in passed else t.contiguous() for t in tree_flatten(h)[0]]
+        leaves = [t.clone(memory_format=torch.contiguous_format) if t._base is not None or id(t) in passed else t.contiguous() for t in leaves]
         return leaves[0] if len(leaves) == 1 else tuple(leaves)
 
 
 class _ContiguousGrad(torch.autograd.Function):
-    """Identity whose backward makes the gradient contiguous (an expanded or transposed
-    gradient of a received tensor cannot be sent back as it is)."""
+    """Identity whose backward makes the gradient contiguous (a received tensor's expanded or transposed one cannot be sent back)."""
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
@@ -246,7 +246,8 @@ def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int, example: A
 
             in_spec = LeafSpec() if first > 0 else None
             out_spec = LeafSpec() if stop < end else None
-        out.append(StageModule(stage=s, first=first, end=stop, module=PipeStage(wrapped, in_spec, out_spec), layers=kept))
+        copy_outputs = first > 0 and stop == end and get_schedule(plan.schedule).split_backward  # torch detaches only these outputs
+        out.append(StageModule(stage=s, first=first, end=stop, module=PipeStage(wrapped, in_spec, out_spec, copy_outputs), layers=kept))
     return out
 
 

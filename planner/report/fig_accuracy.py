@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -14,7 +15,7 @@ from planner.report.style import (
     MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines", "PeakMemoryBars", "peak_memory_bars"]
 
 KEY = "6_predicted_vs_measured"
 TITLE = "Predicted against measured"
@@ -50,9 +51,13 @@ def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
 
 
 def caption(inputs: ReportInputs) -> str:
-    return ("Left: busy time per device in one iteration, predicted (simulator) and measured (`pplan run`). "
-            "Middle: peak memory per device, predicted and measured, against the limit. "
-            "Right: measured time of every training step against the predicted iteration time; "
+    tracked = inputs.run is not None and bool(inputs.run.ranks) and _has_breakdowns(_rank_rows(inputs))
+    middle = ("Middle: peak memory per device against the limit: predicted by kind, the measured peak (the allocator's, "
+              "as in the summary and the run JSON) and, hatched, the run's tracked breakdown by kind (tensor sizes: it "
+              "checks the model's bookkeeping, not the memory). " if tracked else
+              "Middle: peak memory per device, predicted and measured, against the limit. ")
+    return ("Left: busy time per device in one iteration, predicted (simulator) and measured (`pplan run`). " + middle
+            + "Right: measured time of every training step against the predicted iteration time; "
             "hollow points are warm-up steps, excluded from the median. Percentages are prediction errors as in "
             "the run JSON: (predicted - measured) / measured."
             + (" The line calibrated on this same run is a fit: its percentage is a residual, not a prediction error."
@@ -83,19 +88,14 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax_busy.set_ylabel("busy time per iteration (ms)")
         ax_busy.set_title("Busy time per device")
 
-        # a rank plays pipeline device `device` (with data parallelism rank != device): predictions are per device
-        pred_mem = [float(r.peak_memory_bytes_predicted or _simulated(sim_devices, r.device, "peak_memory_bytes")
-                          or np.nan) for r in ranks]
-        meas_mem = [float(r.peak_memory_bytes_measured or np.nan) for r in ranks]
-        limits = [_simulated(sim_devices, r.device, "memory_limit_bytes") for r in ranks]
-        if inputs.plan is not None:
-            limits = [lim or (inputs.plan.devices[r.device].memory_bytes if 0 <= r.device < inputs.plan.n_devices else None)
-                      for lim, r in zip(limits, ranks)]
-        top = np.nanmax(pred_mem + meas_mem + [float(v) for v in limits if v] + [1.0])
+        bars = peak_memory_bars(inputs)
+        pred_mem, meas_mem = [b.predicted for b in bars], [b.measured for b in bars]
+        limits = [b.limit for b in bars]
+        top = np.nanmax(pred_mem + meas_mem + [b.tracked for b in bars] + [float(v) for v in limits if v] + [1.0])
         div, unit = bytes_axis(top)
         floors = [float(lim) / div if lim else 0.0 for lim in limits]  # labels sit above the limit line
         if _has_breakdowns(ranks):
-            _stacked_pairs(ax_mem, x, ranks, w, div, floors)
+            _stacked_triples(ax_mem, x, ranks, bars, div, floors)
         else:
             _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div, floors)
         draw_limit_marks(ax_mem, limits, div, 0.45)
@@ -116,12 +116,47 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         from matplotlib.patches import Patch
 
         handles.append(Patch(facecolor="white", edgecolor="#555555", hatch="///"))
-        labels.append("measured (hatched)")
+        labels.append("tracked (hatched)")
     if handles:
         ax_mem.legend(handles, labels, loc="upper center", ncols=3, fontsize=8)
 
     _draw_steps(ax_step, inputs)
     return fig
+
+
+@dataclass(frozen=True)
+class PeakMemoryBars:
+    """One rank's peak memory as the middle panel draws it, in bytes (NaN: unknown)."""
+
+    predicted: float
+    """The cost model's peak of the rank's device (the run's, else the simulation's)."""
+    measured: float
+    """The allocator's peak over the memory step (`peak_memory_bytes_measured`), the figure the summary and the
+    run JSON compare with."""
+    tracked: float
+    """The total of the run's tracked breakdown (`memory_measured`): tensor sizes, a check of the bookkeeping."""
+    limit: float | None
+    """The device's memory limit (None: no limit)."""
+    error: float | None
+    """(predicted - measured) / measured, as the run JSON's error_pct; None when either is unknown."""
+
+
+def peak_memory_bars(inputs: ReportInputs) -> list[PeakMemoryBars]:
+    """The middle panel's numbers, one entry per rank in rank order."""
+    sim_devices = _sim_devices(inputs)
+    out = []
+    for r in _rank_rows(inputs):
+        # a rank plays pipeline device `device` (with data parallelism rank != device): predictions are per device
+        pred = float(r.peak_memory_bytes_predicted or _simulated(sim_devices, r.device, "peak_memory_bytes") or np.nan)
+        meas = float(r.peak_memory_bytes_measured or np.nan)
+        limit = _simulated(sim_devices, r.device, "memory_limit_bytes")
+        if not limit and inputs.plan is not None and 0 <= r.device < inputs.plan.n_devices:
+            limit = inputs.plan.devices[r.device].memory_bytes
+        tracked = float(r.memory_measured.total or np.nan) if r.memory_measured is not None else np.nan
+        error = (pred - meas) / meas if np.isfinite(pred) and np.isfinite(meas) and meas > 0 else None
+        out.append(PeakMemoryBars(predicted=pred, measured=meas, tracked=tracked, limit=float(limit) if limit else None,
+                                  error=error))
+    return out
 
 
 def _sim_devices(inputs: ReportInputs) -> dict[int, PredictedDevice]:
@@ -139,25 +174,25 @@ def _has_breakdowns(ranks: list[RankRecord]) -> bool:
     return all(r.memory_predicted is not None and r.memory_measured is not None for r in ranks)
 
 
-def _stacked_pairs(ax: Any, x: np.ndarray, ranks: list[RankRecord], w: float, div: float,
-                   floors: list[float] | None = None) -> None:
-    """Predicted (left, solid) and measured (right, hatched) bars per device, stacked by kind."""
-    for offset, key, hatch in ((-w / 2, "memory_predicted", None), (w / 2, "memory_measured", "///")):
+def _stacked_triples(ax: Any, x: np.ndarray, ranks: list[RankRecord], bars: list[PeakMemoryBars], div: float,
+                     floors: list[float]) -> None:
+    """Per device: the predicted breakdown (left, solid), the measured peak (middle, labelled with the error
+    against it) and the tracked breakdown (right, hatched), the breakdowns stacked by kind."""
+    w = 0.26
+    for offset, key, hatch in ((-w, "memory_predicted", None), (w, "memory_measured", "///")):
         bottom = np.zeros(len(ranks))
         for part in MEMORY_PARTS:
             values = np.array([float(getattr(getattr(r, key), part) or 0) for r in ranks]) / div
             ax.bar(x + offset, values, bottom=bottom, width=w, color=MEMORY_COLORS[part], hatch=hatch,
                    edgecolor="white", lw=0.3, label=part if hatch is None else None)
             bottom += values
-        if hatch is None:
-            pred_tot = bottom.copy()
-        else:
-            for i, (p, m) in enumerate(zip(pred_tot, bottom)):
-                if p > 0:
-                    y = max(m, floors[i]) if floors else m
-                    ax.annotate(f"{(p - m) / m:+.0%}" if m > 0 else "", (x[i] + w / 2, y), ha="center", va="bottom",
-                                fontsize=8, xytext=(0, 2), textcoords="offset points", bbox=_LABEL_BOX)
-    ax.set_xlabel("left bar predicted, right bar measured")
+    measured = np.array([b.measured for b in bars]) / div
+    ax.bar(x, measured, width=w, color=MEASURED_COLOR, label="measured peak")
+    for i, b in enumerate(bars):
+        if b.error is not None:
+            ax.annotate(f"{b.error:+.0%}", (x[i], max(measured[i], floors[i])), ha="center", va="bottom", fontsize=8,
+                        xytext=(0, 2), textcoords="offset points", bbox=_LABEL_BOX)
+    ax.set_xlabel("predicted, measured peak, tracked (hatched)")
 
 
 def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w: float, div: float,
