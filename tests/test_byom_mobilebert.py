@@ -3,7 +3,7 @@ as `cat([decoder.weight.t(), dense.weight])`, so torch's W step hands the tied w
 that is a transposed view into the cat's gradient. gloo's all-reduce (the tied-gradient sum over
 the two ranks) adds a non-contiguous tensor in storage order, so a zb run once summed each
 element with its transpose's and trained differently from one process. The executor now copies
-a gradient the W step creates into the weight's own layout (stages.retain_graph_in_weight_backward).
+a gradient the W step creates into the weight's own layout (weight_backward.retain_graph_in_weight_backward).
 
 Tolerances as tests/test_byom_families.py states them for a weight two layers hold: losses
 within 1e-6 relative, weights within 1e-4.
@@ -39,7 +39,7 @@ class _Stage:
 def test_split_backward_gives_the_tied_weight_the_gradient_and_layout_of_a_full_backward():
     from torch.distributed.pipelining._backward import stage_backward_input
 
-    from planner.execute.stages import retain_graph_in_weight_backward
+    from planner.execute.weight_backward import retain_graph_in_weight_backward
 
     bundle = build_model(SPEC, seed=0, input_shape=SHAPE)
     kids = list(bundle.layers.children())

@@ -91,7 +91,7 @@ PINNED = {
     # ... on two ranks, the gradient summed across them after split (I/W) backwards
     "shared-zb-two-ranks": ("shared", "zb", [(0, 2), (2, 5)], {}),
     # ... both uses on one stage (not the first) under split backwards: torch's W step needs the
-    # graph between the two uses after its first parameter group (stages.retain_graph_in_weight_backward)
+    # graph between the two uses after its first parameter group (weight_backward.retain_graph_in_weight_backward)
     "shared-zb-one-stage": ("shared", "zb", [(0, 1), (1, 5)], {}),
     # ... on ranks 0 and 2 of three, recompute on the first
     "shared-1f1b-three-ranks": ("shared", "1f1b", [(0, 2), (2, 3), (3, 5)], {0: [1]}),

@@ -29,11 +29,12 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanError
 from planner.execute.measure import recorder, tracker
+from planner.execute.weight_backward import retain_graph_in_weight_backward
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
 __all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage", "boundary_specs",
-           "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed", "make_optimizer", "retain_graph_in_weight_backward"]
+           "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed", "make_optimizer"]
 
 
 def step_seed(plan_seed: int, step: int) -> int:
@@ -336,35 +337,6 @@ def _scale_each_parameter_once(sched: PipelineSchedule, stages: list[Any]) -> No
                         p.grad.div_(factor)
 
             st.scale_grads = scale_grads
-
-
-def retain_graph_in_weight_backward(stages: list[Any]) -> None:
-    """Make split (I/W) backwards give the gradients a full backward gives.
-
-    Graph: torch's W step differentiates one parameter group at a time and frees the graph behind
-    each; from the later use of a weight used twice in one stage (tied embeddings, a module called
-    twice) it reaches layers whose saved tensors another group freed ("backward through the graph
-    a second time"). Kept until W ends, the gradients are the same (torch clamps each
-    intermediate's gradient to the one saved at I), freed as W lets go of it.
-
-    Layout: W stores a weight's first gradient as autograd returns it, maybe a view with other
-    strides (MobileBERT's tied `cat([decoder.weight.t(), ...])` gets a transposed view into the
-    cat's gradient), which gloo's all-reduce of the tied sum adds in storage order (element i to
-    its transpose's element i): it is copied into the weight's own layout, as AccumulateGrad does."""
-    from torch.distributed.pipelining._backward import stage_backward_weight
-
-    for st in stages:
-        def backward(kind: str, kwargs: dict, last_backward: bool = False, run: Any = st.backward_maybe_with_nosync,
-                     st: Any = st) -> Any:
-            if kind != "weight":
-                return run(kind, kwargs, last_backward)
-            fresh = [p for p in st.submod.parameters() if p.grad is None]
-            out = stage_backward_weight(st.submod.parameters(), kwargs["param_groups"], retain_graph=True)
-            for p in (p for p in fresh if p.grad is not None):
-                p.grad = torch.empty_like(p).copy_(p.grad)
-            return out, None
-
-        st.backward_maybe_with_nosync = backward
 
 
 class _NoParameters:
