@@ -14,7 +14,9 @@ lists the sources); a user file has the same keys as `pplan hardware NAME --json
 
 Sizes, bandwidths and latencies may be plain numbers (bytes, bytes/s, ms) or strings with
 units (planner.units); `format` and `source` are optional. Unknown keys are refused with the
-nearest known one; every value must be finite, positive (latencies: >= 0) and within bounds.
+nearest known one; every value must be finite and within a plausible range (peak FLOP/s 1e9..1e18,
+memory 64 MiB..1 PiB, bandwidths 1e6..1e15 bytes/s, latencies 0..1000 ms, 1..4096 GPUs per node):
+outside it a value is a unit mistake, such as 989 written for 989 TFLOP/s.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from planner.errors import ClusterError, PplanError
 from planner.jsonio import check_keys, nearest, read_json_file
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
-__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
+__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
 
 FORMAT = "pplan-hardware/1"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -87,12 +89,16 @@ class Hardware:
 
 
 
-# Bounds no real device reaches: beyond them a value is a typo or a unit mistake.
-_FLOPS_MAX = 1e18        # an exaFLOP/s per device: beyond any chip
-_BYTES_MAX = 2**50       # a pebibyte of device memory
-_BW_MAX = 1e15           # as planner.units.parse_bandwidth
-_LATENCY_MAX_MS = 1e4    # ten seconds per message
-_NODE_MAX = 4096
+# Plausible ranges: outside them a value is a typo or a unit mistake (989 for 989 TFLOP/s, 80 for
+# 80 GB), and left alone it yields absurd predictions (an MFU of 10^12 %) or inf in the plan.
+# The lower bounds sit far below any device pplan plans for (the `cpu` preset: 96 GFLOP/s,
+# 12 GiB, 1.25 GB/s), the upper ones far above any chip.
+_FLOPS_MIN, _FLOPS_MAX = 1e9, 1e18         # a GFLOP/s .. an exaFLOP/s per device
+_BYTES_MIN, _BYTES_MAX = 2**26, 2**50      # 64 MiB .. a pebibyte of device memory
+_BW_MIN, _BW_MAX = 1e6, 1e15               # a MB/s .. as planner.units.parse_bandwidth
+_LATENCY_MAX_MS = 1e3                      # a second per message
+MAX_GPUS_PER_NODE = 4096
+"""Most devices one node may hold (a hardware file's gpus_per_node, `--gpus-per-node`)."""
 _TEXT_MAX = 500
 _REQUIRED = tuple(f.name for f in fields(Hardware) if f.name != "source")
 _KNOWN = ("format",) + tuple(f.name for f in fields(Hardware))
@@ -121,23 +127,33 @@ def _number(raw: Any, key: str, where: str) -> float:
     return value
 
 
-def _check_range(value: float, key: str, where: str) -> None:
+def _bounds(key: str) -> tuple[float, float, str, str]:
+    """(lowest, highest, unit, how to write it) of a Hardware number field."""
+    if key.startswith("peak_"):
+        return _FLOPS_MIN, _FLOPS_MAX, "FLOP/s", "write FLOP/s, e.g. 9.89e14 for 989 TFLOP/s"
+    if key == "memory_bytes":
+        return _BYTES_MIN, _BYTES_MAX, "bytes", "write bytes or a size with units, e.g. 85899345920 or '80GiB'"
+    if key.endswith("_bandwidth_bytes_per_s"):
+        return _BW_MIN, _BW_MAX, "bytes/s", "write bytes/s or a rate with units, e.g. 3.35e12 or '3.35TB/s', '200Gbit/s'"
     if key.endswith("_latency_ms"):
-        low, high, unit = 0.0, _LATENCY_MAX_MS, "ms"
-    elif key == "gpus_per_node":
-        low, high, unit = 1.0, _NODE_MAX, "devices"
-    else:
-        high, unit = {"memory_bytes": (_BYTES_MAX, "bytes")}.get(
-            key, (_FLOPS_MAX, "FLOP/s") if key.startswith("peak_") else (_BW_MAX, "bytes/s"))
-        low = None
+        return 0.0, _LATENCY_MAX_MS, "ms", "write milliseconds or a time with units, e.g. 0.01 or '10us'"
+    return 1.0, float(MAX_GPUS_PER_NODE), "devices", "give the devices in one node, e.g. 8"
+
+
+def _check_range(value: float, key: str, where: str) -> None:
+    low, high, unit, hint = _bounds(key)
     if not math.isfinite(value):
-        raise ClusterError(f"{where}: {key} {value!r} is not finite")
-    if low is None and value <= 0:
-        raise ClusterError(f"{where}: {key} must be positive, got {value:g}")
-    if low is not None and value < low:
-        raise ClusterError(f"{where}: {key} must be at least {low:g}, got {value:g}")
+        raise ClusterError(f"{where}: {key} {value!r} is not finite", hint)
+    if value < low:
+        if key == "gpus_per_node" or low == 0:
+            problem = f"must be at least {low:g}, got {value:g}"
+        elif value <= 0:
+            problem = f"must be positive, got {value:g}"
+        else:
+            problem = f"{value:g} {unit} is below {low:g} {unit}, less than any real device"
+        raise ClusterError(f"{where}: {key} {problem}", hint)
     if value > high:
-        raise ClusterError(f"{where}: {key} {value:g} is beyond any real device (limit {high:g} {unit})", "check the units: bytes, bytes/s, FLOP/s, ms")
+        raise ClusterError(f"{where}: {key} {value:g} {unit} is beyond any real device (limit {high:g} {unit})", hint)
 
 
 def _text(raw: Any, key: str, where: str, required: bool) -> str:

@@ -64,7 +64,7 @@ __all__ = [
     "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
     "zero_bytes_per_param", "zero_shares", "zero3_gathered_bytes", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
     "collective_ms", "tensor_parallel_costs", "tp_layers", "replica_memory",
-    "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops",
+    "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops", "checked_mfu",
 ]
 
 
@@ -375,3 +375,15 @@ def model_flops(profile: Profile, global_batch: int) -> ModelFlops:
         fwd = float(np.sum(profile.columns["flops"][:, 0])) / profile.micro_batch_sizes[0] * global_batch
         return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)", dtype)
     return ModelFlops(0.0, 0.0, 1, "none (the profile has no flops column)", dtype)
+
+
+def checked_mfu(mfu: float, peak_flops_per_s: float, hardware: str) -> float:
+    """`mfu` (model FLOPs / (iteration time x GPUs x peak)) when at most 1. Above, each GPU would
+    beat `hardware`'s peak: the profile's times and the hardware disagree (a profile made for
+    faster hardware, a peak with the wrong unit), so PplanError rather than a plan."""
+    if mfu <= 1.0:
+        return mfu
+    raise PplanError(f"predicted MFU {100 * mfu:.4g}% is above 100%: {mfu * peak_flops_per_s:.4g} FLOP/s of model FLOPs per GPU "
+                     f"against the {peak_flops_per_s:.4g} FLOP/s peak of {hardware}",
+                     "the profile's times are faster than this hardware: plan with the hardware the profile was made on, "
+                     "or give the device's real peak in FLOP/s (e.g. 9.89e14)")

@@ -25,14 +25,15 @@ a 16-bit profile in mixed precision, a float32 one in pure fp32, 16 bytes per pa
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 import numpy as np
 
-from planner.cost.parallel import allreduce_ms, model_flops, zero_bytes_per_param
+from planner.cost.parallel import allreduce_ms, checked_mfu, model_flops, zero_bytes_per_param
 from planner.errors import InfeasibleError, PplanError, ScheduleError
-from planner.hardware import Hardware, load_hardware
+from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
 from planner.parallel import ParallelConfig, parse_parallel
 from planner.partition.parallel_eval import (
     ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, simulate_task, solve_task,
@@ -54,6 +55,9 @@ _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops fa
 # 3 x top_k in all), rather than trusting an ordering the estimate cannot resolve.
 _ESTIMATE_MARGIN = 0.05
 _MAX_MICROBATCHES = 4096
+MAX_GPUS = 1 << 20
+"""Most GPUs one search takes: the largest degree a ParallelConfig holds (planner.parallel), as
+dp alone may span every GPU; checked before the layouts are enumerated (their divisors)."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +90,8 @@ class ParallelResult:
     """Pipeline DPs run."""
     skipped: tuple[str, ...]
     """Layouts left out, with the reason."""
+    warnings: tuple[str, ...] = ()
+    """One line each: inputs that disagree without being wrong (a profile made for other hardware)."""
 
 
 def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
@@ -140,13 +146,17 @@ def plan_parallel(
     auto (both). `compute_scale` multiplies every profiled compute time (a calibration; 1 = as
     profiled). `overlap_grad_sync`: the gradient sync overlaps each stage's last backward (True)
     or runs entirely after it (False, as Megatron-LM 2021 and DeepSpeed's pipeline engine did).
-    InfeasibleError when nothing fits, naming the GPUs or memory that would.
+    InfeasibleError when nothing fits, naming the GPUs or memory that would; PplanError when the
+    profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
+    A profile made for other hardware plans on, with a line in the result's `warnings`.
     """
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
-    gpn = int(gpus_per_node or hw.gpus_per_node)
+    gpn = gpus_per_node if gpus_per_node is not None else hw.gpus_per_node  # 0 is refused, not the preset's
     forced, zero = _checked_layout(nodes, gpn, global_batch, recompute, compute_scale, parallel, zero)
+    nodes, gpn = int(nodes), int(gpn)  # numpy integers too, as plain ints for ParallelConfig
     if profile is None:
         profile = _analytic(model, hw, micro_batch_sizes)
+    warnings = _hardware_mismatch(profile, hw)
     n = nodes * gpn
     mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
     flops = model_flops(profile, global_batch)
@@ -161,17 +171,20 @@ def plan_parallel(
     layouts = [replace(c, zero=zero) for c in layouts]
 
     tasks, need_min = _tasks(ctx, layouts, sizes, names, recs, global_batch, mem, skipped)
+    if not tasks and not math.isfinite(need_min):  # nothing runnable, and not for memory
+        _check_batch_splits(layouts, global_batch, n, forced)
     keep = max(1, top_k)
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
         raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
     sims = _judge(ctx, found, keep, mem, flops)
+    checked_mfu(max(c.mfu for c in sims), hw.peak_flops_per_s(flops.dtype), hw.name)
     if not sims[0].fits:
         raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
                           mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
-                          skipped=tuple(skipped))
+                          skipped=tuple(skipped), warnings=warnings)
 
 
 def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
@@ -179,8 +192,14 @@ def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, com
     """Refuse arguments the search cannot start with; (the forced layout or None, the ZeRO stage)."""
     if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
         raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
-    if nodes < 1 or gpn < 1:
-        raise PplanError(f"--nodes and --gpus-per-node must be at least 1, got {nodes} and {gpn}")
+    for what, value in (("--nodes", nodes), ("--gpus-per-node", gpn)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise PplanError(f"{what} must be a whole number of at least 1, got {value!r}", "e.g. --nodes 2 --gpus-per-node 8")
+    if gpn > MAX_GPUS_PER_NODE:
+        raise PplanError(f"--gpus-per-node {gpn} is more than any node holds (at most {MAX_GPUS_PER_NODE})", "e.g. --gpus-per-node 8")
+    if nodes * gpn > MAX_GPUS:
+        raise PplanError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} GPUs is more than the planner searches ({MAX_GPUS})",
+                         f"use at most {MAX_GPUS // gpn} nodes of {gpn} GPUs")
     if global_batch < 1:
         raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
     if recompute not in RECOMPUTE_CHOICES:
@@ -192,6 +211,27 @@ def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, com
         forced = parse_parallel(str(parallel), zero)
     ParallelConfig(zero=zero)  # validates the stage
     return forced, zero
+
+
+def _check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int, forced: ParallelConfig | None) -> None:
+    """PplanError when no layout's dp divides the global batch (so that, rather than memory, is why
+    nothing runs: 64 samples over 10^6 GPUs)."""
+    least_dp = min(c.dp for c in layouts)
+    if all(global_batch % c.dp for c in layouts):
+        where = f"--parallel {forced.describe()}" if forced else f"any layout of {n} GPUs"
+        raise PplanError(f"--global-batch {global_batch} does not split over the data-parallel replicas of {where} "
+                         f"(dp x micro-batch size must divide it; the least dp is {least_dp})",
+                         f"give a --global-batch that is a multiple of {least_dp}, or fewer GPUs")
+
+
+def _hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
+    """A warning when the profile's times were computed for other hardware than the plan's peak
+    and memory (an analytic profile's `# hardware:` line): planning goes on, mixing the two."""
+    made_for = profile.meta.get("hardware")
+    if not made_for or made_for == hw.name:
+        return ()
+    return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses {hw.name!r}'s "
+            f"peak and memory; for {hw.name} times, make the profile again with --hardware {hw.name}",)
 
 
 def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] | None) -> Profile:

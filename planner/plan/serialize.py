@@ -4,6 +4,7 @@ fixed key order (equal plans serialize byte-identically), atomically."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -203,9 +204,27 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return d
 
 
+def _non_finite(value: Any, where: str) -> tuple[str, float] | None:
+    """(path, value) of the first NaN or infinity in a JSON-ready value, None when there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return where, value
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key}]" if isinstance(key, int) else f"{where}.{key}" if where else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def plan_to_json(plan: Plan) -> str:
-    """The plan's JSON text (2-space indent, newline-terminated)."""
-    return json.dumps(plan_to_dict(plan), indent=2, allow_nan=False) + "\n"
+    """The plan's JSON text (2-space indent, newline-terminated); PlanError naming the field when a
+    number is NaN or infinite (strict JSON has neither: an overflowed prediction, never a plan)."""
+    d = plan_to_dict(plan)
+    bad = _non_finite(d, "")
+    if bad is not None:
+        raise PlanError(f"plan field {bad[0]} is {bad[1]!r}, not a finite number",
+                        "an input is out of range: check the hardware's peak FLOP/s, memory and bandwidths and the profile's times")
+    return json.dumps(d, indent=2, allow_nan=False) + "\n"
 
 
 def load_plan(path: str | os.PathLike) -> Plan:
@@ -222,7 +241,10 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would refuse."""
-    text = plan_to_json(plan)
+    try:
+        text = plan_to_json(plan)
+    except PlanError as e:
+        raise PlanError(f"not writing plan {str(path)!r}: {e.message}", e.hint) from None
     try:
         plan_from_dict(json.loads(text))
     except PlanError as e:
