@@ -28,6 +28,10 @@ bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV
 _OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and Markdown tables.")]
 _Json = Annotated[bool, typer.Option("--json", help="Print the tables and the machine as JSON instead of text.")]
 _BENCH_DIR = Path("reports/bench")
+# Repetitions of one bench cell: the best (or median) of a few is the point; a thousand is far
+# past any use, and `--repeats 1e20` would run practically forever.
+_MAX_REPEATS = 1000
+_RUN_DEVICES = ("cpu", "cuda")
 
 
 def register(app: typer.Typer) -> None:
@@ -58,6 +62,26 @@ def _machine() -> dict[str, Any]:
     from planner.bench import machine_info
 
     return machine_info()
+
+
+def _check_repeats(repeats: int) -> None:
+    from planner.errors import PplanError
+
+    if not 1 <= repeats <= _MAX_REPEATS:
+        raise PplanError(f"--repeats {repeats} must be between 1 and {_MAX_REPEATS}", "a few are enough, e.g. --repeats 3")
+
+
+def _check_runs(steps: int, warmup: int, device: str) -> None:
+    """Refuse, before anything is profiled or trained, the settings the benches' runs would refuse
+    only later, each run on its own (a --device typo became '0 of 2 runs completed', exit 0)."""
+    from planner.errors import PplanError
+    from planner.execute.options import MAX_STEPS
+
+    if device not in _RUN_DEVICES:
+        raise PplanError(f"--device {device!r} is unknown", f"use {' or '.join(_RUN_DEVICES)}")
+    if not 0 <= warmup < steps <= MAX_STEPS:
+        raise PplanError(f"--steps {steps} / --warmup {warmup}: need 0 <= warmup < steps <= {MAX_STEPS:,}",
+                         "e.g. --steps 5 --warmup 2")
 
 
 def _check_out(out_dir: Path) -> None:
@@ -103,6 +127,7 @@ def simulator_cmd(
     """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
     from planner.bench import bench_simulator, parse_sizes
 
+    _check_repeats(repeats if repeat_alias is None else repeat_alias)
     _check_out(out_dir)
     parsed = parse_sizes(sizes)
     machine = _machine()
@@ -133,11 +158,15 @@ def quality_cmd(
 ) -> None:
     """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
     from planner.bench import bench_quality, bench_quality_measured
-    from planner.errors import PplanError
 
     _check_out(out_dir)
-    if steps <= warmup:
-        raise PplanError(f"--steps {steps} must exceed --warmup {warmup}")
+    _check_runs(steps, warmup, device)
+    if profiles:  # a profile given from the tables' folder must not be overwritten by a table
+        from planner.atomic import ensure_outputs_distinct
+
+        ensure_outputs_distinct([(f"--out-dir's {name}", out_dir / name) for name in
+                                 ("quality.csv", "quality.md", "quality_measured.csv", "quality_measured.md")],
+                                [("profile", p) for p in profiles])
     machine = _machine()
     tables = [bench_quality(profiles or None, parse_int_list(devices, "--devices"), global_batch, progress=_progress())]
     if measured:
@@ -167,10 +196,9 @@ def fidelity_cmd(
     column co_run), as their runs' other ranks share this machine's memory bandwidth."""
     from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
     from planner.bench.fidelity import fidelity_figure, select_grid
-    from planner.errors import PplanError
 
-    if repeats < 1:
-        raise PplanError(f"--repeats {repeats} must be at least 1")
+    _check_repeats(repeats)
+    _check_runs(steps, warmup, device)
     _check_out(out_dir)
     machine = _machine()
     grid = QUICK_GRID if quick else select_grid(models, DEFAULT_GRID)

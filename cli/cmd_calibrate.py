@@ -12,15 +12,22 @@ from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
-from cli.common import echo_json
+from cli.common import echo_json, plan_inputs
 
 __all__ = ["register"]
 
 
 def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: bool) -> None:
     """Fit from a run JSON already on disk and write the calibration beside the profile."""
+    from planner.atomic import ensure_outputs_distinct
+    from planner.calibration import calibration_path_for
     from planner.execute.calibrate import calibrate_from_run_file
 
+    # the calibration this replaces is not an input here: it is what the fit rewrites
+    inputs = [(what, path) for what, path in plan_inputs(plan_path, profile) if what != "calibration"]
+    prof = dict(inputs)["profile"]
+    ensure_outputs_distinct([("the calibration file", calibration_path_for(prof) if prof else None)],
+                            [*inputs, ("run JSON (--from-run)", run_path)])
     cal, fit = calibrate_from_run_file(plan_path, run_path, profile)
     if json_out:
         echo_json({k: v for k, v in fit.to_dict().items() if k != "calibration"})  # the values are in the file
@@ -39,6 +46,10 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: 
     from planner.machine import default_machine_path
 
     counts = parse_rank_counts(ranks, cpu_rank_cap())
+    if out is not None and hardware is not None:
+        from planner.atomic import ensure_outputs_distinct
+
+        ensure_outputs_distinct([("--out", out)], [("hardware file", Path(hardware) if Path(hardware).is_file() else None)])
     machines, path = remeasure_machine_file(out if out is not None else default_machine_path(), counts,
                                             threads=threads or None, quick=quick, hardware=hardware,
                                             progress=lambda line: typer.echo(f"  {line}", err=True),
@@ -75,7 +86,7 @@ def calibrate(
         "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
     quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
     hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
-    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3,
+    steps: Steps = 10, warmup: Warmup = None, lr: Lr = 1e-3,
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write (default ~/.cache/pplan/machine.json).")] = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,

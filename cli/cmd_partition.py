@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.common import echo_json, err, step_progress
+from cli.common import echo_json, err, profile_inputs, step_progress
 from cli.options import CalibrationOption
 
 if TYPE_CHECKING:
@@ -31,20 +31,20 @@ def partition_cmd(
     devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices).")] = None,
     memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited).")] = None,
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration (= micro-batches x micro-batch size).")] = ...,
-    microbatches: Annotated[str, typer.Option("--microbatches", help="auto (every divisor of the batch) or a count M.")] = "auto",
-    schedule: Annotated[str, typer.Option("--schedule", help="auto, gpipe, 1f1b, interleaved or zb.")] = "auto",
+    microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M.")] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="auto (the default), gpipe, 1f1b, interleaved or zb.")] = None,
     recompute: Annotated[str, typer.Option("--recompute", help="auto (per layer, only where memory needs it), none or all.")] = "auto",
-    optimizer: Annotated[str, typer.Option("--optimizer", help="adam, adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = "adam",
-    bandwidth: Annotated[str, typer.Option("--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s.")] = "25GB/s",
-    latency: Annotated[str, typer.Option("--latency", help="Link latency per message, e.g. 0.01ms or 5us.")] = "0.01ms",
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam (the default), adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = None,
+    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="Link bandwidth between devices (default 25GB/s; 100Gbit/s is bits).")] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help="Link latency per message (default 0.01ms; or e.g. 5us).")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
-    method: Annotated[str, typer.Option("--method", help="auto, dp, ilp, uniform, params or time.")] = "auto",
-    time_limit: Annotated[float, typer.Option("--time-limit", help="Seconds the ILP may use over the whole search.")] = 60.0,
+    method: Annotated[Optional[str], typer.Option("--method", help="auto (the default), dp, ilp, uniform, params or time.")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60).")] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware.")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets).")] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
-    parallel: Annotated[str, typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp) or a layout such as dp=8,pp=12,tp=4.")] = "auto",
-    zero: Annotated[int, typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 of the data-parallel group, as pplan run executes it: 1 shards the optimizer state; 2 the same (gradients stay whole at a pipeline's peak) and holds the gathered stage beside its shards; 3 also shards the weights, gathering one layer at a time.")] = 0,
+    parallel: Annotated[Optional[str], typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp; the default) or a layout such as dp=8,pp=12,tp=4.")] = None,
+    zero: Annotated[Optional[int], typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 (default 0) of the data-parallel group, as pplan run executes it: 1 shards the optimizer state; 2 the same (gradients stay whole at a pipeline's peak) and holds the gathered stage beside its shards; 3 also shards the weights, gathering one layer at a time.")] = None,
     calibration: CalibrationOption = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan JSON.")] = Path("plan.json"),
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout.")] = None,
@@ -59,25 +59,53 @@ def partition_cmd(
     from planner.partition.job import partition_cluster, partition_pipeline
     from planner.partition.options import cluster_settings_from_options, settings_from_options
 
-    _check_outputs(out, plot)
-    if nodes is not None or hardware is not None:
+    cluster_mode = nodes is not None or hardware is not None
+    _check_mode_flags(cluster_mode, {
+        "--devices": devices, "--microbatches": microbatches, "--schedule": schedule, "--optimizer": optimizer,
+        "--bandwidth": bandwidth, "--latency": latency, "--cluster": cluster, "--method": method,
+        "--time-limit": time_limit, "--calibration": calibration,
+    }, {"--gpus-per-node": gpus_per_node, "--parallel": parallel, "--zero": zero})
+    _check_outputs(out, plot, profile_path, cluster, calibration, hardware)
+    if cluster_mode:
         cluster_settings = cluster_settings_from_options(nodes=nodes, hardware=hardware, global_batch=global_batch,
-                                                         gpus_per_node=gpus_per_node, parallel=parallel, zero=zero,
-                                                         recompute=recompute, memory=memory)
+                                                         gpus_per_node=gpus_per_node, parallel=parallel or "auto",
+                                                         zero=zero or 0, recompute=recompute, memory=memory)
         _finish_cluster(partition_cluster(profile_path, cluster_settings, layouts=plot is not None), out, plot, as_json)
         return
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
-                                     microbatches=microbatches, schedule=schedule, recompute=recompute,
-                                     optimizer=optimizer, bandwidth=bandwidth, latency=latency, cluster=cluster,
-                                     method=method, time_limit=time_limit)
+                                     microbatches=microbatches or "auto", schedule=schedule or "auto",
+                                     recompute=recompute, optimizer=optimizer or "adam",
+                                     bandwidth=bandwidth or "25GB/s", latency=latency or "0.01ms", cluster=cluster,
+                                     method=method or "auto", time_limit=60.0 if time_limit is None else time_limit)
     with step_progress("partition", terminal_only=True) as on_step:  # logs and pipes stay quiet
         job = partition_pipeline(profile_path, settings, calibration=calibration, on_step=on_step)
     _finish_pipeline(job, out, plot, as_json)
 
 
-def _check_outputs(out: Path, plot: Optional[Path]) -> None:
+def _check_mode_flags(cluster_mode: bool, pipeline_only: dict[str, object], cluster_only: dict[str, object]) -> None:
+    """Refuse a flag the chosen search never reads (None: not given; the defaults are None so
+    that a given value can be told from the default). --nodes/--hardware search data x pipeline
+    x tensor layouts on the hardware's GPUs and links with Adam, every schedule and micro-batch
+    count, and no calibration; one pipeline has no data or tensor parallelism to lay out."""
+    from planner.errors import PplanError
+
+    dropped = pipeline_only if cluster_mode else cluster_only
+    given = [f"{flag} {value if isinstance(value, (int, float)) else repr(str(value))}"
+             for flag, value in dropped.items() if value is not None]
+    if not given:
+        return
+    if cluster_mode:
+        raise PplanError(f"{', '.join(given)}: not used with --nodes/--hardware (the data x pipeline x tensor search "
+                         "takes devices, links, schedules and micro-batches from the hardware and its own search)",
+                         "drop it, or drop --nodes/--hardware to plan one pipeline")
+    raise PplanError(f"{', '.join(given)}: only used with --nodes and --hardware (data x pipeline x tensor parallelism)",
+                     "drop it, or add e.g. --nodes 2 --hardware a100-80gb")
+
+
+def _check_outputs(out: Path, plot: Optional[Path], profile: Path, cluster: Optional[Path], calibration: Optional[str],
+                   hardware: Optional[str]) -> None:
     """Refuse outputs that cannot be written before the search: a plan that cannot be saved is not searched for."""
-    from planner.atomic import ensure_writable_file
+    from planner.atomic import ensure_outputs_distinct, ensure_writable_file
     from planner.errors import PplanError
 
     if out.suffix.lower() != ".json":
@@ -89,6 +117,8 @@ def _check_outputs(out: Path, plot: Optional[Path]) -> None:
         if plot.suffix.lower() != ".png":
             raise PplanError(f"--plot {str(plot)!r} must end in .png")
         ensure_writable_file(plot, "--plot")
+    ensure_outputs_distinct([("--out", out), ("--plot", plot)],
+                            [*profile_inputs(profile, calibration, hardware), ("cluster file", cluster)])
 
 
 def _finish_pipeline(job: PipelineJob, out: Path, plot: Optional[Path], as_json: bool) -> None:
@@ -119,6 +149,8 @@ def _finish_cluster(job: ClusterJob, out: Path, plot: Optional[Path], as_json: b
     from planner.plan import plan_to_dict, write_plan
 
     write_plan(job.plan, out)
+    for line in job.result.warnings:  # e.g. a profile made for other hardware (planner.partition.parallel_search)
+        err(f"pplan: warning: {line}")
     if plot is not None:
         from planner.report.fig_parallel import write_layout_figure
 

@@ -143,6 +143,9 @@ def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, ou
 
     if hardware is None:
         raise PplanError("--analytic needs --hardware", "e.g. --hardware a100-80gb (see `pplan hardware`)")
+    from planner.atomic import ensure_outputs_distinct
+
+    ensure_outputs_distinct([("--out", out)], [("hardware file", Path(hardware) if Path(hardware).is_file() else None)])
     result = write_analytic_profile(model, hardware, dtype, sizes, out, command="pplan " + shlex.join(sys.argv[1:]))
     summary = _summary(result, out, result.sha256)
     if json_out:

@@ -43,6 +43,10 @@ def report(
     fmts = parse_formats(formats)
     out_dir = report_dir(name, out)
     check_report_dir(out_dir)  # before reading or simulating anything
+    _check_inputs_outside(out_dir, {"--profile": profile, "--plan": plan, "--sim": sim, "--run": run,
+                                    "--timeline": timeline, "--measured-timeline": measured_timeline,
+                                    "--calibration": None if calibration is None or calibration.strip().lower() == "none"
+                                    else Path(calibration)})
     inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
                          measured_timeline=measured_timeline, calibration=calibration)
     result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,
@@ -64,3 +68,19 @@ def report(
             typer.echo(f"  skipped figure {f.number} ({f.title.lower()}): {f.skipped}")
     for key, value in result.summary:
         typer.echo(f"  {key}: {value}")
+
+
+def _check_inputs_outside(out_dir: Path, inputs: dict[str, Optional[Path]]) -> None:
+    """Refuse an input the report would replace: the folder's figures/ is swapped for a new one
+    as a whole, and report.md and report.html are rewritten."""
+    from planner.atomic import ensure_outputs_distinct
+    from planner.errors import PplanError
+    from planner.report.document import FIGURES_DIR
+
+    figures = (out_dir / FIGURES_DIR).resolve()
+    for flag, path in inputs.items():
+        if path is not None and path.resolve().is_relative_to(figures):
+            raise PplanError(f"{flag} {str(path)!r} is inside {str(out_dir / FIGURES_DIR)!r}, which the report replaces",
+                             "move it out of the report folder's figures/, or choose another --out")
+    ensure_outputs_distinct([("report page", out_dir / "report.html"), ("report text", out_dir / "report.md")],
+                            [(f"{flag} file", path) for flag, path in inputs.items()])

@@ -73,17 +73,21 @@ def _loss(value: float | None) -> str:
 
 
 def check_outputs(out: Path | None, timeline: Path | None, checkpoint_dir: Path | None) -> None:
-    """Refuse, before anything is read or launched, an output that could not be written at the end."""
+    """Refuse, before anything is read or launched, an output that could not be written at the end
+    or whose name says another format than what is written into it (CSV in a .png)."""
     from planner.atomic import ensure_writable_dir, ensure_writable_file
+    from planner.errors import PplanError
 
-    for what, path in (("--out", out), ("--timeline", timeline)):
+    for what, path, suffix in (("--out", out, ".json"), ("--timeline", timeline, ".csv")):
         if path is not None:
+            if path.suffix.lower() != suffix:
+                raise PplanError(f"{what} {str(path)!r} must end in {suffix}", f"it is written as {suffix[1:].upper()}")
             ensure_writable_file(path, what)
     if checkpoint_dir is not None:
         ensure_writable_dir(checkpoint_dir, "--checkpoint-dir")
 
 
-def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Path | None, timeline: Path | None,
+def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, out: Path | None, timeline: Path | None,
                 profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
                 timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool,
                 model: str | None = None, trust_model: bool = False, input_shape: str | None = None,
@@ -96,7 +100,6 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
     """
     from planner.errors import PplanError
     from planner.execute.options import RunOptions
-    from planner.execute.run import run_plan
     from planner.models.trust import check_model_trusted
     from planner.plan import load_plan
 
@@ -105,12 +108,14 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
     check_outputs(out, timeline, checkpoint_dir)
     plan = load_plan(plan_path)
     check_model_trusted(plan.model, model, trust_model, source=f"plan {str(plan_path)!r}")
+    _check_outputs_distinct(plan, plan_path, profile, out, timeline, machine_file, calibrate)
     if calibrate:
         _check_calibration_writable(plan, plan_path, profile)
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
                       calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose,
                       input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
+    from planner.execute.run import run_plan  # imports torch: after every check above
     from planner.execute.worker import read_env
 
     env = read_env()
@@ -135,6 +140,20 @@ def run_command(plan_path: Path, *, steps: int, warmup: int, lr: float, out: Pat
         os._exit(0)
 
 
+def _check_outputs_distinct(plan: Any, plan_path: Path, profile: Path | None, out: Path | None, timeline: Path | None,
+                            machine_file: Path | None, calibrate: bool) -> None:
+    """Refuse an output that would replace a file the run reads (`--out PLAN.json`), or the
+    calibration --calibrate writes beside the profile."""
+    from planner.atomic import ensure_outputs_distinct
+    from planner.calibration import calibration_path_for
+    from planner.plan import resolve_profile_path
+
+    prof = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
+    written = calibration_path_for(prof) if calibrate and prof is not None else None
+    ensure_outputs_distinct([("--out", out), ("--timeline", timeline), ("the calibration --calibrate writes", written)],
+                            [("plan", plan_path), ("profile", prof), ("machine file", machine_file)])
+
+
 def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None) -> None:
     """--calibrate writes beside the profile at the end of the run: refuse an unwritable place now."""
     from planner.atomic import ensure_writable_file
@@ -152,7 +171,7 @@ def register(app: typer.Typer) -> None:
 
 def run(
     plan: PlanArgument,
-    steps: Steps = 10, warmup: Warmup = 2, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
+    steps: Steps = 10, warmup: Warmup = None, lr: Lr = 1e-3, out: RunOut = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     calibrate: Annotated[bool, typer.Option(
         "--calibrate/--no-calibrate", help="Fit a calibration beside the profile from this run.")] = False,

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.common import echo_json, err
+from cli.common import echo_json, err, plan_inputs
 from cli.options import CalibrationOption, PlanArgument
 
 __all__ = ["register"]
@@ -53,7 +53,7 @@ def simulate_cmd(
     pipeline replica on its hardware, with the tensor-parallel collectives and the gradient
     sync on the timeline, and reports tokens/s, TFLOP/s per GPU, MFU and memory per GPU.
     """
-    from planner.atomic import ensure_writable_file
+    from planner.atomic import ensure_outputs_distinct, ensure_writable_file
     from planner.errors import PplanError
     from planner.units import parse_bandwidth, parse_ms
     from planner.whatif import WhatIf, parse_sweep, what_if
@@ -73,6 +73,9 @@ def simulate_cmd(
     for path, _, flag in outputs:
         if path is not None:
             ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
+    if any(path is not None for path, _, _ in outputs):
+        ensure_outputs_distinct([(flag, path) for path, _, flag in outputs],
+                                plan_inputs(plan_path, profile, calibration, hardware))
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware)
     if result.setup.profile_changed:
         err(f"warning: {result.setup.profile_path} differs from the profile the plan was made from (checksum changed)")

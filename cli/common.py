@@ -8,7 +8,8 @@ import re
 import sys
 import time
 from contextlib import contextmanager
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 import typer
 
@@ -17,7 +18,8 @@ from planner.errors import PplanError
 if TYPE_CHECKING:  # the library's callback type; importing it at run time would load the planner
     from planner.partition.job import StepCallback
 
-__all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "step_progress", "err", "clock", "eta_text", "timed_say"]
+__all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "step_progress", "err", "clock", "eta_text", "timed_say",
+           "plan_inputs", "profile_inputs"]
 
 
 class _State:
@@ -156,3 +158,31 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
     if not dims or any(d < 1 for d in dims):
         raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
     return dims
+
+
+def profile_inputs(profile: Optional[Path], calibration: Optional[str] = None,
+                   hardware: Optional[str] = None) -> list[tuple[str, Optional[Path]]]:
+    """(what, path) of the files a command pricing `profile` reads besides it, for
+    planner.atomic.ensure_outputs_distinct: the calibration (--calibration, else the profile's
+    own when it exists) and --hardware when it names a file rather than a preset."""
+    from planner.calibration import calibration_path_for
+
+    if calibration is None:
+        own = calibration_path_for(profile) if profile is not None else None
+        cal = own if own is not None and own.exists() else None
+    else:
+        cal = None if calibration.strip().lower() == "none" else Path(calibration)
+    hw = Path(hardware) if hardware is not None and Path(hardware).is_file() else None
+    return [("profile", profile), ("calibration", cal), ("hardware file", hw)]
+
+
+def plan_inputs(plan_path: Path, profile: Optional[Path], calibration: Optional[str] = None,
+                hardware: Optional[str] = None) -> list[tuple[str, Optional[Path]]]:
+    """(what, path) of every file a command reading the plan at `plan_path` reads: the plan, its
+    profile (--profile, else the one the plan names) and what profile_inputs lists. Loads the plan
+    (milliseconds), so a bad plan fails here with the message it would give later."""
+    from planner.plan import load_plan, resolve_profile_path
+
+    plan = load_plan(plan_path)
+    prof = resolve_profile_path(plan, str(plan_path), str(profile) if profile is not None else None)
+    return [("plan", plan_path), *profile_inputs(prof, calibration, hardware)]

@@ -17,8 +17,10 @@ __all__ = [
     "RunInputDtype", "RunVocab",
 ]
 
-Steps = Annotated[int, typer.Option("--steps", help="Optimizer steps to train (a resumed run continues up to this count).")]
-Warmup = Annotated[int, typer.Option("--warmup", help="First steps left out of the timing.")]
+Steps = Annotated[int, typer.Option(
+    "--steps", help="Optimizer steps to train, at most 10,000,000 (a resumed run continues up to this count).")]
+Warmup = Annotated[Optional[int], typer.Option(
+    "--warmup", help="First steps left out of the timing, fewer than --steps (default 2, or --steps - 1 when fewer).")]
 Lr = Annotated[float, typer.Option("--lr", help="Learning rate of the plan's optimizer.")]
 RunOut = Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted).")]
 RunTimeline = Annotated[Optional[Path], typer.Option("--timeline", help="Measured timeline CSV of one step after warm-up.")]
@@ -28,7 +30,7 @@ CheckpointDir = Annotated[Optional[Path], typer.Option(
     "--checkpoint-dir", help="Save stage weights and optimizer state here; resume from the newest complete save.")]
 CheckpointEvery = Annotated[int, typer.Option("--checkpoint-every", help="Also save every K steps (0: only at the end).")]
 Timeout = Annotated[float, typer.Option("--timeout", help="Seconds a rank may wait for a peer before the run fails.")]
-RankThreads = Annotated[int, typer.Option("--threads", help="torch threads per rank (0: cores / ranks).")]
+RankThreads = Annotated[int, typer.Option("--threads", help="torch threads per rank (0: cores / ranks; at most 4 per core).")]
 Runtime = Annotated[str, typer.Option(
     "--runtime", help="torch: torch's schedule classes where they run the planned order; plan: always the plan's action lists.")]
 Force = Annotated[bool, typer.Option(

@@ -10,11 +10,12 @@ import contextlib
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator, TextIO
+from typing import Iterable, Iterator, TextIO
 
 from planner.errors import PplanError
 
-__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open", "ensure_writable_file", "ensure_writable_dir"]
+__all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open", "ensure_writable_file", "ensure_writable_dir",
+           "ensure_outputs_distinct"]
 
 
 @contextlib.contextmanager
@@ -91,3 +92,34 @@ def ensure_writable_file(path: str | os.PathLike, what: str) -> None:
     if target.exists() and not target.is_file():
         raise PplanError(f"cannot write {what} {str(target)!r}: it is not a regular file", "give a file name")
     _check_folder(target.parent, what, target)
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether two paths name one file: the inode where both exist (hard links, symlinks, `./x`
+    against `x`), else the resolved paths (an output that does not exist yet)."""
+    try:
+        if a.exists() and b.exists():
+            return os.path.samefile(a, b)
+        return a.resolve() == b.resolve()
+    except OSError:  # unreadable metadata or a symlink loop: compare the spelling instead
+        return os.path.abspath(a) == os.path.abspath(b)
+
+
+def ensure_outputs_distinct(outputs: Iterable[tuple[str, str | os.PathLike | None]],
+                            inputs: Iterable[tuple[str, str | os.PathLike | None]] = ()) -> None:
+    """Refuse, before any work starts, an output that is one of the command's inputs or another output.
+
+    `outputs` are (flag, path) pairs such as ("--timeline", "t.csv"); `inputs` are (what, path)
+    pairs such as ("profile", "mlp.csv"). None entries are skipped. Without this, writing the
+    output atomically replaces the input (`simulate plan.json --out plan.json` turned the plan
+    into a simulation JSON), and two outputs on one path keep only the last one written.
+    """
+    outs = [(flag, Path(p)) for flag, p in outputs if p is not None]
+    for what, src in ((w, Path(p)) for w, p in inputs if p is not None):
+        for flag, dst in outs:
+            if _same_file(dst, src):
+                raise PplanError(f"{flag} {str(dst)!r} is the {what} this command reads", "choose another path")
+    for i, (flag, dst) in enumerate(outs):
+        for other, dst2 in outs[i + 1:]:
+            if _same_file(dst, dst2):
+                raise PplanError(f"{flag} {str(dst)!r} is also {other}: one would overwrite the other", "choose another path")

@@ -19,8 +19,10 @@ _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
 _MAX_BYTES = 2**60  # an exbibyte: anything larger is a typo, not a device
 
 
-def _split(text: str | float, what: str, plain_unit: str, negative_hint: str, example: str) -> tuple[float, str]:
-    """(number, lower-case unit) of `text`; a plain number has `plain_unit`. Refuses a negative."""
+def _split(text: str | float, what: str, plain_unit: str, negative_hint: str, example: str,
+           lower: bool = True) -> tuple[float, str]:
+    """(number, unit) of `text`, the unit lower-cased unless `lower` is False; a plain number has
+    `plain_unit`. Refuses a negative."""
     if isinstance(text, (int, float)):
         return float(text), plain_unit
     if text.strip().startswith("-"):
@@ -28,7 +30,7 @@ def _split(text: str | float, what: str, plain_unit: str, negative_hint: str, ex
     m = re.fullmatch(_NUMBER + r"\s*([A-Za-z/]*)", text.strip())
     if not m:
         raise PplanError(f"cannot read {what} {text!r}", f"write it like {example}")
-    return float(m.group(1)), m.group(2).lower()
+    return float(m.group(1)), m.group(2).lower() if lower else m.group(2)
 
 
 def parse_bytes(text: str | int | float, what: str = "size") -> int:
@@ -37,7 +39,9 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
     if unit not in _BYTE_UNITS:
         raise PplanError(f"unknown unit {unit!r} in {what} {text!r}", "use B, KB, MB, GB, KiB, MiB or GiB")
     result = value * _BYTE_UNITS[unit]
-    if not math.isfinite(result) or result <= 0:
+    if not math.isfinite(result):  # 1e400 reads as infinity: too large, not negative
+        raise PplanError(f"{what} {text!r} is too large (not a finite number)", "give a real device size such as 80GiB")
+    if result <= 0:
         raise PplanError(f"{what} {text!r} must be positive", "give a size such as 16GiB")
     if result < 1:  # would round to 0 bytes: a device with no memory
         raise PplanError(f"{what} {text!r} is less than one byte", "give a size such as 16GiB (units: B, KB, MB, GB, KiB, MiB, GiB)")
@@ -46,18 +50,34 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
     return int(result)
 
 
+def _rate_unit(unit: str) -> tuple[str, bool]:
+    """(the unit's size prefix with 'b', as a _BYTE_UNITS key; whether it counts bits) of a
+    bandwidth unit as written. Case decides, as in networking: B is a byte, b a bit
+    ('100Mbps', '200 Gb/s' are bits; '25GB/s', '25MBps' bytes); 'bit' spells bits out."""
+    base = unit[:-2] if unit.lower().endswith(("/s", "ps")) else unit
+    for bit_word in ("bits", "bit"):
+        if base.lower().endswith(bit_word):
+            return base[: -len(bit_word)].lower() + "b", True
+    if base.endswith("b"):
+        return base[:-1].lower() + "b", True
+    if base.endswith("B"):
+        return base[:-1].lower() + "b", False
+    return base.lower(), False  # '25G/s', a plain number: bytes, as sizes are
+
+
 def parse_bandwidth(text: str | float) -> float:
-    """'25GB/s', '100Gbit/s', '1e9' (bytes/s) -> bytes per second (> 0)."""
-    value, unit = _split(text, "bandwidth", "", "give e.g. 25GB/s", "25GB/s")
-    unit = unit.removesuffix("/s").removesuffix("ps")
-    bits = unit.endswith("bit")
-    if bits:
-        unit = unit[: -len("bit")] + "b"
-    if unit not in _BYTE_UNITS:
-        raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s")
-    result = value * _BYTE_UNITS[unit] / (8 if bits else 1)
+    """'25GB/s', '100Gbit/s', '100Mbps' (bits), '1e9' (bytes/s) -> bytes per second (> 0)."""
+    value, unit = _split(text, "bandwidth", "", "give e.g. 25GB/s", "25GB/s", lower=False)
+    key, bits = _rate_unit(unit)
+    if bits and key[:1] in ("m", "g", "t") and unit[:1].islower():
+        # all lower case ('25gb/s', '100mbps'): bits by the letter, but as often meant as bytes
+        raise PplanError(f"bandwidth {text!r} is ambiguous: a lower-case b is a bit, B a byte",
+                         f"write {value:g}{key[0].upper()}B/s for bytes or {value:g}{key[0].upper()}bit/s for bits")
+    if key not in _BYTE_UNITS:
+        raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s (bits)")
+    result = value * _BYTE_UNITS[key] / (8 if bits else 1)
     if not math.isfinite(result) or result <= 0 or result > 1e15:
-        raise PplanError(f"bandwidth {text!r} is out of range", "give a positive value such as 25GB/s")
+        raise PplanError(f"bandwidth {text!r} is out of range", "give a positive value up to 1PB/s, such as 25GB/s")
     return result
 
 

@@ -56,3 +56,23 @@ def test_a_size_below_one_byte_is_refused_not_rounded_to_zero():
     with pytest.raises(PplanError, match="less than one byte"):
         parse_bytes("0.5B", "--memory")
     assert parse_bytes("1B") == 1
+
+
+@pytest.mark.parametrize("text,expected", [
+    ("100Mbps", 100e6 / 8), ("200 Gb/s", 200e9 / 8), ("10kbps", 10e3 / 8), ("5Gbits/s", 5e9 / 8), ("8bps", 1.0),
+    ("100MBps", 100e6), ("25GB/s", 25e9),
+])
+def test_a_lower_case_b_in_a_bandwidth_is_a_bit_and_upper_case_a_byte(text, expected):
+    # `100Mbps` was read as 100 MB/s: `ps` was dropped and the unit lower-cased, 8x too fast a link
+    assert parse_bandwidth(text) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("text", ["25gb/s", "100mbps", "1tbps"])
+def test_an_all_lower_case_bandwidth_is_refused_as_ambiguous(text):
+    with pytest.raises(PplanError, match="ambiguous.*B/s for bytes or .*bit/s for bits"):
+        parse_bandwidth(text)
+
+
+def test_a_size_too_large_to_be_finite_says_so_rather_than_not_positive():
+    with pytest.raises(PplanError, match=r"'1e400G' is too large \(not a finite number\)"):
+        parse_bytes("1e400G", "--memory")

@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from planner.errors import PplanError
+from planner.profiling.options import check_threads
 
-__all__ = ["RunOptions"]
+__all__ = ["RunOptions", "MAX_STEPS", "DEFAULT_WARMUP", "MAX_TIMEOUT_S"]
+
+# A measuring run, not a training job: ten million steps of even 10 ms is more than a day; a
+# larger count is a typo (`--steps 1e20` would run practically forever).
+MAX_STEPS = 10_000_000
+DEFAULT_WARMUP = 2
+"""Warm-up steps when none are given (fewer when the run has fewer steps: one is always measured)."""
+# Longer than any wait for a peer can sensibly be; torch's process-group timeout is a timedelta,
+# which an infinite or astronomically long timeout overflows.
+MAX_TIMEOUT_S = 7 * 86_400.0
 
 
 @dataclass(frozen=True)
@@ -16,8 +27,9 @@ class RunOptions:
 
     steps: int = 10
     """Optimizer steps to reach (a resumed run continues up to this count)."""
-    warmup: int = 2
-    """Steps excluded from the timing (the first ones: shape inference, allocator warm-up)."""
+    warmup: int | None = None
+    """Steps excluded from the timing (the first ones: shape inference, allocator warm-up); fewer
+    than `steps`. None: DEFAULT_WARMUP, or steps - 1 when that is fewer (an int after construction)."""
     lr: float = 1e-3
     """Learning rate of the plan's optimizer."""
     device: str = "auto"
@@ -48,20 +60,31 @@ class RunOptions:
     def __post_init__(self) -> None:
         if self.steps < 1:
             raise PplanError(f"--steps {self.steps} must be at least 1")
+        if self.steps > MAX_STEPS:
+            raise PplanError(f"--steps {self.steps} is more than {MAX_STEPS:,} (a measuring run, not a training job)",
+                             "e.g. --steps 10")
+        if self.warmup is None:
+            object.__setattr__(self, "warmup", min(DEFAULT_WARMUP, self.steps - 1))
         if self.warmup < 0:
             raise PplanError(f"--warmup {self.warmup} must be 0 or more")
-        if not self.lr > 0:
-            raise PplanError(f"--lr {self.lr} must be positive")
+        if self.warmup >= self.steps:  # else a warm-up step would be measured as the run's time
+            raise PplanError(f"--warmup {self.warmup} leaves none of --steps {self.steps} to measure",
+                             f"give --steps more than --warmup, e.g. --steps {self.warmup + 3} --warmup {self.warmup}")
+        if not (math.isfinite(self.lr) and self.lr > 0):
+            raise PplanError(f"--lr {self.lr} must be a positive finite number", "e.g. --lr 1e-3")
         if self.device not in ("cpu", "cuda", "auto"):
             raise PplanError(f"--device {self.device!r} is unknown", "use cpu, cuda or auto")
-        if not self.timeout_s > 0:
-            raise PplanError(f"--timeout {self.timeout_s} must be positive")
+        if not 0 < self.timeout_s <= MAX_TIMEOUT_S:  # NaN fails both
+            raise PplanError(f"--timeout {self.timeout_s} must be positive and at most {MAX_TIMEOUT_S:g} s (a week)",
+                             "e.g. --timeout 300")
         if self.checkpoint_every < 0:
             raise PplanError(f"--checkpoint-every {self.checkpoint_every} must be 0 or more")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise PplanError("--checkpoint-every needs --checkpoint-dir")
         if self.threads < 0:
-            raise PplanError(f"--threads {self.threads} must be 0 or more")
+            raise PplanError(f"--threads {self.threads} must be 0 or more", "0: cores / ranks")
+        if self.threads:
+            check_threads(self.threads)
         if self.input_shape is not None:
             object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))  # JSON gives a list
             if not self.input_shape or any(d < 1 for d in self.input_shape):

@@ -70,7 +70,10 @@ def action_medians(steps: list[list[ActionSpan]]) -> dict[str, float]:
 
 def _measured_steps(step_ms: list[float], warmup: int, memory_index: int) -> list[int]:
     """Indices into step_ms after the warm-up, without the memory step (its hooks and counting
-    slow it) unless it is the only one."""
+    slow it) unless it is the only one.
+
+    RunOptions refuses warmup >= steps, so the last step stands in for the run only when a
+    resumed run has fewer steps left than its warm-up (planner.execute.preflight knows that count)."""
     measured = list(range(min(warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
     if len(measured) > 1 and memory_index in measured:
         measured.remove(memory_index)

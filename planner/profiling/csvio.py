@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import csv
+import difflib
 import io
 import itertools
 import math
@@ -120,12 +121,33 @@ def parse_profile_csv(text: str, source: str) -> ProfileTable:
     )
 
 
+def _near(column: str, candidates: list[str]) -> str | None:
+    """The candidate a misspelt column most likely meant; None unless it is close (a timeline's
+    `end_ms` is not a typo of `fwd_ms`, a `fwd_mss` is)."""
+    match = difflib.get_close_matches(column, candidates, n=1, cutoff=0.75)
+    return match[0] if match else None
+
+
 def _header(header: list[str], source: str, lineno: int) -> dict[str, int]:
-    """Column name -> position, once every required column is there and none twice."""
+    """Column name -> position, once every required column is there, none twice and none unknown.
+
+    An unknown column is refused, not ignored: a misspelt optional column (`optimiser_ms`) would
+    otherwise be dropped and its default used, silently changing every prediction."""
     have = set(header)
+    known = REQUIRED_COLUMNS + OPTIONAL_COLUMNS
+    unknown = [h for h in header if h not in known]
     missing = [c for c in REQUIRED_COLUMNS if c not in have]
     if missing:
-        raise ProfileError(f"{source}:{lineno}: missing column(s) {', '.join(missing)}", "the header needs " + ",".join(REQUIRED_COLUMNS))
+        guesses = [f"{g!r} (the header has {u!r})" for u in unknown if (g := _near(u, missing))]
+        hint = f"did you mean {', '.join(guesses)}? " if guesses else ""
+        raise ProfileError(f"{source}:{lineno}: missing column(s) {', '.join(missing)}",
+                           hint + "the header needs " + ",".join(REQUIRED_COLUMNS))
+    if unknown:
+        guess = _near(unknown[0], [c for c in known if c not in have])
+        raise ProfileError(f"{source}:{lineno}: unknown column {unknown[0][:60]!r}"
+                           + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""),
+                           (f"did you mean {guess!r}? " if guess else "")
+                           + "optional columns: " + ", ".join(OPTIONAL_COLUMNS) + " (docs/profile-format.md)")
     dupes = sorted(h for h, n in collections.Counter(header).items() if n > 1)
     if dupes:
         raise ProfileError(f"{source}:{lineno}: duplicated column(s) {', '.join(dupes)}")

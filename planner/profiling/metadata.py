@@ -66,6 +66,16 @@ def _input_shape(value: str) -> str | None:
     return None
 
 
+def _dtype(value: str) -> str | None:
+    """A dtype pplan profiles in: the cost model reads parameters and precision from it."""
+    from planner.hardware import DTYPE_BYTES
+
+    if value in DTYPE_BYTES:
+        return None
+    guess = nearest(value, DTYPE_BYTES)
+    return f"is not one of {', '.join(DTYPE_BYTES)}" + (f" (did you mean {guess!r}?)" if guess else "")
+
+
 def _input_dtype(value: str) -> str | None:
     from planner.models.spec import INPUT_DTYPES
 
@@ -83,7 +93,7 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     "input_bytes_per_sample": _number(1e18),
     "device": _free_text,
     "device_name": _free_text,
-    "dtype": _free_text,
+    "dtype": _dtype,
     "torch": _free_text,
     "threads": _integer(0, 10**6),
     "date": _free_text,

@@ -13,15 +13,32 @@ from dataclasses import dataclass
 
 from planner.errors import PplanError
 from planner.hardware import DTYPE_BYTES
+from planner.hostinfo import usable_cores
 from planner.models.spec import INPUT_DTYPES
 
-__all__ = ["DTYPE_NAMES", "TIMER_NAMES", "ProfileOptions"]
+__all__ = ["DTYPE_NAMES", "TIMER_NAMES", "ProfileOptions", "MAX_REPEATS", "THREADS_PER_CORE", "check_threads"]
 
 DTYPE_NAMES = tuple(DTYPE_BYTES)
 """Parameter and float-input dtypes a profile can be measured in (torch dtype names; planner.hardware's)."""
 TIMER_NAMES = ("sched", "wall")
 """sched: wall time minus time spent waiting for a CPU; wall: plain wall time."""
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
+# Timed (and untimed) runs per layer and size: 15 already keeps two runs within ~15%; ten
+# thousand is far past any use, and `--repeats 1e20` would measure practically forever.
+MAX_REPEATS = 10_000
+# torch threads a process may ask for, per usable core. Beyond a few per core threads only
+# contend for the cores; far beyond, the OpenMP pool cannot be created (100,000 threads killed
+# `pplan profile` with signal 11 and no message, and `pplan run` failed after seconds with an
+# unrelated gloo hint).
+THREADS_PER_CORE = 4
+
+
+def check_threads(threads: int, flag: str = "--threads") -> None:
+    """Refuse a torch thread count above THREADS_PER_CORE x this machine's usable cores."""
+    cores = usable_cores()
+    if threads > THREADS_PER_CORE * cores:
+        raise PplanError(f"{flag} {threads} is more than {THREADS_PER_CORE} per core on this machine's {cores} core(s) "
+                         f"(at most {THREADS_PER_CORE * cores})", f"give at most {cores}; 1 gives the steadiest timings")
 
 
 @dataclass(frozen=True)
@@ -64,11 +81,13 @@ class ProfileOptions:
             raise PplanError(f"--dtype {self.dtype!r} is not supported", f"use one of {', '.join(DTYPE_NAMES)}")
         if self.timer not in TIMER_NAMES:
             raise PplanError(f"--timer {self.timer!r} is not supported", f"use {' or '.join(TIMER_NAMES)}")
-        if self.warmup < 0 or self.repeats < 1:
-            raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need warmup >= 0 and repeats >= 1",
-                             "e.g. --warmup 3 --repeats 15")
+        if not (0 <= self.warmup <= MAX_REPEATS and 1 <= self.repeats <= MAX_REPEATS):
+            raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need 0 <= warmup <= {MAX_REPEATS} "
+                             f"and 1 <= repeats <= {MAX_REPEATS}", "e.g. --warmup 3 --repeats 15")
         if self.threads is not None and self.threads < 1:
             raise PplanError(f"--threads {self.threads} must be at least 1", "1 gives the steadiest timings")
+        if self.threads is not None:
+            check_threads(self.threads)
         if self.input_dtype not in INPUT_DTYPES:
             raise PplanError(f"--input-dtype {self.input_dtype!r} is not supported", f"use {' or '.join(INPUT_DTYPES)}")
         if self.vocab is not None and self.vocab < 2:
