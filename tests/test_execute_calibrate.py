@@ -42,11 +42,11 @@ def _plan(schedule="1f1b") -> Plan:
                 devices=(Device("a"), Device("b"), Device("c")), model="mlp:layers=4")
 
 
-def _run(measured_ms: float, ranks: list[dict], **fields) -> RunRecord:
-    """A run record holding just what a calibration fit reads (the rest filled, unread)."""
+def _run(measured_ms: float, ranks: list[dict], schedule: str = "1f1b", **fields) -> RunRecord:
+    """A run record of `_plan(schedule)` holding just what a calibration fit reads (the rest filled, unread)."""
     rank_records = [RankRecord(rank=r["rank"], device=r["rank"], host="h", stages=r["stages"], busy_ms=0.0,
                                action_ms=r["action_ms"]) for r in ranks]
-    return RunRecord(plan=None, model="mlp:layers=4", schedule="1f1b", runtime="Schedule1F1B", device_type="cpu",
+    return RunRecord(plan=None, model="mlp:layers=4", schedule=schedule, runtime="Schedule1F1B", device_type="cpu",
                      n_ranks=len(ranks), n_stages=len(ranks), micro_batch_size=2, n_microbatches=4, optimizer="adam",
                      steps=3, warmup=1, iteration_ms_measured=measured_ms, iteration_ms_predicted=None, error_pct=None,
                      losses=[], loss_steps=[], step_ms=[measured_ms], measured_steps=[0], timeline_step=0,
@@ -102,7 +102,7 @@ def test_split_backward_is_fitted_as_one_point():
     ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": 2 * st.fwd_ms,
               f"{s}I": 0.0 if s == 0 else 2 * st.bwd_input_ms,
               f"{s}W": 2 * st.bwd_ms if s == 0 else 2 * st.bwd_weight_ms}} for s, st in enumerate(stages)]
-    run = _run(100.0, ranks)
+    run = _run(100.0, ranks, schedule="zb")
     cal, fit = fit_from_run(run, plan, prof, calibration_path="c.calibration.json")
     assert cal.compute_scale == pytest.approx(2.0)
     assert [p.action for p in fit.compute_points] == ["0F", "0I+W", "1F", "1I+W", "2F", "2I+W"]
@@ -153,8 +153,9 @@ def test_assemble_run_takes_the_median_of_the_measured_steps_and_compares():
 
 def _assembled(step_ms, **kw):
     measured = range(1, len(step_ms))
-    recs = [_record(1, 1, [], 0.0, losses={0: 2.0}, step_ms=step_ms, measured_steps=measured),
-            _record(0, 0, [[0, "F", 0, 0.0, 1.0]], 0.0, step_ms=step_ms, measured_steps=measured)]
+    recs = [_record(1, 1, [], 0.0, step_ms=step_ms, measured_steps=measured),
+            _record(0, 0, [[0, "F", 0, 0.0, 1.0]], 0.0, step_ms=step_ms, measured_steps=measured),
+            _record(2, 2, [], 0.0, losses={0: 2.0}, step_ms=step_ms, measured_steps=measured)]  # one per device
     return assemble_record(recs, _plan(), plan_path="p.json", device_type="cpu", steps=len(step_ms), warmup=1,
                            prediction=None, prediction_source=None, calibration=None, **kw)
 

@@ -47,3 +47,30 @@ def test_allocator_peak_within_ten_percent_of_the_prediction(tmp_path, prof, sch
         assert r["memory_measure"] == "cpu-allocator"
         # the last rank's logits gradients are the workspace term: without it this rank misses by half
         assert measured == pytest.approx(predicted, rel=0.10), (r["rank"], measured, predicted, r["memory_predicted"])
+
+
+
+@pytest.mark.slow
+def test_tracked_buffers_are_the_receive_buffers_torch_holds(tmp_path):
+    """The run's tracked `buffers` are what torch's stages keep from their first step: a receive
+    buffer per micro-batch for each stage's input and its output's gradient, and on the first stage
+    the step's input batch: M x (bytes in + bytes out), the cost model's buffer_bytes. (The tracker
+    once counted 2 x (in + out), and the inputs a stage's first layer saves as activations too.)
+    Two stages per rank, a hand-written plan: no profile needed."""
+    plan, out = tmp_path / "plan.json", tmp_path / "run.json"
+    plan.write_text(json.dumps({
+        "schedule": "interleaved", "micro_batch_size": 4, "n_microbatches": 4, "devices": 2,
+        "model": "mlp:layers=4,hidden=256,input=784,classes=10",
+        "stages": [{"device": s % 2, "layers": [s, s + 1]} for s in range(4)]}))
+    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "2", "--warmup", "1", "--out", str(out),
+                    timeout=300, PPLAN_MACHINE="off")
+    assert res.returncode == 0, res.stderr
+    run = json.loads(out.read_text())
+    hidden, image = 4 * 256 * 4, 4 * 784 * 4  # one micro-batch of float32 activations, of input images
+    assert run["boundary_bytes"] == {"0": [image, hidden], "1": [hidden, hidden], "2": [hidden, hidden],
+                                     "3": [hidden, 4 * 10 * 4]}
+    by_stages = {tuple(r["stages"]): r["memory_measured"] for r in run["ranks"]}
+    # rank 0: stage 0's input batch and output gradients, stage 2's inputs and output gradients
+    assert by_stages[(0, 2)]["buffers"] == 4 * (image + hidden) + 4 * (hidden + hidden)
+    # rank 1: stage 1's inputs and output gradients, the last stage's inputs (its output is the loss's)
+    assert by_stages[(1, 3)]["buffers"] == 4 * (hidden + hidden) + 4 * hidden

@@ -22,15 +22,17 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
-from planner.calibration import Calibration
+from planner.calibration import MAX_OVERHEAD_MS, Calibration
 from planner.errors import PplanError
-from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded
+from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
+from planner.execute.mesh import dp_degree, world_size
 from planner.execute.results import error_pct
 from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
-__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file"]
+__all__ = ["compute_points", "fit_compute", "plan_differences", "check_fit_inputs", "fit_from_run",
+           "calibrate_from_run_file"]
 
 
 def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
@@ -74,13 +76,45 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
     return max(scale, 1e-6), 0.0
 
 
+def plan_differences(run: RunRecord, plan: Plan) -> list[str]:
+    """What makes `run` a run of another plan than `plan`, one 'field run-value vs plan-value' each
+    (empty: the same plan): the model, schedule, optimizer, micro-batches and their size, stages,
+    processes and data-parallel replicas, and each rank's device and stages. A run of another plan
+    fits numbers to the wrong simulation (a 1-micro-batch zb run read as a 4-micro-batch gpipe plan
+    gave a 'calibration' 132% off its own run)."""
+    pairs = [("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
+             ("optimizer", run.optimizer, plan.optimizer),
+             ("micro_batch_size", run.micro_batch_size, plan.micro_batch_size),
+             ("n_microbatches", run.n_microbatches, plan.n_microbatches), ("n_stages", run.n_stages, plan.n_stages),
+             ("n_ranks", run.n_ranks, world_size(plan)), ("dp", run.dp, dp_degree(plan))]
+    differences = [f"{name} {_text(ran)} vs {_text(planned)}" for name, ran, planned in pairs if ran != planned]
+    if differences:  # the ranks' stages follow from the counts: compared only where those agree
+        return differences
+    for i, rank in enumerate(run.ranks):
+        if not 0 <= rank.device < plan.n_devices:
+            return [f"ranks[{i}].device {rank.device} vs devices 0..{plan.n_devices - 1}"]
+        planned_stages = [s for s, st in enumerate(plan.stages) if st.device == rank.device]
+        if sorted(rank.stages) != planned_stages:
+            return [f"ranks[{i}].stages {rank.stages} vs {planned_stages} (device {rank.device})"]
+    return []
+
+
+def _text(value: Any) -> str:
+    """A value in a one-line message: text as it is (cut at 60 characters), anything else its repr."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
-    """Refuse, before any work, a run the fit cannot read as `plan`'s: a timed step, the plan's
-    stages, and finite times >= 0 in the actions, ping-pongs and hand-over gaps (a file someone
-    edited; planner.execute.runfile has checked its keys and types). `source` (the file) leads
-    each message."""
+    """Refuse, before any work, a run the fit cannot read as `plan`'s: a run of this plan
+    (plan_differences), a timed step, and finite times >= 0 in the actions, ping-pongs and
+    hand-over gaps (a file someone edited; planner.execute.runfile has checked its keys, types
+    and ranges). `source` (the file) leads each message."""
     def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:
         return PplanError(f"{source}: {message}" if source else message, hint)
+
+    if differences := plan_differences(run, plan):
+        raise bad(f"the run is of a different plan: {', '.join(differences)}", "give the run of this plan")
 
     def ms(value: Any, where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -89,11 +123,9 @@ def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> N
     measured = run.iteration_ms_measured
     if measured is None or not measured > 0:
         raise bad(f"iteration_ms_measured is {measured!r}, not a positive time", "give the run of a plan that timed a step")
+    if measured > MAX_OVERHEAD_MS:  # what the simulation leaves of it becomes step_overhead_ms
+        raise bad(f"iteration_ms_measured is {measured:g}, more than a day ({MAX_OVERHEAD_MS:g} ms)")
     for i, rank in enumerate(run.ranks):
-        for s in rank.stages:
-            if isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < plan.n_stages:
-                raise bad(f"ranks[{i}]: stage {repr(s)[:40]} is not a stage of the plan (0..{plan.n_stages - 1})",
-                          "give the run of this plan")
         for key, value in rank.action_ms.items():
             ms(value, f"ranks[{i}].action_ms[{str(key)[:20]!r}]")
     for i, c in enumerate(run.comm):
@@ -133,11 +165,11 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
         per_byte = 1e3 / bw if bw else 0.0
         lat = max(0.0, statistics.median(g - b * per_byte for b, g in gaps))
     # the machine's hand-over share stays: it is a cost of the transfers, which the compute fit does not see
-    cal = Calibration(compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,
-                      comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0, handover_cpu_ms=prev.handover_cpu_ms,
-                      handover_cpu_ms_per_mib=prev.handover_cpu_ms_per_mib)
+    cal = _fitted(run_path, compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,
+                  comm_bandwidth_bytes_per_s=bw, step_overhead_ms=0.0, handover_cpu_ms=prev.handover_cpu_ms,
+                  handover_cpu_ms_per_mib=prev.handover_cpu_ms_per_mib)
     without = simulate(plan, profile, calibration=cal, record_timeline=False).iteration_ms
-    cal = replace(cal, step_overhead_ms=max(0.0, measured - without))
+    cal = _fitted(run_path, **dict(calibration_values(cal), step_overhead_ms=max(0.0, measured - without)))
     after = without + cal.step_overhead_ms
     fit = CalibrationFit(
         measured_ms=measured, predicted_ms_before=before, error_pct_before=error_pct(before, measured),
@@ -148,6 +180,17 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
               "n_microbatches": plan.n_microbatches, "measured_ms": measured,
               "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after}
     return replace(cal, fitted_from=fitted), fit
+
+
+def _fitted(source: str | None, **values: Any) -> Calibration:
+    """The Calibration of fitted values; one out of its range (a run whose actions took 10^4 x
+    their profiled time) is refused as what the run gave, not as a calibration file's typo."""
+    try:
+        return Calibration(**values)
+    except PplanError as e:
+        where = f"{source}: " if source else ""
+        raise PplanError(f"{where}the run's times give {e.message}",
+                         "check that the run, the plan and the profile are of the same model and machine") from None
 
 
 def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,

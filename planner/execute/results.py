@@ -12,7 +12,7 @@ Definitions (docs/executor.md):
                          model was built (memory_measure "cpu-allocator"). memory_measured is
                          the tracked breakdown beside it: weights + gradients + optimizer state
                          (the tensors) + peak saved activations (saved-tensor hooks) + boundary
-                         buffers (2 x (input + output) bytes of one micro-batch)
+                         buffers (the stages' receive buffers, M x (input + output), and the first stage's input batch)
   losses                 mean loss of each step in loss_steps; JSON has no inf/NaN, so a loss
                          that is not finite is written as null
   diverged               null, or {"step": k, "loss": "inf" | "-inf" | "nan"}: the first step

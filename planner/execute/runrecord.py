@@ -3,6 +3,13 @@ frozen dataclasses whose fields are the JSON's keys in the order written, one to
 each; docs/executor.md defines every field. planner.execute.results assembles a RunRecord from the
 ranks' measurements; planner.execute.runfile reads a file back, every value checked.
 
+Reading checks each value's range too (`check_run_values`): counts of at least one, times finite,
+at least 0 and under a day, byte counts within MAX_MEMORY_BYTES, a known schedule and optimizer,
+indices that point inside the run (a rank's stages, the measured steps), one rank record per rank.
+A file someone edited fails there on one line that names the field, never later inside a fit or a
+figure. A record assembled in memory is not checked: a run that timed no step holds NaN, which
+its JSON writes as null.
+
 A field's nested records (a memory breakdown, a ping-pong measurement, a divergence, the
 calibration and what --calibrate fitted: planner.execute.fitrecord) write the same JSON objects
 the run file always had.
@@ -10,6 +17,7 @@ the run file always had.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, get_type_hints
 
@@ -18,13 +26,19 @@ from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
 from planner.jsonio import finite_or_null
-from planner.jsontypes import record_fields, to_json
-from planner.plan import MemoryRecord
+from planner.jsontypes import is_number, record_fields, short, to_json
+from planner.limits import MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES
+from planner.plan import OPTIMIZERS, SCHEDULES, MemoryRecord
 
-__all__ = ["FORMAT", "RUN_FILE_HINT", "Divergence", "RankRecord", "RunRecord"]
+__all__ = ["FORMAT", "RUN_FILE_HINT", "DEVICE_TYPES", "MEMORY_MEASURES", "Divergence", "RankRecord", "RunRecord",
+           "check_run_values"]
 
 FORMAT = "pplan-run/1"
 RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
+DEVICE_TYPES = ("cpu", "cuda")
+"""What a run's `device_type` can be (planner.execute.preflight chooses one)."""
+MEMORY_MEASURES = ("cuda-allocator", "cpu-allocator", "tracked")
+"""How a rank's peak can have been measured (planner.execute.train)."""
 
 
 @dataclass(frozen=True)
@@ -214,13 +228,102 @@ class RunRecord:
             raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
         d = record_fields(d, cls, "run", hint=RUN_FILE_HINT)
         calibration, fit, diverged = d.get("calibration"), d.get("calibration_fit"), d.get("diverged")
-        return cls(**dict(
+        run = cls(**dict(
             d, ranks=[RankRecord.from_dict(r, f"ranks[{i}]") for i, r in enumerate(d["ranks"])],
             comm=[CommMeasurement.from_dict(c, f"comm[{i}]", PplanError, RUN_FILE_HINT)
                   for i, c in enumerate(d.get("comm", []))],
             diverged=Divergence.from_dict(diverged) if diverged is not None else None,
             calibration=calibration_from_dict(calibration) if calibration is not None else None,
             calibration_fit=CalibrationFit.from_dict(fit) if fit is not None else None))
+        check_run_values(run)
+        return run
 
     def with_(self, **changes: Any) -> "RunRecord":
         return replace(self, **changes)
+
+
+def _refuse(where: str, value: Any, requirement: str) -> PplanError:
+    return PplanError(f"{where} is {short(value)}, {requirement}", RUN_FILE_HINT)
+
+
+def _count(where: str, value: int, low: int, high: int | None = None) -> None:
+    if value < low or (high is not None and value > high):
+        raise _refuse(where, value, f"not {low} or more" if high is None else f"not in {low}..{high}")
+
+
+def _ms(where: str, value: Any) -> None:
+    """A time in ms: finite, at least 0, at most a day (None passes: the field may be null)."""
+    if value is not None and not (is_number(value) and math.isfinite(value) and 0 <= value <= MAX_LATENCY_MS):
+        raise _refuse(where, value, f"not a time from 0 to {MAX_LATENCY_MS:g} ms (a day)")
+
+
+def _bytes(where: str, value: Any) -> None:
+    if value is not None and not (is_number(value) and 0 <= value <= MAX_MEMORY_BYTES):
+        raise _refuse(where, value, f"not a byte count from 0 to {MAX_MEMORY_BYTES:g}")
+
+
+def _choice(where: str, value: Any, known: tuple[str, ...]) -> None:
+    if value is not None and value not in known:
+        raise _refuse(where, value, f"not one of {', '.join(known)}")
+
+
+def check_run_values(run: RunRecord) -> None:
+    """Refuse a run read from a file whose values lie outside what a run can measure (module
+    docstring); PplanError names the field ("run field 'micro_batch_size' is 0, not 1 or more")."""
+    for name in ("n_ranks", "n_stages", "micro_batch_size", "n_microbatches", "steps", "dp"):
+        _count(f"run field {name!r}", getattr(run, name), 1)
+    for name in ("first_step", "warmup"):
+        _count(f"run field {name!r}", getattr(run, name), 0, run.steps)
+    if run.micro_batch_size * run.n_microbatches > MAX_GLOBAL_BATCH:
+        raise _refuse("run field 'micro_batch_size' x 'n_microbatches'", run.micro_batch_size * run.n_microbatches,
+                      f"more than {MAX_GLOBAL_BATCH:g} samples per step")
+    _choice("run field 'schedule'", run.schedule, SCHEDULES)
+    _choice("run field 'optimizer'", run.optimizer, OPTIMIZERS)
+    _choice("run field 'device_type'", run.device_type, DEVICE_TYPES)
+    for name in ("iteration_ms_measured", "iteration_ms_predicted", "step_ms_min", "step_ms_median", "step_ms_max",
+                 "grad_allreduce_ms_measured", "grad_allreduce_ms_predicted"):
+        _ms(f"run field {name!r}", getattr(run, name))
+    for i, ms in enumerate(run.step_ms):
+        _ms(f"run field 'step_ms' item {i}", ms)
+    for i, step in enumerate(run.measured_steps):
+        _count(f"run field 'measured_steps' item {i}", step, 0, len(run.step_ms) - 1)
+    _count("run field 'timeline_step'", run.timeline_step, -1, len(run.step_ms) - 1)  # -1: no step timed
+    if len(run.losses) != len(run.loss_steps) or len(run.losses) > run.steps:
+        raise PplanError(f"run field 'losses' holds {len(run.losses)} losses for {len(run.loss_steps)} loss_steps "
+                         f"and {run.steps} steps: it holds one per loss step, at most one per step", RUN_FILE_HINT)
+    for stage, pair in run.boundary_bytes.items():
+        if not (stage.isdigit() and int(stage) < run.n_stages):
+            raise _refuse("run field 'boundary_bytes' key", stage, f"not a stage of the run (0..{run.n_stages - 1})")
+        if len(pair) != 2:
+            raise _refuse(f"run field 'boundary_bytes' stage {stage}", pair, "not an [input bytes, output bytes] pair")
+        for value in pair:
+            _bytes(f"run field 'boundary_bytes' stage {stage}", value)
+    if len(run.ranks) != run.n_ranks:
+        raise _refuse("run field 'n_ranks'", run.n_ranks, f"not the {len(run.ranks)} rank record(s) the run holds")
+    if run.dp > run.n_ranks:
+        raise _refuse("run field 'dp'", run.dp, f"more than n_ranks ({run.n_ranks})")
+    seen: set[int] = set()
+    for i, rank in enumerate(run.ranks):
+        _check_rank(rank, f"ranks[{i}] field", run)
+        if rank.rank in seen:
+            raise _refuse(f"ranks[{i}] field 'rank'", rank.rank, "a rank another record has already")
+        seen.add(rank.rank)
+
+
+def _check_rank(rank: RankRecord, where: str, run: RunRecord) -> None:
+    """One rank record's values, against its run's counts."""
+    _count(f"{where} 'rank'", rank.rank, 0, run.n_ranks - 1)
+    _count(f"{where} 'device'", rank.device, 0, run.n_stages - 1)  # a device runs one stage or more
+    _count(f"{where} 'replica'", rank.replica, 0, run.n_ranks - 1)
+    if rank.threads is not None:
+        _count(f"{where} 'threads'", rank.threads, 1)
+    for stage in rank.stages:
+        _count(f"{where} 'stages'", stage, 0, run.n_stages - 1)
+    for name in ("busy_ms", "busy_ms_predicted", "grad_allreduce_ms"):
+        _ms(f"{where} {name!r}", getattr(rank, name))
+    for name in ("action_ms", "action_cpu_ms"):
+        for key, ms in getattr(rank, name).items():
+            _ms(f"{where} {name!r}[{key!r}]", ms)
+    for name in _RANK_JSON_FORMS:
+        _bytes(f"{where} {name!r}", getattr(rank, name))
+    _choice(f"{where} 'memory_measure'", rank.memory_measure, MEMORY_MEASURES)

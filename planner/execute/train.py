@@ -37,15 +37,15 @@ from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
 from planner.plan import MemoryRecord, Plan
 from planner.profiling.allocpeak import CpuAllocatorMeter
-from planner.profiling.saved import tensor_bytes
+from planner.profiling.saved import storage_key, tensor_bytes
 
 __all__ = ["train_rank", "check_executed_order"]
 
-def _to(obj: Any, device: torch.device) -> Any:
+def _to(obj: Any, device: torch.device, copy: bool = False) -> Any:
     if isinstance(obj, torch.Tensor):
-        return obj.to(device)
+        return obj.to(device, copy=copy)
     if isinstance(obj, (tuple, list)):
-        return type(obj)(_to(o, device) for o in obj)
+        return type(obj)(_to(o, device, copy) for o in obj)
     return obj
 
 
@@ -176,7 +176,7 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
         if tk is not None:
             set_tracker(None)
             if measured:
-                log.memory = _memory(plan, r, tk, grad_bytes, window, meter, device)
+                log.memory = _memory(r, tk, grad_bytes, window, meter, device, batch=x)
         step_ms, diverged = _agree_on_step(r, step, (t1 - t0) * 1e3, losses, device)
         log.add_step(step_ms, t0, r.rec.events)
         if pipe.is_last and pipe.dp_index == 0 and pipe.tp_index == 0:
@@ -194,10 +194,12 @@ def _step_batch(plan: Plan, r: _RankSetup, step: int, device: torch.device) -> t
     """Step `step`'s (inputs, targets) for this rank: its replica's slice, on its device."""
     pipe = r.pipe
     x, y = r.bundle.make_batch(plan.global_batch, step_seed(plan.seed, step))
-    x, y = _to(pipe.local_batch(x), device), _to(pipe.local_batch(y), device)  # this replica's slice
     # only the first stage's rank feeds the inputs and only the last's the targets: elsewhere
-    # the batch would sit in memory for the whole step (the cost model charges it where it is used)
-    return (x if pipe.is_first else None), (y if pipe.is_last else None)
+    # the batch would sit in memory for the whole step (the cost model charges it where it is used).
+    # A replica's slice is a view of the global batch: copied, else on CPU it keeps all dp slices alive
+    copy = pipe.dp > 1
+    return (_to(pipe.local_batch(x), device, copy) if pipe.is_first else None,
+            _to(pipe.local_batch(y), device, copy) if pipe.is_last else None)
 
 
 def _start_tracking(opts: RunOptions, r: _RankSetup, step: int, x: Any, y: Any, probes: dict[int, int],
@@ -205,8 +207,11 @@ def _start_tracking(opts: RunOptions, r: _RankSetup, step: int, x: Any, y: Any, 
     """The memory tracker of this step, installed, on the first step and the memory step; else None."""
     if not (opts.track_memory and step in (r.start_step, r.mem_step)):
         return None
-    # the first step only measures what checkpointed layers hold while recomputed
-    tk = _tracker(r.pipe, r.params + [t for t in (x, y) if isinstance(t, torch.Tensor)], probes)
+    # the first step only measures what checkpointed layers hold while recomputed. The receive
+    # buffers (there from the first step on) are the buffers' part, not the activations', also
+    # where a stage's first layer saves its input: the storage is the buffer's
+    batch = [t for t in (x, y) if isinstance(t, torch.Tensor)]
+    tk = _tracker(r.pipe, r.params + batch + _receive_buffers(r.pipe.stages), probes)
     set_tracker(tk)
     if step == r.mem_step and device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
@@ -249,18 +254,44 @@ def _checkpoint_due(opts: RunOptions, done: int) -> bool:
     return bool(opts.checkpoint_dir) and (done == opts.steps or bool(every and done % every == 0))
 
 
-def _memory(plan: Plan, r: _RankSetup, tk: MemoryTracker, grad_bytes: int, window: RssWindow | None,
-            meter: CpuAllocatorMeter | None, device: torch.device) -> RankMemory:
+def _receive_buffers(stages: Any) -> list[torch.Tensor]:
+    """The receive buffers torch's PipelineStages allocate at their first step and keep: one per
+    micro-batch for each activation a stage receives and one for each gradient of its output
+    (planner.cost.buffer_bytes prices them; none before the first step)."""
+    buffers = []
+    for st in stages:
+        for per_microbatch in (getattr(st, "args_recv_info", {}), getattr(st, "grad_recv_info", {})):
+            for infos in per_microbatch.values():
+                buffers += [info.buffer for info in infos if isinstance(getattr(info, "buffer", None), torch.Tensor)]
+    return buffers
+
+
+def _buffer_bytes(stages: Any, batch: Any) -> int:
+    """The boundary buffers the rank holds through a step, each storage once: the stages' receive
+    buffers (M x (bytes in + bytes out)) and, on the first stage's rank, the step's input batch,
+    which torch's schedule splits into micro-batches that are views of it (M x the model input):
+    what the cost model's buffers are (planner.cost.buffer_bytes)."""
+    tensors = _receive_buffers(stages) + _tensors(batch)
+    return sum(dict(storage_key(t) for t in tensors).values())
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    """The tensors of a batch: a tensor, or those in a tuple, list or dict of them (a model's inputs)."""
+    if isinstance(obj, (tuple, list, dict)):
+        return [t for o in (obj.values() if isinstance(obj, dict) else obj) for t in _tensors(o)]
+    return [obj] if isinstance(obj, torch.Tensor) else []
+
+
+def _memory(r: _RankSetup, tk: MemoryTracker, grad_bytes: int, window: RssWindow | None,
+            meter: CpuAllocatorMeter | None, device: torch.device, batch: Any) -> RankMemory:
     """The memory step's measurement, taken right after it: what the rank holds (weights, gradients,
-    optimizer; ZeRO-aware), the tracker's peaks, the allocator's peak (its counting ends here) and
-    the RSS window."""
+    optimizer; ZeRO-aware), the tracker's peaks, the boundary buffers (`batch`: the step's inputs
+    on the first stage's rank, else None), the allocator's peak (its counting ends here) and the
+    RSS window."""
     allocated = meter.stop() if meter is not None else None  # counting ends with the measured step
     held = zero.held_bytes(r.pipe, r.opt, grad_bytes)
-    buffers = 0
-    for m in r.pipe.modules:
-        inp, out = r.boundary.get(m.stage, [0, 0])
-        buffers += 2 * ((inp if m.stage > 0 else 0) + (out if m.stage < plan.n_stages - 1 else 0))
-    parts = {**held, "activations": tk.peak, "buffers": buffers}  # weights, gradients, optimizer (ZeRO: held_bytes)
+    # weights, gradients, optimizer (ZeRO: held_bytes), activations, buffers
+    parts = {**held, "activations": tk.peak, "buffers": _buffer_bytes(r.pipe.stages, batch)}
     tracked = MemoryRecord(**parts, total=sum(parts.values()))
     rss = {"rss_baseline_bytes": window.baseline, "rss_growth_bytes": window.growth_bytes} if window is not None else {}
     if device.type == "cuda":
