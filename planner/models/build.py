@@ -5,10 +5,20 @@ from __future__ import annotations
 from typing import Any
 
 from planner.errors import ModelSpecError
+from planner.models.bounds import builtin_size, check_model_size
 from planner.models.bundle import ModelBundle
 from planner.models.spec import builtin_layer_count, parse_spec
 
 __all__ = ["build_model", "layer_count"]
+
+_SHRINK = {
+    "gpt": "layers, hidden, vocab, seq or ffn",
+    "resnet": "width, stages, blocks, image or classes",
+    "mlp": "hidden, layers, input or classes",
+    "synthetic": "param_bytes, layers or hidden",
+}
+"""The keys that size each built-in family, for the hint of a model refused as too large."""
+_EXAMPLE = {"gpt": "layers=4,hidden=256", "resnet": "width=32,image=32", "mlp": "hidden=1024", "synthetic": "param_bytes=1MB"}
 
 
 def build_model(
@@ -24,11 +34,15 @@ def build_model(
     Weights are drawn under torch.manual_seed(seed) inside a forked RNG state, so two
     processes building the same spec and seed get identical weights and the caller's
     random state is left alone. `input_shape`, `input_dtype` and `vocab` describe the input
-    of a plain `module:factory` Sequential; built-in models ignore them.
+    of a plain `module:factory` Sequential; built-in models ignore them. A built-in or `hf:`
+    model too large for this machine is refused before any weight is allocated
+    (planner.models.bounds).
     """
     kind, params = parse_spec(spec)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ModelSpecError(f"seed {seed!r} must be a non-negative integer")
+    if kind in _SHRINK:
+        check_model_size(spec, builtin_size(kind, params), f"shrink {_SHRINK[kind]}, e.g. {kind}:{_EXAMPLE[kind]}")
     import torch  # here, not at import: planning commands import planner.models without torch
 
     with torch.random.fork_rng(devices=[]):

@@ -16,8 +16,10 @@ under `torch.manual_seed(seed)`, and returns one of:
      (planner.graph.trace_layers: layers = the top-level modules it calls, in program order)
      and `layers` is a `planner.graph.GraphSequential`: an nn.Sequential whose children run
      the traced layers one after the other, passing the dict of tensors that cross each cut,
-     with the LayerGraph (skip edges, per-layer modules) as `layers.graph`. A forward fx
-     cannot trace fails here with one line (ModelSpecError). docs/graph.md has the details.
+     with the LayerGraph (skip edges, per-layer modules) as `layers.graph`. Control flow on
+     tensor values inside a layer module (which fx cannot trace) makes pplan trace again with
+     every layer module run whole (`opaque=True`); in the model's own forward it fails here
+     with one line (ModelSpecError). docs/graph.md has the details.
 A target that is a tuple or dict of tensors travels packed in one tensor, and an output that is a
 dict reaches the loss as a tuple, rebuilt before the user's loss_fn (planner.models.targets).
 The current directory is put on sys.path first, so `mymodels:build` finds ./mymodels.py.
@@ -26,6 +28,7 @@ The current directory is put on sys.path first, so `mymodels:build` finds ./mymo
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import importlib
 import inspect
 import os
@@ -59,11 +62,25 @@ def _load(module: str, name: str, spec: str) -> Callable[..., Any]:
     obj: Any = mod
     for part in name.split("."):
         if not hasattr(obj, part):
-            raise ModelSpecError(f"model {spec!r}: module {module!r} has no attribute {name!r}")
+            raise ModelSpecError(f"model {spec!r}: {module!r} has no attribute {name!r}", _callables_hint(obj, part))
         obj = getattr(obj, part)
     if not callable(obj):
         raise ModelSpecError(f"model {spec!r}: {module}:{name} is not callable", "point at a function returning an nn.Sequential")
     return obj
+
+
+def _callables_hint(owner: Any, missing: str) -> str:
+    """The public callables of `owner` (a module or a class) nearest to `missing`, else the first few."""
+    names = sorted(n for n in dir(owner) if not n.startswith("_") and callable(getattr(owner, n, None)))
+    own = [n for n in names if getattr(getattr(owner, n), "__module__", None) == getattr(owner, "__name__", "")]
+    names = own or names  # a module's own functions and classes, not what it imported
+    if not names:
+        return "it defines no public function or class to call"
+    close = difflib.get_close_matches(missing, names, n=3, cutoff=0.5)
+    if close:
+        return f"did you mean {', '.join(map(repr, close))}?"
+    shown = names[:8]
+    return f"its callables: {', '.join(shown)}{', ...' if len(names) > len(shown) else ''}"
 
 
 def random_input_maker(shape: tuple[int, ...], dtype: str, vocab: int | None) -> Callable[[int, int], torch.Tensor]:
@@ -217,5 +234,12 @@ def _traced_bundle(model: nn.Module, spec: str, example: Any, make_batch: Callab
     try:
         lg = trace_layers(model, example, balance=True)  # a heavy container is split into its blocks
     except ModelSpecError as e:
-        raise ModelSpecError(f"model {spec!r}: {e.message}", e.hint) from None
+        if not e.message.startswith("torch.fx cannot trace"):
+            raise ModelSpecError(f"model {spec!r}: {e.message}", e.hint) from None
+        try:  # control flow on tensor values inside the layer modules: run each of them whole, untraced
+            lg = trace_layers(model, example, balance=True, opaque=True)
+        except ModelSpecError:
+            raise ModelSpecError(f"model {spec!r}: {e.message}",
+                                 f"the if or loop on a tensor's value is in {type(model).__name__}.forward itself: move it into a submodule "
+                                 "(pplan runs a submodule whole) or have the factory return an nn.Sequential of the layers; see docs/graph.md") from None
     return ModelBundle(spec, as_sequential(lg, source=model), make_batch, loss_fn, lg.input_bytes_per_sample)

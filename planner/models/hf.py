@@ -1,7 +1,9 @@
 """`hf:MODEL_TYPE[:config_key=value,...]`: a Hugging Face transformers model from its config.
 
 No download: `AutoConfig.for_model(model_type, **config)` and the task's auto class
-(`from_config`) give random weights drawn under pplan's seed. The task is the first of masked
+(`from_config`) give random weights drawn under pplan's seed. The type, the keys, the task,
+the vocabulary and the model's size (counted on the meta device) are checked before a weight is
+allocated (planner.models.hf_config). The task is the first of masked
 LM, causal LM, image classifier that transformers registers for the type. The model is split
 along its own structure, the way torch pipelining users split it by module name:
 
@@ -34,6 +36,7 @@ from torch import nn
 
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
+from planner.models.hf_config import check_hf_size, first_plain_token, from_config, make_config, task_of, transformers_module
 from planner.models.hf_split import Split, check_split, find_split
 
 __all__ = ["build_hf", "PROBE_SEQ"]
@@ -41,51 +44,6 @@ __all__ = ["build_hf", "PROBE_SEQ"]
 _DEFAULT_SEQ = 64
 PROBE_SEQ = 16
 """Tokens of the probe batch that finds and checks the cut (planner.models.hf_split)."""
-
-
-def _transformers() -> Any:
-    try:
-        import transformers
-    except ImportError:
-        raise ModelSpecError("hf: models need the transformers package", "pip install -e '.[hf]' (or pip install transformers)") from None
-    return transformers
-
-
-def _config(model_type: str, given: dict[str, Any], spec: str) -> Any:
-    tf = _transformers()
-    try:
-        cfg = tf.AutoConfig.for_model(model_type, **given)
-    except Exception as e:  # noqa: BLE001 - an unknown type or a bad key: one line
-        raise ModelSpecError(f"model {spec!r}: transformers cannot make a {model_type!r} config: {type(e).__name__}: {e}",
-                             "model types are transformers' names: gpt2, llama, mistral, qwen2, bert, roberta, vit, resnet, convnext (docs/models.md)") from None
-    for key, value in list(vars(cfg).items()):
-        if key in given or isinstance(value, bool) or not isinstance(value, float):
-            continue
-        # every random drop: dropout, LayerDrop, stochastic depth (drop path / drop connect)
-        if "dropout" in key or key.endswith(("pdrop", "layerdrop", "drop_path_rate", "drop_connect_rate", "drop_rate")):
-            setattr(cfg, key, 0.0)
-    vocab = getattr(cfg, "vocab_size", None)
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(cfg, key, None)
-        if key in given or not vocab:
-            continue
-        if isinstance(value, int) and value >= vocab:
-            setattr(cfg, key, None)
-        elif isinstance(value, (list, tuple)):  # GLM lists several end tokens: keep those inside the vocabulary
-            kept = [v for v in value if not isinstance(v, int) or v < vocab]
-            setattr(cfg, key, kept or None)
-    if hasattr(cfg, "use_cache"):
-        cfg.use_cache = False
-    return cfg
-
-
-def _token_ids(cfg: Any) -> list[int]:
-    """The config's bos, eos and pad token ids (each an int, a list of ints, or None)."""
-    out: list[int] = []
-    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
-        value = getattr(cfg, key, None)
-        out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int)]
-    return out
 
 
 def _first(out: Any) -> torch.Tensor:
@@ -218,6 +176,62 @@ def _find(model: nn.Module, x: torch.Tensor, key: str, probe: Callable[[torch.Te
                              f"{type(e).__name__}: {' '.join(str(e).split())[:200]}") from None
 
 
+def _is_size(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) or isinstance(v, (tuple, list)) and bool(v) and all(map(_is_size, v))
+
+
+def _check_around_blocks(model: nn.Module, split: Split, key: str, x: torch.Tensor, spec: str) -> None:
+    """Refuse, before cutting, what the cut cannot reproduce, seen in one forward of the model:
+    blocks that return their output size (integers) besides the hidden states, which the model
+    reads between them (PVTv2), and an epilogue whose modules do not each take the previous one's
+    output, as the head layer applies them (Swin and FocalNet transpose before their pooler)."""
+    n, done, sizes = len(split.calls), [0], []
+    inputs: dict[int, Any] = {}
+    outputs: dict[int, Any] = {}
+
+    def block_done(m: nn.Module, _args: tuple, out: Any) -> None:
+        done[0] += 1
+        outputs["last"] = _first(out)
+        if isinstance(out, (tuple, list)):
+            sizes.extend(v for v in out[1:] if _is_size(v))
+
+    def tail_in(m: nn.Module, args: tuple, kwargs: dict) -> None:
+        if done[0] == n and id(m) not in inputs:  # its call after the last block, not one in the prologue
+            inputs[id(m)] = next((v for v in (*args, *kwargs.values()) if isinstance(v, torch.Tensor)), None)
+
+    def tail_out(m: nn.Module, _args: tuple, out: Any) -> None:
+        if done[0] == n:
+            outputs.setdefault(id(m), _first(out))
+
+    handles = [b.register_forward_hook(block_done) for b in set(split.calls)]
+    handles += [m.register_forward_pre_hook(tail_in, with_kwargs=True) for m in split.base_tail]
+    handles += [m.register_forward_hook(tail_out) for m in split.base_tail]
+    modes = [(m, m.training) for m in model.modules()]
+    try:
+        model.eval()  # no BatchNorm statistics moved, no random state drawn
+        with torch.no_grad(), torch.random.fork_rng(devices=[]):
+            model(**{key: x})
+    finally:
+        for h in handles:
+            h.remove()
+        for m, training in modes:
+            m.training = training
+    name = type(model).__name__
+    if sizes:
+        raise ModelSpecError(f"model {spec!r}: cut into layers, {name} would lose the sizes its blocks return besides the hidden "
+                             f"states (integers such as {sizes[0]}), which it reads between blocks; pplan's stages send hidden states only",
+                             "not supported; see docs/models.md")
+    before, prev = "its last block", outputs.get("last")
+    for m in split.base_tail:
+        given = inputs.get(id(m))
+        if isinstance(prev, torch.Tensor) and isinstance(given, torch.Tensor) and (given.shape != prev.shape or not torch.equal(given, prev)):
+            change = f"a {tuple(prev.shape)} output becomes a {tuple(given.shape)} input" if given.shape != prev.shape else "the output changed on the way"
+            raise ModelSpecError(f"model {spec!r}: cut into layers, {name} would skip the code its forward runs between {before} "
+                                 f"and its {type(m).__name__} ({change}): the head layer applies its final modules in turn",
+                                 "not supported; see docs/models.md")
+        before, prev = f"its {type(m).__name__}", outputs.get(id(m))
+
+
 def _sequential(pairs: list[tuple[str, nn.Module]]) -> nn.Sequential:
     return nn.Sequential(OrderedDict((name.replace(".", "_"), m) for name, m in pairs))
 
@@ -250,25 +264,9 @@ def _image_batch(shape: tuple[int, ...], classes: int) -> Callable[[int, int], t
     return make
 
 
-def _from_config(auto: Any, cfg: Any, task: str, spec: str) -> nn.Module:
-    classes = auto._model_mapping[type(cfg)]
-    if isinstance(classes, (tuple, list)) and not getattr(cfg, "architectures", None):
-        cfg.architectures = [classes[0].__name__]  # DeiT has two image classifiers: the auto class picks by this
-    try:
-        if task == "image":
-            return auto.from_config(cfg)
-        try:
-            return auto.from_config(cfg, attn_implementation="sdpa")
-        except (ValueError, ImportError):  # a family without SDPA (Gemma 2, Bloom): its eager attention
-            return auto.from_config(cfg, attn_implementation="eager")
-    except Exception as e:  # noqa: BLE001 - inconsistent config values: one line
-        raise ModelSpecError(f"model {spec!r}: building it failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
-                             "check the config keys against transformers' config class for this model type") from None
-
-
 def build_hf(params: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None) -> ModelBundle:
     """The `hf:` model of `params` (planner.models.spec) as a ModelBundle (module docstring)."""
-    tf = _transformers()
+    tf = transformers_module()
     level = tf.logging.get_verbosity()
     tf.logging.set_verbosity_error()  # a small vocabulary makes it warn about gpt2's default token ids, which pplan unsets
     try:
@@ -279,43 +277,41 @@ def build_hf(params: dict[str, Any], spec: str, seed: int, input_shape: tuple[in
 
 def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
     model_type, given = params["model_type"], dict(params["config"])
-    cfg = _config(model_type, given, spec)
-    task, auto = _task(tf, cfg, model_type, spec)
-    model = _from_config(auto, cfg, task, spec)
+    cfg = make_config(model_type, given, spec)
+    task, auto = task_of(tf, cfg, model_type, spec)
+    # the input and its checks first, then the size (with one sample's activations), then the weights
+    if task == "image":
+        shape = _image_shape(cfg, spec, input_shape)
+        check_hf_size(auto, cfg, task, spec, 4 * int(torch.Size(shape).numel()))
+    else:
+        seq, token = _lm_seq(cfg, spec, input_shape), first_plain_token(cfg, spec)
+        n_layers, hidden = getattr(cfg, "num_hidden_layers", 0), getattr(cfg, "hidden_size", 0)
+        per_token = int(cfg.vocab_size) + ((n_layers + 1) * hidden if isinstance(n_layers, int) and isinstance(hidden, int) else 0)
+        check_hf_size(auto, cfg, task, spec, 4 * seq * per_token)  # every block's output and the logits, float32
+    model = from_config(auto, cfg, task, spec)
     model.train()
     if task == "image":
-        bundle = _image_bundle(model, cfg, spec, input_shape)
+        bundle = _image_bundle(model, cfg, spec, shape)
     else:
-        bundle = _lm_bundle(model, cfg, task == "masked", spec, input_shape)
+        bundle = _lm_bundle(model, cfg, task == "masked", spec, seq, token)
     bundle.layers.__dict__["source"] = model  # the transformers model itself (not a child: no layer, no parameters twice)
     return bundle
 
 
-def _task(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:
-    """The task pplan trains the config's model for ("masked", "causal" or "image") and
-    transformers' auto class of that task; a type with none of them, or a seq2seq one, is refused."""
-    # masked first: BERT is also registered as a causal LM (its decoder variant)
-    tasks = (("masked", tf.AutoModelForMaskedLM), ("causal", tf.AutoModelForCausalLM),
-             ("image", tf.AutoModelForImageClassification))
-    task = next((name for name, auto in tasks if type(cfg) in auto._model_mapping), None)
-    if task is None:
-        raise ModelSpecError(f"model {spec!r}: {model_type!r} is not a causal LM, masked LM or image classifier in transformers",
-                             "supported: causal LMs (gpt2, llama, ...), masked LMs (bert, ...), image classifiers (vit, resnet, ...); see docs/models.md")
-    if getattr(cfg, "is_encoder_decoder", False):  # BART is registered as a masked LM, as its whole seq2seq model
-        raise ModelSpecError(f"model {spec!r}: {model_type!r} is an encoder-decoder model; pplan cuts one stack of blocks",
-                             "use a decoder-only or encoder-only family; see docs/models.md")
-    return task, dict(tasks)[task]
-
-
-def _image_bundle(model: nn.Module, cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
-    """An image classifier cut per block when it is a staged CNN, else by its own structure;
-    its data: noise around one fixed pattern per class, its loss cross-entropy."""
+def _image_shape(cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> tuple[int, ...]:
+    """One image: --input-shape C,H,W, default the config's channels and image size (else 3,32,32)."""
     channels = int(getattr(cfg, "num_channels", 3))
     size = getattr(cfg, "image_size", 32)
     size = int(size[0] if isinstance(size, (list, tuple)) else size)
     shape = tuple(input_shape) if input_shape else (channels, size, size)
     if len(shape) != 3:
         raise ModelSpecError(f"model {spec!r}: --input-shape {','.join(map(str, shape))} is not an image (C,H,W)", "e.g. --input-shape 3,32,32")
+    return shape
+
+
+def _image_bundle(model: nn.Module, cfg: Any, spec: str, shape: tuple[int, ...]) -> ModelBundle:
+    """An image classifier cut per block when it is a staged CNN, else by its own structure;
+    its data: noise around one fixed pattern per class, its loss cross-entropy."""
     classes = int(cfg.num_labels)
     make = _image_batch(shape, classes)
 
@@ -326,6 +322,7 @@ def _image_bundle(model: nn.Module, cfg: Any, spec: str, input_shape: tuple[int,
     layers = _staged_cnn(model, x, y, loss_fn, spec)
     if layers is None:  # not laid out like one: the generic cut
         split = _find(model, x, "pixel_values", lambda h: torch.zeros(h.shape[0], *shape), spec)
+        _check_around_blocks(model, split, "pixel_values", x, spec)
         layers = _sequential(_split_layers(split))
         check_split(model, split, layers, "pixel_values", x, y, loss_fn, spec)
 
@@ -344,10 +341,10 @@ def _lm_seq(cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> int:
     return seq
 
 
-def _lm_bundle(model: nn.Module, cfg: Any, masked: bool, spec: str, input_shape: tuple[int, ...] | None) -> ModelBundle:
-    """A causal or masked LM cut by its own structure; its data: arithmetic token sequences
-    (15% masked for an MLM), its loss the model's own."""
-    seq = _lm_seq(cfg, spec, input_shape)
+def _lm_bundle(model: nn.Module, cfg: Any, masked: bool, spec: str, seq: int, token: int) -> ModelBundle:
+    """A causal or masked LM cut by its own structure, on `seq` tokens per sample; its data:
+    arithmetic token sequences (15% masked for an MLM), its loss the model's own. `token`: the
+    probe's filler (planner.models.hf_config.first_plain_token)."""
     vocab = int(cfg.vocab_size)
     make = _lm_batch(vocab, seq, masked)
     own_loss = model.loss_function  # transformers' ForCausalLMLoss / ForMaskedLMLoss
@@ -361,9 +358,8 @@ def _lm_bundle(model: nn.Module, cfg: Any, masked: bool, spec: str, input_shape:
     # at the probe's length, not sliced from a longer batch: a slice is strided, and the masked
     # LMs' own forward (BERT's, RoBERTa's, ...) flattens its labels with .view, which fails on it
     x, y = _lm_batch(vocab, min(seq, PROBE_SEQ), masked)(2, 0)
-    special = set(_token_ids(cfg))
-    token = next(t for t in range(vocab) if t not in special)  # no padding for a model to mask
     split = _find(model, x, "input_ids", lambda h: torch.full(h.shape[:2], token, dtype=torch.long), spec)
+    _check_around_blocks(model, split, "input_ids", x, spec)
     layers = _sequential(_split_layers(split))
     check_split(model, split, layers, "input_ids", x, y, loss_fn, spec)
 

@@ -1,7 +1,8 @@
 """Parsing `--model` strings into a kind and validated parameters, without importing torch.
 
 Grammar: `kind` or `kind:key=value,key=value` for a built-in model (every key optional),
-or `package.module:factory[:key=value,...]` for a user factory. Per-layer lists use `/`
+or `package.module:factory[:key=value,...]` for a user factory (not `seed`: pplan passes
+`--seed` to a factory's own seed argument). Per-layer lists use `/`
 (`fwd_ms=10/20/10/5`); a scalar where a list is allowed means the same for every layer.
 """
 
@@ -237,6 +238,11 @@ def _parse_kwargs(rest: str, spec: str) -> dict[str, Any]:
     for key, value in _pairs(rest, spec):
         if not key.isidentifier():
             raise ModelSpecError(f"model {spec!r}: {key!r} is not a valid keyword argument name")
+        if key == "seed":  # pplan passes --seed to a factory's seed argument: a second one would be overridden
+            raise ModelSpecError(f"model {spec!r}: 'seed' is not a spec key; pplan passes --seed to the factory's seed argument",
+                                 f"drop seed={value} from the spec and give --seed {value}")
+        if key in out:
+            raise ModelSpecError(f"model {spec!r}: key {key!r} given twice")
         out[key] = _literal(value)
     return out
 

@@ -67,7 +67,7 @@ HF_FAMILIES = {
 HF_REFUSED = {
     # relative-position embeddings computed from weights once, then passed to every block
     "deberta-v2-relative": (f"hf:deberta-v2:{_LM},relative_attention=true", "computed from weights"),
-    # stages pass their output size (ints) to the next; the pooling is the base model's own code
+    # the base model transposes before its pooler (code between its final modules)
     "swin": ("hf:swin:image_size=16,patch_size=2,embed_dim=8,depths=1/1,num_heads=1/2,window_size=4,num_labels=10", "cut into layers"),
     # patch embeddings between the groups of blocks
     "poolformer": ("hf:poolformer:depths=1/1,hidden_sizes=8/16,num_encoder_blocks=2,patch_sizes=7/3,strides=4/2,padding=2/1,"

@@ -1,0 +1,194 @@
+"""The config, task and size of an `hf:` model, each checked before a weight is allocated.
+
+planner.models.hf cuts the model this module builds. Checked here, each refused in one line:
+a model type transformers does not know (the nearest few named), a config key that is not one
+of the type's own (an unknown keyword would otherwise become a silent attribute, and a typo'd
+size key would build the full default model: Llama's 6.7B parameters), an encoder-decoder or a
+type without a task pplan trains, a vocabulary with no token to draw, and a model larger than
+the bound of planner.models.bounds, counted on torch's meta device (shapes, no storage).
+"""
+
+from __future__ import annotations
+
+import copy
+import difflib
+import inspect
+from typing import Any
+
+import torch
+from torch import nn
+
+from planner.errors import ModelSpecError
+from planner.models.bounds import ModelSize, check_model_size
+
+__all__ = ["transformers_module", "make_config", "task_of", "from_config", "token_ids", "first_plain_token", "check_hf_size"]
+
+_COMMON_TYPES = "gpt2, llama, mistral, qwen2, bert, roberta, vit, resnet, convnext (docs/models.md)"
+_SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "max_position_embeddings",
+              "depths", "hidden_sizes", "embed_dim", "image_size")
+"""Config keys that size a model, named in the hint of one refused as too large (those its config has)."""
+_BLOCK_MODULES = 8
+"""A floor on the modules of one transformer block (attention, its projections, MLP, norms),
+checked against the bound before the meta build creates them."""
+
+
+def transformers_module() -> Any:
+    """The transformers package, or a one-line error saying how to install it."""
+    try:
+        import transformers
+    except ImportError:
+        raise ModelSpecError("hf: models need the transformers package", "pip install -e '.[hf]' (or pip install transformers)") from None
+    return transformers
+
+
+def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
+    """transformers' config of `model_type` with the spec's keys, dropout off, token ids inside
+    the vocabulary and no cache; an unknown type or key refused naming the nearest ones."""
+    tf = transformers_module()
+    known = list(tf.CONFIG_MAPPING.keys())
+    if model_type not in known:
+        close = difflib.get_close_matches(model_type, known, n=3)
+        maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+        raise ModelSpecError(f"model {spec!r}: transformers has no model type {model_type!r}",
+                             f"{maybe}model types are transformers' names: {_COMMON_TYPES}")
+    _check_keys(tf.AutoConfig.for_model(model_type), model_type, given, spec)
+    try:
+        cfg = tf.AutoConfig.for_model(model_type, **given)
+    except Exception as e:  # noqa: BLE001 - a value the config class refuses: one line
+        raise ModelSpecError(f"model {spec!r}: transformers cannot make a {model_type!r} config: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                             "check the values against transformers' config class for this model type") from None
+    for key, value in list(vars(cfg).items()):
+        if key in given or isinstance(value, bool) or not isinstance(value, float):
+            continue
+        # every random drop: dropout, LayerDrop, stochastic depth (drop path / drop connect)
+        if "dropout" in key or key.endswith(("pdrop", "layerdrop", "drop_path_rate", "drop_connect_rate", "drop_rate")):
+            setattr(cfg, key, 0.0)
+    vocab = getattr(cfg, "vocab_size", None)
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(cfg, key, None)
+        if key in given or not vocab:
+            continue
+        if isinstance(value, int) and value >= vocab:
+            setattr(cfg, key, None)
+        elif isinstance(value, (list, tuple)):  # GLM lists several end tokens: keep those inside the vocabulary
+            kept = [v for v in value if not isinstance(v, int) or v < vocab]
+            setattr(cfg, key, kept or None)
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    return cfg
+
+
+def _config_keys(default: Any) -> set[str]:
+    """What a config of this class accepts: its attributes, their attribute_map aliases (gpt2's
+    hidden_size for n_embd), its properties (num_labels) and its constructor's named arguments."""
+    keys = set(vars(default)) | set(getattr(default, "attribute_map", None) or {})
+    for klass in type(default).__mro__:
+        keys |= {name for name, value in vars(klass).items() if isinstance(value, property)}
+        try:
+            params = inspect.signature(klass.__init__).parameters.values()
+        except (TypeError, ValueError):
+            continue
+        keys |= {p.name for p in params if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+    return {k for k in keys if not k.startswith("_") and k != "self"}
+
+
+def _check_keys(default: Any, model_type: str, given: dict[str, Any], spec: str) -> None:
+    keys = _config_keys(default)
+    for key in given:
+        if key not in keys:
+            close = difflib.get_close_matches(key, sorted(keys), n=3)
+            maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
+            raise ModelSpecError(f"model {spec!r}: {key!r} is not a key of transformers' {model_type!r} config ({type(default).__name__})",
+                                 f"{maybe}the keys are {type(default).__name__}'s attributes")
+
+
+def task_of(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:
+    """The task pplan trains the config's model for ("masked", "causal" or "image") and
+    transformers' auto class of that task; a seq2seq type, or one with none of them, is refused."""
+    if getattr(cfg, "is_encoder_decoder", False):  # before the task: BART is registered as a masked LM, as its whole seq2seq model
+        raise ModelSpecError(f"model {spec!r}: {model_type!r} is an encoder-decoder model (two stacks of blocks, the decoder's reading "
+                             "the encoder's output), not a causal LM, masked LM or image classifier with the one stack pplan cuts",
+                             "use a decoder-only or encoder-only family; see docs/models.md")
+    # masked first: BERT is also registered as a causal LM (its decoder variant)
+    tasks = (("masked", tf.AutoModelForMaskedLM), ("causal", tf.AutoModelForCausalLM),
+             ("image", tf.AutoModelForImageClassification))
+    task = next((name for name, auto in tasks if type(cfg) in auto._model_mapping), None)
+    if task is None:
+        raise ModelSpecError(f"model {spec!r}: {model_type!r} is not a causal LM, masked LM or image classifier in transformers",
+                             "supported: causal LMs (gpt2, llama, ...), masked LMs (bert, ...), image classifiers (vit, resnet, ...); see docs/models.md")
+    return task, dict(tasks)[task]
+
+
+def from_config(auto: Any, cfg: Any, task: str, spec: str) -> nn.Module:
+    """The task model of `cfg`, on the current default device (random weights, or meta)."""
+    classes = auto._model_mapping[type(cfg)]
+    if isinstance(classes, (tuple, list)) and not getattr(cfg, "architectures", None):
+        cfg.architectures = [classes[0].__name__]  # DeiT has two image classifiers: the auto class picks by this
+    try:
+        if task == "image":
+            return auto.from_config(cfg)
+        try:
+            return auto.from_config(cfg, attn_implementation="sdpa")
+        except (ValueError, ImportError):  # a family without SDPA (Gemma 2, Bloom): its eager attention
+            return auto.from_config(cfg, attn_implementation="eager")
+    except Exception as e:  # noqa: BLE001 - inconsistent config values: one line
+        raise ModelSpecError(f"model {spec!r}: building it failed: {type(e).__name__}: {' '.join(str(e).split())[:300]}",
+                             "check the config keys against transformers' config class for this model type") from None
+
+
+def token_ids(cfg: Any) -> list[int]:
+    """The config's bos, eos and pad token ids (each an int, a list of ints, or None)."""
+    out: list[int] = []
+    for key in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        value = getattr(cfg, key, None)
+        out += [v for v in (value if isinstance(value, (list, tuple)) else [value]) if isinstance(v, int)]
+    return out
+
+
+def first_plain_token(cfg: Any, spec: str) -> int:
+    """The smallest token id that is no special token (the probe's filler: no padding for a model
+    to mask); a vocabulary without one is refused, since no batch could be drawn from it."""
+    vocab = getattr(cfg, "vocab_size", None)
+    if not isinstance(vocab, int):
+        vocab = 0
+    special = {t for t in token_ids(cfg) if 0 <= t < vocab}
+    # at most len(special) + 1 candidates: one of them is not special
+    token = next((t for t in range(min(vocab, len(special) + 1)) if t not in special), None)
+    if token is None:
+        named = f" (the config's special tokens: {', '.join(map(str, sorted(special)))})" if special else ""
+        raise ModelSpecError(f"model {spec!r}: vocab_size={vocab} leaves no token to draw the data from{named}",
+                             f"give vocab_size={max(2, len(special) + 1)} or more")
+    return token
+
+
+def check_hf_size(auto: Any, cfg: Any, task: str, spec: str, sample_activation_bytes: int) -> None:
+    """Build the model on the meta device (no storage, the random state untouched) and refuse it,
+    before its weights exist, when it exceeds planner.models.bounds' bound. Its layer count is
+    checked first: the meta model's modules are real Python objects."""
+    keys = [k for k in _SIZE_KEYS if getattr(cfg, k, None) is not None]
+    hint = (f"shrink the config's sizes ({', '.join(keys) or 'its layer count and widths'}), "
+            "e.g. hf:llama:num_hidden_layers=2,hidden_size=64,num_attention_heads=2,intermediate_size=128,vocab_size=1000")
+    check_model_size(spec, ModelSize(0, 0, 0, sample_activation_bytes, _BLOCK_MODULES * _layer_count(cfg)), hint)
+    try:
+        with torch.random.fork_rng(devices=[]), torch.device("meta"):
+            model = from_config(auto, copy.deepcopy(cfg), task, spec)
+    except Exception:  # noqa: BLE001 - a config that cannot be built, or a model whose construction needs real
+        return  # tensors: the real build reports its own error, or builds it
+    params = list(model.parameters())  # a tied weight once
+    size = ModelSize(parameters=sum(p.numel() for p in params),
+                     parameter_bytes=sum(p.numel() * p.element_size() for p in params),
+                     other_bytes=sum(b.numel() * b.element_size() for b in model.buffers()),
+                     sample_activation_bytes=sample_activation_bytes, modules=sum(1 for _ in model.modules()))
+    check_model_size(spec, size, hint)
+
+
+def _layer_count(cfg: Any) -> int:
+    """The config's blocks: num_hidden_layers (every family's alias of its own name), else the sum of
+    its stages' depths; 0 when it names neither."""
+    layers = getattr(cfg, "num_hidden_layers", None)
+    if isinstance(layers, int) and not isinstance(layers, bool):
+        return max(0, layers)
+    depths = getattr(cfg, "depths", None)
+    if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
+        return max(0, sum(depths))
+    return 0
