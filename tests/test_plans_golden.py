@@ -35,20 +35,21 @@ GOLDEN = Path(__file__).resolve().parent / "data" / "golden_plans"
 REGEN = os.environ.get("PPLAN_REGEN_GOLDEN") == "1"
 MiB = 2**20
 
-# (case name, profile file, devices, memory limit, extras). The limits sit where memory binds:
+# (case name, profile file, devices, memory limit, extras). The limits sit where memory binds
+# (re-chosen 2026-12-01 for the re-measured profiles, 1-3% above the least that fits or so):
 # recompute enters the plan for gpt (2 devices), resnet and the synthetic profiles; the gpt
 # (4) and mlp limits are just above the least that fits (weights dominate, recompute cannot help).
 _PROFILE_CASES = [
-    ("gpt-8l-v32k", 2, 200 * MiB),
-    ("gpt-8l-v32k", 4, 151 * MiB),
-    ("mlp", 2, 218 * MiB),
-    ("mlp", 4, 130 * MiB),
-    ("resnet", 2, 27 * MiB),
-    ("resnet", 4, 21 * MiB),
-    ("synthetic-compute-imbalanced", 2, 130 * MiB),
-    ("synthetic-compute-imbalanced", 4, 63 * MiB),
-    ("synthetic-memory-imbalanced", 2, 262 * MiB),
-    ("synthetic-memory-imbalanced", 4, 290 * MiB),
+    ("gpt-8l-v32k", 2, 245 * MiB),
+    ("gpt-8l-v32k", 4, 192 * MiB),
+    ("mlp", 2, 250 * MiB),
+    ("mlp", 4, 162 * MiB),
+    ("resnet", 2, 31 * MiB),
+    ("resnet", 4, 23 * MiB),
+    ("synthetic-compute-imbalanced", 2, 140 * MiB),
+    ("synthetic-compute-imbalanced", 4, 78 * MiB),
+    ("synthetic-memory-imbalanced", 2, 370 * MiB),
+    ("synthetic-memory-imbalanced", 4, 390 * MiB),
 ]
 _CALIBRATION = Calibration(compute_scale=1.3, action_overhead_ms=0.05, comm_latency_ms=0.2,
                            comm_bandwidth_bytes_per_s=2e9, step_overhead_ms=1.0)
@@ -62,11 +63,11 @@ def _cases() -> list[tuple[str, str, int | None, int | None, str]]:
         out.append((f"{name}-d{n}-{limit // MiB}MiB", name, n, limit, ""))
     # calibration (compute scale, overheads, link override), a heterogeneous cluster (device
     # speeds, per-pair links, device orders), a non-chain model (skip edges) and the ILP
-    out.append(("gpt-8l-v32k-d2-200MiB-calibrated", "gpt-8l-v32k", 2, 200 * MiB, "calibrated"))
+    out.append(("gpt-8l-v32k-d2-245MiB-calibrated", "gpt-8l-v32k", 2, 245 * MiB, "calibrated"))
     out.append(("resnet-cluster", "resnet", None, None, "cluster"))
-    out.append(("resnet-skips-d2-27MiB", "resnet", 2, 27 * MiB, "skips"))
+    out.append(("resnet-skips-d2-32MiB", "resnet", 2, 32 * MiB, "skips"))
     out.append(("resnet-skips-d4-unlimited", "resnet", 4, None, "skips"))
-    out.append(("synthetic-compute-imbalanced-d2-130MiB-ilp", "synthetic-compute-imbalanced", 2, 130 * MiB, "ilp"))
+    out.append(("synthetic-compute-imbalanced-d2-140MiB-ilp", "synthetic-compute-imbalanced", 2, 140 * MiB, "ilp"))
     return out
 
 
