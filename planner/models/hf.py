@@ -37,7 +37,7 @@ from torch import nn
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
 from planner.models.hf_config import check_hf_size, first_plain_token, from_config, make_config, task_of, transformers_module
-from planner.models.hf_split import Split, check_split, find_split
+from planner.models.hf_split import Split, check_split, find_split, observe_once
 
 __all__ = ["build_hf", "PROBE_SEQ"]
 
@@ -206,16 +206,7 @@ def _check_around_blocks(model: nn.Module, split: Split, key: str, x: torch.Tens
     handles = [b.register_forward_hook(block_done) for b in set(split.calls)]
     handles += [m.register_forward_pre_hook(tail_in, with_kwargs=True) for m in split.base_tail]
     handles += [m.register_forward_hook(tail_out) for m in split.base_tail]
-    modes = [(m, m.training) for m in model.modules()]
-    try:
-        model.eval()  # no BatchNorm statistics moved, no random state drawn
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            model(**{key: x})
-    finally:
-        for h in handles:
-            h.remove()
-        for m, training in modes:
-            m.training = training
+    observe_once(model, handles, {key: x}, keep_rng=True)  # no random state drawn for the model's weights
     name = type(model).__name__
     if sizes:
         raise ModelSpecError(f"model {spec!r}: cut into layers, {name} would lose the sizes its blocks return besides the hidden "

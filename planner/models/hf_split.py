@@ -25,6 +25,7 @@ when built: `check_split` compares the split with the model's own logits and los
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 from typing import Any, Callable
 
@@ -34,7 +35,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from planner.errors import ModelSpecError
 
-__all__ = ["Split", "find_split", "check_split"]
+__all__ = ["Split", "find_split", "check_split", "observe_once"]
 
 
 class _Stop(Exception):
@@ -245,18 +246,25 @@ def _watch(root: nn.Module, example: torch.Tensor, input_key: str) -> tuple[list
         outs.setdefault(id(m), out)
 
     mods = [m for m in root.modules() if m is not root]
-    handles = [m.register_forward_pre_hook(pre) for m in mods] + [m.register_forward_hook(post) for m in mods]
+    observe_once(root, [m.register_forward_pre_hook(pre) for m in mods] + [m.register_forward_hook(post) for m in mods],
+                 {input_key: example})
+    return order, outs
+
+
+def observe_once(root: nn.Module, handles: list[Any], inputs: dict[str, Any], keep_rng: bool = False) -> None:
+    """One forward of `root(**inputs)` for the hooks behind `handles` to watch: in eval mode (no
+    BatchNorm statistics moved) without gradients, then the hooks removed and every module's
+    training flag put back; `keep_rng`: the random state is left as it was."""
     modes = [(m, m.training) for m in root.modules()]
     try:
         root.eval()
-        with torch.no_grad():
-            root(**{input_key: example})
+        with torch.no_grad(), (torch.random.fork_rng(devices=[]) if keep_rng else contextlib.nullcontext()):
+            root(**inputs)
     finally:
         for h in handles:
             h.remove()
         for m, training in modes:
             m.training = training
-    return order, outs
 
 
 def _block_list(root: nn.Module, order: list[int], spec: str) -> tuple[str, nn.ModuleList]:
