@@ -109,6 +109,9 @@ def calibrate(
     if plan is None:
         raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
     if from_run is not None:
+        if out is not None or timeline is not None:  # nothing runs: the fit goes beside the profile
+            raise PplanError(f"{'--out' if out is not None else '--timeline'} is not used with --from-run (no run is made; "
+                             "the calibration is written beside the profile)", "drop it")
         _from_run(plan, from_run, profile, json_out)
         return
     run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,

@@ -149,9 +149,11 @@ def _check_outputs_distinct(plan: Any, plan_path: Path, profile: Path | None, ou
     from planner.plan import resolve_profile_path
 
     prof = resolve_profile_path(plan, str(plan_path), str(profile) if profile else None)
-    written = calibration_path_for(prof) if calibrate and prof is not None else None
+    beside = calibration_path_for(prof) if prof is not None else None  # read when it exists, written by --calibrate
+    written = beside if calibrate else None
+    read = beside if beside is not None and beside.exists() and not calibrate else None
     ensure_outputs_distinct([("--out", out), ("--timeline", timeline), ("the calibration --calibrate writes", written)],
-                            [("plan", plan_path), ("profile", prof), ("machine file", machine_file)])
+                            [("plan", plan_path), ("profile", prof), ("machine file", machine_file), ("calibration", read)])
 
 
 def _check_calibration_writable(plan: Any, plan_path: Path, profile: Path | None) -> None:

@@ -7,7 +7,7 @@ import re
 
 from planner.errors import PplanError
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms"]
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up"]
 
 _BYTE_UNITS = {
     "": 1, "b": 1,
@@ -69,10 +69,11 @@ def parse_bandwidth(text: str | float) -> float:
     """'25GB/s', '100Gbit/s', '100Mbps' (bits), '1e9' (bytes/s) -> bytes per second (> 0)."""
     value, unit = _split(text, "bandwidth", "", "give e.g. 25GB/s", "25GB/s", lower=False)
     key, bits = _rate_unit(unit)
-    if bits and key[:1] in ("m", "g", "t") and unit[:1].islower():
+    if bits and key[:1] in ("m", "g", "t") and unit[:1].islower() and "bit" not in unit.lower():
         # all lower case ('25gb/s', '100mbps'): bits by the letter, but as often meant as bytes
+        prefix = key[:-1].capitalize()  # 'g' -> 'G', 'gi' -> 'Gi'
         raise PplanError(f"bandwidth {text!r} is ambiguous: a lower-case b is a bit, B a byte",
-                         f"write {value:g}{key[0].upper()}B/s for bytes or {value:g}{key[0].upper()}bit/s for bits")
+                         f"write {value:g}{prefix}B/s for bytes or {value:g}{prefix}bit/s for bits")
     if key not in _BYTE_UNITS:
         raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s (bits)")
     result = value * _BYTE_UNITS[key] / (8 if bits else 1)
@@ -110,3 +111,10 @@ def format_ms(ms: float) -> str:
     if ms >= 10:
         return f"{ms:.1f} ms"
     return f"{ms:.3f} ms"
+
+
+def format_size_up(n_bytes: float) -> str:
+    """A size rounded up to 0.01 GiB (or 0.01 MiB below 1 GiB), written so --memory parses it."""
+    if n_bytes >= 2**30:
+        return f"{math.ceil(n_bytes / 2**30 * 100) / 100:.2f}GiB"
+    return f"{math.ceil(n_bytes / 2**20 * 100) / 100:.2f}MiB"

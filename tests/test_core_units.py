@@ -60,7 +60,7 @@ def test_a_size_below_one_byte_is_refused_not_rounded_to_zero():
 
 @pytest.mark.parametrize("text,expected", [
     ("100Mbps", 100e6 / 8), ("200 Gb/s", 200e9 / 8), ("10kbps", 10e3 / 8), ("5Gbits/s", 5e9 / 8), ("8bps", 1.0),
-    ("100MBps", 100e6), ("25GB/s", 25e9),
+    ("100MBps", 100e6), ("25GB/s", 25e9), ("100gbit/s", 100e9 / 8), ("1tbits/s", 1e12 / 8),  # 'bit' spelled out
 ])
 def test_a_lower_case_b_in_a_bandwidth_is_a_bit_and_upper_case_a_byte(text, expected):
     # `100Mbps` was read as 100 MB/s: `ps` was dropped and the unit lower-cased, 8x too fast a link
@@ -71,6 +71,12 @@ def test_a_lower_case_b_in_a_bandwidth_is_a_bit_and_upper_case_a_byte(text, expe
 def test_an_all_lower_case_bandwidth_is_refused_as_ambiguous(text):
     with pytest.raises(PplanError, match="ambiguous.*B/s for bytes or .*bit/s for bits"):
         parse_bandwidth(text)
+
+
+def test_the_ambiguity_hint_keeps_a_binary_prefix():
+    with pytest.raises(PplanError) as got:
+        parse_bandwidth("25gib/s")
+    assert "25GiB/s for bytes or 25Gibit/s for bits" in got.value.hint
 
 
 def test_a_size_too_large_to_be_finite_says_so_rather_than_not_positive():

@@ -70,11 +70,19 @@ def refused(folder: Path, *args: object, match: str) -> str:
     (("run", "plan.json", "--steps", "2", "--warmup", "1", "--threads", "1", "--out", "plan.json"),
      "--out 'plan.json' is the plan this command reads"),
     (("run", "plan.json", "--calibrate", "--out", "mlp.calibration.json"), "is also the calibration --calibrate writes"),
+    (("run", "plan.json", "--steps", "2", "--warmup", "1", "--out", "cal/mlp.calibration.json", "--profile", "cal/mlp.csv"),
+     "is the calibration this command reads"),  # the one beside the profile, read by the run
     (("report", "--profile", "rep/figures/mlp.csv", "--out", "rep"), "inside 'rep/figures', which the report replaces"),
+    (("calibrate", "plan.json", "--from-run", "run.json", "-o", "fit.json"), "--out is not used with --from-run"),
 ], ids=["simulate-out-plan", "simulate-timeline-profile", "simulate-timeline-plans-profile", "simulate-out-symlink",
-        "partition-out-cluster", "run-out-plan", "run-out-calibration", "report-input-in-figures"])
+        "partition-out-cluster", "run-out-plan", "run-out-calibration", "run-out-read-calibration",
+        "report-input-in-figures", "calibrate-from-run-out"])
 def test_an_output_on_an_input_is_refused_and_the_input_kept(work: Path, args: tuple[str, ...], match: str) -> None:
     (work / "link.json").symlink_to(work / "plan.json")
+    (work / "cal").mkdir()
+    shutil.copy(work / "mlp.csv", work / "cal" / "mlp.csv")
+    (work / "cal" / "mlp.calibration.json").write_text('{"format": "pplan-calibration/1", "compute_scale": 1.2}')
+    (work / "run.json").write_text("{}")
     (work / "rep" / "figures").mkdir(parents=True)
     shutil.copy(work / "mlp.csv", work / "rep" / "figures" / "mlp.csv")
     refused(work, *args, match=match)

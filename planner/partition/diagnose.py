@@ -19,9 +19,9 @@ from planner.partition.dp import min_memory_scale
 from planner.partition.search import PartitionSettings, CandidateEvaluator, grid_points, layouts_for
 from planner.plan import Device, Links
 from planner.profiling.profile import Profile
-from planner.units import format_bytes
+from planner.units import format_bytes, format_size_up
 
-__all__ = ["least_memory_scale", "fewest_devices", "infeasible_error", "format_size_up"]
+__all__ = ["least_memory_scale", "fewest_devices", "infeasible_error"]
 
 
 def least_memory_scale(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
@@ -72,13 +72,6 @@ def fewest_devices(profile: Profile, settings: PartitionSettings, memory_bytes: 
         else:
             lo = mid
     return hi
-
-
-def format_size_up(n_bytes: float) -> str:
-    """A size rounded up to 0.01 GiB (or 0.01 MiB below 1 GiB), written so --memory parses it."""
-    if n_bytes >= 2**30:
-        return f"{math.ceil(n_bytes / 2**30 * 100) / 100:.2f}GiB"
-    return f"{math.ceil(n_bytes / 2**20 * 100) / 100:.2f}MiB"
 
 
 def infeasible_error(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,

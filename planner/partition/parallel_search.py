@@ -41,7 +41,7 @@ from planner.partition.parallel_eval import (
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
-from planner.units import format_bytes
+from planner.units import format_bytes, format_size_up
 
 __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
 
@@ -327,8 +327,8 @@ def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: flo
                                "try --recompute auto, a higher --zero, or more GPUs")
     ratio = need / mem
     more = int(math.ceil(n * ratio / gpn)) * gpn
-    hint = (f"the least memory-hungry layout needs about {format_bytes(need)} per GPU: use about {more} GPUs "
-            f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_bytes(need)}")
+    hint = (f"the least memory-hungry layout needs about {format_size_up(need)} per GPU: use about {more} GPUs "
+            f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_size_up(need)}")
     if zero < 3:  # ZeRO-2 holds more than ZeRO-1 at a pipeline's peak (zero_shares): from 1 or 2, 3 is the one that helps
         hint += f", or --zero {1 if zero == 0 else 3}"
     return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU ({hw.name}) with {where} on {n} GPUs", hint)
