@@ -19,7 +19,7 @@ TINY_LLAMA = "hf:llama:num_hidden_layers=1,hidden_size=16,num_attention_heads=2,
 
 
 def _memory(monkeypatch: pytest.MonkeyPatch, nbytes: int) -> None:
-    """Make this machine look like it has `nbytes` of memory (the bound is half of it)."""
+    """Make this machine look like it has `nbytes` of memory (the bound)."""
     monkeypatch.setattr(bounds, "usable_memory_bytes", lambda: nbytes)
 
 
@@ -44,17 +44,17 @@ def test_builtin_sizes_count_the_parameters_the_model_has(spec):
 
 
 def test_a_builtin_above_the_bound_is_refused_before_it_is_built(monkeypatch):
-    _memory(monkeypatch, 8 * 2**30)  # bound 4 GiB
+    _memory(monkeypatch, 4 * 2**30)  # bound 4 GiB
     spec = "gpt:layers=1,hidden=100000,vocab=100000,heads=1,seq=8"  # 140e9 parameters: 521 GiB
     with pytest.raises(ModelSpecError, match=r"140,002,300,000 parameters: 521\.5 GiB.*bound of 4\.0 GiB.*shrink layers, hidden"):
         build_model(spec)
     # each value within its own cap, their product not: a 2.8 GiB MLP above a 2 GiB bound
     spec = "mlp:layers=2,hidden=30000,input=25000,classes=2"
     assert 2.5 * 2**30 < bounds.builtin_size(*parse_spec(spec)).total_bytes < 3 * 2**30
-    _memory(monkeypatch, 4 * 2**30)
+    _memory(monkeypatch, 2 * 2**30)
     with pytest.raises(ModelSpecError, match=r"750,090,002 parameters: 2\.8 GiB.*bound of 2\.0 GiB"):
         build_model(spec)
-    _memory(monkeypatch, 2 * MiB)  # 64 blocks of a few parameters: their 455 modules alone are above 1 MiB
+    _memory(monkeypatch, 1 * MiB)  # 64 blocks of a few parameters: their 455 modules alone are above 1 MiB
     with pytest.raises(ModelSpecError, match=r"455 modules: 1\.8 MiB"):
         build_model("gpt:layers=64,hidden=1,heads=1,seq=1,vocab=2,ffn=1")
     _memory(monkeypatch, 64 * MiB)  # a small model within the bound builds
@@ -66,9 +66,17 @@ def test_a_builtin_above_the_bound_is_refused_before_it_is_built(monkeypatch):
 def test_hf_size_is_counted_on_the_meta_device_before_the_weights_exist(monkeypatch):
     pytest.importorskip("transformers")
     real = _numel(build_model(TINY_GPT2, input_shape=(8,)).layers.source)  # the tied embedding once
-    _memory(monkeypatch, 2 * 4 * real)  # the bound: the float32 weights alone, without their modules
+    _memory(monkeypatch, 4 * real)  # the bound: the float32 weights alone, without their modules
     with pytest.raises(ModelSpecError, match=rf"{real:,} parameters: .*shrink the config's sizes \(num_hidden_layers, hidden_size"):
         build_model(TINY_GPT2, input_shape=(8,))
+
+
+def test_an_older_hf_key_the_config_converts_is_accepted():
+    # transformers reads llama's rope_theta into rope_parameters: valid in every Llama-3 config.json
+    pytest.importorskip("transformers")
+    bundle = build_model(f"{TINY_LLAMA},rope_theta=500000.0", input_shape=(8,))
+    config = bundle.layers.source.config
+    assert (config.rope_parameters or {}).get("rope_theta", getattr(config, "rope_theta", None)) == 500000.0
 
 
 def test_hf_config_keys_must_be_the_model_types_own():

@@ -8,10 +8,11 @@ one sample's activations exceed `size_bound_bytes()` is refused in one line nami
 where it used to be allocated until the kernel killed the process (exit 137, no message) or
 torch failed with a traceback.
 
-The bound is half the memory this process may use (the machine's physical memory, or the
-cgroup's limit when that is lower): profiling and training hold the weights and as many bytes
-again in gradients (and an optimizer's state beside them), so a model whose weights alone take
-more than half the memory cannot be profiled or trained here at all. It is a floor on what is
+The bound is the memory this process may use (the machine's physical memory, or the cgroup's
+limit when that is lower): a model that does not fit in it cannot even be built here. It is not
+half of it, although training on the CPU also holds a gradient per weight and an optimizer's
+state, because with `--device cuda` those live on the GPU and the host holds about one copy of
+the weights (a GPU node's model may take most of its host memory). It is a floor on what is
 needed, never a promise that a smaller model fits. The activation estimate is a floor as well:
 the output of every layer for one sample, no attention scores, no autograd buffers.
 """
@@ -27,8 +28,9 @@ from planner.units import format_bytes
 
 __all__ = ["ModelSize", "MEMORY_SHARE", "builtin_size", "check_model_size", "size_bound_bytes", "usable_memory_bytes"]
 
-MEMORY_SHARE = 0.5
-"""Share of the usable memory one model may take (module docstring: weights plus gradients)."""
+MEMORY_SHARE = 1.0
+"""Share of the usable memory one model may take (module docstring: all of it, since with CUDA the
+gradients and optimizer state are on the GPU)."""
 MODULE_BYTES = 4096
 """Host memory of one nn.Module with its parameter tensors' objects, storage aside (a floor: 20,000
 gpt blocks of 7 modules each took 686 MB, 4.9 KB a module, torch 2.13): a spec of millions of
@@ -95,8 +97,8 @@ def check_model_size(spec: str, size: ModelSize, hint: str) -> None:
     parts += [f"one sample's activations: {format_bytes(size.sample_activation_bytes)}"] if size.sample_activation_bytes else []
     raise ModelSpecError(
         f"model {spec!r} needs at least {format_bytes(size.total_bytes)} ({', '.join(parts)}), above pplan's bound of "
-        f"{format_bytes(bound)} (half of this machine's {format_bytes(memory)}: profiling and training also hold a "
-        f"gradient per weight); building it would exhaust memory",
+        f"{format_bytes(bound)} (this machine's usable memory, {format_bytes(memory)}): building it would exhaust "
+        f"memory",
         hint)
 
 

@@ -51,7 +51,7 @@ def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
         maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
         raise ModelSpecError(f"model {spec!r}: transformers has no model type {model_type!r}",
                              f"{maybe}model types are transformers' names: {_COMMON_TYPES}")
-    _check_keys(tf.AutoConfig.for_model(model_type), model_type, given, spec)
+    _check_keys(tf, model_type, given, spec)
     try:
         cfg = tf.AutoConfig.for_model(model_type, **given)
     except Exception as e:  # noqa: BLE001 - a value the config class refuses: one line
@@ -92,10 +92,22 @@ def _config_keys(default: Any) -> set[str]:
     return {k for k in keys if not k.startswith("_") and k != "self"}
 
 
-def _check_keys(default: Any, model_type: str, given: dict[str, Any], spec: str) -> None:
+def _stored_verbatim(tf: Any, model_type: str, key: str, value: Any) -> bool:
+    """Whether the config class keeps `key` only as a loose attribute holding `value` (what it
+    does with a key it does not know, a typo), rather than reading it: transformers converts some
+    older keys into newer ones (llama's rope_theta into rope_parameters), which are valid."""
+    try:
+        cfg = tf.AutoConfig.for_model(model_type, **{key: value})
+    except Exception:  # noqa: BLE001 - the full build reports the config's own error
+        return False
+    return key in vars(cfg) and vars(cfg)[key] == value
+
+
+def _check_keys(tf: Any, model_type: str, given: dict[str, Any], spec: str) -> None:
+    default = tf.AutoConfig.for_model(model_type)
     keys = _config_keys(default)
-    for key in given:
-        if key not in keys:
+    for key, value in given.items():
+        if key not in keys and _stored_verbatim(tf, model_type, key, value):
             close = difflib.get_close_matches(key, sorted(keys), n=3)
             maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
             raise ModelSpecError(f"model {spec!r}: {key!r} is not a key of transformers' {model_type!r} config ({type(default).__name__})",
