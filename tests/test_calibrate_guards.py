@@ -56,6 +56,8 @@ def _run(plan: Plan, profile, scale: float = 1.5, **changes) -> RunRecord:
     ({"micro_batch_size": 4}, "micro_batch_size 4 vs 2"),
     ({"model": "gpt:layers=2"}, f"model gpt:layers=2 vs {MODEL}"),
     ({"optimizer": "sgd"}, "optimizer sgd vs adam"),
+    ({"stage_layers": [[0, 3], [3, 4]]}, "stage_layers [[0, 3], [3, 4]] vs [[0, 2], [2, 4]]"),  # same shape, cut elsewhere
+    ({"stage_layers": [[0, 2], [2, 4]], "stage_recompute": [[1], []]}, "stage_recompute [[1], []] vs [[], []]"),
 ])
 def test_a_run_of_another_plan_is_refused_naming_what_differs(changes, says):
     profile, plan = _profile(), _plan()

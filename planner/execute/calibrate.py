@@ -79,7 +79,8 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
 def plan_differences(run: RunRecord, plan: Plan) -> list[str]:
     """What makes `run` a run of another plan than `plan`, one 'field run-value vs plan-value' each
     (empty: the same plan): the model, schedule, optimizer, micro-batches and their size, stages,
-    processes and data-parallel replicas, and each rank's device and stages. A run of another plan
+    processes and data-parallel replicas, each stage's layers and recompute set (runs that record
+    them), and each rank's device and stages. A run of another plan
     fits numbers to the wrong simulation (a 1-micro-batch zb run read as a 4-micro-batch gpipe plan
     gave a 'calibration' 132% off its own run)."""
     pairs = [("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
@@ -90,6 +91,10 @@ def plan_differences(run: RunRecord, plan: Plan) -> list[str]:
     differences = [f"{name} {_text(ran)} vs {_text(planned)}" for name, ran, planned in pairs if ran != planned]
     if differences:  # the ranks' stages follow from the counts: compared only where those agree
         return differences
+    for name, ran, planned in (("stage_layers", run.stage_layers, [list(st.layers) for st in plan.stages]),
+                               ("stage_recompute", run.stage_recompute, [list(st.recompute) for st in plan.stages])):
+        if ran is not None and ran != planned:  # the same shape cut elsewhere, or other layers recomputed
+            return [f"{name} {_text(ran)} vs {_text(planned)}"]
     for i, rank in enumerate(run.ranks):
         if not 0 <= rank.device < plan.n_devices:
             return [f"ranks[{i}].device {rank.device} vs devices 0..{plan.n_devices - 1}"]

@@ -137,4 +137,5 @@ def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_pat
         profile_load_average=profile_load_average, compute_ratio=compute_ratio, compute_ratio_cpu=compute_ratio_cpu,
         warnings=warnings, dp=dp,
         grad_allreduce_ms_measured=_allreduce_ms(measurements) if dp > 1 else None,
-        grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None))
+        grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None),
+        stage_layers=[list(st.layers) for st in plan.stages], stage_recompute=[list(st.recompute) for st in plan.stages])

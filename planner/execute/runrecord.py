@@ -205,6 +205,10 @@ class RunRecord:
     """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
     grad_allreduce_ms_predicted: float | None = None
     """dp > 1: the plan's predicted gradient synchronisation (predicted.grad_sync_ms), if it has one."""
+    stage_layers: list[list[int]] | None = None
+    """Each stage's [first, end) layers as the plan cut them (None: a run written before pplan recorded them)."""
+    stage_recompute: list[list[int]] | None = None
+    """Each stage's recomputed layers as the plan gave them (None: not recorded)."""
     calibration_fit: CalibrationFit | None = None
     """With --calibrate: what was fitted (omitted from the JSON otherwise)."""
     format: str = FORMAT
