@@ -25,7 +25,7 @@ from planner.jsonio import check_keys
 
 __all__ = [
     "is_number", "short", "conforms", "describe", "type_error", "missing_field", "record_fields", "check_object_keys",
-    "check_index_keys", "objects_in", "INDEX_KEY", "to_json",
+    "check_index_keys", "objects_in", "INDEX_KEY", "to_json", "range_error", "file_kind",
 ]
 
 INDEX_KEY = re.compile(r"[0-9]{1,9}")
@@ -128,7 +128,8 @@ def _field_hints(record_type: type) -> dict[str, Any]:
 
 def record_fields(data: Any, record_type: type, where: str, *, error: type[PplanError] = PplanError,
                   hint: str | None = None, types: Mapping[str, Any] | None = None,
-                  keys: tuple[str, ...] | None = None, required: tuple[str, ...] | None = None) -> dict[str, Any]:
+                  keys: tuple[str, ...] | None = None, required: tuple[str, ...] | None = None,
+                  ranges: Mapping[str, tuple[float, float]] | None = None) -> dict[str, Any]:
     """`data` as the JSON object of the dataclass `record_type`, at `where` in its file: refused with
     `error` (and `hint`) when it is not an object, has a key that is not a field (nearest one
     suggested), lacks a field without a default, or holds a value that does not fit its field's
@@ -136,7 +137,8 @@ def record_fields(data: Any, record_type: type, where: str, *, error: type[Pplan
 
     types: a field's JSON form where it differs from its annotation and cannot be derived (an
     ActionSpan written as a list); keys: the fields the JSON object may hold, when not all of them;
-    required: the keys it must hold, when not the fields without a default.
+    required: the keys it must hold, when not the fields without a default; ranges: (low, high) of a
+    numeric field, checked after its type (a bubble fraction of 7 or a peak of 1e300 bytes is refused).
     """
     if not isinstance(data, dict):
         raise error(f"{where} must be an object, got {short(data)}", hint)
@@ -150,7 +152,35 @@ def record_fields(data: Any, record_type: type, where: str, *, error: type[Pplan
     for name in names:
         if name in data and (message := type_error(data[name], annotations[name], f"{where} field {name!r}")):
             raise error(message, hint)
+    for name, (low, high) in (ranges or {}).items():
+        if is_number(value := data.get(name)) and (message := range_error(value, low, high, f"{where} field {name!r}")):
+            raise error(message, hint)
     return data
+
+
+def range_error(value: float, low: float, high: float, what: str) -> str | None:
+    """None when low <= value <= high; else the message naming `what`, the value and the range (NaN is out)."""
+    if low <= value <= high:
+        return None
+    if value != value or value in (float("inf"), float("-inf")):  # JSON has neither; a dict built in Python may
+        return f"{what} must be finite, got {value!r}"
+    return f"{what} is {_number(value)}, out of range ({_number(low)} to {_number(high)})"
+
+
+def _number(x: float) -> str:
+    """A number for a message: an integer whole (a device index), a long one or a float to 6 digits."""
+    return str(x) if isinstance(x, int) and abs(x) < 10**12 else f"{x:.6g}"
+
+
+_FORMAT = re.compile(r"pplan-([a-z]+)/[0-9]+")
+
+
+def file_kind(data: Any) -> str | None:
+    """Which pplan file an object read from JSON is, by its `format` key ('pplan-plan/1' -> 'plan'):
+    a file handed to the wrong reader is then named for what it is. None without a pplan format."""
+    fmt = data.get("format") if isinstance(data, dict) else None
+    match = _FORMAT.fullmatch(fmt) if isinstance(fmt, str) else None
+    return match.group(1) if match else None
 
 
 def check_object_keys(data: Any, known: tuple[str, ...], where: str) -> None:

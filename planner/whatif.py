@@ -23,9 +23,10 @@ from planner.calibration import Calibration
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.hardware import Hardware, load_hardware
+from planner.jsonio import nearest
 from planner.plan import Links, Plan, load_plan
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules import SCHEDULE_NAMES
+from planner.schedules.registry import schedule_name
 
 __all__ = ["KEEP", "WhatIf", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if", "parse_sweep", "run_sweep",
            "sweep_grid", "sweep_to_dict"]
@@ -52,6 +53,8 @@ class WhatIf:
 
     def __post_init__(self) -> None:
         _check_keep(self.keep)
+        if self.schedule is not None:  # 'ZB' is zb, as `pplan partition --schedule ZB` reads it
+            object.__setattr__(self, "schedule", schedule_name(self.schedule, "--schedule"))
         for flag, value in (("--microbatches", self.n_microbatches), ("--micro-batch-size", self.micro_batch_size)):
             if value is not None and value < 1:
                 raise PplanError(f"{flag} {value} must be at least 1")
@@ -194,7 +197,10 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     name = name.strip().replace("-", "_").lower()
     aliases = {"microbatches": "microbatches", "n_microbatches": "microbatches", "m": "microbatches", "schedule": "schedule"}
     if not sep or name not in aliases:
-        raise PplanError(f"cannot read --sweep {text!r}", "write --sweep microbatches=1,2,4,8 or --sweep schedule=gpipe,1f1b,zb")
+        guess = nearest(name, ("microbatches", "schedule")) if sep and name else None
+        usage = "--sweep microbatches=1,2,4,8 or --sweep schedule=gpipe,1f1b,zb"
+        raise PplanError(f"cannot read --sweep {text!r}" + (f": unknown parameter {name!r}" if sep else ""),
+                         f"did you mean {guess!r}? write {usage}" if guess else f"write {usage}")
     name = aliases[name]
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not items:
@@ -202,10 +208,10 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     if len(set(items)) != len(items):
         raise PplanError(f"--sweep {text!r} repeats a value")
     if name == "schedule":
-        bad = [v for v in items if v not in SCHEDULE_NAMES]
-        if bad:
-            raise PplanError(f"--sweep schedule: unknown schedule {bad[0]!r}", f"use {', '.join(SCHEDULE_NAMES)}")
-        return name, items
+        names = [schedule_name(v, "--sweep schedule") for v in items]
+        if len(set(names)) != len(names):
+            raise PplanError(f"--sweep {text!r} repeats a schedule")
+        return name, names
     try:
         counts = [int(v) for v in items]
     except ValueError:

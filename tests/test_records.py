@@ -62,6 +62,16 @@ def test_absent_and_null_are_written_as_the_producers_do():
     ({"n_microbatches": 2.0}, "predicted field 'n_microbatches' must be an integer or null, got 2.0"),
     ({"devices": "two"}, "predicted field 'devices' must be a list of objects or null, got 'two'"),
     ({"devices": [3]}, "predicted field 'devices' must be a list of objects or null; item 0 is 3"),
+    # in range: what the report would otherwise show as "700.0%", a 300-digit byte count or no row at all
+    ({"bubble_fraction": 7}, "predicted field 'bubble_fraction' is 7, out of range (0 to 1)"),
+    ({"iteration_ms": -1}, "predicted field 'iteration_ms' is -1, out of range (0 to 1e+12)"),
+    ({"micro_batch_size": 0}, "predicted field 'micro_batch_size' is 0, out of range (1 to 100000000)"),
+    ({"n_microbatches": 10**5, "micro_batch_size": 10**5}, "n_microbatches 100000 x micro_batch_size 100000 is more than"),
+    ({"schedule": "foo"}, "predicted field 'schedule' 'foo' is unknown"),
+    ({"devices": [{"device": 5000}]}, "predicted.devices[0] field 'device' is 5000, out of range (0 to 3999)"),
+    ({"devices": [{"device": 0}, {"device": 0}]}, "predicted.devices[1]: device 0 is listed twice"),
+    ({"devices": [{"peak_memory_bytes": 1e300}]}, "predicted.devices[0] field 'peak_memory_bytes' is 1e+300, out of range"),
+    ({"devices": [{"memory": {"total": -1}}]}, "predicted.devices[0].memory field 'total' is -1, out of range"),
 ])
 def test_bad_predictions_name_the_field(record, fragment):
     d = {"schedule": "1f1b", "micro_batch_size": 1, "n_microbatches": 2, "devices": 1,

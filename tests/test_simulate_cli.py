@@ -105,6 +105,22 @@ def test_errors_are_one_line_exit_2_and_leave_no_files(work: Path, args: list[st
     assert sorted(p.name for p in work.iterdir()) == ["plan.json", "sim_profile.csv"]
 
 
+def test_schedule_flags_read_any_case_as_partition_does(work: Path, run_cli) -> None:
+    plain = json.loads(run_cli("simulate", str(work / "plan.json"), "--schedule", "zb", "--json").stdout)
+    upper = run_cli("simulate", str(work / "plan.json"), "--schedule", " ZB", "--json")
+    assert upper.returncode == 0, upper.stderr
+    assert json.loads(upper.stdout) == plain and plain["schedule"] == "zb"
+    sweep = run_cli("simulate", str(work / "plan.json"), "--sweep", "schedule=GPipe,1F1B", "--json")
+    assert [row["value"] for row in json.loads(sweep.stdout)["rows"]] == ["gpipe", "1f1b"]
+    unknown = run_cli("simulate", str(work / "plan.json"), "--schedule", "foo")
+    assert unknown.returncode == 2 and unknown.stderr.startswith("pplan: error: --schedule: unknown schedule 'foo'")
+
+
+def test_a_misspelt_sweep_parameter_gets_the_nearest(work: Path, run_cli) -> None:
+    r = run_cli("simulate", str(work / "plan.json"), "--sweep", "microbatchs=1,2")
+    assert r.returncode == 2 and "unknown parameter 'microbatchs'; did you mean 'microbatches'?" in r.stderr
+
+
 def test_simulate_imports_neither_torch_nor_matplotlib(work: Path) -> None:
     code = (
         "import sys\n"

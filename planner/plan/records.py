@@ -8,6 +8,8 @@ read: a hand-written plan may carry a partial prediction. from_dict reads throug
 planner.jsontypes.record_fields, like every other record pplan reads: a field's JSON type is its
 annotation, a nested record an object, `tuple[X, ...]` a list; a byte count may be any number
 (pplan writes whole numbers, a person may write 16e9, and run files have always been read so).
+Numbers are held to physical ranges (`_RANGES`, checked by record_fields): a hand-edited bubble
+fraction of 7 or a peak of 1e300 bytes is refused on one line instead of shown as "700.0%".
 """
 
 from __future__ import annotations
@@ -19,18 +21,36 @@ from typing import Any, ClassVar, get_args, get_origin, get_type_hints
 
 from planner.errors import PlanError
 from planner.jsontypes import record_fields, short, to_json
+from planner.limits import MAX_GLOBAL_BATCH, MAX_MEMORY_BYTES
+from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = [
-    "MemoryRecord", "PredictedDevice", "Prediction", "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
+    "MAX_PIPELINE_STAGES", "MAX_PREDICTED_MS", "MemoryRecord", "PredictedDevice", "Prediction", "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
 ]
+
+
+MAX_PIPELINE_STAGES = 4_000
+"""The most stages (so devices) one pipeline can have: every stage holds at least one layer, and a
+profile holds at most planner.profiling.csvio.MAX_LAYERS (equal to it; tests/test_report_bounds.py checks)."""
+MAX_PREDICTED_MS = 1e12
+"""Longest time a prediction may state, ms (about 32 years): longer is a typo or a hostile file."""
+_ROUNDING_MS = 1e-6
+"""idle_ms is iteration time minus busy time: it may fall below 0 by float rounding, not more."""
+_TIME = (0.0, MAX_PREDICTED_MS)
+_BYTES = (0.0, float(MAX_MEMORY_BYTES))
+_COUNT = (1, MAX_GLOBAL_BATCH)
 
 
 class _Record:
     """Shared JSON round-trip of the records below (every field defaults to None)."""
 
     _WRITE_NULL: ClassVar[frozenset[str]] = frozenset()
+    _RANGES: ClassVar[dict[str, tuple[float, float]]] = {}
+    """Field -> (low, high) of its numbers (both ends allowed)."""
     _ALL_BYTES: ClassVar[bool] = False
     """Every field is a byte count (MemoryRecord); elsewhere the fields named *_bytes are."""
+    _HINT: ClassVar[str | None] = None
+    """What a refusal of this record suggests."""
 
     @classmethod
     def keys(cls) -> tuple[str, ...]:
@@ -49,7 +69,8 @@ class _Record:
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Any:
         """The record in JSON object `d` (at `where` in the plan); PlanError names a bad key or value."""
-        d = record_fields(d, cls, where, error=PlanError, types=_byte_counts(cls))
+        d = record_fields(d, cls, where, error=PlanError, types=_byte_counts(cls), ranges=cls._RANGES,
+                          hint=cls._HINT)
         kinds = _value_types(cls)
         return cls(**{key: _from_json(value, kinds[key], where, key) for key, value in d.items() if value is not None})
 
@@ -87,6 +108,8 @@ class MemoryRecord(_Record):
     """Peak memory of one device by kind, bytes."""
 
     _ALL_BYTES = True
+    _RANGES = dict.fromkeys(("weights", "gradients", "optimizer", "activations", "buffers", "total"), _BYTES)
+    _HINT = "memory is in bytes, 0 to 2**60"
 
     weights: int | None = None
     """Parameters."""
@@ -107,6 +130,9 @@ class PredictedDevice(_Record):
     """One device's predicted busy time and peak memory."""
 
     _WRITE_NULL = frozenset({"memory_limit_bytes"})
+    _RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1), "busy_ms": _TIME, "idle_ms": (-_ROUNDING_MS, MAX_PREDICTED_MS),
+               "peak_memory_bytes": _BYTES, "memory_limit_bytes": (1, MAX_MEMORY_BYTES)}
+    _HINT = f"a pipeline has at most {MAX_PIPELINE_STAGES} devices, numbered from 0; times are ms, memory bytes"
 
     device: int | None = None
     """Device index."""
@@ -129,6 +155,10 @@ class Prediction(_Record):
     """What the simulator (or the data x pipeline x tensor search) predicts for a plan."""
 
     _WRITE_NULL = frozenset({"throughput_samples_per_s"})
+    _RANGES = {"iteration_ms": _TIME, "bubble_fraction": (0.0, 1.0), "throughput_samples_per_s": (0.0, math.inf),
+               "n_microbatches": _COUNT, "micro_batch_size": _COUNT, "tokens_per_s": (0.0, math.inf),
+               "tflops_per_gpu": (0.0, math.inf), "mfu": (0.0, math.inf), "grad_sync_ms": _TIME, "tp_comm_ms": _TIME}
+    _HINT = "the prediction is what the simulator wrote: re-create it with `pplan simulate` or `pplan partition`"
 
     iteration_ms: float | None = None
     """Time of one iteration, ms."""
@@ -158,6 +188,42 @@ class Prediction(_Record):
     """Data/tensor-parallel plans: tensor-parallel collectives of one micro-batch (forward + backward) on the busiest stage, ms."""
     hardware: str | None = None
     """Data/tensor-parallel plans: the hardware preset searched on."""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> Prediction:
+        """As every record (types, ranges), then what spans fields: a known schedule, a global batch in
+        range, and at most MAX_PIPELINE_STAGES devices, each index once."""
+        prediction: Prediction = super().from_dict(d, where)
+        if prediction.schedule is not None and prediction.schedule not in SCHEDULE_NAMES:
+            raise PlanError(f"{where} field 'schedule' {short(prediction.schedule)} is unknown",
+                            f"use one of {', '.join(SCHEDULE_NAMES)}")
+        m, b = prediction.n_microbatches, prediction.micro_batch_size
+        if m is not None and b is not None and m * b > MAX_GLOBAL_BATCH:
+            raise PlanError(f"{where}: n_microbatches {m} x micro_batch_size {b} is more than {MAX_GLOBAL_BATCH:.0e} "
+                            "samples per iteration", cls._HINT)
+        devices = prediction.devices or ()
+        if len(devices) > MAX_PIPELINE_STAGES:
+            raise PlanError(f"{where} field 'devices' lists {len(devices)} devices, more than a pipeline can have "
+                            f"({MAX_PIPELINE_STAGES})", cls._HINT)
+        seen: set[int] = set()
+        for i, dev in enumerate(devices):
+            if dev.device is None:
+                continue
+            if dev.device in seen:
+                raise PlanError(f"{where}.devices[{i}]: device {dev.device} is listed twice", "list each device once")
+            seen.add(dev.device)
+        return prediction
+
+    def device_count_error(self, n_devices: int, where: str) -> str | None:
+        """None when the predicted devices fit a plan of `n_devices` devices (at most that many, each
+        index below it); else the message naming both, for the plan's reader and the report."""
+        devices = self.devices or ()
+        if len(devices) > n_devices:
+            return f"{where} lists {len(devices)} devices but the plan has {n_devices}"
+        bad = next((d.device for d in devices if d.device is not None and d.device >= n_devices), None)
+        if bad is not None:
+            return f"{where} has device {bad} but the plan's devices are 0..{n_devices - 1}"
+        return None
 
 
 # ---- search: how planner.partition.api (and `pplan bench`) chose -------------------------------

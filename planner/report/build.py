@@ -8,7 +8,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Callable
+from typing import Any, Callable
 
 from planner.errors import PplanError
 from planner.report import (
@@ -22,11 +22,15 @@ from planner.report.inputs import ReportInputs
 from planner.report.style import render, style_context
 from planner.report.summary import key_numbers
 
-__all__ = ["FIGURES", "FORMATS", "Report", "build_report", "check_report_dir", "parse_formats", "report_dir"]
+__all__ = ["FIGURES", "FORMATS", "MAX_FIGURE_INCHES", "Report", "build_report", "check_report_dir", "parse_formats", "report_dir"]
 
 # Figure modules in index order; each has KEY, TITLE, missing(), caption(), draw().
 FIGURES: tuple[ModuleType, ...] = (fig_schedule, fig_memory, fig_sweep, fig_baselines, fig_profile, fig_accuracy)
 FORMATS = ("png", "svg", "pdf")
+# Widest and tallest figure, inches (6000 pixels at the report's 150 dpi). Figures grow with the
+# devices they show; at the 4,000 a pipeline may have, a memory figure asked for 2,000 inches
+# (0.8 GB of pixels once rendered).
+MAX_FIGURE_INCHES = 40.0
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 
 
@@ -114,7 +118,7 @@ def build_report(
                 entries.append(FigureEntry(number, module.KEY, module.TITLE, "", skipped=reason))
                 continue
             say(f"drawing figure {number}: {module.TITLE.lower()}")
-            fig = module.draw(inputs, derived)
+            fig = _bounded(module.draw(inputs, derived))
             png = render(fig, "png")
             names = []
             for fmt in formats:
@@ -134,6 +138,14 @@ def build_report(
     say(f"writing {out}")
     write_report_folder(out, files, render_markdown(doc), render_html(doc))
     return Report(out_dir=out, figures=tuple(entries), summary=summary)
+
+
+def _bounded(fig: Any) -> Any:
+    """`fig` shrunk, keeping what it draws, to at most MAX_FIGURE_INCHES on each side."""
+    width, height = fig.get_size_inches()
+    if max(width, height) > MAX_FIGURE_INCHES:
+        fig.set_size_inches(min(width, MAX_FIGURE_INCHES), min(height, MAX_FIGURE_INCHES))
+    return fig
 
 
 def _regenerate_command(inputs: ReportInputs, out: Path, formats: tuple[str, ...]) -> str:

@@ -15,11 +15,13 @@ from typing import Any, Iterable, Sequence
 from planner.report.style import KIND_COLORS, KIND_LABELS, new_figure, render, style_context
 from planner.simulation.result import TimelineRow
 
-__all__ = ["as_rows", "draw_gantt", "gantt_figure", "gantt_compare_figure", "gantt_png"]
+__all__ = ["as_rows", "devices_in", "draw_gantt", "gantt_figure", "gantt_compare_figure", "gantt_png"]
 
 _KIND_ORDER = ("F", "B", "I", "W", "R", "T", "A", "O", "C")
 _IDLE_COLOR = "#F3D9D9"
 _MAX_LABELS = 1500  # beyond this many boxes, numbers would be unreadable anyway
+_MAX_TICKS = 64  # device labels on the y axis; more would overlap
+_MAX_HEIGHT_IN = 40.0  # tallest figure, inches (6000 pixels at the report's 150 dpi)
 
 
 def as_rows(rows: Iterable[Any]) -> list[TimelineRow]:
@@ -36,42 +38,80 @@ def as_rows(rows: Iterable[Any]) -> list[TimelineRow]:
     return out
 
 
-def draw_gantt(ax: Any, rows: Sequence[Any], n_devices: int | None = None,
+def draw_gantt(ax: Any, rows: Sequence[Any], devices: Sequence[int] | None = None,
                device_names: Sequence[str] | None = None, t_max: float | None = None) -> set[str]:
-    """Draw `rows` on matplotlib axes `ax`; returns the kinds drawn (for a shared legend)."""
+    """Draw `rows` on matplotlib axes `ax`, one row per device of `devices` (default: the devices the
+    rows use, in order; never every index up to the largest, which a file may make huge); returns
+    the kinds drawn (for a shared legend)."""
     rows = as_rows(rows)
-    n = n_devices if n_devices is not None else max((r.device for r in rows), default=-1) + 1
+    shown = list(devices) if devices is not None else devices_in(rows)
+    position = {d: i for i, d in enumerate(shown)}
     end = max((r.end_ms for r in rows), default=0.0)
     span = t_max if t_max else (end or 1.0)
     height, comm_h = 0.62, 0.14
     # the bubble: everything of a device's row not covered by compute is idle
-    for d in range(n):
-        ax.broken_barh([(0.0, end)], (d - height / 2, height), facecolors=_IDLE_COLOR, hatch="///",
-                       edgecolor="#E3B5B5", linewidth=0.0, zorder=1)
-    boxes: dict[tuple[int, str], list[tuple[float, float]]] = {}
+    _add_boxes(ax, [(0.0, y - height / 2, end, height) for y in range(len(shown))], facecolors=_IDLE_COLOR,
+               hatch="///", edgecolor="#E3B5B5", linewidth=0.0, zorder=1)
+    lanes: dict[str, list[tuple[float, float, float, float]]] = {}  # kind -> (x, y, width, height) of its boxes
     for r in rows:
-        boxes.setdefault((r.device, r.kind), []).append((r.start_ms, max(r.end_ms - r.start_ms, 0.0)))
-    for (d, kind), spans in boxes.items():
-        color = KIND_COLORS.get(kind, "#333333")
-        if kind == "C":
-            ax.broken_barh(spans, (d + height / 2 + 0.02, comm_h), facecolors=color, edgecolor="none", zorder=2)
-        elif kind == "A":  # the gradient sync overlaps the last backward: its own thin lane above the bar
-            ax.broken_barh(spans, (d - height / 2 - 0.02 - comm_h, comm_h), facecolors=color, edgecolor="none", zorder=2)
+        if r.device not in position:
+            continue
+        y, width = position[r.device], max(r.end_ms - r.start_ms, 0.0)
+        if r.kind == "C":  # transfers: a thin bar under the device's row
+            box = (r.start_ms, y + height / 2 + 0.02, width, comm_h)
+        elif r.kind == "A":  # the gradient sync overlaps the last backward: its own thin lane above the bar
+            box = (r.start_ms, y - height / 2 - 0.02 - comm_h, width, comm_h)
         else:
-            ax.broken_barh(spans, (d - height / 2, height), facecolors=color, edgecolor="white", linewidth=0.4, zorder=3)
-    compute = [r for r in rows if r.kind in "FBIWR" and r.microbatch >= 0]
+            box = (r.start_ms, y - height / 2, width, height)
+        lanes.setdefault(r.kind, []).append(box)
+    for kind, boxes in lanes.items():
+        color = KIND_COLORS.get(kind, "#333333")
+        if kind in "CA":
+            _add_boxes(ax, boxes, facecolors=color, edgecolor="none", zorder=2)
+        else:
+            _add_boxes(ax, boxes, facecolors=color, edgecolor="white", linewidth=0.4, zorder=3)
+    compute = [r for r in rows if r.kind in "FBIWR" and r.microbatch >= 0 and r.device in position]
     if len(compute) <= _MAX_LABELS:
         for r in compute:
             w = r.end_ms - r.start_ms
             if w >= span / 90:
-                ax.text(r.start_ms + w / 2, r.device, str(r.microbatch), ha="center", va="center",
+                ax.text(r.start_ms + w / 2, position[r.device], str(r.microbatch), ha="center", va="center",
                         fontsize=7, color="white", zorder=4, clip_on=True)
-    ax.set_ylim(n - 0.5, -0.5)  # device 0 on top, like the schedule grid
-    names = device_names if device_names is not None else [f"dev{d}" for d in range(n)]
-    ax.set_yticks(range(n), [f"{d}: {names[d]}" if d < len(names) else str(d) for d in range(n)])
+    ax.set_ylim(len(shown) - 0.5, -0.5)  # the first device on top, like the schedule grid
+    every = -(-len(shown) // _MAX_TICKS) or 1  # beyond _MAX_TICKS rows, label every k-th: labels would overlap
+    ticks = range(0, len(shown), every)
+    ax.set_yticks(ticks, [_device_label(shown[i], device_names) for i in ticks])
     ax.grid(axis="y", visible=False)
     ax.set_xlim(0, span * 1.01)
     return {r.kind for r in rows}
+
+
+def _add_boxes(ax: Any, boxes: Sequence[tuple[float, float, float, float]], **style: Any) -> None:
+    """Rectangles (x, y, width, height) as one collection: one call per kind, not per device (adding a
+    collection rescales the axes, so thousands of devices drawn one by one took minutes); the limits
+    are set by draw_gantt."""
+    from matplotlib.collections import PolyCollection
+
+    verts = [((x, y), (x, y + h), (x + w, y + h), (x + w, y)) for x, y, w, h in boxes]
+    ax.add_collection(PolyCollection(verts, **style), autolim=False)
+
+
+def _device_label(device: int, names: Sequence[str] | None) -> str:
+    """'1: gpu1': the index and the device's name (dev1 when none is given; the index alone past the names)."""
+    if names is None:
+        return f"{device}: dev{device}"
+    return f"{device}: {names[device]}" if device < len(names) else str(device)
+
+
+def devices_in(*timelines: Sequence[TimelineRow]) -> list[int]:
+    """The devices that occur in the timelines, in order."""
+    return sorted({r.device for rows in timelines for r in rows})
+
+
+def _height(per_device: float, n_devices: int, base: float) -> float:
+    """Figure height, inches: `per_device` a row, at most _MAX_HEIGHT_IN (thousands of devices would
+    otherwise make a figure of thousands of inches, gigabytes once rendered)."""
+    return min(base + per_device * n_devices, _MAX_HEIGHT_IN)
 
 
 def _legend(fig: Any, kinds: set[str]) -> None:
@@ -86,12 +126,12 @@ def gantt_figure(rows: Sequence[Any], *, title: str | None = None,
                  device_names: Sequence[str] | None = None) -> Any:
     """One timeline as a figure (one row per device)."""
     rows = as_rows(rows)
-    n = max((r.device for r in rows), default=0) + 1
+    devices = devices_in(rows)
     end = max((r.end_ms for r in rows), default=0.0)
     with style_context():
-        fig = new_figure(11.0, 1.7 + 0.5 * n)
+        fig = new_figure(11.0, _height(0.5, max(len(devices), 1), 1.7))
         ax = fig.subplots()
-        kinds = draw_gantt(ax, rows, n, device_names)
+        kinds = draw_gantt(ax, rows, devices, device_names)
         ax.set_xlabel("time from iteration start (ms)")
         ax.set_ylabel("device")
         fig.suptitle(title or f"Pipeline timeline: one iteration, {end:.2f} ms")
@@ -103,14 +143,14 @@ def gantt_compare_figure(predicted: Sequence[Any], measured: Sequence[Any], *, t
                          device_names: Sequence[str] | None = None) -> Any:
     """Predicted (top) and measured (bottom) timelines stacked on one shared time axis."""
     panels = [("Predicted", as_rows(predicted)), ("Measured", as_rows(measured))]
-    n = max((r.device for _, rows in panels for r in rows), default=0) + 1
+    devices = devices_in(*(rows for _, rows in panels))  # both panels list the same devices
     t_max = max((r.end_ms for _, rows in panels for r in rows), default=1.0) or 1.0
     with style_context():
-        fig = new_figure(11.0, 2.2 + 1.0 * n)
+        fig = new_figure(11.0, _height(1.0, max(len(devices), 1), 2.2))
         axes = fig.subplots(2, 1, sharex=True)
         kinds: set[str] = set()
         for ax, (label, rows) in zip(axes, panels):
-            kinds |= draw_gantt(ax, rows, n, device_names, t_max)
+            kinds |= draw_gantt(ax, rows, devices, device_names, t_max)
             end = max((r.end_ms for r in rows), default=0.0)
             ax.set_title(f"{label}: {end:.2f} ms", loc="left")
             ax.set_ylabel("device")

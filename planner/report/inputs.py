@@ -14,11 +14,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from planner.errors import PplanError
+from planner.errors import PlanError, PplanError
 from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
 from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
-from planner.plan import Plan, load_plan
+from planner.jsontypes import file_kind, range_error
+from planner.limits import MAX_GLOBAL_BATCH
+from planner.plan import Plan, load_plan, plan_from_dict
+from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
     TIMELINE_COLUMNS, TIMELINE_KINDS, SimulationRecord, TimelineRow,
@@ -37,7 +40,23 @@ __all__ = [
     "load_run",
     "parse_run",
     "load_inputs",
+    "check_consistent",
+    "MAX_TIMELINE_ROWS",
 ]
+
+# What each column of a timeline row may be, and the hint when it is not: a pipeline has at most
+# MAX_PIPELINE_STAGES devices and stages (the gradient sync and optimizer rows have stage and
+# micro-batch -1), an iteration at most MAX_GLOBAL_BATCH micro-batches; times are ms.
+_PIPELINE = f"a pipeline has at most {MAX_PIPELINE_STAGES} devices and stages, numbered from 0"
+_TIMES = "times are ms from the start of the run or iteration"
+_ROW_RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1, _PIPELINE), "stage": (-1, MAX_PIPELINE_STAGES - 1, _PIPELINE),
+               "microbatch": (-1, MAX_GLOBAL_BATCH - 1, f"an iteration has at most {MAX_GLOBAL_BATCH} micro-batches"),
+               "start_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES), "end_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES)}
+MAX_TIMELINE_ROWS = 1_000_000
+"""Most rows a timeline file may hold: drawing 300,000 boxes took 0.6 GB; the file limit (64 MiB) alone allows 5 million."""
+# The report's flag for each pplan file kind (planner.jsontypes.file_kind), to name the right one.
+_FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration"}
+_NAMES = {"plan": "plan", "run": "run", "sim": "simulation"}
 
 
 @dataclass(frozen=True)
@@ -78,10 +97,35 @@ class ReportInputs:
         if self.sim is not None and not isinstance(self.sim, SimulationRecord):
             raise TypeError(f"ReportInputs.sim must be a SimulationRecord, got {type(self.sim).__name__}; "
                             "read a simulation JSON with load_sim(path), or pass SimResult.record()")
+        check_consistent(self.plan, self.run, self.sources)
 
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""
         return [n for n in names if getattr(self, n) is None]
+
+
+def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None) -> None:
+    """Refuse a plan whose recorded prediction lists other devices than it has, and a run of another
+    plan: a report that set one plan's prediction beside another's measurement would compare nothing."""
+    sources = sources or {}
+    if plan is None:
+        return
+    plan_name = sources.get("plan", "the plan")
+    if plan.predicted is not None and (message := plan.predicted.device_count_error(plan.n_devices, "predicted")):
+        raise PlanError(f"{plan_name}: {message}", "the prediction must be of this plan: re-run `pplan simulate` or "
+                                                   "`pplan partition`, or drop `predicted`")
+    if run is None:
+        return
+    mismatches = [f"{name} {ran} vs {planned}" for name, ran, planned in (
+        ("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
+        ("n_microbatches", run.n_microbatches, plan.n_microbatches),
+        ("micro_batch_size", run.micro_batch_size, plan.micro_batch_size),
+        ("stage count", run.n_stages, len(plan.stages)),
+    ) if ran is not None and planned is not None and ran != planned]
+    if mismatches:
+        raise PplanError(f"{sources.get('run', 'the run')}: the run is of a different plan than {plan_name}: "
+                         f"{', '.join(mismatches)}",
+                         "give the run of this plan (`pplan run PLAN` writes it), or the plan it ran")
 
 
 def _bad(source: str, message: str, hint: str | None = None) -> PplanError:
@@ -105,6 +149,9 @@ def read_timeline_text(text: str, source: str = "<timeline>") -> tuple[TimelineR
             continue
         if len(row) != len(header):
             raise _bad(source, f"line {lineno}: {len(row)} fields, header has {len(header)}")
+        if len(rows) == MAX_TIMELINE_ROWS:
+            raise _bad(source, f"line {lineno}: more than {MAX_TIMELINE_ROWS} timeline rows",
+                       "a report draws one iteration: keep the rows of the iterations to show")
         cell = dict(zip(header, (c.strip() for c in row)))
         rows.append(_timeline_row(cell, source, lineno))
     if header is None:
@@ -129,8 +176,9 @@ def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow
     kind = cell["kind"].upper()
     if kind not in TIMELINE_KINDS:
         raise _bad(source, f"line {lineno}: kind {cell['kind']!r} is unknown", f"use one of {' '.join(TIMELINE_KINDS)}")
-    if values["device"] < 0:
-        raise _bad(source, f"line {lineno}: device {values['device']} is negative")
+    for col, (low, high, hint) in _ROW_RANGES.items():
+        if message := range_error(values[col], low, high, f"column {col!r}"):
+            raise _bad(source, f"line {lineno}: {message}", hint)
     if values["end_ms"] < values["start_ms"]:
         raise _bad(source, f"line {lineno}: end_ms {values['end_ms']} is before start_ms {values['start_ms']}")
     return TimelineRow(kind=kind, **values)
@@ -148,7 +196,38 @@ def _read_text(path: str | os.PathLike, what: str) -> str:
 
 def load_sim(path: str | os.PathLike) -> SimulationRecord:
     """Read a simulation JSON (as written by `pplan simulate --out`) as its record, every key and value checked."""
-    return parse_sim(read_json_file(path, "simulation", PplanError), str(path))
+    return parse_sim(_read_json(path, "sim"), str(path))
+
+
+def _read_json(path: str | os.PathLike, kind: str) -> Any:
+    """A JSON file the report reads as `kind` (plan, run, sim), refused when its `format` says it is
+    another pplan file, with the flag that takes it (a simulation JSON has no format)."""
+    data = read_json_file(path, _NAMES[kind], PplanError)
+    found = file_kind(data)
+    if found is not None and found != kind:
+        flag = _FLAGS.get(found)
+        hint = f"pass it as {flag}" if flag else f"give the {_NAMES[kind]} JSON as {_FLAGS[kind]}"
+        raise PplanError(f"{path}: this is a {found} file (format {data['format']!r}), not a {_NAMES[kind]}", hint)
+    return data
+
+
+def _load_plan(path: str | os.PathLike) -> Plan:
+    """A plan file, read once: refused as another kind of pplan file first, then as load_plan does."""
+    if not os.path.lexists(path):
+        return load_plan(path)  # its message and hint for a plan that does not exist
+    data = _read_json(path, "plan")
+    try:
+        return plan_from_dict(data)
+    except PplanError as e:
+        raise PlanError(f"{path}: {e.message}", e.hint) from None
+
+
+def _load_run(path: str | os.PathLike) -> RunRecord:
+    """A run file, read once: refused as another kind of pplan file first, then as load_run does."""
+    data = _read_json(path, "run")
+    if not isinstance(data, dict):
+        return load_run(path)  # its message for a JSON value that is not an object
+    return parse_run(data, str(path))
 
 
 def parse_sim(data: Any, source: str = "<simulation>") -> SimulationRecord:
@@ -177,9 +256,9 @@ def load_inputs(
                          "pass at least one of --profile, --plan, --sim, --run, --timeline, --measured-timeline")
     return ReportInputs(
         profile=load_profile(profile) if profile is not None else None,
-        plan=load_plan(plan) if plan is not None else None,
+        plan=_load_plan(plan) if plan is not None else None,
         sim=load_sim(sim) if sim is not None else None,
-        run=load_run(run) if run is not None else None,
+        run=_load_run(run) if run is not None else None,
         timeline=read_timeline(timeline) if timeline is not None else None,
         measured_timeline=read_timeline(measured_timeline) if measured_timeline is not None else None,
         sources=sources,

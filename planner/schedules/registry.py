@@ -18,7 +18,7 @@ from planner.schedules.interleaved import interleaved_order, rounds
 from planner.schedules.onefoneb import one_f_one_b_order
 from planner.schedules.zero_bubble import zb_h1_order
 
-__all__ = ["MicrobatchRule", "TorchRuntime", "ScheduleSpec", "SCHEDULES", "SCHEDULE_NAMES", "get_schedule"]
+__all__ = ["MicrobatchRule", "TorchRuntime", "ScheduleSpec", "SCHEDULES", "SCHEDULE_NAMES", "get_schedule", "schedule_name"]
 
 Order = dict[int, list[Action]]
 MicrobatchRule = Literal["any", "at-least-ranks", "multiple-of-rounds"]
@@ -123,3 +123,13 @@ def get_schedule(name: str) -> ScheduleSpec:
         return SCHEDULES[name]
     except (KeyError, TypeError):
         raise ScheduleError(f"unknown schedule {name!r}", f"use one of {', '.join(SCHEDULE_NAMES)}") from None
+
+
+def schedule_name(text: str, where: str = "schedule") -> str:
+    """The registry's name for a schedule as a person types it ('ZB', ' 1F1B ' -> 'zb', '1f1b'): every
+    command reads --schedule through this one lookup, so they accept the same spellings; plans keep
+    the registry's name. ScheduleError names `where` (the flag) and the known names otherwise."""
+    name = text.strip().lower() if isinstance(text, str) else text
+    if name not in SCHEDULES:
+        raise ScheduleError(f"{where}: unknown schedule {str(text)[:60]!r}", f"use one of {', '.join(SCHEDULE_NAMES)}")
+    return name

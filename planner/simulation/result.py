@@ -8,8 +8,9 @@ from typing import Any, NamedTuple
 
 from planner.cost import MemoryBreakdown
 from planner.errors import PplanError
-from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, short, type_error
-from planner.plan.records import MemoryRecord, PredictedDevice, Prediction
+from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, file_kind, range_error, short, type_error
+from planner.limits import MAX_MEMORY_BYTES
+from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS, MemoryRecord, PredictedDevice, Prediction
 
 __all__ = ["TimelineRow", "SimResult", "SimulationRecord", "SIMULATION_KEYS", "TIMELINE_COLUMNS", "TIMELINE_KINDS",
            "ReplicaMetrics"]
@@ -191,6 +192,10 @@ class SimulationRecord:
         """
         if not isinstance(data, dict):
             raise PplanError(f"{source}: a simulation must be a JSON object, got {type(data).__name__}", _HINT)
+        if "format" in data:  # pplan's other JSON files say what they are; a simulation JSON has no format
+            kind = file_kind(data)
+            what = f"a {kind} file" if kind else "not a simulation JSON"
+            raise PplanError(f"{source}: this is {what} (format {short(data['format'])}), not a simulation", _HINT)
         check_object_keys(data, SIMULATION_KEYS, f"{source}: simulation")
         try:
             prediction = Prediction.from_dict({k: v for k, v in data.items() if k not in _NOT_PREDICTED}, "simulation")
@@ -214,10 +219,17 @@ def _memory_timeline(value: Any, source: str) -> dict[int, tuple[tuple[float, fl
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for key, points in value.items():
         where = f"simulation field memory_timeline[{key!r}]"
+        if int(key) >= MAX_PIPELINE_STAGES:  # the figure draws one line per device
+            raise PplanError(f"{source}: {where}: device {int(key)} is beyond the largest pipeline "
+                             f"({MAX_PIPELINE_STAGES} devices, numbered from 0)", shape)
         message = type_error(points, list[list[float]], where)  # names the first point that is not numbers
         bad = next((i for i, p in enumerate(points) if len(p) != 2), None) if message is None else None
         if bad is not None:
             message = f"{where} item {bad} must be [t_ms, bytes], got {short(points[bad])}"
+        if message is None:
+            message = next((m for i, (t, b) in enumerate(points)
+                            if (m := range_error(t, 0.0, MAX_PREDICTED_MS, f"{where} item {i} time")
+                                or range_error(b, 0.0, MAX_MEMORY_BYTES, f"{where} item {i} bytes"))), None)
         if message is not None:
             raise PplanError(f"{source}: {message}", shape)
         out[int(key)] = tuple((t, b) for t, b in points)
