@@ -147,6 +147,10 @@ def test_a_plan_predicting_other_devices_is_refused(files: Path) -> None:
     with pytest.raises(PplanError) as e:
         load_inputs(plan=files / "plan.json")
     assert "predicted lists 3000 devices but the plan has 2" in e.value.message
+    from planner.plan import load_plan  # every command's plan reader, not only the report's
+
+    with pytest.raises(PplanError, match="predicted lists 3000 devices but the plan has 2"):
+        load_plan(files / "plan.json")
 
 
 def test_report_of_a_huge_device_index_exits_2_on_one_line_and_writes_nothing(tmp_path: Path, pplan) -> None:

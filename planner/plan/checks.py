@@ -37,6 +37,8 @@ def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
     _check_links(plan.links, len(plan.devices))
     _check_stages(plan, n_layers)
     _check_device_use(plan)
+    if plan.predicted is not None and (message := plan.predicted.device_count_error(len(plan.devices), "predicted")):
+        raise PlanError(message, "the prediction must be of this plan: re-run `pplan partition` or drop `predicted`")
 
 
 def _check_stages(plan: Plan, n_layers: int | None) -> None:
