@@ -76,11 +76,15 @@ def test_committed_runs_load_and_write_their_calibration_objects_unchanged(path)
         # files from before the hand-over values read them as 0 and write them after the others
         if key == "calibration_fit":
             old, new = dict(old, calibration=None), dict(new, calibration=None)
-            assert written[key]["calibration"] == dict(data[key]["calibration"], handover_cpu_ms=0.0,
-                                                        handover_cpu_ms_per_mib=0.0)
+            assert written[key]["calibration"] == _with_handover(data[key]["calibration"])
             assert new == old and list(new) == list(old)
         else:
-            assert new == dict(old, handover_cpu_ms=0.0, handover_cpu_ms_per_mib=0.0)
+            assert new == _with_handover(old)
+
+
+def _with_handover(calibration: dict) -> dict:
+    """A calibration's values as pplan writes them: the hand-over values 0 where the file has none."""
+    return {"handover_cpu_ms": 0.0, "handover_cpu_ms_per_mib": 0.0, **calibration}
 
 
 def _set(where: str, value):
