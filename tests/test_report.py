@@ -388,7 +388,7 @@ def test_peak_memory_rows_are_per_device_under_data_parallelism(tmp_path):
                        peak_memory_bytes_measured=r["peak_memory_bytes_measured"] + 1000 * (1 - r["rank"]))
                   for r in d["ranks"]]
         d["ranks"] += second
-        d["n_ranks"] = len(d["ranks"])
+        d["n_ranks"], d["dp"] = len(d["ranks"]), 2  # the run of a dp = 2 plan records its two replicas
 
     run = load_run(_run_file(tmp_path, replicate))
     first = {r.device: r.peak_memory_bytes_measured for r in run.ranks if r.replica == 0}

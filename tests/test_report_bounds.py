@@ -1,6 +1,7 @@
 """What `pplan report` reads is bounded and checked: indices and counts within what a pipeline can
 have, predictions within physical ranges, a file of another kind named for what it is, a run of
-another plan refused; and what it draws grows with the devices that occur, not with the largest index."""
+another plan refused as `pplan calibrate --from-run` refuses it; and what it draws grows with the
+devices that occur, not with the largest index."""
 
 from __future__ import annotations
 
@@ -126,17 +127,40 @@ def test_a_file_of_another_kind_is_named_with_its_flag(files: Path, flag: str, n
 
 @pytest.mark.parametrize("change,fragment", [
     ({"schedule": "gpipe"}, "schedule gpipe vs 1f1b"),
-    ({"n_microbatches": 8, "micro_batch_size": 1}, "n_microbatches 8 vs 4, micro_batch_size 1 vs 2"),
+    ({"n_microbatches": 8, "micro_batch_size": 1}, "micro_batch_size 1 vs 2, n_microbatches 8 vs 4"),
     ({"model": "mlp:layers=2"}, "model mlp:layers=2 vs gpt:"),
-    ({"n_stages": 3}, "stage count 3 vs 2"),
+    ({"n_stages": 3}, "n_stages 3 vs 2"),
+    ({"optimizer": "sgd"}, "optimizer sgd vs adam"),  # a field the report did not compare before
+    ({"dp": 2}, "dp 2 vs 1"),
+    ({"stage_recompute": [[1, 2], []]}, "stage_recompute [[1, 2], []] vs [[1, 2, 3], []]"),
 ])
 def test_a_run_of_another_plan_is_refused(files: Path, change: dict, fragment: str) -> None:
     run = json.loads((files / "run.json").read_text())
     (files / "run.json").write_text(json.dumps({**run, **change}))
     with pytest.raises(PplanError) as e:
         load_inputs(plan=files / "plan.json", run=files / "run.json")
-    assert "the run is of a different plan than" in e.value.message and fragment in e.value.message
-    assert "give the run of this plan" in e.value.hint
+    assert e.value.message.startswith(f"{files / 'run.json'}: the run is of a different plan than {files / 'plan.json'}: ")
+    assert fragment in e.value.message and "give the run of this plan" in e.value.hint
+
+
+def test_a_run_cut_elsewhere_is_refused_by_report_as_by_calibrate(files: Path, pplan) -> None:
+    """The same counts cut at another layer: `pplan report` and `pplan calibrate --from-run` refuse
+    it on the same one line, exit code 2; a run file that predates `stage_layers` is read as before."""
+    run = json.loads((files / "run.json").read_text())
+    assert run.get("stage_layers") is None  # an older run: nothing to compare the cut with
+    shutil.copy(DATA / "profile.csv", files / "profile.csv")
+    (files / "cut.json").write_text(json.dumps({**run, "stage_layers": [[0, 4], [4, 8]]}))
+    says = f"the run is of a different plan than {files / 'plan.json'}: stage_layers [[0, 4], [4, 8]] vs [[0, 5], [5, 8]]"
+    lines = []
+    for args in (("report", "--plan", files / "plan.json", "--run", files / "cut.json", "--out", files / "r"),
+                 ("calibrate", files / "plan.json", "--from-run", files / "cut.json")):
+        code, stdout, stderr = pplan(*args)
+        assert code == 2 and stdout == "" and stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+        assert says in stderr, stderr
+        lines.append(stderr)
+    assert lines[0] == lines[1]
+    assert not (files / "r").exists() and not (files / "profile.calibration.json").exists()
+    load_inputs(plan=files / "plan.json", run=files / "run.json")  # the older run of this plan still reads
 
 
 def test_a_plan_predicting_other_devices_is_refused(files: Path) -> None:

@@ -25,14 +25,12 @@ from typing import Any
 from planner.calibration import MAX_OVERHEAD_MS, Calibration
 from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
-from planner.execute.mesh import dp_degree, world_size
 from planner.execute.results import error_pct
 from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
-from planner.plan import Plan
+from planner.plan import Plan, check_run_of_plan
 from planner.profiling.profile import Profile
 
-__all__ = ["compute_points", "fit_compute", "plan_differences", "check_fit_inputs", "fit_from_run",
-           "calibrate_from_run_file"]
+__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file"]
 
 
 def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
@@ -76,50 +74,15 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
     return max(scale, 1e-6), 0.0
 
 
-def plan_differences(run: RunRecord, plan: Plan) -> list[str]:
-    """What makes `run` a run of another plan than `plan`, one 'field run-value vs plan-value' each
-    (empty: the same plan): the model, schedule, optimizer, micro-batches and their size, stages,
-    processes and data-parallel replicas, each stage's layers and recompute set (runs that record
-    them), and each rank's device and stages. A run of another plan
-    fits numbers to the wrong simulation (a 1-micro-batch zb run read as a 4-micro-batch gpipe plan
-    gave a 'calibration' 132% off its own run)."""
-    pairs = [("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
-             ("optimizer", run.optimizer, plan.optimizer),
-             ("micro_batch_size", run.micro_batch_size, plan.micro_batch_size),
-             ("n_microbatches", run.n_microbatches, plan.n_microbatches), ("n_stages", run.n_stages, plan.n_stages),
-             ("n_ranks", run.n_ranks, world_size(plan)), ("dp", run.dp, dp_degree(plan))]
-    differences = [f"{name} {_text(ran)} vs {_text(planned)}" for name, ran, planned in pairs if ran != planned]
-    if differences:  # the ranks' stages follow from the counts: compared only where those agree
-        return differences
-    for name, ran, planned in (("stage_layers", run.stage_layers, [list(st.layers) for st in plan.stages]),
-                               ("stage_recompute", run.stage_recompute, [list(st.recompute) for st in plan.stages])):
-        if ran is not None and ran != planned:  # the same shape cut elsewhere, or other layers recomputed
-            return [f"{name} {_text(ran)} vs {_text(planned)}"]
-    for i, rank in enumerate(run.ranks):
-        if not 0 <= rank.device < plan.n_devices:
-            return [f"ranks[{i}].device {rank.device} vs devices 0..{plan.n_devices - 1}"]
-        planned_stages = [s for s, st in enumerate(plan.stages) if st.device == rank.device]
-        if sorted(rank.stages) != planned_stages:
-            return [f"ranks[{i}].stages {rank.stages} vs {planned_stages} (device {rank.device})"]
-    return []
-
-
-def _text(value: Any) -> str:
-    """A value in a one-line message: text as it is (cut at 60 characters), anything else its repr."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
     """Refuse, before any work, a run the fit cannot read as `plan`'s: a run of this plan
-    (plan_differences), a timed step, and finite times >= 0 in the actions, ping-pongs and
-    hand-over gaps (a file someone edited; planner.execute.runfile has checked its keys, types
-    and ranges). `source` (the file) leads each message."""
+    (planner.plan.compare, the check `pplan report` makes too), a timed step, and finite times
+    >= 0 in the actions, ping-pongs and hand-over gaps (a file someone edited; planner.execute.runfile
+    has checked its keys, types and ranges). `source` (the file) leads each message."""
     def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:
         return PplanError(f"{source}: {message}" if source else message, hint)
 
-    if differences := plan_differences(run, plan):
-        raise bad(f"the run is of a different plan: {', '.join(differences)}", "give the run of this plan")
+    check_run_of_plan(run, plan, source)
 
     def ms(value: Any, where: str) -> None:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
@@ -212,6 +175,7 @@ def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.Pat
 
     plan = load_plan(plan_path)
     run = load_run(run_path)  # every key and value checked; what the fit needs, checked by it
+    check_run_of_plan(run, plan, str(run_path), str(plan_path))  # in the words `pplan report` uses
     path = resolve_profile_path(plan, str(plan_path), str(profile_path) if profile_path else None)
     if path is None:
         raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")

@@ -15,13 +15,15 @@ must lie in physically meaningful ranges (planner.limits). `global_batch` is der
 equal micro_batch_size x n_microbatches when given.
 
 Modules: model (Plan and its parts, valid by construction), checks (what valid means),
-records (the typed `predicted` and `search`), serialize (JSON read/write), fields (typed reads).
+records (the typed `predicted` and `search`), serialize (JSON read/write), fields (typed reads),
+compare (whether a run is a run of this plan).
 """
 
 from planner.limits import (
     MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SEED, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED,
 )
 from planner.plan.checks import OPTIMIZERS, SCHEDULES, validate_plan
+from planner.plan.compare import RUN_OF_PLAN_HINT, RankOfPlan, RunOfPlan, check_run_of_plan, plan_differences
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import (
     AtPlanSetting, BaselineRow, MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow,
@@ -38,6 +40,7 @@ __all__ = [
     "Prediction", "PredictedDevice", "MemoryRecord", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
     "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
+    "RunOfPlan", "RankOfPlan", "RUN_OF_PLAN_HINT", "plan_differences", "check_run_of_plan",
     "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path",
     "MAX_BANDWIDTH", "MAX_GLOBAL_BATCH", "MAX_LATENCY_MS", "MAX_MEMORY_BYTES", "MAX_SEED", "MAX_SPEED",
     "MIN_BANDWIDTH", "MIN_SPEED",

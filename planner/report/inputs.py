@@ -20,7 +20,7 @@ from planner.execute.runfile import load_run, parse_run
 from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
 from planner.jsontypes import file_kind, range_error
 from planner.limits import MAX_GLOBAL_BATCH
-from planner.plan import Plan, load_plan, plan_from_dict
+from planner.plan import Plan, check_run_of_plan, load_plan, plan_from_dict
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
@@ -106,7 +106,9 @@ class ReportInputs:
 
 def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None) -> None:
     """Refuse a plan whose recorded prediction lists other devices than it has, and a run of another
-    plan: a report that set one plan's prediction beside another's measurement would compare nothing."""
+    plan: a report that set one plan's prediction beside another's measurement would compare nothing.
+    The run is held to its plan as `pplan calibrate --from-run` holds it (planner.plan.compare), in
+    the same words; `sources` names the files in the message."""
     sources = sources or {}
     if plan is None:
         return
@@ -114,18 +116,8 @@ def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str
     if plan.predicted is not None and (message := plan.predicted.device_count_error(plan.n_devices, "predicted")):
         raise PlanError(f"{plan_name}: {message}", "the prediction must be of this plan: re-run `pplan simulate` or "
                                                    "`pplan partition`, or drop `predicted`")
-    if run is None:
-        return
-    mismatches = [f"{name} {ran} vs {planned}" for name, ran, planned in (
-        ("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
-        ("n_microbatches", run.n_microbatches, plan.n_microbatches),
-        ("micro_batch_size", run.micro_batch_size, plan.micro_batch_size),
-        ("stage count", run.n_stages, len(plan.stages)),
-    ) if ran is not None and planned is not None and ran != planned]
-    if mismatches:
-        raise PplanError(f"{sources.get('run', 'the run')}: the run is of a different plan than {plan_name}: "
-                         f"{', '.join(mismatches)}",
-                         "give the run of this plan (`pplan run PLAN` writes it), or the plan it ran")
+    if run is not None:
+        check_run_of_plan(run, plan, sources.get("run"), sources.get("plan"))
 
 
 def _bad(source: str, message: str, hint: str | None = None) -> PplanError:
