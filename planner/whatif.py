@@ -152,7 +152,7 @@ def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[i
     if keep == "micro-batch-size" or (m is None and b is None):
         return (m or plan.n_microbatches), (b or plan.micro_batch_size)
     g = plan.n_microbatches * plan.micro_batch_size  # one replica's share of the global batch
-    dp = plan.parallel.dp if plan.parallel is not None else 1
+    dp = plan.dp
     batch = "global batch" if dp == 1 else f"replica's batch (global batch {plan.global_batch} / dp {dp})"
     given, other = ("micro-batches", m) if m is not None else ("micro-batch size", b)
     if other > g:

@@ -17,7 +17,7 @@ import torch
 from planner.errors import PplanError
 from planner.execute import RunOptions
 from planner.execute.checkpoint import latest_checkpoint, load_rank_file
-from planner.execute.mesh import coords, world_size
+from planner.execute.mesh import coords
 from planner.execute.pipeline import replica_slice
 from planner.execute.preflight import check_parallel
 from planner.execute.reference import reference_run
@@ -41,7 +41,7 @@ def test_replica_slices():
 
 def test_world_and_coordinates(tmp_path):
     plan = load_plan(dp_plan(tmp_path / "p.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], n_microbatches=4))
-    assert world_size(plan) == 4 and plan.global_batch == 2 * 2 * 4
+    assert plan.n_processes == 4 and plan.global_batch == 2 * 2 * 4
     assert [coords(plan, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from planner.execute.checkpoint import FORMAT, latest_checkpoint, load_rank_file, rank_file_for
-from planner.execute.mesh import coords, global_rank, tp_index, world_size
+from planner.execute.mesh import coords, global_rank, tp_index
 from planner.execute.preflight import check_parallel
 from planner.execute.reference import reference_run
 from planner.execute.tensor import qkv_order
@@ -56,12 +56,12 @@ def tp_plan(folder: Path, name: str, parallel: dict | None = None) -> Plan:
 
 def test_mesh_layout_puts_tp_innermost(tmp_path):
     plan = tp_plan(tmp_path, "1f1b", {"dp": 2, "pp": 2, "tp": 2, "zero": 0})
-    assert world_size(plan) == 8
+    assert plan.n_processes == 8
     where = [(*coords(plan, r), tp_index(plan, r)) for r in range(8)]
     assert where == [(d, p, t) for d in range(2) for p in range(2) for t in range(2)]  # rank = (d P + p) T + t
     assert [global_rank(plan, *w) for w in where] == list(range(8))
     one = tp_plan(tmp_path, "1f1b", {"dp": 2, "pp": 2, "tp": 1, "zero": 0})  # tp = 1: rank = d P + p, as before
-    assert [coords(one, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)] and world_size(one) == 4
+    assert [coords(one, r) for r in range(4)] == [(0, 0), (0, 1), (1, 0), (1, 1)] and one.n_processes == 4
 
 
 def test_qkv_order_gives_each_tp_rank_q_k_v_of_its_own_heads():
@@ -150,7 +150,7 @@ def _assert_close_weights(got: dict[int, dict], ref: dict[int, dict], what: str)
 
 
 def _check_run(name: str, plan: Plan, recs: list[dict], ck: Path) -> None:
-    world = world_size(plan)
+    world = plan.n_processes
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref_layers = reference_run(plan, STEPS, lr=LR)
     reporting = [r for r in recs if r["losses"]]

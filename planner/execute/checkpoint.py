@@ -261,9 +261,9 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
              for r in range(world)}
     meta = {"format": FORMAT, "step": step, "world_size": world, "fingerprint": fingerprint(plan),
             "schedule": plan.schedule, "model": plan.model, "files": files,
-            "dp": plan.parallel.dp if plan.parallel is not None else 1,
+            "dp": plan.dp,
             "zero": plan.parallel.zero if plan.parallel is not None else 0,
-            "tp": plan.parallel.tp if plan.parallel is not None else 1}
+            "tp": plan.tp}
     atomic_write_text(tmp / "COMPLETE.json", json.dumps(meta, indent=2) + "\n")
     final = _final_dir(base, step)
     _remove_ours(final)  # re-saving a step (a resumed run that ends where it began)

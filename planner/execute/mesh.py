@@ -16,7 +16,7 @@ from typing import Any
 
 from planner.plan import Plan
 
-__all__ = ["DIMS", "TP_DIMS", "dp_degree", "tp_degree", "world_size", "world_text", "coords", "tp_index", "make_mesh", "global_rank"]
+__all__ = ["DIMS", "TP_DIMS", "world_text", "coords", "tp_index", "make_mesh", "global_rank"]
 
 DIMS = ("dp", "pp")
 """The mesh's dimension names, outermost first (tp = 1)."""
@@ -24,40 +24,25 @@ TP_DIMS = ("dp", "pp", "tp")
 """The mesh's dimension names with tensor parallelism (tp > 1), outermost first."""
 
 
-def dp_degree(plan: Plan) -> int:
-    """Data-parallel replicas of the plan (1 without a `parallel` object)."""
-    return plan.parallel.dp if plan.parallel is not None else 1
-
-
-def tp_degree(plan: Plan) -> int:
-    """Tensor-parallel ranks per pipeline device (1 without a `parallel` object)."""
-    return plan.parallel.tp if plan.parallel is not None else 1
-
-
-def world_size(plan: Plan) -> int:
-    """Processes a run of the plan needs: dp x pipeline devices x tp."""
-    return dp_degree(plan) * plan.n_devices * tp_degree(plan)
-
-
 def world_text(plan: Plan) -> str:
     """How the plan's processes multiply up, for messages: `2 devices x dp 2 x tp 2`."""
-    text = f"{plan.n_devices} devices x dp {dp_degree(plan)}"
-    return text + (f" x tp {tp_degree(plan)}" if tp_degree(plan) > 1 else "")
+    text = f"{plan.n_devices} devices x dp {plan.dp}"
+    return text + (f" x tp {plan.tp}" if plan.tp > 1 else "")
 
 
 def coords(plan: Plan, rank: int) -> tuple[int, int]:
     """(dp index, pp index) of global rank `rank`."""
-    return divmod(rank // tp_degree(plan), plan.n_devices)
+    return divmod(rank // plan.tp, plan.n_devices)
 
 
 def tp_index(plan: Plan, rank: int) -> int:
     """Tensor-parallel index of global rank `rank` (0 when tp = 1)."""
-    return rank % tp_degree(plan)
+    return rank % plan.tp
 
 
 def global_rank(plan: Plan, dp_index: int, pp_index: int, tp_index: int = 0) -> int:
     """The global rank at (dp index, pp index, tp index)."""
-    return (dp_index * plan.n_devices + pp_index) * tp_degree(plan) + tp_index
+    return (dp_index * plan.n_devices + pp_index) * plan.tp + tp_index
 
 
 def make_mesh(plan: Plan, device_type: str) -> Any:
@@ -65,6 +50,6 @@ def make_mesh(plan: Plan, device_type: str) -> Any:
     ("dp", "pp", "tp") when the plan has tensor parallelism."""
     from torch.distributed.device_mesh import init_device_mesh
 
-    if tp_degree(plan) > 1:
-        return init_device_mesh(device_type, (dp_degree(plan), plan.n_devices, tp_degree(plan)), mesh_dim_names=TP_DIMS)
-    return init_device_mesh(device_type, (dp_degree(plan), plan.n_devices), mesh_dim_names=DIMS)
+    if plan.tp > 1:
+        return init_device_mesh(device_type, (plan.dp, plan.n_devices, plan.tp), mesh_dim_names=TP_DIMS)
+    return init_device_mesh(device_type, (plan.dp, plan.n_devices), mesh_dim_names=DIMS)

@@ -63,7 +63,7 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PplanError
-from planner.execute.mesh import coords, dp_degree, global_rank, make_mesh, tp_degree, tp_index, world_size
+from planner.execute.mesh import coords, global_rank, make_mesh, tp_index
 from planner.execute import tensor as _tensor
 from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
@@ -233,12 +233,12 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
         example = model.make_batch(plan.micro_batch_size, 0)[0]
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    dp, tp = dp_degree(plan), tp_degree(plan)
+    dp, tp = plan.dp, plan.tp
     world = dist.get_world_size() if dist.is_initialized() else 1
-    if world != world_size(plan):
-        raise PplanError(f"the job has {world} processes but the plan needs {world_size(plan)} "
+    if world != plan.n_processes:
+        raise PplanError(f"the job has {world} processes but the plan needs {plan.n_processes} "
                          f"(dp {dp} x {plan.n_devices} pipeline devices x tp {tp})",
-                         f"start {world_size(plan)} processes (torchrun --nproc-per-node)")
+                         f"start {plan.n_processes} processes (torchrun --nproc-per-node)")
     zero = plan.parallel.zero if plan.parallel is not None and dp > 1 else 0
     if tp > 1:
         _tensor.check_tp_model(plan.model, tp)
@@ -291,8 +291,8 @@ def _tied_groups(plan: Plan, layers: Any, rank: int, world: int) -> list[tuple[A
     (new_group is collective, so each rank makes the groups it is not in too)."""
     tied = []
     for ranks, shared in shared_parameter_groups(plan, layers):
-        for d in range(dp_degree(plan)):
-            for t in range(tp_degree(plan)):
+        for d in range(plan.dp):
+            for t in range(plan.tp):
                 members = [global_rank(plan, d, r, t) for r in ranks]
                 group = dist.new_group(members) if world > 1 else None
                 if rank in members:

@@ -149,9 +149,8 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
-    from planner.execute.mesh import world_size
 
-    world = world_size(plan)
+    world = plan.n_processes
     world_here = local_world if local_world is not None else world
     device_type = _device_type(plan, opts, under_torchrun, world_here)
     if device_type == "cpu" and not under_torchrun and world > cpu_rank_cap() and not force:

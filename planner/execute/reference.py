@@ -52,7 +52,7 @@ def reference_run(plan: Plan, steps: int, lr: float = 1e-3, start_state: dict[in
     model = bundle.layers
     opt = make_optimizer(plan.optimizer, list(model.parameters()), lr)
     M = plan.n_microbatches
-    dp = plan.parallel.dp if plan.parallel is not None else 1
+    dp = plan.dp
     params = list(model.parameters())
     losses = []
     for step in range(first_step, first_step + steps):

@@ -38,7 +38,6 @@ import statistics
 
 from planner.calibration import Calibration
 from planner.execute.measurement import RankMeasurement
-from planner.execute.mesh import world_size
 from planner.execute.runrecord import Divergence, RankRecord, RunRecord
 from planner.execute.timeline import measured_timeline, one_clock, replica0, transfer_gaps
 from planner.execute.trust import step_spread, trust_warnings
@@ -118,14 +117,14 @@ def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_pat
     losses, loss_steps, diverged = _losses(measurements)
     boundary = {str(s): list(v) for m in measurements for s, v in m.boundary_bytes.items()}
     lo, med, hi, spread = step_spread(step_ms, measured)
-    dp = plan.parallel.dp if plan.parallel is not None else 1
+    dp = plan.dp
     lead = replica0(measurements)  # the pipeline the simulator's timeline describes
     warnings = trust_warnings(n_measured=len(measured), median_ms=med, spread_pct=spread, load=load_average,
                               profile_load=profile_load_average, compute_ratio=compute_ratio,
                               compute_ratio_cpu=compute_ratio_cpu)
     return RunRecord(
         plan=plan_path, model=plan.model, schedule=plan.schedule, runtime=r0.runtime, device_type=device_type,
-        n_ranks=world_size(plan), n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
+        n_ranks=plan.n_processes, n_stages=plan.n_stages, micro_batch_size=plan.micro_batch_size,
         n_microbatches=plan.n_microbatches, optimizer=plan.optimizer, steps=steps, first_step=r0.first_step,
         warmup=warmup, iteration_ms_measured=meas, iteration_ms_predicted=pred, error_pct=error_pct(pred, meas),
         prediction_source=prediction_source, calibration=calibration,

@@ -34,7 +34,7 @@ from planner.execute import checkpoint as ckpt
 from planner.execute.fitrecord import as_recorded
 from planner.execute.launch import launch_local
 from planner.execute.measurement import RankMeasurement
-from planner.execute.mesh import dp_degree, world_size, world_text
+from planner.execute.mesh import world_text
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
@@ -82,12 +82,12 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
             from planner.machine import find_machine, machine_calibration
 
             # every process of the plan shares this machine's cores: the entry measured with that many
-            found = find_machine(machine, device_type=pf.device_type, ranks=world_size(plan))
+            found = find_machine(machine, device_type=pf.device_type, ranks=plan.n_processes)
             if found is not None:
-                cal, machine_source = machine_calibration(found), _machine_text(found.ranks, world_size(plan))
+                cal, machine_source = machine_calibration(found), _machine_text(found.ranks, plan.n_processes)
         # dp > 1: the simulator times one pipeline replica (all replicas run alike); the gradient
         # all-reduce is not in it (the run measures it apart: grad_allreduce_ms_measured)
-        one = plan.with_(parallel=None) if dp_degree(plan) > 1 else plan
+        one = plan.with_(parallel=None) if plan.dp > 1 else plan
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
             sim = simulate(one, pf.profile, calibration=cal, record_timeline=False)
         source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
@@ -152,7 +152,7 @@ def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_
                          profile_path: str | None, force: bool) -> Preflight:
     """Refuse, before any process starts, a torchrun job of the wrong size, a plan the preflight
     refuses, and --calibrate without a profile; returns the preflight's findings."""
-    world = world_size(plan)
+    world = plan.n_processes
     if env is not None and env.world != world:
         raise PplanError(f"torchrun started {env.world} processes but the plan needs {world} "
                          f"({world_text(plan)})",
@@ -168,7 +168,7 @@ def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_
 def _launch(plan: Plan, opts: RunOptions, pf: Preflight, env: Env | None) -> list[RankMeasurement] | None:
     """Train: one local process per rank, or this process as one rank of a torchrun job. Returns
     the ranks' measurements (None on torchrun ranks other than 0)."""
-    world = world_size(plan)
+    world = plan.n_processes
     cfg = {"plan": plan_to_dict(plan), "options": opts.to_dict(), "device_type": pf.device_type,
            "model_kwargs": pf.model_kwargs}
     if opts.checkpoint_dir:

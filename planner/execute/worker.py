@@ -84,12 +84,12 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
 
     plan = plan_from_dict(cfg["plan"])
     opts = RunOptions.from_dict(cfg["options"])
-    from planner.execute.mesh import world_size, world_text
+    from planner.execute.mesh import world_text
 
-    if env.world != world_size(plan):
-        raise RunError(f"the job has {env.world} processes but the plan needs {world_size(plan)} "
+    if env.world != plan.n_processes:
+        raise RunError(f"the job has {env.world} processes but the plan needs {plan.n_processes} "
                        f"({world_text(plan)})",
-                       f"start {world_size(plan)} processes in total (torchrun --nnodes x --nproc-per-node)")
+                       f"start {plan.n_processes} processes in total (torchrun --nnodes x --nproc-per-node)")
     torch.set_num_threads(opts.threads or max(1, usable_cores() // max(1, env.local_world)))
     use_cuda = cfg.get("device_type") == "cuda"
     if use_cuda:

@@ -88,14 +88,11 @@ def plan_differences(run: RunOfPlan, plan: Plan) -> list[str]:
     processes and data-parallel replicas; where those agree, each stage's layers and recompute set
     (runs that record them: older ones hold None and are taken as they are) and each rank's device
     and stages."""
-    # the processes as planner.execute.mesh.world_size counts them (that layer is above this one)
-    dp = plan.parallel.dp if plan.parallel is not None else 1
-    tp = plan.parallel.tp if plan.parallel is not None else 1
     pairs = [("model", run.model, plan.model), ("schedule", run.schedule, plan.schedule),
              ("optimizer", run.optimizer, plan.optimizer),
              ("micro_batch_size", run.micro_batch_size, plan.micro_batch_size),
              ("n_microbatches", run.n_microbatches, plan.n_microbatches), ("n_stages", run.n_stages, plan.n_stages),
-             ("n_ranks", run.n_ranks, dp * plan.n_devices * tp), ("dp", run.dp, dp)]
+             ("n_ranks", run.n_ranks, plan.n_processes), ("dp", run.dp, plan.dp)]
     differences = [f"{name} {_text(ran)} vs {_text(planned)}" for name, ran, planned in pairs if ran != planned]
     if differences:  # the ranks' stages follow from the counts: compared only where those agree
         return differences

@@ -98,10 +98,24 @@ class Plan:
         validate_plan(self)
 
     @property
+    def dp(self) -> int:
+        """Data-parallel replicas of the pipeline (1 without a `parallel` object)."""
+        return self.parallel.dp if self.parallel is not None else 1
+
+    @property
+    def tp(self) -> int:
+        """Tensor-parallel ranks per pipeline device (1 without a `parallel` object)."""
+        return self.parallel.tp if self.parallel is not None else 1
+
+    @property
+    def n_processes(self) -> int:
+        """Processes a run of the plan needs: dp x pipeline devices x tp."""
+        return self.dp * self.n_devices * self.tp
+
+    @property
     def global_batch(self) -> int:
         """Samples per iteration: every data-parallel replica runs n_microbatches x micro_batch_size."""
-        dp = self.parallel.dp if self.parallel is not None else 1
-        return dp * self.micro_batch_size * self.n_microbatches
+        return self.dp * self.micro_batch_size * self.n_microbatches
 
     @property
     def n_devices(self) -> int:
