@@ -14,7 +14,8 @@ from planner.errors import PplanError
 from planner.execute.calibrate import calibrate_from_run_file, fit_from_run
 from planner.execute.runfile import parse_run
 from planner.execute.runrecord import RankRecord, RunRecord
-from planner.plan import RUN_OF_PLAN_HINT, Device, Plan, StagePlan, plan_differences, write_plan
+from planner.execute.planmatch import RUN_OF_PLAN_HINT, plan_differences
+from planner.plan import Device, Plan, StagePlan, write_plan
 from planner.profiling.profile import make_profile, write_profile
 from planner.simulate import plan_stage_costs
 

@@ -26,8 +26,9 @@ from planner.calibration import MAX_OVERHEAD_MS, Calibration
 from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
 from planner.execute.results import error_pct
+from planner.execute.planmatch import check_run_of_plan
 from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
-from planner.plan import Plan, check_run_of_plan
+from planner.plan import Plan
 from planner.profiling.profile import Profile
 
 __all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file"]
@@ -76,7 +77,7 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
 
 def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
     """Refuse, before any work, a run the fit cannot read as `plan`'s: a run of this plan
-    (planner.plan.compare, the check `pplan report` makes too), a timed step, and finite times
+    (planner.execute.planmatch, the check `pplan report` makes too), a timed step, and finite times
     >= 0 in the actions, ping-pongs and hand-over gaps (a file someone edited; planner.execute.runfile
     has checked its keys, types and ranges). `source` (the file) leads each message."""
     def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:

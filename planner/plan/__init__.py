@@ -23,7 +23,6 @@ from planner.limits import (
     MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SEED, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED,
 )
 from planner.plan.checks import OPTIMIZERS, SCHEDULES, validate_plan
-from planner.plan.compare import RUN_OF_PLAN_HINT, RankOfPlan, RunOfPlan, check_run_of_plan, plan_differences
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import (
     AtPlanSetting, BaselineRow, MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow,
@@ -40,7 +39,6 @@ __all__ = [
     "Prediction", "PredictedDevice", "MemoryRecord", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
     "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "RunOfPlan", "RankOfPlan", "RUN_OF_PLAN_HINT", "plan_differences", "check_run_of_plan",
     "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path",
     "MAX_BANDWIDTH", "MAX_GLOBAL_BATCH", "MAX_LATENCY_MS", "MAX_MEMORY_BYTES", "MAX_SEED", "MAX_SPEED",
     "MIN_BANDWIDTH", "MIN_SPEED",

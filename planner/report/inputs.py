@@ -15,12 +15,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlanError, PplanError
+from planner.execute.planmatch import check_run_of_plan
 from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
 from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
 from planner.jsontypes import file_kind, range_error
 from planner.limits import MAX_GLOBAL_BATCH
-from planner.plan import Plan, check_run_of_plan, load_plan, plan_from_dict
+from planner.plan import Plan, load_plan, plan_from_dict
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
@@ -107,7 +108,7 @@ class ReportInputs:
 def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None) -> None:
     """Refuse a plan whose recorded prediction lists other devices than it has, and a run of another
     plan: a report that set one plan's prediction beside another's measurement would compare nothing.
-    The run is held to its plan as `pplan calibrate --from-run` holds it (planner.plan.compare), in
+    The run is held to its plan as `pplan calibrate --from-run` holds it (planner.execute.planmatch), in
     the same words; `sources` names the files in the message."""
     sources = sources or {}
     if plan is None:

@@ -1,88 +1,26 @@
 """Is a run a run of this plan? The one comparison `pplan calibrate --from-run` and `pplan report`
 both make before they set a run's measurements beside a plan's prediction.
 
-It lives with the plan records, below the executor that writes runs and the report that reads
-them: a run is read here through the fields it shares with its plan (RunOfPlan), so this layer
-needs nothing of planner.execute's. A run of another plan fits numbers to the wrong simulation
-(a 1-micro-batch zb run read as a 4-micro-batch gpipe plan gave a 'calibration' 132% off its own
-run) and draws a report that compares nothing.
+A run of another plan fits numbers to the wrong simulation (a 1-micro-batch zb run read as a
+4-micro-batch gpipe plan gave a 'calibration' 132% off its own run) and draws a report that
+compares nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from planner.errors import PplanError
-from planner.plan.model import Plan
+from planner.execute.runrecord import RunRecord
+from planner.plan import Plan
 
-__all__ = ["RankOfPlan", "RunOfPlan", "plan_differences", "check_run_of_plan", "RUN_OF_PLAN_HINT"]
+__all__ = ["plan_differences", "check_run_of_plan", "RUN_OF_PLAN_HINT"]
 
 RUN_OF_PLAN_HINT = "give the run of this plan (`pplan run PLAN` writes it), or the plan it ran"
 """What to do about a run of another plan, for every command that refuses one."""
 
 
-class RankOfPlan(Protocol):
-    """What a run's rank record says about the plan (planner.execute.runrecord.RankRecord)."""
-
-    @property
-    def device(self) -> int:
-        """Plan device the rank played."""
-
-    @property
-    def stages(self) -> Sequence[int]:
-        """Global stages the rank ran."""
-
-
-class RunOfPlan(Protocol):
-    """What a run record says about the plan it ran (planner.execute.runrecord.RunRecord)."""
-
-    @property
-    def model(self) -> str | None:
-        """Model spec."""
-
-    @property
-    def schedule(self) -> str:
-        """Schedule name."""
-
-    @property
-    def optimizer(self) -> str:
-        """Optimizer name."""
-
-    @property
-    def micro_batch_size(self) -> int:
-        """Samples per micro-batch."""
-
-    @property
-    def n_microbatches(self) -> int:
-        """Micro-batches per step."""
-
-    @property
-    def n_stages(self) -> int:
-        """Pipeline stages."""
-
-    @property
-    def n_ranks(self) -> int:
-        """Processes."""
-
-    @property
-    def dp(self) -> int:
-        """Data-parallel replicas (1 in runs written before it was recorded, which had none)."""
-
-    @property
-    def stage_layers(self) -> Sequence[Sequence[int]] | None:
-        """Each stage's [first, end) layers (None in runs written before it was recorded)."""
-
-    @property
-    def stage_recompute(self) -> Sequence[Sequence[int]] | None:
-        """Each stage's recomputed layers (None in runs written before it was recorded)."""
-
-    @property
-    def ranks(self) -> Sequence[RankOfPlan]:
-        """Per rank."""
-
-
-def plan_differences(run: RunOfPlan, plan: Plan) -> list[str]:
+def plan_differences(run: RunRecord, plan: Plan) -> list[str]:
     """What makes `run` a run of another plan than `plan`, one 'field run-value vs plan-value' each
     (empty: the same plan): the model, schedule, optimizer, micro-batches and their size, stages,
     processes and data-parallel replicas; where those agree, each stage's layers and recompute set
@@ -110,7 +48,7 @@ def plan_differences(run: RunOfPlan, plan: Plan) -> list[str]:
     return []
 
 
-def check_run_of_plan(run: RunOfPlan, plan: Plan, run_source: str | None = None,
+def check_run_of_plan(run: RunRecord, plan: Plan, run_source: str | None = None,
                       plan_source: str | None = None) -> None:
     """Refuse `run` unless it is a run of `plan` (plan_differences), on one line that leads with the
     run's file and names the plan's: `run.json: the run is of a different plan than plan.json:
