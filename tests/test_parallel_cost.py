@@ -7,7 +7,7 @@ import pytest
 
 from planner.cost.parallel import (
     MIXED_BF16, PURE_FP32, Link2, allgather_ms, allreduce_ms, exposed_sync_ms, gpt_model_flops, grad_sync_ms, placement,
-    tensor_parallel_costs, tp_layers, zero_bytes_per_param, zero_shares,
+    model_flops, tensor_parallel_costs, tp_layers, zero_bytes_per_param, zero_shares,
 )
 from planner.errors import PplanError
 from planner.parallel import ParallelConfig, parse_parallel
@@ -55,6 +55,9 @@ def test_placement_tp_in_node_pipeline_then_data_outermost():
     p = placement(dp=1, pp=4, tp=4, gpus_per_node=8, intra=INTRA, inter=INTER)
     assert p.pp == (INTRA, INTER, INTRA)  # stages 0,1 on node 0; 2,3 on node 1
     assert placement(dp=2, pp=2, tp=2, gpus_per_node=8, intra=INTRA, inter=INTER).dp == INTRA
+    # dp=4, pp=3, tp=2 on 3 nodes of 8: replica 0 sits in node 0, but replica 1's stages 0 | 1 and
+    # replica 2's stages 1 | 2 straddle nodes, and the step waits for the slowest replica
+    assert placement(dp=4, pp=3, tp=2, gpus_per_node=8, intra=INTRA, inter=INTER).pp == (INTER, INTER)
     with pytest.raises(PplanError, match="divide"):
         placement(dp=1, pp=1, tp=3, gpus_per_node=8, intra=INTRA, inter=INTER)
 
@@ -80,11 +83,19 @@ def test_tensor_parallel_costs_divide_compute_and_add_block_allreduces():
     assert t4.fwd_ms[1] == pytest.approx(c.fwd_ms[1] / 4 + comm)
     assert t4.bwd_input_ms[1] == pytest.approx(c.bwd_input_ms[1] / 4 + comm)
     assert t4.bwd_weight_ms[1] == pytest.approx(c.bwd_weight_ms[1] / 4)
-    assert t4.fwd_ms[0] == pytest.approx(c.fwd_ms[0] / 4)  # no all-reduce outside blocks
+    # pplan run keeps the embedding and the final norm + head whole on every tp rank: no division, no all-reduce
+    for whole in (0, 5):
+        assert t4.fwd_ms[whole] == pytest.approx(c.fwd_ms[whole])
+        assert t4.bwd_ms[whole] == pytest.approx(c.bwd_ms[whole])
+        assert t4.optimizer_ms[whole] == pytest.approx(c.optimizer_ms[whole])
     np.testing.assert_allclose(t4.bwd_ms, t4.bwd_input_ms + t4.bwd_weight_ms)
-    np.testing.assert_allclose(t4.param_bytes, c.param_bytes / 4)
-    np.testing.assert_allclose(t4.activation_bytes, c.activation_bytes / 4)
+    np.testing.assert_allclose(t4.param_bytes, np.where(blocks, c.param_bytes / 4, c.param_bytes))
+    np.testing.assert_allclose(t4.activation_bytes, np.where(blocks, c.activation_bytes / 4, c.activation_bytes))
     np.testing.assert_allclose(t4.output_bytes, c.output_bytes)
+    # Megatron's vocabulary split (vocab_parallel, for published runs) divides every layer
+    mega = tensor_parallel_costs(c, blocks, 4, INTRA, vocab_parallel=True)
+    np.testing.assert_allclose(mega.param_bytes, c.param_bytes / 4)
+    assert mega.fwd_ms[0] == pytest.approx(c.fwd_ms[0] / 4) and mega.fwd_ms[1] == pytest.approx(t4.fwd_ms[1])
     one = tensor_parallel_costs(c, blocks, 1, INTRA)
     np.testing.assert_allclose(one.fwd_ms, c.fwd_ms)
     z3 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=3, dp_link=INTER)
@@ -93,12 +104,13 @@ def test_tensor_parallel_costs_divide_compute_and_add_block_allreduces():
     own = np.zeros(len(c.param_bytes)) if c.workspace_bytes is None else np.asarray(c.workspace_bytes, dtype=float)
     np.testing.assert_allclose(z3.workspace_bytes, own + c.param_bytes)
     z3t = tensor_parallel_costs(c, blocks, 4, INTRA, dp=8, zero=3, dp_link=INTER)
-    np.testing.assert_allclose(z3t.workspace_bytes, own + c.param_bytes / 4)
+    np.testing.assert_allclose(z3t.workspace_bytes, own + np.where(blocks, c.param_bytes / 4, c.param_bytes))
     assert tensor_parallel_costs(c, blocks, 1, INTRA, dp=1, zero=3, dp_link=INTER).workspace_bytes is c.workspace_bytes
     z1 = tensor_parallel_costs(c, blocks, 1, INTRA, dp=8, zero=1, dp_link=INTER)
     np.testing.assert_allclose(z1.optimizer_ms, c.optimizer_ms / 8)
     slow = tensor_parallel_costs(c, blocks, 4, INTRA, compute_scale=2.0)
     assert slow.fwd_ms[1] == pytest.approx(2 * c.fwd_ms[1] / 4 + comm)
+    assert slow.fwd_ms[0] == pytest.approx(2 * c.fwd_ms[0])
     # a compute calibration is about time: bytes are the same as without it
     np.testing.assert_allclose(slow.param_bytes, t4.param_bytes)
     np.testing.assert_allclose(slow.activation_bytes, t4.activation_bytes)
@@ -121,3 +133,36 @@ def test_parallel_config_round_trip_and_validation():
     with pytest.raises(PplanError):
         parse_parallel("dp8")
     assert math.isclose(ParallelConfig().gpus, 1)
+
+
+def test_pipeline_links_are_the_slowest_over_every_replica():
+    # each boundary is inter-node when any replica's two stages sit on two nodes, with rank = t + T(p + P d)
+    for gpn in (1, 2, 4, 8, 16):
+        for tp in (t for t in (1, 2, 4, 8) if gpn % t == 0):
+            for dp in range(1, 11):
+                for pp in range(1, 11):
+                    node = lambda p, d: (tp * (p + pp * d)) // gpn  # noqa: E731
+                    want = tuple(INTER if any(node(s, d) != node(s + 1, d) for d in range(dp)) else INTRA
+                                 for s in range(pp - 1))
+                    assert placement(dp, pp, tp, gpn, INTRA, INTER).pp == want, (gpn, tp, dp, pp)
+
+
+def test_gpt_model_flops_for_any_mlp_width():
+    B, s, l, h, V = 8, 1024, 12, 768, 50304
+    for f in (1, 2, 4, 8):
+        plain = gpt_model_flops(B, s, l, h, V, recompute=False, ffn=f)
+        assert plain == pytest.approx(B * s * (l * (6 * (4 + 2 * f) * h * h + 12 * s * h) + 6 * h * V), rel=1e-12)
+        rec = gpt_model_flops(B, s, l, h, V, recompute=True, ffn=f)
+        assert rec == pytest.approx(B * s * (l * (8 * (4 + 2 * f) * h * h + 16 * s * h) + 6 * h * V), rel=1e-12)
+    # f = 4 is the published equation exactly, and the default
+    assert gpt_model_flops(B, s, l, h, V, False, ffn=4) == pytest.approx(72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h)), rel=1e-12)
+    assert gpt_model_flops(B, s, l, h, V, True, ffn=4) == pytest.approx(96 * B * s * l * h * h * (1 + s / (6 * h) + V / (16 * l * h)), rel=1e-12)
+    assert gpt_model_flops(B, s, l, h, V, False) == gpt_model_flops(B, s, l, h, V, False, ffn=4)
+
+
+def test_model_flops_follow_the_profiles_mlp_width():
+    # the analytic profile counts each layer's forward FLOPs from its own matmuls: model FLOPs are 3 x those
+    for f in (1, 2, 4, 8):
+        prof = analytic_profile(f"gpt:layers=4,hidden=512,heads=8,seq=256,vocab=4096,ffn={f}", "a100-80gb", "bfloat16", [1])
+        forward = float(np.sum(prof.columns["flops"][:, 0])) * 16
+        assert model_flops(prof, 16).plain == pytest.approx(3 * forward, rel=1e-9), f

@@ -104,3 +104,23 @@ def test_zero_weights_include_what_fsdp_gathers():
     assert z2.weights == pytest.approx(stage.sum() * (1 + 1 / 2))
     assert z3.weights == pytest.approx(stage.sum() / 2)
     assert z3.activations - z0.activations == pytest.approx(stage.max())  # the gathered layer, as its workspace
+
+
+def test_tensor_parallel_weights_are_what_pplan_run_holds():
+    # measured (docs/parallel.md, "How pplan run executes tensor parallelism"): pp 2 x tp 2 holds
+    # 35,904 / 34,112 bytes of weights on stages 0 / 1 (tp 1: 52,608 / 50,816); the embedding (18,432)
+    # and the final norm + head (16,640) stay whole on each tp rank, the blocks are split
+    measured = {1: (52_608, 50_816), 2: (35_904, 34_112)}
+    hw = load_hardware("cpu")
+    prof = analytic_profile(SMALL, hw, "float32", [2])
+    for tp, want in measured.items():
+        cfg = ParallelConfig(dp=1, pp=2, tp=tp, zero=0, gpus_per_node=4, hardware="cpu")
+        cluster = Cluster(hw, 4)
+        devices, links = replica_layout(cfg, hw.memory_bytes, cluster)
+        sim = simulate_replica(generate("1f1b", 2, 4), replica_costs(prof.at(2), prof.names, cfg, cluster), [0, 2, 4],
+                               [(), ()], cfg, cluster, model_flops(prof, 8), devices=devices, links=links,
+                               stage_device=[0, 1], micro_batch_size=2)
+        for stage in (0, 1):
+            got = sim.memory[stage].weights
+            # left unmodelled: a block's norms and row-parallel biases (6 x hidden 32 floats) stay whole too
+            assert want[stage] - got == (tp - 1) / tp * 6 * 32 * 4, (tp, stage, got)

@@ -153,6 +153,7 @@ def predict(run: PublishedRun, auto: bool = False, compute_scale: float | None =
         parallel="auto" if auto else ParallelConfig(dp=run.dp, pp=run.pp, tp=run.tp, zero=run.zero), zero=run.zero,
         recompute=run.recompute, schedules=run.schedules, micro_batch_sizes=sizes,
         compute_scale=COMPUTE_SCALE if compute_scale is None else compute_scale, overlap_grad_sync=False,
+        vocab_parallel=True,  # Megatron and Megatron-DeepSpeed split the embedding and head over tp too
     )
 
 

@@ -10,11 +10,13 @@ ranks, n bytes, link bandwidth bw (bytes/s per direction) and per-step latency a
     all-gather      (r-1) a + (r-1)/r * n / bw      (n = the gathered size)
     reduce-scatter  (r-1) a + (r-1)/r * n / bw      (n = the size before scattering)
 
-Tensor parallelism (Megatron, Shoeybi et al. 2019; Narayanan et al. SC21 section 2.3): every
-layer's compute, weights, optimizer step and (with sequence parallelism, Korthikanti et al.
-2022) kept activations divide by T; each transformer block adds two all-reduces of its b*s*h
-output in the forward and two in the backward, on the intra-node link (T stays within a node).
-A recomputed block runs its forward all-reduces again.
+Tensor parallelism as `pplan run` executes it (Megatron, Shoeybi et al. 2019; Narayanan et al.
+SC21 section 2.3): a block's compute, weights, optimizer step and (with sequence parallelism,
+Korthikanti et al. 2022) kept activations divide by T; the embedding, final norm and head stay
+whole on every tp rank (Megatron's vocabulary split, `vocab_parallel`, divides them too: for
+comparing with its published runs). Each block adds two all-reduces of its b*s*h output in the
+forward and two in the backward (and a recomputed forward's), on the intra-node link. A block's
+norms and row-parallel biases (6h parameters) stay whole too; the model divides them: 1/(2h).
 
 Data parallelism: one gradient synchronisation per iteration over the D replicas of a stage,
 an all-reduce of the stage's gradient bytes (ZeRO 1/2: reduce-scatter of gradients then
@@ -40,9 +42,11 @@ Placement (Narayanan et al. SC21, section 3.3): T innermost within a node, then 
 neighbours, then D outermost; a group uses the intra-node link when it fits in one node,
 else the inter-node link (bandwidth per GPU).
 
-Model FLOPs per iteration (Narayanan et al. SC21, eq. 3), GPT with B samples of s tokens, l
-blocks of width h, vocabulary V: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) without recompute and
-96 B s l h^2 (1 + s/(6h) + V/(16 l h)) with full recompute (the forward twice).
+Model FLOPs per iteration (Narayanan et al. SC21, eq. 3, for any MLP width f h), GPT with B
+samples of s tokens, l blocks of width h, vocabulary V; a block's forward matmuls per token are
+2(4 + 2f) h^2 + 4 s h, the head's 2 h V: B s [l (6(4 + 2f) h^2 + 12 s h) + 6 h V], and with full
+recompute B s [l (8(4 + 2f) h^2 + 16 s h) + 6 h V]; at f = 4 the paper's 72 B s l h^2 (1 + s/(6h)
++ V/(12 l h)) and 96 B s l h^2 (1 + s/(6h) + V/(16 l h)).
 """
 
 from __future__ import annotations
@@ -63,8 +67,8 @@ __all__ = [
     "Link2", "Placement", "placement",
     "allreduce_ms", "allgather_ms", "reduce_scatter_ms",
     "zero_bytes_per_param", "zero_shares", "zero3_gathered_bytes", "grad_sync_ms", "exposed_sync_ms", "rank_exposed_sync_ms", "zero3_gather_ms",
-    "collective_ms", "tensor_parallel_costs", "tp_layers", "replica_memory",
-    "gpt_model_flops", "profile_model_flops", "ModelFlops", "model_flops", "checked_mfu",
+    "collective_ms", "tensor_parallel_costs", "tp_layers", "tp_shards", "replica_memory",
+    "gpt_model_flops", "ModelFlops", "model_flops", "checked_mfu",
 ]
 
 
@@ -145,15 +149,23 @@ def placement(dp: int, pp: int, tp: int, gpus_per_node: int, intra: Link2, inter
     """Links of a layout: rank = t + T*(p + P*d), nodes of `gpus_per_node` consecutive ranks.
 
     T must divide gpus_per_node. Pipeline boundary s -> s+1 is intra-node when stages s and s+1
-    of replica 0 share a node; the data-parallel ring is intra-node only when all D*P*T ranks
-    fit in one node (a ring is as slow as its slowest link).
+    share a node in every replica, else inter-node: the replicas step together, so the slowest
+    replica's link is the one the iteration waits for. The data-parallel ring is intra-node only
+    when all D*P*T ranks fit in one node (a ring is as slow as its slowest link).
     """
     if gpus_per_node % tp:
         raise PplanError(f"tensor-parallel size {tp} does not divide {gpus_per_node} GPUs per node",
                          "tensor parallelism stays within a node: use a divisor of the GPUs per node")
-    node = [(s * tp) // gpus_per_node for s in range(pp)]
-    pp_links = tuple(intra if node[s] == node[s + 1] else inter for s in range(pp - 1))
+    pp_links = tuple(inter if _crosses_node(s, dp, pp, gpus_per_node // tp) else intra for s in range(pp - 1))
     return Placement(tp=intra, dp=intra if dp * pp * tp <= gpus_per_node else inter, pp=pp_links)
+
+
+def _crosses_node(boundary: int, dp: int, pp: int, groups_per_node: int) -> bool:
+    """Whether pipeline boundary `boundary` -> +1 crosses a node in any replica: a node holds
+    `groups_per_node` whole tensor-parallel groups (group p + P*d = ranks T(p + P*d) ..), so stage
+    p + 1 of replica d starts a node when p + 1 + P*d is a multiple of it; P*d mod groups_per_node
+    repeats within groups_per_node replicas, so those are enough to look at, whatever D is."""
+    return any((boundary + 1 + pp * d) % groups_per_node == 0 for d in range(min(dp, groups_per_node)))
 
 
 def allreduce_ms(nbytes: Any, ranks: int, link: Link2) -> Any:
@@ -172,8 +184,7 @@ def allgather_ms(nbytes: Any, ranks: int, link: Link2) -> Any:
     return (r - 1) * link.latency_ms + (r - 1) / r * np.asarray(nbytes, dtype=float) / link.bandwidth * 1e3
 
 
-reduce_scatter_ms = allgather_ms
-"""Ring reduce-scatter of `nbytes` (before scattering): the same steps and bytes as all-gather."""
+reduce_scatter_ms = allgather_ms  # ring reduce-scatter of `nbytes` (before scattering): the same steps and bytes
 
 
 def zero_shares(dp: int, zero: int) -> tuple[float, float, float]:
@@ -181,18 +192,13 @@ def zero_shares(dp: int, zero: int) -> tuple[float, float, float]:
     pipeline stage's memory peak under ZeRO stage `zero` over `dp` replicas, as `pplan run`
     executes it (measured: docs/parallel.md, "How pplan run executes ZeRO").
 
-    Gradients are never divided: a pipeline accumulates them over its micro-batches and can shard
-    them only by reduce-scattering after every micro-batch (M times the traffic). torch's pipeline
-    stages turn FSDP's gradient sync off until the last backward, so the stage's whole gradients
-    are held at the peak and reduce-scattered once; DeepSpeed's pipeline engine allows ZeRO-1
-    only. So ZeRO-2 divides only the optimizer state, as ZeRO-1, and its weights are 1 + 1/D:
-    FSDP (reshard_after_forward=False) keeps the stage's gathered weights beside their shards
-    from the first forward to the reduce-scatter (counted at the optimizer step too, as the whole
-    gradients are: conservative). ZeRO-3 divides the weights (the layer being computed is
-    gathered on top: `zero3_gathered_bytes`). With one replica nothing is sharded.
-    (With one micro-batch per replica a reduce-scatter inside the backward could shard the
-    gradients; counting them whole there too keeps the rule one line and errs on the side of a
-    plan that fits.)"""
+    Gradients are never divided: a pipeline accumulates them over its micro-batches (torch's
+    stages turn FSDP's gradient sync off until the last backward and reduce-scatter once; sharding
+    them earlier would cost M times the traffic), even with one micro-batch (conservative). So
+    ZeRO-2 divides only the optimizer state, as ZeRO-1, and its weights are 1 + 1/D: FSDP
+    (reshard_after_forward=False) keeps the stage's gathered weights beside their shards from the
+    first forward to the reduce-scatter. ZeRO-3 divides the weights (the layer computing is
+    gathered on top: `zero3_gathered_bytes`). With one replica nothing is sharded."""
     if zero not in (0, 1, 2, 3):
         raise PplanError(f"ZeRO stage must be 0..3, got {zero!r}", "use --zero 0, 1, 2 or 3")
     if dp <= 1 or zero == 0:
@@ -253,41 +259,50 @@ def tp_layers(names: tuple[str, ...]) -> np.ndarray:
     return mask if mask.any() else np.ones(len(names), dtype=bool)
 
 
+def tp_shards(blocks: np.ndarray, tp: int, vocab_parallel: bool = False) -> np.ndarray:
+    """Per layer, what T-way tensor parallelism divides its compute and bytes by on one GPU: T for
+    `blocks`, 1 for the rest (whole on every tp rank); T for every layer when `vocab_parallel`."""
+    mask = np.ones(len(blocks), dtype=bool) if vocab_parallel else np.asarray(blocks, dtype=bool)
+    return np.where(mask, float(tp), 1.0)
+
+
 def collective_ms(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2, dp: int = 1, zero: int = 0,
-                  dp_link: Link2 | None = None) -> np.ndarray:
+                  dp_link: Link2 | None = None, vocab_parallel: bool = False) -> np.ndarray:
     """Per layer, the collectives of one forward on one GPU, ms: a block's 2 tensor-parallel
-    all-reduces of its output, plus ZeRO-3's all-gather of the layer's weight shard. The
+    all-reduces of its output, plus ZeRO-3's all-gather of the layer's weights on this GPU. The
     input-gradient backward runs the same collectives again (Megatron's conjugate operators)."""
     out = np.asarray(costs.output_bytes, dtype=float)
     comm = np.where(blocks, 2.0 * allreduce_ms(out, tp, tp_link), 0.0) if tp > 1 else np.zeros(len(out))
     if zero >= 3 and dp > 1 and dp_link is not None:
-        comm = comm + zero3_gather_ms(np.asarray(costs.param_bytes, dtype=float) / float(tp), dp, dp_link)
+        own = np.asarray(costs.param_bytes, dtype=float) / tp_shards(blocks, tp, vocab_parallel)
+        comm = comm + zero3_gather_ms(own, dp, dp_link)
     return comm
 
 
 def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2,
                           dp: int = 1, zero: int = 0, dp_link: Link2 | None = None,
-                          compute_scale: float = 1.0) -> LayerCosts:
+                          compute_scale: float = 1.0, vocab_parallel: bool = False) -> LayerCosts:
     """One GPU's share of `costs` under T-way tensor parallelism (and the ZeRO-3 gathers over D).
 
     Compute (forward, both backward halves, optimizer step), parameter bytes and kept
-    activations of every layer divide by T; `collective_ms` is added to the forward and to the
-    input-gradient backward; under ZeRO-3 each layer's workspace grows by its gathered weights
-    (zero3_gathered_bytes), so the DP and the simulator charge the largest one alike. Output bytes (what a pipeline boundary sends) stay whole: Megatron
-    (2021) sends the full activation between stages. ZeRO 1+ also divides the optimizer step by
-    D (each rank updates its shard). `compute_scale` multiplies every compute time (not
-    communication): a calibration of how far the profile's kernels are from the real ones
-    (1 = as profiled).
+    activations of every block divide by T, the other layers' stay whole (as `pplan run`
+    executes them; every layer divides under Megatron's `vocab_parallel`: tp_shards);
+    `collective_ms` is added to the forward and to the input-gradient backward; under ZeRO-3
+    each layer's workspace grows by its gathered weights (zero3_gathered_bytes). Output bytes
+    (what a pipeline boundary sends) stay whole, as Megatron (2021) sends them. ZeRO 1+ divides
+    the optimizer step by D. `compute_scale` multiplies every compute time (not communication):
+    a calibration of the profile's kernels (1 = as profiled).
     """
-    t = float(tp) / float(compute_scale)
-    comm = collective_ms(costs, blocks, tp, tp_link, dp, zero, dp_link)
+    shards = tp_shards(blocks, tp, vocab_parallel)
+    t = shards / float(compute_scale)
+    comm = collective_ms(costs, blocks, tp, tp_link, dp, zero, dp_link, vocab_parallel)
     fwd = np.asarray(costs.fwd_ms, dtype=float) / t + comm
     bwd_in = np.asarray(costs.bwd_input_ms, dtype=float) / t + comm
     bwd_w = np.asarray(costs.bwd_weight_ms, dtype=float) / t
     opt = np.asarray(costs.optimizer_ms, dtype=float) / t / (dp if zero >= 1 else 1)
-    # bytes divide by T only: compute_scale is about time (it once scaled these too)
-    act = np.asarray(costs.activation_bytes, dtype=float) / float(tp)
-    params = np.asarray(costs.param_bytes, dtype=float) / float(tp)
+    # bytes divide by the shards only: compute_scale is about time (it once scaled these too)
+    act = np.asarray(costs.activation_bytes, dtype=float) / shards
+    params = np.asarray(costs.param_bytes, dtype=float) / shards
     workspace = costs.workspace_bytes
     if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
         base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)
@@ -313,18 +328,13 @@ def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int,
     )
 
 
-def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool) -> float:
-    """Narayanan et al. (SC21, eq. 3) model FLOPs of one iteration of a GPT over `batch` samples."""
-    B, s, l, h, V = float(batch), float(seq), float(layers), float(hidden), float(vocab)
-    if recompute:
-        return 96.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (16.0 * l * h))
-    return 72.0 * B * s * l * h * h * (1.0 + s / (6.0 * h) + V / (12.0 * l * h))
-
-
-def profile_model_flops(fwd_flops_per_microbatch: float, n_microbatches_total: float, recompute_fwd_flops: float = 0.0) -> float:
-    """Model FLOPs from a profile's `flops` column: forward + backward = 3 x forward per micro-batch,
-    plus the recomputed layers' forward again; `n_microbatches_total` over all replicas."""
-    return (3.0 * fwd_flops_per_microbatch + recompute_fwd_flops) * n_microbatches_total
+def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool, ffn: int = 4) -> float:
+    """Model FLOPs of one iteration of a GPT over `batch` samples whose MLP is `ffn` x `hidden`
+    wide: Narayanan et al. (SC21, eq. 3) for any width (module docstring; ffn = 4 is the paper's)."""
+    B, s, l, h, V, f = float(batch), float(seq), float(layers), float(hidden), float(vocab), float(ffn)
+    passes = 4.0 if recompute else 3.0  # forward + backward (2 forwards' worth), + the forward again
+    block = passes * (2.0 * (4.0 + 2.0 * f) * h * h + 4.0 * s * h)
+    return B * s * (l * block + 6.0 * h * V)  # the head is never recomputed: 3 x its 2 h V
 
 
 @dataclass(frozen=True)
@@ -363,14 +373,15 @@ def _gpt_params(profile: Profile) -> dict | None:
 
 def model_flops(profile: Profile, global_batch: int) -> ModelFlops:
     """FLOPs of one iteration of `global_batch` samples: eq. 3 of Narayanan et al. for a gpt
-    profile, else 3 x the profile's `flops` column (forward) per sample, else zero (unknown);
+    profile (its MLP width `ffn` included), else 3 x the profile's `flops` column (forward) per sample, else zero (unknown);
     with the profile's dtype (profile_dtype)."""
     dtype = profile_dtype(profile)
     gpt = _gpt_params(profile)
     if gpt is not None:
         args = (global_batch, gpt["seq"], gpt["layers"], gpt["hidden"], gpt["vocab"])
-        return ModelFlops(gpt_model_flops(*args, False), gpt_model_flops(*args, True), int(gpt["seq"]),
-                          "Narayanan et al. 2021, eq. 3", dtype)
+        ffn = int(gpt["ffn"])
+        return ModelFlops(gpt_model_flops(*args, False, ffn), gpt_model_flops(*args, True, ffn), int(gpt["seq"]),
+                          "Narayanan et al. 2021, eq. 3" + ("" if ffn == 4 else f" for an MLP {ffn} x hidden wide"), dtype)
     if "flops" in profile.present:
         fwd = float(np.sum(profile.columns["flops"][:, 0])) / profile.micro_batch_sizes[0] * global_batch
         return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)", dtype)

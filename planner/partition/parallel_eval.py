@@ -10,7 +10,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost.parallel import ModelFlops, Placement, grad_sync_ms, profile_precision, zero_bytes_per_param
+from planner.cost.parallel import (
+    ModelFlops, Placement, collective_ms, grad_sync_ms, profile_precision, tensor_parallel_costs, tp_layers,
+    zero_bytes_per_param,
+)
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
 from planner.partition.build import Layout, build_problem
@@ -92,10 +95,13 @@ class ParallelTask:
 
 
 class ParallelCosts:
-    """Shared state: the profile's costs per (b, layout), the cluster, the model's parameters and its training precision."""
+    """Shared state: the profile's costs per (b, layout), the cluster, the model's parameters and its
+    training precision. `vocab_parallel`: price tensor parallelism as Megatron runs it, embedding
+    and head split over T too (planner.cost.parallel.tp_shards), rather than as `pplan run` does."""
 
-    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True):
-        self.profile, self.zero = profile, zero
+    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True,
+                 vocab_parallel: bool = False):
+        self.profile, self.zero, self.vocab_parallel = profile, zero, vocab_parallel
         self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
         self._per_gpu: dict[tuple, ReplicaCosts] = {}
@@ -127,11 +133,23 @@ class ParallelCosts:
         # gathers), and which links they use
         key = (b, cfg.tp, cfg.dp if self.zero >= 1 else 0, cfg.dp * cfg.pp * cfg.tp <= self.gpn)
         if key not in self._per_gpu:
-            self._per_gpu[key] = replica_costs(self.raw(b), self.profile.names, replace(cfg, zero=self.zero), self.cluster)
+            make = _vocab_parallel_costs if self.vocab_parallel else replica_costs
+            self._per_gpu[key] = make(self.raw(b), self.profile.names, replace(cfg, zero=self.zero), self.cluster)
         return self._per_gpu[key]
 
     def costs(self, cfg: ParallelConfig, b: int) -> LayerCosts:
         return self.replica(cfg, b).layers
+
+
+def _vocab_parallel_costs(raw: LayerCosts, names: tuple[str, ...], cfg: ParallelConfig, cluster: Cluster) -> ReplicaCosts:
+    """replica_costs with every layer split over T, as Megatron splits the vocabulary (embedding, head)."""
+    place, blocks = cluster.placement(cfg), tp_layers(names)
+    return ReplicaCosts(
+        layers=tensor_parallel_costs(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, cluster.compute_scale,
+                                     vocab_parallel=True),
+        tp_comm_ms=collective_ms(raw, blocks, cfg.tp, place.tp),
+        collectives_ms=collective_ms(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, vocab_parallel=True),
+    )
 
 
 def bubble_slots(schedule: str, p: int, v: int) -> float:
@@ -184,20 +202,27 @@ def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
 
 
 def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol) -> float:
-    """(M + bubble) x v x bottleneck + the largest stage's gradient sync (exposed) and optimizer step:
-    never below the task's balanced estimate."""
+    """(M + bubble) x the busiest rank's time per micro-batch (the sum of its stages' times: with
+    v stages per rank, v x the slowest stage over-prices a rank whose stages are unequal), + the
+    largest per-rank exposed gradient sync and optimizer step. Each stage's sync hides behind its
+    own backward (recompute included) only, as the simulator overlaps it (planner.cost.parallel.
+    rank_exposed_sync_ms). Never below the task's balanced estimate (every term is at least its
+    average over the ranks)."""
     cfg = task.cfg
     place = ctx.place(cfg)
     cuts = sol.cuts
-    params = np.concatenate([[0.0], np.cumsum(np.asarray(costs.param_bytes, dtype=float))])
-    opt = np.concatenate([[0.0], np.cumsum(np.asarray(costs.optimizer_ms, dtype=float))])
-    per_rank: dict[int, float] = {}
+    params, opt, bwd, fwd = (np.concatenate([[0.0], np.cumsum(np.asarray(col, dtype=float))])
+                             for col in (costs.param_bytes, costs.optimizer_ms, costs.bwd_ms, costs.fwd_ms))
+    work = [0.0] * cfg.pp
+    tail = [0.0] * cfg.pp
     for s in range(len(cuts) - 1):
-        sync = grad_sync_ms(params[cuts[s + 1]] - params[cuts[s]], cfg.dp, ctx.zero, place.dp)
-        tail = max(0.0, sync - sol.bottleneck_ms) if ctx.overlap else sync
-        r = s % cfg.pp
-        per_rank[r] = per_rank.get(r, 0.0) + tail + opt[cuts[s + 1]] - opt[cuts[s]]
-    return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * task.v * sol.bottleneck_ms + max(per_rank.values())
+        first, end, r = cuts[s], cuts[s + 1], s % cfg.pp
+        sync = grad_sync_ms((params[end] - params[first]) / ctx.precision.element_bytes * ctx.precision.grad_bytes,
+                            cfg.dp, ctx.zero, place.dp)
+        backward = bwd[end] - bwd[first] + sum(fwd[i + 1] - fwd[i] for i in sol.recompute[s])
+        tail[r] += (max(0.0, sync - backward) if ctx.overlap else sync) + opt[end] - opt[first]
+        work[r] += sol.stage_ms[s]
+    return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * max(work) + max(tail)
 
 
 def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, flops: ModelFlops) -> ParallelCandidate:

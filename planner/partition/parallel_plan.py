@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from planner.errors import PplanError
 from planner.hardware import Hardware
 from planner.partition.parallel_search import ParallelCandidate, ParallelResult
 from planner.plan import Plan, Prediction, StagePlan
@@ -24,6 +25,9 @@ __all__ = ["parallel_plan"]
 def parallel_plan(result: ParallelResult, profile: Profile, hardware: Hardware,
                   candidate: ParallelCandidate | None = None) -> Plan:
     """The plan of `candidate` (default: the best) of `result`, searched on `profile` and `hardware`."""
+    if result.vocab_parallel:  # `pplan run` keeps the embedding and head whole: such a plan would not run as priced
+        raise PplanError("this search priced Megatron's vocabulary-parallel embedding and head, which pplan run does not execute",
+                         "search again with vocab_parallel=False to write a plan")
     c = candidate or result.best
     cfg = replace(c.config, gpus_per_node=result.gpus_per_node, hardware=hardware.name)
     devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, result.gpus_per_node))

@@ -8,12 +8,14 @@ schedule (the registry's) and recompute (none / full) is a candidate:
 1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's shares, / T / P)
    above the limit -> skipped, and remembered for the InfeasibleError;
 2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
-   + the exposed gradient sync; candidates are solved in that order;
+   + the gradient sync the backward does not hide; candidates are solved in that order (on one
+   rank, one of the one-chunk schedules that run alike: `_distinct`);
 3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
    profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
-   with ZeRO and T division), until a dozen fit;
-4. judge: the best few by the DP's bottleneck are simulated (planner.simulation), with each
-   stage's exposed gradient sync added before its optimizer step; the fastest that fits wins.
+   with ZeRO and T division), until the next estimate is past the top_k-th solution's by the margin;
+4. judge: every solution within the margin of the top_k-th estimate is simulated
+   (planner.simulation), with each stage's exposed gradient sync added before its optimizer
+   step; the fastest that fits wins.
 
 Reported: iteration time, samples/s, tokens/s, per-GPU peak memory, achieved TFLOP/s per GPU
 (model FLOPs as Narayanan et al. 2021 for a gpt profile, or from the profile's flops column,
@@ -31,7 +33,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from planner.cost.parallel import allreduce_ms, checked_mfu, model_flops, zero_bytes_per_param
+from planner.cost.parallel import checked_mfu, grad_sync_ms, model_flops, zero_bytes_per_param
 from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
 from planner.parallel import ParallelConfig, parse_parallel
@@ -49,10 +51,10 @@ TP_DEGREES = (1, 2, 4, 8)
 RECOMPUTE_CHOICES = ("none", "full", "auto")
 ANALYTIC_SIZES = (1, 2, 4, 8)
 _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops far earlier)
-# The DP-based estimate charges each stage's sends in full where the simulator overlaps them
-# with compute: measured up to 4.5% above the simulation (interleaved, Megatron 145.6B), so
-# every solution within this margin of the top_k-th best estimate is simulated too (at most
-# 3 x top_k in all), rather than trusting an ordering the estimate cannot resolve.
+# The DP-based estimate and the simulation order close plans differently (sends charged in full,
+# zb's closed-form bubble): measured -4.1% .. +3.5% of the simulation over the plans within 15% of
+# the best (docs/parallel.md, the 7.5B example), so every solution within this margin of the
+# top_k-th best estimate is simulated too, rather than trusting an ordering it cannot resolve.
 _ESTIMATE_MARGIN = 0.05
 _MAX_MICROBATCHES = 4096
 MAX_GPUS = 1 << 20
@@ -92,6 +94,8 @@ class ParallelResult:
     """Layouts left out, with the reason."""
     warnings: tuple[str, ...] = ()
     """One line each: inputs that disagree without being wrong (a profile made for other hardware)."""
+    vocab_parallel: bool = False
+    """Priced with Megatron's vocabulary split over tp (plan_parallel), not as `pplan run` executes it."""
 
 
 def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
@@ -137,6 +141,7 @@ def plan_parallel(
     top_k: int = 4,
     compute_scale: float = 1.0,
     overlap_grad_sync: bool = True,
+    vocab_parallel: bool = False,
 ) -> ParallelResult:
     """The fastest (D, P, T) x b x schedule x recompute plan of `profile` (or an analytic profile of
     the gpt spec `model`) on `nodes` x `gpus_per_node` GPUs of `hardware` (module docstring).
@@ -146,6 +151,9 @@ def plan_parallel(
     auto (both). `compute_scale` multiplies every profiled compute time (a calibration; 1 = as
     profiled). `overlap_grad_sync`: the gradient sync overlaps each stage's last backward (True)
     or runs entirely after it (False, as Megatron-LM 2021 and DeepSpeed's pipeline engine did).
+    `vocab_parallel`: price tensor parallelism as Megatron runs it, the embedding and head split
+    over tp too (for comparing with Megatron's published runs: planner.bench.published); False
+    prices what `pplan run` executes, those layers whole on every tp rank.
     InfeasibleError when nothing fits, naming the GPUs or memory that would; PplanError when the
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
     A profile made for other hardware plans on, with a line in the result's `warnings`.
@@ -165,7 +173,7 @@ def plan_parallel(
         get_schedule(name)
     recs = ("none", "full") if recompute == "auto" else (recompute,)
     sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
-    ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync)
+    ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync, vocab_parallel)
     L = profile.n_layers
     layouts, skipped = _layouts(n, gpn, L, forced)
     layouts = [replace(c, zero=zero) for c in layouts]
@@ -184,7 +192,7 @@ def plan_parallel(
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
                           mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
-                          skipped=tuple(skipped), warnings=warnings)
+                          skipped=tuple(skipped), warnings=warnings, vocab_parallel=vocab_parallel)
 
 
 def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
@@ -242,13 +250,26 @@ def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] 
     return analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
 
 
+def _distinct(names: tuple[str, ...], pp: int) -> tuple[str, ...]:
+    """The schedules worth solving on `pp` ranks. On one rank every one-chunk schedule runs the same
+    single stage in the same time (no bubble, no sends), so only one is kept: the one holding the
+    fewest activations (not every micro-batch's, backward not split), the earlier name on a tie."""
+    if pp > 1:
+        return names
+    single = [n for n in names if not get_schedule(n).multi_chunk]
+    if not single:
+        return names
+    best = min(single, key=lambda n: (get_schedule(n).holds_every_microbatch, get_schedule(n).split_backward, names.index(n)))
+    return tuple(n for n in names if n == best or get_schedule(n).multi_chunk)
+
+
 def _judge(ctx: ParallelCosts, found: list[Any], keep: int, mem: float, flops: Any) -> list[ParallelCandidate]:
-    """Simulate the `keep` best estimates, and the next ones within _ESTIMATE_MARGIN of the
-    keep-th (the estimate over-prices interleaved by a few per cent, so a close one may win once
-    simulated), at most 3 x keep in all; fastest fitting first."""
+    """Simulate the `keep` best estimates and every other one within _ESTIMATE_MARGIN of the
+    keep-th (the estimate and the simulation order close plans differently: one may win once
+    simulated); fastest fitting first."""
     found.sort(key=lambda x: x[0])
     bound = found[min(keep, len(found)) - 1][0] * (1.0 + _ESTIMATE_MARGIN)
-    judged = found[:keep] + [f for f in found[keep:] if f[0] <= bound][:2 * keep]
+    judged = found[:keep] + [f for f in found[keep:] if f[0] <= bound]
     sims = [simulate_task(ctx, task, sol, mem, flops) for _, task, sol in judged]
     sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
     return sims
@@ -274,13 +295,13 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
             if m > _MAX_MICROBATCHES:
                 continue
             costs = ctx.costs(cfg, b)
-            per_mb = float(np.sum(costs.fwd_ms) + np.sum(costs.bwd_ms))
             refwd = float(np.sum(costs.fwd_ms))
             place = ctx.place(cfg)
-            grad_bytes = ctx.params * ctx.precision.grad_bytes / (cfg.tp * cfg.pp)
-            sync = float(allreduce_ms(grad_bytes, cfg.dp, place.dp)) if cfg.dp > 1 else 0.0
+            # one GPU's share of the gradients (blocks / T, layers kept whole on every tp rank)
+            grad_bytes = float(np.sum(costs.param_bytes)) / ctx.precision.element_bytes * ctx.precision.grad_bytes / cfg.pp
+            sync = grad_sync_ms(grad_bytes, cfg.dp, ctx.zero, place.dp)
             opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
-            for name, v in ((name, v) for name in names for v in get_schedule(name).chunk_counts):
+            for name, v in ((name, v) for name in _distinct(names, cfg.pp) for v in get_schedule(name).chunk_counts):
                 if cfg.pp * v > L or (cfg.pp == 1 and v > 1):
                     continue
                 try:
@@ -288,8 +309,11 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
                 except ScheduleError:
                     continue
                 for rec in recs:
-                    t_mb = (per_mb + (refwd if rec == "full" else 0.0)) / cfg.pp
-                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + (max(0.0, sync - t_mb) if ctx.overlap else sync) + opt
+                    # per rank and micro-batch: forward + backward, and the backward the sync hides behind
+                    # (planner.cost.parallel.rank_exposed_sync_ms), both with the recomputed forward
+                    bwd = (float(np.sum(costs.bwd_ms)) + (refwd if rec == "full" else 0.0)) / cfg.pp
+                    t_mb = refwd / cfg.pp + bwd
+                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + (max(0.0, sync - bwd) if ctx.overlap else sync) + opt
                     tasks.append(ParallelTask(cfg, b, m, name, v, rec, est))
     tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.v, t.recompute))
 
