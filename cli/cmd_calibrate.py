@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -13,6 +13,9 @@ from cli.run_options import (
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
 from cli.common import echo_json, plan_inputs
+
+if TYPE_CHECKING:
+    from typer.core import TyperArgument, TyperOption
 
 __all__ = ["register"]
 
@@ -38,20 +41,20 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
         typer.echo(f"wrote {fit.path}")
 
 
-def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: str | None, json_out: bool) -> None:
+def _machine(out: Path | None, ranks: str, threads: int, quick: bool, json_out: bool) -> None:
     """Measure this machine once per rank count (planner.execute.machinebench) and save the machine
     file, keeping the entries it already has for other counts."""
+    from planner.errors import PplanError
     from planner.execute.machinebench import parse_rank_counts, remeasure_machine_file
     from planner.execute.preflight import cpu_rank_cap
     from planner.machine import default_machine_path
 
+    if out is not None and out.suffix.lower() != ".json":  # as partition, simulate and run ask of their JSON
+        raise PplanError(f"--out {str(out)[:80]!r} must end in .json (the machine file is JSON)",
+                         "e.g. --out machine.json")
     counts = parse_rank_counts(ranks, cpu_rank_cap())
-    if out is not None and hardware is not None:
-        from planner.atomic import ensure_outputs_distinct
-
-        ensure_outputs_distinct([("--out", out)], [("hardware file", Path(hardware) if Path(hardware).is_file() else None)])
     machines, path = remeasure_machine_file(out if out is not None else default_machine_path(), counts,
-                                            threads=threads or None, quick=quick, hardware=hardware,
+                                            threads=threads or None, quick=quick,
                                             progress=lambda line: typer.echo(f"  {line}", err=True),
                                             warn=lambda line: typer.echo(f"pplan: warning: {line}", err=True))
     if json_out:
@@ -71,11 +74,58 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, hardware: 
     typer.echo(f"wrote {path} (a plan is predicted with the entry for its process count, else the nearest)")
 
 
+_MODE_PARAMS = {
+    "--machine": ("machine", "ranks", "quick", "threads", "out", "json_out"),
+    "--from-run": ("plan", "from_run", "profile", "json_out"),
+    "run": ("plan", "steps", "warmup", "lr", "out", "timeline", "profile", "device", "checkpoint_dir", "checkpoint_every",
+            "timeout", "threads", "runtime", "force", "verbose", "json_out", "model", "trust_model", "input_shape",
+            "input_dtype", "vocab"),
+}
+"""The parameters each way of calibrating reads: --machine measures with runs of its own (no plan);
+--from-run fits a run already made (nothing runs); a plan alone is run as `pplan run --calibrate`."""
+_MODE_WORDS = {"--machine": "with --machine (it measures the machine with runs of its own, no plan)",
+               "--from-run": "with --from-run (no run is made; the calibration is written beside the profile)",
+               "run": "when a plan is run (no --machine or --from-run)"}
+
+
+def _refuse_unused(ctx: typer.Context, mode: str) -> None:
+    """Refuse every option given on the command line that `mode` never reads (like `pplan
+    partition`'s modes): a silently ignored --steps or --timeline looks as if it took effect.
+    Asks click where each value came from, so a flag given at its default value counts too."""
+    from planner.errors import PplanError
+
+    # by the source's name: typer vendors its own click, whose ParameterSource is not click's
+    unused = [p for p in ctx.command.params if p.name not in _MODE_PARAMS[mode]
+              and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    if not unused:
+        return
+    given = ", ".join(_shown(p, ctx.params.get(p.name)) for p in unused)
+    users = [f"{_flag(p)} is another way to calibrate" if p.name in ("machine", "from_run") else
+             f"{_flag(p)} goes with " + " or ".join(m if m != "run" else "a plan run"
+                                                    for m, names in _MODE_PARAMS.items() if p.name in names)
+             for p in unused]
+    raise PplanError(f"{given}: not used {_MODE_WORDS[mode]}",
+                     f"drop {'it' if len(unused) == 1 else 'them'} ({'; '.join(users)})")
+
+
+def _flag(param: TyperOption | TyperArgument) -> str:
+    """The name a user typed: the long flag, or PLAN for the argument."""
+    return "PLAN" if param.param_type_name == "argument" else max(param.opts, key=len)
+
+
+def _shown(param: TyperOption | TyperArgument, value: object) -> str:
+    """The flag with the value given (a switch alone)."""
+    if isinstance(value, bool):
+        return _flag(param)
+    return f"{_flag(param)} {value if isinstance(value, (int, float)) else repr(str(value)[:60])}"
+
+
 def register(app: typer.Typer) -> None:
     app.command("calibrate")(calibrate)
 
 
 def calibrate(
+    ctx: typer.Context,
     plan: Annotated[Path | None, typer.Argument(help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
     from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
     machine: Annotated[bool, typer.Option(
@@ -85,9 +135,8 @@ def calibrate(
         "--ranks", help="With --machine: process counts to measure, comma-separated "
         "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
     quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
-    hardware: Annotated[str | None, typer.Option("--hardware", help="With --machine: the hardware preset or file this machine is.")] = None,
     steps: Steps = 10, warmup: Warmup = None, lr: Lr = 1e-3,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write (default ~/.cache/pplan/machine.json).")] = None, timeline: RunTimeline = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write or update (.json; default ~/.cache/pplan/machine.json; any other existing file is refused).")] = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
     threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
@@ -97,21 +146,19 @@ def calibrate(
     """Run PLAN and fit what the profile cannot see (same as `pplan run --calibrate`); writes it beside the profile.
 
     As with `pplan run`, a module:factory model runs only with --model SPEC (the same string) or --trust-model.
-    `pplan calibrate --machine [--out FILE]` instead measures the machine once (no plan).
+    `pplan calibrate --machine [--out FILE]` instead measures the machine once (no plan). Each way
+    refuses the options it does not read.
     """
     from planner.errors import PplanError
 
+    mode = "--machine" if machine else "--from-run" if from_run is not None else "run"
+    _refuse_unused(ctx, mode)
     if machine:
-        if plan is not None or from_run is not None:
-            raise PplanError("--machine measures the machine, not a plan", "drop the plan and --from-run")
-        _machine(out, ranks, threads, quick, hardware, json_out)
+        _machine(out, ranks, threads, quick, json_out)
         return
     if plan is None:
         raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
     if from_run is not None:
-        if out is not None or timeline is not None:  # nothing runs: the fit goes beside the profile
-            raise PplanError(f"{'--out' if out is not None else '--timeline'} is not used with --from-run (no run is made; "
-                             "the calibration is written beside the profile)", "drop it")
         _from_run(plan, from_run, profile, json_out)
         return
     run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,

@@ -50,7 +50,7 @@ from planner.jsonio import check_keys, read_json_file
 
 __all__ = ["FORMAT", "FORMAT_V1", "Machine", "MachineSet", "default_machine_path", "load_machine", "load_machines",
            "save_machine", "find_machine", "machine_calibration", "machine_path", "prediction_basis", "MEASURED_KEYS",
-           "MAX_ENTRIES"]
+           "MAX_ENTRIES", "machines_to_update"]
 
 FORMAT = "pplan-machine/2"
 FORMAT_V1 = "pplan-machine/1"
@@ -93,8 +93,6 @@ class Machine:
     """Time a rank loses per cross-rank hand-over while every core computes, ms (None: not measured, 0)."""
     handover_cpu_ms_per_mib: float | None = None
     """The same per MiB the hand-over moves, ms (None: 0)."""
-    hardware: str | None = None
-    """The hardware preset or file this machine is (planner.hardware), if named."""
     measured: dict[str, Any] = field(default_factory=dict)
     """Where and when: date, host, cpu, cores, load_average, torch, seconds, cases, model (the empty pipeline's)."""
 
@@ -119,8 +117,6 @@ class Machine:
         for name in ("handover_cpu_ms", "handover_cpu_ms_per_mib"):
             if getattr(self, name) is not None:
                 _bounded(name, getattr(self, name), *RANGES[name])
-        if self.hardware is not None and (not isinstance(self.hardware, str) or len(self.hardware) > 200):
-            raise PplanError("machine hardware must be a short string or null")
         if not isinstance(self.measured, dict):
             raise PplanError("machine measured must be an object")
         check_keys(self.measured, MEASURED_KEYS, "machine measured", PplanError)
@@ -137,7 +133,7 @@ class Machine:
         if data.get("format", FORMAT_V1) != FORMAT_V1:
             raise PplanError(f"{source} is not a {FORMAT_V1} machine (format {str(data.get('format'))[:40]!r})")
         names = [f.name for f in fields(cls)]
-        check_keys(data, ["format", *names], source, PplanError)
+        check_keys(data, ["format", *names, *_DROPPED_KEYS], source, PplanError)
         missing = [n for n in _REQUIRED if n not in data]
         if missing:
             raise PplanError(f"{source} lacks {', '.join(missing)}", "make it with `pplan calibrate --machine`")
@@ -151,6 +147,9 @@ class Machine:
 
 _REQUIRED = ("device_type", "backend", "ranks", "threads", "action_overhead_ms", "comm_latency_ms",
              "comm_bandwidth_bytes_per_s", "step_overhead_ms")
+_DROPPED_KEYS = ("hardware",)
+"""Keys older files carry that nothing reads any more (read and left out): `hardware` was a name
+`calibrate --machine --hardware` stored unchecked, which no prediction used."""
 
 
 def _bounded(name: str, value: Any, low: float, high: float) -> None:
@@ -211,11 +210,12 @@ class MachineSet:
             raise PplanError(f"{source} is not a JSON object", "make one with `pplan calibrate --machine`")
         # a file without a format is read as the format of its shape (format 1 files could omit it)
         fmt = data.get("format", FORMAT if "entries" in data else FORMAT_V1)
+        if fmt not in (FORMAT, FORMAT_V1):
+            raise PplanError(f"{source} is a {str(fmt)[:40]!r} file; this pplan reads {_READS}",
+                             "give a file made by `pplan calibrate --machine`, or remeasure with it")
+        _check_body_matches_format(data, fmt, source)
         if fmt == FORMAT_V1:
             return cls((Machine.from_dict(data, source),))
-        if fmt != FORMAT:
-            raise PplanError(f"{source} is not a {FORMAT} (or {FORMAT_V1}) file (format {str(data.get('format'))[:40]!r})",
-                             "make it with `pplan calibrate --machine`")
         check_keys(data, ["format", "entries"], source, PplanError)
         entries = data.get("entries")
         if not isinstance(entries, list) or not entries:
@@ -226,6 +226,21 @@ class MachineSet:
             if isinstance(e, dict) and "format" in e:
                 raise PplanError(f"{source}: entries[{i}] has a format key", "only the file has a format")
         return cls(tuple(Machine.from_dict(e, f"{source} entries[{i}]") for i, e in enumerate(entries)))
+
+
+_READS = f"{FORMAT} (entries, one per rank count) and {FORMAT_V1} (one machine's fields at the top level)"
+
+
+def _check_body_matches_format(data: dict[str, Any], fmt: str, source: str) -> None:
+    """Name both formats when the file's format says one and its keys are the other's (a hand edit
+    that changed one), rather than refusing the other format's keys as unknown."""
+    machine_keys = sorted(set(data) & {f.name for f in fields(Machine)})
+    if fmt == FORMAT_V1 and "entries" in data:
+        raise PplanError(f"{source} says format {FORMAT_V1} but has 'entries', the list of a {FORMAT} file; "
+                         f"this pplan reads {_READS}", f"set \"format\": \"{FORMAT}\"")
+    if fmt == FORMAT and machine_keys and "entries" not in data:
+        raise PplanError(f"{source} says format {FORMAT} but has {machine_keys[0]!r} at the top level, as a "
+                         f"{FORMAT_V1} file does; this pplan reads {_READS}", f"set \"format\": \"{FORMAT_V1}\"")
 
 
 def default_machine_path() -> Path:
@@ -241,6 +256,31 @@ def load_machines(path: str | os.PathLike) -> MachineSet:
         return MachineSet.from_dict(data, "machine")
     except PplanError as e:
         raise PplanError(f"{path}: {e.message}", e.hint) from None
+
+
+def machines_to_update(path: str | os.PathLike) -> tuple[MachineSet | None, str | None]:
+    """What `pplan calibrate --machine` merges its new entries into at `path`: (the file's entries,
+    None); (None, None) where there is no file; (None, why) for a machine file that cannot be read
+    (it says a machine format, and remeasuring is what its errors advise), which is replaced. Any
+    other file is refused (PplanError): a profile, a plan or a user's JSON is not the machine
+    file's to overwrite."""
+    p = Path(path)
+    if not p.exists():
+        return None, None
+    hint = "choose another --out, or delete the file first if it is yours to replace"
+    try:
+        data = read_json_file(p, "machine file", PplanError, max_bytes=_MAX_FILE_BYTES)
+    except PplanError as e:
+        raise PplanError(f"{str(p)!r} exists and is not a machine file ({e.message[:160]})", hint) from None
+    if not isinstance(data, dict):
+        raise PplanError(f"{str(p)!r} exists and holds a JSON {type(data).__name__}, not a machine file", hint)
+    try:
+        return MachineSet.from_dict(data, "machine"), None
+    except PplanError as e:
+        if data.get("format") in (FORMAT, FORMAT_V1):
+            return None, f"{p}: {e.message}"
+        what = f"a {str(data['format'])[:40]!r} file" if "format" in data else "a JSON object with no format key"
+        raise PplanError(f"{str(p)!r} exists and is {what}, not a {FORMAT} machine file", hint) from None
 
 
 def load_machine(path: str | os.PathLike, ranks: int | None = None) -> Machine:

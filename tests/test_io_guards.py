@@ -73,7 +73,7 @@ def refused(folder: Path, *args: object, match: str) -> str:
     (("run", "plan.json", "--steps", "2", "--warmup", "1", "--out", "cal/mlp.calibration.json", "--profile", "cal/mlp.csv"),
      "is the calibration this command reads"),  # the one beside the profile, read by the run
     (("report", "--profile", "rep/figures/mlp.csv", "--out", "rep"), "inside 'rep/figures', which the report replaces"),
-    (("calibrate", "plan.json", "--from-run", "run.json", "-o", "fit.json"), "--out is not used with --from-run"),
+    (("calibrate", "plan.json", "--from-run", "run.json", "-o", "fit.json"), "--out 'fit.json': not used with --from-run"),
 ], ids=["simulate-out-plan", "simulate-timeline-profile", "simulate-timeline-plans-profile", "simulate-out-symlink",
         "partition-out-cluster", "run-out-plan", "run-out-calibration", "run-out-read-calibration",
         "report-input-in-figures", "calibrate-from-run-out"])

@@ -8,8 +8,8 @@ import pytest
 
 from planner.errors import PplanError
 from planner.execute.machinebench import fit_overheads
-from planner.machine import (Machine, default_machine_path, find_machine, load_machine, machine_calibration,
-                             save_machine)
+from planner.machine import (FORMAT, FORMAT_V1, Machine, default_machine_path, find_machine, load_machine,
+                             load_machines, machine_calibration, save_machine)
 
 
 def _machine(**kw) -> Machine:
@@ -56,6 +56,28 @@ def test_reading_is_strict(tmp_path):
     p.write_text('{"format": "pplan-machine/1", "ranks": 1e400}')
     with pytest.raises(PplanError):
         load_machine(p)
+
+
+@pytest.mark.parametrize("body, says", [
+    # a format 2 body under format 1's name, and the reverse: both formats named, not an unknown key
+    (lambda m: {"format": FORMAT_V1, "entries": [m]},
+     f"says format {FORMAT_V1} but has 'entries', the list of a {FORMAT} file; this pplan reads {FORMAT}"),
+    (lambda m: dict(m, format=FORMAT), f"says format {FORMAT} but has 'action_overhead_ms' at the top level"),
+    (lambda m: {"format": "pplan-machine/3", "entries": [m]}, f"is a 'pplan-machine/3' file; this pplan reads {FORMAT}"),
+])
+def test_a_format_that_does_not_match_the_body_names_both_formats(tmp_path, body, says):
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps(body(_machine().to_dict())))
+    with pytest.raises(PplanError) as e:
+        load_machines(p)
+    assert says in e.value.message and "unknown key" not in e.value.one_line()
+
+
+def test_the_hardware_name_older_files_carry_is_read_and_dropped(tmp_path):
+    # `calibrate --machine --hardware NAME` stored it unchecked; nothing read it, so it is gone
+    p = tmp_path / "m.json"
+    p.write_text(json.dumps({"format": FORMAT, "entries": [dict(_machine().to_dict(), hardware="a100-80gb")]}))
+    assert load_machine(p) == _machine() and "hardware" not in _machine().to_dict()
 
 
 def test_find_machine_honours_env_default_and_device_type(tmp_path, monkeypatch):

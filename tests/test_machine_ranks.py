@@ -71,7 +71,7 @@ def test_with_entry_replaces_the_same_count_and_keeps_the_others():
     ({"format": FORMAT, "entrys": []}, "did you mean 'entries'"),
     ({"format": FORMAT, "entries": []}, "entries must be a non-empty list"),
     ({"format": FORMAT, "entries": {"2": {}}}, "entries must be a non-empty list"),
-    ({"format": "pplan-machine/9", "entries": []}, "is not a pplan-machine/2"),
+    ({"format": "pplan-machine/9", "entries": []}, "is a 'pplan-machine/9' file; this pplan reads pplan-machine/2"),
     ({"entries": [{"ranks": 2}]}, "entries\\[0\\] lacks device_type"),
     ({"action_overhead": 1.0}, "did you mean 'action_overhead_ms'"),  # no format, no entries: format 1
 ])
@@ -183,10 +183,11 @@ def test_calibrate_machine_merges_into_the_file(tmp_path, monkeypatch, pplan):
     assert "8 processes" in out and "(measured now)" in out
     code, _, err = pplan("calibrate", "--machine", "--ranks", "1", "--out", target)
     assert code != 0 and "'1' is not a whole number from 2" in err
-    # an unreadable file is replaced, and the command says so
-    target.write_text("{")
+    # a machine file that cannot be read is replaced, and the command says so (other files are
+    # refused: tests/test_calibrate_modes.py)
+    target.write_text(json.dumps({"format": FORMAT, "entries": [dict(_machine(4).to_dict(), ranks=0)]}))
     code, out, err = pplan("calibrate", "--machine", "--ranks", "2", "--out", target)
-    assert code == 0 and "replacing unreadable" in err and load_machines(target).ranks == (2,)
+    assert code == 0 and "replacing the unreadable machine file" in err and load_machines(target).ranks == (2,)
 
 
 def test_calibrate_machine_refuses_an_unwritable_new_file_before_measuring(tmp_path, monkeypatch, pplan):

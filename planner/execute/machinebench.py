@@ -242,7 +242,7 @@ def _empty_pipeline(ranks: int, threads: int, cases: tuple[tuple[str, int], ...]
 
 
 def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool = False, steps: int = 30,
-                    hardware: str | None = None, progress: Callable[[str], None] | None = None):
+                    progress: Callable[[str], None] | None = None):
     """Run the microbenchmarks on this machine (CPU, gloo) and return a planner.machine.Machine."""
     from planner.hostinfo import cpu_model, usable_cores
     from planner.machine import Machine
@@ -279,8 +279,7 @@ def measure_machine(*, ranks: int = 2, threads: int | None = None, quick: bool =
                    comm_latency_ms=max(0.0, latency), comm_bandwidth_bytes_per_s=bandwidth or 1e9,
                    step_overhead_ms=c, optimizer_ms_per_mib=opt,
                    concurrent_compute_ratio=together / alone if alone > 0 else None,
-                   handover_cpu_ms=handover[0], handover_cpu_ms_per_mib=handover[1],
-                   hardware=hardware, measured=measured)
+                   handover_cpu_ms=handover[0], handover_cpu_ms_per_mib=handover[1], measured=measured)
 
 
 HANDOVER_SIZES = (64 * 1024, 1024 * 1024)
@@ -324,18 +323,16 @@ def measure_machines(counts: tuple[int, ...], *, base: Any = None, progress: Cal
 def remeasure_machine_file(target: Path, counts: tuple[int, ...], *, progress: Callable[[str], None] | None = None,
                            warn: Callable[[str], None] | None = None, **kwargs: Any) -> tuple[Any, Path]:
     """Measure `counts` and save the machine file `target`, keeping its entries for other counts
-    (`pplan calibrate --machine`). An unreadable file is replaced, after `warn` says what is dropped;
-    one that cannot be written is refused before minutes of measuring. Returns (the MachineSet, its path)."""
+    (`pplan calibrate --machine`). A machine file that cannot be read is replaced, after `warn` says
+    what is dropped; a target that cannot be written, or that is some other file
+    (planner.machine.machines_to_update), is refused before minutes of measuring. Returns (the
+    MachineSet, its path)."""
     from planner.atomic import ensure_writable_file
-    from planner.machine import load_machines, save_machine
+    from planner.machine import machines_to_update, save_machine
 
     ensure_writable_file(target, "machine file")  # a new file too: its folder must be writable
-    base = None
-    if target.exists():
-        try:
-            base = load_machines(target)
-        except PplanError as e:
-            if warn is not None:
-                warn(f"replacing unreadable {e.one_line()[:200]}")
+    base, unreadable = machines_to_update(target)
+    if unreadable is not None and warn is not None:
+        warn(f"replacing the unreadable machine file {unreadable[:400]}")
     machines = measure_machines(counts, base=base, progress=progress, **kwargs)
     return machines, save_machine(machines, target)
