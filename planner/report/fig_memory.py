@@ -1,4 +1,11 @@
-"""Figure 2: per-device peak memory by kind against the limit, and memory over one iteration."""
+"""Figure 2: per-device peak memory by kind against the limit, and memory over one iteration.
+
+What it draws is bounded, not the devices: up to MAX_BARS devices are bars (each annotated), more
+are stacked areas over the device index (one polygon per kind: at the 4,000 devices a pipeline may
+have, 20,000 bars, 4,000 notes and a 4,000-entry legend took minutes to draw and showed nothing a
+reader could tell apart); memory over time shows at most MAX_LINES devices, those nearest their
+limit, and the caption says how many were left out.
+"""
 
 from __future__ import annotations
 
@@ -13,10 +20,17 @@ from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "settled", "draw_limit_marks"]
+__all__ = ["KEY", "TITLE", "MAX_BARS", "MAX_LINES", "missing", "draw", "caption", "settled", "draw_limit_marks",
+           "nearest_limit"]
 
 KEY = "2_memory"
 TITLE = "Memory per device"
+MAX_BARS = 64
+"""Devices drawn as bars; at 64 the figure is already as wide as a report draws (40 inches)."""
+MAX_LINES = 8
+"""Devices drawn over time: the colours style.device_color tells apart, a legend that fits."""
+_AREA_WIDTH = 3.2
+"""Width of the stacked-area panel, in units of the timeline panel's 1/1.6 share (a 17-inch figure)."""
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -27,13 +41,23 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 
 
 def caption(inputs: ReportInputs) -> str:
+    n = len(inputs.sim.prediction.devices) if inputs.sim is not None else 0
     text = ("Left: predicted peak memory of each device split into weights, gradients, optimizer state, "
             "activations and communication buffers; the dashed line is the device's memory limit")
+    if n > MAX_BARS:
+        text = (f"Left: predicted peak memory of each of the {n} devices (too many for bars: stacked areas over "
+                "the device index) split into weights, gradients, optimizer state, activations and communication "
+                "buffers; the dashed line is each device's memory limit, the note the device nearest its limit")
     if _measured_peaks(inputs):
-        text += ", the diamond the peak measured by `pplan run`"
+        text += (", the diamond the peak measured by `pplan run`" if n <= MAX_BARS
+                 else ", the diamonds the peaks measured by `pplan run`")
     text += ". Right: predicted memory over one iteration"
     if not _has_timeline(inputs):
         return text + " (the simulator did not record it)."
+    drawn = len(_timeline_devices(inputs))
+    if drawn > MAX_LINES:
+        text += (f" of the {MAX_LINES} devices nearest their memory limit (the highest peaks where there is none); "
+                 f"the other {drawn - MAX_LINES} are left out")
     return text + (". Where a micro-batch's activations are freed at the instant the next one's are allocated, "
                    "the line shows the level after both (the free lasts no time).")
 
@@ -42,27 +66,71 @@ def _has_timeline(inputs: ReportInputs) -> bool:
     return inputs.sim is not None and any(len(v) > 0 for v in inputs.sim.memory_timeline.values())
 
 
+def _timeline_devices(inputs: ReportInputs) -> list[int]:
+    """Positions (in draw's device order) of the devices that have a memory timeline."""
+    devices = _sorted_devices(inputs)
+    timeline = inputs.sim.memory_timeline
+    return [i for i, d in enumerate(devices) if timeline.get(_index(d, i))]
+
+
+def _sorted_devices(inputs: ReportInputs) -> list[PredictedDevice]:
+    return sorted(inputs.sim.prediction.devices, key=lambda d: _index(d, 0))
+
+
+def _peak(d: PredictedDevice) -> float:
+    return float(d.peak_memory_bytes or _part(d, "total"))
+
+
+def nearest_limit(devices: list[PredictedDevice], positions: list[int], k: int) -> list[int]:
+    """The k of `positions` whose predicted peak is the largest share of their memory limit (devices
+    with a limit first, then those without by peak; ties by position), in position order."""
+    def key(i: int) -> tuple[float, float, int]:
+        peak, lim = _peak(devices[i]), devices[i].memory_limit_bytes
+        return (-(peak / float(lim)) if lim else 1.0, -peak, i)
+
+    return sorted(sorted(positions, key=key)[:k])
+
+
 def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
     """Device -> measured peak, the largest of its ranks' (data parallelism), as the summary table has it."""
     return {device: measured for device, _, measured, _ in peak_rows(inputs) if measured}
 
 
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
-    devices = sorted(inputs.sim.prediction.devices, key=lambda d: _index(d, 0))
+    devices = _sorted_devices(inputs)
     has_tl = _has_timeline(inputs)
-    bar_w = max(1.0, len(devices) / 5)
+    as_bars = len(devices) <= MAX_BARS
+    bar_w = max(1.0, len(devices) / 5) if as_bars else _AREA_WIDTH
     fig = new_figure((11.5 if has_tl else 6.5) + 2.5 * (bar_w - 1), 4.6)
     if has_tl:
         ax_bar, ax_t = fig.subplots(1, 2, width_ratios=[bar_w, 1.6])
     else:
         ax_bar, ax_t = fig.subplots(1, 1), None
 
-    peaks = [float(d.peak_memory_bytes or _part(d, "total")) for d in devices]
+    peaks = [_peak(d) for d in devices]
     limits = [d.memory_limit_bytes for d in devices]
     measured = _measured_peaks(inputs)
     top = max(peaks + [float(x) for x in limits if x] + list(measured.values()) + [1.0])
     div, unit = bytes_axis(top)
 
+    if as_bars:
+        _draw_bars(ax_bar, devices, peaks, limits, measured, div, unit)
+    else:
+        _draw_areas(ax_bar, devices, peaks, limits, measured, div, unit)
+    ax_bar.set_ylabel(f"peak memory ({unit})")
+    ax_bar.set_title("Predicted peak memory by kind")
+    ax_bar.set_ylim(0, top / div * 1.45)
+    ax_bar.grid(axis="x", visible=False)
+    ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
+
+    if ax_t is not None:
+        _draw_timeline(ax_t, inputs, devices, limits, div, unit)
+    return fig
+
+
+def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], limits: list,
+               measured: dict[int, float], div: float, unit: str) -> None:
+    """One stacked bar per device, its limit mark, its measured peak and a note of its peak."""
     x = np.arange(len(devices))
     labels = [_label(d, i) for i, d in enumerate(devices)]
     bottom = np.zeros(len(devices))
@@ -91,15 +159,52 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=7.5 if many else 8.5,
                         xytext=(0, 4), textcoords="offset points")
     ax_bar.set_xticks(x, labels)
-    ax_bar.set_ylabel(f"peak memory ({unit})")
-    ax_bar.set_title("Predicted peak memory by kind")
-    ax_bar.set_ylim(0, top / div * 1.45)
-    ax_bar.grid(axis="x", visible=False)
-    ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
 
-    if ax_t is not None:
-        _draw_timeline(ax_t, inputs, devices, limits, div, unit)
-    return fig
+
+def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], limits: list, measured: dict[int, float],
+                div: float, unit: str) -> None:
+    """Too many devices for bars: each kind one stacked area over the device index, a dashed line
+    per run of equal limits, the measured peaks one marker line, and one note at the device nearest
+    its limit."""
+    x = np.array([_index(d, i) for i, d in enumerate(devices)], dtype=float)
+    bottom = np.zeros(len(devices))
+    for part in MEMORY_PARTS:
+        values = np.array([float(_part(d, part)) for d in devices]) / div
+        ax.fill_between(x, bottom, bottom + values, step="mid", color=MEMORY_COLORS[part], lw=0, label=part)
+        bottom += values
+    runs = _limit_runs(limits)
+    if runs:  # one dashed segment per run of equal limits: a dash pattern per device would look solid
+        ax.hlines([float(lim) / div for _, _, lim in runs], [x[a] - 0.5 for a, _, _ in runs],
+                  [x[b] + 0.5 for _, b, _ in runs], **LIMIT_STYLE, label="memory limit")
+    shown = [(x[i], measured[_index(d, i)] / div) for i, d in enumerate(devices) if _index(d, i) in measured]
+    if shown:
+        ax.plot(*zip(*shown), marker="D", ms=4, color=MEASURED_COLOR, mec="white", ls="none", label="measured peak")
+    worst = nearest_limit(devices, list(range(len(devices))), 1)[0]
+    lim = limits[worst]
+    note = (f"dev {_index(devices[worst], worst)}: {peaks[worst] / div:.3g} {unit}"
+            + (f", {peaks[worst] / float(lim):.0%} of limit" if lim else ""))
+    # towards the middle from the device, so a note at either end stays inside the axes
+    span = x[-1] - x[0]
+    where = (x[worst] - x[0]) / span if span else 0.5
+    ha = "left" if where < 1 / 3 else "right" if where > 2 / 3 else "center"
+    ax.annotate(note, (x[worst], bottom[worst]), ha=ha, va="bottom", fontsize=8.5, xytext=(0, 4),
+                textcoords="offset points")
+    ax.set_xlim(x[0] - 0.5, x[-1] + 0.5)
+    ax.set_xlabel("device")
+
+
+def _limit_runs(limits: list) -> list[tuple[int, int, float]]:
+    """(first, last, limit) of each run of neighbouring devices with the same memory limit; devices
+    without one (None or 0) end a run and start none."""
+    runs: list[tuple[int, int, float]] = []
+    for i, lim in enumerate(limits):
+        if not lim:
+            continue
+        if runs and runs[-1][1] == i - 1 and runs[-1][2] == lim:
+            runs[-1] = (runs[-1][0], i, lim)
+        else:
+            runs.append((i, i, lim))
+    return runs
 
 
 def draw_limit_marks(ax: Any, limits: list, div: float, half_width: float) -> None:
@@ -150,16 +255,19 @@ def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[PredictedDevice]
                    unit: str) -> None:
     timeline = inputs.sim.memory_timeline
     t_end = float(inputs.sim.prediction.iteration_ms or 0.0)
-    for i, d in enumerate(devices):
-        pts = timeline.get(_index(d, i)) or []
-        if not pts:
-            continue
-        pts = settled(pts)
+    with_points = _timeline_devices(inputs)
+    shown = with_points if len(with_points) <= MAX_LINES else nearest_limit(devices, with_points, MAX_LINES)
+    for n, i in enumerate(shown):
+        d = devices[i]
+        pts = settled(timeline[_index(d, i)])
         t = [float(p[0]) for p in pts] + [max(t_end, float(pts[-1][0]))]
         y = [float(p[1]) / div for p in pts] + [float(pts[-1][1]) / div]
-        color = device_color(_index(d, i))
+        # a few devices keep their own colour; a selection takes the palette in order, so none repeats
+        color = device_color(_index(d, i) if shown is with_points else n)
         ax.step(t, y, where="post", color=color, lw=1.6, label=_label(d, i))
-    distinct = sorted({float(v) for v in limits if v})
+    # a selection is drawn against its own limits: a line per distinct limit of thousands of devices
+    # (a heterogeneous cluster) would be as many lines as there are devices
+    distinct = sorted({float(v) for v in (limits if shown is with_points else [limits[i] for i in shown]) if v})
     for j, lim in enumerate(distinct):
         # One line per distinct limit: equal limits would hide each other.
         ax.axhline(lim / div, **LIMIT_STYLE, label="memory limit" if j == 0 else None)
