@@ -127,6 +127,8 @@ def _finish_pipeline(job: PipelineJob, out: Path, plot: Optional[Path], as_json:
     from planner.plan import plan_to_dict, write_plan
 
     write_plan(job.plan, out)
+    for line in job.warnings:
+        err(f"pplan: warning: {line}")
     if plot is not None:
         from planner.report.fig_graph import plan_graph
 

@@ -16,7 +16,10 @@ command that applies one says so (`basis_text`). Fields (all optional):
                          cores (the machine's `pplan bench handover` fit: intercept and ms per
                          MiB), charged to the sending and to the receiving action
   fitted_from            where the numbers came from (run, schedule, n_ranks, n_microbatches,
-                         measured_ms, error_pct_before, error_pct_after): informational
+                         measured_ms, error_pct_before, error_pct_after, and since 2026-12 the
+                         profile's model and sha256): informational, except that a calibration
+                         fitted on another model or profile is named when applied
+                         (`calibration_mismatch`); older files without them still load
 
 Values must lie in RANGES (compute_scale 0.001 to 1000, times up to a day in ms, bandwidth 1 B/s
 to 1e15 B/s); any key not listed here, at either level, is refused with the nearest known one.
@@ -34,10 +37,12 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
+from planner.jsontypes import kind_mismatch
 from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
 __all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration",
-           "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES"]
+           "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
+           "calibration_mismatch"]
 
 FORMAT = "pplan-calibration/1"
 
@@ -56,8 +61,10 @@ RANGES: dict[str, tuple[float, float]] = {
     "handover_cpu_ms_per_mib": (0.0, MAX_OVERHEAD_MS),
 }
 # `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_from_run);
-# pplan never reads it back to compute anything, but its keys are fixed, so they are checked too.
-FITTED_FROM_KEYS = ("run", "schedule", "n_ranks", "n_microbatches", "measured_ms", "error_pct_before", "error_pct_after")
+# pplan never reads it back to compute anything, but its keys are fixed, so they are checked too;
+# `model` and `profile_sha256` say which profile the fit belongs to (calibration_mismatch).
+FITTED_FROM_KEYS = ("run", "schedule", "n_ranks", "n_microbatches", "measured_ms", "error_pct_before", "error_pct_after",
+                    "model", "profile_sha256")
 CALIBRATION_KEYS = ("format", *RANGES, "fitted_from")
 
 
@@ -153,6 +160,23 @@ def basis_text(cal: "Calibration | None", path: str | os.PathLike | None = None)
     return f"calibrated by{where} (compute x{cal.compute_scale:.3g}{fitted})"
 
 
+def calibration_mismatch(cal: "Calibration | None", profile: Any, path: str | os.PathLike | None = None) -> str | None:
+    """None unless `cal` records (in fitted_from) a model or profile sha256 other than `profile`'s
+    (a Profile: its meta 'model' and sha256); then one line naming both, for the command applying it
+    to show. Compute scale and overheads fitted on one model's layers say little about another's."""
+    fitted = cal.fitted_from if cal is not None else {}
+    name = f"calibration {str(path)!r}" if path is not None else "the calibration"
+    model, theirs = fitted.get("model"), (getattr(profile, "meta", None) or {}).get("model")
+    if model and theirs and model != theirs:
+        return (f"{name} was fitted on model {str(model)[:60]!r}, not this profile's {str(theirs)[:60]!r}: "
+                "its corrections may not apply (fit one for this model: `pplan calibrate`, or pass --calibration none)")
+    sha, ours = fitted.get("profile_sha256"), getattr(profile, "sha256", None)
+    if sha and ours and sha != ours:
+        return (f"{name} was fitted on another profile (sha256 {str(sha)[:12]}..., this one {ours[:12]}...): "
+                "its corrections may not apply (re-fit with `pplan calibrate`, or pass --calibration none)")
+    return None
+
+
 def load_calibration(path: str | os.PathLike) -> Calibration:
     """Read a calibration JSON (bounded read, strict JSON, no unknown keys, values in range)."""
     p = Path(path)
@@ -166,8 +190,13 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
         if rest is None:
             raise
         raise PplanError(f"calibration {str(p)!r} is not valid JSON ({rest.strip()})", e.hint) from None
-    if not isinstance(data, dict) or data.get("format", FORMAT) != FORMAT:
-        raise PplanError(f"calibration {str(p)!r} is not a {FORMAT} file")
+    if not isinstance(data, dict):
+        raise PplanError(f"calibration {str(p)!r} is not a {FORMAT} file (it holds a JSON {type(data).__name__})")
+    if (other := kind_mismatch(data, "calibration")) is not None:
+        raise PplanError(f"calibration {str(p)!r}: {other}", "give the calibration JSON `pplan calibrate` wrote")
+    if data.get("format", FORMAT) != FORMAT:
+        raise PplanError(f"calibration {str(p)!r} is not a {FORMAT} file (its format is {str(data.get('format'))[:60]!r})",
+                         f"this pplan reads {FORMAT}: re-fit it with `pplan calibrate`")
     try:
         check_keys(data, CALIBRATION_KEYS, "calibration", PplanError)
         kwargs: dict[str, Any] = {name: data[name] for name in RANGES if data.get(name) is not None}

@@ -13,6 +13,7 @@ import difflib
 import json
 import math
 import os
+import re
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -114,25 +115,22 @@ def _parse_constant(name: str) -> float:
     raise _Refused(f"{name} is not a number JSON allows here", "use a finite number")
 
 
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
+"""A JSON string literal, escapes included (matched in linear time: no nested repetition)."""
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+
+
 def _depth_exceeds(text: str, limit: int) -> bool:
-    """True when brackets nest deeper than `limit` (strings are skipped, escapes honoured)."""
+    """True when brackets nest deeper than `limit` (strings are skipped, escapes honoured). The strings
+    and everything but brackets are dropped by regular expressions first: a character loop in Python
+    spent 7 s on a 57 MB file before json.loads saw it."""
     depth = 0
-    in_string = escaped = False
-    for ch in text:
-        if in_string:
-            if escaped:
-                escaped = False
-            elif ch == "\\":
-                escaped = True
-            elif ch == '"':
-                in_string = False
-        elif ch == '"':
-            in_string = True
-        elif ch in "[{":
+    for ch in _NOT_BRACKET.sub("", _JSON_STRING.sub("", text)):
+        if ch in "[{":
             depth += 1
             if depth > limit:
                 return True
-        elif ch in "]}":
+        else:
             depth -= 1
     return False
 
@@ -166,11 +164,15 @@ def read_json_file(path: str | os.PathLike, what: str, error: type[PplanError], 
 def nearest(key: str, known: Iterable[str]) -> str | None:
     """The known key closest to `key` (difflib), or None when nothing is close."""
     known = list(known)
+    # `h100` for `h100-80gb` (not the closer-spelled `h200`), `memory` for `memory_bytes`: a known
+    # key that starts with the typed one is what was meant; the closest of them when several do
+    starting = [k for k in known if key and k.startswith(key)]
+    if starting:
+        return (difflib.get_close_matches(key, starting, n=1, cutoff=0.0) or starting)[0]
     match = difflib.get_close_matches(key, known, n=1, cutoff=0.5)
     if match:
         return match[0]
-    # `memory` for `memory_bytes`: a known key that starts with the typed one
-    prefixed = [k for k in known if k.startswith(key) or key.startswith(k)]
+    prefixed = [k for k in known if key.startswith(k)]  # `memory_bytes_x` for `memory_bytes`
     return prefixed[0] if prefixed else None
 
 

@@ -25,7 +25,7 @@ from planner.jsonio import check_keys
 
 __all__ = [
     "is_number", "short", "conforms", "describe", "type_error", "missing_field", "record_fields", "check_object_keys",
-    "check_index_keys", "objects_in", "INDEX_KEY", "to_json", "range_error", "file_kind",
+    "check_index_keys", "objects_in", "INDEX_KEY", "to_json", "range_error", "file_kind", "kind_mismatch",
 ]
 
 INDEX_KEY = re.compile(r"[0-9]{1,9}")
@@ -180,7 +180,29 @@ def file_kind(data: Any) -> str | None:
     a file handed to the wrong reader is then named for what it is. None without a pplan format."""
     fmt = data.get("format") if isinstance(data, dict) else None
     match = _FORMAT.fullmatch(fmt) if isinstance(fmt, str) else None
-    return match.group(1) if match else None
+    if match:
+        return match.group(1)
+    if isinstance(data, dict) and "format" not in data and all(key in data for key in _SIMULATION_MARKS):
+        return "sim"  # the one pplan file without a format: `pplan simulate --out`
+    return None
+
+
+_SIMULATION_MARKS = ("iteration_ms", "bubble_fraction", "devices")
+"""Keys every simulation JSON has and no other pplan file has all of at its top level."""
+_KIND_NAMES = {"plan": "plan", "run": "run", "sim": "simulation", "calibration": "calibration", "cluster": "cluster",
+               "hardware": "hardware", "machine": "machine"}
+
+
+def kind_mismatch(data: Any, expected: str) -> str | None:
+    """None unless `data` is, by file_kind, another pplan file than `expected` ('plan', 'run', ...);
+    then the words naming what it is ("this is a run file (format 'pplan-run/1'), not a plan")."""
+    found = file_kind(data)
+    if found is None or found == expected:
+        return None
+    want = _KIND_NAMES.get(expected, expected)
+    if "format" not in data:
+        return f"this is a simulation JSON (`pplan simulate --out`: iteration_ms, no format), not a {want}"
+    return f"this is a {_KIND_NAMES.get(found, found)} file (format {short(data['format'])}), not a {want}"
 
 
 def check_object_keys(data: Any, known: tuple[str, ...], where: str) -> None:

@@ -157,7 +157,7 @@ FLAG_CASES = [
     ("simulate", "sweep-garbage", ("--sweep", "nonsense"), r"cannot read --sweep"),
     ("simulate", "sweep-zero", ("--sweep", "microbatches=0"), r"between 1 and"),
     ("simulate", "calibration-missing", ("--calibration", "{gen}/missing.json"), r"does not exist"),
-    ("simulate", "calibration-not-calibration", ("--calibration", str(GOOD_PLAN)), r"not a pplan-calibration"),
+    ("simulate", "calibration-not-calibration", ("--calibration", str(GOOD_PLAN)), r"plan file .*not a calibration"),
     ("run", "steps-0", ("--steps", "0"), r"--steps 0"),
     ("run", "warmup-negative", ("--warmup", "-1"), r"--warmup -1"),
     ("run", "device-unknown", ("--device", "tpu"), r"--device 'tpu'"),

@@ -78,8 +78,8 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
 def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
     """Refuse, before any work, a run the fit cannot read as `plan`'s: a run of this plan
     (planner.execute.planmatch, the check `pplan report` makes too), a timed step, and finite times
-    >= 0 in the actions, ping-pongs and hand-over gaps (a file someone edited; planner.execute.runfile
-    has checked its keys, types and ranges). `source` (the file) leads each message."""
+    >= 0 in the actions and ping-pongs (a file someone edited; planner.execute.runfile has checked its
+    keys, types and ranges, the hand-over gaps' included). `source` (the file) leads each message."""
     def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:
         return PplanError(f"{source}: {message}" if source else message, hint)
 
@@ -101,11 +101,6 @@ def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> N
         ms(c.latency_ms, f"comm[{i}].latency_ms")
         if c.bandwidth_bytes_per_s is not None:
             ms(c.bandwidth_bytes_per_s, f"comm[{i}].bandwidth_bytes_per_s")
-    for i, gap in enumerate(run.transfer_gaps):
-        if len(gap) != 2:
-            raise bad(f"transfer_gaps[{i}] must be a [bytes, ms] pair")
-        for value in gap:
-            ms(value, f"transfer_gaps[{i}]")
 
 
 def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibration | None = None,
@@ -147,7 +142,8 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
         path=str(calibration_path), calibration=as_recorded(cal))
     fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_devices,
               "n_microbatches": plan.n_microbatches, "measured_ms": measured,
-              "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after}
+              "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after,
+              "model": profile.meta.get("model") or plan.model, "profile_sha256": profile.sha256}
     return replace(cal, fitted_from=fitted), fit
 
 

@@ -26,7 +26,7 @@ from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
 from planner.jsonio import finite_or_null
-from planner.jsontypes import is_number, record_fields, short, to_json
+from planner.jsontypes import is_number, kind_mismatch, record_fields, short, to_json
 from planner.limits import MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES
 from planner.plan import OPTIMIZERS, SCHEDULES, MemoryRecord
 
@@ -228,8 +228,10 @@ class RunRecord:
         """Read a run JSON back: unknown keys refused with the nearest known one, a missing field
         named, every value checked against its field's type, and the nested records read."""
         # the format first: another format's keys would be refused as unknown
+        if (other := kind_mismatch(d, "run")) is not None:
+            raise PplanError(other, "give the run JSON that `pplan run --out` wrote")
         if isinstance(d, dict) and d.get("format", FORMAT) != FORMAT:
-            raise PplanError(f"run format {d.get('format')!r} is not {FORMAT}")
+            raise PplanError(f"run format {short(d.get('format'))} is not {FORMAT}", "this pplan reads " + FORMAT)
         d = record_fields(d, cls, "run", hint=RUN_FILE_HINT)
         calibration, fit, diverged = d.get("calibration"), d.get("calibration_fit"), d.get("diverged")
         run = cls(**dict(
@@ -302,6 +304,11 @@ def check_run_values(run: RunRecord) -> None:
             raise _refuse(f"run field 'boundary_bytes' stage {stage}", pair, "not an [input bytes, output bytes] pair")
         for value in pair:
             _bytes(f"run field 'boundary_bytes' stage {stage}", value)
+    for i, gap in enumerate(run.transfer_gaps):  # calibrate fits the link from these
+        if len(gap) != 2:
+            raise _refuse(f"run field 'transfer_gaps[{i}]'", gap, "not a [bytes, ms] pair")
+        _bytes(f"run field 'transfer_gaps[{i}]' bytes", gap[0])
+        _ms(f"run field 'transfer_gaps[{i}]' ms", gap[1])
     if len(run.ranks) != run.n_ranks:
         raise _refuse("run field 'n_ranks'", run.n_ranks, f"not the {len(run.ranks)} rank record(s) the run holds")
     if run.dp > run.n_ranks:

@@ -72,8 +72,9 @@ def _measured_steps(step_ms: list[float], warmup: int, memory_index: int) -> lis
     """Indices into step_ms after the warm-up, without the memory step (its hooks and counting
     slow it) unless it is the only one.
 
-    RunOptions refuses warmup >= steps, so the last step stands in for the run only when a
-    resumed run has fewer steps left than its warm-up (planner.execute.preflight knows that count)."""
+    RunOptions refuses warmup >= steps, and a resumed run with no step left after its warm-up
+    (RunOptions.check_resume, from planner.execute.preflight); the `min` only guards library
+    callers that train fewer steps than they warm up."""
     measured = list(range(min(warmup, len(step_ms) - 1), len(step_ms))) if step_ms else []
     if len(measured) > 1 and memory_index in measured:
         measured.remove(memory_index)

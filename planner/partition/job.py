@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from planner.calibration import Calibration, basis_text
+from planner.calibration import Calibration, basis_text, calibration_mismatch
 from planner.hardware import Hardware
 from planner.machine import prediction_basis
 from planner.partition.api import PartitionResult, partition, resolve_devices, validate_settings
@@ -65,6 +65,8 @@ class PipelineJob:
     """The calibration the search priced with; None: profile times as measured."""
     calibration_path: Path | None
     """The file that calibration came from (None when there is none)."""
+    warnings: tuple[str, ...] = ()
+    """One line each for the command to print: a calibration fitted on another model or profile."""
 
     @property
     def plan(self) -> Plan:
@@ -110,7 +112,9 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     cal, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
     counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
     result = partition(profile, settings, calibration=cal, on_step=counted)
-    return PipelineJob(result=result, calibration=cal, calibration_path=cal_path)
+    mismatch = calibration_mismatch(cal, profile, cal_path)
+    return PipelineJob(result=result, calibration=cal, calibration_path=cal_path,
+                       warnings=(mismatch,) if mismatch else ())
 
 
 def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings, *, layouts: bool = False) -> ClusterJob:

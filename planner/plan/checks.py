@@ -13,8 +13,9 @@ from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 if TYPE_CHECKING:
     from planner.plan.model import Device, Links, Plan
+    from planner.profiling.profile import Profile
 
-__all__ = ["SCHEDULES", "OPTIMIZERS", "validate_plan"]
+__all__ = ["SCHEDULES", "OPTIMIZERS", "validate_plan", "records_mismatch", "profile_change"]
 
 SCHEDULES = SCHEDULE_NAMES  # the registry is the one list of schedule names
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")  # planner.cost.memory prices the state of each
@@ -124,3 +125,28 @@ def _check_links(links: Links, n_devices: int) -> None:
             raise PlanError(f"links.pairs[{j}]: the link {a}-{b} is given twice", "keep one of them")
         seen.add(frozenset((a, b)))
         _check_link(bw, lat, where)
+
+
+def records_mismatch(plan: Plan) -> str | None:
+    """None when the plan's recorded `predicted` and `search` (when present) were made for the plan as
+    it is; else what they were made for, in words ("schedule 'zb' (the plan has 'gpipe')"). A plan edited
+    by hand keeps the numbers of the plan it was, which no report may show as its own. What the records
+    hold is compared: schedule, micro-batch count and size (neither records the cuts or the recompute
+    set, so an edit of those alone is not seen; a prediction of more devices than the plan has is
+    refused by validate_plan)."""
+    wanted = {"schedule": plan.schedule, "n_microbatches": plan.n_microbatches, "micro_batch_size": plan.micro_batch_size}
+    for record in (plan.predicted, plan.search):
+        for name, value in wanted.items():
+            made_for = getattr(record, name, None) if record is not None else None
+            if made_for is not None and made_for != value:
+                return f"{name} {made_for!r} (the plan has {value!r})"
+    return None
+
+
+def profile_change(plan: Plan, profile: Profile) -> str | None:
+    """None unless `profile` is not the file the plan was made from (both record a sha256 and they
+    differ); then the warning's words, one line, that every command simulating the pair shows."""
+    if not (plan.profile_sha256 and profile.sha256 and plan.profile_sha256 != profile.sha256):
+        return None
+    where = profile.path or "the profile"
+    return f"{where} differs from the profile the plan was made from (checksum changed)"

@@ -192,7 +192,12 @@ class Prediction(_Record):
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Prediction:
         """As every record (types, ranges), then what spans fields: a known schedule, a global batch in
-        range, and at most MAX_PIPELINE_STAGES devices, each index once."""
+        range, and at most MAX_PIPELINE_STAGES devices, each index once. The device count is checked
+        before any device is read: reading 200,000 device records took 22 s only to refuse them."""
+        listed = d.get("devices") if isinstance(d, dict) else None
+        if isinstance(listed, list) and len(listed) > MAX_PIPELINE_STAGES:
+            raise PlanError(f"{where} field 'devices' lists {len(listed)} devices, more than a pipeline can have "
+                            f"({MAX_PIPELINE_STAGES})", cls._HINT)
         prediction: Prediction = super().from_dict(d, where)
         if prediction.schedule is not None and prediction.schedule not in SCHEDULE_NAMES:
             raise PlanError(f"{where} field 'schedule' {short(prediction.schedule)} is unknown",
@@ -202,9 +207,6 @@ class Prediction(_Record):
             raise PlanError(f"{where}: n_microbatches {m} x micro_batch_size {b} is more than {MAX_GLOBAL_BATCH:.0e} "
                             "samples per iteration", cls._HINT)
         devices = prediction.devices or ()
-        if len(devices) > MAX_PIPELINE_STAGES:
-            raise PlanError(f"{where} field 'devices' lists {len(devices)} devices, more than a pipeline can have "
-                            f"({MAX_PIPELINE_STAGES})", cls._HINT)
         seen: set[int] = set()
         for i, dev in enumerate(devices):
             if dev.device is None:

@@ -12,8 +12,10 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError, PplanError
 from planner.jsonio import check_keys, read_json_file
+from planner.jsontypes import kind_mismatch
 from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
 from planner.parallel import ParallelConfig
+from planner.plan.checks import records_mismatch
 from planner.plan.fields import as_objects, get_field
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow
@@ -21,7 +23,7 @@ from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, Sear
 __all__ = [
     "FORMAT", "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "plan_from_dict", "plan_to_dict", "plan_to_json", "load_plan", "write_plan", "resolve_profile_path",
+    "plan_from_dict", "read_plan", "plan_to_dict", "plan_to_json", "load_plan", "write_plan", "resolve_profile_path",
 ]
 
 FORMAT = "pplan-plan/1"
@@ -132,9 +134,21 @@ def plan_from_dict(d: Any) -> Plan:
 
     Every key at every level must be one pplan knows (a typo such as `memroy` or `optimiser`
     would otherwise be silently ignored); numbers must lie in physically meaningful ranges.
+    A recorded prediction and search made for another schedule or batch split than the plan's
+    (the plan was edited by hand) are dropped: read_plan says so.
     """
+    return read_plan(d)[0]
+
+
+def read_plan(d: Any) -> tuple[Plan, str | None]:
+    """(plan, note) from parsed JSON, as plan_from_dict; `note` is None unless the file's `predicted`
+    and `search` were dropped because they are of another plan (planner.plan.checks.records_mismatch):
+    then the line that says why, for a command to show. A stale prediction is never shown as this
+    plan's numbers, and the plan still loads, simulates and runs."""
     if not isinstance(d, dict):
         raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+    if (other := kind_mismatch(d, "plan")) is not None:
+        raise PlanError(other, "give a plan JSON (`pplan partition -o plan.json` writes one)")
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
@@ -148,8 +162,9 @@ def plan_from_dict(d: Any) -> Plan:
     search = _record(d, "search", SearchRecord)
     seed = get_field(d, "seed", int, "", 0)
     parallel = _parallel(d)
-    if abs(seed) > MAX_SEED:
-        raise PlanError(f"plan field seed {seed} is out of range (at most 2**62 in magnitude)")
+    if not 0 <= seed <= MAX_SEED:
+        raise PlanError(f"plan field seed {seed} is out of range (0 to {MAX_SEED})",
+                        "use the seed of the profile the plan was made from, e.g. 0")
     plan = Plan(
         schedule=get_field(d, "schedule", str, ""),
         micro_batch_size=get_field(d, "micro_batch_size", int, ""),
@@ -173,7 +188,11 @@ def plan_from_dict(d: Any) -> Plan:
         raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {plan.micro_batch_size} x "
                         f"n_microbatches {plan.n_microbatches} = {plan.global_batch}",
                         "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
-    return plan
+    if (mismatch := records_mismatch(plan)) is None:
+        return plan, None
+    return plan.with_(predicted=None, search=None), (
+        f"the plan's recorded prediction and search were made for {mismatch}: not shown as this plan's "
+        "(simulate it: `pplan simulate PLAN`, or re-run `pplan partition`)")
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

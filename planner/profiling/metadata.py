@@ -13,6 +13,7 @@ from typing import Callable
 from planner.errors import ProfileError
 from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
+from planner.limits import MAX_SEED
 
 __all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
@@ -86,7 +87,7 @@ def _input_dtype(value: str) -> str | None:
 META_KEYS: dict[str, Callable[[str], str | None]] = {
     "format": _free_text,  # compared with FORMAT below
     "model": _free_text,
-    "seed": _integer(0, 2**63 - 1),
+    "seed": _integer(0, MAX_SEED),  # the bound plans and --seed hold a seed to: a profile's seed becomes its plans'
     "input_shape": _input_shape,
     "input_dtype": _input_dtype,
     "vocab": _integer(1, 2**31 - 1, empty_ok=True),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from planner.errors import PplanError
 from planner.hardware import DTYPE_BYTES
 from planner.hostinfo import usable_cores
+from planner.limits import MAX_SEED
 from planner.models.spec import INPUT_DTYPES
 
 __all__ = ["DTYPE_NAMES", "TIMER_NAMES", "ProfileOptions", "MAX_REPEATS", "THREADS_PER_CORE", "check_threads"]
@@ -92,3 +93,5 @@ class ProfileOptions:
             raise PplanError(f"--input-dtype {self.input_dtype!r} is not supported", f"use {' or '.join(INPUT_DTYPES)}")
         if self.vocab is not None and self.vocab < 2:
             raise PplanError(f"--vocab {self.vocab} must be at least 2", "give the token ids' upper bound, e.g. --vocab 32000")
+        if not 0 <= self.seed <= MAX_SEED:  # the bound plans and profile headers hold too
+            raise PplanError(f"--seed {self.seed} is out of range (0 to {MAX_SEED})", "e.g. --seed 0")

@@ -18,10 +18,11 @@ from planner.errors import PlanError, PplanError
 from planner.execute.planmatch import check_run_of_plan
 from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
-from planner.jsonio import MAX_JSON_BYTES, read_bounded_text, read_json_file
-from planner.jsontypes import file_kind, range_error
+from planner.jsonio import MAX_JSON_BYTES, nearest, read_bounded_text, read_json_file
+from planner.jsontypes import file_kind, kind_mismatch, range_error
 from planner.limits import MAX_GLOBAL_BATCH
-from planner.plan import Plan, load_plan, plan_from_dict
+from planner.plan import Plan, load_plan
+from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
@@ -42,6 +43,7 @@ __all__ = [
     "parse_run",
     "load_inputs",
     "check_consistent",
+    "check_timeline_of_plan",
     "MAX_TIMELINE_ROWS",
 ]
 
@@ -86,6 +88,8 @@ class ReportInputs:
     """(label, iteration ms) of further predictions to compare measured steps with."""
     calibration: str | None = None
     """Calibration JSON to simulate with, or 'none' (None: the profile's own, if any)."""
+    warnings: tuple[str, ...] = ()
+    """Why an input is not what it says (a plan's prediction made for another plan, dropped): the first summary rows."""
     basis: str | None = None
     """What the report's simulation is based on (set by derive: calibrated or not, and by what)."""
     sim_is_fit: bool = False
@@ -135,6 +139,7 @@ def read_timeline_text(text: str, source: str = "<timeline>") -> tuple[TimelineR
             continue
         if header is None:
             header = [h.strip() for h in row]
+            _check_header(header, source, lineno)
             missing = [c for c in TIMELINE_COLUMNS if c not in header]
             if missing:
                 raise _bad(source, f"line {lineno}: timeline is missing column(s) {', '.join(missing)}",
@@ -150,6 +155,20 @@ def read_timeline_text(text: str, source: str = "<timeline>") -> tuple[TimelineR
     if header is None:
         raise _bad(source, "empty timeline (no header row)", "the header must be " + ",".join(TIMELINE_COLUMNS))
     return tuple(rows)
+
+
+def _check_header(header: list[str], source: str, lineno: int) -> None:
+    """Refuse a column given twice (which value counts?) or one no timeline has (a typo: `strat_ms`
+    read as missing `start_ms` at best), naming the nearest known column, as the profile reader does."""
+    seen: set[str] = set()
+    for name in header:
+        if name in seen:
+            raise _bad(source, f"line {lineno}: column {name[:40]!r} appears twice in the header", "keep one of them")
+        seen.add(name)
+        if name not in TIMELINE_COLUMNS:
+            guess = nearest(name, TIMELINE_COLUMNS)
+            raise _bad(source, f"line {lineno}: unknown column {name[:40]!r}",
+                       f"did you mean {guess!r}?" if guess else "the header must be " + ",".join(TIMELINE_COLUMNS))
 
 
 def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow:
@@ -196,21 +215,21 @@ def _read_json(path: str | os.PathLike, kind: str) -> Any:
     """A JSON file the report reads as `kind` (plan, run, sim), refused when its `format` says it is
     another pplan file, with the flag that takes it (a simulation JSON has no format)."""
     data = read_json_file(path, _NAMES[kind], PplanError)
-    found = file_kind(data)
-    if found is not None and found != kind:
-        flag = _FLAGS.get(found)
+    if (other := kind_mismatch(data, kind)) is not None:
+        flag = _FLAGS.get(file_kind(data) or "")
         hint = f"pass it as {flag}" if flag else f"give the {_NAMES[kind]} JSON as {_FLAGS[kind]}"
-        raise PplanError(f"{path}: this is a {found} file (format {data['format']!r}), not a {_NAMES[kind]}", hint)
+        raise PplanError(f"{path}: {other}", hint)
     return data
 
 
-def _load_plan(path: str | os.PathLike) -> Plan:
-    """A plan file, read once: refused as another kind of pplan file first, then as load_plan does."""
+def _load_plan(path: str | os.PathLike) -> tuple[Plan, str | None]:
+    """A plan file, read once: refused as another kind of pplan file first, then as load_plan does.
+    Returns (plan, why its recorded prediction was dropped, or None: planner.plan.read_plan)."""
     if not os.path.lexists(path):
-        return load_plan(path)  # its message and hint for a plan that does not exist
+        return load_plan(path), None  # its message and hint for a plan that does not exist
     data = _read_json(path, "plan")
     try:
-        return plan_from_dict(data)
+        return read_plan(data)
     except PplanError as e:
         raise PlanError(f"{path}: {e.message}", e.hint) from None
 
@@ -247,14 +266,32 @@ def load_inputs(
     if not sources:
         raise PplanError("nothing to report on: no input files given",
                          "pass at least one of --profile, --plan, --sim, --run, --timeline, --measured-timeline")
+    loaded_plan, stale = _load_plan(plan) if plan is not None else (None, None)
+    timelines = {name: read_timeline(path) if path is not None else None
+                 for name, path in (("timeline", timeline), ("measured_timeline", measured_timeline))}
+    for name, rows in timelines.items():
+        if loaded_plan is not None and rows is not None:
+            check_timeline_of_plan(rows, loaded_plan, sources[name])
     return ReportInputs(
         profile=load_profile(profile) if profile is not None else None,
-        plan=_load_plan(plan) if plan is not None else None,
+        plan=loaded_plan,
         sim=load_sim(sim) if sim is not None else None,
         run=_load_run(run) if run is not None else None,
-        timeline=read_timeline(timeline) if timeline is not None else None,
-        measured_timeline=read_timeline(measured_timeline) if measured_timeline is not None else None,
+        timeline=timelines["timeline"],
+        measured_timeline=timelines["measured_timeline"],
         sources=sources,
         calibration=calibration,
+        warnings=(f"{sources['plan']}: {stale}",) if stale else (),
     )
+
+
+def check_timeline_of_plan(rows: tuple[TimelineRow, ...], plan: Plan, source: str) -> None:
+    """Refuse the first timeline row whose device or stage the plan does not have: a timeline of
+    another plan would be drawn as this one's (a 'dev3' lane under a 2-device plan). The gradient
+    sync and optimizer rows have stage -1."""
+    for i, row in enumerate(rows):
+        if row.device >= plan.n_devices or row.stage >= plan.n_stages:
+            raise _bad(source, f"row {i + 1} ({row.kind} of micro-batch {row.microbatch}): device {row.device}, "
+                               f"stage {row.stage} is outside the plan ({plan.n_devices} devices, {plan.n_stages} stages)",
+                       "give the timeline `pplan simulate --timeline` or `pplan run` wrote for this plan")
 

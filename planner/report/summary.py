@@ -5,11 +5,12 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from planner.plan import Prediction
+from planner.plan.checks import profile_change
 from planner.report.fig_baselines import SplitBar
 from planner.report.inputs import ReportInputs
 from planner.units import format_bytes, format_ms
 
-__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line"]
+__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line", "warnings"]
 
 
 def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
@@ -61,6 +62,7 @@ def _prediction(inputs: ReportInputs) -> Prediction | None:
 def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = ()) -> list[tuple[str, str]]:
     """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup."""
     rows: list[tuple[str, str]] = []
+    rows += [("warning", line) for line in warnings(inputs)]
     if inputs.plan is not None:
         rows.append(("plan", plan_line(inputs.plan)))
     if inputs.basis is not None:
@@ -110,6 +112,25 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = ()) -> lis
     recompute, calibrated = (search.recompute, search.calibrated) if search is not None else (None, None)
     rows += _baseline_rows(baselines, predicted, recompute, calibrated)
     return rows
+
+
+def warnings(inputs: ReportInputs) -> list[str]:
+    """Lines that say an input is not what it claims: the loader's (a plan's prediction made for
+    another plan, dropped), a profile whose checksum differs from the one the plan was made from,
+    in the words `pplan simulate` prints (planner.plan.checks.profile_change), and a calibration
+    fitted on another model or profile (planner.calibration.calibration_mismatch)."""
+    lines = list(inputs.warnings)
+    if inputs.plan is not None and inputs.profile is not None:
+        if (changed := profile_change(inputs.plan, inputs.profile)) is not None:
+            lines.append(changed)
+        if inputs.basis is not None:  # the report simulated: with the calibration derive resolved, resolved alike
+            from planner.calibration import calibration_mismatch
+            from planner.machine import prediction_basis
+
+            cal, cal_path = prediction_basis(inputs.profile, inputs.calibration, ranks=inputs.plan.n_devices)
+            if (other := calibration_mismatch(cal, inputs.profile, cal_path)) is not None:
+                lines.append(other)
+    return lines
 
 
 def _baseline_rows(baselines: Sequence[SplitBar], predicted: float | None,
