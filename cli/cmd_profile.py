@@ -99,7 +99,7 @@ def profile(
         "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory).")] = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile CSV to write (atomically).")] = Path("profile.csv"),
     input_shape: Annotated[str | None, typer.Option("--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32.")] = None,
-    input_dtype: Annotated[str, typer.Option("--input-dtype", help="Factory models: float or long.")] = "float",
+    input_dtype: Annotated[str | None, typer.Option("--input-dtype", help="Factory models: float (the default) or long.")] = None,
     vocab: Annotated[int | None, typer.Option("--vocab", help="Factory models with --input-dtype long: token ids below this.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of a table.")] = False,
     analytic: Annotated[bool, typer.Option("--analytic", help="Run nothing: compute the profile of a built-in gpt on --hardware from FLOPs and bytes (docs/hardware.md).")] = False,
@@ -107,13 +107,15 @@ def profile(
 ) -> None:
     """Measure forward/backward time and memory of every layer at each micro-batch size."""
     from planner.models import parse_spec
-
+    from planner.models.spec import check_input_flags
     from planner.profiling.options import ProfileOptions
 
     parse_spec(model)  # a bad --model or setting fails here, before torch is imported (seconds on a small machine)
     opts = ProfileOptions(tuple(parse_int_list(micro_batch_sizes, "--micro-batch-sizes")), device=device, dtype=dtype,
                           warmup=warmup, repeats=repeats, seed=seed, threads=threads, timer=timer, co_run=co_run,
-                          input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
+                          input_shape=parse_shape(input_shape), input_dtype=input_dtype or "float", vocab=vocab)
+    # after the values' own checks; input_dtype as given (None: not given), since a built-in reads none of them
+    check_input_flags(model, input_shape=opts.input_shape, input_dtype=input_dtype, vocab=opts.vocab)
     _check_out(out)
     if analytic or hardware is not None:
         if co_run:

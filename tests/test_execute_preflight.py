@@ -75,7 +75,9 @@ def test_a_checkpoint_already_at_the_step_count_is_refused(tmp_path):
     finish_save(tmp_path / "ck", 4, plan, 2)
     with pytest.raises(PplanError, match="already at step 4 >= --steps 4"):
         preflight(plan, RunOptions(device="cpu", steps=4, checkpoint_dir=str(tmp_path / "ck")))
-    assert preflight(plan, RunOptions(device="cpu", steps=6, checkpoint_dir=str(tmp_path / "ck"))).resume_step == 4
+    with pytest.raises(PplanError, match="leaves 2 step"):  # both of them warm-up (the default 2)
+        preflight(plan, RunOptions(device="cpu", steps=6, checkpoint_dir=str(tmp_path / "ck")))
+    assert preflight(plan, RunOptions(device="cpu", steps=7, checkpoint_dir=str(tmp_path / "ck"))).resume_step == 4
 
 
 def test_calibrate_without_a_profile_is_refused_before_launch(tmp_path):

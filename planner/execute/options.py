@@ -94,6 +94,21 @@ class RunOptions:
         if self.vocab is not None and self.vocab < 2:
             raise PplanError(f"--vocab {self.vocab} must be at least 2")
 
+    def check_resume(self, step: int, save: str) -> None:
+        """Refuse to resume at `step` (from the save named `save`) when this run could not time a
+        steady step. A resumed run is fresh processes: it warms up again (shape inference, the
+        allocator, thread pools), so the steps it trains, --steps minus the save's step, must
+        outnumber --warmup, as --steps must for a fresh run; else a warm-up step would stand for
+        the run's time and memory."""
+        if step >= self.steps:
+            raise PplanError(f"checkpoint {save} is already at step {step} >= --steps {self.steps}",
+                             f"pass --steps {step + self.steps} to train further")
+        left = self.steps - step
+        if left <= self.warmup:
+            raise PplanError(f"checkpoint {save} is at step {step}: --steps {self.steps} leaves {left} step(s) to "
+                             f"train, none after --warmup {self.warmup} to measure (a resumed run warms up again)",
+                             f"pass --steps {step + self.warmup + 1} or more")
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -2,6 +2,8 @@
 
 Refused with a one-line PlanError/PplanError (exit code 2):
   - a plan without a model spec, or whose stages do not cover exactly the model's layers;
+  - a model too large to build on this machine (planner.models.bounds; every kind), or
+    --input-shape / --input-dtype / --vocab given for a model kind that does not read them;
   - a plan whose profile file exists but changed since the plan was made (sha256 differs),
     or has another layer count;
   - more ranks than this machine can run: CUDA, more than its GPUs; CPU, more than
@@ -117,11 +119,14 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
               force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
     """Run every check that needs no process group; raise on the first problem."""
     from planner.models import layer_count
+    from planner.models.spec import check_input_flags
 
     check_parallel(plan, opts)
     if not plan.model:
         raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
                         'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
+    # the run's own flags only: a profile's recorded input (an hf: model's vocab) is the model's
+    check_input_flags(plan.model, input_shape=opts.input_shape, input_dtype=opts.input_dtype, vocab=opts.vocab)
     profile = None
     path = resolve_profile_path(plan, plan_path, profile_override)
     if path is not None and path.exists():
@@ -137,7 +142,8 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     elif profile_override:
         load_profile(profile_override)  # raises the usual "does not exist" error
     kwargs = model_kwargs(profile, opts)
-    # the model is built to count a factory's layers; it needs the input described
+    # counted and sized here, for every kind (a factory's or hf: model's by building it, which
+    # needs the input described), so a model too large for this machine never reaches the ranks
     n_layers = layer_count(plan.model, **kwargs)
     end = plan.stages[-1].layers[1]
     if end != n_layers:
@@ -166,8 +172,6 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         found = latest_checkpoint(opts.checkpoint_dir, plan)
         if found is not None:
             resume = found[0]
-            if resume >= opts.steps:
-                raise PplanError(f"checkpoint {found[1]} is already at step {resume} >= --steps {opts.steps}",
-                                 f"pass --steps {resume + opts.steps} to train further")
+            opts.check_resume(resume, str(found[1]))  # at/past --steps, or no step left after --warmup
     return Preflight(n_layers=n_layers, profile=profile, device_type=device_type,
                      model_kwargs=kwargs, resume_step=resume)

@@ -34,15 +34,16 @@ def build_model(
     Weights are drawn under torch.manual_seed(seed) inside a forked RNG state, so two
     processes building the same spec and seed get identical weights and the caller's
     random state is left alone. `input_shape`, `input_dtype` and `vocab` describe the input
-    of a plain `module:factory` Sequential; built-in models ignore them. A built-in or `hf:`
-    model too large for this machine is refused before any weight is allocated
+    of a plain `module:factory` Sequential (`hf:` models read `input_shape`); the commands refuse
+    them for the kinds that do not read them (planner.models.spec.check_input_flags). A built-in
+    or `hf:` model too large for this machine is refused before any weight is allocated
     (planner.models.bounds).
     """
     kind, params = parse_spec(spec)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ModelSpecError(f"seed {seed!r} must be a non-negative integer")
     if kind in _SHRINK:
-        check_model_size(spec, builtin_size(kind, params), f"shrink {_SHRINK[kind]}, e.g. {kind}:{_EXAMPLE[kind]}")
+        _check_builtin_size(spec, kind, params)
     import torch  # here, not at import: planning commands import planner.models without torch
 
     with torch.random.fork_rng(devices=[]):
@@ -67,7 +68,17 @@ def build_model(
 
 
 def layer_count(spec: str, **model_kwargs: Any) -> int:
-    """Number of pipeline layers of `spec`: built-ins without building (and without torch),
-    factories and `hf:` models by building (`model_kwargs`: build_model's input description)."""
+    """Number of pipeline layers of `spec`, a model build_model can build here: built-ins counted
+    and sized without building (and without torch), factories and `hf:` models by building
+    (`model_kwargs`: build_model's input description). Every kind too large for this machine is
+    refused the same way, so `pplan run`'s preflight stops it before any rank starts."""
+    kind, params = parse_spec(spec)
+    if kind in _SHRINK:
+        _check_builtin_size(spec, kind, params)
     count = builtin_layer_count(spec)
     return count if count is not None else len(build_model(spec, **model_kwargs).layers)
+
+
+def _check_builtin_size(spec: str, kind: str, params: dict[str, Any]) -> None:
+    """Refuse built-in `spec` above planner.models.bounds' bound, naming the keys that size it."""
+    check_model_size(spec, builtin_size(kind, params), f"shrink {_SHRINK[kind]}, e.g. {kind}:{_EXAMPLE[kind]}")

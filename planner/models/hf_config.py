@@ -103,15 +103,34 @@ def _stored_verbatim(tf: Any, model_type: str, key: str, value: Any) -> bool:
     return key in vars(cfg) and vars(cfg)[key] == value
 
 
+def _nested_keys(value: Any, depth: int = 3) -> set[str]:
+    """The names inside a config's dict-valued attributes (llama's rope_parameters holds rope_theta;
+    gemma3's nests one dict per attention type): where transformers files the older keys it converts."""
+    if depth == 0 or not isinstance(value, dict):
+        return set()
+    found = {k for k in value if isinstance(k, str) and k.isidentifier()}
+    for inner in value.values():
+        found |= _nested_keys(inner, depth - 1)
+    return found
+
+
+def _suggestions(tf: Any, model_type: str, default: Any, keys: set[str], key: str, value: Any) -> list[str]:
+    """The nearest few accepted keys to a refused `key`: the config's own, and the converted ones
+    (found inside its dicts, kept only where the config reads them rather than storing them loose)."""
+    converted = set().union(*(_nested_keys(v) for v in vars(default).values())) - keys
+    close = difflib.get_close_matches(key, sorted(keys | converted), n=3)
+    return [name for name in close if name in keys or not _stored_verbatim(tf, model_type, name, value)]
+
+
 def _check_keys(tf: Any, model_type: str, given: dict[str, Any], spec: str) -> None:
     default = tf.AutoConfig.for_model(model_type)
     keys = _config_keys(default)
     for key, value in given.items():
         if key not in keys and _stored_verbatim(tf, model_type, key, value):
-            close = difflib.get_close_matches(key, sorted(keys), n=3)
+            close = _suggestions(tf, model_type, default, keys, key, value)
             maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
             raise ModelSpecError(f"model {spec!r}: {key!r} is not a key of transformers' {model_type!r} config ({type(default).__name__})",
-                                 f"{maybe}the keys are {type(default).__name__}'s attributes")
+                                 f"{maybe}the keys are {type(default).__name__}'s attributes, or older ones it converts")
 
 
 def task_of(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:

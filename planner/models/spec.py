@@ -16,7 +16,8 @@ from typing import Any, Callable
 
 from planner.errors import ModelSpecError
 
-__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count", "describe_keys"]
+__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count", "describe_keys",
+           "check_input_flags"]
 
 
 @dataclass(frozen=True)
@@ -271,3 +272,37 @@ def builtin_layer_count(spec: str) -> int | None:
     (factories and `hf:` models must be built: planner.models.build.layer_count)."""
     kind, params = parse_spec(spec)
     return _COUNTS[kind](params) if kind in _COUNTS else None
+
+
+_HF_INPUT_FLAGS = ("--input-shape",)
+"""The input flags an `hf:` model reads: its sequence length or image shape. Its token range is the
+config's vocab_size and its input dtype follows from its task, so --vocab and --input-dtype are not."""
+
+
+def check_input_flags(spec: str, *, input_shape: tuple[int, ...] | None = None, input_dtype: str | None = None,
+                      vocab: int | None = None) -> str:
+    """Parse `spec` and refuse the input flags (`--input-shape`, `--input-dtype`, `--vocab`, None
+    when not given) that its kind would ignore; returns the kind.
+
+    Only a plain `module:factory` Sequential reads all three. A built-in model takes every size
+    from its spec and an `hf:` model its vocabulary from its config: a flag they do not read
+    would silently run another model than the one the user described. `pplan profile` and
+    `pplan run` (planner.execute.preflight) both call this before measuring or launching.
+    """
+    kind, _ = parse_spec(spec)
+    given = [flag for flag, value in (("--input-shape", input_shape), ("--input-dtype", input_dtype), ("--vocab", vocab))
+             if value is not None]
+    if kind == "factory":
+        return kind
+    if kind == "hf":
+        ignored = [flag for flag in given if flag not in _HF_INPUT_FLAGS]
+        if ignored:
+            raise ModelSpecError(f"{', '.join(ignored)} given for hf: model {spec!r}, which takes its vocabulary "
+                                 "(vocab_size) from its config and its input dtype from its task",
+                                 f"drop {', '.join(ignored)}; set vocab_size=N in the spec (--input-shape gives the sequence length or image shape)")
+        return kind
+    if given:
+        raise ModelSpecError(f"{', '.join(given)} given for built-in {kind} model {spec!r}: a built-in takes its input "
+                             "sizes from its spec (--input-shape, --input-dtype and --vocab describe a module:factory model's input)",
+                             f"drop {', '.join(given)}; set the sizes in the spec, e.g. {kind}:{describe_keys(kind).replace(', ', ',')}")
+    return kind

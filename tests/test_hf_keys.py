@@ -1,0 +1,23 @@
+"""An hf: config key that is not the model type's own is refused naming the nearest accepted keys,
+the older ones transformers converts included (llama's rope_theta, filed in rope_parameters)."""
+
+from __future__ import annotations
+
+import pytest
+
+from planner.errors import ModelSpecError
+from planner.models import build_model
+
+pytest.importorskip("transformers")
+
+TINY_LLAMA = "hf:llama:num_hidden_layers=1,hidden_size=16,num_attention_heads=2,num_key_value_heads=1,intermediate_size=32,vocab_size=64"
+
+
+def test_a_typo_of_a_converted_key_names_it_and_no_name_the_config_ignores():
+    with pytest.raises(ModelSpecError, match=r"'rope_thetta' is not a key of transformers' 'llama' config \(LlamaConfig\); "
+                                             r"did you mean 'rope_theta'\?"):
+        build_model(f"{TINY_LLAMA},rope_thetta=500000.0", input_shape=(8,))
+    # rope_type lives in rope_parameters too, but given as a key llama keeps it as a loose attribute
+    with pytest.raises(ModelSpecError, match=r"'rope_typ' is not a key") as refused:
+        build_model(f"{TINY_LLAMA},rope_typ=linear", input_shape=(8,))
+    assert "'rope_type'" not in str(refused.value)
