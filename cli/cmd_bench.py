@@ -19,6 +19,7 @@ from typing import Annotated, Any, Callable, Optional
 import typer
 
 from cli.common import echo_json, err, parse_int_list, timed_say
+from planner.errors import PplanError
 
 __all__ = ["register"]
 
@@ -84,6 +85,32 @@ def _check_runs(steps: int, warmup: int, device: str) -> None:
                          "e.g. --steps 5 --warmup 2")
 
 
+def _check_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Refuse a --sizes list the simulator bench could not finish: more than MAX_BENCH_LIST sizes,
+    a size given twice, or a size beyond what `pplan simulate` accepts under the schedule with
+    the most actions per micro-batch (every schedule is timed at every size)."""
+    from planner.cost import actions_per_microbatch
+    from planner.errors import PplanError
+    from planner.limits import MAX_BENCH_LIST, MAX_SIMULATED_ACTIONS
+    from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
+
+    if len(sizes) > MAX_BENCH_LIST:
+        raise PplanError(f"--sizes lists {len(sizes):,} sizes, more than {MAX_BENCH_LIST}", "bench fewer, e.g. 8x64,64x1024")
+    if len(set(sizes)) != len(sizes):
+        raise PplanError("--sizes repeats a size", "give each STAGESxMICROBATCHES once, e.g. 8x64,64x1024")
+    def per(name: str) -> int:
+        return actions_per_microbatch(get_schedule(name).split_backward)
+
+    most = max(SCHEDULE_NAMES, key=per)  # the schedule with the most actions per micro-batch
+    for stages, microbatches in sizes:
+        n = per(most) * stages * microbatches
+        if n > MAX_SIMULATED_ACTIONS:
+            raise PplanError(f"--sizes {stages}x{microbatches} is {n:,} actions under {most}, beyond the "
+                             f"simulator's bound of {MAX_SIMULATED_ACTIONS:,}",
+                             f"use at most {MAX_SIMULATED_ACTIONS // (per(most) * stages):,} micro-batches with {stages} stages")
+    return sizes
+
+
 def _check_out(out_dir: Path) -> None:
     """Refuse, before the bench runs, a folder its tables could not be written to."""
     from planner.atomic import ensure_writable_dir
@@ -108,10 +135,16 @@ def planner_cmd(
     from planner.bench import bench_planner
     from planner.bench.parallel_bench import bench_parallel
 
+    from planner.bench.planner_bench import check_counts
+    from planner.plan.records import MAX_PIPELINE_STAGES
+    from planner.profiling.profile import MAX_LAYERS
+
+    # bounded before the 3D search below runs: a refusal comes first, not after minutes
+    layer_counts = check_counts(parse_int_list(layers, "--layers"), "--layers", MAX_LAYERS, "50,200,1000")
+    device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "4,16,64")
     _check_out(out_dir)
     machine = _machine()
-    tables = [bench_planner(parse_int_list(layers, "--layers"), parse_int_list(devices, "--devices"),
-                            ilp_time_limit=ilp_time_limit, progress=_progress())]
+    tables = [bench_planner(layer_counts, device_counts, ilp_time_limit=ilp_time_limit, progress=_progress())]
     if parallel:
         tables.append(bench_parallel(progress=_progress()))
     _finish(tables, out_dir, as_json, machine)
@@ -128,8 +161,8 @@ def simulator_cmd(
     from planner.bench import bench_simulator, parse_sizes
 
     _check_repeats(repeats if repeat_alias is None else repeat_alias)
+    parsed = _check_sizes(parse_sizes(sizes))
     _check_out(out_dir)
-    parsed = parse_sizes(sizes)
     machine = _machine()
     table = bench_simulator(parsed, repeat=repeats if repeat_alias is None else repeat_alias, progress=_progress())
     _finish([table], out_dir, as_json, machine)
@@ -159,6 +192,13 @@ def quality_cmd(
     """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
     from planner.bench import bench_quality, bench_quality_measured
 
+    from planner.bench.planner_bench import check_counts
+    from planner.limits import MAX_GLOBAL_BATCH
+    from planner.plan.records import MAX_PIPELINE_STAGES
+
+    device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "2,4,8")
+    if not 1 <= global_batch <= MAX_GLOBAL_BATCH:
+        raise PplanError(f"--global-batch {global_batch} is outside 1..{MAX_GLOBAL_BATCH:,}", "e.g. --global-batch 32")
     _check_out(out_dir)
     _check_runs(steps, warmup, device)
     if profiles:  # a profile given from the tables' folder must not be overwritten by a table
@@ -168,7 +208,7 @@ def quality_cmd(
                                  ("quality.csv", "quality.md", "quality_measured.csv", "quality_measured.md")],
                                 [("profile", p) for p in profiles])
     machine = _machine()
-    tables = [bench_quality(profiles or None, parse_int_list(devices, "--devices"), global_batch, progress=_progress())]
+    tables = [bench_quality(profiles or None, device_counts, global_batch, progress=_progress())]
     if measured:
         tables.append(bench_quality_measured(steps=steps, warmup=warmup, device=device, progress=_progress()))
     _finish(tables, out_dir, as_json, machine)

@@ -39,7 +39,7 @@ def simulate_cmd(
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s.")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every link's latency, e.g. 0.01ms.")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
-    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans: price on this preset or hardware JSON instead of the one the plan names.")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price on this preset or hardware JSON instead of the one the plan names.")] = None,
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 
@@ -76,9 +76,12 @@ def simulate_cmd(
     if any(path is not None for path, _, _ in outputs):
         ensure_outputs_distinct([(flag, path) for path, _, flag in outputs],
                                 plan_inputs(plan_path, profile, calibration, hardware))
-    result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware)
-    if result.setup.profile_changed:
-        err(f"warning: {result.setup.profile_path} differs from the profile the plan was made from (checksum changed)")
+    # every box and the memory curve are kept only for the outputs that show them (the JSON holds the curve)
+    wants_timeline = as_json or any(path is not None for path, _, _ in outputs)
+    result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware,
+                     record_timeline=wants_timeline)
+    for line in result.setup.warnings:
+        err(f"warning: {line}")
     if result.parameter is not None:
         _do_sweep(result, as_json, out, plot)
         return

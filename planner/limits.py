@@ -20,3 +20,20 @@ MAX_LATENCY_MS = 86_400_000.0  # a day
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # relative compute speed
 MAX_GLOBAL_BATCH = 10**8  # samples per iteration
 MAX_SEED = 2**62
+
+# Compute actions (stages x micro-batches x 2, or x 3 for a split backward) one simulation may
+# have, and one `pplan simulate --sweep` over all its values together. Measured at the bound on
+# the 2-core machine (2026-12-01, load ~7): 0.86-0.92 GB peak and 8-9 s of CPU (gpipe and zb, 2 stages).
+MAX_SIMULATED_ACTIONS = 1_000_000
+# The same when the timeline is recorded (for --json, --out, --timeline or --plot, and the report):
+# each action is then boxes to keep, write and draw. At the bound with all four outputs: 0.78-0.84 GB
+# and 11 s of CPU (gpipe 32 stages and interleaved 64 stages, every layer recomputed).
+MAX_TIMELINE_ACTIONS = 150_000
+MAX_SWEEP_VALUES = 100  # values one --sweep lists
+MAX_BENCH_LIST = 64  # values one benchmark list option (--layers, --devices, --sizes) gives
+__all__ += ["MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS", "MAX_SWEEP_VALUES", "MAX_BENCH_LIST"]
+# One `pplan bench planner` cell, layers^2 x devices (its DP tables are layers x layers per device
+# kind): the default grid's largest, 1000 x 64. Measured building and solving it (DP): 1000 x 64
+# 0.68 GB, 2000 x 16 0.96 GB, 400 x 400 0.81 GB; 4000 x 16 took 3.3 GB and 4000 x 64 over 8 GB.
+MAX_BENCH_PLANNER_CELL = 1000 * 1000 * 64
+__all__ += ["MAX_BENCH_PLANNER_CELL"]

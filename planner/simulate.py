@@ -11,10 +11,12 @@ The model (communication overlap, FIFO links, recompute, optimizer, calibration)
 in planner.simulation.engine and docs/simulator.md.
 
 Bounds, checked before anything is allocated: a plan of more than MAX_SIMULATED_ACTIONS
-compute actions (stages x micro-batches x 2, or x 3 for zb's split backward) is refused
-with ScheduleError (a timeline costs about 1.2 kB and ~20 us per action: 4 million actions are
-~5 GB and a minute or two); a plan whose layers all have zero forward and backward time is
-refused with ProfileError (there is no iteration time, and throughput would be infinite).
+compute actions (stages x micro-batches x 2, or x 3 for zb's split backward), or of more than
+MAX_TIMELINE_ACTIONS when its timeline is recorded, is refused with ScheduleError (both in
+planner.limits, with what they cost); a plan whose layers all have zero forward and backward
+time is refused with ProfileError (there is no iteration time, and throughput would be
+infinite). `hardware` re-prices only a data/tensor-parallel plan: a one-pipeline plan's costs are
+the profile's measured times, so a hardware given for one is refused (PlanError), not ignored.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from planner.cost import StageCost, actions_per_microbatch, stage_cost
 from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware
+from planner.limits import MAX_SIMULATED_ACTIONS, MAX_TIMELINE_ACTIONS
 from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, get_schedule
@@ -31,22 +34,29 @@ from planner.simulation.engine import simulate_costs
 from planner.simulation.replica import Cluster, replica_costs, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
-__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "is_replica_plan", "plan_hardware",
-           "MAX_SIMULATED_ACTIONS",
+__all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "check_hardware_applies", "is_replica_plan",
+           "plan_hardware",
+           "MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS",
            "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
 
-MAX_SIMULATED_ACTIONS = 4_000_000
+# a timeline's boxes are what --json, --out, --timeline and --plot write and draw
+_TIMELINE_OUTPUTS = "a timeline (what --json, --out, --timeline and --plot need)"
 
 
-def check_action_count(schedule: str, n_stages: int, n_microbatches: int) -> int:
-    """The number of compute actions of a plan; ScheduleError beyond MAX_SIMULATED_ACTIONS."""
+def check_action_count(schedule: str, n_stages: int, n_microbatches: int, timeline: bool = False) -> int:
+    """The number of compute actions of a plan; ScheduleError beyond MAX_SIMULATED_ACTIONS, or
+    beyond MAX_TIMELINE_ACTIONS when `timeline` (the simulation records its timeline)."""
     per = actions_per_microbatch(get_schedule(schedule).split_backward)
     n = per * n_stages * n_microbatches
-    if n > MAX_SIMULATED_ACTIONS:
-        most = max(1, MAX_SIMULATED_ACTIONS // (per * max(1, n_stages)))
-        raise ScheduleError(f"{n_stages} stages x {n_microbatches} micro-batches is {n:,} actions to simulate, beyond "
-                            f"the simulator's bound of {MAX_SIMULATED_ACTIONS:,}",
-                            f"use at most {most:,} micro-batches with {n_stages} stages (larger micro-batches instead)")
+    bound = MAX_TIMELINE_ACTIONS if timeline else MAX_SIMULATED_ACTIONS
+    if n > bound:
+        most = max(1, bound // (per * max(1, n_stages)))
+        what = f" with {_TIMELINE_OUTPUTS}" if timeline else ""
+        # without the outputs that need a timeline, the larger bound applies
+        other = f", or leave out those outputs (bound {MAX_SIMULATED_ACTIONS:,})" if timeline and n <= MAX_SIMULATED_ACTIONS else ""
+        raise ScheduleError(f"{n_stages} stages x {n_microbatches} micro-batches is {n:,} actions to simulate{what}, beyond "
+                            f"the simulator's bound of {bound:,}",
+                            f"use at most {most:,} micro-batches with {n_stages} stages (larger micro-batches instead){other}")
     return n
 
 
@@ -83,9 +93,10 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
     `interpolated` says so). ScheduleError if the schedule cannot run at the plan's sizes.
     A data/tensor-parallel plan is priced on `hardware` (default: the one the plan names).
     """
-    check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches)
+    check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches, timeline=record_timeline)
     if is_replica_plan(plan):
         return _simulate_replica_plan(plan, profile, calibration, record_timeline, hardware)
+    check_hardware_applies(plan, hardware)
     stages, interpolated = plan_stage_costs(plan, profile)
     schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
     return simulate_costs(
@@ -99,6 +110,16 @@ def is_replica_plan(plan: Plan) -> bool:
     """True when the plan is one replica of a data/tensor-parallel (or ZeRO) layout."""
     cfg = plan.parallel
     return cfg is not None and (cfg.dp > 1 or cfg.tp > 1 or cfg.zero > 0)
+
+
+def check_hardware_applies(plan: Plan, hardware: Hardware | None) -> None:
+    """PlanError when `hardware` is given for a one-pipeline plan: only a data/tensor-parallel plan
+    is priced on a hardware; a pipeline's costs are its profile's times, which a preset cannot re-price."""
+    if hardware is not None and not is_replica_plan(plan):
+        raise PlanError(f"--hardware {hardware.name[:60]!r} prices only data/tensor-parallel plans; this plan is one pipeline "
+                        f"of {plan.n_devices} devices, costed by its profile's measured times",
+                        "drop --hardware (a preset does not re-price a measured profile), or plan for it with "
+                        "pplan partition --nodes N --hardware NAME")
 
 
 def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:

@@ -19,16 +19,19 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, calibration_mismatch
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.hardware import Hardware, load_hardware
 from planner.jsonio import nearest
+from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
 from planner.plan import Links, Plan, load_plan
+from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
 from planner.schedules.registry import schedule_name
 
 __all__ = ["KEEP", "WhatIf", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if", "parse_sweep", "run_sweep",
+           "check_sweep_actions",
            "sweep_grid", "sweep_to_dict"]
 
 KEEP = ("global-batch", "micro-batch-size")
@@ -117,8 +120,9 @@ class Setup:
     """Calibration applied (None: the profile's times as measured)."""
     calibration_path: Path | None
     """Where the calibration was read."""
-    profile_changed: bool = False
-    """The profile's checksum differs from the one the plan recorded."""
+    warnings: tuple[str, ...] = ()
+    """One line each for the command to show: the profile changed since the plan, a calibration
+    fitted on another model or profile."""
 
 
 def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None = None,
@@ -136,9 +140,9 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
     if path is None:
         raise PlanError(f"plan {str(plan_path)!r} names no profile", "pass --profile PROFILE.csv")
     prof = load_profile(path)
-    changed = bool(plan.profile_sha256 and prof.sha256 and plan.profile_sha256 != prof.sha256)
     cal, cal_path = prediction_basis(prof, calibration, ranks=plan.n_devices)  # the machine entry for its ranks
-    return Setup(plan, prof, path, cal, cal_path, changed)
+    warnings = (profile_change(plan, prof), calibration_mismatch(cal, prof, cal_path))
+    return Setup(plan, prof, path, cal, cal_path, tuple(w for w in warnings if w))
 
 
 def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[int, int]:
@@ -205,6 +209,9 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
     items = [v.strip() for v in values.split(",") if v.strip()]
     if not items:
         raise PplanError(f"--sweep {text!r} has no values", "list them after '=' separated by commas")
+    if len(items) > MAX_SWEEP_VALUES:  # each value is one simulation
+        raise PplanError(f"--sweep {name} lists {len(items):,} values, more than {MAX_SWEEP_VALUES}",
+                         "sweep fewer values, e.g. powers of two: microbatches=1,2,4,8,16,32")
     if len(set(items)) != len(items):
         raise PplanError(f"--sweep {text!r} repeats a value")
     if name == "schedule":
@@ -315,22 +322,52 @@ class WhatIfResult:
 
 def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: str | None = None,
             profile: str | os.PathLike | None = None, calibration: str | os.PathLike | None = None,
-            record_timeline: bool = True, hardware: str | None = None) -> WhatIfResult:
+            record_timeline: bool = False, hardware: str | None = None) -> WhatIfResult:
     """Load a plan with its profile and calibration, apply `change`, then simulate it once or,
     with `sweep` ('microbatches=4,8,16' or 'schedule=gpipe,1f1b'), once per value.
+    `record_timeline` keeps every box and the memory curve (for a timeline, a Gantt chart or the
+    simulation JSON; a sweep never records them).
     `hardware` (a preset or hardware JSON) prices a data/tensor-parallel plan instead of the
-    hardware it names; such a plan ignores the profile's own calibration (it fits this machine)."""
-    from planner.simulate import simulate
+    hardware it names (PlanError for a one-pipeline plan); such a plan ignores the profile's own
+    calibration (it fits this machine)."""
+    from planner.simulate import check_hardware_applies, simulate
 
     spec = parse_sweep(sweep) if sweep is not None else None
     setup = load_setup(plan_path, profile, calibration)
     hw = load_hardware(hardware) if hardware is not None else None
+    check_hardware_applies(setup.plan, hw)
     plan, cal = apply_what_if(setup.plan, setup.calibration, change)
     if spec is None:
         sim = simulate(plan, setup.profile, calibration=cal, record_timeline=record_timeline, hardware=hw)
         return WhatIfResult(setup, plan, cal, sim=sim, keep=change.keep)
     parameter, values = spec
+    check_sweep_actions(plan, parameter, values, change.keep)
     rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.keep, hardware=hw)
     if all(r.error for r in rows):
         raise PplanError(f"no value of the sweep can run: {rows[0].error}")
     return WhatIfResult(setup, plan, cal, parameter=parameter, rows=tuple(rows), keep=change.keep)
+
+
+def check_sweep_actions(plan: Plan, parameter: str, values: list[Any], keep: str = "global-batch") -> int:
+    """The compute actions the sweep simulates, all values together; PplanError beyond
+    MAX_SIMULATED_ACTIONS (one sweep costs at most what one largest simulation does). A value
+    the batch cannot take is not simulated and counts nothing."""
+    from planner.cost import actions_per_microbatch
+    from planner.schedules.registry import get_schedule
+
+    total, largest = 0, (None, 0)  # (value, its actions)
+    for value in values:
+        schedule, m = (plan.schedule, value) if parameter == "microbatches" else (value, plan.n_microbatches)
+        if parameter == "microbatches":
+            try:
+                m = _split_batch(plan, value, None, keep)[0]
+            except PplanError:
+                continue
+        n = actions_per_microbatch(get_schedule(schedule).split_backward) * plan.n_stages * m
+        total += n
+        largest = (value, n) if n > largest[1] else largest
+    if total > MAX_SIMULATED_ACTIONS:
+        raise PplanError(f"--sweep {parameter} over {len(values)} values is {total:,} actions to simulate with "
+                         f"{plan.n_stages} stages, beyond the simulator's bound of {MAX_SIMULATED_ACTIONS:,} for one command",
+                         f"sweep fewer or smaller values (the largest, {largest[0]}, is {largest[1]:,} actions)")
+    return total

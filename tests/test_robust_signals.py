@@ -116,7 +116,7 @@ def test_sigint_during_simulate_leaves_no_output(tmp_path: Path) -> None:
     from planner.partition.synthetic import uniform_layers
     from planner.profiling.profile import write_profile
 
-    S, M = 64, 2048  # ~260k actions with a timeline: seconds of work
+    S, M = 64, 1170  # ~150k actions with a timeline (the bound with --out): seconds of work
     write_profile(uniform_layers(S), tmp_path / "prof.csv")
     plan = {"schedule": "gpipe", "micro_batch_size": 1, "n_microbatches": M, "devices": S,
             "stages": [{"device": i, "layers": [i, i + 1]} for i in range(S)], "profile": {"path": "prof.csv"}}

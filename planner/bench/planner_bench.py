@@ -22,8 +22,11 @@ import numpy as np
 
 from planner.bench.table import Table
 from planner.errors import PplanError
+from planner.limits import MAX_BENCH_LIST, MAX_BENCH_PLANNER_CELL
+from planner.plan.records import MAX_PIPELINE_STAGES
+from planner.profiling.profile import MAX_LAYERS
 
-__all__ = ["bench_planner", "planner_problem"]
+__all__ = ["bench_planner", "planner_problem", "check_counts"]
 
 _MEMORY_SLACK = 1.2
 _REF_BUDGET = 1e15  # any finite budget: min_memory_scale returns the least need / budget
@@ -50,11 +53,32 @@ def planner_problem(n_layers: int, n_devices: int, seed: int = 0):
     return dataclasses.replace(p, budget=np.full(n_devices, _REF_BUDGET * got[0] * _MEMORY_SLACK))
 
 
-def _check(values: Sequence[int], what: str) -> list[int]:
+def check_counts(values: Sequence[int], what: str, most: int, example: str) -> list[int]:
+    """`values` sorted and without repeats; PplanError unless 1 to MAX_BENCH_LIST integers in 1..`most`
+    (each is a cell of the bench: a count beyond what pplan plans or a list without end would run
+    for hours or exhaust memory before the first row)."""
     vals = list(values)
-    if not vals or any(isinstance(v, bool) or not isinstance(v, int) or v < 1 for v in vals):
-        raise PplanError(f"{what} {vals} must be positive integers", "e.g. 50,200,1000")
+    if not vals or any(isinstance(v, bool) or not isinstance(v, int) for v in vals):
+        raise PplanError(f"{what} {vals[:8]} must be positive integers", f"e.g. {example}")
+    if len(vals) > MAX_BENCH_LIST:
+        raise PplanError(f"{what} lists {len(vals):,} values, more than {MAX_BENCH_LIST}", f"bench fewer, e.g. {example}")
+    bad = next((v for v in vals if not 1 <= v <= most), None)
+    if bad is not None:
+        raise PplanError(f"{what} {bad} is outside 1..{most:,}", f"pplan plans at most {most:,} {what.lstrip('-')}; e.g. {example}")
     return sorted(set(vals))
+
+
+def _check_cells(Ls: list[int], Ss: list[int]) -> None:
+    """PplanError when a cell that runs (devices <= layers) is beyond MAX_BENCH_PLANNER_CELL
+    (layers^2 x devices: what its DP tables hold), naming the largest."""
+    cells = [(L, S) for L in Ls for S in Ss if S <= L]
+    if not cells:
+        return
+    L, S = max(cells, key=lambda c: c[0] * c[0] * c[1])
+    if L * L * S > MAX_BENCH_PLANNER_CELL:
+        raise PplanError(f"--layers {L} x --devices {S} is {L * L * S:,} layers^2 x devices, beyond the bench's bound of "
+                         f"{MAX_BENCH_PLANNER_CELL:,} (its tables would take gigabytes)",
+                         f"with {L} layers use at most {MAX_BENCH_PLANNER_CELL // (L * L):,} devices, e.g. --layers 1000 --devices 64")
 
 
 def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int] = (4, 16, 64),
@@ -63,7 +87,10 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
     from planner.partition.dp import solve_dp
     from planner.partition.ilp import solve_ilp
 
-    Ls, Ss = _check(layers, "--layers"), _check(devices, "--devices")
+    # a profile holds at most MAX_LAYERS layers, a pipeline at most MAX_PIPELINE_STAGES devices
+    Ls = check_counts(layers, "--layers", MAX_LAYERS, "50,200,1000")
+    Ss = check_counts(devices, "--devices", MAX_PIPELINE_STAGES, "4,16,64")
+    _check_cells(Ls, Ss)
     if not ilp_time_limit > 0:
         raise PplanError(f"--ilp-time-limit {ilp_time_limit} must be positive", "e.g. 20")
     say = progress or (lambda _m: None)
@@ -103,8 +130,7 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
         f"memory limit {_MEMORY_SLACK}x the least any cut needs; same problem for both solvers.",
         f"ILP: PuLP, {ilp_time_limit:g} s limit per solve (two solves: bottleneck, then total); "
         "'same optimum' compares its bottleneck with the DP's.",
-        (f"ILP practical up to {largest[0]} layers x {largest[1]} devices; it first hit the limit at "
-         + ", ".join(f"{L}x{S}" for L, S in stops[:3]) + ".") if stops else "ILP finished every cell.",
+        _ilp_note(largest, stops),
     )
     return Table(
         name="planner",
@@ -116,3 +142,13 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
                  "ilp_first_limit": None if not stops else f"{stops[0][0]}x{stops[0][1]}",
                  "dp_max_s": max(r[2] for r in rows) if rows else None},
     )
+
+
+def _ilp_note(largest: tuple[int, int] | None, stops: list[tuple[int, int]]) -> str:
+    """Where the ILP stopped being practical; `largest` is None when no cell finished."""
+    if not stops:
+        return "ILP finished every cell."
+    first = ", ".join(f"{L}x{S}" for L, S in stops[:3])
+    if largest is None:
+        return f"ILP finished no cell; it hit the limit at {first}."
+    return f"ILP practical up to {largest[0]} layers x {largest[1]} devices; it first hit the limit at {first}."
