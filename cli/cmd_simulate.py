@@ -80,7 +80,7 @@ def simulate_cmd(
     wants_timeline = as_json or any(path is not None for path, _, _ in outputs)
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware,
                      record_timeline=wants_timeline)
-    for line in result.setup.warnings:
+    for line in result.warnings:
         err(f"warning: {line}")
     if result.parameter is not None:
         _do_sweep(result, as_json, out, plot)

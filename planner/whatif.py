@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from planner.calibration import Calibration, calibration_mismatch
+from planner.cost.memory import wgrad_unmeasured_note
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.hardware import Hardware, load_hardware
@@ -28,7 +29,7 @@ from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
 from planner.plan import Links, Plan, load_plan
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules.registry import schedule_name
+from planner.schedules.registry import get_schedule, schedule_name
 
 __all__ = ["KEEP", "WhatIf", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if", "parse_sweep", "run_sweep",
            "check_sweep_actions",
@@ -318,6 +319,13 @@ class WhatIfResult:
         from planner.calibration import basis_text
 
         return basis_text(self.calibration, self.setup.calibration_path)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The setup's warnings, and what the profile cannot price for the simulated plan."""
+        note = wgrad_unmeasured_note(self.setup.profile.at(self.plan.micro_batch_size),
+                                     get_schedule(self.plan.schedule).split_backward)
+        return self.setup.warnings + ((note,) if note else ())
 
 
 def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: str | None = None,

@@ -59,6 +59,8 @@ def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, s
         cols["input_saved_bytes"] = np.round(np.minimum(cols["activation_bytes"], layer_in) * rng.uniform(0, 1, L)[:, None])
         prev_act = np.concatenate([np.zeros((1, 2)), cols["activation_bytes"][:-1]])
         cols["shared_input_bytes"] = np.round(np.minimum(cols["input_saved_bytes"], prev_act) * rng.uniform(0, 1, L)[:, None])
+    if seed % 8 in (3, 6):  # what a split backward holds between I and W (zero bubble is seed % 4 == 3)
+        cols["wgrad_bytes"] = per(0, 2e6)
     edges: tuple = ()
     if seed % 3 == 0 and L >= 4:  # not a chain: skip tensors cross cuts and pass through stages
         edges = ((0, L - 1, int(rng.integers(1e4, 5e5))), (1, L - 2, int(rng.integers(1e4, 5e5)), (2,)) if L >= 5 else ())
@@ -175,7 +177,8 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
             assert took == pytest.approx(transfer_parts(nbytes, link, cal)[part], rel=REL, abs=1e-9)
             assert sum(transfer_parts(nbytes, link, cal)) == pytest.approx(link_ms(nbytes, link, cal))
     peaks = memory_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
-                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages])
+                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
+                         [st.wgrad_bytes for st in stages], [st.sent for st in stages])
     for r in range(layout.n_ranks):
         d = layout.order[r]
         mine = [stages[s] for s in range(S) if placement[s] == d]
@@ -188,7 +191,9 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
         step = stage_memory(mine, 0.0, optimizer)
         want = during if during.total >= step.total else step
         assert sim.memory[d] == want
-        if layout.virtual_stages == 1:  # the partitioner's bound: the schedule's peak count x kept + transient
+        # pending weight gradients and what sends hold: the bound has no moments to count them
+        split_extras = sched.split_backward and any(st.wgrad_bytes or any(st.sent) for st in mine)
+        if layout.virtual_stages == 1 and not split_extras:  # the partitioner's bound: the schedule's peak count x kept + transient
             k = stage_inflight_peak(sched)[placement.index(d)]
             assert want.total <= stage_peak_bytes(mine[0], k) * (1 + REL)
         busy = sum(M * (action_ms(st.fwd_ms, cal) + (action_ms(st.bwd_input_ms, cal) + action_ms(st.bwd_weight_ms, cal)

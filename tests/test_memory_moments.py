@@ -39,14 +39,16 @@ IMBALANCED = ROOT / "profiles" / "synthetic-memory-imbalanced.csv"
 REL = 1e-12
 
 
-def _simulated_and_charged(prof, schedule: str, n: int, m: int, b: int, cuts, rec):
-    """(simulated device peaks, the partitioner's stage bytes, stage_peak_bytes) for one plan."""
+def _simulated_and_charged(prof, schedule: str, n: int, m: int, b: int, cuts, rec, wgrad=None):
+    """(simulated device peaks, the partitioner's stage bytes, stage_peak_bytes) for one plan;
+    `wgrad`: per-layer bytes a split backward holds between I and W (the profile column)."""
     devices = tuple(Device(f"d{i}") for i in range(n))
     layout = Layout(devices, tuple(range(n)), Links(bandwidth_bytes_per_s=1e9, latency_ms=0.02))
     settings = PartitionSettings(n_devices=n, memory_bytes=None, global_batch=b * m)
-    problem = CandidateEvaluator(prof, settings, None).problem(GridPoint(schedule, m, b, 1), layout)
+    problem = dataclasses.replace(CandidateEvaluator(prof, settings, None).problem(GridPoint(schedule, m, b, 1), layout),
+                                  wgrad_bytes=wgrad)
     sched = generate(schedule, n, m)
-    stages = stage_costs(prof.at(b), layout, cuts, rec, "adam", n_microbatches=m)
+    stages = stage_costs(dataclasses.replace(prof.at(b), wgrad_bytes=wgrad), layout, cuts, rec, "adam", n_microbatches=m)
     sim = simulate_costs(sched, stages, list(range(n)), devices, layout.links, micro_batch_size=b)
     kinds, peak = stage_memory_moments(sched), stage_inflight_peak(sched)
     charged = [stage_bytes(problem, s, cuts[s], cuts[s + 1], rec[s]) for s in range(n)]
@@ -73,8 +75,10 @@ def test_partitioner_charges_the_simulators_device_peak(schedule):
         n, cuts, rec = _draw(rng, prof)
         m = int(rng.integers(1, 2 * n + 2))  # M <= P included: the in-flight cap is not reached
         b = int(rng.choice([1, 2, 4]))
+        # zero bubble: what each micro-batch holds between its I and its W, up to a layer's activations
+        wgrad = np.floor(rng.uniform(0, 1, prof.n_layers) * prof.at(b).activation_bytes) if schedule == "zb" else None
         try:
-            sim, charged, direct, older, held = _simulated_and_charged(prof, schedule, n, m, b, cuts, rec)
+            sim, charged, direct, older, held = _simulated_and_charged(prof, schedule, n, m, b, cuts, rec, wgrad)
         except PplanError:  # a micro-batch count the schedule does not run (1f1b needs M >= P)
             continue
         checked += 1
@@ -100,6 +104,42 @@ def _with_moments(rng, p):
         return tuple(Moment(float(c), t, g) for c, t, g in shapes[int(rng.choice(len(shapes), p=(0.25, 0.05, 0.2, 0.05, 0.45)))])
     return dataclasses.replace(p, moments=tuple(draw(int(k)) for k in p.inflight),
                                gradient_bytes=np.floor(p.static_bytes * rng.uniform(0, 1, p.n_layers)))
+
+
+def _with_pending_w(rng, p):
+    """_with_moments' `p` as a split backward gives it: some moments hold micro-batches whose I ran
+    and W did not (up to their in-flight count, as in a zero-bubble order), each charged wgrad bytes,
+    and what sends hold until the step ends (input gradients, outputs, held outputs: planner.cost.sent_bytes)."""
+    def split(m):
+        pending = int(rng.integers(0, int(m.in_flight) + 1))
+        return dataclasses.replace(m, pending_w=pending, sent_grads=pending + int(rng.integers(0, 4)))  # every pending W's I ended
+    moments = tuple(tuple(split(m) for m in kinds) for kinds in p.moments)
+    return dataclasses.replace(p, moments=moments, wgrad_bytes=np.floor(p.activation_bytes * rng.uniform(0, 2, p.n_layers)))
+
+
+def test_dp_ilp_and_brute_force_agree_with_pending_weight_gradients():
+    rng = np.random.default_rng(2468)
+    feasible = differs = 0
+    for case in range(800):
+        p = _with_pending_w(rng, _with_moments(rng, random_problem(rng, MODES[case % 3])))
+        dp, brute = solve_dp(p), solve_brute(p)
+        assert objective(dp) == objective(brute), (case, p)
+        if case < 40 and p.n_layers <= 6 and p.n_stages <= 3:
+            assert objective(solve_ilp(p, time_limit=120)) == objective(dp), (case, p)
+        feasible += dp is not None
+        if dp is not None:
+            assert fits(p, dp)
+        differs += objective(dp) != objective(solve_dp(dataclasses.replace(p, wgrad_bytes=None)))
+    assert 200 < feasible < 800
+    assert differs > 20  # the pending weight gradients changed the optimum
+
+
+def test_min_memory_scale_with_pending_weight_gradients_is_the_least_that_fits():
+    rng = np.random.default_rng(13)
+    for case in range(300):
+        p = _with_pending_w(rng, _with_moments(rng, random_problem(rng, MODES[case % 3])))
+        scale, _ = min_memory_scale(p)
+        assert scale == pytest.approx(brute_min_scale(p), rel=1e-12, abs=1e-12)
 
 
 def test_dp_matches_brute_force_with_two_memory_moments():
@@ -209,6 +249,8 @@ def test_recompute_refinement_fits_both_moments():
     refined = 0
     for case in range(1500):
         p = _with_moments(rng, random_problem(rng, "auto", max_layers=10))
+        if case % 2:  # a split backward's pending weight gradients: recompute cannot shrink them
+            p = _with_pending_w(rng, p)
         p = dataclasses.replace(p, gradient_bytes=p.static_bytes)  # large gradients: the second moment often binds
         s = int(rng.integers(0, p.n_stages))
         i = int(rng.integers(0, p.n_layers))

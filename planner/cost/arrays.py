@@ -17,7 +17,7 @@ from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
 from planner.cost.memory import (
     boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_activation_bytes, optimizer_workspace,
-    runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer,
+    runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer, wgrad_per_layer,
 )
 from planner.graph.edges import SkipEdge
 from planner.profiling.profile import LayerCosts
@@ -56,6 +56,8 @@ class LayerArrays:
     """Buffers as torch's stage allocates them, per micro-batch (planner.cost.buffer_bytes); False: the older model."""
     batch_input_bytes: float = 0.0
     """The model input per micro-batch (the first stage holds the step's batch of it)."""
+    wgrad_bytes: np.ndarray | None = None
+    """Per layer, bytes a split backward holds per micro-batch between its I and W (planner.cost.stage_wgrad); None: 0."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -75,6 +77,7 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         entry_bytes=stage_entry_bytes(costs),
         runtime_buffers=runtime_buffers(costs),
         batch_input_bytes=float(costs.input_bytes),
+        wgrad_bytes=wgrad_per_layer(costs),
     )
 
 

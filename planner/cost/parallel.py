@@ -284,14 +284,13 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
                           compute_scale: float = 1.0, vocab_parallel: bool = False) -> LayerCosts:
     """One GPU's share of `costs` under T-way tensor parallelism (and the ZeRO-3 gathers over D).
 
-    Compute (forward, both backward halves, optimizer step), parameter bytes and kept
-    activations of every block divide by T, the other layers' stay whole (as `pplan run`
+    Compute (forward, both backward halves, optimizer step), parameter bytes, kept activations
+    and what W keeps (wgrad) of every block divide by T, the rest stays whole (as `pplan run`
     executes them; every layer divides under Megatron's `vocab_parallel`: tp_shards);
     `collective_ms` is added to the forward and to the input-gradient backward; under ZeRO-3
     each layer's workspace grows by its gathered weights (zero3_gathered_bytes). Output bytes
     (what a pipeline boundary sends) stay whole, as Megatron (2021) sends them. ZeRO 1+ divides
-    the optimizer step by D. `compute_scale` multiplies every compute time (not communication):
-    a calibration of the profile's kernels (1 = as profiled).
+    the optimizer step by D. `compute_scale` multiplies every compute time (not communication).
     """
     shards = tp_shards(blocks, tp, vocab_parallel)
     t = shards / float(compute_scale)
@@ -301,14 +300,15 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     bwd_w = np.asarray(costs.bwd_weight_ms, dtype=float) / t
     opt = np.asarray(costs.optimizer_ms, dtype=float) / t / (dp if zero >= 1 else 1)
     # bytes divide by the shards only: compute_scale is about time (it once scaled these too)
-    act = np.asarray(costs.activation_bytes, dtype=float) / shards
-    params = np.asarray(costs.param_bytes, dtype=float) / shards
+    act, params = (np.asarray(a, dtype=float) / shards for a in (costs.activation_bytes, costs.param_bytes))
+    wgrad = None if costs.wgrad_bytes is None else np.asarray(costs.wgrad_bytes, dtype=float) / shards
     workspace = costs.workspace_bytes
     if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
         base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)
         workspace = base + zero3_gathered_bytes(params, dp, zero)
     return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
-                   optimizer_ms=opt, param_bytes=params, activation_bytes=act, workspace_bytes=workspace)
+                   optimizer_ms=opt, param_bytes=params, activation_bytes=act, workspace_bytes=workspace,
+                   wgrad_bytes=wgrad)
 
 
 def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int, zero: int,

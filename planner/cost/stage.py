@@ -19,7 +19,8 @@ from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
     boundary_bytes, buffer_bytes, checkpoint_input_bytes, first_stage_batch_bytes, held_output, held_output_per_layer,
     kept_activation_bytes, kept_bytes, optimizer_factor, optimizer_workspace, receive_buffer_microbatches, runtime_buffers,
-    scaled_skip_edges, stage_bytes, stage_entry_bytes, transient_bytes, workspace_max,
+    scaled_skip_edges, sent_bytes, stage_bytes, stage_entry_bytes, stage_wgrad, transient_bytes, wgrad_per_layer,
+    workspace_max,
 )
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -79,6 +80,19 @@ class StageCost:
     two-buffers model (a profile without input_saved_bytes, or no micro-batch count given)."""
     batch_input_bytes: float = 0.0
     """The model input per micro-batch when this is the first stage (its share of the step's input batch), else 0."""
+    wgrad_bytes: float = 0.0
+    """Bytes held per micro-batch between its I and its W when the backward is split (planner.cost.stage_wgrad)."""
+    sent_grad_bytes: float = 0.0
+    """Bytes each input gradient a split backward sent holds until the step ends (planner.cost.sent_bytes)."""
+    sent_output_bytes: float = 0.0
+    """Bytes each output a split backward sent holds until the step ends, beyond its W (planner.cost.sent_bytes)."""
+    sent_held_bytes: float = 0.0
+    """The part of held_output_bytes a split backward's send holds from its I to the step's end (planner.cost.sent_bytes)."""
+
+    @property
+    def sent(self) -> tuple[float, float, float]:
+        """planner.cost.moment_bytes' `sent`."""
+        return self.sent_grad_bytes, self.sent_output_bytes, self.sent_held_bytes
 
     @property
     def buffer_bytes(self) -> float:
@@ -132,7 +146,16 @@ def stage_cost(
         output_bytes=float(boundary[end]),
         recv_microbatches=receive_buffer_microbatches(runtime_buffers(costs), n_microbatches),
         batch_input_bytes=first_stage_batch_bytes(costs.input_bytes, first == 0),
+        wgrad_bytes=stage_wgrad(wgrad_per_layer(costs), first, end),
+        **_sent_fields(costs, boundary, first, end),
     )
+
+
+def _sent_fields(costs: LayerCosts, boundary: np.ndarray, first: int, end: int) -> dict[str, float]:
+    """StageCost's sent_* fields (planner.cost.sent_bytes): nothing on from the last stage."""
+    held = held_output(held_output_per_layer(costs), end) if end < len(costs.fwd_ms) else 0.0
+    names = ("sent_grad_bytes", "sent_output_bytes", "sent_held_bytes")
+    return dict(zip(names, (float(x) for x in sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None))))
 
 
 def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, split_backward: bool = False,
@@ -149,4 +172,5 @@ def stage_peak_bytes(stage: StageCost, in_flight: float, moments: Sequence[Any] 
     every gradient, the older bound) (planner.cost.memory.stage_bytes)."""
     return float(stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
                              stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
-                             stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments))
+                             stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments,
+                             stage.wgrad_bytes, stage.sent))

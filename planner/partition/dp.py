@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, recompute_saving, stage_time_ms, transfer_ms
+from planner.cost.memory import sent_bytes
 from planner.partition.recompute import first_fitting_all, least_all, run_ends
 from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, moments, passthrough_table, saving_layers
 
@@ -74,6 +75,8 @@ class _Tables:
                       if p.entry_bytes is not None else None)
         # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
         self.pg = _prefix(p.gradient_bytes) if p.gradient_bytes is not None else None
+        # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.stage_wgrad); None: all 0
+        self.pw = _prefix(p.wgrad_bytes) if p.wgrad_bytes is not None else None
         self._min_cache: dict[tuple, np.ndarray] = {}
         self._run_end: np.ndarray | None = None
         if p.recompute == "all":
@@ -175,7 +178,10 @@ class _Tables:
             kept, trans = self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work
         else:
             kept, trans = self.pa[jj] - self.pa[ii] + pt, work
-        return fixed, [moment_bytes(m, kept, trans, grads) for m in kinds], step, kinds
+        wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
+        held = self.hold[jj] * (jj < self.L) if self.hold is not None else 0.0  # the last stage sends nothing on
+        sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None)
+        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent) for m in kinds], step, kinds
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
         """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,

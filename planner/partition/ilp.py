@@ -40,6 +40,7 @@ import numpy as np
 
 from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
+from planner.cost.memory import sent_bytes
 from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, saving_layers
 
 __all__ = ["solve_ilp", "ilp_solver_name"]
@@ -163,9 +164,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             prob += trans >= a[l] * z[l, s]
         kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
                 - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
+        held_on = 0  # the held output of a stage that sends it on (not the last)
         if p.held_output_bytes is not None:  # the stage's output: its last layer is x - 1 where stage s+1 starts at x
             held = np.asarray(p.held_output_bytes, dtype=float)
-            kept = kept + (pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else float(held[L - 1]))
+            held_on = pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else 0
+            kept = kept + (held_on if s < S - 1 else float(held[L - 1]))
         if p.entry_bytes is not None:  # the stage's first layer x: its input is the receive buffer
             entry = np.asarray(p.entry_bytes, dtype=float)
             kept = kept + (pulp.lpSum(st(x, s) * entry[x] for x in range(1, L)) if s > 0 else float(entry[0]))
@@ -183,8 +186,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         buf = (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, s == 0))  # torch's receive buffers
         fixed = fixed_bytes(static, bytes_in, bytes_out, *buf)
         grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)
+        # held between a micro-batch's I and W; position 0 starts at layer 0, whose stage holds none (stage_wgrad)
+        wgrad = (pulp.lpSum(y(l, s) * float(p.wgrad_bytes[l]) for l in range(L)) if p.wgrad_bytes is not None and s > 0 else 0)
+        sent = sent_bytes(bytes_in, bytes_out, held_on, p.wgrad_bytes is not None)  # what sends hold until the step ends
         for moment in kinds:  # one row per moment at which the stage's memory can peak
-            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads)) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent)) <= 1.0 - _TIGHTEN
         prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)

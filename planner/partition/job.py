@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from planner.calibration import Calibration, basis_text, calibration_mismatch
+from planner.cost.memory import wgrad_unmeasured_note
 from planner.hardware import Hardware
 from planner.machine import prediction_basis
 from planner.partition.api import PartitionResult, partition, resolve_devices, validate_settings
@@ -25,6 +26,7 @@ from planner.partition.parallel_sweep import LayoutPoint, layout_sweep
 from planner.partition.search import PartitionSettings, grid_points
 from planner.plan import Plan
 from planner.profiling.profile import Profile, load_profile
+from planner.schedules.registry import get_schedule
 
 __all__ = ["ClusterSettings", "PipelineJob", "ClusterJob", "StepCallback", "partition_pipeline", "partition_cluster"]
 
@@ -66,7 +68,8 @@ class PipelineJob:
     calibration_path: Path | None
     """The file that calibration came from (None when there is none)."""
     warnings: tuple[str, ...] = ()
-    """One line each for the command to print: a calibration fitted on another model or profile."""
+    """One line each for the command to print: a calibration fitted on another model or profile,
+    what the profile cannot price for the plan (zero-bubble memory without wgrad_bytes)."""
 
     @property
     def plan(self) -> Plan:
@@ -112,9 +115,11 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     cal, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
     counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
     result = partition(profile, settings, calibration=cal, on_step=counted)
-    mismatch = calibration_mismatch(cal, profile, cal_path)
+    plan = result.plan
+    notes = (calibration_mismatch(cal, profile, cal_path),
+             wgrad_unmeasured_note(profile.at(plan.micro_batch_size), get_schedule(plan.schedule).split_backward))
     return PipelineJob(result=result, calibration=cal, calibration_path=cal_path,
-                       warnings=(mismatch,) if mismatch else ())
+                       warnings=tuple(n for n in notes if n))
 
 
 def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings, *, layouts: bool = False) -> ClusterJob:

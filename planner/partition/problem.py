@@ -46,6 +46,7 @@ from planner.cost import (
     first_stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
 )
 from planner.cost import stage_bytes as cost_stage_bytes
+from planner.cost.memory import held_output, sent_bytes, stage_wgrad
 from planner.graph.crossing import passthrough_bytes
 from planner.schedules.memory import Moment
 
@@ -120,6 +121,10 @@ class PartitionProblem:
     gradient_bytes: np.ndarray | None = None
     """Per layer, its parameter gradients' bytes (part of static_bytes), absent at moments before the
     stage's first weight-gradient action; None: 0 (only meaningful with moments)."""
+    wgrad_bytes: np.ndarray | None = None
+    """Per layer, bytes a split backward holds per micro-batch between its I and W, charged at each
+    moment's pending_w (planner.cost.stage_wgrad: none on the first stage); None: 0, and nothing its
+    sends hold is charged either (planner.cost.sent_bytes)."""
 
     @property
     def n_layers(self) -> int:
@@ -216,7 +221,14 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         workspace_max(p.optimizer_workspace_bytes, i, j),
         p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
+        stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j),
     ))
+
+
+def _sent(p: PartitionProblem, i: int, j: int) -> tuple[float, float, float]:
+    """What stage [i, j)'s sends hold until the step ends (planner.cost.sent_bytes)."""
+    held = held_output(p.held_output_bytes, j) if j < p.n_layers else 0.0
+    return sent_bytes(float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), held, p.wgrad_bytes is not None)
 
 
 def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tuple[float, ...], float]:
@@ -229,7 +241,8 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
     work = workspace_max(p.workspace_bytes, i, j)
     fixed = fixed_bytes(float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]),
                         p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0))
-    held = tuple(float(moment_bytes(m, kept, work, grads)) for m in moments(p, s))
+    wgrad = stage_wgrad(p.wgrad_bytes, i, j)
+    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j))) for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 

@@ -32,7 +32,8 @@ Method (docs/profile-format.md repeats it for users):
   gradients flowing through it, the temporaries inside its ops; with the loss, the logits'
   gradients). Parameter gradients already exist, as after a pipeline's first micro-batch.
   output_saved_bytes: the part of the output the layer saves itself (a ReLU's, a softmax's).
-  input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's).
+  input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's);
+  wgrad_bytes what zero-bubble's I keeps alive for W beyond those (planner.profiling.saved).
   On a stage's first layer that input is the buffer torch's stage received it into, which the
   runtime holds anyway.
 - A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
@@ -53,7 +54,7 @@ from typing import Any, Callable
 import torch
 
 from planner.errors import ModelSpecError
-from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes
+from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes, weight_gradient_hold_bytes
 
 __all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "allocator_peak_of", "sync_for"]
 
@@ -90,6 +91,8 @@ class LayerMeasurement:
     """Bytes of the output that the layer itself saves for backward (counted in activation_bytes)."""
     input_saved_bytes: int = 0
     """Bytes of the layer's input that it saves for backward (counted in activation_bytes)."""
+    wgrad_bytes: int = 0
+    """Bytes zero-bubble's input backward keeps for the weight backward (saved.weight_gradient_hold_bytes)."""
 
 
 def sync_for(device: torch.device) -> Callable[[], None]:
@@ -164,7 +167,7 @@ def _median_std(samples: list[float]) -> tuple[float, float]:
 
 def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
              output_bytes: int, flops: int, cuda_peak: int, peak: int = 0,
-             output_saved: int = 0, input_saved: int = 0) -> "LayerMeasurement":
+             output_saved: int = 0, input_saved: int = 0, wgrad: int = 0) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
     fwd_med, fwd_std = _median_std(fwd)
     bwd_med, bwd_std = _median_std(bwd)
@@ -178,7 +181,7 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
         workspace_bytes=max(0, peak - (saved.total_bytes - input_saved)
                             - (output_bytes - min(output_bytes, output_saved))) if peak else 0,
         output_saved_bytes=min(output_bytes, output_saved),
-        input_saved_bytes=input_saved,
+        input_saved_bytes=input_saved, wgrad_bytes=wgrad,
     )
 
 
@@ -265,9 +268,7 @@ def measure_layer(
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     bwd: list[float] = []
-    bwd_input = 0.0
-    cuda_peak = 0
-    grad = None
+    bwd_input, cuda_peak, grad = 0.0, 0, None
     if out.requires_grad:
         grad = None if loss_fn is not None else _output_gradient(out, grad_seed)
         bwd, bwd_input = _time_backward(out, grad, [inp] if inp.requires_grad else [], params,
@@ -277,8 +278,9 @@ def measure_layer(
         cuda_peak = peak
         for t in params + [inp]:
             t.grad = None
+    wgrad = weight_gradient_hold_bytes([forward()[1]], None if grad is None else [grad], [inp], params) if out.requires_grad else 0
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_bytes_of(saved, [y]), _saved_bytes_of(saved, [inp]))
+                 _saved_bytes_of(saved, [y]), _saved_bytes_of(saved, [inp]), wgrad)
     return m, y.detach(), saved
 
 
@@ -303,7 +305,6 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tuple of outputs", "build traced layers with planner.graph (LayerGraph.layer_module)")
     flops = _count_flops(forward)
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-
     if loss_fn is not None:
         roots = [out] if out.requires_grad else []
         grads: list[torch.Tensor] | None = None
@@ -311,14 +312,16 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         roots = [t for t in y if isinstance(t, torch.Tensor) and t.requires_grad]
         grads = [_output_gradient(t, grad_seed + k) for k, t in enumerate(roots)]
     bwd: list[float] = []
-    bwd_input = 0.0
-    cuda_peak = 0
+    bwd_input, cuda_peak = 0.0, 0
     if roots:
         bwd, bwd_input = _time_backward(roots, grads, grad_inputs, params,
                                         warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-    def run() -> None:
+    def fresh_roots() -> list[torch.Tensor]:  # a new graph's roots: what the backward starts from
         got, loss = forward()
-        rs = [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
+        return [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
+
+    def run() -> None:
+        rs = fresh_roots()
         if rs and all(r.requires_grad for r in rs):
             torch.autograd.backward(rs, grads)
 
@@ -327,8 +330,9 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         cuda_peak = peak
         for t in params + grad_inputs:
             t.grad = None
+    wgrad = weight_gradient_hold_bytes(fresh_roots(), grads, grad_inputs, params) if roots else 0
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_bytes_of(saved, [t for t in y if isinstance(t, torch.Tensor)]), _saved_bytes_of(saved, tensors))
+                 _saved_bytes_of(saved, [t for t in y if isinstance(t, torch.Tensor)]), _saved_bytes_of(saved, tensors), wgrad)
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 

@@ -115,6 +115,12 @@ class LayerCosts:
     input_saved_bytes: np.ndarray | None = None
     """Bytes of each layer's input it saves itself for backward (None: unknown; the cost model then
     charges boundary buffers as it did before the column existed, planner.cost.memory)."""
+    wgrad_bytes: np.ndarray | None = None
+    """Bytes zero-bubble's input backward keeps per micro-batch for its weight backward beyond the
+    saved activations (planner.profiling.saved.weight_gradient_hold_bytes; None: not measured, 0)."""
+    checkpoint_extra_bytes: np.ndarray | None = None
+    """Bytes a checkpointed layer keeps per micro-batch besides its input: the checkpoint's RNG state
+    and, on the last layer, the loss's saved tensors (planner.profiling.saved; None: not measured, 0)."""
 
 
 @dataclass(frozen=True)
@@ -151,8 +157,10 @@ class Profile(ProfileTable):
         cols = {name: self._column_at(name, micro_batch_size) for name in (
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
             "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes",
-            "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes")}
-        for unknown in ("output_saved_bytes", "input_saved_bytes"):  # unknown: the older memory model (planner.cost.memory)
+            "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes", "wgrad_bytes",
+            "checkpoint_extra_bytes")}
+        # unknown: the older memory model (planner.cost.memory), or a term counted as 0
+        for unknown in ("output_saved_bytes", "input_saved_bytes", "wgrad_bytes", "checkpoint_extra_bytes"):
             if unknown not in self.present:
                 cols[unknown] = None
         input_bytes = self.input_bytes_per_sample * micro_batch_size

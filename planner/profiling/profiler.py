@@ -29,13 +29,14 @@ from planner.allocator import keep_freed_memory
 from planner.errors import ModelSpecError, PplanError
 from planner.hostinfo import cpu_model, load_average, usable_cores
 from planner.models import build_model, parse_spec
+from planner.models.spec import check_input_flags
 from planner.profiling.corun import CoRun, check_co_run
 from planner.profiling.measure import RunQueueWait, measure_layer
 from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
-from planner.profiling.saved import SavedTensors, tensor_bytes
+from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, tensor_bytes
 
 __all__ = ["DTYPES", "profile_model", "measure_profile", "resolve_device", "check_batch_fits"]
 
@@ -44,7 +45,7 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _COLUMNS = (
     "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
     "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes", "workspace_bytes",
-    "output_saved_bytes", "input_saved_bytes",
+    "output_saved_bytes", "input_saved_bytes", "wgrad_bytes",
 )
 _MESSAGE_LIMIT = 300  # torch errors can be pages long; the one-line error keeps the start
 
@@ -82,7 +83,7 @@ def _measure_checked(spec: str, size: int, i: int, name: str, layer: torch.nn.Mo
         return measure_layer(
             layer, inputs, loss_fn=loss_bundle.loss_fn if loss_bundle is not None else None,
             target=target if loss_bundle is not None else None, warmup=warmup, repeats=repeats,
-            grad_seed=seed * 100_003 + i, prev_saved=prev, name=name, timer=timer,
+            grad_seed=(seed * 100_003 + i) % 2**63, prev_saved=prev, name=name, timer=timer,
         )
     except PplanError:
         raise
@@ -99,6 +100,8 @@ def _measure_into(cols: dict, k: int, spec: str, size: int, i: int, name: str, l
         prev.release()
     for c in _COLUMNS:
         cols[c][i, k] = getattr(m, c)
+    cols["checkpoint_extra_bytes"][i, k] = checkpoint_extra_bytes(
+        outputs, loss_bundle.loss_fn if loss_bundle is not None else None, target)
     return outputs, saved
 
 
@@ -183,6 +186,8 @@ def profile_model(
     opts = ProfileOptions(tuple(micro_batch_sizes), device=device, dtype=dtype, warmup=warmup, repeats=repeats,
                           seed=seed, threads=threads, timer=timer, co_run=co_run, input_shape=input_shape,
                           input_dtype=input_dtype, vocab=vocab)  # every argument checked here
+    check_input_flags(spec, input_shape=input_shape, vocab=vocab,  # a built-in would ignore them
+                      input_dtype=None if input_dtype == "float" else input_dtype)
     return measure_profile(spec, opts, command=command, on_step=on_step)
 
 
@@ -212,7 +217,7 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
         lg = getattr(layers, "graph", None)  # a traced non-chain model (planner.graph.GraphSequential)
         named = [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)] if lg is not None \
             else list(layers.named_children())
-        cols = {c: np.zeros((len(named), len(sizes))) for c in _COLUMNS}
+        cols = {c: np.zeros((len(named), len(sizes))) for c in (*_COLUMNS, "checkpoint_extra_bytes")}
         _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
         input_bytes = 0.0
         skip: dict[tuple[int, tuple[int, ...]], float] = {}

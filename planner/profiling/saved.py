@@ -13,7 +13,8 @@ from typing import Any, Iterable, Self
 
 import torch
 
-__all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes"]
+__all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes", "weight_gradient_hold_bytes",
+           "checkpoint_extra_bytes"]
 
 _Key = tuple[str, int]
 
@@ -103,3 +104,55 @@ class SavedTensors(SavedTensorHooks):
     def release(self) -> None:
         """Drop the references to the saved tensors."""
         self._held.clear()
+
+
+def weight_gradient_hold_bytes(roots: list[torch.Tensor], grads: list[torch.Tensor] | None,
+                               inputs: list[torch.Tensor], params: list[torch.nn.Parameter]) -> int:
+    """Bytes zero-bubble's input backward (torch's `stage_backward_input`, the I step) keeps for the
+    weight backward (W) beyond the saved activations: the gradients flowing into the nodes where a
+    parameter's path meets the input's, which W starts from, counted once per storage. A pipeline
+    holds them per micro-batch from its I to its W.
+
+    Runs I on `roots` (a fresh graph: torch detaches them in place, so each is cloned out of any
+    view) seeded with `grads` (None: a loss, seeded with ones). A gradient that is the seed's own
+    storage counts too: inside a stage the seed is the next layer's input gradient, made for this
+    micro-batch and held with it (on a stage's last layer it is the received gradient, whose buffer
+    the runtime keeps anyway: there this is an upper bound). 0 without parameters or without an
+    input that requires grad: torch's first stage runs its whole backward at W and holds nothing
+    in between."""
+    wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
+    if not params or not wanted:
+        return 0
+    from torch.distributed.pipelining._backward import stage_backward_input
+
+    _, groups = stage_backward_input([r.clone() for r in roots], grads, wanted, iter(params))
+    held: dict[_Key, int] = {}
+    for group in groups:
+        for grad_inputs in group.get("grads") or ():
+            for g in grad_inputs or ():
+                if isinstance(g, torch.Tensor):
+                    key, nbytes = storage_key(g)
+                    held[key] = max(nbytes, held.get(key, 0))
+    for t in wanted:  # the input gradient I computed is sent on, not held for W
+        t.grad = None
+    return sum(held.values())
+
+
+def checkpoint_extra_bytes(output: Any, loss_fn: Any = None, target: Any = None) -> int:
+    """Bytes a checkpointed layer keeps per micro-batch besides its input: the RNG state
+    torch.utils.checkpoint saves at every call (preserve_rng_state: the CPU generator's, and the
+    device's when `output` is on one; 5,056 bytes on CPU with torch 2.13), and with `loss_fn` (the
+    last layer) what the loss saves for its backward: the pipeline runtime computes the loss
+    outside the stage, so outside any checkpoint, and keeps it from forward to backward."""
+    first = output[0] if isinstance(output, tuple) else output
+    extra = torch.get_rng_state().nbytes
+    if isinstance(first, torch.Tensor) and first.device.type == "cuda":
+        extra += torch.cuda.get_rng_state(first.device).nbytes
+    if loss_fn is None or not isinstance(first, torch.Tensor) or not first.is_floating_point():
+        return extra
+    saved = SavedTensors()
+    with saved:  # the output itself counts where the loss saves it (it shares the output's storage)
+        loss_fn(first.detach().requires_grad_(), target)
+    extra += saved.total_bytes
+    saved.release()
+    return extra

@@ -142,7 +142,8 @@ def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Seq
     as the activations figure when they are larger). Also each device's gradient bytes when all
     exist (for the memory timeline)."""
     peaks = memory_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
-                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages])
+                         [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
+                         [st.wgrad_bytes for st in stages], [st.sent for st in stages])
     memory = [price([], 0.0)] * n_dev
     gradients = [0.0] * n_dev
     for r, d in enumerate(rank_device):
@@ -273,7 +274,11 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
     weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
-    output torch holds freed at the end of I when split, and the optimizer step's temporaries."""
+    output torch holds freed at the end of I when split, what W starts from held from the end of I
+    to the end of W (StageCost.wgrad_bytes), what a split backward's sends hold until they are
+    waited for, before the optimizer step (StageCost.sent: each input gradient from the end of its
+    I, the held output from the end of I, the whole output from the end of W), and the optimizer
+    step's temporaries."""
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for r in range(cs.n_ranks):
         d = rank_device[r]
@@ -285,6 +290,7 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
         level = memory[d].weights + memory[d].optimizer + memory[d].buffers
         points = [(0.0, level)]
         has_grads: set[int] = set()
+        sent = 0.0  # what sends hold until the step's sends are waited for
 
         def change(t: float, delta: float) -> None:
             nonlocal level
@@ -302,13 +308,17 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                 change(res.end[a], -st.transient_bytes - st.kept_bytes)
             elif kind == CODE_I:
                 change(res.start[a], st.transient_bytes)
-                change(res.end[a], -st.transient_bytes - st.held_output_bytes)
-            else:  # W frees what its I left
-                change(res.end[a], -(st.kept_bytes - st.held_output_bytes))
+                change(res.end[a], -st.transient_bytes - st.held_output_bytes + st.wgrad_bytes + st.sent_grad_bytes
+                       + st.sent_held_bytes)
+                sent += st.sent_grad_bytes + st.sent_held_bytes
+            else:  # W frees what its I left; the output's send holds all of it from now
+                change(res.end[a], -(st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes
+                       - st.sent_held_bytes)
+                sent += st.sent_output_bytes - st.sent_held_bytes
             if kind in (CODE_B, CODE_W) and s not in has_grads:
                 has_grads.add(s)
                 change(res.end[a], grad_per_byte * st.param_bytes)
-        change(opt_start[d], step)  # the optimizer step's temporaries, then its end frees the gradients
+        change(opt_start[d], step - sent)  # the sends are waited for; the step's temporaries, then its end frees the gradients
         change(opt_end[d], -step - grad_per_byte * sum(stages[s].param_bytes for s in has_grads))
         out[d] = tuple(points)
     return out
