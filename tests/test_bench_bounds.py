@@ -10,18 +10,11 @@ from pathlib import Path
 
 import pytest
 
+from helpers.cli import one_error_line
 from planner.errors import PplanError
 from planner.limits import MAX_BENCH_LIST, MAX_BENCH_PLANNER_CELL, MAX_GLOBAL_BATCH, MAX_SIMULATED_ACTIONS
 from planner.plan.records import MAX_PIPELINE_STAGES
 from planner.profiling.profile import MAX_LAYERS
-
-
-def _one_line(code: int, err: str) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("pplan: error:"), err
-    return lines[0]
 
 
 @pytest.mark.parametrize("args, says", [
@@ -40,14 +33,14 @@ def _one_line(code: int, err: str) -> str:
 def test_bench_refuses_counts_beyond_what_pplan_plans(tmp_path: Path, pplan, args: list[str], says: str) -> None:
     out = tmp_path / "bench"
     code, _out, err = pplan("bench", *args, *(["--no-parallel"] if args[0] == "planner" else []), "--out-dir", out)
-    line = _one_line(code, err)
+    line = one_error_line(code, err)
     assert says in line, line
     assert not out.exists()
 
 
 def test_the_simulator_bench_bound_is_the_simulators(tmp_path: Path, pplan) -> None:
     most = MAX_SIMULATED_ACTIONS // (3 * 8)  # zb: 3 actions per micro-batch and stage
-    line = _one_line(*pplan("bench", "simulator", "--sizes", f"8x{most + 1}", "--out-dir", tmp_path / "b")[::2])
+    line = one_error_line(*pplan("bench", "simulator", "--sizes", f"8x{most + 1}", "--out-dir", tmp_path / "b")[::2])
     assert f"{3 * 8 * (most + 1):,} actions" in line and f"use at most {most:,} micro-batches with 8 stages" in line
 
 

@@ -9,14 +9,14 @@ planner.cost.memory prices them for every solver and the simulator.
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 
+from helpers.plans import three_layer_profile
 from planner.cost import stage_cost, stage_peak_bytes
 from planner.cost.memory import stage_wgrad, wgrad_unmeasured_note
 from planner.profiling.measure import measure_layer
-from planner.profiling.profile import make_profile, profile_from_bytes, profile_to_text
+from planner.profiling.profile import profile_from_bytes, profile_to_text
 from planner.schedules import generate
 from planner.schedules.memory import Moment, memory_peaks, stage_memory_moments
 
@@ -49,13 +49,7 @@ def test_memory_peaks_hold_pending_weight_gradients_until_w_ends():
 
 
 def _profile(wgrad: list[int] | None):
-    cols = {
-        "fwd_ms": np.ones((3, 1)), "bwd_ms": np.full((3, 1), 2.0), "param_bytes": np.zeros((3, 1)),
-        "activation_bytes": np.full((3, 1), 1000.0), "output_bytes": np.full((3, 1), 100.0),
-    }
-    if wgrad is not None:
-        cols["wgrad_bytes"] = np.asarray(wgrad, dtype=float)[:, None]
-    return make_profile(["a", "b", "c"], [4], cols, {})
+    return three_layer_profile(None if wgrad is None else {"wgrad_bytes": wgrad})
 
 
 def test_stage_memory_prices_pending_weight_gradients():

@@ -7,14 +7,13 @@ log-probabilities of a cross-entropy) alive from forward to backward of every mi
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
+from helpers.plans import three_layer_profile
 from planner.cost import stage_cost
 from planner.cost.memory import checkpoint_input_bytes
 from planner.profiling.measure import measure_layer
-from planner.profiling.profile import make_profile
 from planner.profiling.saved import checkpoint_extra_bytes
 
 
@@ -29,13 +28,7 @@ def test_checkpoint_keeps_its_rng_state_and_the_loss_its_saved_tensors():
 
 
 def _profile(extra: list[int] | None):
-    cols = {
-        "fwd_ms": np.ones((3, 1)), "bwd_ms": np.full((3, 1), 2.0), "param_bytes": np.zeros((3, 1)),
-        "activation_bytes": np.full((3, 1), 1000.0), "output_bytes": np.full((3, 1), 100.0),
-    }
-    if extra is not None:
-        cols["checkpoint_extra_bytes"] = np.asarray(extra, dtype=float)[:, None]
-    return make_profile(["a", "b", "c"], [4], cols, {"input_bytes_per_sample": "10"})
+    return three_layer_profile(None if extra is None else {"checkpoint_extra_bytes": extra}, {"input_bytes_per_sample": "10"})
 
 
 def test_recomputed_layers_are_charged_what_they_keep_besides_their_input():

@@ -24,6 +24,15 @@ JOB_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR
 """Variables a developer's shell or a torchrun job may set that change what a command does."""
 
 
+def one_error_line(code: int, err: str) -> str:
+    """The one `pplan: error:` line of a refusal (exit 2, no traceback, nothing else on stderr)."""
+    assert code == 2, err
+    assert "Traceback" not in err, err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("pplan: error:"), err
+    return lines[0]
+
+
 def run_in_process(monkeypatch: Any, capsys: Any, *args: object) -> tuple[int, str, str]:
     """Run `cli.app.main` with `args` in this process: (exit code, stdout, stderr)."""
     from cli.app import main
