@@ -151,7 +151,7 @@ def _finish_cluster(job: ClusterJob, out: Path, plot: Optional[Path], as_json: b
     from planner.plan import plan_to_dict, write_plan
 
     write_plan(job.plan, out)
-    for line in job.result.warnings:  # e.g. a profile made for other hardware (planner.partition.parallel_search)
+    for line in job.warnings:  # e.g. a profile made for other hardware, zero-bubble memory without wgrad_bytes
         err(f"pplan: warning: {line}")
     if plot is not None:
         from planner.report.fig_parallel import write_layout_figure

@@ -39,7 +39,7 @@ def simulate_cmd(
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s.")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every link's latency, e.g. 0.01ms.")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
-    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price on this preset or hardware JSON instead of the one the plan names.")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price links and memory on this preset or hardware JSON instead of the one the plan names (compute times stay the profile's).")] = None,
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 

@@ -115,6 +115,15 @@ def is_replica_plan(plan: Plan) -> bool:
 def check_hardware_applies(plan: Plan, hardware: Hardware | None) -> None:
     """PlanError when `hardware` is given for a one-pipeline plan: only a data/tensor-parallel plan
     is priced on a hardware; a pipeline's costs are its profile's times, which a preset cannot re-price."""
+    if hardware is not None and not is_replica_plan(plan) and plan.parallel is not None:
+        # `partition --nodes` chose dp = tp = 1: one pipeline, its costs the profile's times on the
+        # hardware it was planned for (an analytic profile is per GPU: another GPU needs another profile)
+        made_for = f", planned for {plan.parallel.hardware[:60]!r}" if plan.parallel.hardware else ""
+        raise PlanError(f"--hardware {hardware.name[:60]!r} cannot re-price this plan: its layout "
+                        f"{plan.parallel.describe()} is one pipeline of {plan.n_devices} devices{made_for}, costed by "
+                        "its profile's times",
+                        f"re-profile with `pplan profile --analytic --hardware {hardware.name[:60]}` and re-plan "
+                        "with `pplan partition --nodes N`, or drop --hardware")
     if hardware is not None and not is_replica_plan(plan):
         raise PlanError(f"--hardware {hardware.name[:60]!r} prices only data/tensor-parallel plans; this plan is one pipeline "
                         f"of {plan.n_devices} devices, costed by its profile's measured times",

@@ -322,9 +322,11 @@ class WhatIfResult:
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """The setup's warnings, and what the profile cannot price for the simulated plan."""
-        note = wgrad_unmeasured_note(self.setup.profile.at(self.plan.micro_batch_size),
-                                     get_schedule(self.plan.schedule).split_backward)
+        """The setup's warnings, and what the profile cannot price for the simulated plan or any
+        swept row (a schedule sweep's zb row splits the backward though the plan's 1f1b does not)."""
+        simulated = {self.plan.schedule, *(r.schedule for r in self.rows if r.error is None)}
+        split = any(get_schedule(name).split_backward for name in simulated)
+        note = wgrad_unmeasured_note(self.setup.profile.at(self.plan.micro_batch_size), split)
         return self.setup.warnings + ((note,) if note else ())
 
 

@@ -188,7 +188,7 @@ def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool) -> str | None
     its memory leaves out what each deferred W holds; None otherwise."""
     return None if not split_backward or costs.wgrad_bytes is not None else (
         "the profile has no wgrad_bytes column: zero-bubble memory leaves out what each micro-batch holds "
-        "between its I and W (counted as 0); re-run `pplan profile` to measure it")
+        "between its I and W (counted as 0); a measured `pplan profile` (not --analytic) writes it")
 
 
 def sent_bytes(bytes_in: Any, bytes_out: Any, held_out: Any, wgrad_measured: bool) -> tuple[Any, Any, Any]:

@@ -101,6 +101,9 @@ class ClusterJob:
     """Every dp x pp x tp layout's best throughput, for the layout figure; empty unless asked."""
     layouts_title: str
     """The layout figure's title: the model, the GPUs, the global batch and the chosen layout."""
+    warnings: tuple[str, ...] = ()
+    """One line each for the command to print: the search's own (e.g. a profile made for other
+    hardware), then what the profile cannot price for the plan (zero-bubble memory without wgrad_bytes)."""
 
 
 def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSettings,
@@ -133,7 +136,9 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
     points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **common) if layouts else ()
     title = (f"{profile.meta.get('model', profile_path)}\n{result.gpus} x {settings.hardware.name}, "
              f"global batch {settings.global_batch}, chosen {result.best.config.describe()}")
-    return ClusterJob(result=result, plan=plan, profile=profile, layouts=points, layouts_title=title)
+    wgrad = wgrad_unmeasured_note(profile.at(plan.micro_batch_size), get_schedule(plan.schedule).split_backward)
+    return ClusterJob(result=result, plan=plan, profile=profile, layouts=points, layouts_title=title,
+                      warnings=tuple(result.warnings) + ((wgrad,) if wgrad else ()))
 
 
 def _steps(profile: Profile, settings: PartitionSettings) -> int:

@@ -114,6 +114,8 @@ def build_report(
     with style_context():
         for number, module in enumerate(FIGURES, start=1):
             reason = module.missing(inputs, derived)
+            if reason and module is fig_schedule and derived.timeline_skipped:  # simulated, but too long to draw
+                reason = derived.timeline_skipped
             if reason:
                 entries.append(FigureEntry(number, module.KEY, module.TITLE, "", skipped=reason))
                 continue
@@ -126,7 +128,8 @@ def build_report(
                 files[f"{module.KEY}.{fmt}"] = data
                 names.append(f"{FIGURES_DIR}/{module.KEY}.{fmt}")
             entries.append(FigureEntry(number, module.KEY, module.TITLE, module.caption(inputs), tuple(names), png))
-    summary = tuple(extra_summary) + tuple(key_numbers(inputs, fig_baselines.candidates(inputs, derived)))
+    calibration_warning = (derived.calibration_warning,) if derived.calibration_warning else ()
+    summary = tuple(extra_summary) + tuple(key_numbers(inputs, fig_baselines.candidates(inputs, derived), calibration_warning))
     doc = ReportDocument(
         title=title or f"pplan report: {out.name}",
         inputs=tuple(sorted(inputs.sources.items())),

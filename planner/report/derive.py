@@ -34,6 +34,10 @@ class Derived:
     """Why there is no sweep."""
     notes: tuple[str, ...] = ()
     """What was computed, for the index."""
+    timeline_skipped: str | None = None
+    """Why the simulated timeline was not recorded though the plan was simulated (too many actions to draw)."""
+    calibration_warning: str | None = None
+    """The calibration simulated with was fitted on another model or profile (calibration_mismatch's line)."""
 
 
 def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) -> list[int]:
@@ -88,11 +92,13 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     """
     if inputs.plan is None or inputs.profile is None:
         return Derived(sweep_skipped="needs a plan and its profile (--plan and --profile) to simulate the sweep")
-    from planner.calibration import basis_text
+    from planner.calibration import basis_text, calibration_mismatch
+    from planner.limits import MAX_TIMELINE_ACTIONS
     from planner.machine import prediction_basis
-    from planner.simulate import simulate
+    from planner.simulate import check_action_count, simulate
 
     cal, cal_path = prediction_basis(inputs.profile, inputs.calibration, ranks=inputs.plan.n_devices)
+    mismatch = calibration_mismatch(cal, inputs.profile, cal_path)
     basis = basis_text(cal, cal_path)
     fit = fitted_on_run(cal, inputs.run, inputs.sources.get("run"))
     notes = [f"Basis of everything simulated here: {basis}."]
@@ -101,13 +107,23 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
                      "run is a fit residual, not a prediction error; the run's own prediction (made before the "
                      "calibration) is the prediction to judge. Check a calibration on a new run.")
     changes: dict[str, Any] = {"basis": basis, "sim_is_fit": fit and inputs.sim is None}
+    timeline_skipped = None
     if inputs.sim is None or inputs.timeline is None:
         say("simulating the plan")
+        plan = inputs.plan
         try:
-            result = simulate(inputs.plan, inputs.profile, calibration=cal)
+            # beyond the timeline's bound the plan is still simulated (figures 2 and 3 need no timeline)
+            n = check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches)
+            with_timeline = n <= MAX_TIMELINE_ACTIONS
+            result = simulate(plan, inputs.profile, calibration=cal, record_timeline=with_timeline)
         except PplanError as e:
             reason = f"the plan could not be simulated with this profile: {e.one_line()}"
-            return Derived(sweep_skipped=reason, notes=(reason,))
+            return Derived(sweep_skipped=reason, notes=(reason,), calibration_warning=mismatch)
+        if not with_timeline and inputs.timeline is None:
+            timeline_skipped = (f"the report draws the iteration's timeline only up to {MAX_TIMELINE_ACTIONS:,} actions and "
+                                f"this plan has {n:,} ({plan.n_stages} stages x {plan.n_microbatches} micro-batches); "
+                                "fewer micro-batches (larger ones instead) draw it")
+            notes.append(f"The simulated timeline was not recorded: {timeline_skipped}.")
         if inputs.sim is None:
             changes["sim"] = result.record()
             if fit:
@@ -115,7 +131,7 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
             elif cal is not None and inputs.sim_label == "simulation":
                 changes["sim_label"] = "simulation (calibrated)"
             notes.append("The simulation was computed here from the plan and the profile.")
-        if inputs.timeline is None:
+        if inputs.timeline is None and with_timeline:
             changes["timeline"] = tuple(TimelineRow(*row) for row in result.timeline)
             notes.append("The simulated timeline was computed here from the plan and the profile.")
     completed = replace(inputs, **changes)
@@ -123,6 +139,8 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     try:
         points = _sweep(inputs.plan, inputs.profile, sweep_sizes(inputs.plan.global_batch, inputs.plan.n_devices), cal)
     except PplanError as e:
-        return Derived(inputs=completed, sweep_skipped=f"the sweep failed: {e.one_line()}", notes=tuple(notes))
-    return Derived(inputs=completed, sweep=tuple(points), notes=tuple(notes),
+        return Derived(inputs=completed, sweep_skipped=f"the sweep failed: {e.one_line()}", notes=tuple(notes),
+                       timeline_skipped=timeline_skipped, calibration_warning=mismatch)
+    return Derived(inputs=completed, sweep=tuple(points), notes=tuple(notes), timeline_skipped=timeline_skipped,
+                   calibration_warning=mismatch,
                    sweep_skipped=None if points else "no schedule could run the plan at any micro-batch count")

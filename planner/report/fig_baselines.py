@@ -86,8 +86,14 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
     """Why this figure cannot be drawn, or None."""
     if inputs.plan is None:
         return "needs a plan (--plan) written by `pplan partition`"
-    if len(candidates(inputs, derived)) < 2:
-        return "the plan records no baselines (plan.search.baselines) and none could be recomputed (needs --profile)"
+    if len(candidates(inputs, derived)) < 2:  # the report never recomputes baselines: they are partition's
+        if inputs.plan.search is None and inputs.warnings:  # the loader dropped records made for another plan
+            return ("the plan's search record (with its baselines) was dropped as made for another plan (see the "
+                    "warning); re-run `pplan partition` for this plan's baselines")
+        if inputs.plan.search is None:
+            return ("the plan has no search record (plan.search), so no baseline splits to compare; "
+                    "re-run `pplan partition` to record them")
+        return "the plan's search record holds no baseline splits (plan.search.baselines); re-run `pplan partition` to record them"
     return None
 
 

@@ -59,10 +59,12 @@ def _prediction(inputs: ReportInputs) -> Prediction | None:
     return inputs.plan.predicted if inputs.plan is not None else None
 
 
-def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = ()) -> list[tuple[str, str]]:
-    """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup."""
+def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
+                extra_warnings: Sequence[str] = ()) -> list[tuple[str, str]]:
+    """(quantity, value) rows: plan, predicted and measured time, memory against limits, speedup.
+    `extra_warnings`: lines found while deriving (e.g. Derived.calibration_warning), after the inputs' own."""
     rows: list[tuple[str, str]] = []
-    rows += [("warning", line) for line in warnings(inputs)]
+    rows += [("warning", line) for line in [*warnings(inputs), *extra_warnings]]
     if inputs.plan is not None:
         rows.append(("plan", plan_line(inputs.plan)))
     if inputs.basis is not None:
@@ -116,20 +118,13 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = ()) -> lis
 
 def warnings(inputs: ReportInputs) -> list[str]:
     """Lines that say an input is not what it claims: the loader's (a plan's prediction made for
-    another plan, dropped), a profile whose checksum differs from the one the plan was made from,
-    in the words `pplan simulate` prints (planner.plan.checks.profile_change), and a calibration
-    fitted on another model or profile (planner.calibration.calibration_mismatch)."""
+    another plan, dropped) and a profile whose checksum differs from the one the plan was made from,
+    in the words `pplan simulate` prints (planner.plan.checks.profile_change). A calibration fitted
+    on another model or profile is derive's to say (Derived.calibration_warning): it resolved it."""
     lines = list(inputs.warnings)
     if inputs.plan is not None and inputs.profile is not None:
         if (changed := profile_change(inputs.plan, inputs.profile)) is not None:
             lines.append(changed)
-        if inputs.basis is not None:  # the report simulated: with the calibration derive resolved, resolved alike
-            from planner.calibration import calibration_mismatch
-            from planner.machine import prediction_basis
-
-            cal, cal_path = prediction_basis(inputs.profile, inputs.calibration, ranks=inputs.plan.n_devices)
-            if (other := calibration_mismatch(cal, inputs.profile, cal_path)) is not None:
-                lines.append(other)
     return lines
 
 
