@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.errors import PplanError
+from planner.partition.problem import first_true
 
 __all__ = ["BASELINES", "uniform_cuts", "balanced_cuts", "baseline_cuts"]
 
@@ -33,37 +34,104 @@ def uniform_cuts(n_layers: int, n_stages: int) -> tuple[int, ...]:
 
 
 def balanced_cuts(weights: np.ndarray, n_stages: int) -> tuple[int, ...]:
-    """Contiguous non-empty blocks minimising the largest block sum (exact, O(L^2 S) vectorised).
+    """Contiguous non-empty blocks minimising the largest block sum (exact).
 
     Among optimal partitions it keeps the most even one; ties go to the earliest cut (deterministic).
+    Stage s can only end between layer s+1 and L-(S-1-s) (every later stage needs a layer), so
+    each stage looks at that window only: with S = L there is one choice per stage.
     """
     w = np.asarray(weights, dtype=float)
     L = len(w)
     if not 1 <= n_stages <= L:
         raise PplanError(f"cannot split {L} layers into {n_stages} stages")
     pre = np.concatenate([[0.0], np.cumsum(w)])
-    idx = np.arange(L + 1)
-    block = np.where(idx[None, :] > idx[:, None], pre[None, :] - pre[:, None], np.inf)
-    cols = np.arange(L + 1)
-    f = block[0].copy()
-    for _ in range(1, n_stages):
-        f = np.maximum(f[:, None], block).min(axis=0)
+    bad = np.flatnonzero(~(np.isfinite(w) & (w >= 0)))
+    if bad.size:  # the windows' bisections need block sums that grow with the block
+        raise PplanError(f"layer {int(bad[0])} has weight {float(w[bad[0]])!r}; balanced cuts need weights >= 0",
+                         "give non-negative parameter bytes or times")
+    z = _least_largest_block(pre, L, n_stages)
     # Many partitions share the optimal largest block; keep the most even one (least sum of
     # squares), as a person balancing by hand would.
-    z = f[L] * (1 + 1e-12) + 1e-300
-    sq = np.where(block <= z, block * block, np.inf)
-    g = sq[0].copy()
+    return _most_even(pre, L, n_stages, z * (1 + 1e-12) + 1e-300)
+
+
+def _least_largest_block(pre: np.ndarray, L: int, S: int) -> float:
+    """min over partitions of the largest block pre[j] - pre[i] (non-negative weights).
+
+    f_s(j) = min_i max(f_{s-1}(i), block(i, j)) with f_{s-1} non-decreasing and block(i, j)
+    non-increasing in i: the minimum sits where they cross, found by bisection.
+    """
+    width = L - S + 1  # ends each stage can take
+    f = pre[1:width + 1].copy()  # stage 0 ends at 1 .. width
+    for s in range(1, S):
+        j = np.arange(s + 1, s + 1 + width)  # this stage's ends; previous ends are s .. s+width-1
+        lo = np.full(width, s, dtype=np.int64)
+
+        def reaches(i: np.ndarray) -> np.ndarray:
+            return f[i - s] >= pre[j] - pre[i]
+
+        cross = first_true(lo, j - 1, reaches)  # first i where f_{s-1}(i) >= block(i, j); j when none
+        at = np.minimum(cross, j - 1)
+        right = np.where(cross <= j - 1, f[at - s], np.inf)
+        before = np.maximum(cross - 1, s)
+        left = np.where(cross > s, pre[j] - pre[before], np.inf)
+        f = np.minimum(right, left)
+    return float(f[-1])
+
+
+_PAIRS_PER_CHUNK = 1 << 22  # (end, start) pairs priced at once in _most_even
+
+
+def _most_even(pre: np.ndarray, L: int, S: int, z: float) -> tuple[int, ...]:
+    """Least sum of squared blocks among partitions whose blocks are all <= z; ties to the earliest cut.
+
+    A stage ending at j can start at i only where pre[j] - pre[i] <= z (i >= lo[j], by bisection)
+    and inside the previous stage's window of ends.
+    """
+    width = L - S + 1
+    ends = np.arange(L + 1)
+    lo = first_true(np.zeros(L + 1, dtype=np.int64), ends, lambda i: pre[ends] - pre[i] <= z)
+    first = pre[1:width + 1] - pre[0]
+    g = np.where(first <= z, first * first, np.inf)
     back = []
-    for _ in range(1, n_stages):
-        cand = g[:, None] + sq
-        arg = cand.argmin(axis=0)
-        g = cand[arg, cols]
+    for s in range(1, S):
+        js = np.arange(s + 1, s + 1 + width)
+        starts = np.maximum(lo[js], s)
+        counts = np.maximum(np.minimum(js - 1, s + width - 1) - starts + 1, 0)
+        new_g = np.full(width, np.inf)
+        arg = np.zeros(width, dtype=np.int64)
+        k = 0
+        while k < width:  # chunks of ends, so that a flat z never prices width^2 pairs at once
+            stop = k + 1 + int(np.searchsorted(np.cumsum(counts[k:]), _PAIRS_PER_CHUNK, side="right"))
+            stop = min(stop, width)
+            _best_starts(pre, g, s, js[k:stop], starts[k:stop], counts[k:stop], new_g[k:stop], arg[k:stop])
+            k = stop
+        g = new_g
         back.append(arg)
     cuts = [L]
-    for arg in reversed(back):
-        cuts.append(int(arg[cuts[-1]]))
+    for s in range(S - 1, 0, -1):
+        cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
     cuts.append(0)
     return tuple(reversed(cuts))
+
+
+def _best_starts(pre: np.ndarray, g: np.ndarray, s: int, js: np.ndarray, starts: np.ndarray, counts: np.ndarray,
+                 out_g: np.ndarray, out_arg: np.ndarray) -> None:
+    """For each end j: the start i (first among equals) minimising g_{s-1}(i) + (pre[j] - pre[i])^2."""
+    seg = np.flatnonzero(counts)
+    if seg.size == 0:
+        return
+    n = counts[seg]
+    offsets = np.concatenate([[0], np.cumsum(n)[:-1]])
+    owner = np.repeat(np.arange(seg.size), n)
+    i = starts[seg][owner] + (np.arange(int(n.sum())) - offsets[owner])
+    block = pre[js[seg][owner]] - pre[i]
+    cand = g[i - s] + block * block  # g holds the previous stage's ends s .. s+width-1
+    low = np.minimum.reduceat(cand, offsets)
+    hit = np.flatnonzero(cand == low[owner])
+    _, firsts = np.unique(owner[hit], return_index=True)
+    out_g[seg] = low
+    out_arg[seg] = i[hit[firsts]]
 
 
 def baseline_cuts(method: str, n_stages: int, param_bytes: np.ndarray, fwd_bwd_ms: np.ndarray) -> tuple[int, ...]:

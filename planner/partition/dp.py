@@ -19,11 +19,12 @@ lower bound, and since T is constant on runs of q where every saving grows, the 
 all is found by stepping run by run and bisecting inside the first run whose last q fits (runs:
 one per new largest activation, few in practice; planner.partition.recompute.first_fitting_all).
 
-Every table is an (L+1) x (L+1) numpy array over (i, j); a pass costs O(L^2) vector work per
-stage position, O(L^2 * S) in all. Stage costs are only computed inside a band: a stage whose
-compute alone exceeds a cap cannot be in a plan with a smaller bottleneck, so pass 1 starts
-with a cap of twice the balanced share and raises it to the bottleneck it found when that was
-larger (exactness is kept: see solve_dp); pass 2 uses the optimal bottleneck as its cap.
+Stage s can only end before layers s+1 .. L-(S-1-s) (problem.stage_window), so a pass relaxes
+an (L-S+1)^2 window per stage (one entry when S = L), over tables of whole (L+1)^2 arrays shared
+by equal positions or, when S is near L, built per window. Only a band is priced: a stage whose
+compute alone exceeds a cap cannot be in a plan with a smaller bottleneck, so pass 1 starts with
+a cap of twice the balanced share and raises it to the bottleneck found when that was larger
+(exact: see solve_dp); pass 2 uses the optimal bottleneck as its cap.
 """
 
 from __future__ import annotations
@@ -35,16 +36,15 @@ import numpy as np
 from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, recompute_saving, stage_time_ms, transfer_ms
 from planner.cost.memory import sent_bytes
 from planner.partition.recompute import first_fitting_all, least_all, run_ends
-from planner.partition.problem import TIME_TOL, PartitionProblem, Solution, evaluate, moments, passthrough_table, saving_layers
+from planner.partition.problem import (
+    TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, prefix_runmax, range_max,
+    prefix_sums, relax_window, saving_layers, stage_window,
+)
 
 __all__ = ["solve_dp", "min_memory_scale"]
 
 _CACHE_ELEMENTS = 8_000_000  # keep per-position tables while all of them fit in this many floats (64 MB)
 _H_CACHE = 4  # recompute-saving tables kept (one per in-flight count)
-
-
-def _prefix(x: np.ndarray) -> np.ndarray:
-    return np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=float))])
 
 
 class _Tables:
@@ -56,16 +56,17 @@ class _Tables:
         idx = np.arange(L + 1)
         self.valid = idx[None, :] > idx[:, None]
         self.bb = np.asarray(p.boundary_bytes, dtype=float)
-        self.ps, self.pa, self.pc = _prefix(p.static_bytes), _prefix(p.activation_bytes), _prefix(p.compute_ms)
+        self.ps, self.pa, self.pc = prefix_sums(p.static_bytes), prefix_sums(p.activation_bytes), prefix_sums(p.compute_ms)
         self.comp = self.pc[None, :] - self.pc[:, None]
         self.pt = passthrough_table(p)  # None for a chain; else per-(i, j) bytes held in flight
         self._h_cache: dict[tuple[float, int], np.ndarray] = {}
         self._band_cache: dict[float, tuple[np.ndarray, ...]] = {}
+        self._starts_cache: dict[float, np.ndarray] = {}
         self.ne = 0
         # per-(i, j) largest layer workspace, a constant on top of the stage's memory; None: all 0
-        self.work = _range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
+        self.work = range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
         # the optimizer step's temporaries: the stage's largest, charged instead of its activations
-        self.optw = (_range_max(np.asarray(p.optimizer_workspace_bytes, dtype=float))
+        self.optw = (range_max(np.asarray(p.optimizer_workspace_bytes, dtype=float))
                      if p.optimizer_workspace_bytes is not None else None)
         # hold[j]: what a stage ending before layer j holds of its output per micro-batch; None: all 0
         self.hold = (np.concatenate([[0.0], np.asarray(p.held_output_bytes, dtype=float)])
@@ -74,14 +75,14 @@ class _Tables:
         self.entry = (np.concatenate([np.asarray(p.entry_bytes, dtype=float), [0.0]])
                       if p.entry_bytes is not None else None)
         # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
-        self.pg = _prefix(p.gradient_bytes) if p.gradient_bytes is not None else None
+        self.pg = prefix_sums(p.gradient_bytes) if p.gradient_bytes is not None else None
         # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.stage_wgrad); None: all 0
-        self.pw = _prefix(p.wgrad_bytes) if p.wgrad_bytes is not None else None
+        self.pw = prefix_sums(p.wgrad_bytes) if p.wgrad_bytes is not None else None
         self._min_cache: dict[tuple, np.ndarray] = {}
         self._run_end: np.ndarray | None = None
         if p.recompute == "all":
-            self.pin, self.pr = _prefix(p.input_bytes), _prefix(p.recompute_ms)
-            self.trans_all = _range_max(np.asarray(p.activation_bytes, dtype=float))
+            self.pin, self.pr = prefix_sums(p.input_bytes), prefix_sums(p.recompute_ms)
+            self.trans_all = range_max(np.asarray(p.activation_bytes, dtype=float))
         elif p.recompute == "auto":
             mask = saving_layers(p)
             self.elig = np.flatnonzero(mask)
@@ -90,14 +91,14 @@ class _Tables:
             self.pe = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])  # index of the first saving layer >= i
             a = np.asarray(p.activation_bytes, dtype=float)[self.elig]
             d = a - np.asarray(p.input_bytes, dtype=float)[self.elig]
-            self.pf = _prefix(np.asarray(p.recompute_ms, dtype=float)[self.elig])
-            pd = _prefix(d)
+            self.pf = prefix_sums(np.asarray(p.recompute_ms, dtype=float)[self.elig])
+            pd = prefix_sums(d)
             q = np.arange(ne + 1)[None, :]
             start = np.arange(ne + 1)[:, None]
             inside = start + q <= ne
             endc = np.minimum(start + q, ne)
             self.saved = np.where(inside, pd[endc] - pd[start], -np.inf)  # D(p, q)
-            self.trans = np.where(inside, _prefix_runmax(a), np.inf)     # T(p, q)
+            self.trans = np.where(inside, prefix_runmax(a), np.inf)     # T(p, q)
 
     def h(self, k: float, qmax: int, transient: bool = True) -> np.ndarray:
         """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'), for q <= qmax: non-decreasing in q
@@ -114,13 +115,29 @@ class _Tables:
             self._h_cache[key] = got
         return got
 
-    def band(self, limit: float) -> tuple[np.ndarray, np.ndarray]:
-        """(i, j) with i < j and compute(i, j) <= limit: the only stages that can be at most that slow."""
+    def band(self, limit: float, window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(i, j) with i < j and compute(i, j) <= limit: the only stages that can be at most that slow
+        (inside `window`, starts i0..i1 and ends j0..j1, when given)."""
+        if window is not None:
+            i0, i1, j0, j1 = window
+            ii, jj = np.meshgrid(np.arange(i0, i1 + 1), np.arange(j0, j1 + 1), indexing="ij")
+            keep = (ii < jj) & (self.pc[jj] - self.pc[ii] <= limit)
+            return ii[keep], jj[keep]
         got = self._band_cache.get(limit)
         if got is None:
             got = np.nonzero(self.valid & (self.comp <= limit))
             self._band_cache[limit] = got
         return got
+
+    def band_limit(self, s: int, cap: float) -> float:
+        """The most compute a stage at position s may have to be no slower than `cap`."""
+        return (cap - float(self.p.overhead_ms[s])) * float(self.p.speed[s]) * (1 + 1e-12) if np.isfinite(cap) else np.inf
+
+    def first_starts(self, limit: float) -> np.ndarray:
+        """problem.band_starts for band(limit), made once per limit."""
+        if limit not in self._starts_cache:
+            self._starts_cache[limit] = band_starts(self.pc, limit)
+        return self._starts_cache[limit]
 
     def comm(self, s: int) -> tuple[np.ndarray, np.ndarray]:
         """Per i: send of the input gradient; per j: send of the output (position s)."""
@@ -183,13 +200,15 @@ class _Tables:
         sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None)
         return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent) for m in kinds], step, kinds
 
-    def stage(self, s: int, cap: float = np.inf, want_q: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+    def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
+              window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
         """(time[i, j], chosen q[i, j] or None) at position s; time is inf where nothing fits,
-        i >= j, or the stage cannot be as fast as `cap` (its compute alone is slower)."""
-        p, L1 = self.p, self.L + 1
+        i >= j, or the stage cannot be as fast as `cap` (its compute alone is slower). With a
+        `window` (starts i0..i1, ends j0..j1) only those entries, indexed from (i0, j0)."""
+        p = self.p
         budget = float(p.budget[s])
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
-        ii, jj = self.band((cap - ovh) * speed * (1 + 1e-12) if np.isfinite(cap) else np.inf)
+        ii, jj = self.band(self.band_limit(s, cap), window)
         fixed, held, step, kinds = self._base(s, ii, jj)
         needs = [fixed + h - budget for h in held]  # how far each moment is over the budget
         # the optimizer step (with no activations: the floor of every moment) must fit too; recompute cannot shrink it
@@ -215,11 +234,13 @@ class _Tables:
             rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
         cin, cout = self.comm(s)
         t = stage_time_ms(self.pc[jj] - self.pc[ii], rec, speed, ovh, cin[ii], cout[jj])
-        table = np.full((L1, L1), np.inf)
+        i0, i1, j0, j1 = window if window is not None else (0, self.L, 0, self.L)
+        ii, jj = ii - i0, jj - j0
+        table = np.full((i1 - i0 + 1, j1 - j0 + 1), np.inf)
         table[ii[ok], jj[ok]] = t[ok]
         if not want_q or p.recompute != "auto":
             return table, None
-        qs = np.zeros((L1, L1), dtype=np.int32)
+        qs = np.zeros(table.shape, dtype=np.int32)
         qs[ii, jj] = q
         return table, qs
 
@@ -249,33 +270,6 @@ class _Tables:
         return out
 
 
-def _range_max(a: np.ndarray) -> np.ndarray:
-    """M[i, j] = max a[i:j] (0 when empty)."""
-    L = len(a)
-    out = np.zeros((L + 1, L + 1))
-    for i in range(L):
-        out[i, i + 1:] = np.maximum.accumulate(a[i:])
-    return out
-
-
-def _prefix_runmax(a: np.ndarray) -> np.ndarray:
-    """T[p, q] = max a[p:p+q] (0 for q = 0; beyond the end repeats the last value)."""
-    n = len(a)
-    out = np.zeros((n + 1, n + 1))
-    for i in range(n):
-        run = np.maximum.accumulate(a[i:])
-        out[i, 1:n - i + 1] = run
-        out[i, n - i + 1:] = run[-1]
-    return out
-
-
-def _position_key(p: PartitionProblem, s: int) -> tuple:
-    S = p.n_stages
-    lin = (float(p.link_latency_ms[s - 1]), float(p.link_ms_per_byte[s - 1])) if s > 0 else None
-    lout = (float(p.link_latency_ms[s]), float(p.link_ms_per_byte[s])) if s < S - 1 else None
-    return (float(p.inflight[s]), moments(p, s), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
-
-
 def _first_cap(p: PartitionProblem) -> float:
     """A guess at the bottleneck: twice the balanced share, at least the slowest single layer."""
     comp = np.asarray(p.compute_ms, dtype=float)
@@ -283,12 +277,20 @@ def _first_cap(p: PartitionProblem) -> float:
     return 2.0 * max(share, float(comp.max()) / float(np.min(p.speed))) + float(np.max(p.overhead_ms))
 
 
-def _bottleneck(p: PartitionProblem, table) -> float:
+def _windowed(p: PartitionProblem) -> bool:
+    """Build each position's window (S tables of width^2) rather than whole (L+1)^2 tables shared
+    by equal positions: cheaper when S is near L, where each window is narrow."""
     L, S = p.n_layers, p.n_stages
+    width = L - S + 1
+    shared = len({position_key(p, s) for s in range(S)})
+    return S * width * width < shared * (L + 1) ** 2 // 2
+
+
+def _bottleneck(p: PartitionProblem, table) -> float:
     f = table(0)[0][0].copy()
-    for s in range(1, S):
-        f = np.maximum(f[:, None], table(s)[0]).min(axis=0)
-    return float(f[L])
+    for s in range(1, p.n_stages):
+        f = relax_window(f, *table(s)[::2])[0]
+    return float(f[-1])
 
 
 def solve_dp(p: PartitionProblem) -> Solution | None:
@@ -298,18 +300,25 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
         return None
     tab = _Tables(p)
     cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    keep = S * (L + 1) ** 2 <= _CACHE_ELEMENTS
+    windowed = _windowed(p)
+    width = L - S + 1
+    keep = S * (width if windowed else L + 1) ** 2 <= _CACHE_ELEMENTS
     cap = _first_cap(p)
     final = False  # pass 2 needs the chosen q; pass 1 only times (when tables are not kept)
 
     def table(s: int) -> tuple[np.ndarray, np.ndarray | None]:
-        key = (_position_key(p, s), cap)
+        """Stage s's times (and q) over its window: rows its starts, columns its ends."""
+        w = stage_window(L, S, s)
+        key = (position_key(p, s), cap, w if windowed else None)
         got = cache.get(key)
         if got is None:
             if not keep:
                 cache.clear()
-            got = cache[key] = tab.stage(s, cap, want_q=keep or final)
-        return got
+            got = cache[key] = tab.stage(s, cap, want_q=keep or final, window=w if windowed else None)
+        rows = np.maximum(tab.first_starts(tab.band_limit(s, cap))[w[2]:w[3] + 1] - w[0], 0)
+        if windowed:
+            return (*got, rows)
+        return (*(None if x is None else x[w[0]:w[1] + 1, w[2]:w[3] + 1] for x in got), rows)
 
     # Pass 1: least bottleneck. Stages slower than `cap` are left out; the result is exact once
     # it is <= cap (a left-out stage would be slower), else the found plan's bottleneck is a
@@ -322,23 +331,22 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
     if not np.isfinite(z):
         return None
     limit = z + TIME_TOL * max(1.0, abs(z))
-    # Pass 2: least total among stages no slower than the bottleneck.
+    # Pass 2: least total among stages no slower than the bottleneck. Arrays are over each
+    # stage's ends (s+1 ..), so stage s's row r is start s + r.
     cap, final = limit, True
-    t0, q0 = table(0)
+    t0, q0, _ = table(0)
     g = np.where(t0[0] <= limit, t0[0], np.inf)
     back: list[np.ndarray] = []
-    qsel: list[np.ndarray] = [q0[0].copy() if q0 is not None else np.zeros(L + 1, dtype=np.int32)]
-    cols = np.arange(L + 1)
+    qsel: list[np.ndarray] = [q0[0].copy() if q0 is not None else np.zeros(width, dtype=np.int32)]
+    cols = np.arange(width)
     for s in range(1, S):
-        t, q = table(s)
-        cand = g[:, None] + np.where(t <= limit, t, np.inf)
-        arg = cand.argmin(axis=0)
-        g = cand[arg, cols]
-        back.append(arg)
-        qsel.append(q[arg, cols] if q is not None else np.zeros(L + 1, dtype=np.int32))
+        t, q, rows = table(s)
+        g, arg = relax_window(g, t, rows, limit)
+        back.append(arg + s)
+        qsel.append(q[arg, cols] if q is not None else np.zeros(width, dtype=np.int32))
     cuts = [L]
     for s in range(S - 1, 0, -1):
-        cuts.append(int(back[s - 1][cuts[-1]]))
+        cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
     cuts.append(0)
     cuts.reverse()
     rec = []
@@ -347,7 +355,7 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
         if p.recompute == "all":
             rec.append(tuple(range(i, j)))
         elif p.recompute == "auto" and tab.ne:
-            n = int(qsel[s][j])
+            n = int(qsel[s][j - (s + 1)])
             rec.append(tuple(int(x) for x in tab.elig[tab.pe[i]:tab.pe[i] + n]))
         else:
             rec.append(())
@@ -377,16 +385,16 @@ def min_memory_scale(p: PartitionProblem) -> tuple[float, tuple[int, ...]] | Non
             return np.where(tab.valid, 0.0, np.inf)
         return m / b
 
-    f = ratio(0)[0].copy()
+    f = ratio(0)[0, 1:L - S + 2].copy()  # over each stage's window (planner.partition.problem.stage_window)
     back = []
-    cols = np.arange(L + 1)
     for s in range(1, S):
-        cand = np.maximum(f[:, None], ratio(s))
+        i0, i1, j0, j1 = stage_window(L, S, s)
+        cand = np.maximum(f[:, None], ratio(s)[i0:i1 + 1, j0:j1 + 1])
         arg = cand.argmin(axis=0)
-        f = cand[arg, cols]
-        back.append(arg)
+        f = cand[arg, np.arange(len(arg))]
+        back.append(arg + s)
     cuts = [L]
     for s in range(S - 1, 0, -1):
-        cuts.append(int(back[s - 1][cuts[-1]]))
+        cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
     cuts.append(0)
-    return float(f[L]), tuple(reversed(cuts))
+    return float(f[-1]), tuple(reversed(cuts))

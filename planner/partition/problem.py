@@ -51,6 +51,14 @@ from planner.graph.crossing import passthrough_bytes
 from planner.schedules.memory import Moment
 
 __all__ = [
+    "band_starts",
+    "first_true",
+    "prefix_sums",
+    "position_key",
+    "relax_window",
+    "prefix_runmax",
+    "range_max",
+    "stage_window",
     "RECOMPUTE_MODES",
     "TIME_TOL",
     "PartitionProblem",
@@ -278,3 +286,94 @@ def fits(p: PartitionProblem, sol: Solution) -> bool:
     """True when every stage is within its position's budget."""
     return all(m <= float(b) for m, b in zip(sol.stage_bytes, p.budget))
 
+
+# Per-(i, j) tables and the windows of cuts a stage can take, for the solvers.
+
+def stage_window(L: int, S: int, s: int) -> tuple[int, int, int, int]:
+    """(first start, last start, first end, last end) of stage s of S over L layers: it can only
+    end before layer s+1 .. L-(S-1-s) (every later stage needs a layer), and starts where stage
+    s-1 can end (layer 0 for s = 0)."""
+    if s == 0:
+        return 0, 0, 1, L - S + 1
+    return s, L - S + s, s + 1, L - S + s + 1
+
+
+def first_true(lo: np.ndarray, hi: np.ndarray, test) -> np.ndarray:
+    """Per element, the least x in [lo, hi] with test(x) true, hi + 1 when none (test monotone in x)."""
+    lo, hi = lo.copy(), hi + 1
+    while True:
+        active = lo < hi
+        if not active.any():
+            return lo
+        mid = (lo + hi) // 2
+        ok = test(np.minimum(mid, hi - 1)) & active
+        hi = np.where(ok, mid, hi)
+        lo = np.where(active & ~ok, mid + 1, lo)
+
+
+def prefix_sums(x: np.ndarray) -> np.ndarray:
+    """P[i] = sum x[:i] (L + 1 entries), so a stage [i, j) sums to P[j] - P[i]."""
+    return np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=float))])
+
+
+def band_starts(pc: np.ndarray, limit: float) -> np.ndarray:
+    """Per end j, the least start i with pc[j] - pc[i] <= limit (j + 1 when none), for prefix sums
+    pc of compute: earlier starts only add compute. All 0 where the limit is inf or pc ever falls."""
+    n = len(pc)
+    if not np.isfinite(limit) or bool(np.any(np.diff(pc) < 0)):
+        return np.zeros(n, dtype=np.int64)
+    ends = np.arange(n)
+    return first_true(np.zeros(n, dtype=np.int64), ends, lambda i: pc[ends] - pc[i] <= limit)
+
+
+def range_max(a: np.ndarray) -> np.ndarray:
+    """M[i, j] = max a[i:j] (0 when empty)."""
+    L = len(a)
+    out = np.zeros((L + 1, L + 1))
+    for i in range(L):
+        out[i, i + 1:] = np.maximum.accumulate(a[i:])
+    return out
+
+
+def prefix_runmax(a: np.ndarray) -> np.ndarray:
+    """T[p, q] = max a[p:p+q] (0 for q = 0; beyond the end repeats the last value)."""
+    n = len(a)
+    out = np.zeros((n + 1, n + 1))
+    for i in range(n):
+        run = np.maximum.accumulate(a[i:])
+        out[i, 1:n - i + 1] = run
+        out[i, n - i + 1:] = run[-1]
+    return out
+
+
+def position_key(p: PartitionProblem, s: int) -> tuple:
+    """What a stage table at position s depends on: equal keys, equal tables."""
+    S = p.n_stages
+    lin = (float(p.link_latency_ms[s - 1]), float(p.link_ms_per_byte[s - 1])) if s > 0 else None
+    lout = (float(p.link_latency_ms[s]), float(p.link_ms_per_byte[s])) if s < S - 1 else None
+    return (float(p.inflight[s]), moments(p, s), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
+
+
+_COLUMNS = 128  # ends relaxed at once: a block of them needs only the starts inside their band
+
+
+def relax_window(prev: np.ndarray, t: np.ndarray, rows: np.ndarray, limit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per column c of a stage's window: min over rows r of max(prev[r], t[r, c]) (limit None), or
+    of prev[r] + t[r, c] over t[r, c] <= limit with the first such r (its argmin). Rows before
+    rows[c] (non-decreasing) or after c are inf in t, so each block of columns skips them."""
+    n = t.shape[1]
+    best, arg = np.full(n, np.inf), np.zeros(n, dtype=np.int64)
+    for c0 in range(0, n, _COLUMNS):
+        c1 = min(n, c0 + _COLUMNS)
+        r0, r1 = int(rows[c0]), min(t.shape[0], c1)  # row r starts before column c's end when r <= c
+        if r0 >= r1:
+            continue
+        sub = t[r0:r1, c0:c1]
+        if limit is None:
+            best[c0:c1] = np.maximum(prev[r0:r1, None], sub).min(axis=0)
+            continue
+        cand = prev[r0:r1, None] + np.where(sub <= limit, sub, np.inf)
+        a = cand.argmin(axis=0)
+        arg[c0:c1] = a + r0
+        best[c0:c1] = cand[a, np.arange(c1 - c0)]
+    return best, arg

@@ -246,65 +246,70 @@ def sweep(
     a global event queue. Raises ScheduleError with the rank x step grid on deadlock.
     """
     n_ids = cs.n_ids
-    # Filled in place by _pass; device_end doubles as each rank's "free from" time.
+    # Filled in place by _advance; device_end doubles as each rank's "free from" time.
     out = SweepResult(start=[-1.0] * n_ids, end=[-1.0] * n_ids, send_start=[-1.0] * n_ids, ready=[-1.0] * n_ids,
                       device_end=[0.0] * cs.n_ranks)
     link_free = [0.0] * max(n_links, 1)
     ptr = [0] * cs.n_ranks
-    remaining = sum(len(x) for x in cs.ids)
-    while remaining:
-        moved = _pass(cs, ptr, dur, send_ms, link, link_free, out)
-        if not moved:
-            _raise_deadlock(cs, ptr, order)
-        remaining -= moved
+    # A rank that stops waits for one action, and each output feeds one action: the rank is woken
+    # when that action ends instead of every rank being revisited per pass (S passes of S ranks
+    # for GPipe's backward). Times do not depend on the visiting order: an action starts when its
+    # rank is free and its input is ready, and each link carries one rank's sends in its order.
+    waiting: dict[int, int] = {}
+    todo = list(range(cs.n_ranks - 1, -1, -1))
+    ran = 0
+    while todo:
+        ran += _advance(cs, todo.pop(), ptr, dur, send_ms, link, link_free, out, waiting, todo)
+    if ran != sum(len(x) for x in cs.ids):
+        _raise_deadlock(cs, ptr, order)
     return out
 
 
-def _pass(cs: CompiledSchedule, ptr: list[int], dur: Sequence[float], send_ms: Sequence[float], link: Sequence[int],
-          link_free: list[float], out: SweepResult) -> int:
-    """One pass over the ranks: each runs its actions from `ptr[rank]` until one waits for an
-    input not produced yet. Writes the actions' times into `out`, moves `ptr` and the links' next
-    free times (`link_free`); returns how many actions ran (0: deadlock)."""
+def _advance(cs: CompiledSchedule, r: int, ptr: list[int], dur: Sequence[float], send_ms: Sequence[float],
+             link: Sequence[int], link_free: list[float], out: SweepResult, waiting: dict[int, int],
+             todo: list[int]) -> int:
+    """Run rank r's actions from `ptr[r]` until one waits for an input not produced yet (then
+    r waits in `waiting` for it). Writes the actions' times into `out`, moves `ptr` and the
+    links' next free times (`link_free`), queues in `todo` the ranks its actions release;
+    returns how many actions ran."""
     M = cs.n_microbatches
     start, end, send_start, ready, free = out.start, out.end, out.send_start, out.ready, out.device_end
-    moved = 0
-    for r in range(cs.n_ranks):
-        p = ptr[r]
-        ids = cs.ids[r]
-        deps = cs.deps[r]
-        n = len(ids)
-        t = free[r]
-        p0 = p
-        while p < n:
-            d = deps[p]
-            if d >= 0:
-                rd = ready[d]
-                if rd < 0.0:
-                    break
-                if rd > t:
-                    t = rd
-            a = ids[p]
-            key = a // M
-            start[a] = t
-            t += dur[key]
-            end[a] = t
-            ln = link[key]
-            if ln >= 0:
-                s0 = link_free[ln]
-                if t > s0:
-                    s0 = t
-                send_start[a] = s0
-                s0 += send_ms[key]
-                link_free[ln] = s0
-                ready[a] = s0
-            else:
-                ready[a] = t
-            p += 1
-        if p != p0:
-            moved += p - p0
-            ptr[r] = p
-            free[r] = t
-    return moved
+    p = p0 = ptr[r]
+    ids = cs.ids[r]
+    deps = cs.deps[r]
+    n = len(ids)
+    t = free[r]
+    while p < n:
+        d = deps[p]
+        if d >= 0:
+            rd = ready[d]
+            if rd < 0.0:
+                waiting[d] = r
+                break
+            if rd > t:
+                t = rd
+        a = ids[p]
+        key = a // M
+        start[a] = t
+        t += dur[key]
+        end[a] = t
+        ln = link[key]
+        if ln >= 0:
+            s0 = link_free[ln]
+            if t > s0:
+                s0 = t
+            send_start[a] = s0
+            s0 += send_ms[key]
+            link_free[ln] = s0
+            ready[a] = s0
+        else:
+            ready[a] = t
+        if a in waiting:
+            todo.append(waiting.pop(a))
+        p += 1
+    ptr[r] = p
+    free[r] = t
+    return p - p0
 
 
 def _raise_deadlock(cs: CompiledSchedule, ptr: list[int], order: dict | None) -> None:

@@ -1,0 +1,135 @@
+"""Partitioning at many stages: each stage looks only at the cuts it can take.
+
+Stage s of S can only end between layer s+1 and L-(S-1-s) (every later stage needs a layer), so
+the balanced baselines and the DP work over that window; with S = L there is one choice per stage.
+These tests hold the windows to exhaustive search, and check that the work really is windowed.
+"""
+
+import itertools
+import tracemalloc
+
+import numpy as np
+import pytest
+
+from planner.errors import PplanError
+from planner.partition import dp, problem
+from planner.partition.baselines import balanced_cuts
+from planner.partition.brute import solve_brute
+from planner.schedules import compiled, generate
+from planner.schedules.compiled import compile_schedule
+
+from helpers.problems import MODES, objective, random_problem
+
+
+def _exhaustive_balanced(w: np.ndarray, S: int) -> tuple[int, ...]:
+    """Least largest block, then least sum of squares, ties to the earliest cuts from the last one."""
+    L = len(w)
+    pre = np.concatenate([[0.0], np.cumsum(w)])
+    parts = [(0, *inner, L) for inner in itertools.combinations(range(1, L), S - 1)]
+    blocks = {c: [pre[c[k + 1]] - pre[c[k]] for k in range(S)] for c in parts}
+    z = min(max(b) for b in blocks.values())
+    z = z * (1 + 1e-12) + 1e-300
+
+    def squares(c):
+        total = 0.0
+        for b in blocks[c]:
+            total = total + b * b
+        return total
+
+    ok = [c for c in parts if max(blocks[c]) <= z]
+    least = min(squares(c) for c in ok)
+    return min((c for c in ok if squares(c) == least), key=lambda c: c[::-1])
+
+
+def _weights(rng: np.random.Generator, L: int, kind: int) -> np.ndarray:
+    if kind == 0:
+        return rng.random(L)
+    if kind == 1:  # small integers: many ties
+        return rng.integers(0, 4, L).astype(float)
+    if kind == 2:  # zero-parameter layers between heavy ones, one of them much heavier
+        w = rng.random(L) * (rng.random(L) < 0.5)
+        w[rng.integers(0, L)] = 1e6
+        return w
+    return np.ones(L)
+
+
+def test_balanced_cuts_equal_exhaustive_search_including_one_layer_per_stage():
+    rng = np.random.default_rng(7)
+    for case in range(400):
+        L = int(rng.integers(1, 10))
+        S = L if case % 5 == 0 else int(rng.integers(1, L + 1))
+        w = _weights(rng, L, case % 4)
+        assert balanced_cuts(w, S) == _exhaustive_balanced(w, S), (case, w, S)
+
+
+def test_balanced_cuts_refuse_negative_or_infinite_weights():
+    for bad in (-1.0, np.inf, np.nan):
+        with pytest.raises(PplanError, match="layer 1 has weight"):
+            balanced_cuts(np.array([1.0, bad, 2.0]), 2)
+
+
+def test_balanced_cuts_at_as_many_stages_as_layers_never_builds_a_layers_squared_table():
+    L = 3000  # a whole (L+1)^2 table of floats is 72 MB
+    tracemalloc.start()
+    try:
+        cuts = balanced_cuts(np.full(L, 4096.0), L)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert cuts == tuple(range(L + 1))
+    assert peak < 16 * 2**20, peak
+
+
+@pytest.mark.parametrize("windowed", [True, False])
+def test_dp_equals_brute_force_with_and_without_per_stage_windows(monkeypatch, windowed):
+    monkeypatch.setattr(dp, "_windowed", lambda p: windowed)
+    monkeypatch.setattr(problem, "_COLUMNS", 2)  # several column blocks even on small instances
+    rng = np.random.default_rng(2026 + windowed)
+    for case in range(300):
+        p = random_problem(rng, MODES[case % 3], max_layers=8, max_stages=8)
+        assert objective(dp.solve_dp(p)) == objective(solve_brute(p)), (case, p)
+
+
+def test_dp_with_one_layer_per_stage_builds_one_entry_per_stage(monkeypatch):
+    shapes = []
+    stage = dp._Tables.stage
+
+    def spy(self, *args, **kwargs):
+        got = stage(self, *args, **kwargs)
+        shapes.append(got[0].shape)
+        return got
+
+    monkeypatch.setattr(dp._Tables, "stage", spy)
+    rng = np.random.default_rng(5)
+    square = 0
+    for case in range(300):
+        p = random_problem(rng, MODES[case % 3], max_layers=5, max_stages=5)
+        if p.n_stages != p.n_layers:
+            continue
+        square += 1
+        shapes.clear()
+        sol = dp.solve_dp(p)
+        assert objective(sol) == objective(solve_brute(p)), (case, p)
+        if sol is not None:
+            assert sol.cuts == tuple(range(p.n_layers + 1))
+        assert shapes and set(shapes) == {(1, 1)}, shapes
+    assert square >= 20
+
+
+def test_sweep_wakes_a_waiting_rank_only_when_its_input_is_ready(monkeypatch):
+    """GPipe's backward runs from the last rank down: a pass over all ranks per step would visit
+    ranks x ranks times; waking only the waiting rank visits each rank a few times."""
+    calls = []
+    advance = compiled._advance
+
+    def spy(*args):
+        calls.append(args[1])
+        return advance(*args)
+
+    monkeypatch.setattr(compiled, "_advance", spy)
+    R, M = 64, 4
+    cs = compile_schedule(generate("gpipe", R, M))
+    keys = cs.n_keys
+    res = compiled.sweep(cs, [1.0] * keys, [0.0] * keys, [-1] * keys, 0)
+    assert max(res.end) == 2 * (M + R - 1)  # (M + S - 1)(f + b) with f = b = 1
+    assert len(calls) <= R * (M + 1), len(calls)
