@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from helpers.cli import one_error_line
 from planner.errors import PlanError, PplanError, ScheduleError
 from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES, MAX_TIMELINE_ACTIONS
 
@@ -18,14 +19,6 @@ from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES, MAX_TIMELINE
 @pytest.fixture()
 def work(sim_work: Path) -> Path:
     return sim_work  # plan.json: 3 stages, 1f1b, 8 micro-batches of 4 (2 actions per micro-batch and stage)
-
-
-def _one_line(code: int, err: str) -> str:
-    assert code == 2, err
-    assert "Traceback" not in err, err
-    lines = [ln for ln in err.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("pplan: error:"), err
-    return lines[0]
 
 
 def test_the_action_bounds_refuse_one_past_them_and_accept_them() -> None:
@@ -74,7 +67,7 @@ def test_the_library_keeps_no_timeline_unless_asked(work: Path) -> None:
 
 def test_an_output_that_needs_the_timeline_has_the_lower_bound(work: Path, pplan) -> None:
     m = MAX_TIMELINE_ACTIONS // (2 * 3) + 1  # just past it on 3 stages, far below the bound without a timeline
-    line = _one_line(*pplan("simulate", work / "plan.json", "--keep", "micro-batch-size", "--microbatches", m,
+    line = one_error_line(*pplan("simulate", work / "plan.json", "--keep", "micro-batch-size", "--microbatches", m,
                             "--out", work / "s.json")[::2])
     assert f"{2 * 3 * m:,} actions" in line and f"{MAX_TIMELINE_ACTIONS:,}" in line and "leave out those outputs" in line
     assert not (work / "s.json").exists()
@@ -82,7 +75,7 @@ def test_an_output_that_needs_the_timeline_has_the_lower_bound(work: Path, pplan
 
 def test_a_sweep_lists_a_bounded_number_of_values(work: Path, pplan) -> None:
     values = ",".join(str(v) for v in range(1, MAX_SWEEP_VALUES + 2))
-    line = _one_line(*pplan("simulate", work / "plan.json", "--sweep", f"microbatches={values}",
+    line = one_error_line(*pplan("simulate", work / "plan.json", "--sweep", f"microbatches={values}",
                             "--out", work / "s.json")[::2])
     assert f"{MAX_SWEEP_VALUES + 1} values" in line and str(MAX_SWEEP_VALUES) in line
     assert not (work / "s.json").exists()
@@ -92,7 +85,7 @@ def test_a_sweep_is_bounded_by_its_actions_together(work: Path, pplan) -> None:
     # each value alone is within the bound; together they are not
     half = MAX_SIMULATED_ACTIONS // (2 * 3)
     values = (half, half - 1)
-    line = _one_line(*pplan("simulate", work / "plan.json", "--keep", "micro-batch-size", "--sweep",
+    line = one_error_line(*pplan("simulate", work / "plan.json", "--keep", "micro-batch-size", "--sweep",
                             f"microbatches={values[0]},{values[1]}", "--out", work / "s.json")[::2])
     assert f"{2 * 3 * sum(values):,} actions" in line and f"{MAX_SIMULATED_ACTIONS:,}" in line
     assert not (work / "s.json").exists()
@@ -107,10 +100,10 @@ def test_a_sweep_is_bounded_by_its_actions_together(work: Path, pplan) -> None:
 
 
 def test_hardware_is_refused_for_a_one_pipeline_plan(work: Path, pplan) -> None:
-    line = _one_line(*pplan("simulate", work / "plan.json", "--hardware", "h100-80gb", "--out", work / "s.json")[::2])
+    line = one_error_line(*pplan("simulate", work / "plan.json", "--hardware", "h100-80gb", "--out", work / "s.json")[::2])
     assert "--hardware 'h100-80gb'" in line and "one pipeline of 3 devices" in line and "drop --hardware" in line
     assert not (work / "s.json").exists()
-    line = _one_line(*pplan("simulate", work / "plan.json", "--hardware", "h100-80gb", "--sweep", "schedule=gpipe,1f1b")[::2])
+    line = one_error_line(*pplan("simulate", work / "plan.json", "--hardware", "h100-80gb", "--sweep", "schedule=gpipe,1f1b")[::2])
     assert "one pipeline" in line  # refused as itself, not as every row of the sweep failing
 
     from planner.hardware import PRESETS
