@@ -68,6 +68,21 @@ def pplan(monkeypatch, capsys) -> Callable[..., tuple[int, str, str]]:
 
 
 @pytest.fixture
+def analytic_profile(pplan, tmp_path: Path) -> Callable[[str, str], Path]:
+    """analytic_profile(gpt spec, "1,2") -> tmp_path/gpt.csv: `pplan profile --analytic` of the
+    model on a100-80gb in bfloat16 at those micro-batch sizes."""
+
+    def make(model: str, sizes: str) -> Path:
+        path = tmp_path / "gpt.csv"
+        code, _, err = pplan("profile", "--analytic", "--model", model, "--hardware", "a100-80gb", "--dtype",
+                             "bfloat16", "-b", sizes, "-o", path)
+        assert code == 0, err
+        return path
+
+    return make
+
+
+@pytest.fixture
 def run_cli(monkeypatch) -> Callable[..., subprocess.CompletedProcess]:
     """run_cli(*args) -> CompletedProcess: helpers.cli.run_pplan's call in this process
     (helpers.cli.run_in_repo: warnings and tracebacks in stderr, a hang guard), with the

@@ -10,12 +10,8 @@ GPT = "gpt:layers=24,hidden=2048,heads=16,seq=2048,vocab=51200"
 
 
 @pytest.fixture
-def analytic_csv(pplan, tmp_path):
-    path = tmp_path / "gpt.csv"
-    code, _, err = pplan("profile", "--analytic", "--model", GPT, "--hardware", "a100-80gb", "--dtype", "bfloat16",
-                         "-b", "1,2,4,8", "-o", path)
-    assert code == 0, err
-    return path
+def analytic_csv(analytic_profile):
+    return analytic_profile(GPT, "1,2,4,8")
 
 
 def test_partition_nodes_writes_a_plan_with_its_parallel_layout(pplan, analytic_csv, tmp_path):

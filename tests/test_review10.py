@@ -17,12 +17,8 @@ GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 
 
 @pytest.fixture
-def analytic_csv(pplan, tmp_path):
-    path = tmp_path / "gpt.csv"
-    code, _, err = pplan("profile", "--analytic", "--model", GPT, "--hardware", "a100-80gb", "--dtype", "bfloat16",
-                         "-b", "1,2", "-o", path)
-    assert code == 0, err
-    return path
+def analytic_csv(analytic_profile):
+    return analytic_profile(GPT, "1,2")
 
 
 @pytest.fixture
