@@ -21,8 +21,11 @@ the profile's measured times, so a hardware given for one is refused (PlanError)
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from planner.calibration import Calibration
 from planner.cost import StageCost, actions_per_microbatch, stage_cost
+from planner.cost.memory import wgrad_unmeasured_note
 from planner.cost.parallel import model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware
@@ -35,7 +38,7 @@ from planner.simulation.replica import Cluster, replica_costs, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
 __all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "check_hardware_applies", "is_replica_plan",
-           "plan_hardware",
+           "plan_hardware", "unpriced_memory_note",
            "MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS",
            "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
 
@@ -104,6 +107,13 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
         micro_batch_size=plan.micro_batch_size, optimizer=plan.optimizer, calibration=calibration,
         record_timeline=record_timeline, interpolated=interpolated,
     )
+
+
+def unpriced_memory_note(plan: Plan, profile: Profile, schedules: Iterable[str] = ()) -> str | None:
+    """The one line a command shows when the profile cannot price what `plan` (or a sweep's other
+    `schedules`) holds: zero-bubble memory from a profile without wgrad_bytes; None otherwise."""
+    split = any(get_schedule(name).split_backward for name in (plan.schedule, *schedules))
+    return wgrad_unmeasured_note(profile.at(plan.micro_batch_size), split)
 
 
 def is_replica_plan(plan: Plan) -> bool:

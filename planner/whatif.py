@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from planner.calibration import Calibration, calibration_mismatch
-from planner.cost.memory import wgrad_unmeasured_note
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.hardware import Hardware, load_hardware
@@ -29,7 +28,7 @@ from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
 from planner.plan import Links, Plan, load_plan
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules.registry import get_schedule, schedule_name
+from planner.schedules.registry import schedule_name
 
 __all__ = ["KEEP", "WhatIf", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if", "parse_sweep", "run_sweep",
            "check_sweep_actions",
@@ -324,9 +323,9 @@ class WhatIfResult:
     def warnings(self) -> tuple[str, ...]:
         """The setup's warnings, and what the profile cannot price for the simulated plan or any
         swept row (a schedule sweep's zb row splits the backward though the plan's 1f1b does not)."""
-        simulated = {self.plan.schedule, *(r.schedule for r in self.rows if r.error is None)}
-        split = any(get_schedule(name).split_backward for name in simulated)
-        note = wgrad_unmeasured_note(self.setup.profile.at(self.plan.micro_batch_size), split)
+        from planner.simulate import unpriced_memory_note
+
+        note = unpriced_memory_note(self.plan, self.setup.profile, (r.schedule for r in self.rows if r.error is None))
         return self.setup.warnings + ((note,) if note else ())
 
 

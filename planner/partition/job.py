@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Callable
 
 from planner.calibration import Calibration, basis_text, calibration_mismatch
-from planner.cost.memory import wgrad_unmeasured_note
 from planner.hardware import Hardware
 from planner.machine import prediction_basis
 from planner.partition.api import PartitionResult, partition, resolve_devices, validate_settings
@@ -26,7 +25,7 @@ from planner.partition.parallel_sweep import LayoutPoint, layout_sweep
 from planner.partition.search import PartitionSettings, grid_points
 from planner.plan import Plan
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules.registry import get_schedule
+from planner.simulate import unpriced_memory_note
 
 __all__ = ["ClusterSettings", "PipelineJob", "ClusterJob", "StepCallback", "partition_pipeline", "partition_cluster"]
 
@@ -120,7 +119,7 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     result = partition(profile, settings, calibration=cal, on_step=counted)
     plan = result.plan
     notes = (calibration_mismatch(cal, profile, cal_path),
-             wgrad_unmeasured_note(profile.at(plan.micro_batch_size), get_schedule(plan.schedule).split_backward))
+             unpriced_memory_note(plan, profile))
     return PipelineJob(result=result, calibration=cal, calibration_path=cal_path,
                        warnings=tuple(n for n in notes if n))
 
@@ -136,7 +135,7 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
     points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **common) if layouts else ()
     title = (f"{profile.meta.get('model', profile_path)}\n{result.gpus} x {settings.hardware.name}, "
              f"global batch {settings.global_batch}, chosen {result.best.config.describe()}")
-    wgrad = wgrad_unmeasured_note(profile.at(plan.micro_batch_size), get_schedule(plan.schedule).split_backward)
+    wgrad = unpriced_memory_note(plan, profile)
     return ClusterJob(result=result, plan=plan, profile=profile, layouts=points, layouts_title=title,
                       warnings=tuple(result.warnings) + ((wgrad,) if wgrad else ()))
 
