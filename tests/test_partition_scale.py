@@ -13,6 +13,7 @@ import pytest
 
 from planner.errors import PplanError
 from planner.partition import dp, problem
+from planner.partition import baselines
 from planner.partition.baselines import balanced_cuts
 from planner.partition.brute import solve_brute
 from planner.schedules import compiled, generate
@@ -133,3 +134,48 @@ def test_sweep_wakes_a_waiting_rank_only_when_its_input_is_ready(monkeypatch):
     res = compiled.sweep(cs, [1.0] * keys, [0.0] * keys, [-1] * keys, 0)
     assert max(res.end) == 2 * (M + R - 1)  # (M + S - 1)(f + b) with f = b = 1
     assert len(calls) <= R * (M + 1), len(calls)
+
+
+def _every_pair(monkeypatch, w: np.ndarray, S: int) -> tuple[int, ...]:
+    """balanced_cuts pricing every (end, start) pair, as it does for short windows."""
+    with monkeypatch.context() as m:
+        m.setattr(baselines, "_MONOTONE_FROM", 10**9)
+        return balanced_cuts(w, S)
+
+
+def test_monotone_search_of_long_windows_matches_pricing_every_pair(monkeypatch):
+    """Integer weights keep every sum exact, so ties are real ties and both must pick the same cuts."""
+    rng = np.random.default_rng(11)
+    taken = 0
+    for case in range(60):
+        L = int(rng.integers(150, 400))
+        S = int(rng.integers(2, L // 100 + 2))
+        kind = case % 4
+        w = np.rint(_weights(rng, L, kind) * (1 if kind in (1, 3) else 1000))
+        if kind == 2:  # one layer heavy enough that every block fits under the largest: the widest windows
+            w[rng.integers(0, L)] = 10**7
+        calls = []
+        with monkeypatch.context() as m:
+            m.setattr(baselines, "_monotone_starts",
+                      lambda *a, _real=baselines._monotone_starts: calls.append(_real(*a)) or calls[-1])
+            fast = balanced_cuts(w, S)
+        taken += bool(calls) and all(calls)
+        assert fast == _every_pair(monkeypatch, w, S), (case, L, S, kind)
+    assert taken >= 40  # the long-window path really ran, and never gave up
+
+
+def test_monotone_search_of_long_windows_reaches_the_same_objective_on_real_valued_weights(monkeypatch):
+    """With rounding, near-ties may resolve to another partition; its largest block and its sum of
+    squares must still be the optimum's."""
+    rng = np.random.default_rng(12)
+    for case in range(20):
+        L, S = int(rng.integers(200, 400)), int(rng.integers(2, 4))
+        w = _weights(rng, L, 2 if case % 2 else 0)
+        pre = np.concatenate([[0.0], np.cumsum(w)])
+
+        def score(cuts):
+            blocks = np.diff(pre[list(cuts)])
+            return blocks.max(), float(np.sum(blocks * blocks))
+
+        (fast_max, fast_sq), (slow_max, slow_sq) = score(balanced_cuts(w, S)), score(_every_pair(monkeypatch, w, S))
+        assert fast_max == slow_max and fast_sq == pytest.approx(slow_sq, rel=1e-12), case
