@@ -13,7 +13,7 @@ import pytest
 
 from planner.errors import PplanError
 from planner.partition import dp, problem
-from planner.partition import baselines
+from planner.partition import block_starts
 from planner.partition.baselines import balanced_cuts
 from planner.partition.brute import solve_brute
 from planner.schedules import compiled, generate
@@ -136,46 +136,62 @@ def test_sweep_wakes_a_waiting_rank_only_when_its_input_is_ready(monkeypatch):
     assert len(calls) <= R * (M + 1), len(calls)
 
 
-def _every_pair(monkeypatch, w: np.ndarray, S: int) -> tuple[int, ...]:
-    """balanced_cuts pricing every (end, start) pair, as it does for short windows."""
-    with monkeypatch.context() as m:
-        m.setattr(baselines, "_MONOTONE_FROM", 10**9)
-        return balanced_cuts(w, S)
 
 
-def test_monotone_search_of_long_windows_matches_pricing_every_pair(monkeypatch):
-    """Integer weights keep every sum exact, so ties are real ties and both must pick the same cuts."""
+def _one_stage_step(rng: np.random.Generator) -> tuple:
+    """A random step of the most-even DP as balanced_cuts sets it up: integer weights (zeros and
+    one heavy layer among them), the previous stage's costs with unreachable ends at either side,
+    and each end's window of starts under a random largest block."""
+    L, s = int(rng.integers(20, 300)), int(rng.integers(1, 4))
+    w = rng.integers(0, 50, L).astype(float) * (rng.random(L) < 0.8)
+    w[rng.integers(0, L)] = float(rng.integers(1000, 100000))
+    pre = np.concatenate([[0.0], np.cumsum(w)])
+    width = L - s  # the previous stage's ends s .. L - 1, this one's s + 1 .. L
+    g = rng.integers(0, 10**6, width).astype(float)
+    g[:int(rng.integers(0, width // 4 + 1))] = np.inf
+    g[width - int(rng.integers(0, width // 4 + 1)):] = np.inf
+    z = max(w.max(), pre[-1] * rng.choice([0.05, 0.3, 1.0]))  # balanced_cuts's z is never under one layer
+    js = np.arange(s + 1, s + 1 + width)
+    lo = np.array([int(np.argmax(pre[j] - pre[:j + 1] <= z)) for j in js])
+    starts = np.maximum(lo, s)
+    counts = np.maximum(np.minimum(js - 1, s + width - 1) - starts + 1, 0)
+    return pre, g, s, js, starts, counts
+
+
+def test_monotone_start_search_equals_pricing_every_pair():
+    """Integer weights and costs keep every sum exact, so ties are real ties: both searches must give
+    every end the same least cost and the same first start."""
     rng = np.random.default_rng(11)
-    taken = 0
-    for case in range(60):
-        L = int(rng.integers(150, 400))
-        S = int(rng.integers(2, L // 100 + 2))
-        kind = case % 4
-        w = np.rint(_weights(rng, L, kind) * (1 if kind in (1, 3) else 1000))
-        if kind == 2:  # one layer heavy enough that every block fits under the largest: the widest windows
-            w[rng.integers(0, L)] = 10**7
-        calls = []
-        with monkeypatch.context() as m:
-            m.setattr(baselines, "_monotone_starts",
-                      lambda *a, _real=baselines._monotone_starts: calls.append(_real(*a)) or calls[-1])
-            fast = balanced_cuts(w, S)
-        taken += bool(calls) and all(calls)
-        assert fast == _every_pair(monkeypatch, w, S), (case, L, S, kind)
-    assert taken >= 40  # the long-window path really ran, and never gave up
+    searched = 0
+    for case in range(300):
+        step = _one_stage_step(rng)
+        fast = block_starts.monotone_starts(*step)
+        if fast is None:
+            continue
+        searched += 1
+        slow = block_starts.every_pair_starts(*step)
+        reached = np.isfinite(slow[0])
+        assert np.array_equal(fast[0], slow[0]), case
+        assert np.array_equal(fast[1][reached], slow[1][reached]), case
+    assert searched >= 250  # the premise holds on these steps: a search that gives up is a fault
 
 
-def test_monotone_search_of_long_windows_reaches_the_same_objective_on_real_valued_weights(monkeypatch):
-    """With rounding, near-ties may resolve to another partition; its largest block and its sum of
-    squares must still be the optimum's."""
+def test_balanced_cuts_with_long_windows_reach_the_optimum():
+    """One heavy layer lets every block fit, so windows average far more than MONOTONE_FROM starts;
+    the cuts' largest block and sum of squares must be those of pricing every pair."""
     rng = np.random.default_rng(12)
-    for case in range(20):
-        L, S = int(rng.integers(200, 400)), int(rng.integers(2, 4))
+    for case in range(12):
+        L, S = int(rng.integers(300, 600)), int(rng.integers(2, 6))
         w = _weights(rng, L, 2 if case % 2 else 0)
+        w[rng.integers(0, L)] = 1e6
         pre = np.concatenate([[0.0], np.cumsum(w)])
 
         def score(cuts):
             blocks = np.diff(pre[list(cuts)])
             return blocks.max(), float(np.sum(blocks * blocks))
 
-        (fast_max, fast_sq), (slow_max, slow_sq) = score(balanced_cuts(w, S)), score(_every_pair(monkeypatch, w, S))
-        assert fast_max == slow_max and fast_sq == pytest.approx(slow_sq, rel=1e-12), case
+        fast = score(balanced_cuts(w, S))
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(block_starts, "MONOTONE_FROM", 10**9)
+            slow = score(balanced_cuts(w, S))
+        assert fast[0] == slow[0] and fast[1] == pytest.approx(slow[1], rel=1e-12), case

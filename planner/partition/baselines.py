@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.errors import PplanError
+from planner.partition.block_starts import best_starts
 from planner.partition.problem import first_true
 
 __all__ = ["BASELINES", "uniform_cuts", "balanced_cuts", "baseline_cuts"]
@@ -79,9 +80,6 @@ def _least_largest_block(pre: np.ndarray, L: int, S: int) -> float:
     return float(f[-1])
 
 
-_PAIRS_PER_CHUNK = 1 << 22  # (end, start) pairs priced at once in _most_even
-
-
 def _most_even(pre: np.ndarray, L: int, S: int, z: float) -> tuple[int, ...]:
     """Least sum of squared blocks among partitions whose blocks are all <= z; ties to the earliest cut.
 
@@ -98,87 +96,13 @@ def _most_even(pre: np.ndarray, L: int, S: int, z: float) -> tuple[int, ...]:
         js = np.arange(s + 1, s + 1 + width)
         starts = np.maximum(lo[js], s)
         counts = np.maximum(np.minimum(js - 1, s + width - 1) - starts + 1, 0)
-        new_g = np.full(width, np.inf)
-        arg = np.zeros(width, dtype=np.int64)
-        if int(counts.sum()) <= _MONOTONE_FROM * width or not _monotone_starts(pre, g, s, js, starts, counts, new_g, arg):
-            k = 0
-            while k < width:  # chunks of ends, so that a flat z never prices width^2 pairs at once
-                stop = k + 1 + int(np.searchsorted(np.cumsum(counts[k:]), _PAIRS_PER_CHUNK, side="right"))
-                stop = min(stop, width)
-                _best_starts(pre, g, s, js[k:stop], starts[k:stop], counts[k:stop], new_g[k:stop], arg[k:stop])
-                k = stop
-        g = new_g
+        g, arg = best_starts(pre, g, s, js, starts, counts)
         back.append(arg)
     cuts = [L]
     for s in range(S - 1, 0, -1):
         cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
     cuts.append(0)
     return tuple(reversed(cuts))
-
-
-_MONOTONE_FROM = 64
-"""Average starts per end above which _most_even searches starts by monotone divide and conquer.
-Below it every (end, start) pair is priced, as the plans pinned by tests/data/golden_plans were."""
-
-
-def _monotone_starts(pre: np.ndarray, g: np.ndarray, s: int, js: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                     out_g: np.ndarray, out_arg: np.ndarray) -> bool:
-    """_best_starts for every end at once in O(width log width) pairs, not O(width^2); False (nothing
-    written) where its premise does not hold, for the caller to price every pair.
-
-    With non-negative weights a squared block sum satisfies the quadrangle inequality, and a block
-    over z (infinite) or a previous end that cannot be reached (g infinite) keeps it; then the first
-    best start of an end never decreases with the end, so each end's best start, found in the middle
-    of a run of ends, bounds the searches of the runs on either side (divide and conquer, one numpy
-    pass per level). The reachable previous ends and the ends reachable from them are each one
-    interval; the search keeps to those. With one very heavy layer (every block fits under z) this
-    took a 4000-layer, 2000-stage split from tens of seconds to about a second.
-    """
-    found_g, found = np.full(out_g.size, np.inf), np.zeros(out_arg.size, dtype=np.int64)
-    finite = np.flatnonzero(np.isfinite(g))
-    if finite.size == 0:
-        return False
-    p, q = s + int(finite[0]), s + int(finite[-1])
-    lower = np.maximum(starts, p)
-    upper = np.minimum(starts + counts - 1, q)
-    ends = np.flatnonzero(lower <= upper)
-    if ends.size == 0 or ends[-1] - ends[0] + 1 != ends.size:
-        return False
-    klo, khi = ends[:1].copy(), ends[-1:].copy()
-    olo, ohi = np.array([p]), np.array([q])
-    while klo.size:
-        mid = (klo + khi) // 2
-        first = np.maximum(lower[mid], olo)
-        n = np.minimum(upper[mid], ohi) - first + 1
-        if np.any(n < 1):
-            return False  # cannot happen when the inequality holds; price every pair rather than guess
-        best_g, best = np.empty(mid.size), np.empty(mid.size, dtype=np.int64)
-        _best_starts(pre, g, s, js[mid], first, n, best_g, best)
-        found_g[mid], found[mid] = best_g, best
-        left, right = klo <= mid - 1, mid + 1 <= khi
-        klo, khi = np.concatenate([klo[left], mid[right] + 1]), np.concatenate([mid[left] - 1, khi[right]])
-        olo, ohi = np.concatenate([olo[left], best[right]]), np.concatenate([best[left], ohi[right]])
-    out_g[:], out_arg[:] = found_g, found
-    return True
-
-
-def _best_starts(pre: np.ndarray, g: np.ndarray, s: int, js: np.ndarray, starts: np.ndarray, counts: np.ndarray,
-                 out_g: np.ndarray, out_arg: np.ndarray) -> None:
-    """For each end j: the start i (first among equals) minimising g_{s-1}(i) + (pre[j] - pre[i])^2."""
-    seg = np.flatnonzero(counts)
-    if seg.size == 0:
-        return
-    n = counts[seg]
-    offsets = np.concatenate([[0], np.cumsum(n)[:-1]])
-    owner = np.repeat(np.arange(seg.size), n)
-    i = starts[seg][owner] + (np.arange(int(n.sum())) - offsets[owner])
-    block = pre[js[seg][owner]] - pre[i]
-    cand = g[i - s] + block * block  # g holds the previous stage's ends s .. s+width-1
-    low = np.minimum.reduceat(cand, offsets)
-    hit = np.flatnonzero(cand == low[owner])
-    _, firsts = np.unique(owner[hit], return_index=True)
-    out_g[seg] = low
-    out_arg[seg] = i[hit[firsts]]
 
 
 def baseline_cuts(method: str, n_stages: int, param_bytes: np.ndarray, fwd_bwd_ms: np.ndarray) -> tuple[int, ...]:
