@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import echo_json, parse_int_list, parse_shape, step_progress
+from cli.common import echo_json, given_params, parse_int_list, parse_shape, step_progress
 from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
@@ -83,6 +83,7 @@ def register(app: typer.Typer) -> None:
 
 
 def profile(
+    ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md).")] = ...,
     micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
@@ -117,9 +118,8 @@ def profile(
     # after the values' own checks; input_dtype as given (None: not given), since a built-in reads none of them
     check_input_flags(model, input_shape=opts.input_shape, input_dtype=input_dtype, vocab=opts.vocab)
     _check_out(out)
-    if analytic or hardware is not None:
-        if co_run:
-            raise PplanError(f"--co-run {co_run} with --analytic: an analytic profile is computed, not measured", "drop --co-run")
+    _refuse_unused(ctx, analytic)
+    if analytic:
         _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out)
         return
     from planner.hostinfo import usable_cores
@@ -137,6 +137,25 @@ def profile(
         echo_json(summary)
     else:
         _print_table(summary)
+
+
+_MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run", "seed")
+"""What only a measured profile reads: an analytic one runs nothing, on no device, with no weights."""
+
+
+def _refuse_unused(ctx: typer.Context, analytic: bool) -> None:
+    """--hardware without --analytic, or a measuring flag with it, would be silently ignored (a
+    `--device cuda --hardware h100-80gb` profile was computed, not measured, with exit code 0)."""
+    given = given_params(ctx)
+    if not analytic and "hardware" in given:
+        raise PplanError(f"--hardware {ctx.params['hardware']!r} without --analytic: a measured profile runs on "
+                         f"--device ({ctx.params['device']}), not on a hardware preset",
+                         "add --analytic to compute the profile for that hardware, or drop --hardware")
+    unused = [name for name in _MEASURING if name in given] if analytic else []
+    if unused:
+        shown = ", ".join(f"--{name.replace('_', '-')} {ctx.params[name]}" for name in unused)
+        raise PplanError(f"{shown} with --analytic: an analytic profile is computed from FLOPs and bytes, "
+                         "not measured", f"drop {'it' if len(unused) == 1 else 'them'}, or drop --analytic to measure")
 
 
 def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, out: Path, json_out: bool) -> None:

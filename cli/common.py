@@ -146,6 +146,14 @@ def timed_say(label: str) -> Callable[[str], None]:
     return say
 
 
+def given_params(ctx: typer.Context) -> set[str]:
+    """Names of the parameters given on the command line, a flag given at its default value
+    included (so that a command can refuse what its mode never reads)."""
+    # by the source's name: typer vendors its own click, whose ParameterSource is not click's
+    return {p.name for p in ctx.command.params
+            if getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")}
+
+
 def parse_shape(text: str | None) -> tuple[int, ...] | None:
     """`--input-shape '3,32,32'` -> (3, 32, 32): one sample's shape (repeated dimensions are fine)."""
     if text is None:

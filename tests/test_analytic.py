@@ -11,6 +11,8 @@ from planner.hardware import PRESETS
 from planner.profiling.analytic import Efficiency, analytic_profile, write_analytic_profile
 from planner.profiling.profile import load_profile
 
+from helpers.cli import one_error_line
+
 ROOT = Path(__file__).resolve().parents[1]
 SMALL = "gpt:layers=2,hidden=32,heads=2,seq=16,vocab=64"
 REFERENCE = ROOT / "profiles" / "gpt-8l-v32k.csv"  # measured with `pplan profile` on one CPU core, float32
@@ -171,3 +173,15 @@ def test_bad_arguments_are_one_line_errors(args, error, words):
         analytic_profile(*args)
     with pytest.raises(PplanError, match="activation model"):
         analytic_profile(SMALL, "a100-80gb", "float32", [1], activations="megatron")
+
+
+@pytest.mark.parametrize("flags, words", [
+    (("--hardware", "a100-80gb", "--device", "cuda"), "--hardware 'a100-80gb' without --analytic"),
+    (("--analytic", "--hardware", "a100-80gb", "--repeats", 3, "--threads", 2), "--repeats 3, --threads 2 with --analytic"),
+    (("--analytic", "--hardware", "a100-80gb", "--device", "cpu"), "--device cpu with --analytic"),  # a default, given
+])
+def test_profile_refuses_flags_its_mode_never_reads(pplan, tmp_path, flags, words):
+    out = tmp_path / "p.csv"
+    code, _, err = pplan("profile", "-m", SMALL, *flags, "-o", out)
+    assert words in one_error_line(code, err)
+    assert not out.exists()

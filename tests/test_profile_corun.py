@@ -110,7 +110,7 @@ def test_cli_refuses_co_run_before_importing_torch(tmp_path: Path) -> None:
     assert got.returncode == 2 and "co-run -2" in got.stderr and "Traceback" not in got.stderr
     got = run_pplan("profile", "-m", "gpt", "--analytic", "--hardware", "a100-80gb", "--co-run", "1",
                     "-o", str(tmp_path / "p.csv"), cwd=tmp_path)
-    assert got.returncode == 2 and "computed, not measured" in got.stderr
+    assert got.returncode == 2 and "co-run 1 with --analytic" in got.stderr and "not measured" in got.stderr
     assert not (tmp_path / "p.csv").exists()
 
 
