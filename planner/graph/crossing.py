@@ -89,8 +89,8 @@ def layer_input_bytes(layer: int, output_bytes_per_layer: Sequence[float], skip_
     """Bytes layer `layer` (>= 1) reads from earlier layers: what a checkpoint of it keeps.
 
     The chain bytes of layer-1 plus every skip edge that lists `layer` among its consumers
-    (for a chain: output_bytes[layer-1], today's `recompute_input_bytes`). Layer 0 reads
-    the model input, which the profile gives as input_bytes_per_sample.
+    (for a chain: output_bytes[layer-1]). Layer 0 reads the model input, which the profile gives
+    as input_bytes_per_sample.
     """
     if not 1 <= layer < len(output_bytes_per_layer):
         raise PplanError(f"layer {layer} has no earlier layer to read from (layers 1..{len(output_bytes_per_layer) - 1})")
