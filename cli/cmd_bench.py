@@ -125,7 +125,7 @@ def _check_out(out_dir: Path) -> None:
 def planner_cmd(
     layers: Annotated[str, typer.Option("--layers", help="Layer counts to plan.")] = "50,200,1000",
     devices: Annotated[str, typer.Option("--devices", help="Device counts to plan for.")] = "4,16,64",
-    ilp_time_limit: Annotated[float, typer.Option("--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical.")] = 20.0,
+    ilp_time_limit: Annotated[float, typer.Option("--ilp-time-limit", help="Seconds per ILP solve before it counts as impractical (positive and finite).")] = 20.0,
     parallel: Annotated[bool, typer.Option(
         "--parallel/--no-parallel", help="Also time the full dp x pp x tp search for "
         "GPT-175B on 1,536 and GPT-1T on 3,072 A100s (targets 5 s and 10 s).")] = True,
@@ -136,12 +136,14 @@ def planner_cmd(
     from planner.bench.parallel_bench import bench_parallel
 
     from planner.bench.planner_bench import check_counts
+    from planner.limits import check_time_limit
     from planner.plan.records import MAX_PIPELINE_STAGES
     from planner.profiling.profile import MAX_LAYERS
 
     # bounded before the 3D search below runs: a refusal comes first, not after minutes
     layer_counts = check_counts(parse_int_list(layers, "--layers"), "--layers", MAX_LAYERS, "50,200,1000")
     device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "4,16,64")
+    check_time_limit(ilp_time_limit, "--ilp-time-limit")  # inf would let CBC run unlimited
     _check_out(out_dir)
     machine = _machine()
     tables = [bench_planner(layer_counts, device_counts, ilp_time_limit=ilp_time_limit, progress=_progress())]

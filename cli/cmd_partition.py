@@ -31,15 +31,15 @@ def partition_cmd(
     devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices).")] = None,
     memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited).")] = None,
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration (= micro-batches x micro-batch size).")] = ...,
-    microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M.")] = None,
-    schedule: Annotated[Optional[str], typer.Option("--schedule", help="auto (the default), gpipe, 1f1b, interleaved or zb.")] = None,
+    microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M. With --nodes: M per data-parallel replica, each layout then running micro-batches of batch / (dp x M) samples.")] = None,
+    schedule: Annotated[Optional[str], typer.Option("--schedule", help="auto (the default), gpipe, 1f1b, interleaved or zb. With --nodes, the layouts are searched with that schedule only.")] = None,
     recompute: Annotated[str, typer.Option("--recompute", help="auto (per layer, only where memory needs it), none or all.")] = "auto",
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam (the default), adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = None,
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="Link bandwidth between devices (default 25GB/s; 100Gbit/s is bits).")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="Link latency per message (default 0.01ms; or e.g. 5us).")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="auto (the default), dp, ilp, uniform, params or time.")] = None,
-    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60; positive and finite).")] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware.")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets).")] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
@@ -61,15 +61,15 @@ def partition_cmd(
 
     cluster_mode = nodes is not None or hardware is not None
     _check_mode_flags(cluster_mode, {
-        "--devices": devices, "--microbatches": microbatches, "--schedule": schedule, "--optimizer": optimizer,
-        "--bandwidth": bandwidth, "--latency": latency, "--cluster": cluster, "--method": method,
-        "--time-limit": time_limit, "--calibration": calibration,
+        "--devices": devices, "--optimizer": optimizer, "--bandwidth": bandwidth, "--latency": latency,
+        "--cluster": cluster, "--method": method, "--time-limit": time_limit, "--calibration": calibration,
     }, {"--gpus-per-node": gpus_per_node, "--parallel": parallel, "--zero": zero})
     _check_outputs(out, plot, profile_path, cluster, calibration, hardware)
     if cluster_mode:
         cluster_settings = cluster_settings_from_options(nodes=nodes, hardware=hardware, global_batch=global_batch,
                                                          gpus_per_node=gpus_per_node, parallel=parallel or "auto",
-                                                         zero=zero or 0, recompute=recompute, memory=memory)
+                                                         zero=zero or 0, recompute=recompute, memory=memory,
+                                                         schedule=schedule or "auto", microbatches=microbatches or "auto")
         _finish_cluster(partition_cluster(profile_path, cluster_settings, layouts=plot is not None), out, plot, as_json)
         return
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
@@ -85,8 +85,9 @@ def partition_cmd(
 def _check_mode_flags(cluster_mode: bool, pipeline_only: dict[str, object], cluster_only: dict[str, object]) -> None:
     """Refuse a flag the chosen search never reads (None: not given; the defaults are None so
     that a given value can be told from the default). --nodes/--hardware search data x pipeline
-    x tensor layouts on the hardware's GPUs and links with Adam, every schedule and micro-batch
-    count, and no calibration; one pipeline has no data or tensor parallelism to lay out."""
+    x tensor layouts on the hardware's GPUs and links, with Adam, the pipeline DP (no ILP, so no
+    time limit) and no calibration; one pipeline has no data or tensor parallelism to lay out.
+    --schedule and --microbatches hold either search."""
     from planner.errors import PplanError
 
     dropped = pipeline_only if cluster_mode else cluster_only
@@ -96,7 +97,8 @@ def _check_mode_flags(cluster_mode: bool, pipeline_only: dict[str, object], clus
         return
     if cluster_mode:
         raise PplanError(f"{', '.join(given)}: not used with --nodes/--hardware (the data x pipeline x tensor search "
-                         "takes devices, links, schedules and micro-batches from the hardware and its own search)",
+                         "takes its GPUs and links from --nodes and --hardware, prices Adam, cuts each pipeline "
+                         "with the DP and runs uncalibrated)",
                          "drop it, or drop --nodes/--hardware to plan one pipeline")
     raise PplanError(f"{', '.join(given)}: only used with --nodes and --hardware (data x pipeline x tensor parallelism)",
                      "drop it, or add e.g. --nodes 2 --hardware a100-80gb")

@@ -8,6 +8,10 @@ live here, below all of them.
 
 from __future__ import annotations
 
+import math
+
+from planner.errors import PplanError
+
 __all__ = [
     "MAX_MEMORY_BYTES", "MIN_BANDWIDTH", "MAX_BANDWIDTH", "MAX_LATENCY_MS",
     "MIN_SPEED", "MAX_SPEED", "MAX_GLOBAL_BATCH", "MAX_SEED",
@@ -37,3 +41,15 @@ __all__ += ["MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS", "MAX_SWEEP_VALUES",
 # 0.68 GB, 2000 x 16 0.96 GB, 400 x 400 0.81 GB; 4000 x 16 took 3.3 GB and 4000 x 64 over 8 GB.
 MAX_BENCH_PLANNER_CELL = 1000 * 1000 * 64
 __all__ += ["MAX_BENCH_PLANNER_CELL"]
+
+
+def check_time_limit(seconds: float, flag: str = "--time-limit") -> float:
+    """`seconds` when it is a positive, finite number of seconds (an ILP's time limit). PuLP hands
+    inf on as `-sec inf`, which CBC rejects ("valid range is -1 to 1.79769e+308") and then solves
+    with no limit at all; nan and 0 allow nothing."""
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (math.isfinite(seconds) and seconds > 0):
+        raise PplanError(f"{flag} must be positive and finite, got {seconds!r}", f"give seconds, e.g. {flag} 60")
+    return seconds
+
+
+__all__ += ["check_time_limit"]

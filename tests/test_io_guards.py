@@ -174,10 +174,10 @@ def test_every_committed_profile_still_loads(path: Path) -> None:
 @pytest.mark.parametrize("extra,match", [
     (("--devices", "2"), "--devices 2: not used with --nodes/--hardware"),
     (("--calibration", "missing.json"), "--calibration 'missing.json': not used with --nodes/--hardware"),
-    (("--schedule", "gpipe", "--microbatches", "4"), "--microbatches '4', --schedule 'gpipe': not used"),
+    (("--time-limit", "5"), "--time-limit 5.0: not used with --nodes/--hardware"),
     (("--optimizer", "sgd", "--bandwidth", "1GB/s", "--latency", "1ms"), "--optimizer 'sgd', --bandwidth '1GB/s'"),
     (("--cluster", "cluster.json", "--method", "ilp", "--time-limit", "5"), "--cluster 'cluster.json', --method 'ilp'"),
-], ids=["devices", "calibration", "schedule-microbatches", "optimizer-links", "cluster-method-time"])
+], ids=["devices", "calibration", "time-limit", "optimizer-links", "cluster-method-time"])
 def test_partition_with_nodes_refuses_pipeline_only_flags(work: Path, extra: tuple[str, ...], match: str) -> None:
     refused(work, "partition", "mlp.csv", "--global-batch", "8", "--nodes", "1", "--hardware", "a100-80gb",
             "--out", "p.json", *extra, match=match)

@@ -22,7 +22,7 @@ import numpy as np
 
 from planner.bench.table import Table
 from planner.errors import PplanError
-from planner.limits import MAX_BENCH_LIST, MAX_BENCH_PLANNER_CELL
+from planner.limits import MAX_BENCH_LIST, MAX_BENCH_PLANNER_CELL, check_time_limit
 from planner.plan.records import MAX_PIPELINE_STAGES
 from planner.profiling.profile import MAX_LAYERS
 
@@ -91,8 +91,7 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
     Ls = check_counts(layers, "--layers", MAX_LAYERS, "50,200,1000")
     Ss = check_counts(devices, "--devices", MAX_PIPELINE_STAGES, "4,16,64")
     _check_cells(Ls, Ss)
-    if not ilp_time_limit > 0:
-        raise PplanError(f"--ilp-time-limit {ilp_time_limit} must be positive", "e.g. 20")
+    check_time_limit(ilp_time_limit, "--ilp-time-limit")  # inf would let CBC run unlimited
     say = progress or (lambda _m: None)
     rows = []
     failed: set[tuple[int, int]] = set()  # cells where the ILP hit its limit

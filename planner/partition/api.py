@@ -16,7 +16,7 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost import optimizer_factor
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
-from planner.limits import MAX_GLOBAL_BATCH
+from planner.limits import MAX_GLOBAL_BATCH, check_time_limit
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
@@ -111,8 +111,7 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
     if settings.recompute not in RECOMPUTE_MODES:
         raise PplanError(f"unknown recompute mode {settings.recompute!r}", f"use one of {', '.join(RECOMPUTE_MODES)}")
     optimizer_factor(settings.optimizer)
-    if not settings.time_limit > 0:
-        raise PplanError(f"--time-limit must be positive, got {settings.time_limit}")
+    check_time_limit(settings.time_limit)
     v = get_schedule(settings.schedule).virtual_stages if settings.schedule != "auto" else 1
     if v > 1 and count * v > L:
         raise PplanError(f"{settings.schedule} needs {v} stages per device ({count * v}) but the model has {L} layers",

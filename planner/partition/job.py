@@ -54,6 +54,10 @@ class ClusterSettings:
     """none, full or auto (both are tried)."""
     memory_bytes: int | None = None
     """Memory per GPU; None: the hardware's."""
+    schedule: str = "auto"
+    """'auto' (every schedule) or the one registry schedule the search is held to."""
+    microbatches: int | None = None
+    """Micro-batches per data-parallel replica the search is held to; None: every count its sizes give."""
 
 
 @dataclass(frozen=True)
@@ -129,7 +133,8 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
     layout for the figure (one search per layout: as long again as the search or longer)."""
     profile = load_profile(profile_path)
     common = dict(hardware=settings.hardware, nodes=settings.nodes, global_batch=settings.global_batch,
-                  zero=settings.zero, recompute=settings.recompute, memory_bytes=settings.memory_bytes)
+                  zero=settings.zero, recompute=settings.recompute, memory_bytes=settings.memory_bytes,
+                  schedules=None if settings.schedule == "auto" else (settings.schedule,), microbatches=settings.microbatches)
     result = plan_parallel(profile, gpus_per_node=settings.gpus_per_node, parallel=settings.parallel, **common)
     plan = parallel_plan(result, profile, settings.hardware)
     points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **common) if layouts else ()

@@ -12,8 +12,10 @@ import os
 from planner.cluster import load_cluster
 from planner.errors import PplanError
 from planner.hardware import load_hardware
+from planner.limits import check_time_limit
 from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
+from planner.schedules.registry import schedule_name
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
 __all__ = ["parse_microbatches", "settings_from_options", "cluster_recompute", "cluster_settings_from_options"]
@@ -62,16 +64,19 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         latency_ms=parse_ms(latency),
         cluster=load_cluster(cluster) if cluster is not None else None,
         method=method.strip().lower(),
-        time_limit=time_limit,
+        time_limit=check_time_limit(time_limit),
     )
 
 
 def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathLike | None, global_batch: int,
                                   gpus_per_node: int | None = None, parallel: str = "auto", zero: int = 0,
-                                  recompute: str = "auto", memory: str | None = None) -> ClusterSettings:
+                                  recompute: str = "auto", memory: str | None = None, schedule: str = "auto",
+                                  microbatches: str = "auto") -> ClusterSettings:
     """ClusterSettings from `pplan partition --nodes`'s option values: the hardware preset or file
-    loaded, sizes parsed; the layout, ZeRO and recompute values are checked by the search itself
-    (planner.partition.parallel_search.plan_parallel), so its library callers get the same messages."""
+    loaded, sizes parsed, the schedule and micro-batch count read as the one-pipeline search reads
+    them; the layout, ZeRO, recompute and whether the schedule runs at that count are checked by the
+    search itself (planner.partition.parallel_search.plan_parallel), so its library callers get the
+    same messages."""
     if nodes is None or hardware is None:
         raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
     return ClusterSettings(
@@ -83,4 +88,6 @@ def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathL
         zero=zero,
         recompute=cluster_recompute(recompute),
         memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
+        schedule="auto" if schedule.strip().lower() == "auto" else schedule_name(schedule, "--schedule"),
+        microbatches=parse_microbatches(microbatches),
     )

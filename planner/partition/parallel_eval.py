@@ -1,12 +1,14 @@
-"""Pricing one data x pipeline x tensor candidate: the pipeline DP on one GPU's layer costs
-(the profile's costs transformed by planner.cost.parallel), a bound for branch and bound, and
-the simulation that judges it (planner.partition.parallel_search drives the search)."""
+"""Pricing one data x pipeline x tensor candidate: which (micro-batch size, M, schedule, chunks)
+points a layout can run at all, the pipeline DP on one GPU's layer costs (the profile's costs
+transformed by planner.cost.parallel), a bound for branch and bound, and the simulation that
+judges it (planner.partition.parallel_search drives the search)."""
 
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass, replace
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -14,18 +16,23 @@ from planner.cost.parallel import (
     ModelFlops, Placement, collective_ms, grad_sync_ms, profile_precision, tensor_parallel_costs, tp_layers,
     zero_bytes_per_param,
 )
+from planner.errors import ScheduleError
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
 from planner.partition.build import Layout, build_problem
 from planner.partition.dp import min_memory_scale, solve_dp
+from planner.partition.search import divisors
 from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import generate, get_schedule
+from planner.schedules import check_sizes, generate, get_schedule
 from planner.schedules.interleaved import rounds
 from planner.schedules.memory import stage_inflight_peak
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
-__all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "inflight_peaks", "solve_task",
-           "simulate_task"]
+__all__ = ["MAX_MICROBATCHES", "ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "distinct_schedules",
+           "runnable_schedules", "held_flags", "held_size", "check_held_runs", "inflight_peaks", "solve_task", "simulate_task"]
+
+MAX_MICROBATCHES = 4096
+"""Most micro-batches per replica the search plans (given or derived from a micro-batch size)."""
 
 
 @dataclass(frozen=True)
@@ -155,6 +162,82 @@ def _vocab_parallel_costs(raw: LayerCosts, names: tuple[str, ...], cfg: Parallel
 def bubble_slots(schedule: str, p: int, v: int) -> float:
     """Idle micro-batch slots of a schedule with p ranks (the registry's closed form)."""
     return get_schedule(schedule).bubble_slots(p, v)
+
+
+def distinct_schedules(names: tuple[str, ...], pp: int) -> tuple[str, ...]:
+    """The schedules worth solving on `pp` ranks. On one rank every one-chunk schedule runs the same
+    single stage in the same time (no bubble, no sends), so only one is kept: the one holding the
+    fewest activations (not every micro-batch's, backward not split), the earlier name on a tie."""
+    if pp > 1:
+        return names
+    single = [n for n in names if not get_schedule(n).multi_chunk]
+    if not single:
+        return names
+    best = min(single, key=lambda n: (get_schedule(n).holds_every_microbatch, get_schedule(n).split_backward, names.index(n)))
+    return tuple(n for n in names if n == best or get_schedule(n).multi_chunk)
+
+
+def runnable_schedules(names: tuple[str, ...], pp: int, m: int, n_layers: int,
+                       why: list[str] | None = None) -> list[tuple[str, int]]:
+    """The (schedule, chunks per rank) of `names` (distinct_schedules) that run on `pp` ranks with `m`
+    micro-batches, every stage holding at least one of the `n_layers` layers; one line per
+    (schedule, chunks) that does not is appended to `why` (the search's error explains with it)."""
+    out = []
+    for name in distinct_schedules(names, pp):
+        for v in get_schedule(name).chunk_counts:
+            if pp * v > n_layers:
+                reason = f"{name} with pp={pp} x {v} stages per rank needs {pp * v} layers, the model has {n_layers}"
+            elif pp == 1 and v > 1:
+                reason = f"{name} needs at least 2 pipeline ranks, got pp=1"
+            else:
+                try:
+                    check_sizes(name, pp, m, v)
+                    out.append((name, v))
+                    continue
+                except ScheduleError as e:
+                    reason = e.message
+            if why is not None:
+                why.append(reason)
+    return out
+
+
+def held_flags(schedule_flag: str, microbatches: int | None) -> str:
+    """What a search is held to, as the flags that hold it ('--schedule 1f1b --microbatches 32'; '' for nothing)."""
+    return " ".join(f for f in (schedule_flag, f"--microbatches {microbatches}" if microbatches else "") if f)
+
+
+def held_size(cfg: ParallelConfig, global_batch: int, microbatches: int, allowed: Sequence[int] | None) -> list[int]:
+    """[b] when `cfg`'s replicas split the batch into `microbatches` micro-batches of b samples
+    (b one of `allowed` when given), else []."""
+    b, left = divmod(global_batch, cfg.dp * microbatches)
+    return [b] if b >= 1 and not left and (not allowed or b in allowed) else []
+
+
+def check_held_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
+                    global_batch: int, n_layers: int, schedule_flag: str, microbatches: int | None, where: str) -> None:
+    """ScheduleError when the schedules `names` (given as `schedule_flag`; '' when all) and the
+    held micro-batch count leave no layout anything to run, memory aside: the first layout's
+    reason, and the micro-batch counts nearest the asked one that would run with those schedules."""
+    why: list[str] = []
+    for cfg in layouts:
+        sizes = sizes_of(cfg)
+        if not sizes:
+            why.append(f"{cfg.describe()}: {global_batch} samples over {cfg.dp} replicas do not split into "
+                       + (f"{microbatches} micro-batches" if microbatches else "micro-batches of the sizes searched"))
+        for b in sizes:
+            m, reasons = global_batch // (cfg.dp * b), []
+            if m <= MAX_MICROBATCHES and runnable_schedules(names, cfg.pp, m, n_layers, reasons):
+                return
+            why.append(f"{cfg.describe()}: {reasons[0] if reasons else f'M={m} is over {MAX_MICROBATCHES}'}")
+    runs = {m for cfg in layouts if global_batch % cfg.dp == 0 for m in divisors(global_batch // cfg.dp)
+            if m <= MAX_MICROBATCHES and runnable_schedules(names, cfg.pp, m, n_layers)}
+    nearest = sorted(sorted(runs, key=lambda m: (abs(m - (microbatches or 1)), m))[:5])
+    if nearest:
+        hint = f"--microbatches {', '.join(map(str, nearest))} would run" + (f" with {schedule_flag}" if schedule_flag else "")
+    else:
+        other = "another --schedule" + (" or --parallel" if where.startswith("--parallel") else "")
+        hint = f"{schedule_flag} runs nowhere on these GPUs: choose {other}" if schedule_flag else "use --microbatches auto"
+    raise ScheduleError(f"{held_flags(schedule_flag, microbatches)} cannot run on {where}, memory aside (e.g. {why[0]})", hint)
 
 
 def _layout(cfg: ParallelConfig, v: int, mem: float, ctx: ParallelCosts) -> Layout:

@@ -3,13 +3,15 @@
 For N = nodes x gpus_per_node GPUs and a global batch B, every layout D x P x T = N (T in
 {1, 2, 4, 8} dividing the GPUs per node, P at most the layers), micro-batch size b (the
 profile's sizes and powers of two, D*b dividing B; M = B / (D*b) micro-batches per replica),
-schedule (the registry's) and recompute (none / full) is a candidate:
+schedule (the registry's) and recompute (none / full) is a candidate. `schedules` and `microbatches`
+hold the search to some schedules and to M micro-batches per replica (b = B / (D*M) then, any size),
+as `pplan partition --schedule/--microbatches` hold the one-pipeline search:
 
 1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's shares, / T / P)
    above the limit -> skipped, and remembered for the InfeasibleError;
 2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
    + the gradient sync the backward does not hide; candidates are solved in that order (on one
-   rank, one of the one-chunk schedules that run alike: `_distinct`);
+   rank, one of the one-chunk schedules that run alike: parallel_eval.distinct_schedules);
 3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
    profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
    with ZeRO and T division), until the next estimate is past the top_k-th solution's by the margin;
@@ -29,20 +31,21 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from planner.cost.parallel import checked_mfu, grad_sync_ms, model_flops, zero_bytes_per_param
-from planner.errors import InfeasibleError, PplanError, ScheduleError
+from planner.errors import InfeasibleError, PplanError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
 from planner.parallel import ParallelConfig, parse_parallel
 from planner.partition.parallel_eval import (
-    ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, simulate_task, solve_task,
+    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, check_held_runs, held_flags,
+    held_size, runnable_schedules, simulate_task, solve_task,
 )
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
-from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
+from planner.schedules import SCHEDULE_NAMES, get_schedule
 from planner.units import format_bytes, format_size_up
 
 __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
@@ -56,7 +59,6 @@ _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops fa
 # the best (docs/parallel.md, the 7.5B example), so every solution within this margin of the
 # top_k-th best estimate is simulated too, rather than trusting an ordering it cannot resolve.
 _ESTIMATE_MARGIN = 0.05
-_MAX_MICROBATCHES = 4096
 MAX_GPUS = 1 << 20
 """Most GPUs one search takes: the largest degree a ParallelConfig holds (planner.parallel), as
 dp alone may span every GPU; checked before the layouts are enumerated (their divisors)."""
@@ -96,6 +98,9 @@ class ParallelResult:
     """One line each: inputs that disagree without being wrong (a profile made for other hardware)."""
     vocab_parallel: bool = False
     """Priced with Megatron's vocabulary split over tp (plan_parallel), not as `pplan run` executes it."""
+    held_to: str = ""
+    """The schedules and micro-batch count the search was held to, as flags ('--schedule 1f1b
+    --microbatches 32'); '' when it searched them all."""
 
 
 def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
@@ -137,6 +142,7 @@ def plan_parallel(
     recompute: str = "auto",
     schedules: Sequence[str] | None = None,
     micro_batch_sizes: Sequence[int] | None = None,
+    microbatches: int | None = None,
     memory_bytes: int | None = None,
     top_k: int = 4,
     compute_scale: float = 1.0,
@@ -148,9 +154,13 @@ def plan_parallel(
 
     `parallel`: "auto" / None to search, or a ParallelConfig / "dp=D,pp=P,tp=T" to force the layout
     (its zero wins over `zero` only when given as a ParallelConfig). `recompute`: none, full or
-    auto (both). `compute_scale` multiplies every profiled compute time (a calibration; 1 = as
-    profiled). `overlap_grad_sync`: the gradient sync overlaps each stage's last backward (True)
-    or runs entirely after it (False, as Megatron-LM 2021 and DeepSpeed's pipeline engine did).
+    auto (both). `schedules`: the registry's names to try (None: all). `microbatches`: M per
+    replica (None: every M the micro-batch sizes give); each layout then runs b = B / (D*M), which
+    must also be one of `micro_batch_sizes` when those are given. ScheduleError when these two leave
+    no layout anything to run, naming the micro-batch counts that would. `compute_scale` multiplies
+    every profiled compute time (a calibration; 1 = as profiled). `overlap_grad_sync`: the gradient
+    sync overlaps each stage's last backward (True) or runs entirely after it (False, as
+    Megatron-LM 2021 and DeepSpeed's pipeline engine did).
     `vocab_parallel`: price tensor parallelism as Megatron runs it, the embedding and head split
     over tp too (for comparing with Megatron's published runs: planner.bench.published); False
     prices what `pplan run` executes, those layers whole on every tp rank.
@@ -161,6 +171,7 @@ def plan_parallel(
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     gpn = gpus_per_node if gpus_per_node is not None else hw.gpus_per_node  # 0 is refused, not the preset's
     forced, zero = _checked_layout(nodes, gpn, global_batch, recompute, compute_scale, parallel, zero)
+    _check_microbatches(microbatches)
     nodes, gpn = int(nodes), int(gpn)  # numpy integers too, as plain ints for ParallelConfig
     if profile is None:
         profile = _analytic(model, hw, micro_batch_sizes)
@@ -168,9 +179,11 @@ def plan_parallel(
     n = nodes * gpn
     mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
     flops = model_flops(profile, global_batch)
-    names = tuple(schedules or SCHEDULE_NAMES)
+    names = tuple(dict.fromkeys(schedules or SCHEDULE_NAMES))  # a name given twice is solved once
     for name in names:
         get_schedule(name)
+    schedule_flag = f"--schedule {','.join(names)}" if schedules else ""
+    held_to = held_flags(schedule_flag, microbatches)
     recs = ("none", "full") if recompute == "auto" else (recompute,)
     sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
     ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync, vocab_parallel)
@@ -178,21 +191,28 @@ def plan_parallel(
     layouts, skipped = _layouts(n, gpn, L, forced)
     layouts = [replace(c, zero=zero) for c in layouts]
 
-    tasks, need_min = _tasks(ctx, layouts, sizes, names, recs, global_batch, mem, skipped)
-    if not tasks and not math.isfinite(need_min):  # nothing runnable, and not for memory
+    def sizes_of(cfg: ParallelConfig) -> list[int]:
+        return sizes if microbatches is None else held_size(cfg, global_batch, microbatches, micro_batch_sizes)
+
+    tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, global_batch, mem, skipped)
+    if not tasks and (held_to or not math.isfinite(need_min)):  # nothing runnable, and not for memory
         _check_batch_splits(layouts, global_batch, n, forced)
+    if not tasks and held_to:  # memory aside, may the schedules and M run at all?
+        where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
+        check_held_runs(layouts, sizes_of, names, global_batch, L, schedule_flag, microbatches, where)
     keep = max(1, top_k)
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
-        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero)
+        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero, held_to=held_to)
     sims = _judge(ctx, found, keep, mem, flops)
     checked_mfu(max(c.mfu for c in sims), hw.peak_flops_per_s(flops.dtype), hw.name)
     if not sims[0].fits:
-        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True)
+        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True, held_to=held_to)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
                           mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
-                          skipped=tuple(skipped), warnings=warnings, vocab_parallel=vocab_parallel)
+                          skipped=tuple(skipped), warnings=warnings + _extrapolated(profile, sims[0], microbatches),
+                          vocab_parallel=vocab_parallel, held_to=held_to)
 
 
 def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
@@ -232,6 +252,25 @@ def _check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int
                          f"give a --global-batch that is a multiple of {least_dp}, or fewer GPUs")
 
 
+def _check_microbatches(microbatches: int | None) -> None:
+    """Refuse a held micro-batch count the search would not plan (None: not held)."""
+    if microbatches is None:
+        return
+    if isinstance(microbatches, bool) or not isinstance(microbatches, numbers.Integral) or not 1 <= microbatches <= MAX_MICROBATCHES:
+        raise PplanError(f"--microbatches must be a whole number from 1 to {MAX_MICROBATCHES} per replica, got {microbatches!r}",
+                         "e.g. --microbatches 32, or --microbatches auto")
+
+
+def _extrapolated(profile: Profile, best: ParallelCandidate, microbatches: int | None) -> tuple[str, ...]:
+    """A warning when a held micro-batch count made the plan's micro-batch larger than any the profile measured."""
+    largest = max(profile.micro_batch_sizes)
+    if microbatches is None or best.micro_batch_size <= largest:
+        return ()
+    return (f"--microbatches {microbatches} gives micro-batches of {best.micro_batch_size} samples, beyond the profile's "
+            f"largest ({largest}): its times and bytes scale in proportion from {largest}; add "
+            f"{best.micro_batch_size} to the profile's sizes (pplan profile -b) to price it as profiled",)
+
+
 def _hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
     """A warning when the profile's times were computed for other hardware than the plan's peak
     and memory (an analytic profile's `# hardware:` line): planning goes on, mixing the two."""
@@ -250,19 +289,6 @@ def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] 
     return analytic_profile(model, hw, "bfloat16", list(micro_batch_sizes or ANALYTIC_SIZES))
 
 
-def _distinct(names: tuple[str, ...], pp: int) -> tuple[str, ...]:
-    """The schedules worth solving on `pp` ranks. On one rank every one-chunk schedule runs the same
-    single stage in the same time (no bubble, no sends), so only one is kept: the one holding the
-    fewest activations (not every micro-batch's, backward not split), the earlier name on a tie."""
-    if pp > 1:
-        return names
-    single = [n for n in names if not get_schedule(n).multi_chunk]
-    if not single:
-        return names
-    best = min(single, key=lambda n: (get_schedule(n).holds_every_microbatch, get_schedule(n).split_backward, names.index(n)))
-    return tuple(n for n in names if n == best or get_schedule(n).multi_chunk)
-
-
 def _judge(ctx: ParallelCosts, found: list[Any], keep: int, mem: float, flops: Any) -> list[ParallelCandidate]:
     """Simulate the `keep` best estimates and every other one within _ESTIMATE_MARGIN of the
     keep-th (the estimate and the simulation order close plans differently: one may win once
@@ -275,7 +301,7 @@ def _judge(ctx: ParallelCosts, found: list[Any], keep: int, mem: float, flops: A
     return sims
 
 
-def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], names: tuple[str, ...],
+def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
            recs: tuple[str, ...], global_batch: int, mem: float, skipped: list[str]) -> tuple[list[ParallelTask], float]:
     """Every runnable (layout, b, schedule, recompute) with its balanced estimate, cheapest first, and
     the least per-GPU static bytes of the layouts skipped for memory (appended to `skipped`)."""
@@ -288,11 +314,11 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
             need_min = min(need_min, static)
             skipped.append(f"{cfg.describe()}: weights, gradients and optimizer state alone need {format_bytes(static)} per GPU")
             continue
-        for b in sizes:
+        for b in sizes_of(cfg):
             if global_batch % (cfg.dp * b):
                 continue
             m = global_batch // (cfg.dp * b)
-            if m > _MAX_MICROBATCHES:
+            if m > MAX_MICROBATCHES:
                 continue
             costs = ctx.costs(cfg, b)
             refwd = float(np.sum(costs.fwd_ms))
@@ -301,13 +327,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes: list[int], 
             grad_bytes = float(np.sum(costs.param_bytes)) / ctx.precision.element_bytes * ctx.precision.grad_bytes / cfg.pp
             sync = grad_sync_ms(grad_bytes, cfg.dp, ctx.zero, place.dp)
             opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
-            for name, v in ((name, v) for name in _distinct(names, cfg.pp) for v in get_schedule(name).chunk_counts):
-                if cfg.pp * v > L or (cfg.pp == 1 and v > 1):
-                    continue
-                try:
-                    check_sizes(name, cfg.pp, m, v)
-                except ScheduleError:
-                    continue
+            for name, v in runnable_schedules(names, cfg.pp, m, L):
                 for rec in recs:
                     # per rank and micro-batch: forward + backward, and the backward the sync hides behind
                     # (planner.cost.parallel.rank_exposed_sync_ms), both with the recomputed forward
@@ -343,9 +363,9 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
 
 
 def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: float, hw: Hardware,
-                forced: ParallelConfig | None, zero: int, absolute: bool = False) -> InfeasibleError:
+                forced: ParallelConfig | None, zero: int, absolute: bool = False, held_to: str = "") -> InfeasibleError:
     need = min(need_static, need_peak) if not absolute else need_peak
-    where = f"--parallel {forced.describe()}" if forced else "every dp x pp x tp layout"
+    where = (f"--parallel {forced.describe()}" if forced else "every dp x pp x tp layout") + (f" and {held_to}" if held_to else "")
     if not math.isfinite(need):
         return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU with {where} on {n} GPUs",
                                "try --recompute auto, a higher --zero, or more GPUs")
@@ -362,7 +382,8 @@ def format_parallel(result: ParallelResult, n_rows: int = 6) -> str:
     """A table of the best plans for people (the CLI prints it)."""
     head = (f"{result.gpus} x {result.hardware} ({result.gpus // result.gpus_per_node} nodes x {result.gpus_per_node}), "
             f"global batch {result.global_batch}, seq {result.seq}; {result.layouts} layouts, {result.solved} pipeline DPs; "
-            f"FLOPs: {result.flops_source}; {result.dtype}, MFU against {result.mfu_peak_flops_per_s / 1e12:.4g} TFLOP/s peak")
+            f"FLOPs: {result.flops_source}; {result.dtype}, MFU against {result.mfu_peak_flops_per_s / 1e12:.4g} TFLOP/s peak"
+            + (f"; held to {result.held_to}" if result.held_to else ""))
     cols = ("dp", "pp", "tp", "zero", "sched", "b", "M", "recomp", "iter ms", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak mem", "fits")
     rows = []
     for c in result.candidates[:n_rows]:

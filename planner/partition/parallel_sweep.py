@@ -3,15 +3,16 @@
 The 3D search keeps only its best few candidates; this asks it once per layout (forced, so
 each layout gets its own best micro-batch size, schedule and recompute). A layout where nothing
 fits is asked again with the memory limit lifted, so the figure can show, hollow, what it
-would reach if it fitted.
+would reach if it fitted. A layout that cannot run at all (its replicas do not split the batch,
+or the schedules and micro-batch count the search is held to do not run on it) has no point.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Sequence
 
-from planner.errors import InfeasibleError
+from planner.errors import InfeasibleError, ScheduleError
 from planner.parallel import ParallelConfig
 from planner.partition.parallel_search import candidate_layouts, plan_parallel
 
@@ -33,16 +34,24 @@ class LayoutPoint:
 
 
 def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int, global_batch: int, zero: int = 0,
-                 recompute: str = "auto", memory_bytes: int | None = None) -> tuple[LayoutPoint, ...]:
-    """One LayoutPoint per layout candidate_layouts gives for nodes x gpus_per_node GPUs."""
+                 recompute: str = "auto", memory_bytes: int | None = None, schedules: Sequence[str] | None = None,
+                 microbatches: int | None = None) -> tuple[LayoutPoint, ...]:
+    """One LayoutPoint per layout candidate_layouts gives for nodes x gpus_per_node GPUs, searched
+    as plan_parallel searches (`schedules`, `microbatches`: what it is held to; None: all)."""
     points = []
     common = dict(hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
-                  zero=zero, recompute=recompute)
+                  zero=zero, recompute=recompute, schedules=schedules, microbatches=microbatches)
     for cfg in candidate_layouts(nodes * gpus_per_node, gpus_per_node, profile.n_layers):
         cfg = replace(cfg, zero=zero)
+        if global_batch % cfg.dp:  # its replicas cannot share the batch (plan_parallel would refuse the layout)
+            points.append(LayoutPoint(cfg, None, False))
+            continue
         try:
             best = plan_parallel(profile, parallel=cfg, memory_bytes=memory_bytes, top_k=1, **common).best
             points.append(LayoutPoint(cfg, best.tflops_per_gpu, True))
+            continue
+        except ScheduleError:  # the held schedules or micro-batch count do not run on it
+            points.append(LayoutPoint(cfg, None, False))
             continue
         except InfeasibleError:
             pass
