@@ -22,27 +22,27 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import sys
 
-__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES"]
+__all__ = ["keep_freed_memory", "MMAP_THRESHOLD_BYTES", "TRIM_THRESHOLD_BYTES", "M_TRIM_THRESHOLD", "M_MMAP_THRESHOLD"]
 
 MMAP_THRESHOLD_BYTES = 32 * 2**20
 """Blocks smaller than this come from the heap, not mmap (glibc's largest allowed value on 64-bit)."""
 TRIM_THRESHOLD_BYTES = 2**31 - 1
 """Free memory at the heap's top before glibc returns it to the OS (mallopt takes an int: 2 GiB)."""
 
-_M_TRIM_THRESHOLD = -1  # glibc's mallopt parameter numbers (malloc.h)
-_M_MMAP_THRESHOLD = -3
-_applied: bool | None = None
+M_TRIM_THRESHOLD = -1
+"""glibc's mallopt parameter number for the trim threshold (malloc.h)."""
+M_MMAP_THRESHOLD = -3
+"""glibc's mallopt parameter number for the mmap threshold (malloc.h)."""
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Fix glibc's mmap and trim thresholds for this process (module docstring); True when they
-    are set, False where the C library is not glibc. Idempotent."""
-    global _applied
-    if _applied is not None:
-        return _applied
-    _applied = False
+    are set, False where the C library is not glibc. Set once per process (cached: a test starts
+    over with keep_freed_memory.cache_clear())."""
     if not sys.platform.startswith("linux"):
         return False
     try:
@@ -51,5 +51,4 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):  # not glibc
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    _applied = bool(mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(_M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
-    return _applied
+    return bool(mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD_BYTES)) and bool(mallopt(M_TRIM_THRESHOLD, TRIM_THRESHOLD_BYTES))
