@@ -17,16 +17,21 @@ planner.limits, with what they cost); a plan whose layers all have zero forward 
 time is refused with ProfileError (there is no iteration time, and throughput would be
 infinite). `hardware` re-prices only a data/tensor-parallel plan: a one-pipeline plan's costs are
 the profile's measured times, so a hardware given for one is refused (PlanError), not ignored.
+On another hardware than the plan names, a data/tensor-parallel plan gets that hardware's memory
+limit per GPU and pipeline links (`replica_on_hardware`), its collectives, gradient sync and MFU
+peak; its compute times stay the profile's, and an MFU above 100% (the profile faster than the
+hardware's peak) is refused as `pplan partition` refuses it (planner.cost.parallel.checked_mfu).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, actions_per_microbatch, stage_cost
 from planner.cost.memory import wgrad_unmeasured_note
-from planner.cost.parallel import model_flops
+from planner.cost.parallel import checked_mfu, model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware
 from planner.limits import MAX_SIMULATED_ACTIONS, MAX_TIMELINE_ACTIONS
@@ -34,11 +39,11 @@ from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, get_schedule
 from planner.simulation.engine import simulate_costs
-from planner.simulation.replica import Cluster, replica_costs, simulate_replica
+from planner.simulation.replica import Cluster, replica_costs, replica_layout, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
 __all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "check_hardware_applies", "is_replica_plan",
-           "plan_hardware", "unpriced_memory_note",
+           "plan_hardware", "replica_on_hardware", "unpriced_memory_note",
            "MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS",
            "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
 
@@ -156,6 +161,19 @@ def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
     return PRESETS[name]
 
 
+def replica_on_hardware(plan: Plan, hardware: Hardware) -> Plan:
+    """`plan`, one replica of a data/tensor-parallel plan, with each GPU's memory limit and the
+    pipeline links `hardware` gives (as the 3-D search builds them: replica_layout) and
+    `parallel.hardware` its name. A plan that already names `hardware` is returned as it is: its
+    devices and links (hand edits, --bandwidth and --latency included) are for that hardware."""
+    cfg = plan.parallel
+    if cfg is None or cfg.hardware == hardware.name:
+        return plan
+    cfg = replace(cfg, hardware=hardware.name)
+    devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, int(cfg.gpus_per_node or hardware.gpus_per_node)))
+    return plan.with_(devices=devices, links=links, parallel=cfg)
+
+
 def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibration | None, record_timeline: bool,
                            hardware: Hardware | None) -> SimResult:
     cfg = plan.parallel
@@ -168,12 +186,17 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
         raise PlanError(f"plan has {plan.n_devices} devices but parallel pp={cfg.pp}", "each pipeline device is one pp rank")
     raw = _plan_layer_costs(plan, profile)
     hw = plan_hardware(plan, hardware)
+    if hardware is not None:
+        plan = replica_on_hardware(plan, hardware)
     cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
     cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
-    return simulate_replica(
+    flops = model_flops(profile, plan.global_batch)
+    sim = simulate_replica(
         generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages),
         replica_costs(raw, profile.names, cfg, cluster), cuts, [st.recompute for st in plan.stages], cfg, cluster,
-        model_flops(profile, plan.global_batch), devices=plan.devices, links=plan.links,
+        flops, devices=plan.devices, links=plan.links,
         stage_device=[st.device for st in plan.stages], micro_batch_size=plan.micro_batch_size,
         record_timeline=record_timeline, interpolated=raw.interpolated,
     )
+    checked_mfu(sim.replica.mfu, hw.peak_flops_per_s(flops.dtype), hw.name)
+    return sim

@@ -339,13 +339,15 @@ def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: s
     `hardware` (a preset or hardware JSON) prices a data/tensor-parallel plan instead of the
     hardware it names (PlanError for a one-pipeline plan); such a plan ignores the profile's own
     calibration (it fits this machine)."""
-    from planner.simulate import check_hardware_applies, simulate
+    from planner.simulate import check_hardware_applies, replica_on_hardware, simulate
 
     spec = parse_sweep(sweep) if sweep is not None else None
     setup = load_setup(plan_path, profile, calibration)
     hw = load_hardware(hardware) if hardware is not None else None
     check_hardware_applies(setup.plan, hw)
-    plan, cal = apply_what_if(setup.plan, setup.calibration, change)
+    # on another hardware, its devices and links first: --bandwidth and --latency then apply over them
+    base = replica_on_hardware(setup.plan, hw) if hw is not None else setup.plan
+    plan, cal = apply_what_if(base, setup.calibration, change)
     if spec is None:
         sim = simulate(plan, setup.profile, calibration=cal, record_timeline=record_timeline, hardware=hw)
         return WhatIfResult(setup, plan, cal, sim=sim, keep=change.keep)

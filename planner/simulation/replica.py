@@ -110,6 +110,14 @@ def replica_stages(costs: ReplicaCosts, cuts: Sequence[int], recompute: Sequence
     return stages
 
 
+def _tp_comm_per_microbatch_ms(costs: ReplicaCosts, stage: StageCost) -> float:
+    """The tensor-parallel all-reduces `stage` is charged for one micro-batch, ms: its forward's,
+    the input-gradient backward's (the same again) and the recomputed layers' forward's (their
+    collectives are in the recompute time, as their compute is)."""
+    tp = costs.tp_comm_ms
+    return 2.0 * float(np.sum(tp[stage.first:stage.end])) + float(sum(tp[i] for i in stage.recompute))
+
+
 def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequence[int],
                      recompute: Sequence[Sequence[int]], cfg: ParallelConfig, cluster: Cluster, flops: ModelFlops, *,
                      devices: Sequence[Device], links: Links, stage_device: Sequence[int], micro_batch_size: int,
@@ -126,6 +134,8 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
     batch = cfg.dp * micro_batch_size * schedule.n_microbatches
     seconds = sim.iteration_ms / 1e3
     full_recompute = all(set(st.recompute) == set(range(st.first, st.end)) for st in stages)
+    # figures per device, its stages summed: with v stages per device (interleaved) the engine
+    # runs all v syncs after the device's backwards and each micro-batch crosses all v stages
     by_device: dict[int, list[StageCost]] = {}
     for s, st in enumerate(stages):
         by_device.setdefault(int(stage_device[s]), []).append(st)
@@ -134,8 +144,8 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
         tokens_per_s=batch * flops.tokens_per_sample / seconds,
         tflops_per_gpu=flops.achieved(full_recompute) / (seconds * cfg.gpus) / 1e12,
         mfu=flops.plain / (seconds * cfg.gpus * cluster.hardware.peak_flops_per_s(flops.dtype)),
-        grad_sync_ms=max(st.grad_sync_ms for st in stages),
+        grad_sync_ms=max(sum(st.grad_sync_ms for st in sts) for sts in by_device.values()),
         grad_sync_exposed_ms=max(rank_exposed_sync_ms(sts, cluster.overlap_grad_sync) for sts in by_device.values()),
-        tp_comm_ms=max(2.0 * float(np.sum(costs.tp_comm_ms[st.first:st.end])) for st in stages),
+        tp_comm_ms=max(sum(_tp_comm_per_microbatch_ms(costs, st) for st in sts) for sts in by_device.values()),
     )
     return replace(sim, throughput_samples_per_s=batch / seconds, replica=metrics)
