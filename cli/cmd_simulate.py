@@ -39,7 +39,7 @@ def simulate_cmd(
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s.")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every link's latency, e.g. 0.01ms.")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
-    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price links and memory on this preset or hardware JSON instead of the one the plan names (compute times stay the profile's).")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price the plan on this preset or hardware JSON instead of the one it names: each GPU's memory limit, the pipeline, tensor- and data-parallel links, and the peak that MFU divides by (an MFU above 100% is refused, as partition refuses it). Compute times stay the profile's.")] = None,
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 
@@ -115,12 +115,13 @@ def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[
     if as_json:
         echo_json(data)
         return
-    _print_summary(plan, result, w.setup.profile_path, w.basis, w.setup.profile)
+    _print_summary(plan, result, w.setup.profile_path, w.basis, w.setup.profile, out)
     for path, _ in payloads:
         err(f"wrote {path}")
 
 
-def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any) -> None:
+def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, out: Optional[Path]) -> None:
+    from planner.plan.devicelist import list_devices
     from planner.units import format_bytes, format_ms
 
     echo = typer.echo
@@ -133,16 +134,20 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any) ->
     echo(f"iteration  {format_ms(r.iteration_ms)}   throughput {r.throughput_samples_per_s:,.1f} samples/s   "
          f"bubble {100 * r.bubble_fraction:.1f}%")
     if r.replica is not None:
-        _print_replica(r.replica)
+        _print_replica(r.replica, any(st.recompute for st in plan.stages))
     echo("")
     head = ["device", "name", "busy", "idle", "peak memory", "limit", "weights", "grads", "optimizer", "activations", "buffers"]
     table = [head]
-    for d in range(r.n_devices):
+    listing = list_devices(r.n_devices, [("slowest", r.busy_ms), ("most memory", r.peak_memory_bytes)])
+    for d in listing.shown:
+        if gap := listing.gap_before(d):
+            table.append(["...", f"({gap:,} not listed)"] + [""] * (len(head) - 2))
         m = r.memory[d]
         limit = r.memory_limit_bytes[d]
         over = limit is not None and r.peak_memory_bytes[d] > limit
+        label = listing.label(d)
         table.append([
-            str(d), r.device_names[d], format_ms(r.busy_ms[d]), format_ms(r.idle_ms[d]),
+            str(d), r.device_names[d] + (f" ({label})" if label else ""), format_ms(r.busy_ms[d]), format_ms(r.idle_ms[d]),
             format_bytes(r.peak_memory_bytes[d]) + (" OVER" if over else ""),
             "-" if limit is None else format_bytes(limit),
             format_bytes(m.weights), format_bytes(m.gradients), format_bytes(m.optimizer),
@@ -151,18 +156,29 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any) ->
     widths = [max(len(row[i]) for row in table) for i in range(len(head))]
     for row in table:
         echo("  ".join(cell.ljust(w) if i < 2 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths))).rstrip())
+    where = f"the simulation JSON {out}" if out is not None else "the simulation JSON (--out FILE.json, or --json)"
+    if (line := listing.left_out_line(where)) is not None:
+        echo(line)
     if not r.fits:
-        over = [str(d) for d in range(r.n_devices) if r.memory_limit_bytes[d] is not None and r.peak_memory_bytes[d] > r.memory_limit_bytes[d]]
-        echo(f"warning: device(s) {', '.join(over)} exceed their memory limit; try recompute, more micro-batches with 1f1b, or `pplan partition`")
+        over = [d for d in range(r.n_devices) if r.memory_limit_bytes[d] is not None and r.peak_memory_bytes[d] > r.memory_limit_bytes[d]]
+        echo(f"warning: {_devices_in_words(over)} exceed their memory limit; try recompute, more micro-batches with 1f1b, or `pplan partition`")
 
 
-def _print_replica(rep: Any) -> None:
+def _devices_in_words(devices: list[int], most: int = 8) -> str:
+    """'device(s) 0, 3' for a few; the first `most` and how many more for many (4,000 numbers are no warning)."""
+    listed = ", ".join(map(str, devices[:most]))
+    more = f" and {len(devices) - most:,} more ({len(devices):,} devices)" if len(devices) > most else ""
+    return f"device(s) {listed}{more}"
+
+
+def _print_replica(rep: Any, recomputes: bool) -> None:
     from planner.units import format_ms
 
+    incl = " incl. recomputed forward" if recomputes and rep.tp_comm_ms > 0 else ""
     typer.echo(f"cluster    {rep.layout} on {rep.gpus} x {rep.hardware}, global batch {rep.global_batch}: "
                f"{rep.tokens_per_s:,.0f} tokens/s, {rep.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {100 * rep.mfu:.1f}%")
     typer.echo(f"comm       gradient sync {format_ms(rep.grad_sync_ms)} per iteration ({format_ms(rep.grad_sync_exposed_ms)} "
-               f"exposed), tensor-parallel collectives {format_ms(rep.tp_comm_ms)} per micro-batch; memory below is per GPU")
+               f"exposed), tensor-parallel collectives {format_ms(rep.tp_comm_ms)} per micro-batch{incl}; memory below is per GPU")
 
 
 def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) -> None:

@@ -197,3 +197,21 @@ def test_fidelity_grid_selection_by_model_label():
 def test_fidelity_models_option_refuses_unknown_in_one_line(pplan, tmp_path):
     code, _, err = pplan("bench", "fidelity", "--models", "bert", "--out-dir", tmp_path / "b")
     assert code == 2 and "not a model of the fidelity grid" in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_baseline_candidate_becomes_a_plan_with_its_own_prediction(tmp_path: Path) -> None:
+    """`bench quality --measured` runs each baseline's best candidate as a plan: its prediction and
+    search are typed records (plain dicts failed on reading them back), and it round-trips."""
+    from planner.bench.execution import candidate_plan
+    from planner.partition.api import partition
+    from planner.partition.search import PartitionSettings
+    from planner.plan import load_plan, write_plan
+    from planner.profiling.profile import load_profile
+
+    result = partition(load_profile(ROOT / "profiles" / "mlp.csv"), PartitionSettings(n_devices=2, memory_bytes=None, global_batch=8))
+    cand = next(c for c in result.search.candidates if c.method == "uniform" and c.fits)
+    plan = candidate_plan(result.plan, cand)
+    assert plan.predicted.iteration_ms == pytest.approx(cand.iteration_ms)
+    assert plan.search.method == "uniform" and tuple(st.layers for st in plan.stages) == tuple(st.layers for st in cand.stages)
+    write_plan(plan, tmp_path / "uniform.json")
+    assert load_plan(tmp_path / "uniform.json").predicted == plan.predicted

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from planner.errors import PplanError
+from planner.plan import SearchRecord
 
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
@@ -45,12 +46,10 @@ def profile_to(spec: str, sizes: list[int], work_dir: Path, progress: Callable[[
 
 def candidate_plan(plan: Any, cand: Any) -> Any:
     """The plan a search candidate stands for (a baseline's cuts at its own schedule and M)."""
-    sim = cand.sim.to_dict() if cand.sim is not None else None
-    if sim is not None:
-        sim.pop("memory_timeline", None)
     return plan.with_(schedule=cand.point.schedule, micro_batch_size=cand.point.micro_batch_size,
                       n_microbatches=cand.point.n_microbatches, stages=cand.stages, devices=cand.layout.devices,
-                      predicted=sim, search={"method": cand.method, "source": "pplan bench"})
+                      predicted=cand.sim.prediction() if cand.sim is not None else None,
+                      search=SearchRecord(method=cand.method, source="pplan bench"))
 
 
 def run_measured(plan: Any, work_dir: Path, name: str, *, steps: int, warmup: int, device: str = "cpu",

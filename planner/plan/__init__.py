@@ -14,9 +14,12 @@ fields of the `predicted` and `search` records), is refused with the nearest kno
 must lie in physically meaningful ranges (planner.limits). `global_batch` is derived and must
 equal micro_batch_size x n_microbatches when given.
 
+A written `predicted` records the plan it was made for (`made_for`: a short sha256 per group of the
+fields its numbers depend on); a plan edited since reads without it, and `read_plan` says why.
+
 Modules: model (Plan and its parts, valid by construction), checks (what valid means),
-records (the typed `predicted` and `search`), serialize (JSON read/write), fields (typed reads),
-compare (whether a run is a run of this plan).
+records (the typed `predicted` and `search`), digest (what plan a prediction is of),
+serialize (JSON read/write), fields (typed reads), devicelist (which devices a listing for people shows).
 """
 
 from planner.limits import (
@@ -25,7 +28,7 @@ from planner.limits import (
 from planner.plan.checks import OPTIMIZERS, SCHEDULES, validate_plan
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import (
-    AtPlanSetting, BaselineRow, MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow,
+    AtPlanSetting, BaselineRow, MemoryRecord, PlanDigest, PredictedDevice, Prediction, SearchRecord, SearchRow,
 )
 from planner.plan.serialize import (
     DEVICE_KEYS, FORMAT, LINKS_KEYS, MEMORY_KEYS, PAIR_KEYS, PLAN_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS,
@@ -36,7 +39,7 @@ from planner.plan.serialize import (
 __all__ = [
     "FORMAT", "SCHEDULES", "OPTIMIZERS", "DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS",
     "Device", "StagePlan", "Links", "Plan",
-    "Prediction", "PredictedDevice", "MemoryRecord", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
+    "Prediction", "PredictedDevice", "MemoryRecord", "PlanDigest", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
     "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
     "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path",

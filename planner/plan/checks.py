@@ -127,15 +127,16 @@ def _check_links(links: Links, n_devices: int) -> None:
         _check_link(bw, lat, where)
 
 
-def records_mismatch(plan: Plan) -> str | None:
-    """None when the plan's recorded `predicted` and `search` (when present) were made for the plan as
+def records_mismatch(plan: Plan, records: tuple[object, ...] | None = None) -> str | None:
+    """None when the plan's recorded `predicted` and `search` (or `records`, when given: ones not yet in
+    the plan), when present, were made for the plan as
     it is; else what they were made for, in words ("schedule 'zb' (the plan has 'gpipe')"). A plan edited
     by hand keeps the numbers of the plan it was, which no report may show as its own. What the records
-    hold is compared: schedule, micro-batch count and size (neither records the cuts or the recompute
-    set, so an edit of those alone is not seen; a prediction of more devices than the plan has is
-    refused by validate_plan)."""
+    hold is compared: schedule, micro-batch count and size. This is the check of files written before
+    `predicted.made_for` (planner.plan.digest), which sees every other edit; for them a prediction of
+    more devices than the plan has is refused by validate_plan."""
     wanted = {"schedule": plan.schedule, "n_microbatches": plan.n_microbatches, "micro_batch_size": plan.micro_batch_size}
-    for record in (plan.predicted, plan.search):
+    for record in records if records is not None else (plan.predicted, plan.search):
         for name, value in wanted.items():
             made_for = getattr(record, name, None) if record is not None else None
             if made_for is not None and made_for != value:

@@ -7,6 +7,7 @@ from typing import Any
 
 from planner.parallel import ParallelConfig
 from planner.plan.checks import validate_plan
+from planner.plan.digest import plan_digest
 from planner.plan.records import Prediction, SearchRecord
 
 __all__ = ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS", "Device", "StagePlan", "Links", "Plan"]
@@ -88,7 +89,8 @@ class Plan:
     profile_sha256: str | None = None
     """Checksum of that profile."""
     predicted: Prediction | None = None
-    """The simulator's prediction (iteration_ms, bubble_fraction, per-device memory ...)."""
+    """The simulator's prediction (iteration_ms, bubble_fraction, per-device memory ...). One given
+    without `made_for` is stamped with this plan's digest on construction (planner.plan.digest)."""
     search: SearchRecord | None = None
     """How the partitioner chose (method, runners-up, baselines): informational."""
     parallel: ParallelConfig | None = None
@@ -96,6 +98,10 @@ class Plan:
 
     def __post_init__(self) -> None:
         validate_plan(self)
+        if self.predicted is not None and self.predicted.made_for is None:
+            # The prediction joins this plan here: record which plan it is of, so that a later edit
+            # (by hand in the file, or with_ in memory) is seen when the plan is read again.
+            object.__setattr__(self, "predicted", replace(self.predicted, made_for=plan_digest(self)))
 
     @property
     def dp(self) -> int:

@@ -25,7 +25,8 @@ from planner.limits import MAX_GLOBAL_BATCH, MAX_MEMORY_BYTES
 from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = [
-    "MAX_PIPELINE_STAGES", "MAX_PREDICTED_MS", "MemoryRecord", "PredictedDevice", "Prediction", "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
+    "MAX_PIPELINE_STAGES", "MAX_PREDICTED_MS", "MemoryRecord", "PredictedDevice", "PlanDigest", "Prediction",
+    "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
 ]
 
 
@@ -151,6 +152,29 @@ class PredictedDevice(_Record):
 
 
 @dataclass(frozen=True)
+class PlanDigest(_Record):
+    """What plan a prediction was made for: per group of plan fields it depends on, the first hex digits
+    of the sha256 of their canonical JSON (planner.plan.digest computes and compares them)."""
+
+    _HINT = "made_for is what pplan writes (hex digits per group of plan fields): re-create it with `pplan partition`"
+
+    batch: str | None = None
+    """schedule, micro_batch_size and n_microbatches."""
+    optimizer: str | None = None
+    """optimizer."""
+    parallel: str | None = None
+    """parallel (dp, pp, tp, zero, the hardware and GPUs per node planned for)."""
+    devices: str | None = None
+    """devices: each one's memory_bytes and speed (not its name)."""
+    links: str | None = None
+    """links: default bandwidth and latency, and the per-pair overrides."""
+    stages: str | None = None
+    """stages: each one's device, layers and recompute."""
+    profile: str | None = None
+    """profile.sha256 (not its path: a plan travels with its profile)."""
+
+
+@dataclass(frozen=True)
 class Prediction(_Record):
     """What the simulator (or the data x pipeline x tensor search) predicts for a plan."""
 
@@ -183,11 +207,14 @@ class Prediction(_Record):
     mfu: float | None = None
     """Data/tensor-parallel plans: model FLOP utilization."""
     grad_sync_ms: float | None = None
-    """Data/tensor-parallel plans: the largest stage's gradient synchronisation per iteration (before overlap), ms."""
+    """Data/tensor-parallel plans: the largest device's data-parallel gradient sync per iteration before overlap (its stages' summed), ms."""
     tp_comm_ms: float | None = None
-    """Data/tensor-parallel plans: tensor-parallel collectives of one micro-batch (forward + backward) on the busiest stage, ms."""
+    """Data/tensor-parallel plans: tensor-parallel collectives one micro-batch is charged on the busiest device (forward, input-gradient backward and any recomputed forward, its stages summed), ms."""
     hardware: str | None = None
     """Data/tensor-parallel plans: the hardware preset searched on."""
+    made_for: PlanDigest | None = None
+    """The plan it was made for (planner.plan.digest): stamped when it joins a plan; a plan read whose
+    fields no longer match drops it. None: not yet joined, or an older file (trusted as before)."""
 
     @classmethod
     def from_dict(cls, d: Any, where: str) -> Prediction:

@@ -16,6 +16,7 @@ from planner.jsontypes import kind_mismatch
 from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
 from planner.parallel import ParallelConfig
 from planner.plan.checks import records_mismatch
+from planner.plan.digest import digest_change
 from planner.plan.fields import as_objects, get_field
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow
@@ -134,17 +135,19 @@ def plan_from_dict(d: Any) -> Plan:
 
     Every key at every level must be one pplan knows (a typo such as `memroy` or `optimiser`
     would otherwise be silently ignored); numbers must lie in physically meaningful ranges.
-    A recorded prediction and search made for another schedule or batch split than the plan's
-    (the plan was edited by hand) are dropped: read_plan says so.
+    A recorded prediction and search made for another plan than this one (the plan was edited by
+    hand: its `predicted.made_for` or its schedule and batch split differ) are dropped: read_plan says so.
     """
     return read_plan(d)[0]
 
 
 def read_plan(d: Any) -> tuple[Plan, str | None]:
     """(plan, note) from parsed JSON, as plan_from_dict; `note` is None unless the file's `predicted`
-    and `search` were dropped because they are of another plan (planner.plan.checks.records_mismatch):
-    then the line that says why, for a command to show. A stale prediction is never shown as this
-    plan's numbers, and the plan still loads, simulates and runs."""
+    and `search` were dropped because they are of another plan: its `made_for` digests differ from the
+    plan's (planner.plan.digest, checked before the prediction's device count, which may then differ),
+    or they record another schedule or batch split (planner.plan.checks.records_mismatch). Then the
+    line that says why, for a command to show. A stale prediction is never shown as this plan's
+    numbers, and the plan still loads, simulates and runs."""
     if not isinstance(d, dict):
         raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
     if (other := kind_mismatch(d, "plan")) is not None:
@@ -165,7 +168,7 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
     if not 0 <= seed <= MAX_SEED:
         raise PlanError(f"plan field seed {seed} is out of range (0 to {MAX_SEED})",
                         "use the seed of the profile the plan was made from, e.g. 0")
-    plan = Plan(
+    bare = Plan(  # without its records first: a prediction stamped for another plan must not refuse it
         schedule=get_field(d, "schedule", str, ""),
         micro_batch_size=get_field(d, "micro_batch_size", int, ""),
         n_microbatches=get_field(d, "n_microbatches", int, ""),
@@ -178,21 +181,34 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
         n_layers=get_field(d, "n_layers", (int, type(None)), "", None),
         profile_path=get_field(profile, "path", (str, type(None)), "profile.", None),
         profile_sha256=get_field(profile, "sha256", (str, type(None)), "profile.", None),
-        predicted=predicted,
-        search=search,
         parallel=parallel,
     )
     written = get_field(d, "global_batch", (int, type(None)), "", None)
-    if written is not None and written != plan.global_batch:
-        dp = f"dp {plan.parallel.dp} x " if plan.parallel is not None else ""
-        raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {plan.micro_batch_size} x "
-                        f"n_microbatches {plan.n_microbatches} = {plan.global_batch}",
+    if written is not None and written != bare.global_batch:
+        dp = f"dp {bare.parallel.dp} x " if bare.parallel is not None else ""
+        raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {bare.micro_batch_size} x "
+                        f"n_microbatches {bare.n_microbatches} = {bare.global_batch}",
                         "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
+    made_for = predicted.made_for if predicted is not None else None
+    if made_for is not None and digest_change(made_for, bare) is not None:
+        # the values the records hold name an edit of the schedule or batch split best; the digests the rest
+        named = records_mismatch(bare, (predicted, search))
+        changed = digest_change(made_for, bare, skip=("batch",) if named else ())
+        why = [f"for {named}"] if named else []
+        why += [f"before its {changed} changed"] if changed else []
+        return bare, _dropped(", and ".join(why))
+    if predicted is None and search is None:
+        return bare, None
+    plan = bare.with_(predicted=predicted, search=search)  # an older file's prediction (no made_for) is stamped here
     if (mismatch := records_mismatch(plan)) is None:
         return plan, None
-    return plan.with_(predicted=None, search=None), (
-        f"the plan's recorded prediction and search were made for {mismatch}: not shown as this plan's "
-        "(simulate it: `pplan simulate PLAN`, or re-run `pplan partition`)")
+    return bare, _dropped(f"for {mismatch}")
+
+
+def _dropped(why: str) -> str:
+    """The note of a plan whose recorded prediction and search were dropped, `why` saying of what plan they are."""
+    return (f"the plan's recorded prediction and search were made {why}: not shown as this plan's "
+            "(simulate it: `pplan simulate PLAN`, or re-run `pplan partition`)")
 
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:

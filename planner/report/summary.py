@@ -6,6 +6,7 @@ from typing import Any, Sequence
 
 from planner.plan import Prediction
 from planner.plan.checks import profile_change
+from planner.plan.devicelist import list_devices
 from planner.report.fig_baselines import SplitBar
 from planner.report.inputs import ReportInputs
 from planner.units import format_bytes, format_ms
@@ -45,9 +46,17 @@ def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | Non
 
 
 def plan_line(plan: Any) -> str:
-    """One line: schedule, micro-batching, devices, and each stage's layers and recompute."""
-    cuts = ", ".join(f"[{st.layers[0]}, {st.layers[1]})" + (f" recompute {list(st.recompute)}" if st.recompute else "")
-                     + f" on dev {st.device}" for st in plan.stages)
+    """One line: schedule, micro-batching, devices, and each stage's layers and recompute (past 64
+    stages the first and last few, as planner.plan.devicelist lists devices: 4,000 would fill pages)."""
+    listing = list_devices(plan.n_stages)
+    parts = []
+    for s in listing.shown:
+        if gap := listing.gap_before(s):
+            parts.append(f"... {gap:,} stages not listed ...")
+        st = plan.stages[s]
+        parts.append(f"[{st.layers[0]}, {st.layers[1]})" + (f" recompute {list(st.recompute)}" if st.recompute else "")
+                     + f" on dev {st.device}")
+    cuts = ", ".join(parts)
     return (f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size} "
             f"(global batch {plan.global_batch}) on {plan.n_devices} devices; layers {cuts}")
 
@@ -99,21 +108,45 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
             else:
                 rows.append((f"prediction error ({inputs.sim_label})", f"{(predicted - measured) / measured:+.1%} "
                                                                        f"(predicted {format_ms(predicted)})"))
-    for dev, pred, meas, limit in peak_rows(inputs):
-        parts = []
-        if pred:
-            parts.append(f"predicted {format_bytes(pred)}")
-        if meas:
-            parts.append(f"measured {format_bytes(meas)}")
-        if limit:
-            worst = max(v for v in (pred, meas) if v) if (pred or meas) else 0
-            parts.append(f"limit {format_bytes(limit)} ({worst / limit:.0%} used)")
-        if parts:
-            rows.append((f"peak memory dev {dev}", ", ".join(parts)))
+    rows += _peak_memory_rows(inputs)
     search = inputs.plan.search if inputs.plan is not None else None
     recompute, calibrated = (search.recompute, search.calibrated) if search is not None else (None, None)
     rows += _baseline_rows(baselines, predicted, recompute, calibrated)
     return rows
+
+
+def _peak_memory_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
+    """One row per device with a peak (planner.plan.devicelist: all up to 64; else the first and last
+    few and the extremes, and a row saying how many were left out and which files hold every one)."""
+    peaks = [row for row in peak_rows(inputs) if any(row[1:])]
+    used = [max((v for v in (pred, meas) if v), default=0.0) / limit if limit else None
+            for _, pred, meas, limit in peaks]
+    listing = list_devices(len(peaks), [("most memory predicted", [row[1] for row in peaks]),
+                                        ("most memory measured", [row[2] for row in peaks]),
+                                        ("most of its limit used", used)])
+    rows = []
+    for position in listing.shown:
+        dev, pred, meas, limit = peaks[position]
+        parts = [f"predicted {format_bytes(pred)}"] if pred else []
+        if meas:
+            parts.append(f"measured {format_bytes(meas)}")
+        if limit:
+            parts.append(f"limit {format_bytes(limit)} ({used[position]:.0%} used)")
+        label = listing.label(position)
+        rows.append((f"peak memory dev {dev}" + (f" ({label})" if label else ""), ", ".join(parts)))
+    if (line := listing.left_out_line(_every_device(inputs))) is not None:
+        rows.append(("peak memory, devices not listed", line))
+    return rows
+
+
+def _every_device(inputs: ReportInputs) -> str:
+    """Where every device's peak memory is: the simulation and run JSON given, else the command that writes it."""
+    files = [f"the {what} JSON {inputs.sources[key]}" for key, what in (("sim", "simulation"), ("run", "run"))
+             if key in inputs.sources]
+    if files:
+        return " and ".join(files)
+    plan = inputs.sources.get("plan", "PLAN")
+    return f"`pplan simulate {plan} --out sim.json` writes them"
 
 
 def warnings(inputs: ReportInputs) -> list[str]:
