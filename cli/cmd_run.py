@@ -120,7 +120,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
 
     env = read_env()
     if env is None or env.rank == 0:
-        err(f"running {plan_path}: {plan.n_devices} rank(s), {opts.steps} step(s)"
+        err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
             + (f" under torchrun ({env.world} processes)" if env else ""))
     outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
                        force=force, out=out, timeline_path=timeline, machine=machine_file)

@@ -11,6 +11,10 @@
                                       ping-pong's when the run has none (one rank, several hosts)
   step_overhead_ms                    what is left: measured - simulated with the above (>= 0);
                                       the optimizer step and per-step bookkeeping land here
+
+What a rank of a run is expected to do, for the run's comparisons: `run_stage_costs` (each
+stage's cost on one rank; a data/tensor-parallel plan's one-GPU share, as `pplan simulate`
+prices it) and `rank_grad_allreduce_ms` (the slowest rank's gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -19,11 +23,11 @@ import math
 import os
 import statistics
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import replace
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
 
 from planner.calibration import MAX_OVERHEAD_MS, Calibration
-from planner.errors import PplanError
+from planner.errors import PlanError, PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
 from planner.execute.results import error_pct
 from planner.execute.planmatch import check_run_of_plan
@@ -31,16 +35,86 @@ from planner.execute.runrecord import RUN_FILE_HINT, RunRecord
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 
-__all__ = ["compute_points", "fit_compute", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file"]
+if TYPE_CHECKING:
+    from planner.cost import StageCost
+    from planner.cost.parallel import Link2, TrainingPrecision
+
+__all__ = ["compute_points", "fit_compute", "check_calibratable", "check_fit_inputs", "fit_from_run",
+           "calibrate_from_run_file", "run_stage_costs", "rank_grad_allreduce_ms"]
+
+
+@dataclass(frozen=True)
+class _ReplicaPricing:
+    """A data/tensor-parallel plan's stages priced for one GPU, as planner.simulate prices them."""
+
+    stages: list[StageCost]
+    """Per stage: compute / tp with the tensor-parallel collectives, param_bytes per GPU."""
+    dp_link: Link2
+    """The link the data-parallel gradient sync runs over."""
+    precision: TrainingPrecision
+    """Bytes per parameter of weights and gradients (the profile's dtype)."""
+
+
+def _replica_pricing(plan: Plan, profile: Profile) -> _ReplicaPricing | None:
+    """The plan's stages as `pplan simulate` prices one replica (planner.simulate's replica path:
+    the same hardware, cluster, costs and precision); None for a one-pipeline plan, and for a
+    data/tensor-parallel plan whose hardware is no preset (simulate cannot price it either)."""
+    from planner.cost.parallel import model_flops
+    from planner.simulate import is_replica_plan, plan_hardware
+    from planner.simulation.replica import Cluster, replica_costs, replica_stages
+
+    if not is_replica_plan(plan):
+        return None
+    try:
+        hw = plan_hardware(plan)
+    except PlanError:
+        return None
+    cfg = plan.parallel
+    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
+    precision = model_flops(profile, plan.global_batch).precision
+    costs = replica_costs(profile.at(plan.micro_batch_size), profile.names, cfg, cluster)
+    cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
+    stages = replica_stages(costs, cuts, [st.recompute for st in plan.stages], cfg, cluster, precision,
+                            plan.n_microbatches)
+    return _ReplicaPricing(stages=stages, dp_link=cluster.placement(cfg).dp, precision=precision)
+
+
+def run_stage_costs(plan: Plan, profile: Profile) -> list[StageCost]:
+    """Each stage's cost on one rank of a run of `plan`: the profile's (planner.simulate's
+    plan_stage_costs) for one pipeline; for a data/tensor-parallel plan on a preset, one GPU's
+    share as `pplan simulate` prices it (block compute / tp, the tensor-parallel all-reduces
+    inside F and B, as the run's tp ranks do them)."""
+    from planner.simulate import plan_stage_costs
+
+    replica = _replica_pricing(plan, profile)
+    return replica.stages if replica is not None else plan_stage_costs(plan, profile)[0]
+
+
+def rank_grad_allreduce_ms(plan: Plan, profile: Profile) -> float | None:
+    """The slowest rank's gradient sync over the plan's dp replicas, priced as the simulator prices
+    a stage's (planner.cost.parallel.grad_sync_ms on the same link), but of all the rank's
+    stages at once: a rank all-reduces every gradient it holds in one buffer
+    (planner.execute.pipeline's sync_gradients), so an interleaved rank's stages count together,
+    in one sync with one set of latencies (the simulator prices each stage's sync on its own).
+    None with dp = 1, or when the plan's hardware is no preset."""
+    from planner.cost.parallel import grad_sync_ms
+
+    replica = _replica_pricing(plan, profile) if plan.dp > 1 else None
+    if replica is None:
+        return None
+    per_rank: dict[int, float] = {}
+    for plan_stage, cost in zip(plan.stages, replica.stages):
+        per_rank[plan_stage.device] = per_rank.get(plan_stage.device, 0.0) + cost.param_bytes
+    to_grad = replica.precision.grad_bytes / replica.precision.element_bytes  # as replica_stages converts
+    return max(grad_sync_ms(b * to_grad, plan.dp, plan.parallel.zero, replica.dp_link) for b in per_rank.values())
 
 
 def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan,
                    profile: Profile) -> list[tuple[float, float, str]]:
     """(profiled ms, measured ms, label) for every stage and action kind the run measured; `ranks`:
-    each rank's stages (stages of `plan`) and its median action times ('0F' -> ms)."""
-    from planner.simulate import plan_stage_costs
-
-    stages, _ = plan_stage_costs(plan, profile)
+    each rank's stages (stages of `plan`) and its median action times ('0F' -> ms). Profiled: as
+    one rank does the action (run_stage_costs: a tensor-parallel rank's share with its collectives)."""
+    stages = run_stage_costs(plan, profile)
     points = []
     for rank_stages, acts in ranks:
         for s in rank_stages:
@@ -75,6 +149,17 @@ def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
     return max(scale, 1e-6), 0.0
 
 
+def check_calibratable(plan: Plan) -> None:
+    """PplanError for a data/tensor-parallel (or ZeRO) plan: a calibration fits one pipeline of
+    whole, unsharded layers, and the simulator applies none to such a plan (planner.simulate)."""
+    from planner.simulate import is_replica_plan
+
+    if is_replica_plan(plan):
+        raise PplanError(f"a calibration cannot be fitted on a plan with parallel {plan.parallel.describe()}: it fits "
+                         "one pipeline of whole, unsharded layers, and pplan simulate applies none to such a plan",
+                         'calibrate on the plan without its "parallel" object (one pipeline), then run this one')
+
+
 def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> None:
     """Refuse, before any work, a run the fit cannot read as `plan`'s: a run of this plan
     (planner.execute.planmatch, the check `pplan report` makes too), a timed step, and finite times
@@ -83,6 +168,7 @@ def check_fit_inputs(run: RunRecord, plan: Plan, source: str | None = None) -> N
     def bad(message: str, hint: str = RUN_FILE_HINT) -> PplanError:
         return PplanError(f"{source}: {message}" if source else message, hint)
 
+    check_calibratable(plan)
     check_run_of_plan(run, plan, source)
 
     def ms(value: Any, where: str) -> None:
@@ -140,7 +226,7 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
         predicted_ms_after=after, error_pct_after=error_pct(after, measured),
         compute_points=[ComputePoint(action=label, profiled_ms=p, measured_ms=m) for p, m, label in points],
         path=str(calibration_path), calibration=as_recorded(cal))
-    fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_devices,
+    fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_processes,
               "n_microbatches": plan.n_microbatches, "measured_ms": measured,
               "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after,
               "model": profile.meta.get("model") or plan.model, "profile_sha256": profile.sha256}

@@ -106,8 +106,10 @@ def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_pat
                     steps: int, warmup: int, prediction: Prediction | None, prediction_source: str | None,
                     calibration: Calibration | None, load_average: float | None = None,
                     profile_load_average: float | None = None, compute_ratio: float | None = None,
-                    compute_ratio_cpu: float | None = None) -> RunRecord:
-    """The run record from the ranks' measurements and a prediction (docs/executor.md layout)."""
+                    compute_ratio_cpu: float | None = None,
+                    grad_allreduce_ms_predicted: float | None = None) -> RunRecord:
+    """The run record from the ranks' measurements and a prediction (docs/executor.md layout);
+    `grad_allreduce_ms_predicted`: the slowest rank's gradient all-reduce as predicted (dp > 1)."""
     measurements = sorted(measurements, key=lambda m: m.rank)
     r0 = measurements[0]
     step_ms = list(r0.step_ms)
@@ -136,5 +138,5 @@ def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_pat
         profile_load_average=profile_load_average, compute_ratio=compute_ratio, compute_ratio_cpu=compute_ratio_cpu,
         warnings=warnings, dp=dp,
         grad_allreduce_ms_measured=_allreduce_ms(measurements) if dp > 1 else None,
-        grad_allreduce_ms_predicted=(plan.predicted.grad_sync_ms if plan.predicted is not None and dp > 1 else None),
+        grad_allreduce_ms_predicted=grad_allreduce_ms_predicted if dp > 1 else None,
         stage_layers=[list(st.layers) for st in plan.stages], stage_recompute=[list(st.recompute) for st in plan.stages])

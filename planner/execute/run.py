@@ -29,7 +29,7 @@ from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, write_calibration
-from planner.errors import PplanError, RunError
+from planner.errors import PlanError, PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.execute.fitrecord import as_recorded
 from planner.execute.launch import launch_local
@@ -70,30 +70,38 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
     (`machine`, else planner.machine.find_machine's default: $PPLAN_MACHINE or
     ~/.cache/pplan/machine.json) measured for this device type: its entry for the plan's process
     count, else the nearest count measured (the source names the count used), else none.
+    A data/tensor-parallel plan gets `pplan simulate`'s prediction for it: one replica priced on
+    its hardware preset, uncalibrated (the source names layout and preset).
     """
     if pf.profile is not None:
-        from planner.simulate import simulate
+        from planner.simulate import is_replica_plan, simulate
 
         import numpy as np
 
-        cal = find_calibration(pf.profile.path)
-        machine_source = ""
-        if cal is None and use_machine:
-            from planner.machine import find_machine, machine_calibration
+        priced = _layout_hardware(plan) if is_replica_plan(plan) else None
+        cal, machine_source = None, ""
+        if priced is None:
+            cal = find_calibration(pf.profile.path)
+            if cal is None and use_machine:
+                from planner.machine import find_machine, machine_calibration
 
-            # every process of the plan shares this machine's cores: the entry measured with that many
-            found = find_machine(machine, device_type=pf.device_type, ranks=plan.n_processes)
-            if found is not None:
-                cal, machine_source = machine_calibration(found), _machine_text(found.ranks, plan.n_processes)
-        # dp > 1: the simulator times one pipeline replica (all replicas run alike); the gradient
-        # all-reduce is not in it (the run measures it apart: grad_allreduce_ms_measured)
-        one = plan.with_(parallel=None) if plan.dp > 1 else plan
+                # every process of the plan shares this machine's cores: the entry measured with that many
+                found = find_machine(machine, device_type=pf.device_type, ranks=plan.n_processes)
+                if found is not None:
+                    cal, machine_source = machine_calibration(found), _machine_text(found.ranks, plan.n_processes)
+        # a data/tensor-parallel plan: what `pplan simulate` predicts for it, one replica priced on its
+        # hardware with the tp split, its collectives and the gradient sync (which the measured step
+        # includes), uncalibrated as simulate does (a calibration fits one pipeline of whole layers);
+        # without a preset to price those on, one pipeline of whole layers, and the label says so
+        one = plan.with_(parallel=None) if is_replica_plan(plan) and priced is None else plan
         with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
             sim = simulate(one, pf.profile, calibration=cal, record_timeline=False)
         source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
             else f"simulate(profile + {machine_source})"
-        if one is not plan:
-            source += ", one replica, no gradient all-reduce"
+        if priced is not None:
+            source += f", {plan.parallel.describe()} on {priced}"
+        elif one is not plan:
+            source += ", one replica of whole layers: no tp split, collectives or gradient all-reduce (no hardware preset)"
         values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
         if not all(math.isfinite(v) for v in values):
             raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
@@ -102,6 +110,17 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
     if plan.predicted is not None and isinstance(plan.predicted.iteration_ms, (int, float)):
         return plan.predicted, "plan.predicted", None
     return None, None, None
+
+
+def _layout_hardware(plan: Plan) -> str | None:
+    """The preset a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware), or
+    None when it names none: a hand-written plan the run executes but simulate cannot price."""
+    from planner.simulate import plan_hardware
+
+    try:
+        return plan_hardware(plan).name
+    except PlanError:
+        return None
 
 
 def _machine_text(measured: int, wanted: int) -> str:
@@ -134,7 +153,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              calibration=as_recorded(used_cal), load_average=load_before,
                              profile_load_average=_profile_load(pf),
                              compute_ratio=_compute_ratio(lead, plan, pf, used_cal),
-                             compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True))
+                             compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True),
+                             grad_allreduce_ms_predicted=_grad_allreduce_predicted(plan, pf, prediction))
     record = record.with_(warnings=record.warnings + _thread_warnings(measurements, pf)
                           + co_run_warnings([m.host for m in measurements], pf, record.compute_ratio))
     rows = measured_timeline(lead)
@@ -162,6 +182,10 @@ def _check_before_launch(plan: Plan, opts: RunOptions, env: Env | None, *, plan_
     if opts.calibrate and pf.profile is None:
         raise PplanError("--calibrate needs the plan's profile (to compare with and to store the calibration beside)",
                          "pass --profile PROFILE.csv")
+    if opts.calibrate:  # ZeRO over one replica: the fit at the end could not simulate it calibrated
+        from planner.execute.calibrate import check_calibratable
+
+        check_calibratable(plan)
     return pf
 
 
@@ -201,6 +225,19 @@ def _calibrate_from(record: RunRecord, plan: Plan, pf: Preflight, used_cal: Cali
                                calibration_path=cal_path)
     write_calibration(fitted, cal_path)
     return record.with_(calibration_fit=fit), fitted, cal_path
+
+
+def _grad_allreduce_predicted(plan: Plan, pf: Preflight, prediction: Prediction | None) -> float | None:
+    """The slowest rank's gradient all-reduce as predicted (planner.execute.calibrate's
+    rank_grad_allreduce_ms: all of a rank's stages at once); without a profile, the prediction's
+    own figure (its largest stage's sync)."""
+    if plan.dp <= 1:
+        return None
+    if pf.profile is not None:
+        from planner.execute.calibrate import rank_grad_allreduce_ms
+
+        return rank_grad_allreduce_ms(plan, pf.profile)
+    return prediction.grad_sync_ms if prediction is not None else None
 
 
 def _load_average() -> float | None:

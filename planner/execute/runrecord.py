@@ -204,7 +204,9 @@ class RunRecord:
     grad_allreduce_ms_measured: float | None = None
     """dp > 1: median over the measured steps of the slowest rank's gradient all-reduce, ms (inside step_ms)."""
     grad_allreduce_ms_predicted: float | None = None
-    """dp > 1: the plan's predicted gradient synchronisation (predicted.grad_sync_ms), if it has one."""
+    """dp > 1: the slowest rank's gradient all-reduce as the cost model prices it, of all the rank's
+    stages at once (planner.execute.calibrate.rank_grad_allreduce_ms); None when the plan's
+    hardware is no preset (without a profile: the plan's predicted.grad_sync_ms)."""
     stage_layers: list[list[int]] | None = None
     """Each stage's [first, end) layers as the plan cut them (None: a run written before pplan recorded them)."""
     stage_recompute: list[list[int]] | None = None
