@@ -2,9 +2,9 @@
 
 Every consumer prices a plan through this package: the partitioner's solvers (DP, ILP, brute
 force, baselines, recompute refinement) through the per-layer arrays and the formulas
-`stage_time_ms` / `stage_bytes`, the simulator through `StageCost`, `action_ms` and `link_ms`,
-reports and the executor's preflight through `stage_cost` and `stage_memory`.
-tests/test_cost_consumers.py holds each of them to it.
+`stage_time_ms` / `stage_bytes`, the simulator through `StageCost`, `action_ms` and `link_ms`
+(reports and `pplan run`'s prediction go through the simulator). tests/test_cost_consumers.py
+holds each of them to it.
 
   compute   layer and stage times, the calibration's scale and overheads   (cost.compute)
   memory    weights, gradients, optimizer state, activations with recompute, buffers (cost.memory)
@@ -19,8 +19,11 @@ only forwards (planner.graph.passthrough_bytes); a recomputed layer keeps everyt
 from earlier layers (LayerCosts.layer_input_bytes). Without skip edges these are the chain's
 numbers.
 
-Data and tensor parallel terms (all-reduce of gradients, sharded optimizer state) belong here
-too, as further modules beside these.
+Data and tensor parallelism (planner.cost.parallel re-exports them): precision (bytes per
+parameter), collectives (placement, ring all-reduce / all-gather), data_parallel (ZeRO shares,
+gradient sync and its overlap), tensor_parallel (one GPU's share of each layer) and model_flops
+(FLOPs per iteration, MFU); they turn per-layer costs into one GPU's, which the same pipeline
+formulas above then price.
 """
 
 from planner.cost.arrays import LayerArrays, layer_arrays

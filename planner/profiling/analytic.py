@@ -20,7 +20,10 @@ Activation bytes per block follow Korthikanti et al. (2022): "korthikanti" is th
 s*b*h*(34 + 5*a*s/h) bytes at 16-bit (dropout masks and stored attention scores included);
 "flash" (the default) is the same accounting without dropout and with fused attention, which
 is what the built-in gpt (no dropout, scaled_dot_product_attention) keeps: (8 + 2*ffn)*s*b*h
-elements plus LayerNorm statistics and the attention's logsumexp.
+elements plus LayerNorm statistics and the attention's logsumexp. Of those tensors, 4 are the
+block's input size and stay whole on every rank under tensor parallelism without sequence
+parallelism (the two norms' inputs and outputs); planner.cost.tensor_parallel prices that from the
+profile's columns (4 x output_bytes), so it holds for measured profiles too.
 
 No torch: planning machines can write analytic profiles.
 """
