@@ -61,6 +61,12 @@ def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, s
         cols["shared_input_bytes"] = np.round(np.minimum(cols["input_saved_bytes"], prev_act) * rng.uniform(0, 1, L)[:, None])
     if seed % 8 in (3, 6):  # what a split backward holds between I and W (zero bubble is seed % 4 == 3)
         cols["wgrad_bytes"] = per(0, 2e6)
+    if seed % 6 in (1, 2, 4):  # layer workspaces, the largest on another layer than the largest activation
+        cols["workspace_bytes"] = per(0, 5e5)
+        cols["workspace_bytes"][int(np.argmax(cols["activation_bytes"][:, 0]) + 1) % L] *= 8
+    if seed % 4 in (0, 2):  # a checkpoint's RNG state, and the loss's saved tensors on the last layer
+        cols["checkpoint_extra_bytes"] = np.full((L, 2), 5056.0)
+        cols["checkpoint_extra_bytes"][-1] += np.round(cols["activation_bytes"][-1] * 0.8)
     edges: tuple = ()
     if seed % 3 == 0 and L >= 4:  # not a chain: skip tensors cross cuts and pass through stages
         edges = ((0, L - 1, int(rng.integers(1e4, 5e5))), (1, L - 2, int(rng.integers(1e4, 5e5)), (2,)) if L >= 5 else ())

@@ -19,6 +19,7 @@ from planner.cost.memory import (
     boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_activation_bytes, optimizer_workspace,
     runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer, wgrad_per_layer,
 )
+from planner.cost.transient import rematerialized_bytes
 from planner.graph.edges import SkipEdge
 from planner.profiling.profile import LayerCosts
 
@@ -58,6 +59,9 @@ class LayerArrays:
     """The model input per micro-batch (the first stage holds the step's batch of it)."""
     wgrad_bytes: np.ndarray | None = None
     """Per layer, bytes a split backward holds per micro-batch between its I and W (planner.cost.stage_wgrad); None: 0."""
+    rematerialized_bytes: np.ndarray | None = None
+    """Per layer, what its recompute brings back during its backward (planner.cost.transient.rematerialized_bytes);
+    None: activation_bytes (profiles without checkpoint_extra_bytes)."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -78,6 +82,8 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         runtime_buffers=runtime_buffers(costs),
         batch_input_bytes=float(costs.input_bytes),
         wgrad_bytes=wgrad_per_layer(costs),
+        rematerialized_bytes=(None if costs.checkpoint_extra_bytes is None
+                              else rematerialized_bytes(kept_activation_bytes(costs), costs.checkpoint_extra_bytes)),
     )
 
 

@@ -17,11 +17,12 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                       + pass-through bytes (skip tensors the stage only forwards)
                       + the stage's output, which the runtime holds until the micro-batch's
                         backward, where its last layer does not save it (`held_output`)
-                 transient = the largest activation_bytes in R: during its backward one
-                 micro-batch of that layer's activations lives again
-                 + the largest workspace_bytes of the stage's layers (`workspace_max`): what
-                 else the allocator holds at a layer's worst moment (its output, the gradients
-                 flowing through it, temporaries; the loss's logit gradients), from the profile
+                 transient = the largest over the stage's layers j of workspace_bytes[j]
+                 + (activation_bytes[j] if j in R, less the loss's tensors j's checkpoint
+                 keeps anyway): a stage runs one layer's backward at a time, and during it
+                 that layer's workspace (its output, the gradients flowing through it,
+                 temporaries; the loss's logit gradients) is alive, and, when it is
+                 recomputed, one micro-batch of its activations again (planner.cost.transient)
   buffers      = torch's PipelineStage allocates, at its first step and for good, one receive
                  buffer per micro-batch for the activation (bytes in) and one for its gradient
                  (bytes out): M x (bytes in + bytes out). The first stage holds the step's whole
@@ -69,6 +70,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from planner.cost.transient import transient_bytes
 from planner.errors import PplanError
 from planner.graph.crossing import passthrough_bytes
 from planner.graph.edges import SkipEdge
@@ -215,11 +217,6 @@ def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], f
     if edges:
         kept += passthrough_bytes(first, end, edges)
     return kept
-
-
-def transient_bytes(activation: Sequence[float], recompute: Iterable[int]) -> float:
-    """Bytes alive again during the backward of the largest recomputed layer (0 without recompute)."""
-    return max((float(activation[i]) for i in recompute), default=0.0)
 
 
 # Optimizers whose step makes parameter-sized temporaries (Adam's denominator); SGD updates in place.

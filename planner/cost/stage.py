@@ -20,8 +20,8 @@ from planner.cost.memory import (
     boundary_bytes, buffer_bytes, checkpoint_input_bytes, first_stage_batch_bytes, held_output, held_output_per_layer,
     kept_activation_bytes, kept_bytes, optimizer_factor, optimizer_workspace, receive_buffer_microbatches, runtime_buffers,
     scaled_skip_edges, sent_bytes, stage_bytes, stage_entry_bytes, stage_wgrad, transient_bytes, wgrad_per_layer,
-    workspace_max,
 )
+from planner.cost.transient import rematerialized_bytes
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
 
@@ -57,7 +57,8 @@ class StageCost:
     kept_bytes: float
     """Activation bytes held per micro-batch in flight."""
     transient_bytes: float
-    """Extra bytes alive during one recomputed layer's backward."""
+    """Extra bytes alive while a backward runs: the largest over the stage's layers of the layer's
+    workspace + its activations if recomputed (planner.cost.transient)."""
     input_bytes: float
     """Bytes received per micro-batch (0 for the first stage)."""
     output_bytes: float
@@ -139,7 +140,7 @@ def stage_cost(
         static_bytes=params * (2.0 + optimizer_factor(optimizer)),
         kept_bytes=kept_bytes(kept, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
                               held_output_per_layer(costs), stage_entry_bytes(costs)),
-        transient_bytes=transient_bytes(kept, rec) + workspace_max(costs.workspace_bytes, first, end),
+        transient_bytes=transient_bytes(rematerialized_bytes(kept, costs.checkpoint_extra_bytes), rec, costs.workspace_bytes, first, end),
         optimizer_workspace_bytes=optimizer_workspace(costs.optimizer_workspace_bytes, first, end, optimizer),
         held_output_bytes=held_output(held_output_per_layer(costs), end),
         input_bytes=float(boundary[first]),

@@ -108,6 +108,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         moments=None if moments is None else tuple(tuple(m) for m in moments),
         gradient_bytes=np.asarray(costs.param_bytes, dtype=float),
         wgrad_bytes=arrays.wgrad_bytes,
+        rematerialized_bytes=arrays.rematerialized_bytes,
     )
 
 

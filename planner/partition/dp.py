@@ -13,11 +13,13 @@ cheapest fitting set is the smallest fitting q: "q layers recomputed saves
 k*D(q) - T(q) bytes" is made monotone by a running max over q and searched by bisection.
 A stage's memory is the largest over its schedule's moments (planner.cost.stage_bytes: GPipe's
 first backward, k = M in flight and no gradients yet, and a later one, M - 1 and the gradients);
-each drops by its own k*D(q) - T(q) (k*D(q) where no backward runs then) and all must fit. With
-one moment (1F1B once M >= P) that is one bisection; with more, each moment's bisection gives a
-lower bound, and since T is constant on runs of q where every saving grows, the least q fitting
-all is found by stepping run by run and bisecting inside the first run whose last q fits (runs:
-one per new largest activation, few in practice; planner.partition.recompute.first_fitting_all).
+each drops by its own saving and all must fit. With one condition (1F1B once M >= P, no
+workspace column) that is one bisection; with more, each one's bisection gives a lower bound,
+and since T is constant on runs of q where every saving grows, the least q fitting all is found
+by stepping run by run and bisecting inside the first run whose last q fits (runs: one per new
+largest recomputed transient, few in practice). The tables, and how a moment's condition, whose
+transient depends on the stage's largest workspace and so on its end, becomes conditions on
+tables per start, are planner.partition.recompute_prefix's.
 
 Stage s can only end before layers s+1 .. L-(S-1-s) (problem.stage_window), so a pass relaxes
 an (L-S+1)^2 window per stage (one entry when S = L), over tables of whole (L+1)^2 arrays shared
@@ -33,18 +35,18 @@ from typing import Any
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, recompute_saving, stage_time_ms, transfer_ms
+from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_time_ms, transfer_ms
 from planner.cost.memory import sent_bytes
-from planner.partition.recompute import first_fitting_all, least_all, run_ends
+from planner.cost.transient import layer_transient
+from planner.partition.recompute_prefix import PrefixRecompute
 from planner.partition.problem import (
-    TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, prefix_runmax, range_max,
-    prefix_sums, relax_window, saving_layers, stage_window,
+    TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, range_max, rematerialized,
+    prefix_sums, relax_window, stage_window,
 )
 
 __all__ = ["solve_dp", "min_memory_scale"]
 
 _CACHE_ELEMENTS = 8_000_000  # keep per-position tables while all of them fit in this many floats (64 MB)
-_H_CACHE = 4  # recompute-saving tables kept (one per in-flight count)
 
 
 class _Tables:
@@ -59,11 +61,10 @@ class _Tables:
         self.ps, self.pa, self.pc = prefix_sums(p.static_bytes), prefix_sums(p.activation_bytes), prefix_sums(p.compute_ms)
         self.comp = self.pc[None, :] - self.pc[:, None]
         self.pt = passthrough_table(p)  # None for a chain; else per-(i, j) bytes held in flight
-        self._h_cache: dict[tuple[float, int], np.ndarray] = {}
         self._band_cache: dict[float, tuple[np.ndarray, ...]] = {}
         self._starts_cache: dict[float, np.ndarray] = {}
         self.ne = 0
-        # per-(i, j) largest layer workspace, a constant on top of the stage's memory; None: all 0
+        # per-(i, j) largest layer workspace: the transient without recompute (planner.cost.transient); None: all 0
         self.work = range_max(np.asarray(p.workspace_bytes, dtype=float)) if p.workspace_bytes is not None else None
         # the optimizer step's temporaries: the stage's largest, charged instead of its activations
         self.optw = (range_max(np.asarray(p.optimizer_workspace_bytes, dtype=float))
@@ -79,41 +80,12 @@ class _Tables:
         # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.stage_wgrad); None: all 0
         self.pw = prefix_sums(p.wgrad_bytes) if p.wgrad_bytes is not None else None
         self._min_cache: dict[tuple, np.ndarray] = {}
-        self._run_end: np.ndarray | None = None
         if p.recompute == "all":
             self.pin, self.pr = prefix_sums(p.input_bytes), prefix_sums(p.recompute_ms)
-            self.trans_all = range_max(np.asarray(p.activation_bytes, dtype=float))
+            self.trans_all = range_max(layer_transient(rematerialized(p), p.workspace_bytes))  # every layer recomputed
         elif p.recompute == "auto":
-            mask = saving_layers(p)
-            self.elig = np.flatnonzero(mask)
-            ne = len(self.elig)
-            self.ne = ne
-            self.pe = np.concatenate([[0], np.cumsum(mask.astype(np.int64))])  # index of the first saving layer >= i
-            a = np.asarray(p.activation_bytes, dtype=float)[self.elig]
-            d = a - np.asarray(p.input_bytes, dtype=float)[self.elig]
-            self.pf = prefix_sums(np.asarray(p.recompute_ms, dtype=float)[self.elig])
-            pd = prefix_sums(d)
-            q = np.arange(ne + 1)[None, :]
-            start = np.arange(ne + 1)[:, None]
-            inside = start + q <= ne
-            endc = np.minimum(start + q, ne)
-            self.saved = np.where(inside, pd[endc] - pd[start], -np.inf)  # D(p, q)
-            self.trans = np.where(inside, prefix_runmax(a), np.inf)     # T(p, q)
-
-    def h(self, k: float, qmax: int, transient: bool = True) -> np.ndarray:
-        """H_k(p, q) = max over q' <= q of k*D(p, q') - T(p, q'), for q <= qmax: non-decreasing in q
-        (without `transient`: k*D, for a moment at which no backward runs)."""
-        key = (k, qmax, transient)
-        got = self._h_cache.get(key)
-        if got is None:
-            with np.errstate(invalid="ignore"):
-                g = recompute_saving(k, self.saved[:, :qmax + 1], self.trans[:, :qmax + 1] if transient else 0.0)
-            g = np.where(np.isnan(g), -np.inf, g)
-            got = np.maximum.accumulate(g, axis=1)
-            if len(self._h_cache) >= _H_CACHE:  # 1F1B has a different k per position: keep memory bounded
-                self._h_cache.pop(next(iter(self._h_cache)))
-            self._h_cache[key] = got
-        return got
+            self.rec = PrefixRecompute(p)
+            self.ne, self.elig, self.pe, self.pf = self.rec.ne, self.rec.elig, self.rec.pe, self.rec.pf
 
     def band(self, limit: float, window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """(i, j) with i < j and compute(i, j) <= limit: the only stages that can be at most that slow
@@ -147,26 +119,6 @@ class _Tables:
         cout = zero if s == p.n_stages - 1 else transfer_ms(bb, p.link_latency_ms[s], p.link_ms_per_byte[s])
         return cin, cout
 
-    def _first_fitting_q(self, k: float, starts: np.ndarray, need: np.ndarray, qmax: int, transient: bool = True) -> np.ndarray:
-        """Least q <= qmax with H_k(starts, q) >= need (qmax + 1 when none): vectorised bisection."""
-        h = self.h(k, qmax, transient)
-        lo = np.zeros(len(need), dtype=np.int64)
-        hi = np.full(len(need), qmax + 1, dtype=np.int64)
-        while True:
-            active = lo < hi
-            if not active.any():
-                return lo
-            mid = (lo + hi) // 2
-            reach = h[starts, np.minimum(mid, qmax)] >= need
-            hi = np.where(active & reach, mid, hi)
-            lo = np.where(active & ~reach, mid + 1, lo)
-
-    def run_end(self) -> np.ndarray:
-        """planner.partition.recompute.run_ends of T(p, q), made once."""
-        if self._run_end is None:
-            self._run_end = run_ends(self.trans)
-        return self._run_end
-
     def memory_terms(self, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, Any, Any, Any, Any]:
         """For stages [ii, jj): (fixed bytes (planner.cost.fixed_bytes), kept bytes per micro-batch
         besides the layers' own, the largest layer workspace, gradient bytes, the optimizer step's
@@ -184,21 +136,21 @@ class _Tables:
         step = self.optw[ii, jj] if self.optw is not None else 0.0
         return fixed, pt, work, grads, step
 
-    def _base(self, s: int, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, list, Any, tuple]:
+    def _base(self, s: int, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, list, Any, tuple, Any]:
         """Stages [ii, jj) at position s with the family's recompute-free set (all: every layer):
         (fixed bytes, each moment's bytes beyond them (planner.cost.moment_bytes), the optimizer
-        step's temporaries, the moments)."""
+        step's temporaries, the moments, the largest layer workspace)."""
         p = self.p
         kinds = moments(p, s)
         fixed, pt, work, grads, step = self.memory_terms(ii, jj)
         if p.recompute == "all":
-            kept, trans = self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj] + work
+            kept, trans = self.pin[jj] - self.pin[ii] + pt, self.trans_all[ii, jj]
         else:
             kept, trans = self.pa[jj] - self.pa[ii] + pt, work
         wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
         held = self.hold[jj] * (jj < self.L) if self.hold is not None else 0.0  # the last stage sends nothing on
         sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None)
-        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent) for m in kinds], step, kinds
+        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent) for m in kinds], step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -209,7 +161,7 @@ class _Tables:
         budget = float(p.budget[s])
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
         ii, jj = self.band(self.band_limit(s, cap), window)
-        fixed, held, step, kinds = self._base(s, ii, jj)
+        fixed, held, step, kinds, work = self._base(s, ii, jj)
         needs = [fixed + h - budget for h in held]  # how far each moment is over the budget
         # the optimizer step (with no activations: the floor of every moment) must fit too; recompute cannot shrink it
         step_ok = fixed + np.maximum(step, 0.0) <= budget
@@ -223,12 +175,8 @@ class _Tables:
             over = np.flatnonzero(~ok & step_ok)
             count = self.pe[jj[over]] - starts[over]  # saving layers in each stage
             if over.size:
-                qmax = int(count.max())
-                firsts = [self._first_fitting_q(m.in_flight, starts[over], need[over], qmax, m.transient)
-                          for m, need in zip(kinds, needs)]
-                got = firsts[0] if len(kinds) == 1 else first_fitting_all(
-                    kinds, self.saved, self.trans, self.run_end(), starts[over], np.maximum.reduce(firsts),
-                    [need[over] for need in needs], count)
+                got = self.rec.least_q(kinds, [need[over] for need in needs], starts[over], count,
+                                       work[over] if np.ndim(work) else work)
                 q[over] = got
                 ok[over] = got <= count
             rec = self.pf[np.minimum(starts + q, self.ne)] - self.pf[starts]
@@ -255,14 +203,10 @@ class _Tables:
     def _min_bytes(self, s: int) -> np.ndarray:
         p, L1 = self.p, self.L + 1
         ii, jj = self.band(np.inf)
-        fixed, held, step, kinds = self._base(s, ii, jj)
+        fixed, held, step, kinds, work = self._base(s, ii, jj)
         if p.recompute == "auto" and self.ne:
             starts = self.pe[ii]
-            count = self.pe[jj] - starts
-            if len(kinds) == 1:
-                least = held[0] - self.h(kinds[0].in_flight, self.ne, kinds[0].transient)[starts, count]
-            else:  # the least of the largest moment is at the end of a run of q (planner.partition.recompute)
-                least = least_all(kinds, self.saved, self.trans, self.run_end(), starts, held, count)
+            least = self.rec.least_held(kinds, held, starts, self.pe[jj] - starts, work)
         else:
             least = np.maximum.reduce(held) if len(held) > 1 else held[0]
         out = np.full((L1, L1), np.inf)

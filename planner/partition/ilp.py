@@ -6,8 +6,10 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
           non-increasing in s, w[0,s] = 0, w[L-1,s] = 1. In-stage indicator
           y[l,s] = w[l,s] - w[l,s+1]; stage s starts at layer x iff st[x,s] = w[x,s] - w[x-1,s] = 1.
   r[l]    binary, layer l recomputed (auto: saving layers only; all: fixed 1; none: fixed 0).
-  z[l,s]  = y[l,s] AND r[l] (three linear inequalities), T[s] >= a_l z[l,s] (transient),
-  W[s] >= ws_l y[l,s] (ws_l: layer l's workspace, when the profile has one; the stage's largest).
+  z[l,s]  = y[l,s] AND r[l] (three linear inequalities); transient T[s] >= ws_l y[l,s] + ra_l z[l,s]
+          for every l (ws_l: layer l's workspace, 0 without the column; ra_l what its recompute
+          brings back, problem.rematerialized): one layer's backward at a time holds its workspace
+          and, recomputed, its activations again (planner.cost.transient).
   Optimizer step: static + buffers + OW[s] <= budget_s, OW[s] >= ow_l y[l,s] (when the profile measured it).
   Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
           (the last stage: ho_(L-1)), when the profile says which outputs layers save.
@@ -19,7 +21,7 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
           bytes in, bytes out) + moment_bytes(moment, kept, transient, sum_l y grad) <= budget_s
           (c kept, + transient if a backward runs then, - gradients if they do not exist yet), and
           fixed bytes alone (the floor: the step without temporaries), where
-          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s] + W[s]
+          kept = sum_l y a - sum_l z (a - in) + sum_e bytes_e h[e,s], transient = T[s]
   h[e,s]  >= 1 - sum of y[l,s] over layers l outside e's gaps (l <= src, l >= dst or a reader),
           >= 0: stage s holds skip tensor e it only forwards (non-chain models; none for a chain)
   Time    t_s = planner.cost.stage_time_ms(sum_l y c, sum_l z rc, speed_s, overhead_s, sends) <= Z
@@ -41,7 +43,7 @@ import numpy as np
 from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
 from planner.cost.memory import sent_bytes
-from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, saving_layers
+from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, rematerialized, saving_layers
 
 __all__ = ["solve_ilp", "ilp_solver_name"]
 
@@ -159,9 +161,12 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
     bytes_in = pulp.lpSum(st(x, s) * bb[x] for x in range(1, L)) if s > 0 else 0
     bytes_out = pulp.lpSum(st(x, s + 1) * bb[x] for x in range(1, L)) if s < S - 1 else 0
     if np.isfinite(budget):
-        trans = _var(prob, f"T_{s}", 0) if cand else 0
-        for l in cand:
-            prob += trans >= a[l] * z[l, s]
+        trans = _var(prob, f"T_{s}", 0) if cand or p.workspace_bytes is not None else 0
+        work = np.zeros(L) if p.workspace_bytes is None else np.asarray(p.workspace_bytes, dtype=float)
+        recomputed, back = set(cand), np.asarray(rematerialized(p), dtype=float)  # what a recompute brings back
+        for l in range(L):  # the transient: each layer's backward holds its workspace and, recomputed, its activations
+            if l in recomputed or work[l] > 0:
+                prob += trans >= float(work[l]) * y(l, s) + (back[l] * z[l, s] if l in recomputed else 0)
         kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
                 - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
         held_on = 0  # the held output of a stage that sends it on (not the last)
@@ -178,11 +183,6 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
             kept = kept + float(e.bytes_per_sample) * hold
         static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
-        if p.workspace_bytes is not None:  # W[s] >= w_l y[l,s]: the stage's largest layer workspace
-            work = _var(prob, f"W_{s}", 0)
-            for l in range(L):
-                prob += work >= float(p.workspace_bytes[l]) * y(l, s)
-            trans = trans + work
         buf = (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, s == 0))  # torch's receive buffers
         fixed = fixed_bytes(static, bytes_in, bytes_out, *buf)
         grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)

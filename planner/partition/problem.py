@@ -15,7 +15,9 @@ Stage memory (bytes; planner.cost.stage_bytes at the schedule's memory moments o
     m_s = sum static_l + buffers(i, j)
           + max(optimizer step, max over moments (c, t, g) of c kept + [t] transient - [not g] sum grad_l)
     kept = sum_{l not in R} activation_l + sum_{l in R} input_l + passthrough(i, j) (+ held output,
-    entry correction), transient = max_{l in R} activation_l + the largest workspace; a moment
+    entry correction), transient = max_{l in [i,j)} workspace_l + [l in R] rematerialized_l
+    (planner.cost.transient: one layer's backward at a time; rematerialized_l is activation_l less
+    what l's checkpoint keeps besides its input, the loss's tensors on the last layer); a moment
     holds c micro-batches, the transient if a backward runs then (t), and the gradients if they
     exist by then (g) (planner.schedules.memory.stage_memory_moments). Without moments: one
     moment (k_s, t, g).
@@ -70,6 +72,7 @@ __all__ = [
     "evaluate",
     "recompute_family",
     "saving_layers",
+    "rematerialized",
     "fits",
     "stage_passthrough",
     "passthrough_table",
@@ -112,7 +115,7 @@ class PartitionProblem:
     passthrough_edges: tuple = ()
     """Skip edges (planner.graph.SkipEdge) whose `bytes_per_sample` holds bytes per micro-batch; () for a chain."""
     workspace_bytes: np.ndarray | None = None
-    """Per layer, bytes alive at its worst moment beyond what it keeps (planner.cost.workspace_max); None: 0."""
+    """Per layer, bytes alive at its worst moment beyond what it keeps (planner.cost.transient); None: 0."""
     optimizer_workspace_bytes: np.ndarray | None = None
     """Per layer, the optimizer step's temporaries (planner.cost.optimizer_workspace, the stage's largest); None: 0."""
     held_output_bytes: np.ndarray | None = None
@@ -133,6 +136,9 @@ class PartitionProblem:
     """Per layer, bytes a split backward holds per micro-batch between its I and W, charged at each
     moment's pending_w (planner.cost.stage_wgrad: none on the first stage); None: 0, and nothing its
     sends hold is charged either (planner.cost.sent_bytes)."""
+    rematerialized_bytes: np.ndarray | None = None
+    """Per layer, what its recompute brings back during its backward, its transient term with the
+    workspace (planner.cost.transient.rematerialized_bytes); None: activation_bytes."""
 
     @property
     def n_layers(self) -> int:
@@ -163,6 +169,11 @@ class Solution:
     """Solver that produced it (dp, ilp, brute, uniform, params, time)."""
     optimal: bool = True
     """False when a solver stopped before proving optimality (ILP time limit) or for baselines."""
+
+
+def rematerialized(p: PartitionProblem) -> np.ndarray:
+    """Per layer, what its recompute brings back (PartitionProblem.rematerialized_bytes, or activation_bytes)."""
+    return p.activation_bytes if p.rematerialized_bytes is None else p.rematerialized_bytes
 
 
 def saving_layers(p: PartitionProblem) -> np.ndarray:
@@ -225,7 +236,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
     return float(cost_stage_bytes(
         float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), float(p.inflight[s]),
         kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes, p.entry_bytes),
-        transient_bytes(p.activation_bytes, rec) + workspace_max(p.workspace_bytes, i, j),
+        transient_bytes(rematerialized(p), rec, p.workspace_bytes, i, j),
         workspace_max(p.optimizer_workspace_bytes, i, j),
         p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),

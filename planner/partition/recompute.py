@@ -3,8 +3,9 @@
 The DP is exact over its family (the first q saving layers of a stage). Once the cuts are
 fixed, each stage's set can be improved without touching the others: this module tries the
 family's cheapest fitting set, a given start set (the DP's), and a ratio greedy (layers by
-memory saved per ms of recompute, under each cap on the largest recomputed activation, since
-that activation comes back as the transient), and keeps the fastest that fits. The result is
+memory saved per ms of recompute, under each cap on the largest recomputed layer's transient
+term, what its recompute brings back + its workspace, alive during its backward: planner.cost.transient),
+and keeps the fastest that fits. The result is
 never slower than the start. Baselines get their sets here too, so every method is judged
 with the same recompute policy. Candidate sets are screened with planner.cost.recompute_saving
 at every memory moment of the stage (planner.cost.stage_bytes: each drops by its own in-flight
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from planner.cost import recompute_saving
-from planner.partition.problem import PartitionProblem, moment_terms, moments, saving_layers, stage_bytes
+from planner.cost import recompute_saving, workspace_max
+from planner.cost.transient import layer_transient
+from planner.partition.problem import PartitionProblem, moment_terms, moments, rematerialized, saving_layers, stage_bytes
 
 __all__ = ["stage_recompute", "run_ends", "first_fitting_all", "least_all"]
 
@@ -26,17 +28,20 @@ def _cost(p: PartitionProblem, rec: tuple[int, ...]) -> float:
 
 
 def _moments(p: PartitionProblem, s: int, i: int, j: int) -> tuple:
-    """Layers [i, j) at position s without recompute, by moment (moment_terms), and the moments."""
-    return (*moment_terms(p, s, i, j), moments(p, s))
+    """Layers [i, j) at position s without recompute, by moment (moment_terms), the moments, and
+    the stage's largest workspace (its transient without recompute)."""
+    return (*moment_terms(p, s, i, j), moments(p, s), workspace_max(p.workspace_bytes, i, j))
 
 
 def _memory(terms: tuple, saved: np.ndarray | float, top: np.ndarray | float) -> np.ndarray:
     """Memory of a stage (its _moments) when recomputing sets that save `saved` kept bytes per
-    micro-batch with largest activation `top` (vectorised): each moment drops by its own saving."""
-    fixed, held, step, kinds = terms
+    micro-batch whose largest layer_transient is `top` (vectorised): each moment drops by its own
+    saving; the transient grows from the stage's largest workspace to `top` where that is larger."""
+    fixed, held, step, kinds, work = terms
+    grown = np.maximum(np.asarray(top, dtype=float) - work, 0.0)
     out = np.maximum(step, 0.0)
     for base, m in zip(held, kinds):
-        out = np.maximum(out, base - recompute_saving(m.in_flight, saved, top if m.transient else 0.0))
+        out = np.maximum(out, base - recompute_saving(m.in_flight, saved, grown if m.transient else 0.0))
     return fixed + out
 
 
@@ -46,9 +51,9 @@ def _family(p: PartitionProblem, s: int, i: int, j: int, elig: list[int]) -> tup
     base = stage_bytes(p, s, i, j, ())
     if not elig:
         return (() if base <= budget else None), (), base
-    a = np.asarray(p.activation_bytes, dtype=float)[elig]
-    d = a - np.asarray(p.input_bytes, dtype=float)[elig]
-    mem = _memory(_moments(p, s, i, j), np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.maximum.accumulate(a)]))
+    d = np.asarray(p.activation_bytes, dtype=float)[elig] - np.asarray(p.input_bytes, dtype=float)[elig]
+    top = layer_transient(rematerialized(p), p.workspace_bytes)[elig]
+    mem = _memory(_moments(p, s, i, j), np.concatenate([[0.0], np.cumsum(d)]), np.concatenate([[0.0], np.maximum.accumulate(top)]))
     fitting = np.flatnonzero(mem <= budget)
     least = int(np.argmin(mem))
     first = tuple(elig[: int(fitting[0])]) if fitting.size else None
@@ -60,8 +65,9 @@ def _greedy(p: PartitionProblem, s: int, i: int, j: int, elig: list[int]) -> tup
     budget = float(p.budget[s])
     if stage_bytes(p, s, i, j, ()) <= budget:
         return ()
-    a = {l: float(p.activation_bytes[l]) for l in elig}
-    d = {l: a[l] - float(p.input_bytes[l]) for l in elig}
+    trans = layer_transient(rematerialized(p), p.workspace_bytes)
+    a = {l: float(trans[l]) for l in elig}  # what comes back during l's backward
+    d = {l: float(p.activation_bytes[l]) - float(p.input_bytes[l]) for l in elig}
     f = {l: float(p.recompute_ms[l]) for l in elig}
     order = sorted(elig, key=lambda l: (-(d[l] / f[l]) if f[l] > 0 else -np.inf, -d[l], l))
     terms = _moments(p, s, i, j)
@@ -138,6 +144,11 @@ def first_fitting_all(kinds: tuple, saved: np.ndarray, trans: np.ndarray, run_en
     then bisection inside the first run whose last q fits."""
     out, lo = count + 1, lo.copy()
     idx = np.flatnonzero(lo <= count)
+    if idx.size:  # most often the lower bound fits already: no run to step through, no bisection
+        st = starts[idx]
+        at_lo = _fits(kinds, saved[st, lo[idx]], trans[st, lo[idx]], [n[idx] for n in needs])
+        out[idx[at_lo]] = lo[idx[at_lo]]
+        idx = idx[~at_lo]
     while idx.size:
         st, e = starts[idx], np.minimum(run_end[starts[idx], lo[idx]], count[idx])
         fit = _fits(kinds, saved[st, e], trans[st, e], [n[idx] for n in needs])
