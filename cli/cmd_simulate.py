@@ -129,8 +129,7 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, ou
          f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size} (global batch {plan.global_batch})")
     echo(f"profile {prof_path}; basis: {basis}")
     if r.interpolated:
-        echo(f"note: micro-batch size {plan.micro_batch_size} was not profiled (measured: "
-             f"{', '.join(map(str, prof.micro_batch_sizes))}); costs are interpolated")
+        echo(f"note: micro-batch size {plan.micro_batch_size} was not profiled: {prof.size_note(plan.micro_batch_size)}")
     echo(f"iteration  {format_ms(r.iteration_ms)}   throughput {r.throughput_samples_per_s:,.1f} samples/s   "
          f"bubble {100 * r.bubble_fraction:.1f}%")
     if r.replica is not None:
@@ -222,7 +221,7 @@ def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) 
         if r.error:
             echo(f"{head}  cannot run: {r.error}")
             continue
-        note = "  (size interpolated)" if r.interpolated else ""
+        note = f"  (size {w.setup.profile.size_basis(r.micro_batch_size)})" if r.interpolated else ""
         echo(f"{head}  {format_ms(r.iteration_ms):>10}  {100 * r.bubble_fraction:6.1f}%  "
              f"{r.throughput_samples_per_s:11,.1f}  {format_bytes(r.peak_memory_bytes):>11}  {'yes' if r.fits else 'NO'}{note}")
     for path, _ in payloads:

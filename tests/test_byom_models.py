@@ -326,3 +326,24 @@ def test_forward_arguments_with_defaults_are_traced_as_their_defaults():
     assert bundle.layers.graph.input_names == ("x",) and bundle.layers.graph.names == ("a", "b")
     x, _ = bundle.make_batch(3, 0)
     torch.testing.assert_close(bundle.layers(x), bundle.layers.source(x), rtol=0, atol=0)
+
+
+def test_a_vit_given_another_image_size_names_the_spec_key():
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError) as e:
+        build_model(HF_SPECS["vit"], seed=0, input_shape=(3, 32, 32))  # the spec says image_size=16
+    assert "doesn't match" in e.value.message
+    assert "image_size is 16" in e.value.hint and "image_size=32" in e.value.hint and "--input-shape 3,16,16" in e.value.hint
+
+
+def test_a_factory_key_it_has_no_parameter_for_is_refused_with_the_nearest(tmp_path, monkeypatch):
+    (tmp_path / "byo_keys.py").write_text(
+        "from torch import nn\n\n"
+        "def build(d_in=32, d=64, n=4):\n    return nn.Sequential(nn.Linear(d_in, d), nn.Linear(d, n))\n\n"
+        "def loose(**kwargs):\n    return nn.Sequential(nn.Linear(4, kwargs.get('d', 2)))\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelSpecError) as e:
+        build_model("byo_keys:build:dd=3", seed=0, input_shape=(32,))
+    assert "unknown key 'dd'" in e.value.message
+    assert e.value.hint == "did you mean 'd'? its parameters: d_in=32, d=64, n=4"
+    assert len(build_model("byo_keys:loose:d=3", seed=0, input_shape=(4,)).layers) == 1  # **kwargs takes any key

@@ -100,3 +100,40 @@ def test_cli_refuses_a_mismatched_plan_with_exit_code_2_and_one_line(tmp_path):
     lines = [ln for ln in res.stderr.splitlines() if ln.startswith("pplan: error:")]
     assert len(lines) == 1 and "cover 4 layers" in lines[0]
     assert "step 1/" not in res.stderr  # no rank ever started: refused before launch, not after
+
+
+def _factory_profile(tmp_path, **recorded: str):
+    """A profile of a 4-layer factory model measured with `recorded` (input_shape, input_dtype, vocab)."""
+    from planner.profiling.profile import load_profile
+
+    prof = tmp_path / "fac.csv"
+    write_synthetic_profile(prof, 4, 2)
+    lines = prof.read_text().splitlines(keepends=True)
+    prof.write_text(lines[0] + "".join(f"# {k}: {v}\n" for k, v in recorded.items()) + "".join(lines[1:]))
+    return prof, load_profile(prof)
+
+
+@pytest.mark.parametrize("flag, given, recorded", [("input_shape", (16,), "--input-shape 8"),
+                                                   ("input_dtype", "float", "--input-dtype long"),
+                                                   ("vocab", 300, "--vocab 200")])
+def test_a_flag_that_differs_from_the_profiled_input_is_refused(tmp_path, flag, given, recorded):
+    from planner.execute.preflight import model_kwargs
+
+    prof, profile = _factory_profile(tmp_path, input_shape="8", input_dtype="long", vocab="200")
+    with pytest.raises(PlanError) as e:
+        model_kwargs(profile, RunOptions(device="cpu", **{flag: given}))
+    shown = ",".join(map(str, given)) if isinstance(given, tuple) else str(given)
+    assert f"--{flag.replace('_', '-')} {shown} differs from the {recorded}" in e.value.message
+    assert str(prof) in e.value.message and "re-profile" in e.value.hint
+    # the recorded value itself, and a flag for what the profile does not record, are used
+    _, lacking = _factory_profile(tmp_path, input_shape="8", input_dtype="float")
+    got = model_kwargs(lacking, RunOptions(device="cpu", input_shape=(8,), vocab=50))
+    assert got == {"input_shape": (8,), "input_dtype": "float", "vocab": 50}
+
+
+def test_run_refuses_another_input_shape_than_the_profiles_in_one_line(tmp_path, pplan):
+    prof, _ = _factory_profile(tmp_path, input_shape="32", input_dtype="long", vocab="200")
+    plan = write_plan(tmp_path / "p.json", "byo_lm:build", "1f1b", 2, [(0, 2), (2, 4)], profile=prof)
+    code, _, err = pplan("run", str(plan), "--device", "cpu", "--model", "byo_lm:build", "--input-shape", "128")
+    assert code == 2 and err.count("pplan: error:") == 1 and "Traceback" not in err
+    assert "--input-shape 128 differs from the --input-shape 32" in err

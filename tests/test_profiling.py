@@ -65,9 +65,9 @@ def test_shared_input_bytes_and_loss_in_last_layer():
     p = profile_model("mlp:layers=3,hidden=8,input=5,classes=3", [1, 2], warmup=0, repeats=1)
     sizes = [1, 2]
     # fc0 saves x (5 floats) and its ReLU output (8); fc1 saves its input (= fc0's ReLU output,
-    # shared) and its own ReLU output; head saves its input (shared), log-softmax (3 floats),
-    # the int64 target and the loss's scalar total weight.
-    assert p.columns["activation_bytes"].tolist() == [[b * (5 + 8) * 4 for b in sizes], [b * 16 * 4 for b in sizes], [b * (8 + 3) * 4 + 8 * b + 4 for b in sizes]]
+    # shared) and its own ReLU output; head saves its input (shared), log-softmax (3 floats) and
+    # the loss's scalar total weight (the int64 target it saves is the step's batch: planner.cost.batch).
+    assert p.columns["activation_bytes"].tolist() == [[b * (5 + 8) * 4 for b in sizes], [b * 16 * 4 for b in sizes], [b * (8 + 3) * 4 + 4 for b in sizes]]
     assert p.columns["shared_input_bytes"].tolist() == [[0, 0], [32, 64], [32, 64]]
     assert p.columns["output_bytes"].tolist() == [[32, 64], [32, 64], [12, 24]]
     assert p.columns["param_bytes"][:, 0].tolist() == [(5 * 8 + 8) * 4, (8 * 8 + 8) * 4, (8 * 3 + 3) * 4]
@@ -115,7 +115,7 @@ def test_synthetic_bytes_are_what_the_spec_says():
     spec = "synthetic:layers=3,fwd_ms=0,bwd_ms=0,param_bytes=4000/0/4000,act_bytes=1000,hidden=8"
     c = profile_model(spec, [1, 4], warmup=0, repeats=1).columns
     assert c["activation_bytes"][:2].tolist() == [[1000, 4000], [1000, 4000]]
-    assert c["activation_bytes"][2].tolist() == [1000 + 2 * 32, 4000 + 2 * 128]  # + the MSE loss's output and target
+    assert c["activation_bytes"][2].tolist() == [1000 + 32, 4000 + 128]  # + the MSE loss's output (its target is the batch's)
     assert c["param_bytes"][:, 0].tolist() == [4000, 0, 4000]
     assert c["output_bytes"][0].tolist() == [32, 128]
     assert c["shared_input_bytes"].max() == 0

@@ -73,4 +73,5 @@ def test_tracked_buffers_are_the_receive_buffers_torch_holds(tmp_path):
     # rank 0: stage 0's input batch and output gradients, stage 2's inputs and output gradients
     assert by_stages[(0, 2)]["buffers"] == 4 * (image + hidden) + 4 * (hidden + hidden)
     # rank 1: stage 1's inputs and output gradients, the last stage's inputs (its output is the loss's)
-    assert by_stages[(1, 3)]["buffers"] == 4 * (hidden + hidden) + 4 * hidden
+    # and the step's targets, 16 int64 class ids (planner.cost.batch)
+    assert by_stages[(1, 3)]["buffers"] == 4 * (hidden + hidden) + 4 * hidden + 16 * 8

@@ -40,6 +40,7 @@ from planner.cost.memory import (
     first_stage_batch_bytes, receive_buffer_microbatches,
     kept_activation_bytes, runtime_buffers, stage_entry_bytes,
 )
+from planner.cost.batch import layer_range_batch_bytes, stage_batch_bytes
 from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
 
 __all__ = [
@@ -53,6 +54,8 @@ __all__ = [
     "boundary_bytes",
     "buffer_bytes",
     "first_stage_batch_bytes",
+    "stage_batch_bytes",
+    "layer_range_batch_bytes",
     "receive_buffer_microbatches",
     "checkpoint_input_bytes",
     "compute_terms",

@@ -57,6 +57,8 @@ class LayerArrays:
     """Buffers as torch's stage allocates them, per micro-batch (planner.cost.buffer_bytes); False: the older model."""
     batch_input_bytes: float = 0.0
     """The model input per micro-batch (the first stage holds the step's batch of it)."""
+    batch_target_bytes: float = 0.0
+    """The target per micro-batch (the last stage holds the step's batch of it; planner.cost.batch)."""
     wgrad_bytes: np.ndarray | None = None
     """Per layer, bytes a split backward holds per micro-batch between its I and W (planner.cost.stage_wgrad); None: 0."""
     rematerialized_bytes: np.ndarray | None = None
@@ -81,6 +83,7 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         entry_bytes=stage_entry_bytes(costs),
         runtime_buffers=runtime_buffers(costs),
         batch_input_bytes=float(costs.input_bytes),
+        batch_target_bytes=float(costs.target_bytes),
         wgrad_bytes=wgrad_per_layer(costs),
         rematerialized_bytes=(None if costs.checkpoint_extra_bytes is None
                               else rematerialized_bytes(kept_activation_bytes(costs), costs.checkpoint_extra_bytes)),

@@ -17,10 +17,11 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
 from planner.cost.memory import (
-    boundary_bytes, buffer_bytes, checkpoint_input_bytes, first_stage_batch_bytes, held_output, held_output_per_layer,
+    boundary_bytes, buffer_bytes, checkpoint_input_bytes, held_output, held_output_per_layer,
     kept_activation_bytes, kept_bytes, optimizer_factor, optimizer_workspace, receive_buffer_microbatches, runtime_buffers,
     scaled_skip_edges, sent_bytes, stage_bytes, stage_entry_bytes, stage_wgrad, transient_bytes, wgrad_per_layer,
 )
+from planner.cost.batch import layer_range_batch_bytes
 from planner.cost.transient import rematerialized_bytes
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
@@ -146,7 +147,7 @@ def stage_cost(
         input_bytes=float(boundary[first]),
         output_bytes=float(boundary[end]),
         recv_microbatches=receive_buffer_microbatches(runtime_buffers(costs), n_microbatches),
-        batch_input_bytes=first_stage_batch_bytes(costs.input_bytes, first == 0),
+        batch_input_bytes=layer_range_batch_bytes(costs, first, end),
         wgrad_bytes=stage_wgrad(wgrad_per_layer(costs), first, end),
         **_sent_fields(costs, boundary, first, end),
     )

@@ -41,6 +41,7 @@ from torch import nn
 from torch.utils._pytree import tree_leaves
 
 from planner.errors import ModelSpecError
+from planner.jsonio import nearest
 from planner.models.bundle import ModelBundle
 from planner.models.targets import flatten_structured_output, mse_over_leaves, noise_like, pack_structured_target
 
@@ -126,6 +127,7 @@ def _call(factory: Callable[..., Any], kwargs: dict[str, Any], seed: int, spec: 
         params = inspect.signature(factory).parameters
     except (TypeError, ValueError):
         params = {}
+    _check_keywords(params, kwargs, spec)
     if "seed" in params:
         kwargs = {**kwargs, "seed": seed}
     try:
@@ -134,6 +136,22 @@ def _call(factory: Callable[..., Any], kwargs: dict[str, Any], seed: int, spec: 
         raise ModelSpecError(f"model {spec!r}: calling the factory failed: {e}", "pass keyword arguments as module:factory:key=value,...") from None
     except Exception as e:
         raise ModelSpecError(f"model {spec!r}: the factory raised {type(e).__name__}: {e}") from None
+
+
+def _check_keywords(params: Any, kwargs: dict[str, Any], spec: str) -> None:
+    """Refuse a key the factory has no parameter for, with the nearest one, as an unknown key of a
+    built-in is (else Python's "got an unexpected keyword argument 'dd'" names no alternative). A
+    factory taking **kwargs accepts any key; `seed` is pplan's to pass."""
+    if not params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    named = [p for p in params.values() if p.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+             and p.name != "seed"]
+    for key in kwargs:
+        if key not in {p.name for p in named}:
+            guess = nearest(key, [p.name for p in named])
+            shown = ", ".join(p.name if p.default is inspect.Parameter.empty else f"{p.name}={p.default!r}" for p in named)
+            raise ModelSpecError(f"model {spec!r}: unknown key {key!r}: the factory has no parameter of that name",
+                                 (f"did you mean {guess!r}? " if guess else "") + f"its parameters: {shown or 'none'}")
 
 
 def build_factory(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...] | None, input_dtype: str, vocab: int | None) -> ModelBundle:

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_time_ms, transfer_ms
+from planner.cost import fixed_bytes, stage_batch_bytes, moment_bytes, stage_time_ms, transfer_ms
 from planner.cost.memory import sent_bytes
 from planner.cost.transient import layer_transient
 from planner.partition.recompute_prefix import PrefixRecompute
@@ -131,7 +131,7 @@ class _Tables:
             pt = pt + self.hold[jj]
         if self.entry is not None:
             pt = pt + self.entry[ii]
-        fixed = fixed_bytes(static, bb[ii], bb[jj], p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, ii == 0))
+        fixed = fixed_bytes(static, bb[ii], bb[jj], p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, ii == 0, jj == p.n_layers))
         grads = self.pg[jj] - self.pg[ii] if self.pg is not None else 0.0
         step = self.optw[ii, jj] if self.optw is not None else 0.0
         return fixed, pt, work, grads, step

@@ -40,7 +40,7 @@ import warnings
 
 import numpy as np
 
-from planner.cost import first_stage_batch_bytes, fixed_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
+from planner.cost import fixed_bytes, stage_batch_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
 from planner.errors import PplanError
 from planner.cost.memory import sent_bytes
 from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, rematerialized, saving_layers
@@ -183,7 +183,7 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
             prob += hold >= 1 - pulp.lpSum(y(l, s) for l in outside)
             kept = kept + float(e.bytes_per_sample) * hold
         static = pulp.lpSum(y(l, s) * float(p.static_bytes[l]) for l in range(L))
-        buf = (p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, s == 0))  # torch's receive buffers
+        buf = (p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, s == 0, s == S - 1))  # torch's receive buffers
         fixed = fixed_bytes(static, bytes_in, bytes_out, *buf)
         grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)
         # held between a micro-batch's I and W; position 0 starts at layer 0, whose stage holds none (stage_wgrad)

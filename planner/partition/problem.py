@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import (
-    first_stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
+    stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
 )
 from planner.cost import stage_bytes as cost_stage_bytes
 from planner.cost.memory import held_output, sent_bytes, stage_wgrad
@@ -126,6 +126,8 @@ class PartitionProblem:
     """Micro-batches torch's stages keep receive buffers for (planner.cost.buffer_bytes); None: the older model."""
     batch_input_bytes: float = 0.0
     """The model input per micro-batch: the first stage holds the step's batch of it (with recv_microbatches)."""
+    batch_target_bytes: float = 0.0
+    """The target per micro-batch: the last stage holds the step's batch of it (with recv_microbatches)."""
     moments: tuple | None = None
     """Per stage position, its memory moments (planner.schedules.memory.Moment tuples); None: one
     moment of `inflight` micro-batches with the transient and the gradients (the older bound)."""
@@ -238,7 +240,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         kept_bytes(p.activation_bytes, p.input_bytes, i, j, rec, p.passthrough_edges, p.held_output_bytes, p.entry_bytes),
         transient_bytes(rematerialized(p), rec, p.workspace_bytes, i, j),
         workspace_max(p.optimizer_workspace_bytes, i, j),
-        p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0),
+        p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
         stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j),
     ))
@@ -259,7 +261,7 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
     grads = float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0
     work = workspace_max(p.workspace_bytes, i, j)
     fixed = fixed_bytes(float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]),
-                        p.recv_microbatches, first_stage_batch_bytes(p.batch_input_bytes, i == 0))
+                        p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers))
     wgrad = stage_wgrad(p.wgrad_bytes, i, j)
     held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j))) for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)

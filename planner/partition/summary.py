@@ -118,7 +118,7 @@ def summary_text(result: PartitionResult) -> str:
         f"plan: {plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}, recompute {search.recompute}, "
         f"cuts by {chosen.origin}{proof}" + (f", then {chosen.polished} cut move(s) by the simulator-driven polish" if chosen.polished else ""),
         f"predicted: {format_ms(sim.iteration_ms)} per iteration, bubble {_pct(sim.bubble_fraction)}, "
-        f"{sim.throughput_samples_per_s:.1f} samples/s" + (" (costs interpolated at this micro-batch size)" if sim.interpolated else ""),
+        f"{sim.throughput_samples_per_s:.1f} samples/s" + (f" ({prof.size_note(plan.micro_batch_size)})" if sim.interpolated else ""),
         "",
     ]
     rows = []

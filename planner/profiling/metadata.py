@@ -92,6 +92,9 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     "input_dtype": _input_dtype,
     "vocab": _integer(1, 2**31 - 1, empty_ok=True),
     "input_bytes_per_sample": _number(1e18),
+    # bytes of one sample of the training target (the last stage holds the step's targets); absent in
+    # profiles made before pplan wrote it, which the cost model reads as 0, as it did then
+    "target_bytes_per_sample": _number(1e18),
     "device": _free_text,
     "device_name": _free_text,
     "dtype": _dtype,

@@ -97,7 +97,8 @@ class LayerCosts:
     input_bytes: float
     """Bytes of the model's input per micro-batch (0 when the profile does not say)."""
     interpolated: bool
-    """True when micro_batch_size was not measured and these values are interpolated."""
+    """True when micro_batch_size was not measured: interpolated, or extrapolated outside the measured
+    sizes (Profile.size_basis tells which)."""
     shared_input_bytes: np.ndarray | None = None
     """Bytes of each layer's saved input also saved by the layer before (count once within a stage)."""
     skip_edges: tuple = ()
@@ -121,6 +122,9 @@ class LayerCosts:
     checkpoint_extra_bytes: np.ndarray | None = None
     """Bytes a checkpointed layer keeps per micro-batch besides its input: the checkpoint's RNG state
     and, on the last layer, the loss's saved tensors (planner.profiling.saved; None: not measured, 0)."""
+    target_bytes: float = 0.0
+    """Bytes of the training target per micro-batch, which the last stage holds for the whole step
+    (planner.cost.batch; 0 when the profile does not say: profiles made before pplan recorded it)."""
 
 
 @dataclass(frozen=True)
@@ -139,10 +143,32 @@ class Profile(ProfileTable):
 
     @property
     def input_bytes_per_sample(self) -> float:
+        return self._meta_number("input_bytes_per_sample")
+
+    @property
+    def target_bytes_per_sample(self) -> float:
+        """Bytes of one sample of the training target (0 for profiles that do not say)."""
+        return self._meta_number("target_bytes_per_sample")
+
+    def _meta_number(self, key: str) -> float:
         try:  # validated at load; a Profile built in code may hold anything
-            return float(self.meta.get("input_bytes_per_sample", 0) or 0)
+            return float(self.meta.get(key, 0) or 0)
         except ValueError:
             return 0.0
+
+    def size_basis(self, micro_batch_size: int) -> str:
+        """How `at` gets the costs of `micro_batch_size`: "measured", "interpolated" between two
+        measured sizes, or "extrapolated" beyond them (scaled from the nearest: 32 from 2 and 4
+        is an 8x extrapolation, which a message must not call an interpolation)."""
+        if micro_batch_size in self._position:
+            return "measured"
+        sizes = self.micro_batch_sizes
+        return "interpolated" if sizes[0] < micro_batch_size < sizes[-1] else "extrapolated"
+
+    def size_note(self, micro_batch_size: int) -> str:
+        """The basis for messages: "" when measured, else e.g. "costs extrapolated (measured: 2, 4)"."""
+        basis = self.size_basis(micro_batch_size)
+        return "" if basis == "measured" else f"costs {basis} (measured: {', '.join(map(str, self.micro_batch_sizes))})"
 
     def at(self, micro_batch_size: int) -> LayerCosts:
         """Costs at `micro_batch_size`: exact rows if measured, else interpolated.
@@ -173,6 +199,7 @@ class Profile(ProfileTable):
             micro_batch_size=micro_batch_size,
             param_bytes=self.columns["param_bytes"][:, 0].copy(),
             input_bytes=input_bytes,
+            target_bytes=self.target_bytes_per_sample * micro_batch_size,
             interpolated=interpolated,
             **cols,
             **graph,

@@ -36,7 +36,7 @@ from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
-from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, tensor_bytes
+from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, target_tensors, tensor_bytes
 
 __all__ = ["DTYPES", "profile_model", "measure_profile", "resolve_device", "check_batch_fits"]
 
@@ -102,6 +102,11 @@ def _measure_into(cols: dict, k: int, spec: str, size: int, i: int, name: str, l
         cols[c][i, k] = getattr(m, c)
     cols["checkpoint_extra_bytes"][i, k] = checkpoint_extra_bytes(
         outputs, loss_bundle.loss_fn if loss_bundle is not None else None, target)
+    if loss_bundle is not None:  # what the loss saves of its target is the batch's (saved.target_tensors)
+        held = saved.bytes_of(target_tensors(target))
+        cols["activation_bytes"][i, k] -= min(held, cols["activation_bytes"][i, k])
+        if cols["workspace_bytes"][i, k] > 0:  # the peak less the activations: the target was never in the peak
+            cols["workspace_bytes"][i, k] += held
     return outputs, saved
 
 
@@ -238,6 +243,7 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
             bg.check()  # every figure above was measured with all workers running
             stack.close()
         meta = _meta(spec, bundle, seed=seed, dev=dev, dtype=dtype, command=command, input_bytes=input_bytes,
+                     target_bytes=_target_bytes_per_sample(bundle, spec, sizes[0], seed),
                      warmup=warmup, repeats=repeats, timer=timer, co_run=co_run, input_shape=input_shape,
                      input_dtype=input_dtype, vocab=vocab, started=started)
         if lg is not None:
@@ -349,8 +355,14 @@ def _measure_chain(named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: 
     return input_bytes
 
 
+def _target_bytes_per_sample(bundle: Any, spec: str, size: int, seed: int) -> float:
+    """Bytes of one sample of the target, as make_batch makes it and the run's last stage holds it
+    for the whole step (a tuple or dict target travels packed in one tensor: planner.models.targets)."""
+    return tensor_bytes(_make_batch(bundle, spec, size, seed)[1]) / size
+
+
 def _meta(spec: str, bundle: Any, *, seed: int, dev: torch.device, dtype: str, command: str | None,
-          input_bytes: float, warmup: int, repeats: int, timer: str, co_run: int, input_shape: tuple[int, ...] | None,
+          input_bytes: float, target_bytes: float, warmup: int, repeats: int, timer: str, co_run: int, input_shape: tuple[int, ...] | None,
           input_dtype: str, vocab: int | None, started: float) -> dict[str, str]:
     """The profile's metadata lines: what was measured, how, where and under what load."""
     meta = {
@@ -364,6 +376,7 @@ def _meta(spec: str, bundle: Any, *, seed: int, dev: torch.device, dtype: str, c
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "command": " ".join((command or "").splitlines()),
         "input_bytes_per_sample": f"{input_bytes:g}",
+        "target_bytes_per_sample": f"{target_bytes:.12g}",
         "warmup": str(warmup),
         "repeats": str(repeats),
         "timer": "wall minus run-queue wait" if timer == "sched" else "wall",

@@ -14,7 +14,7 @@ from typing import Any, Iterable, Self
 import torch
 
 __all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes", "weight_gradient_hold_bytes",
-           "checkpoint_extra_bytes"]
+           "checkpoint_extra_bytes", "target_tensors"]
 
 _Key = tuple[str, int]
 
@@ -95,6 +95,10 @@ class SavedTensors(SavedTensorHooks):
         """Bytes of all distinct saved storages."""
         return sum(self.storages.values())
 
+    def bytes_of(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Bytes of the storages of `tensors` that were saved here, each once."""
+        return sum(self.storages.get(key, 0) for key in {storage_key(t)[0] for t in tensors})
+
     def shared_bytes(self, other: "SavedTensors | None") -> int:
         """Bytes of the storages saved both here and in `other`."""
         if other is None:
@@ -138,19 +142,34 @@ def weight_gradient_hold_bytes(roots: list[torch.Tensor], grads: list[torch.Tens
     return sum(held.values())
 
 
+def target_tensors(target: Any) -> list[torch.Tensor]:
+    """The tensors of a training target: a tensor, or those in a tuple or list of them.
+
+    The loss saves its target micro-batch for backward (F.mse_loss the regression target, cross-entropy
+    the class ids). In a run that is a view of the step's target batch, which the last stage holds for
+    the whole step and planner.cost.batch charges once (the profile's target_bytes_per_sample), so the
+    profiler leaves it out of the last layer's activation_bytes and checkpoint_extra_bytes; else
+    GPipe's M micro-batches in flight charge the batch twice (measured: a last rank predicted at
+    7.5 MiB ran at 5.8 MiB, 8 micro-batches of 8 x 16 x 500 float targets)."""
+    if isinstance(target, (tuple, list)):
+        return [t for o in target for t in target_tensors(o)]
+    return [target] if isinstance(target, torch.Tensor) else []
+
+
 def checkpoint_extra_bytes(output: Any, loss_fn: Any = None, target: Any = None) -> int:
     """Bytes a checkpointed layer keeps per micro-batch besides its input: the RNG state
     torch.utils.checkpoint saves at every call (preserve_rng_state: the CPU generator's, and the
     device's when `output` is on one; 5,056 bytes on CPU with torch 2.13), and with `loss_fn` (the
     last layer) what the loss saves for its backward: the pipeline runtime computes the loss
-    outside the stage, so outside any checkpoint, and keeps it from forward to backward."""
+    outside the stage, so outside any checkpoint, and keeps it from forward to backward. The target
+    it saves is not counted: the last stage holds the step's targets anyway (planner.cost.batch)."""
     first = output[0] if isinstance(output, tuple) else output
     extra = torch.get_rng_state().nbytes
     if isinstance(first, torch.Tensor) and first.device.type == "cuda":
         extra += torch.cuda.get_rng_state(first.device).nbytes
     if loss_fn is None or not isinstance(first, torch.Tensor) or not first.is_floating_point():
         return extra
-    saved = SavedTensors()
+    saved = SavedTensors(exclude=target_tensors(target))
     with saved:  # the output itself counts where the loss saves it (it shares the output's storage)
         loss_fn(first.detach().requires_grad_(), target)
     extra += saved.total_bytes

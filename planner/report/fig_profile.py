@@ -60,7 +60,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     ax_t.set_ylabel("time per micro-batch (ms)")
     title = f"Per-layer profile at micro-batch size {b}"
     if costs.interpolated:
-        title += " (interpolated)"
+        title += f" ({profile.size_basis(b)})"
     ax_t.set_title(title)
 
     top = float(max(np.max(costs.param_bytes), np.max(costs.activation_bytes), 1.0))
