@@ -29,10 +29,6 @@ bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV
 _OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and Markdown tables.")]
 _Json = Annotated[bool, typer.Option("--json", help="Print the tables and the machine as JSON instead of text.")]
 _BENCH_DIR = Path("reports/bench")
-# Repetitions of one bench cell: the best (or median) of a few is the point; a thousand is far
-# past any use, and `--repeats 1e20` would run practically forever.
-_MAX_REPEATS = 1000
-_RUN_DEVICES = ("cpu", "cuda")
 
 
 def register(app: typer.Typer) -> None:
@@ -63,52 +59,6 @@ def _machine() -> dict[str, Any]:
     from planner.bench import machine_info
 
     return machine_info()
-
-
-def _check_repeats(repeats: int) -> None:
-    from planner.errors import PplanError
-
-    if not 1 <= repeats <= _MAX_REPEATS:
-        raise PplanError(f"--repeats {repeats} must be between 1 and {_MAX_REPEATS}", "a few are enough, e.g. --repeats 3")
-
-
-def _check_runs(steps: int, warmup: int, device: str) -> None:
-    """Refuse, before anything is profiled or trained, the settings the benches' runs would refuse
-    only later, each run on its own (a --device typo became '0 of 2 runs completed', exit 0)."""
-    from planner.errors import PplanError
-    from planner.execute.options import MAX_STEPS
-
-    if device not in _RUN_DEVICES:
-        raise PplanError(f"--device {device!r} is unknown", f"use {' or '.join(_RUN_DEVICES)}")
-    if not 0 <= warmup < steps <= MAX_STEPS:
-        raise PplanError(f"--steps {steps} / --warmup {warmup}: need 0 <= warmup < steps <= {MAX_STEPS:,}",
-                         "e.g. --steps 5 --warmup 2")
-
-
-def _check_sizes(sizes: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    """Refuse a --sizes list the simulator bench could not finish: more than MAX_BENCH_LIST sizes,
-    a size given twice, or a size beyond what `pplan simulate` accepts under the schedule with
-    the most actions per micro-batch (every schedule is timed at every size)."""
-    from planner.cost import actions_per_microbatch
-    from planner.errors import PplanError
-    from planner.limits import MAX_BENCH_LIST, MAX_SIMULATED_ACTIONS
-    from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
-
-    if len(sizes) > MAX_BENCH_LIST:
-        raise PplanError(f"--sizes lists {len(sizes):,} sizes, more than {MAX_BENCH_LIST}", "bench fewer, e.g. 8x64,64x1024")
-    if len(set(sizes)) != len(sizes):
-        raise PplanError("--sizes repeats a size", "give each STAGESxMICROBATCHES once, e.g. 8x64,64x1024")
-    def per(name: str) -> int:
-        return actions_per_microbatch(get_schedule(name).split_backward)
-
-    most = max(SCHEDULE_NAMES, key=per)  # the schedule with the most actions per micro-batch
-    for stages, microbatches in sizes:
-        n = per(most) * stages * microbatches
-        if n > MAX_SIMULATED_ACTIONS:
-            raise PplanError(f"--sizes {stages}x{microbatches} is {n:,} actions under {most}, beyond the "
-                             f"simulator's bound of {MAX_SIMULATED_ACTIONS:,}",
-                             f"use at most {MAX_SIMULATED_ACTIONS // (per(most) * stages):,} micro-batches with {stages} stages")
-    return sizes
 
 
 def _check_out(out_dir: Path) -> None:
@@ -161,9 +111,10 @@ def simulator_cmd(
 ) -> None:
     """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
     from planner.bench import bench_simulator, parse_sizes
+    from planner.bench.simulator_bench import check_repeats, check_sizes
 
-    _check_repeats(repeats if repeat_alias is None else repeat_alias)
-    parsed = _check_sizes(parse_sizes(sizes))
+    check_repeats(repeats if repeat_alias is None else repeat_alias)  # bench_simulator checks them too: refused before --out-dir
+    parsed = check_sizes(parse_sizes(sizes))
     _check_out(out_dir)
     machine = _machine()
     table = bench_simulator(parsed, repeat=repeats if repeat_alias is None else repeat_alias, progress=_progress())
@@ -195,6 +146,7 @@ def quality_cmd(
     from planner.bench import bench_quality, bench_quality_measured
 
     from planner.bench.planner_bench import check_counts
+    from planner.bench.quality import check_runs
     from planner.limits import MAX_GLOBAL_BATCH
     from planner.plan.records import MAX_PIPELINE_STAGES
 
@@ -202,7 +154,7 @@ def quality_cmd(
     if not 1 <= global_batch <= MAX_GLOBAL_BATCH:
         raise PplanError(f"--global-batch {global_batch} is outside 1..{MAX_GLOBAL_BATCH:,}", "e.g. --global-batch 32")
     _check_out(out_dir)
-    _check_runs(steps, warmup, device)
+    check_runs(steps, warmup, device)  # bench_quality_measured checks them too; here before the simulated bench runs
     if profiles:  # a profile given from the tables' folder must not be overwritten by a table
         from planner.atomic import ensure_outputs_distinct
 
@@ -238,9 +190,11 @@ def fidelity_cmd(
     column co_run), as their runs' other ranks share this machine's memory bandwidth."""
     from planner.bench import DEFAULT_GRID, QUICK_GRID, bench_fidelity
     from planner.bench.fidelity import fidelity_figure, select_grid
+    from planner.bench.quality import check_runs
+    from planner.bench.simulator_bench import check_repeats
 
-    _check_repeats(repeats)
-    _check_runs(steps, warmup, device)
+    check_repeats(repeats)
+    check_runs(steps, warmup, device)
     _check_out(out_dir)
     machine = _machine()
     grid = QUICK_GRID if quick else select_grid(models, DEFAULT_GRID)

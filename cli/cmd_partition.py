@@ -45,6 +45,7 @@ def partition_cmd(
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
     parallel: Annotated[Optional[str], typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp; the default) or a layout such as dp=8,pp=12,tp=4.")] = None,
     zero: Annotated[Optional[int], typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 (default 0) of the data-parallel group, as pplan run executes it: 1 shards the optimizer state; 2 the same (gradients stay whole at a pipeline's peak) and holds the gathered stage beside its shards; 3 also shards the weights, gathering one layer at a time.")] = None,
+    grad_sync: Annotated[Optional[str], typer.Option("--grad-sync", help="With --nodes: how the data-parallel gradient sync is priced: after-step (the default; pplan run all-reduces the gradients after the schedule's step, none of it hidden) or overlapped (with each stage's last backward, as Megatron-LM, DeepSpeed and DDP run it; the plan records which).")] = None,
     calibration: CalibrationOption = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan JSON.")] = Path("plan.json"),
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout.")] = None,
@@ -63,13 +64,14 @@ def partition_cmd(
     _check_mode_flags(cluster_mode, {
         "--devices": devices, "--optimizer": optimizer, "--bandwidth": bandwidth, "--latency": latency,
         "--cluster": cluster, "--method": method, "--time-limit": time_limit, "--calibration": calibration,
-    }, {"--gpus-per-node": gpus_per_node, "--parallel": parallel, "--zero": zero})
+    }, {"--gpus-per-node": gpus_per_node, "--parallel": parallel, "--zero": zero, "--grad-sync": grad_sync})
     _check_outputs(out, plot, profile_path, cluster, calibration, hardware)
     if cluster_mode:
         cluster_settings = cluster_settings_from_options(nodes=nodes, hardware=hardware, global_batch=global_batch,
                                                          gpus_per_node=gpus_per_node, parallel=parallel or "auto",
-                                                         zero=zero or 0, recompute=recompute, memory=memory,
-                                                         schedule=schedule or "auto", microbatches=microbatches or "auto")
+                                                         zero=zero, recompute=recompute, memory=memory,
+                                                         schedule=schedule or "auto", microbatches=microbatches or "auto",
+                                                         grad_sync=grad_sync or "after-step")
         _finish_cluster(partition_cluster(profile_path, cluster_settings, layouts=plot is not None), out, plot, as_json)
         return
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
@@ -149,7 +151,7 @@ def _finish_pipeline(job: PipelineJob, out: Path, plot: Optional[Path], as_json:
 
 def _finish_cluster(job: ClusterJob, out: Path, plot: Optional[Path], as_json: bool) -> None:
     """`--nodes/--hardware`: write the plan of one replica (and the layout figure), then print the layouts or JSON."""
-    from planner.partition.parallel_search import format_parallel
+    from planner.partition.parallel_plan import format_parallel, parallel_summary
     from planner.plan import plan_to_dict, write_plan
 
     write_plan(job.plan, out)
@@ -161,7 +163,8 @@ def _finish_cluster(job: ClusterJob, out: Path, plot: Optional[Path], as_json: b
         write_layout_figure(job.layouts, job.result.best, job.layouts_title, plot)
         err(f"wrote {plot}")
     if as_json:
-        echo_json({"plan": plan_to_dict(job.plan), "out": str(out)})
+        echo_json({"plan": plan_to_dict(job.plan), "summary": parallel_summary(job.result), "out": str(out),
+                   "basis": job.basis, "calibration": None})
         return
     typer.echo(format_parallel(job.result))
     typer.echo("")

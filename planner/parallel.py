@@ -9,6 +9,14 @@ A plan JSON holds it as the object `"parallel": {"dp": D, "pp": P, "tp": T, "zer
 (`to_dict` / `from_dict`), with the cluster it was planned for when known (`"gpus_per_node"`,
 `"hardware"`: a preset name or a hardware file's name) so `pplan simulate` can price it again;
 `parse_parallel("dp=8,pp=12,tp=4")` reads the command-line form.
+
+`grad_sync` records what the plan's prediction assumed of the data-parallel gradient sync:
+"after-step" (all of it after the last backward, as `pplan run` executes it) or "overlapped"
+(hidden behind each stage's last backward, as Megatron-LM's later versions, DeepSpeed and DDP
+do). A plan without the key was written before it existed, when predictions assumed overlap.
+
+`run_refusal(cfg)` is the one definition of which layouts `pplan run` cannot execute: the
+search skips them and the executor refuses them with the same words.
 """
 
 from __future__ import annotations
@@ -19,12 +27,18 @@ from typing import Any, Mapping
 from planner.errors import PplanError
 from planner.jsonio import nearest
 
-__all__ = ["ParallelConfig", "ZERO_STAGES", "parse_parallel"]
+__all__ = ["ParallelConfig", "ZERO_STAGES", "GRAD_SYNC_MODES", "GRAD_SYNC_AFTER_STEP", "GRAD_SYNC_OVERLAPPED",
+           "parse_parallel", "run_refusal", "zero_tp_refusal"]
 
 ZERO_STAGES = (0, 1, 2, 3)
+GRAD_SYNC_AFTER_STEP = "after-step"
+"""The gradient sync runs after the last backward, none of it hidden (what `pplan run` does)."""
+GRAD_SYNC_OVERLAPPED = "overlapped"
+"""The gradient sync overlaps each stage's last backward (Megatron-LM's later versions, DeepSpeed, DDP)."""
+GRAD_SYNC_MODES = (GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED)
 _MAX_DEGREE = 1 << 20
 _KEYS = ("dp", "pp", "tp", "zero")
-_CLUSTER_KEYS = ("gpus_per_node", "hardware")
+_CLUSTER_KEYS = ("gpus_per_node", "hardware", "grad_sync")
 _MAX_NAME = 200
 
 
@@ -44,6 +58,9 @@ class ParallelConfig:
     """GPUs per node of the cluster it was planned for (None: the hardware's); not part of the layout's identity."""
     hardware: str | None = field(default=None, compare=False)
     """Hardware preset or file name it was planned for (None: unknown); not part of the layout's identity."""
+    grad_sync: str | None = field(default=None, compare=False)
+    """What the prediction assumed of the gradient sync (GRAD_SYNC_MODES; None: not recorded, a plan
+    written before the key existed, whose numbers assumed "overlapped"); not part of the layout's identity."""
 
     def __post_init__(self) -> None:
         for key in ("dp", "pp", "tp"):
@@ -58,6 +75,15 @@ class ParallelConfig:
         if self.hardware is not None and (not isinstance(self.hardware, str) or not 0 < len(self.hardware) <= _MAX_NAME):
             raise PplanError(f"parallel hardware must be a name of 1..{_MAX_NAME} characters, got {str(self.hardware)[:40]!r}",
                              "a preset (`pplan hardware`) or a hardware file's name")
+        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC_MODES:
+            raise PplanError(f"parallel grad_sync must be one of {', '.join(GRAD_SYNC_MODES)}, got {str(self.grad_sync)[:40]!r}",
+                             f'"{GRAD_SYNC_AFTER_STEP}" is what pplan run executes')
+
+    @property
+    def overlaps_grad_sync(self) -> bool:
+        """Whether the prediction hides the gradient sync behind the last backward (an unrecorded
+        choice is an older plan's, which did)."""
+        return self.grad_sync != GRAD_SYNC_AFTER_STEP
 
     @property
     def gpus(self) -> int:
@@ -91,9 +117,11 @@ class ParallelConfig:
         return text + (f",zero={self.zero}" if self.zero else "")
 
 
-def parse_parallel(text: str, zero: int = 0) -> ParallelConfig:
-    """`dp=D,pp=P,tp=T` (any order, missing degrees 1; `zero=Z` allowed) -> ParallelConfig."""
-    values: dict[str, int] = {"zero": zero}
+def parse_parallel(text: str, zero: int | None = None) -> ParallelConfig:
+    """`dp=D,pp=P,tp=T` (any order, missing degrees 1; `zero=Z` allowed) -> ParallelConfig. The
+    text's zero wins; `zero` (the separate --zero, None when not given) fills it in when the text
+    has none, and is refused when it says another stage."""
+    values: dict[str, int] = {}
     for item in str(text).split(","):
         if not item.strip():
             continue
@@ -105,4 +133,24 @@ def parse_parallel(text: str, zero: int = 0) -> ParallelConfig:
             values[key] = int(raw.strip())
         except ValueError:
             raise PplanError(f"--parallel {key}={raw.strip()[:20]!r} is not a whole number") from None
+    if "zero" in values and zero is not None and values["zero"] != zero:
+        raise PplanError(f"--parallel {str(text)[:60]!r} says zero={values['zero']} but --zero is {zero}",
+                         "give the ZeRO stage once: in --parallel or with --zero")
+    values.setdefault("zero", 0 if zero is None else zero)
     return ParallelConfig(**values)
+
+
+def run_refusal(cfg: ParallelConfig) -> str | None:
+    """Why `pplan run` cannot execute layout `cfg` (one line naming the rule and what would run),
+    or None when it can. ZeRO-2/3 over dp > 1 replicas with tp > 1: the tp blocks' DTensor
+    parameters would be sharded again over dp (2-D fully_shard under torch's pipeline stages),
+    which the executor does not wire (planner/execute/tensor.py); ZeRO-1 runs with tp."""
+    return zero_tp_refusal(cfg.zero, cfg.tp) if cfg.dp > 1 else None
+
+
+def zero_tp_refusal(zero: int, tp: int) -> str | None:
+    """run_refusal's rule for a data-parallel layout: ZeRO stage `zero` beside tp-way tensor parallelism."""
+    if tp > 1 and zero >= 2:
+        return (f"ZeRO stage {zero} with tensor parallelism (tp {tp}) is not supported by pplan run: sharding the "
+                f"tp blocks' DTensor parameters again over dp is not wired; zero 0 or 1 runs with tp > 1, zero 2 or 3 with tp=1")
+    return None

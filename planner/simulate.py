@@ -188,7 +188,7 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
     hw = plan_hardware(plan, hardware)
     if hardware is not None:
         plan = replica_on_hardware(plan, hardware)
-    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
+    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
     cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
     flops = model_flops(profile, plan.global_batch)
     sim = simulate_replica(

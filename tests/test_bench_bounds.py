@@ -24,7 +24,7 @@ from planner.profiling.profile import MAX_LAYERS
     (["planner", "--layers", ",".join(str(n) for n in range(2, MAX_BENCH_LIST + 3)), "--devices", "2"],
      f"{MAX_BENCH_LIST + 1} values, more than {MAX_BENCH_LIST}"),
     (["planner", "--layers", "4000", "--devices", "4,64"], "--layers 4000 x --devices 64 is 1,024,000,000 layers^2 x devices"),
-    (["simulator", "--sizes", "64x100000"], f"19,200,000 actions under zb, beyond the simulator's bound of {MAX_SIMULATED_ACTIONS:,}"),
+    (["simulator", "--sizes", "64x100000"], f"19,200,000 actions to simulate, beyond the simulator's bound of {MAX_SIMULATED_ACTIONS:,}"),
     (["simulator", "--sizes", "8x64,8x64"], "repeats a size"),
     (["simulator", "--sizes", ",".join(f"2x{m}" for m in range(1, MAX_BENCH_LIST + 2))], f"more than {MAX_BENCH_LIST}"),
     (["quality", "--devices", str(MAX_PIPELINE_STAGES + 1)], f"1..{MAX_PIPELINE_STAGES:,}"),

@@ -9,7 +9,8 @@ import pytest
 
 from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.hardware import load_hardware
-from planner.partition.parallel_search import format_parallel, plan_parallel
+from planner.partition.parallel_plan import format_parallel
+from planner.partition.parallel_search import plan_parallel
 from planner.partition.parallel_sweep import layout_sweep
 from planner.profiling.analytic import analytic_profile
 from planner.schedules import check_sizes

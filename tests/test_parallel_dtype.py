@@ -12,7 +12,8 @@ from planner.errors import PplanError
 from planner.hardware import load_hardware
 from planner.parallel import ParallelConfig
 from planner.partition.parallel_plan import parallel_plan
-from planner.partition.parallel_search import format_parallel, plan_parallel
+from planner.partition.parallel_plan import format_parallel
+from planner.partition.parallel_search import plan_parallel
 from planner.profiling.analytic import analytic_profile
 from planner.schedules import generate
 from planner.simulate import simulate
@@ -43,9 +44,9 @@ def test_a_float32_profile_has_the_same_parameters_and_trains_in_pure_fp32(both)
     (bf_prof, bf), (fp_prof, fp) = both["bfloat16"], both["float32"]
     n = _parameters(bf_prof)
     assert _parameters(fp_prof) == n  # param_bytes are twice as many, the parameters the same
-    assert bf.memory["weights"] == pytest.approx(2 * n) and bf.memory["optimizer"] == pytest.approx(12 * n)
-    assert fp.memory["weights"] == pytest.approx(4 * n) and fp.memory["optimizer"] == pytest.approx(8 * n)
-    static = {d: both[d][1].memory["weights"] + both[d][1].memory["optimizer"] for d in both}
+    assert bf.memory.weights == pytest.approx(2 * n) and bf.memory.optimizer == pytest.approx(12 * n)
+    assert fp.memory.weights == pytest.approx(4 * n) and fp.memory.optimizer == pytest.approx(8 * n)
+    static = {d: both[d][1].memory.weights + both[d][1].memory.optimizer for d in both}
     assert static["float32"] < 1.01 * static["bfloat16"]  # both about 16 bytes per parameter in all
 
 

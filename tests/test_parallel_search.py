@@ -11,7 +11,8 @@ from planner.parallel import ParallelConfig
 from planner.partition import parallel_search
 from planner.partition.parallel_eval import ParallelCosts, ParallelTask, inflight_peaks, simulate_task, solve_task
 from planner.partition.parallel_plan import parallel_plan
-from planner.partition.parallel_search import format_parallel, plan_parallel
+from planner.partition.parallel_plan import format_parallel
+from planner.partition.parallel_search import plan_parallel
 from planner.profiling.analytic import analytic_profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
 from planner.schedules.memory import stage_inflight_peak
@@ -45,7 +46,7 @@ def test_auto_plan_is_a_valid_layout_with_consistent_metrics():
     assert b.tflops_per_gpu == pytest.approx(flops / (b.iteration_ms / 1e3) / 8 / 1e12)
     assert 0 < b.mfu < 1
     assert list(r.candidates) == sorted(r.candidates, key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
-    assert len(b.cuts) == b.config.pp * get_schedule(b.schedule).virtual_stages + 1
+    assert (len(b.cuts) - 1) % b.config.pp == 0 and (len(b.cuts) - 1) // b.config.pp in get_schedule(b.schedule).chunk_counts
     text = format_parallel(r)
     assert "TFLOP/s/GPU" in text and b.schedule in text
 
@@ -65,16 +66,16 @@ def test_tensor_parallelism_pays_all_reduces_and_data_parallelism_a_gradient_syn
     dp = plan_parallel(parallel="dp=8", **kw).best
     assert tp.tp_comm_ms > 0 and tp.grad_sync_ms == 0
     assert dp.tp_comm_ms == 0 and dp.grad_sync_ms > 0
-    assert tp.memory["weights"] < dp.memory["weights"]
+    assert tp.memory.weights < dp.memory.weights
 
 
 def test_zero_shrinks_static_memory():
     kw = dict(model=SPEC, hardware="a100-80gb", nodes=1, gpus_per_node=8, global_batch=64, parallel="dp=8", schedules=("1f1b",))
     z = [plan_parallel(zero=k, **kw).best.memory for k in (0, 1, 2, 3)]
-    assert z[1]["optimizer"] == pytest.approx(z[0]["optimizer"] / 8, rel=1e-6)
-    assert z[2]["gradients"] == pytest.approx(z[0]["gradients"], rel=1e-6)  # accumulated whole (zero_shares)
-    assert z[2]["weights"] == pytest.approx(z[0]["weights"] * (1 + 1 / 8), rel=1e-6)  # FSDP: gathered + shards
-    assert z[3]["weights"] == pytest.approx(z[0]["weights"] / 8, rel=1e-6)
+    assert z[1].optimizer == pytest.approx(z[0].optimizer / 8, rel=1e-6)
+    assert z[2].gradients == pytest.approx(z[0].gradients, rel=1e-6)  # accumulated whole (zero_shares)
+    assert z[2].weights == pytest.approx(z[0].weights * (1 + 1 / 8), rel=1e-6)  # FSDP: gathered + shards
+    assert z[3].weights == pytest.approx(z[0].weights / 8, rel=1e-6)
 
 
 def test_forced_layout_must_match_the_cluster():
@@ -91,11 +92,12 @@ def test_too_little_memory_names_the_gpus_that_would_fit():
     big = "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"  # ~175B parameters, 2.8 TB of state
     with pytest.raises(InfeasibleError) as e:
         plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64)
-    assert "GPUs" in e.value.hint and "--zero 1" in e.value.hint
-    # ZeRO-2 holds more than ZeRO-1 at a pipeline's peak (FSDP's gathered stage): from 1, suggest 3
-    with pytest.raises(InfeasibleError) as e:
-        plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64, zero=1)
-    assert "--zero 3" in e.value.hint
+    assert "GPUs" in e.value.hint
+    # on 16 GPUs no layout's weights, gradients and optimizer state fit under any ZeRO stage: none is offered
+    for zero in (0, 1):
+        with pytest.raises(InfeasibleError) as e:
+            plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64, zero=zero)
+        assert "--zero" not in e.value.hint and "GPUs" in e.value.hint
 
 
 def test_speed_1t_on_3072_a100s_smoke():
@@ -180,7 +182,7 @@ def test_vocab_parallel_prices_megatron_and_writes_no_plan():
               schedules=("1f1b",))
     prof = analytic_profile(SPEC, "a100-80gb", "bfloat16", [1, 2, 4, 8])
     ours, megatron = plan_parallel(prof, **kw), plan_parallel(prof, vocab_parallel=True, **kw)
-    assert megatron.best.memory["weights"] < ours.best.memory["weights"]
+    assert megatron.best.memory.weights < ours.best.memory.weights
     assert megatron.best.iteration_ms < ours.best.iteration_ms
     assert parallel_plan(ours, prof, load_hardware("a100-80gb")).parallel.tp == 8
     with pytest.raises(PplanError, match="vocabulary"):

@@ -140,11 +140,11 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
                    calibrated: bool = False) -> Table:
     """Run every grid point on the executor and compare with the simulator's prediction."""
     from planner.bench.execution import profile_to
+    from planner.bench.quality import check_runs
+    from planner.bench.simulator_bench import check_repeats
 
-    if steps <= warmup:
-        raise PplanError(f"--steps {steps} must exceed --warmup {warmup}", "e.g. --steps 5 --warmup 2")
-    if not 1 <= repeats <= 100:
-        raise PplanError(f"--repeats {repeats} must be from 1 to 100")
+    check_runs(steps, warmup, device)
+    check_repeats(repeats)
     if calibrated and repeats < 2:
         raise PplanError(f"--calibrated with --repeats {repeats}: the first run of a case calibrates and the "
                          "following ones are predicted with it", "e.g. --calibrated --repeats 4 (3 calibrated runs)")

@@ -152,7 +152,10 @@ def predict(run: PublishedRun, auto: bool = False, compute_scale: float | None =
         model=run.model, hardware=hw, nodes=run.gpus // gpn, gpus_per_node=gpn, global_batch=run.global_batch,
         parallel="auto" if auto else ParallelConfig(dp=run.dp, pp=run.pp, tp=run.tp, zero=run.zero), zero=run.zero,
         recompute=run.recompute, schedules=run.schedules, micro_batch_sizes=sizes,
-        compute_scale=COMPUTE_SCALE if compute_scale is None else compute_scale, overlap_grad_sync=False,
+        compute_scale=COMPUTE_SCALE if compute_scale is None else compute_scale,
+        # explicit, whatever the search's default: Megatron-LM (2021) all-reduced the gradients after
+        # the pipeline flush, not overlapped with backward (its overlap_grad_reduce came in 2023)
+        overlap_grad_sync=False,
         vocab_parallel=True,  # Megatron and Megatron-DeepSpeed split the embedding and head over tp too
     )
 

@@ -26,7 +26,7 @@ from planner.errors import InfeasibleError, PplanError
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
 
-__all__ = ["bench_quality", "bench_quality_measured", "find_profiles", "MEASURED_CONFIGS"]
+__all__ = ["bench_quality", "bench_quality_measured", "check_runs", "RUN_DEVICES", "find_profiles", "MEASURED_CONFIGS"]
 
 BASELINES = ("uniform", "params", "time")
 _COMPARED = ("dp",) + BASELINES  # the DP's own best plan, then the baselines
@@ -158,10 +158,28 @@ def _quality_summary(rows: list[tuple], global_batch: int) -> tuple[list[str], f
     return notes, geo, only_pplan
 
 
+RUN_DEVICES = ("cpu", "cuda")
+"""Where a bench's runs train."""
+
+
+def check_runs(steps: int, warmup: int, device: str) -> None:
+    """Refuse, before anything is profiled or trained, the settings the benches' runs would refuse
+    only later, each run on its own (a --device typo became '0 of 2 runs completed', exit 0)."""
+    from planner.execute.options import MAX_STEPS
+
+    if device not in RUN_DEVICES:
+        raise PplanError(f"--device {str(device)[:40]!r} is unknown", f"use {' or '.join(RUN_DEVICES)}")
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (steps, warmup)) or not 0 <= warmup < steps <= MAX_STEPS:
+        raise PplanError(f"--steps {steps!r} / --warmup {warmup!r}: need whole numbers with 0 <= warmup < steps <= {MAX_STEPS:,}",
+                         "e.g. --steps 5 --warmup 2")
+
+
 def bench_quality_measured(configs: Sequence[tuple[str, str, int, int]] = MEASURED_CONFIGS, steps: int = 5,
                            warmup: int = 2, device: str = "cpu",
                            progress: Callable[[str], None] | None = None) -> Table:
-    """pplan's plan and each baseline's best plan, trained on the executor and timed."""
+    """pplan's plan and each baseline's best plan, trained on the executor and timed (check_runs
+    refuses the run settings first)."""
+    check_runs(steps, warmup, device)
     from planner.bench.execution import candidate_plan, profile_to, run_measured
     from planner.partition.api import partition
     from planner.partition.search import PartitionSettings

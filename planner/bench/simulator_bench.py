@@ -14,12 +14,44 @@ import time
 from typing import Callable, Sequence
 
 from planner.bench.table import Table
-from planner.errors import PplanError
+from planner.errors import PplanError, ScheduleError
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
-__all__ = ["bench_simulator", "parse_sizes", "SCHEDULES"]
+__all__ = ["bench_simulator", "parse_sizes", "check_sizes", "check_repeats", "MAX_REPEATS", "SCHEDULES"]
 
 SCHEDULES = SCHEDULE_NAMES  # the registry's names (kept under the old name for importers)
+MAX_REPEATS = 1000
+"""Most repetitions of one bench cell: the best (or median) of a few is the point; a thousand is
+far past any use, and `--repeats 1e20` would run practically forever."""
+
+
+def check_repeats(repeats: int, flag: str = "--repeats") -> int:
+    """`repeats` when it is a whole number in 1..MAX_REPEATS, else PplanError naming `flag`."""
+    if isinstance(repeats, bool) or not isinstance(repeats, int) or not 1 <= repeats <= MAX_REPEATS:
+        raise PplanError(f"{flag} {repeats!r} must be between 1 and {MAX_REPEATS} (a whole number)", f"a few are enough, e.g. {flag} 3")
+    return repeats
+
+
+def check_sizes(sizes: Sequence[tuple[int, int]], schedules: Sequence[str] = SCHEDULES) -> list[tuple[int, int]]:
+    """Refuse a sizes list the bench could not finish: more than MAX_BENCH_LIST sizes, a size given
+    twice, or a size beyond what `pplan simulate` accepts under any of `schedules` (every schedule
+    is timed at every size: planner.simulate.check_action_count)."""
+    from planner.limits import MAX_BENCH_LIST
+    from planner.simulate import check_action_count
+
+    sizes = list(sizes)
+    if len(sizes) > MAX_BENCH_LIST:
+        raise PplanError(f"--sizes lists {len(sizes):,} sizes, more than {MAX_BENCH_LIST}", "bench fewer, e.g. 8x64,64x1024")
+    if len(set(sizes)) != len(sizes):
+        raise PplanError("--sizes repeats a size", "give each STAGESxMICROBATCHES once, e.g. 8x64,64x1024")
+    most_first = sorted(schedules, key=lambda n: not get_schedule(n).split_backward)  # a split backward has the most actions
+    for stages, microbatches in sizes:
+        for name in most_first:
+            try:
+                check_action_count(name, stages, microbatches)
+            except ScheduleError as e:
+                raise ScheduleError(f"--sizes {stages}x{microbatches} under {name}: {e.message}", e.hint) from None
+    return sizes
 
 
 def parse_sizes(text: str) -> list[tuple[int, int]]:
@@ -55,16 +87,17 @@ def _stage(s: int, n: int):
 def bench_simulator(sizes: Sequence[tuple[int, int]] = ((8, 64), (32, 256), (64, 1024)),
                     schedules: Sequence[str] = SCHEDULES, repeat: int = 3,
                     progress: Callable[[str], None] | None = None) -> Table:
-    """Time generation and simulation of every schedule at every size."""
+    """Time generation and simulation of every schedule at every size (check_repeats, check_sizes
+    refuse what it could not finish, before anything runs)."""
     from planner.plan import Device, Links
     from planner.schedules import generate
     from planner.simulate import simulate_costs
 
-    if repeat < 1:
-        raise PplanError(f"--repeat {repeat} must be at least 1")
+    check_repeats(repeat)
     bad = [s for s in schedules if s not in SCHEDULES]
     if bad:
         raise PplanError(f"unknown schedule {bad[0]!r}", f"use some of {', '.join(SCHEDULES)}")
+    check_sizes(sizes, schedules)
     say = progress or (lambda _m: None)
     rows = []
     for S, M in sizes:

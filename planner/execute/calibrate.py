@@ -70,7 +70,7 @@ def _replica_pricing(plan: Plan, profile: Profile) -> _ReplicaPricing | None:
     except PlanError:
         return None
     cfg = plan.parallel
-    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node))
+    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
     precision = model_flops(profile, plan.global_batch).precision
     costs = replica_costs(profile.at(plan.micro_batch_size), profile.names, cfg, cluster)
     cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]

@@ -43,6 +43,7 @@ from torch import nn
 from planner.errors import PplanError
 from planner.execute import zero
 from planner.execute.measure import MemoryTracker
+from planner.parallel import zero_tp_refusal
 
 __all__ = ["TP_MODELS", "check_tp_model", "zero_with_tp_error", "qkv_order", "parallelize_blocks", "full_layer_state",
            "load_layer_state", "unpermute_optimizer_state", "permute_optimizer_state", "LocalShardsOptimizer", "make_optimizer",
@@ -69,12 +70,9 @@ def check_tp_model(model_spec: str | None, tp: int) -> None:
 
 
 def zero_with_tp_error(zero: int, tp: int) -> PplanError:
-    """Why ZeRO-2/3 (dp > 1) and tensor parallelism do not run together here, in one line: they
-    would shard the tp blocks' DTensor parameters again over dp (2-D fully_shard under torch's
-    pipeline stages), which pplan's executor does not wire. ZeRO-1 runs (LocalShardsOptimizer)."""
-    return PplanError(f"ZeRO stage {zero} with tensor parallelism (tp {tp}) is not supported by pplan run: sharding the "
-                      "tp blocks' DTensor parameters again over dp is not wired",
-                      'use "zero": 1 (or 0) with tp > 1, or re-plan with tp=1')
+    """Why ZeRO-2/3 (dp > 1) and tensor parallelism do not run together here, in one line
+    (planner.parallel.zero_tp_refusal: the rule the search skips such layouts by, too)."""
+    return PplanError(str(zero_tp_refusal(zero, tp)))
 
 
 def qkv_order(hidden: int, heads: int, tp: int) -> torch.Tensor:

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Callable
 
 from planner.calibration import Calibration, basis_text, calibration_mismatch
+from planner.errors import PplanError
 from planner.hardware import Hardware
+from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_MODES, GRAD_SYNC_OVERLAPPED
 from planner.machine import prediction_basis
 from planner.partition.api import PartitionResult, partition, resolve_devices, validate_settings
 from planner.partition.parallel_plan import parallel_plan
@@ -48,8 +50,8 @@ class ClusterSettings:
     """GPUs per node; None: the hardware preset's."""
     parallel: str = "auto"
     """'auto' (search every dp x pp x tp) or a forced layout such as 'dp=8,pp=12,tp=4'."""
-    zero: int = 0
-    """ZeRO stage 0-3 of the data-parallel group."""
+    zero: int | None = None
+    """ZeRO stage 0-3 of the data-parallel group; None: the one `parallel` names, else 0."""
     recompute: str = "auto"
     """none, full or auto (both are tried)."""
     memory_bytes: int | None = None
@@ -58,6 +60,14 @@ class ClusterSettings:
     """'auto' (every schedule) or the one registry schedule the search is held to."""
     microbatches: int | None = None
     """Micro-batches per data-parallel replica the search is held to; None: every count its sizes give."""
+    grad_sync: str = GRAD_SYNC_AFTER_STEP
+    """How the gradient sync is priced (planner.parallel.GRAD_SYNC_MODES): after the step, as `pplan
+    run` executes it, or overlapped with the last backward, as Megatron, DeepSpeed and DDP do."""
+
+    def __post_init__(self) -> None:
+        if self.grad_sync not in GRAD_SYNC_MODES:
+            raise PplanError(f"--grad-sync {str(self.grad_sync)[:40]!r} is not one of {', '.join(GRAD_SYNC_MODES)}",
+                             f"{GRAD_SYNC_AFTER_STEP} is what pplan run executes")
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,11 @@ class ClusterJob:
     """One line each for the command to print: the search's own (e.g. a profile made for other
     hardware), then what the profile cannot price for the plan (zero-bubble memory without wgrad_bytes)."""
 
+    @property
+    def basis(self) -> str:
+        """The basis of the prediction: the data x pipeline x tensor search runs uncalibrated."""
+        return basis_text(None)
+
 
 def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSettings,
                        calibration: str | os.PathLike | None = None,
@@ -134,10 +149,12 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
     profile = load_profile(profile_path)
     common = dict(hardware=settings.hardware, nodes=settings.nodes, global_batch=settings.global_batch,
                   zero=settings.zero, recompute=settings.recompute, memory_bytes=settings.memory_bytes,
-                  schedules=None if settings.schedule == "auto" else (settings.schedule,), microbatches=settings.microbatches)
+                  schedules=None if settings.schedule == "auto" else (settings.schedule,), microbatches=settings.microbatches,
+                  overlap_grad_sync=settings.grad_sync == GRAD_SYNC_OVERLAPPED)
     result = plan_parallel(profile, gpus_per_node=settings.gpus_per_node, parallel=settings.parallel, **common)
     plan = parallel_plan(result, profile, settings.hardware)
-    points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **common) if layouts else ()
+    # the sweep prices every layout with the ZeRO stage the search used (--zero, or --parallel's zero=)
+    points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **{**common, "zero": result.best.config.zero}) if layouts else ()
     title = (f"{profile.meta.get('model', profile_path)}\n{result.gpus} x {settings.hardware.name}, "
              f"global batch {settings.global_batch}, chosen {result.best.config.describe()}")
     wgrad = unpriced_memory_note(plan, profile)

@@ -69,14 +69,14 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
 
 
 def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathLike | None, global_batch: int,
-                                  gpus_per_node: int | None = None, parallel: str = "auto", zero: int = 0,
+                                  gpus_per_node: int | None = None, parallel: str = "auto", zero: int | None = None,
                                   recompute: str = "auto", memory: str | None = None, schedule: str = "auto",
-                                  microbatches: str = "auto") -> ClusterSettings:
+                                  microbatches: str = "auto", grad_sync: str = "after-step") -> ClusterSettings:
     """ClusterSettings from `pplan partition --nodes`'s option values: the hardware preset or file
     loaded, sizes parsed, the schedule and micro-batch count read as the one-pipeline search reads
-    them; the layout, ZeRO, recompute and whether the schedule runs at that count are checked by the
-    search itself (planner.partition.parallel_search.plan_parallel), so its library callers get the
-    same messages."""
+    them; `zero` None when --zero is not given (--parallel's zero=, else 0); the layout, ZeRO,
+    recompute and whether the schedule runs at that count are checked by the search itself
+    (planner.partition.parallel_search.plan_parallel), so its library callers get the same messages."""
     if nodes is None or hardware is None:
         raise PplanError("--nodes and --hardware go together", "e.g. --nodes 8 --gpus-per-node 8 --hardware a100-80gb")
     return ClusterSettings(
@@ -90,4 +90,5 @@ def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathL
         memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
         schedule="auto" if schedule.strip().lower() == "auto" else schedule_name(schedule, "--schedule"),
         microbatches=parse_microbatches(microbatches),
+        grad_sync=grad_sync.strip().lower(),
     )

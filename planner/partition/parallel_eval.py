@@ -7,19 +7,23 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from dataclasses import dataclass, replace
 from typing import Callable, Sequence
 
 import numpy as np
 
+from planner.cost.memory import MemoryBreakdown
 from planner.cost.parallel import (
-    ModelFlops, Placement, collective_ms, grad_sync_ms, profile_precision, tensor_parallel_costs, tp_layers,
-    zero_bytes_per_param,
+    ModelFlops, Placement, collective_ms, exposed_sync_ms, grad_sync_ms, profile_precision, tensor_parallel_costs,
+    tp_layers,
 )
-from planner.errors import ScheduleError
+from planner.cost.replica_bytes import gradient_bytes, least_stage_static_bytes, static_bytes
+from planner.errors import PplanError, ScheduleError
 from planner.hardware import Hardware
-from planner.parallel import ParallelConfig
+from planner.parallel import ParallelConfig, run_refusal
 from planner.partition.build import Layout, build_problem
+from planner.plan import PredictedDevice
 from planner.partition.dp import min_memory_scale, solve_dp
 from planner.partition.search import divisors
 from planner.profiling.profile import LayerCosts, Profile
@@ -29,7 +33,8 @@ from planner.schedules.memory import stage_inflight_peak
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
 __all__ = ["MAX_MICROBATCHES", "ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "distinct_schedules",
-           "runnable_schedules", "held_flags", "held_size", "check_held_runs", "inflight_peaks", "solve_task", "simulate_task"]
+           "runnable_schedules", "check_microbatches", "held_flags", "held_size", "check_held_runs", "inflight_peaks",
+           "layer_static_bytes", "least_static_bytes", "helping_zero", "solve_task", "simulate_task"]
 
 MAX_MICROBATCHES = 4096
 """Most micro-batches per replica the search plans (given or derived from a micro-batch size)."""
@@ -59,7 +64,7 @@ class ParallelCandidate:
     """samples/s x sequence length."""
     peak_memory_bytes: float
     """Largest per-GPU peak: ZeRO static state + activations + buffers."""
-    memory: dict
+    memory: MemoryBreakdown
     """That GPU's breakdown: weights, gradients, optimizer, activations, buffers (bytes)."""
     tflops_per_gpu: float
     """Achieved model TFLOP/s per GPU (recompute's FLOPs counted when recomputing, as Narayanan et al.)."""
@@ -73,6 +78,9 @@ class ParallelCandidate:
     """Tensor-parallel all-reduce time per micro-batch on the busiest stage (forward + backward), ms."""
     fits: bool
     """Peak memory within the GPU's memory."""
+    devices: tuple[PredictedDevice, ...] = ()
+    """Per pipeline rank (a tensor-parallel group): one GPU's busy and idle time and its peak memory
+    by kind against the limit, as the simulation predicts them (the plan's `predicted.devices`)."""
 
     @property
     def schedule_label(self) -> str:
@@ -102,18 +110,17 @@ class ParallelTask:
 
 
 class ParallelCosts:
-    """Shared state: the profile's costs per (b, layout), the cluster, the model's parameters and its
+    """Shared state: the profile's costs per (b, layout), the cluster and the model's
     training precision. `vocab_parallel`: price tensor parallelism as Megatron runs it, embedding
     and head split over T too (planner.cost.parallel.tp_shards), rather than as `pplan run` does."""
 
-    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = True,
+    def __init__(self, profile: Profile, hw: Hardware, gpn: int, zero: int, compute_scale: float = 1.0, overlap: bool = False,
                  vocab_parallel: bool = False):
         self.profile, self.zero, self.vocab_parallel = profile, zero, vocab_parallel
         self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
         self._per_gpu: dict[tuple, ReplicaCosts] = {}
         self.precision = profile_precision(profile)
-        self.params = float(np.sum(profile.columns["param_bytes"][:, 0])) / self.precision.element_bytes
 
     @property
     def gpn(self) -> int:
@@ -201,6 +208,15 @@ def runnable_schedules(names: tuple[str, ...], pp: int, m: int, n_layers: int,
     return out
 
 
+def check_microbatches(microbatches: int | None) -> None:
+    """Refuse a held micro-batch count the search would not plan (None: not held)."""
+    if microbatches is None:
+        return
+    if isinstance(microbatches, bool) or not isinstance(microbatches, numbers.Integral) or not 1 <= microbatches <= MAX_MICROBATCHES:
+        raise PplanError(f"--microbatches must be a whole number from 1 to {MAX_MICROBATCHES} per replica, got {microbatches!r}",
+                         "e.g. --microbatches 32, or --microbatches auto")
+
+
 def held_flags(schedule_flag: str, microbatches: int | None) -> str:
     """What a search is held to, as the flags that hold it ('--schedule 1f1b --microbatches 32'; '' for nothing)."""
     return " ".join(f for f in (schedule_flag, f"--microbatches {microbatches}" if microbatches else "") if f)
@@ -240,14 +256,37 @@ def check_held_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelC
     raise ScheduleError(f"{held_flags(schedule_flag, microbatches)} cannot run on {where}, memory aside (e.g. {why[0]})", hint)
 
 
+def least_static_bytes(ctx: ParallelCosts, cfg: ParallelConfig) -> float:
+    """A lower bound of the static bytes (weights, gradients, optimizer with cfg's ZeRO) of the
+    busiest GPU of `cfg`, from the same per-GPU layer costs the pipeline DP holds (blocks / T, the
+    embedding and head whole on every tp rank): the search skips a layout this alone rules out."""
+    costs = ctx.costs(cfg, min(ctx.profile.micro_batch_sizes))  # weights do not depend on the micro-batch size
+    return least_stage_static_bytes(layer_static_bytes(ctx, costs, cfg), cfg.pp)
+
+
+def helping_zero(ctx: ParallelCosts, layouts: list[ParallelConfig], mem: float) -> int | None:
+    """The ZeRO stage to suggest when nothing fits: the first above the searched one (ZeRO-2 holds
+    more than ZeRO-1 at a pipeline's peak, zero_shares, so from 1 or 2 it is 3) that shrinks some
+    layout `pplan run` executes (dp > 1: one replica has nothing to shard) to static bytes within
+    `mem`; None when no stage would."""
+    zero = layouts[0].zero if layouts else ctx.zero
+    for stage in ((1, 3) if zero == 0 else (3,) if zero < 3 else ()):
+        for cfg in layouts:
+            sharded = replace(cfg, zero=stage)
+            if cfg.dp > 1 and (ctx.vocab_parallel or run_refusal(sharded) is None) and least_static_bytes(ctx, sharded) <= mem:
+                return stage
+    return None
+
+
 def _layout(cfg: ParallelConfig, v: int, mem: float, ctx: ParallelCosts) -> Layout:
     devices, links = replica_layout(cfg, mem, ctx.cluster)
     return Layout(devices=devices, order=tuple(range(cfg.pp)), links=links, virtual_stages=v)
 
 
-def _static(ctx: ParallelCosts, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
-    per_param = zero_bytes_per_param(cfg.dp, ctx.zero, ctx.precision)
-    return np.asarray(costs.param_bytes, dtype=float) / ctx.precision.element_bytes * per_param
+def layer_static_bytes(ctx: ParallelCosts, costs: LayerCosts, cfg: ParallelConfig) -> np.ndarray:
+    """Per layer, one GPU's weights, gradients and optimizer state under `cfg` (its tp share of
+    `costs`, ZeRO's shares over dp): what the pipeline DP holds static and the search's bound sums."""
+    return static_bytes(costs.param_bytes, cfg.dp, cfg.zero, ctx.precision)
 
 
 @functools.lru_cache(maxsize=256)
@@ -276,7 +315,7 @@ def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
     prob = build_problem(costs, layout, inflight_peaks(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
                          recompute="all" if task.recompute == "full" else "none",
                          split_backward=get_schedule(task.schedule).split_backward, n_microbatches=task.m)
-    prob = replace(prob, static_bytes=_static(ctx, costs, cfg))
+    prob = replace(prob, static_bytes=layer_static_bytes(ctx, costs, cfg))
     sol = solve_dp(prob)
     if sol is None:
         got = min_memory_scale(prob)
@@ -300,10 +339,9 @@ def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol)
     tail = [0.0] * cfg.pp
     for s in range(len(cuts) - 1):
         first, end, r = cuts[s], cuts[s + 1], s % cfg.pp
-        sync = grad_sync_ms((params[end] - params[first]) / ctx.precision.element_bytes * ctx.precision.grad_bytes,
-                            cfg.dp, ctx.zero, place.dp)
+        sync = grad_sync_ms(float(gradient_bytes(params[end] - params[first], ctx.precision)), cfg.dp, ctx.zero, place.dp)
         backward = bwd[end] - bwd[first] + sum(fwd[i + 1] - fwd[i] for i in sol.recompute[s])
-        tail[r] += (max(0.0, sync - backward) if ctx.overlap else sync) + opt[end] - opt[first]
+        tail[r] += exposed_sync_ms(sync, backward, ctx.overlap) + opt[end] - opt[first]
         work[r] += sol.stage_ms[s]
     return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * max(work) + max(tail)
 
@@ -322,7 +360,8 @@ def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, flops
     return ParallelCandidate(
         config=cfg, schedule=task.schedule, micro_batch_size=task.b, n_microbatches=task.m, recompute=task.recompute,
         cuts=tuple(int(c) for c in sol.cuts), iteration_ms=sim.iteration_ms, samples_per_s=sim.throughput_samples_per_s,
-        tokens_per_s=rep.tokens_per_s, peak_memory_bytes=peak, memory=sim.memory[worst].as_dict(),
+        tokens_per_s=rep.tokens_per_s, peak_memory_bytes=peak, memory=sim.memory[worst],
         tflops_per_gpu=rep.tflops_per_gpu, mfu=rep.mfu, bubble_fraction=sim.bubble_fraction,
         grad_sync_ms=rep.grad_sync_ms, tp_comm_ms=rep.tp_comm_ms, fits=peak <= mem,
+        devices=sim.prediction().devices or (),
     )

@@ -7,10 +7,12 @@ schedule (the registry's) and recompute (none / full) is a candidate. `schedules
 hold the search to some schedules and to M micro-batches per replica (b = B / (D*M) then, any size),
 as `pplan partition --schedule/--microbatches` hold the one-pipeline search:
 
-1. prune: per-GPU static memory alone (16 bytes per parameter with ZeRO's shares, / T / P)
-   above the limit -> skipped, and remembered for the InfeasibleError;
+1. prune: a lower bound of the busiest GPU's static memory alone (16 bytes per parameter with
+   ZeRO's shares, of one GPU's layer costs: blocks / T, embedding and head whole; at least the
+   heaviest layer and an even 1/P share) above the limit -> skipped, and remembered for the
+   InfeasibleError; layouts `pplan run` cannot execute are left out (planner.parallel.run_refusal);
 2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
-   + the gradient sync the backward does not hide; candidates are solved in that order (on one
+   + the gradient sync (all of it after the step, as `pplan run` does, unless overlap_grad_sync); candidates are solved in that order (on one
    rank, one of the one-chunk schedules that run alike: parallel_eval.distinct_schedules);
 3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
    profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
@@ -35,20 +37,21 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from planner.cost.parallel import checked_mfu, grad_sync_ms, model_flops, zero_bytes_per_param
+from planner.cost.parallel import checked_mfu, exposed_sync_ms, grad_sync_ms, model_flops
+from planner.cost.replica_bytes import gradient_bytes
 from planner.errors import InfeasibleError, PplanError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
-from planner.parallel import ParallelConfig, parse_parallel
+from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig, parse_parallel, run_refusal
 from planner.partition.parallel_eval import (
-    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, check_held_runs, held_flags,
-    held_size, runnable_schedules, simulate_task, solve_task,
+    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, check_held_runs, check_microbatches,
+    held_flags, held_size, helping_zero, least_static_bytes, runnable_schedules, simulate_task, solve_task,
 )
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, get_schedule
 from planner.units import format_bytes, format_size_up
 
-__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "format_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
+__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
 
 TP_DEGREES = (1, 2, 4, 8)
 RECOMPUTE_CHOICES = ("none", "full", "auto")
@@ -101,9 +104,16 @@ class ParallelResult:
     held_to: str = ""
     """The schedules and micro-batch count the search was held to, as flags ('--schedule 1f1b
     --microbatches 32'); '' when it searched them all."""
+    grad_sync: str = GRAD_SYNC_AFTER_STEP
+    """What the prices assumed of the gradient sync (planner.parallel.GRAD_SYNC_MODES)."""
+    memory_bytes: float = 0.0
+    """Memory per GPU the plans were held to, bytes (--memory, else the hardware's)."""
 
 
-def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> tuple[list[ParallelConfig], list[str]]:
+def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zero: int,
+             runnable_only: bool) -> tuple[list[ParallelConfig], list[str]]:
+    """The layouts to search with ZeRO stage `zero`, and a line per one left out. `runnable_only`:
+    leave out (a forced one: refuse) what `pplan run` cannot execute (planner.parallel.run_refusal)."""
     if forced is not None:
         if forced.gpus != n:
             raise PplanError(f"--parallel {forced.describe()} uses {forced.gpus} GPUs but the cluster has {n}",
@@ -112,8 +122,20 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None) -> 
             raise PplanError(f"tp={forced.tp} does not divide {gpn} GPUs per node", "tensor parallelism stays within a node")
         if forced.pp > n_layers:
             raise PplanError(f"pp={forced.pp} but the profile has {n_layers} layers", f"use pp={n_layers} or fewer")
+        why = run_refusal(forced) if runnable_only else None
+        if why:
+            raise PplanError(f"--parallel {forced.describe()}: {why}",
+                             f"e.g. --parallel {replace(forced, zero=1).describe()}, or tp=1 with ZeRO {forced.zero}")
         return [forced], []
-    return candidate_layouts(n, gpn, n_layers), []
+    layouts, skipped = [], []
+    for cfg in candidate_layouts(n, gpn, n_layers):
+        cfg = replace(cfg, zero=zero)
+        why = run_refusal(cfg) if runnable_only else None
+        if why:
+            skipped.append(f"{cfg.describe()}: {why}")
+        else:
+            layouts.append(cfg)
+    return layouts, skipped
 
 
 def candidate_layouts(n: int, gpn: int, n_layers: int) -> list[ParallelConfig]:
@@ -138,7 +160,7 @@ def plan_parallel(
     gpus_per_node: int | None = None,
     global_batch: int,
     parallel: ParallelConfig | str | None = "auto",
-    zero: int = 0,
+    zero: int | None = None,
     recompute: str = "auto",
     schedules: Sequence[str] | None = None,
     micro_batch_sizes: Sequence[int] | None = None,
@@ -146,24 +168,25 @@ def plan_parallel(
     memory_bytes: int | None = None,
     top_k: int = 4,
     compute_scale: float = 1.0,
-    overlap_grad_sync: bool = True,
+    overlap_grad_sync: bool = False,
     vocab_parallel: bool = False,
 ) -> ParallelResult:
     """The fastest (D, P, T) x b x schedule x recompute plan of `profile` (or an analytic profile of
     the gpt spec `model`) on `nodes` x `gpus_per_node` GPUs of `hardware` (module docstring).
 
-    `parallel`: "auto" / None to search, or a ParallelConfig / "dp=D,pp=P,tp=T" to force the layout
-    (its zero wins over `zero` only when given as a ParallelConfig). `recompute`: none, full or
-    auto (both). `schedules`: the registry's names to try (None: all). `microbatches`: M per
+    `parallel`: "auto" / None to search, or a ParallelConfig / "dp=D,pp=P,tp=T" to force the layout.
+    `zero`: the ZeRO stage (None: the forced layout's, else 0); a layout that says another is
+    refused. `recompute`: none, full or auto (both). `schedules`: the registry's names to try (None: all). `microbatches`: M per
     replica (None: every M the micro-batch sizes give); each layout then runs b = B / (D*M), which
     must also be one of `micro_batch_sizes` when those are given. ScheduleError when these two leave
     no layout anything to run, naming the micro-batch counts that would. `compute_scale` multiplies
     every profiled compute time (a calibration; 1 = as profiled). `overlap_grad_sync`: the gradient
-    sync overlaps each stage's last backward (True) or runs entirely after it (False, as
-    Megatron-LM 2021 and DeepSpeed's pipeline engine did).
+    sync overlaps each stage's last backward (True, as DDP and DeepSpeed's ZeRO do) or runs entirely
+    after it (False: as `pplan run` executes it, and Megatron-LM 2021 did).
     `vocab_parallel`: price tensor parallelism as Megatron runs it, the embedding and head split
     over tp too (for comparing with Megatron's published runs: planner.bench.published); False
-    prices what `pplan run` executes, those layers whole on every tp rank.
+    prices what `pplan run` executes, those layers whole on every tp rank, and leaves out the
+    layouts it cannot execute (planner.parallel.run_refusal: a forced one is refused).
     InfeasibleError when nothing fits, naming the GPUs or memory that would; PplanError when the
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
     A profile made for other hardware plans on, with a line in the result's `warnings`.
@@ -171,7 +194,7 @@ def plan_parallel(
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     gpn = gpus_per_node if gpus_per_node is not None else hw.gpus_per_node  # 0 is refused, not the preset's
     forced, zero = _checked_layout(nodes, gpn, global_batch, recompute, compute_scale, parallel, zero)
-    _check_microbatches(microbatches)
+    check_microbatches(microbatches)
     nodes, gpn = int(nodes), int(gpn)  # numpy integers too, as plain ints for ParallelConfig
     if profile is None:
         profile = _analytic(model, hw, micro_batch_sizes)
@@ -188,8 +211,7 @@ def plan_parallel(
     sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
     ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync, vocab_parallel)
     L = profile.n_layers
-    layouts, skipped = _layouts(n, gpn, L, forced)
-    layouts = [replace(c, zero=zero) for c in layouts]
+    layouts, skipped = _layouts(n, gpn, L, forced, zero, runnable_only=not vocab_parallel)
 
     def sizes_of(cfg: ParallelConfig) -> list[int]:
         return sizes if microbatches is None else held_size(cfg, global_batch, microbatches, micro_batch_sizes)
@@ -203,20 +225,22 @@ def plan_parallel(
     keep = max(1, top_k)
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
-        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, zero, held_to=held_to)
+        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, helping_zero(ctx, layouts, mem), held_to=held_to)
     sims = _judge(ctx, found, keep, mem, flops)
     checked_mfu(max(c.mfu for c in sims), hw.peak_flops_per_s(flops.dtype), hw.name)
     if not sims[0].fits:
-        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, zero, absolute=True, held_to=held_to)
+        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, helping_zero(ctx, layouts, mem),
+                          absolute=True, held_to=held_to)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
                           mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
                           skipped=tuple(skipped), warnings=warnings + _extrapolated(profile, sims[0], microbatches),
-                          vocab_parallel=vocab_parallel, held_to=held_to)
+                          vocab_parallel=vocab_parallel, held_to=held_to,
+                          grad_sync=GRAD_SYNC_OVERLAPPED if overlap_grad_sync else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
 
 
 def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
-                    parallel: ParallelConfig | str | None, zero: int) -> tuple[ParallelConfig | None, int]:
+                    parallel: ParallelConfig | str | None, zero: int | None) -> tuple[ParallelConfig | None, int]:
     """Refuse arguments the search cannot start with; (the forced layout or None, the ZeRO stage)."""
     if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
         raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
@@ -232,13 +256,17 @@ def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, com
         raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
     if recompute not in RECOMPUTE_CHOICES:
         raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
+    if zero is not None:
+        ParallelConfig(zero=zero)  # validates the stage
     forced: ParallelConfig | None = None
     if isinstance(parallel, ParallelConfig):
-        forced, zero = parallel, parallel.zero
+        forced = parallel
+        if zero is not None and zero != forced.zero:
+            raise PplanError(f"the layout {forced.describe()} has ZeRO stage {forced.zero} but zero={zero} was given",
+                             "give the ZeRO stage once")
     elif parallel not in (None, "auto"):
-        forced = parse_parallel(str(parallel), zero)
-    ParallelConfig(zero=zero)  # validates the stage
-    return forced, zero
+        forced = parse_parallel(str(parallel), zero)  # the text's zero wins; one that --zero contradicts is refused
+    return forced, forced.zero if forced is not None else (zero or 0)
 
 
 def _check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int, forced: ParallelConfig | None) -> None:
@@ -250,15 +278,6 @@ def _check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int
         raise PplanError(f"--global-batch {global_batch} does not split over the data-parallel replicas of {where} "
                          f"(dp x micro-batch size must divide it; the least dp is {least_dp})",
                          f"give a --global-batch that is a multiple of {least_dp}, or fewer GPUs")
-
-
-def _check_microbatches(microbatches: int | None) -> None:
-    """Refuse a held micro-batch count the search would not plan (None: not held)."""
-    if microbatches is None:
-        return
-    if isinstance(microbatches, bool) or not isinstance(microbatches, numbers.Integral) or not 1 <= microbatches <= MAX_MICROBATCHES:
-        raise PplanError(f"--microbatches must be a whole number from 1 to {MAX_MICROBATCHES} per replica, got {microbatches!r}",
-                         "e.g. --microbatches 32, or --microbatches auto")
 
 
 def _extrapolated(profile: Profile, best: ParallelCandidate, microbatches: int | None) -> tuple[str, ...]:
@@ -309,7 +328,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
     tasks: list[ParallelTask] = []
     need_min = math.inf  # least per-GPU static bytes over layouts that were skipped for memory
     for cfg in layouts:
-        static = ctx.params * zero_bytes_per_param(cfg.dp, ctx.zero, ctx.precision) / (cfg.tp * cfg.pp)
+        static = least_static_bytes(ctx, cfg)
         if static > mem:
             need_min = min(need_min, static)
             skipped.append(f"{cfg.describe()}: weights, gradients and optimizer state alone need {format_bytes(static)} per GPU")
@@ -324,8 +343,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
             refwd = float(np.sum(costs.fwd_ms))
             place = ctx.place(cfg)
             # one GPU's share of the gradients (blocks / T, layers kept whole on every tp rank)
-            grad_bytes = float(np.sum(costs.param_bytes)) / ctx.precision.element_bytes * ctx.precision.grad_bytes / cfg.pp
-            sync = grad_sync_ms(grad_bytes, cfg.dp, ctx.zero, place.dp)
+            sync = grad_sync_ms(float(np.sum(gradient_bytes(costs.param_bytes, ctx.precision))) / cfg.pp, cfg.dp, ctx.zero, place.dp)
             opt = float(np.sum(costs.optimizer_ms)) / cfg.pp
             for name, v in runnable_schedules(names, cfg.pp, m, L):
                 for rec in recs:
@@ -333,7 +351,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
                     # (planner.cost.parallel.rank_exposed_sync_ms), both with the recomputed forward
                     bwd = (float(np.sum(costs.bwd_ms)) + (refwd if rec == "full" else 0.0)) / cfg.pp
                     t_mb = refwd / cfg.pp + bwd
-                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + (max(0.0, sync - bwd) if ctx.overlap else sync) + opt
+                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + exposed_sync_ms(sync, bwd, ctx.overlap) + opt
                     tasks.append(ParallelTask(cfg, b, m, name, v, rec, est))
     tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.v, t.recompute))
 
@@ -363,34 +381,16 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
 
 
 def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: float, hw: Hardware,
-                forced: ParallelConfig | None, zero: int, absolute: bool = False, held_to: str = "") -> InfeasibleError:
+                forced: ParallelConfig | None, zero_hint: int | None, absolute: bool = False, held_to: str = "") -> InfeasibleError:
     need = min(need_static, need_peak) if not absolute else need_peak
     where = (f"--parallel {forced.describe()}" if forced else "every dp x pp x tp layout") + (f" and {held_to}" if held_to else "")
     if not math.isfinite(need):
         return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU with {where} on {n} GPUs",
-                               "try --recompute auto, a higher --zero, or more GPUs")
+                               "try --recompute auto" + (f", --zero {zero_hint}" if zero_hint is not None else "") + " or more GPUs")
     ratio = need / mem
     more = int(math.ceil(n * ratio / gpn)) * gpn
     hint = (f"the least memory-hungry layout needs about {format_size_up(need)} per GPU: use about {more} GPUs "
             f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_size_up(need)}")
-    if zero < 3:  # ZeRO-2 holds more than ZeRO-1 at a pipeline's peak (zero_shares): from 1 or 2, 3 is the one that helps
-        hint += f", or --zero {1 if zero == 0 else 3}"
+    if zero_hint is not None:  # only a stage under which some layout's static bytes fit (helping_zero)
+        hint += f", or --zero {zero_hint}"
     return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU ({hw.name}) with {where} on {n} GPUs", hint)
-
-
-def format_parallel(result: ParallelResult, n_rows: int = 6) -> str:
-    """A table of the best plans for people (the CLI prints it)."""
-    head = (f"{result.gpus} x {result.hardware} ({result.gpus // result.gpus_per_node} nodes x {result.gpus_per_node}), "
-            f"global batch {result.global_batch}, seq {result.seq}; {result.layouts} layouts, {result.solved} pipeline DPs; "
-            f"FLOPs: {result.flops_source}; {result.dtype}, MFU against {result.mfu_peak_flops_per_s / 1e12:.4g} TFLOP/s peak"
-            + (f"; held to {result.held_to}" if result.held_to else ""))
-    cols = ("dp", "pp", "tp", "zero", "sched", "b", "M", "recomp", "iter ms", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak mem", "fits")
-    rows = []
-    for c in result.candidates[:n_rows]:
-        rows.append((str(c.config.dp), str(c.config.pp), str(c.config.tp), str(c.config.zero), c.schedule_label, str(c.micro_batch_size),
-                     str(c.n_microbatches), c.recompute, f"{c.iteration_ms:,.1f}", f"{c.samples_per_s:,.2f}", f"{c.tokens_per_s:,.0f}",
-                     f"{c.tflops_per_gpu:.1f}", f"{100 * c.mfu:.1f}%", format_bytes(c.peak_memory_bytes), "yes" if c.fits else "no"))
-    widths = [max(len(h), *(len(r[i]) for r in rows)) for i, h in enumerate(cols)]
-    lines = [head, "  ".join(h.rjust(w) for h, w in zip(cols, widths))]
-    lines += ["  ".join(x.rjust(w) for x, w in zip(r, widths)) for r in rows]
-    return "\n".join(lines)

@@ -4,7 +4,8 @@ The 3D search keeps only its best few candidates; this asks it once per layout (
 each layout gets its own best micro-batch size, schedule and recompute). A layout where nothing
 fits is asked again with the memory limit lifted, so the figure can show, hollow, what it
 would reach if it fitted. A layout that cannot run at all (its replicas do not split the batch,
-or the schedules and micro-batch count the search is held to do not run on it) has no point.
+the schedules and micro-batch count the search is held to do not run on it, or `pplan run`
+cannot execute it: planner.parallel.run_refusal) has no point.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from planner.errors import InfeasibleError, ScheduleError
-from planner.parallel import ParallelConfig
+from planner.parallel import ParallelConfig, run_refusal
 from planner.partition.parallel_search import candidate_layouts, plan_parallel
 
 __all__ = ["LayoutPoint", "layout_sweep"]
@@ -35,15 +36,16 @@ class LayoutPoint:
 
 def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int, global_batch: int, zero: int = 0,
                  recompute: str = "auto", memory_bytes: int | None = None, schedules: Sequence[str] | None = None,
-                 microbatches: int | None = None) -> tuple[LayoutPoint, ...]:
+                 microbatches: int | None = None, overlap_grad_sync: bool = False) -> tuple[LayoutPoint, ...]:
     """One LayoutPoint per layout candidate_layouts gives for nodes x gpus_per_node GPUs, searched
-    as plan_parallel searches (`schedules`, `microbatches`: what it is held to; None: all)."""
+    as plan_parallel searches (`schedules`, `microbatches`: what it is held to; None: all;
+    `overlap_grad_sync`: how the gradient sync is priced)."""
     points = []
     common = dict(hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node, global_batch=global_batch,
-                  zero=zero, recompute=recompute, schedules=schedules, microbatches=microbatches)
+                  recompute=recompute, schedules=schedules, microbatches=microbatches, overlap_grad_sync=overlap_grad_sync)
     for cfg in candidate_layouts(nodes * gpus_per_node, gpus_per_node, profile.n_layers):
         cfg = replace(cfg, zero=zero)
-        if global_batch % cfg.dp:  # its replicas cannot share the batch (plan_parallel would refuse the layout)
+        if global_batch % cfg.dp or run_refusal(cfg):  # its replicas cannot share the batch, or pplan run cannot run it
             points.append(LayoutPoint(cfg, None, False))
             continue
         try:

@@ -24,8 +24,9 @@ import numpy as np
 from planner.cost import StageCost, stage_cost
 from planner.cost.parallel import (
     Link2, ModelFlops, Placement, TrainingPrecision, collective_ms, grad_sync_ms, placement, rank_exposed_sync_ms,
-    replica_memory, tensor_parallel_costs, tp_layers, zero_bytes_per_param,
+    replica_memory, tensor_parallel_costs, tp_layers,
 )
+from planner.cost.replica_bytes import gradient_bytes, static_bytes
 from planner.hardware import Hardware
 from planner.parallel import ParallelConfig
 from planner.plan import Device, Links
@@ -47,8 +48,9 @@ class Cluster:
     """GPUs per node (tensor-parallel groups stay within one)."""
     compute_scale: float = 1.0
     """Multiplies every profiled compute time (a calibration; 1 = as profiled)."""
-    overlap_grad_sync: bool = True
-    """The gradient sync may overlap each stage's last backward (False: it all runs after)."""
+    overlap_grad_sync: bool = False
+    """The gradient sync may overlap each stage's last backward (False, as pplan run does it: it
+    all runs after the step)."""
 
     def placement(self, cfg: ParallelConfig) -> Placement:
         """The links each kind of traffic of `cfg` uses on this cluster."""
@@ -97,16 +99,15 @@ def replica_stages(costs: ReplicaCosts, cuts: Sequence[int], recompute: Sequence
     its gradient sync over the D replicas and its ZeRO-sharded static bytes, per parameter as
     `precision` says (`n_microbatches`: torch's receive buffers, planner.cost.buffer_bytes)."""
     place = cluster.placement(cfg)
-    per_param = zero_bytes_per_param(cfg.dp, cfg.zero, precision)
     stages = []
     for s in range(len(cuts) - 1):
         first, end = int(cuts[s]), int(cuts[s + 1])
         st = stage_cost(costs.layers, first, end, recompute[s], "adam", n_microbatches=n_microbatches)
         comm = float(np.sum(costs.collectives_ms[first:end]))
         stages.append(replace(st, comm_fwd_ms=comm, comm_bwd_ms=comm,
-                              grad_sync_ms=grad_sync_ms(st.param_bytes / precision.element_bytes * precision.grad_bytes,
+                              grad_sync_ms=grad_sync_ms(float(gradient_bytes(st.param_bytes, precision)),
                                                         cfg.dp, cfg.zero, place.dp),
-                              static_bytes=st.param_bytes / precision.element_bytes * per_param))
+                              static_bytes=float(static_bytes(st.param_bytes, cfg.dp, cfg.zero, precision))))
     return stages
 
 
