@@ -120,7 +120,7 @@ def profile(
     _check_out(out)
     _refuse_unused(ctx, analytic)
     if analytic:
-        _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out)
+        _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out, opts.seed)
         return
     from planner.hostinfo import usable_cores
     from planner.profiling.corun import check_co_run
@@ -139,8 +139,9 @@ def profile(
         _print_table(summary)
 
 
-_MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run", "seed")
-"""What only a measured profile reads: an analytic one runs nothing, on no device, with no weights."""
+_MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run")
+"""What only a measured profile reads: an analytic one runs nothing and on no device (--seed it
+records, for the plans' weights)."""
 
 
 def _refuse_unused(ctx: typer.Context, analytic: bool) -> None:
@@ -158,7 +159,7 @@ def _refuse_unused(ctx: typer.Context, analytic: bool) -> None:
                          "not measured", f"drop {'it' if len(unused) == 1 else 'them'}, or drop --analytic to measure")
 
 
-def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, out: Path, json_out: bool) -> None:
+def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, out: Path, json_out: bool, seed: int) -> None:
     """`--analytic`: the roofline profile of planner.profiling.analytic, no torch imported."""
     from planner.profiling.analytic import write_analytic_profile
 
@@ -167,7 +168,7 @@ def _analytic(model: str, sizes: list[int], hardware: str | None, dtype: str, ou
     from planner.atomic import ensure_outputs_distinct
 
     ensure_outputs_distinct([("--out", out)], [("hardware file", Path(hardware) if Path(hardware).is_file() else None)])
-    result = write_analytic_profile(model, hardware, dtype, sizes, out, command="pplan " + shlex.join(sys.argv[1:]))
+    result = write_analytic_profile(model, hardware, dtype, sizes, out, command="pplan " + shlex.join(sys.argv[1:]), seed=seed)
     summary = _summary(result, out, result.sha256)
     if json_out:
         echo_json(summary)

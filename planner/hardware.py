@@ -220,6 +220,8 @@ def load_hardware(name_or_path: str | os.PathLike) -> Hardware:
     text = str(name_or_path)
     if text in PRESETS:
         return PRESETS[text]
+    if not text.strip():  # Path('') is the current folder: it would be named as a directory given
+        raise ClusterError("hardware name is empty", f"give a preset ({', '.join(PRESETS)}) or a hardware JSON file")
     looks_like_file = text.endswith(".json") or os.sep in text or "/" in text or Path(text).exists()
     if not looks_like_file:
         guess = nearest(text, PRESETS)

@@ -164,10 +164,12 @@ def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
 def replica_on_hardware(plan: Plan, hardware: Hardware) -> Plan:
     """`plan`, one replica of a data/tensor-parallel plan, with each GPU's memory limit and the
     pipeline links `hardware` gives (as the 3-D search builds them: replica_layout) and
-    `parallel.hardware` its name. A plan that already names `hardware` is returned as it is: its
-    devices and links (hand edits, --bandwidth and --latency included) are for that hardware."""
+    `parallel.hardware` its name. A plan whose own hardware is `hardware` (the preset it names,
+    every value alike) is returned as it is: its devices and links (hand edits, --bandwidth and
+    --latency included) are for that hardware. A hardware file that only shares the preset's name
+    (a copy with other memory) re-prices."""
     cfg = plan.parallel
-    if cfg is None or cfg.hardware == hardware.name:
+    if cfg is None or (cfg.hardware in PRESETS and PRESETS[cfg.hardware] == hardware):
         return plan
     cfg = replace(cfg, hardware=hardware.name)
     devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, int(cfg.gpus_per_node or hardware.gpus_per_node)))

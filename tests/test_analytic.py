@@ -186,3 +186,11 @@ def test_profile_refuses_flags_its_mode_never_reads(pplan, tmp_path, flags, word
     code, _, err = pplan("profile", "-m", SMALL, *flags, "-o", out)
     assert words in one_error_line(code, err)
     assert not out.exists()
+
+
+def test_an_analytic_profile_records_the_seed_it_is_given(pplan, tmp_path):
+    """Nothing in it is random, but its plans build `pplan run`'s weights from the profile's seed."""
+    out = tmp_path / "p.csv"
+    code, _, err = pplan("profile", "-m", SMALL, "--analytic", "--hardware", "a100-80gb", "--seed", 7, "-o", out)
+    assert code == 0, err
+    assert load_profile(out).meta["seed"] == "7"

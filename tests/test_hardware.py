@@ -107,6 +107,9 @@ def test_unknown_preset_suggests_the_nearest():
         load_hardware("a100-80gib")
     with pytest.raises(ClusterError, match="does not exist"):
         load_hardware("nowhere/hw.json")
+    for blank in ("", "  "):  # not the current folder, named as a directory the user never gave
+        with pytest.raises(ClusterError, match="hardware name is empty"):
+            load_hardware(blank)
 
 
 def test_cli_refuses_a_typo_key_in_one_line_with_a_suggestion(pplan, tmp_path):

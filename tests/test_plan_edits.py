@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from planner.errors import PlanError
 from planner.plan import Device, Plan, Prediction, StagePlan, load_plan, plan_from_dict, plan_to_json, write_plan
 from planner.plan.digest import plan_digest
 from planner.plan.devicelist import LIST_ALL_UP_TO, LIST_ENDS, list_devices
@@ -49,7 +50,8 @@ _EDITS = {
     "optimizer": (lambda d: d.update(optimizer="sgd"), "optimizer"),
     "parallel": (lambda d: d.update(parallel={"dp": 2, "pp": 2, "tp": 1, "zero": 1}, global_batch=32),
                  "parallel degrees"),
-    "profile": (lambda d: d["profile"].update(sha256="0" * 64), "profile checksum"),
+    "profile": (lambda d: d["profile"].update(sha256="0" * 64), "model or profile checksum"),
+    "model": (lambda d: d.update(model="mlp:layers=8,hidden=256"), "model or profile checksum"),  # what pplan run builds
 }
 
 
@@ -65,10 +67,10 @@ def test_an_edit_of_what_the_prediction_depends_on_drops_it_naming_what(edit: st
     assert plan_from_dict(d).predicted is None  # every command's reader, not only the report's
 
 
-@pytest.mark.parametrize("label", ["device name", "model", "seed", "profile path"])
+@pytest.mark.parametrize("label", ["device name", "seed", "profile path"])
 def test_an_edit_of_a_label_keeps_the_prediction(label: str) -> None:
     d = _written()
-    {"device name": lambda: d["devices"][0].update(name="gpu7"), "model": lambda: d.update(model="mlp"),
+    {"device name": lambda: d["devices"][0].update(name="gpu7"),
      "seed": lambda: d.update(seed=3), "profile path": lambda: d["profile"].update(path="elsewhere/profile.csv")}[label]()
     plan, note = read_plan(d)
     assert note is None and plan.predicted is not None and plan.predicted.made_for is not None
@@ -207,3 +209,23 @@ def test_the_plan_line_of_many_stages_names_the_ends(tmp_path: Path) -> None:
     assert line.endswith("layers [0, 1) on dev 0, [1, 2) on dev 1, [2, 3) on dev 2, [3, 4) on dev 3, "
                          "... 92 stages not listed ..., [96, 97) on dev 96, [97, 98) on dev 97, [98, 99) on dev 98, "
                          "[99, 100) on dev 99")
+
+
+@pytest.mark.parametrize("made_for, says", [
+    ({"stages": None}, "lacks 'stages'"),
+    ("empty", "lacks 'batch'"),
+    ({"links": "ABCDEF012345"}, "not 12 lowercase hex digits"),
+    ({"devices": "0" * 100_000}, "not 12 lowercase hex digits"),
+    ({"batch": "not-hex-at-a"}, "not 12 lowercase hex digits"),
+])
+def test_a_made_for_that_is_not_what_pplan_writes_is_refused(made_for, says: str) -> None:
+    """A made_for lacking a group, or holding anything but a digest there, would keep a stale
+    prediction through an edit of that group (a cut moved with made_for.stages deleted was kept)."""
+    d = _written()
+    if made_for == "empty":
+        d["predicted"]["made_for"] = {}
+    else:
+        d["predicted"]["made_for"].update(made_for)
+        d["predicted"]["made_for"] = {k: v for k, v in d["predicted"]["made_for"].items() if v is not None}
+    with pytest.raises(PlanError, match=says):
+        plan_from_dict(d)

@@ -122,3 +122,12 @@ def test_bandwidth_given_with_another_hardware_applies_over_its_links(tmp_path):
     plain = what_if(tmp_path / "plan.json", hardware="a100-40gb", profile=csv)
     assert {bw for _, _, bw, _ in slow.plan.links.pairs} == {1e9}
     assert slow.sim.iteration_ms > plain.sim.iteration_ms
+
+
+def test_a_hardware_file_named_like_the_plans_preset_still_reprices(prof, tmp_path):
+    """A copy of the a100-80gb preset with 20 GiB, keeping its name: the limit is the file's."""
+    plan = _plan(prof, "1f1b")
+    small = replace(A100, memory_bytes=20 * 2**30)
+    assert small.name == plan.parallel.hardware
+    assert set(replica_on_hardware(plan, small).devices[k].memory_bytes for k in range(plan.n_devices)) == {20 * 2**30}
+    assert replica_on_hardware(plan, A100) is plan  # its own preset, every value alike

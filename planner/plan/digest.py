@@ -4,11 +4,12 @@ depend on, a short sha256 of their canonical JSON (PlanDigest, written as `predi
 A Plan stamps a prediction that has none when the two are joined (planner.plan.model); the reader
 compares a stamped one with the plan around it and drops it, naming the groups that changed
 (planner.plan.serialize.read_plan). So an edit of the cuts, recompute sets, devices, links,
-optimizer, parallel degrees or profile checksum is seen, in a file edited by hand or in a plan
+optimizer, parallel degrees, model or profile checksum is seen, in a file edited by hand or in a plan
 changed in memory and written again.
 
-Left out, because they label and change no predicted number: device names, the model string, the
-seed and the profile's path. The digests decide only whether the stored numbers are trusted; a file
+Left out, because they label and change no predicted number: device names, the seed and the
+profile's path. The model string is in (with the profile's checksum): it decides what `pplan run`
+builds, so a prediction from one model's profile does not describe another's run. The digests decide only whether the stored numbers are trusted; a file
 may lie about them, and nothing else reads them.
 """
 
@@ -18,15 +19,12 @@ import hashlib
 import json
 from typing import TYPE_CHECKING, Any
 
-from planner.plan.records import PlanDigest
+from planner.plan.records import DIGEST_HEX, PlanDigest
 
 if TYPE_CHECKING:
     from planner.plan.model import Plan
 
 __all__ = ["DIGEST_HEX", "plan_digest", "digest_change"]
-
-DIGEST_HEX = 12
-"""Hex digits kept of each sha256: 48 bits, so an edit passes unseen about once in 3e14."""
 
 _WORDS = {
     "batch": "schedule or batch split",
@@ -35,7 +33,7 @@ _WORDS = {
     "devices": "devices (count, memory or speed)",
     "links": "links",
     "stages": "stages (cuts, recompute or devices)",
-    "profile": "profile checksum",
+    "profile": "model or profile checksum",
 }
 """Each PlanDigest field in the words of the note that drops a prediction."""
 
@@ -50,7 +48,7 @@ def _groups(plan: Plan) -> dict[str, Any]:
         "devices": [[dv.memory_bytes, dv.speed] for dv in plan.devices],
         "links": [links.bandwidth_bytes_per_s, links.latency_ms, [list(pair) for pair in links.pairs]],
         "stages": [[st.device, list(st.layers), list(st.recompute)] for st in plan.stages],
-        "profile": plan.profile_sha256,
+        "profile": [plan.model, plan.profile_sha256],
     }
 
 
@@ -77,8 +75,9 @@ def plan_digest(plan: Plan) -> PlanDigest:
 
 
 def digest_change(recorded: PlanDigest, plan: Plan, skip: tuple[str, ...] = ()) -> str | None:
-    """None when every digest `recorded` holds matches `plan` (a group it lacks, or one in `skip`, is not
-    checked); else the groups that differ, in words ("stages (cuts, recompute or devices) and links")."""
+    """None when every digest `recorded` holds matches `plan` (one in `skip` is not checked; a file's
+    made_for holds every group: PlanDigest.from_dict); else the groups that differ, in words
+    ("stages (cuts, recompute or devices) and links")."""
     now = plan_digest(plan)
     changed = [_WORDS[name] for name in PlanDigest.keys() if name not in skip
                and getattr(recorded, name) is not None and getattr(recorded, name) != getattr(now, name)]

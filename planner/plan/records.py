@@ -151,6 +151,10 @@ class PredictedDevice(_Record):
     """The device's memory limit (None = unlimited)."""
 
 
+DIGEST_HEX = 12
+"""Hex digits kept of each sha256 in a PlanDigest: 48 bits, so an edit passes unseen about once in 3e14."""
+
+
 @dataclass(frozen=True)
 class PlanDigest(_Record):
     """What plan a prediction was made for: per group of plan fields it depends on, the first hex digits
@@ -171,7 +175,21 @@ class PlanDigest(_Record):
     stages: str | None = None
     """stages: each one's device, layers and recompute."""
     profile: str | None = None
-    """profile.sha256 (not its path: a plan travels with its profile)."""
+    """profile.sha256 and the model string (not the profile's path: a plan travels with its profile)."""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> PlanDigest:
+        """As every record, then each group's digest must be there and be what pplan writes (12
+        lowercase hex digits): a file that leaves a group out, or puts anything else there, would
+        otherwise keep a prediction through an edit of that group."""
+        digest: PlanDigest = super().from_dict(d, where)
+        for name in cls.keys():
+            value = getattr(digest, name)
+            if value is None:
+                raise PlanError(f"{where} lacks {name!r}: a prediction's made_for holds every group", cls._HINT)
+            if len(value) != DIGEST_HEX or value.strip("0123456789abcdef"):
+                raise PlanError(f"{where} field {name!r} is {short(value)}, not {DIGEST_HEX} lowercase hex digits", cls._HINT)
+        return digest
 
 
 @dataclass(frozen=True)

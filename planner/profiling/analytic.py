@@ -139,6 +139,7 @@ def analytic_profile(
     efficiency: Efficiency = DEFAULT_EFFICIENCY,
     activations: str = "flash",
     command: str | None = None,
+    seed: int = 0,
 ) -> Profile:
     """A profile of the built-in gpt `spec` on `hardware` (a Hardware, preset name or JSON path), computed.
 
@@ -179,7 +180,7 @@ def analytic_profile(
     cols["param_bytes"] = np.repeat(params[:, None] * dt, k_sizes, axis=1)
     meta = {
         "model": spec,
-        "seed": "0",
+        "seed": str(seed),  # nothing here is random; plans take it as the weights' seed for `pplan run`
         "dtype": dtype,
         "input_bytes_per_sample": str(8 * s),
         "analytic": "true",
@@ -249,8 +250,10 @@ def write_analytic_profile(
     *,
     activations: str = "flash",
     command: str | None = None,
+    seed: int = 0,
 ) -> Profile:
     """`analytic_profile` written atomically to `out_path`; returns it with path and sha256 set."""
-    profile = analytic_profile(model_spec, hardware, dtype, micro_batch_sizes, activations=activations, command=command)
+    profile = analytic_profile(model_spec, hardware, dtype, micro_batch_sizes, activations=activations, command=command,
+                               seed=seed)
     sha = write_profile(profile, out_path)
     return replace(profile, path=str(out_path), sha256=sha)
