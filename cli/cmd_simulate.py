@@ -1,8 +1,8 @@
 """`pplan simulate`: predicted iteration time, bubble and memory of a plan, with what-if flags.
 
-Thin: declare options, make one library call (planner.whatif.what_if), print, write outputs
-atomically (all outputs are computed before the first file is written, so an error leaves no
-file behind).
+Thin: declare options, make one library call (planner.whatif.what_if, which checks the flags
+and the outputs before any work), print, write outputs atomically (all outputs are computed
+before the first file is written, so an error leaves no file behind).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.common import echo_json, err, plan_inputs
+from cli.common import echo_json, err
 from cli.options import CalibrationOption, PlanArgument
 
 __all__ = ["register"]
@@ -53,33 +53,17 @@ def simulate_cmd(
     pipeline replica on its hardware, with the tensor-parallel collectives and the gradient
     sync on the timeline, and reports tokens/s, TFLOP/s per GPU, MFU and memory per GPU.
     """
-    from planner.atomic import ensure_outputs_distinct, ensure_writable_file
-    from planner.errors import PplanError
     from planner.units import parse_bandwidth, parse_ms
-    from planner.whatif import WhatIf, parse_sweep, what_if
+    from planner.whatif import SimulationOutputs, WhatIf, what_if
 
-    # each flag's own value first (WhatIf checks its own), then how flags combine, then whether outputs can be written
-    outputs = ((plot, (".png", ".svg"), "--plot"), (out, (".json",), "--out"), (timeline, (".csv",), "--timeline"))
-    for path, suffixes, flag in outputs:
-        if path is not None and path.suffix.lower() not in suffixes:
-            raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(suffixes)}")
+    # each flag's own value first (the records check their own), then what_if: how flags combine, outputs writable
+    outputs = SimulationOutputs(out=out, timeline=timeline, plot=plot)
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
                     bandwidth_bytes_per_s=parse_bandwidth(bandwidth) if bandwidth is not None else None,
                     latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)
-    if sweep is not None:
-        parse_sweep(sweep)
-        if timeline is not None:
-            raise PplanError("--timeline cannot be combined with --sweep", "run one simulation per timeline")
-    for path, _, flag in outputs:
-        if path is not None:
-            ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
-    if any(path is not None for path, _, _ in outputs):
-        ensure_outputs_distinct([(flag, path) for path, _, flag in outputs],
-                                plan_inputs(plan_path, profile, calibration, hardware))
-    # every box and the memory curve are kept only for the outputs that show them (the JSON holds the curve)
-    wants_timeline = as_json or any(path is not None for path, _, _ in outputs)
+    # every box and the memory curve are kept only for what shows them: the JSON printed (it holds the curve), the outputs
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware,
-                     record_timeline=wants_timeline)
+                     record_timeline=as_json, outputs=outputs)
     for line in result.warnings:
         err(f"warning: {line}")
     if result.parameter is not None:

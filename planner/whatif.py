@@ -1,38 +1,36 @@
 """What-if questions about a plan: change its schedule, micro-batching or links, and sweep them.
 
-`pplan simulate` and the report call this module; it sits above the simulator (it calls
-`planner.simulate`) and below the figures (they draw its rows), and imports neither torch nor
-matplotlib.
+`pplan simulate` and the report call this module; it sits above the simulator (it calls `planner.simulate`)
+and below the figures (they draw its rows), and imports neither torch nor matplotlib.
 
-Micro-batching keeps the global batch by default, as `pplan partition` does: `microbatches=M`
-means M micro-batches of global_batch / M samples, so every row trains on the same data per
-step. `keep="micro-batch-size"` keeps the plan's micro-batch size instead (the global batch
-then grows with M). A value a schedule or the batch cannot take (e.g. 1f1b with fewer
-micro-batches than devices, or M not dividing the global batch) becomes a row with its reason
-instead of stopping the sweep.
+Micro-batching keeps the global batch by default, as `pplan partition` does: `microbatches=M` means M
+micro-batches of global_batch / M samples, so every row trains on the same data per step.
+`keep="micro-batch-size"` keeps the plan's micro-batch size instead (the global batch then grows with M). A
+value a schedule or the batch cannot take (e.g. 1f1b with fewer micro-batches than devices, or M not dividing
+the global batch) becomes a row with its reason instead of stopping the sweep.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, ClassVar, Iterable
 
-from planner.calibration import Calibration, calibration_mismatch
+from planner.atomic import ensure_outputs_distinct, ensure_writable_file
+from planner.calibration import Calibration, basis_text, calibration_mismatch, calibration_path_for
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
 from planner.hardware import Hardware, load_hardware
 from planner.jsonio import nearest
 from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
-from planner.plan import Links, Plan, load_plan
+from planner.plan import Links, Plan, load_plan, resolve_profile_path
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules.registry import schedule_name
+from planner.schedules.registry import get_schedule, schedule_name
 
-__all__ = ["KEEP", "WhatIf", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if", "parse_sweep", "run_sweep",
-           "check_sweep_actions",
-           "sweep_grid", "sweep_to_dict"]
+__all__ = ["KEEP", "WhatIf", "SimulationOutputs", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if",
+           "parse_sweep", "run_sweep", "check_sweep_actions", "sweep_grid", "sweep_to_dict"]
 
 KEEP = ("global-batch", "micro-batch-size")
 
@@ -69,6 +67,29 @@ def _check_keep(keep: str) -> None:
 
 
 @dataclass(frozen=True)
+class SimulationOutputs:
+    """The files a caller writes from what_if's result (None: not written); each must end in its suffix."""
+
+    SUFFIXES: ClassVar[dict[str, tuple[str, ...]]] = {"--plot": (".png", ".svg"), "--out": (".json",), "--timeline": (".csv",)}
+
+    out: str | os.PathLike | None = None
+    """The simulation JSON, or the sweep's (.json)."""
+    timeline: str | os.PathLike | None = None
+    """Every action of the timeline as CSV (.csv; one simulation only, not a sweep)."""
+    plot: str | os.PathLike | None = None
+    """The Gantt chart, or the sweep's figure (.png or .svg)."""
+
+    def __post_init__(self) -> None:
+        for flag, path in self.named():
+            if Path(path).suffix.lower() not in self.SUFFIXES[flag]:
+                raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(self.SUFFIXES[flag])}")
+
+    def named(self) -> list[tuple[str, str | os.PathLike]]:
+        """(flag, path) of each output given, in the order they are checked."""
+        return [(flag, p) for flag, p in (("--plot", self.plot), ("--out", self.out), ("--timeline", self.timeline)) if p is not None]
+
+
+@dataclass(frozen=True)
 class SweepRow:
     """One value of a sweep and what the simulator predicts for it."""
 
@@ -98,12 +119,9 @@ class SweepRow:
     """The micro-batch size was not profiled; costs are interpolated."""
 
     def as_dict(self) -> dict[str, Any]:
-        return {"value": self.value, "schedule": self.schedule, "n_microbatches": self.n_microbatches,
-                "micro_batch_size": self.micro_batch_size, "global_batch": self.global_batch,
-                "iteration_ms": self.iteration_ms, "bubble_fraction": self.bubble_fraction,
-                "throughput_samples_per_s": self.throughput_samples_per_s,
-                "peak_memory_bytes": None if self.peak_memory_bytes is None else int(self.peak_memory_bytes),
-                "fits": self.fits, "error": self.error, "interpolated": self.interpolated}
+        """Its fields as JSON values, in field order (peak memory as whole bytes)."""
+        peak = None if self.peak_memory_bytes is None else int(self.peak_memory_bytes)
+        return {**asdict(self), "peak_memory_bytes": peak}
 
 
 @dataclass(frozen=True)
@@ -121,16 +139,14 @@ class Setup:
     calibration_path: Path | None
     """Where the calibration was read."""
     warnings: tuple[str, ...] = ()
-    """One line each for the command to show: the profile changed since the plan, a calibration
-    fitted on another model or profile."""
+    """One line each for the command to show: the profile changed since the plan, a calibration fitted on another model or profile."""
 
 
 def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None = None,
                calibration: str | os.PathLike | None = None) -> Setup:
-    """Load a plan, its profile (--profile, else the one it names, as `pplan run` finds it) and
-    the calibration (--calibration PATH or 'none', else the profile's own if there is one, except
-    for a data/tensor-parallel plan: a calibration fits a pipeline measured on this machine)."""
-    from planner.plan import resolve_profile_path
+    """Load a plan, its profile (--profile, else the one it names, as `pplan run` finds it) and the calibration
+    (--calibration PATH or 'none', else the profile's own if there is one, except for a data/tensor-parallel
+    plan: a calibration fits a pipeline measured on this machine)."""
     from planner.simulate import is_replica_plan
 
     plan = load_plan(plan_path)
@@ -271,10 +287,8 @@ def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
 
 def sweep_grid(plan: Plan, profile: Profile, schedules: Iterable[str], counts: Iterable[int],
                calibration: Calibration | None = None) -> list[SweepRow]:
-    """The plan's cuts under each schedule and each micro-batch count, at the plan's global batch.
-
-    Combinations a schedule cannot run are left out (the report draws only what can run).
-    """
+    """The plan's cuts under each schedule and each micro-batch count, at the plan's global batch; combinations
+    a schedule cannot run are left out (the report draws only what can run)."""
     rows = []
     for name in schedules:
         for row in run_sweep(plan.with_(schedule=name, predicted=None, search=None), profile, "microbatches",
@@ -290,8 +304,6 @@ def sweep_to_dict(plan: Plan, parameter: str, rows: list[SweepRow], keep: str, b
             "schedule": plan.schedule, "n_microbatches": plan.n_microbatches,
             "micro_batch_size": plan.micro_batch_size, "global_batch": plan.global_batch,
             "rows": [r.as_dict() for r in rows]}
-
-
 
 
 @dataclass(frozen=True)
@@ -315,14 +327,11 @@ class WhatIfResult:
 
     @property
     def basis(self) -> str:
-        from planner.calibration import basis_text
-
         return basis_text(self.calibration, self.setup.calibration_path)
 
     @property
     def warnings(self) -> tuple[str, ...]:
-        """The setup's warnings, and what the profile cannot price for the simulated plan or any
-        swept row (a schedule sweep's zb row splits the backward though the plan's 1f1b does not)."""
+        """The setup's warnings, and what the profile cannot price for the plan or a swept row (say zb's split backward)."""
         from planner.simulate import unpriced_memory_note
 
         note = unpriced_memory_note(self.plan, self.setup.profile, (r.schedule for r in self.rows if r.error is None))
@@ -330,19 +339,28 @@ class WhatIfResult:
 
 
 def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: str | None = None,
-            profile: str | os.PathLike | None = None, calibration: str | os.PathLike | None = None,
-            record_timeline: bool = False, hardware: str | None = None) -> WhatIfResult:
-    """Load a plan with its profile and calibration, apply `change`, then simulate it once or,
-    with `sweep` ('microbatches=4,8,16' or 'schedule=gpipe,1f1b'), once per value.
-    `record_timeline` keeps every box and the memory curve (for a timeline, a Gantt chart or the
-    simulation JSON; a sweep never records them).
-    `hardware` (a preset or hardware JSON) prices a data/tensor-parallel plan instead of the
-    hardware it names (PlanError for a one-pipeline plan); such a plan ignores the profile's own
-    calibration (it fits this machine)."""
+            profile: str | os.PathLike | None = None, calibration: str | os.PathLike | None = None, record_timeline: bool = False,
+            hardware: str | None = None, outputs: SimulationOutputs = SimulationOutputs()) -> WhatIfResult:
+    """Load a plan with its profile and calibration, apply `change`, then simulate it once or, with `sweep`
+    ('microbatches=4,8,16' or 'schedule=gpipe,1f1b'), once per value. `record_timeline` keeps every box and the
+    memory curve (for a timeline, a Gantt chart or the simulation JSON; a sweep never records them), as does any
+    of `outputs`, the files the caller will write from the result, which are checked before any work.
+    `hardware` (a preset or hardware JSON) prices a data/tensor-parallel plan instead of the hardware it names
+    (PlanError for a one-pipeline plan); such a plan ignores the profile's own calibration (it fits this machine)."""
     from planner.simulate import check_hardware_applies, replica_on_hardware, simulate
 
     spec = parse_sweep(sweep) if sweep is not None else None
+    if spec is not None and outputs.timeline is not None:
+        raise PplanError("--timeline cannot be combined with --sweep", "run one simulation per timeline")
+    for flag, path in outputs.named():
+        ensure_writable_file(path, flag)  # before any work: an output that cannot be written fails now
     setup = load_setup(plan_path, profile, calibration)
+    if outputs.named():  # none may replace a file it reads, nor without a calibration given the profile's own
+        own, hw_file = calibration_path_for(setup.profile_path), Path(hardware) if hardware and Path(hardware).is_file() else None
+        ensure_outputs_distinct(outputs.named(), [("plan", plan_path), ("profile", setup.profile_path), ("hardware file", hw_file),
+                                                  ("calibration", setup.calibration_path),
+                                                  ("calibration", own if calibration is None and own.exists() else None)])
+    record_timeline = record_timeline or bool(outputs.named())
     hw = load_hardware(hardware) if hardware is not None else None
     check_hardware_applies(setup.plan, hw)
     # on another hardware, its devices and links first: --bandwidth and --latency then apply over them
@@ -360,11 +378,9 @@ def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: s
 
 
 def check_sweep_actions(plan: Plan, parameter: str, values: list[Any], keep: str = "global-batch") -> int:
-    """The compute actions the sweep simulates, all values together; PplanError beyond
-    MAX_SIMULATED_ACTIONS (one sweep costs at most what one largest simulation does). A value
-    the batch cannot take is not simulated and counts nothing."""
+    """The compute actions the sweep simulates, all values together; PplanError beyond MAX_SIMULATED_ACTIONS (one
+    sweep costs at most what one largest simulation does). A value the batch cannot take counts nothing."""
     from planner.cost import actions_per_microbatch
-    from planner.schedules.registry import get_schedule
 
     total, largest = 0, (None, 0)  # (value, its actions)
     for value in values:

@@ -150,44 +150,61 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
     placement = [layout.device_of(s) for s in range(S)]
     sim = simulate_costs(sched, stages, placement, layout.devices, layout.links, micro_batch_size=MB,
                          optimizer=optimizer, calibration=cal, record_timeline=True)
-    durations = {"F": "fwd_ms", "B": "bwd_ms", "I": "bwd_input_ms", "W": "bwd_weight_ms"}
     for row in sim.timeline:
-        took = row.end_ms - row.start_ms
-        if row.kind in durations:
-            st = stages[row.stage]
-            want = action_ms(getattr(st, durations[row.kind]), cal)
-            if row.kind in "BI":  # the recompute part is drawn as its own R row just before
-                want -= scaled_ms(st.recompute_ms, cal)
-            assert took == pytest.approx(want, rel=REL, abs=1e-9)
-        elif row.kind == "R":
-            assert took == pytest.approx(scaled_ms(stages[row.stage].recompute_ms, cal), rel=REL, abs=1e-9)
-        elif row.kind == "O":
-            opt = sum(stages[s].optimizer_ms for s in range(S) if placement[s] == row.device)
-            assert took == pytest.approx(scaled_ms(opt, cal), rel=REL, abs=1e-9)
-        elif row.kind == "C":  # a transfer's two parts: together the cost model's link_ms
-            st = stages[row.stage]
-            consumer = _consumer_of(sim, row)
-            if consumer is not None:  # the receiver taking the bytes just before its action
-                src = row.stage - 1 if consumer == "F" else row.stage + 1
-                nbytes = st.input_bytes if consumer == "F" else st.output_bytes
-                part = 1
-            else:  # the latency on the link, under the sender (after waiting for the link)
-                # the output leaves before this stage's backward of the micro-batch can start (that
-                # backward needs the next stage's forward of it); the input gradient leaves after
-                forward = row.start_ms < _first_backward(sim, row.stage, row.microbatch)
-                src, dst = row.stage, (row.stage + 1 if forward else row.stage - 1)
-                nbytes = st.output_bytes if forward else st.input_bytes
-                part = 0
-            ends = (src, row.stage) if part else (row.stage, dst)
-            link = link_between(layout.links, placement[ends[0]], placement[ends[1]])
-            assert took == pytest.approx(transfer_parts(nbytes, link, cal)[part], rel=REL, abs=1e-9)
-            assert sum(transfer_parts(nbytes, link, cal)) == pytest.approx(link_ms(nbytes, link, cal))
+        if row.kind == "C":
+            _check_transfer_row(sim, row, stages, placement, layout, cal)
+        else:
+            _check_action_row(row, stages, placement, cal)
+    _check_rank_memory(sim, sched, stages, placement, layout, optimizer)
+    _check_busy_time(sim, sched, stages, placement, layout, cal)
+
+
+def _check_action_row(row, stages: list, placement: list[int], cal: Calibration | None) -> None:
+    """A compute row lasts what the cost model charges: its action, its recompute, the optimizer step."""
+    durations = {"F": "fwd_ms", "B": "bwd_ms", "I": "bwd_input_ms", "W": "bwd_weight_ms"}
+    took = row.end_ms - row.start_ms
+    if row.kind in durations:
+        st = stages[row.stage]
+        want = action_ms(getattr(st, durations[row.kind]), cal)
+        if row.kind in "BI":  # the recompute part is drawn as its own R row just before
+            want -= scaled_ms(st.recompute_ms, cal)
+        assert took == pytest.approx(want, rel=REL, abs=1e-9)
+    elif row.kind == "R":
+        assert took == pytest.approx(scaled_ms(stages[row.stage].recompute_ms, cal), rel=REL, abs=1e-9)
+    elif row.kind == "O":
+        opt = sum(st.optimizer_ms for s, st in enumerate(stages) if placement[s] == row.device)
+        assert took == pytest.approx(scaled_ms(opt, cal), rel=REL, abs=1e-9)
+
+
+def _check_transfer_row(sim, row, stages: list, placement: list[int], layout: Layout, cal: Calibration | None) -> None:
+    """A transfer's two parts (C rows) last what the cost model's transfer_parts says; together its link_ms."""
+    st = stages[row.stage]
+    consumer = _consumer_of(sim, row)
+    if consumer is not None:  # the receiver taking the bytes just before its action
+        src = row.stage - 1 if consumer == "F" else row.stage + 1
+        nbytes = st.input_bytes if consumer == "F" else st.output_bytes
+        part = 1
+    else:  # the latency on the link, under the sender (after waiting for the link)
+        # the output leaves before this stage's backward of the micro-batch can start (that
+        # backward needs the next stage's forward of it); the input gradient leaves after
+        forward = row.start_ms < _first_backward(sim, row.stage, row.microbatch)
+        src, dst = row.stage, (row.stage + 1 if forward else row.stage - 1)
+        nbytes = st.output_bytes if forward else st.input_bytes
+        part = 0
+    ends = (src, row.stage) if part else (row.stage, dst)
+    link = link_between(layout.links, placement[ends[0]], placement[ends[1]])
+    assert row.end_ms - row.start_ms == pytest.approx(transfer_parts(nbytes, link, cal)[part], rel=REL, abs=1e-9)
+    assert sum(transfer_parts(nbytes, link, cal)) == pytest.approx(link_ms(nbytes, link, cal))
+
+
+def _check_rank_memory(sim, sched, stages: list, placement: list[int], layout: Layout, optimizer: str) -> None:
+    """Each device's memory is the cost model's at the larger of its two moments, within the partitioner's bound."""
     peaks = memory_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
                          [st.wgrad_bytes for st in stages], [st.sent for st in stages])
     for r in range(layout.n_ranks):
         d = layout.order[r]
-        mine = [stages[s] for s in range(S) if placement[s] == d]
+        mine = [st for s, st in enumerate(stages) if placement[s] == d]
         # the larger of two moments: activations with the gradients that exist by then, and the
         # optimizer step (all gradients, its temporaries)
         act, grads = peaks[r]
@@ -202,9 +219,16 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
         if layout.virtual_stages == 1 and not split_extras:  # the partitioner's bound: the schedule's peak count x kept + transient
             k = stage_inflight_peak(sched)[placement.index(d)]
             assert want.total <= stage_peak_bytes(mine[0], k) * (1 + REL)
-        busy = sum(M * (action_ms(st.fwd_ms, cal) + (action_ms(st.bwd_input_ms, cal) + action_ms(st.bwd_weight_ms, cal)
-                                                     if sched.split_backward else action_ms(st.bwd_ms, cal)))
-                   for st in mine) + scaled_ms(sum(st.optimizer_ms for st in mine), cal)
+
+
+def _check_busy_time(sim, sched, stages: list, placement: list[int], layout: Layout, cal: Calibration | None) -> None:
+    """Each device is busy for M of each of its stages' actions and its optimizer step."""
+    for d in (layout.order[r] for r in range(layout.n_ranks)):
+        mine = [st for s, st in enumerate(stages) if placement[s] == d]
+        backward = [(action_ms(st.bwd_input_ms, cal) + action_ms(st.bwd_weight_ms, cal)) if sched.split_backward
+                    else action_ms(st.bwd_ms, cal) for st in mine]
+        busy = sum(M * (action_ms(st.fwd_ms, cal) + b) for st, b in zip(mine, backward))
+        busy += scaled_ms(sum(st.optimizer_ms for st in mine), cal)
         assert sim.busy_ms[d] == pytest.approx(busy, rel=REL)
 
 

@@ -81,26 +81,52 @@ def test_balanced_cuts_at_as_many_stages_as_layers_never_builds_a_layers_squared
     assert peak < 16 * 2**20, peak
 
 
-@pytest.mark.parametrize("windowed", [True, False])
-def test_dp_equals_brute_force_with_and_without_per_stage_windows(monkeypatch, windowed):
-    monkeypatch.setattr(dp, "_windowed", lambda p: windowed)
-    monkeypatch.setattr(problem, "_COLUMNS", 2)  # several column blocks even on small instances
-    rng = np.random.default_rng(2026 + windowed)
-    for case in range(300):
-        p = random_problem(rng, MODES[case % 3], max_layers=8, max_stages=8)
-        assert objective(dp.solve_dp(p)) == objective(solve_brute(p)), (case, p)
-
-
-def test_dp_with_one_layer_per_stage_builds_one_entry_per_stage(monkeypatch):
+@pytest.fixture
+def table_shapes(monkeypatch) -> list[tuple[int, ...]]:
+    """The shape of every stage table StageTables builds during the test, in order."""
     shapes = []
-    stage = dp._Tables.stage
+    stage = dp.StageTables.stage
 
     def spy(self, *args, **kwargs):
         got = stage(self, *args, **kwargs)
         shapes.append(got[0].shape)
         return got
 
-    monkeypatch.setattr(dp._Tables, "stage", spy)
+    monkeypatch.setattr(dp.StageTables, "stage", spy)
+    return shapes
+
+
+@pytest.mark.parametrize("windowed", [True, False])
+def test_dp_equals_brute_force_with_and_without_per_stage_windows(monkeypatch, table_shapes, windowed):
+    monkeypatch.setattr(problem, "RELAX_COLUMNS", 2)  # several column blocks even on small instances
+    rng = np.random.default_rng(2026 + windowed)
+    for case in range(300):
+        p = random_problem(rng, MODES[case % 3], max_layers=8, max_stages=8)
+        table_shapes.clear()
+        assert objective(dp.solve_dp(p, windowed=windowed)) == objective(solve_brute(p)), (case, p)
+        width, whole = p.n_layers - p.n_stages + 1, p.n_layers + 1
+        if windowed:  # each position's window of starts and ends, never a whole table
+            assert all(max(shape) <= width for shape in table_shapes), (case, table_shapes)
+        else:
+            assert set(table_shapes) <= {(whole, whole)}, (case, table_shapes)
+
+
+def test_relax_window_reads_only_each_column_blocks_rows():
+    """A block of RELAX_COLUMNS ends starts at its first end's first row: an entry above it (inf
+    in a real table) is read only when the block reaches back to a column whose rows include it."""
+    prev = np.zeros(4)
+    t = np.full((4, 4), 5.0)
+    t[0, 2] = 1.0  # above rows[2]: outside the band of ends 2 and 3
+    rows = np.array([0, 0, 2, 2])
+    with pytest.MonkeyPatch.context() as m:
+        m.setattr(problem, "RELAX_COLUMNS", 2)
+        blocks = problem.relax_window(prev, t, rows)[0]
+        m.setattr(problem, "RELAX_COLUMNS", 4)
+        one_block = problem.relax_window(prev, t, rows)[0]
+    assert blocks[2] == 5.0 and one_block[2] == 1.0
+
+
+def test_dp_with_one_layer_per_stage_builds_one_entry_per_stage(table_shapes):
     rng = np.random.default_rng(5)
     square = 0
     for case in range(300):
@@ -108,12 +134,12 @@ def test_dp_with_one_layer_per_stage_builds_one_entry_per_stage(monkeypatch):
         if p.n_stages != p.n_layers:
             continue
         square += 1
-        shapes.clear()
+        table_shapes.clear()
         sol = dp.solve_dp(p)
         assert objective(sol) == objective(solve_brute(p)), (case, p)
         if sol is not None:
             assert sol.cuts == tuple(range(p.n_layers + 1))
-        assert shapes and set(shapes) == {(1, 1)}, shapes
+        assert table_shapes and set(table_shapes) == {(1, 1)}, table_shapes
     assert square >= 20
 
 

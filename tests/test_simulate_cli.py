@@ -174,3 +174,40 @@ def test_reference_profiles_never_receive_a_calibration(tmp_path: Path) -> None:
     assert is_reference_profile(ref) and not is_reference_profile(tmp_path / "gpt.csv")
     assert calibration_path_for(ref) == Path("gpt-8l-v32k.calibration.json")  # the current folder
     assert calibration_path_for(tmp_path / "gpt.csv") == tmp_path / "gpt.calibration.json"
+
+
+# ---- the library call the command makes: what_if checks what a caller will write ----
+
+def test_what_if_refuses_a_sweeps_timeline_and_outputs_with_the_wrong_suffix(work: Path) -> None:
+    from planner.errors import PplanError
+    from planner.whatif import SimulationOutputs, what_if
+
+    with pytest.raises(PplanError, match="--plot 'g.txt' must end in .png or .svg"):
+        SimulationOutputs(plot="g.txt")
+    with pytest.raises(PplanError, match="--timeline cannot be combined with --sweep"):
+        what_if(work / "plan.json", sweep="microbatches=4,8", outputs=SimulationOutputs(timeline=work / "t.csv"))
+
+
+@pytest.mark.parametrize("input_name", ["plan.json", "sim_profile.csv", "sim_profile.calibration.json"])
+def test_what_if_refuses_an_output_that_is_one_of_its_inputs(work: Path, input_name: str) -> None:
+    """The plan, its profile and the profile's own calibration are read: writing over one is refused
+    before any work, and the file is left as it was."""
+    from planner.calibration import Calibration, write_calibration
+    from planner.errors import PplanError
+    from planner.whatif import SimulationOutputs, what_if
+
+    write_calibration(Calibration(compute_scale=2.0), work / "sim_profile.calibration.json")
+    victim = work / input_name
+    before = victim.read_bytes()
+    flag = {".json": "out", ".csv": "timeline"}[victim.suffix]
+    with pytest.raises(PplanError, match=f"--{flag}"):
+        what_if(work / "plan.json", outputs=SimulationOutputs(**{flag: victim}))
+    assert victim.read_bytes() == before
+
+
+def test_what_if_keeps_the_timeline_for_the_outputs_that_show_it(work: Path) -> None:
+    from planner.whatif import SimulationOutputs, what_if
+
+    assert what_if(work / "plan.json").sim.timeline == ()
+    assert what_if(work / "plan.json", outputs=SimulationOutputs(plot=work / "g.svg")).sim.timeline
+    assert not (work / "g.svg").exists()  # the caller writes them; what_if only checks and keeps what they need

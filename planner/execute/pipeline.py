@@ -226,48 +226,83 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
 
     device = torch.device(device) if device is not None else torch.device("cpu")
     layers = _layers_of(model)
-    loss_fn = loss_fn if loss_fn is not None else getattr(model, "loss_fn", None)
-    if loss_fn is None:
-        raise PplanError("build_pipeline needs loss_fn=(output, target) -> loss to train", "pass loss_fn=...")
-    if example is None and hasattr(model, "make_batch"):
-        example = model.make_batch(plan.micro_batch_size, 0)[0]
+    loss_fn, example = _model_defaults(plan, model, loss_fn, example)
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    dp, tp = plan.dp, plan.tp
-    world = dist.get_world_size() if dist.is_initialized() else 1
-    if world != plan.n_processes:
-        raise PplanError(f"the job has {world} processes but the plan needs {plan.n_processes} "
-                         f"(dp {dp} x {plan.n_devices} pipeline devices x tp {tp})",
-                         f"start {plan.n_processes} processes (torchrun --nproc-per-node)")
-    zero = plan.parallel.zero if plan.parallel is not None and dp > 1 else 0
-    if tp > 1:
-        _tensor.check_tp_model(plan.model, tp)
-        if zero >= 2:
-            raise _tensor.zero_with_tp_error(zero, tp)
-    if device_mesh is None and (dp > 1 or tp > 1):
-        device_mesh = make_mesh(plan, device.type)
-    if tp > 1 and "tp" not in (device_mesh.mesh_dim_names or ()):
-        raise PplanError(f"the plan has tp {tp} but the device mesh has dims {device_mesh.mesh_dim_names}",
-                         'make the mesh with planner.execute.mesh.make_mesh (dims "dp", "pp", "tp")')
+    world = _checked_world(plan)
+    zero = _running_zero(plan)
+    device_mesh = _checked_mesh(plan, device_mesh, device)
     dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)
     mods = build_stage_modules(plan, layers, pp_index, example)
-    tied = _tied_groups(plan, layers, rank, world)
-    for m in mods:
-        m.module.to(device)
-    if tp > 1:
-        for m in mods:  # every tp rank built the same weights: each keeps its shard
-            _tensor.parallelize_blocks(m.layers, device_mesh["tp"])
-    if zero >= 2:
-        moved = _zero.shard_stages(mods, device_mesh["dp"], zero)
-        tied = [(group, tuple(moved.get(id(p), p) for p in shared)) for group, shared in tied]
+    tied = _place_stage_modules(plan, mods, _tied_groups(plan, layers, rank, world), device, device_mesh, zero)
     stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group) for m in mods)
     schedule, runtime = make_schedule(plan, list(stages), loss_fn, prefer_torch)
     reduce_ms: list[float] = []
     if zero >= 2:
         _zero.wire_stages(list(stages), zero, reduce_ms, device)
     return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
-                    dp_index=dp_index, pp_index=pp_index, dp=dp, device=device, mesh=device_mesh, tied=tuple(tied),
-                    dp_group=dp_group, zero=zero, reduce_ms=reduce_ms, tp=tp, tp_index=tp_index(plan, rank))
+                    dp_index=dp_index, pp_index=pp_index, dp=plan.dp, device=device, mesh=device_mesh, tied=tuple(tied),
+                    dp_group=dp_group, zero=zero, reduce_ms=reduce_ms, tp=plan.tp, tp_index=tp_index(plan, rank))
+
+
+def _model_defaults(plan: Plan, model: Any, loss_fn: Callable[[Any, Any], Any] | None,
+                    example: Any) -> tuple[Callable[[Any, Any], Any], Any]:
+    """(loss_fn, example) as given, else a ModelBundle's own loss and first micro-batch input;
+    a loss is needed to train."""
+    loss_fn = loss_fn if loss_fn is not None else getattr(model, "loss_fn", None)
+    if loss_fn is None:
+        raise PplanError("build_pipeline needs loss_fn=(output, target) -> loss to train", "pass loss_fn=...")
+    if example is None and hasattr(model, "make_batch"):
+        example = model.make_batch(plan.micro_batch_size, 0)[0]
+    return loss_fn, example
+
+
+def _checked_world(plan: Plan) -> int:
+    """The job's process count, which must be the plan's dp x pipeline devices x tp."""
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    if world != plan.n_processes:
+        raise PplanError(f"the job has {world} processes but the plan needs {plan.n_processes} "
+                         f"(dp {plan.dp} x {plan.n_devices} pipeline devices x tp {plan.tp})",
+                         f"start {plan.n_processes} processes (torchrun --nproc-per-node)")
+    return world
+
+
+def _running_zero(plan: Plan) -> int:
+    """The ZeRO stage that runs (0 when dp = 1: one replica has nothing to shard), after checking
+    that a tp plan's model and ZeRO stage can run tensor-parallel."""
+    zero = plan.parallel.zero if plan.parallel is not None and plan.dp > 1 else 0
+    if plan.tp > 1:
+        _tensor.check_tp_model(plan.model, plan.tp)
+        if zero >= 2:
+            raise _tensor.zero_with_tp_error(zero, plan.tp)
+    return zero
+
+
+def _checked_mesh(plan: Plan, device_mesh: Any, device: Any) -> Any:
+    """The mesh given, else planner.execute.mesh's for a data/tensor-parallel plan (None for one
+    pipeline on the default group); a tp plan's mesh needs a "tp" dim."""
+    if device_mesh is None and (plan.dp > 1 or plan.tp > 1):
+        device_mesh = make_mesh(plan, device.type)
+    if plan.tp > 1 and "tp" not in (device_mesh.mesh_dim_names or ()):
+        raise PplanError(f"the plan has tp {plan.tp} but the device mesh has dims {device_mesh.mesh_dim_names}",
+                         'make the mesh with planner.execute.mesh.make_mesh (dims "dp", "pp", "tp")')
+    return device_mesh
+
+
+def _place_stage_modules(plan: Plan, mods: list[StageModule], tied: list[tuple[Any, tuple[Any, ...]]], device: Any,
+                         device_mesh: Any, zero: int) -> list[tuple[Any, tuple[Any, ...]]]:
+    """Move this rank's stage modules to `device`, shard their gpt blocks over the "tp" sub-mesh
+    (tp > 1) and the modules over the "dp" sub-mesh (ZeRO-2/3); returns the tied weights' groups
+    with the parameters that sharding put in their place."""
+    for m in mods:
+        m.module.to(device)
+    if plan.tp > 1:
+        for m in mods:  # every tp rank built the same weights: each keeps its shard
+            _tensor.parallelize_blocks(m.layers, device_mesh["tp"])
+    if zero >= 2:
+        moved = _zero.shard_stages(mods, device_mesh["dp"], zero)
+        tied = [(group, tuple(moved.get(id(p), p) for p in shared)) for group, shared in tied]
+    return tied
 
 
 def _place(plan: Plan, rank: int, device_mesh: Any) -> tuple[int, int, Any, Any]:

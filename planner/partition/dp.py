@@ -26,7 +26,7 @@ an (L-S+1)^2 window per stage (one entry when S = L), over tables of whole (L+1)
 by equal positions or, when S is near L, built per window. Only a band is priced: a stage whose
 compute alone exceeds a cap cannot be in a plan with a smaller bottleneck, so pass 1 starts with
 a cap of twice the balanced share and raises it to the bottleneck found when that was larger
-(exact: see solve_dp); pass 2 uses the optimal bottleneck as its cap.
+(exact: see _least_bottleneck); pass 2 uses the optimal bottleneck as its cap.
 """
 
 from __future__ import annotations
@@ -44,13 +44,14 @@ from planner.partition.problem import (
     prefix_sums, relax_window, stage_window,
 )
 
-__all__ = ["solve_dp", "min_memory_scale"]
+__all__ = ["solve_dp", "min_memory_scale", "StageTables", "windowed_is_cheaper"]
 
 _CACHE_ELEMENTS = 8_000_000  # keep per-position tables while all of them fit in this many floats (64 MB)
 
 
-class _Tables:
-    """Prefix sums of a problem, and per-position stage tables over a band of (i, j)."""
+class StageTables:
+    """Prefix sums of a problem, and per-position stage tables over a band of (i, j): how solve_dp
+    and min_memory_scale price every stage [i, j) at a position at once."""
 
     def __init__(self, p: PartitionProblem):
         L = p.n_layers
@@ -221,80 +222,100 @@ def _first_cap(p: PartitionProblem) -> float:
     return 2.0 * max(share, float(comp.max()) / float(np.min(p.speed))) + float(np.max(p.overhead_ms))
 
 
-def _windowed(p: PartitionProblem) -> bool:
-    """Build each position's window (S tables of width^2) rather than whole (L+1)^2 tables shared
-    by equal positions: cheaper when S is near L, where each window is narrow."""
+def windowed_is_cheaper(p: PartitionProblem) -> bool:
+    """Whether solve_dp builds each position's window (S tables of width^2) rather than whole
+    (L+1)^2 tables shared by equal positions: cheaper when S is near L, where each window is narrow."""
     L, S = p.n_layers, p.n_stages
     width = L - S + 1
     shared = len({position_key(p, s) for s in range(S)})
     return S * width * width < shared * (L + 1) ** 2 // 2
 
 
-def _bottleneck(p: PartitionProblem, table) -> float:
-    f = table(0)[0][0].copy()
-    for s in range(1, p.n_stages):
-        f = relax_window(f, *table(s)[::2])[0]
-    return float(f[-1])
+class _PassTables:
+    """Each position's stage table over its window at the pass's cap, cached by what it depends on
+    (equal positions share one), as both passes of solve_dp relax them."""
 
+    def __init__(self, p: PartitionProblem, tab: StageTables, windowed: bool):
+        L, S = p.n_layers, p.n_stages
+        self.p, self.tab, self.windowed = p, tab, windowed
+        # keep every position's table while they all fit; else only the last one built
+        self.keep = S * ((L - S + 1) if windowed else L + 1) ** 2 <= _CACHE_ELEMENTS
+        self.cap = _first_cap(p)
+        self.final = False  # pass 2 needs the chosen q; pass 1 only times (when tables are not kept)
+        self._cache: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
 
-def solve_dp(p: PartitionProblem) -> Solution | None:
-    """The optimal solution of `p`, or None when no cut fits the memory budgets."""
-    L, S = p.n_layers, p.n_stages
-    if S < 1 or S > L:
-        return None
-    tab = _Tables(p)
-    cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
-    windowed = _windowed(p)
-    width = L - S + 1
-    keep = S * (width if windowed else L + 1) ** 2 <= _CACHE_ELEMENTS
-    cap = _first_cap(p)
-    final = False  # pass 2 needs the chosen q; pass 1 only times (when tables are not kept)
-
-    def table(s: int) -> tuple[np.ndarray, np.ndarray | None]:
-        """Stage s's times (and q) over its window: rows its starts, columns its ends."""
-        w = stage_window(L, S, s)
-        key = (position_key(p, s), cap, w if windowed else None)
-        got = cache.get(key)
+    def __call__(self, s: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+        """Stage s's times, its q (or None) and each end's first start row: rows its starts, columns its ends."""
+        p, tab = self.p, self.tab
+        w = stage_window(p.n_layers, p.n_stages, s)
+        key = (position_key(p, s), self.cap, w if self.windowed else None)
+        got = self._cache.get(key)
         if got is None:
-            if not keep:
-                cache.clear()
-            got = cache[key] = tab.stage(s, cap, want_q=keep or final, window=w if windowed else None)
-        rows = np.maximum(tab.first_starts(tab.band_limit(s, cap))[w[2]:w[3] + 1] - w[0], 0)
-        if windowed:
+            if not self.keep:
+                self._cache.clear()
+            got = self._cache[key] = tab.stage(s, self.cap, want_q=self.keep or self.final,
+                                               window=w if self.windowed else None)
+        rows = np.maximum(tab.first_starts(tab.band_limit(s, self.cap))[w[2]:w[3] + 1] - w[0], 0)
+        if self.windowed:
             return (*got, rows)
         return (*(None if x is None else x[w[0]:w[1] + 1, w[2]:w[3] + 1] for x in got), rows)
 
-    # Pass 1: least bottleneck. Stages slower than `cap` are left out; the result is exact once
-    # it is <= cap (a left-out stage would be slower), else the found plan's bottleneck is a
-    # valid cap for one more pass; if nothing was found the cap grows.
+
+def _bottleneck(p: PartitionProblem, tables: _PassTables) -> float:
+    """The least largest stage time over every cut, among stages no slower than the tables' cap."""
+    f = tables(0)[0][0].copy()
+    for s in range(1, p.n_stages):
+        f = relax_window(f, *tables(s)[::2])[0]
+    return float(f[-1])
+
+
+def _least_bottleneck(p: PartitionProblem, tables: _PassTables) -> float:
+    """Pass 1: the optimal bottleneck (inf when no cut fits). Stages slower than the cap are left
+    out; the result is exact once it is <= cap (a left-out stage would be slower), else the found
+    plan's bottleneck is a valid cap for one more pass; if nothing was found the cap grows."""
     while True:
-        z = _bottleneck(p, table)
-        if z <= cap or not np.isfinite(cap):
-            break
-        cap = z if np.isfinite(z) else (cap * 4 if cap * 4 < _no_cap(p) else np.inf)
-    if not np.isfinite(z):
-        return None
-    limit = z + TIME_TOL * max(1.0, abs(z))
-    # Pass 2: least total among stages no slower than the bottleneck. Arrays are over each
-    # stage's ends (s+1 ..), so stage s's row r is start s + r.
-    cap, final = limit, True
-    t0, q0, _ = table(0)
+        z = _bottleneck(p, tables)
+        if z <= tables.cap or not np.isfinite(tables.cap):
+            return z
+        tables.cap = z if np.isfinite(z) else (tables.cap * 4 if tables.cap * 4 < _no_cap(p) else np.inf)
+
+
+def _least_total(p: PartitionProblem, tables: _PassTables, limit: float) -> tuple[tuple[int, ...], list[np.ndarray]]:
+    """Pass 2: the cuts of least total among stages no slower than `limit`, and per stage the q
+    chosen at each of its ends. Arrays are over each stage's ends (s+1 ..), so stage s's row r is
+    start s + r."""
+    L, S = p.n_layers, p.n_stages
+    width = L - S + 1
+    tables.cap, tables.final = limit, True
+    t0, q0, _ = tables(0)
     g = np.where(t0[0] <= limit, t0[0], np.inf)
     back: list[np.ndarray] = []
     qsel: list[np.ndarray] = [q0[0].copy() if q0 is not None else np.zeros(width, dtype=np.int32)]
     cols = np.arange(width)
     for s in range(1, S):
-        t, q, rows = table(s)
+        t, q, rows = tables(s)
         g, arg = relax_window(g, t, rows, limit)
         back.append(arg + s)
         qsel.append(q[arg, cols] if q is not None else np.zeros(width, dtype=np.int32))
+    return _trace_cuts(L, S, back), qsel
+
+
+def _trace_cuts(L: int, S: int, back: list[np.ndarray]) -> tuple[int, ...]:
+    """The cuts back pointers lead to from the last layer: back[s-1][c] is the best start of stage s
+    when it ends before layer s+1+c."""
     cuts = [L]
     for s in range(S - 1, 0, -1):
         cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
     cuts.append(0)
-    cuts.reverse()
+    return tuple(reversed(cuts))
+
+
+def _recompute_sets(p: PartitionProblem, tab: StageTables, cuts: tuple[int, ...],
+                    qsel: list[np.ndarray]) -> tuple[tuple[int, ...], ...]:
+    """Each stage's recompute set of the family: every layer (all), the first q saving layers with
+    the q pass 2 chose at the stage's end (auto), or none."""
     rec = []
-    for s in range(S):
+    for s in range(p.n_stages):
         i, j = cuts[s], cuts[s + 1]
         if p.recompute == "all":
             rec.append(tuple(range(i, j)))
@@ -303,7 +324,24 @@ def solve_dp(p: PartitionProblem) -> Solution | None:
             rec.append(tuple(int(x) for x in tab.elig[tab.pe[i]:tab.pe[i] + n]))
         else:
             rec.append(())
-    return evaluate(p, tuple(cuts), tuple(rec), "dp")
+    return tuple(rec)
+
+
+def solve_dp(p: PartitionProblem, *, windowed: bool | None = None) -> Solution | None:
+    """The optimal solution of `p`, or None when no cut fits the memory budgets.
+
+    `windowed` builds each position's window of tables (True) or whole tables shared by equal
+    positions (False); both reach the same solution, None takes the cheaper (windowed_is_cheaper).
+    """
+    if p.n_stages < 1 or p.n_stages > p.n_layers:
+        return None
+    tab = StageTables(p)
+    tables = _PassTables(p, tab, windowed_is_cheaper(p) if windowed is None else windowed)
+    z = _least_bottleneck(p, tables)
+    if not np.isfinite(z):
+        return None
+    cuts, qsel = _least_total(p, tables, z + TIME_TOL * max(1.0, abs(z)))
+    return evaluate(p, cuts, _recompute_sets(p, tab, cuts, qsel), "dp")
 
 
 def _no_cap(p: PartitionProblem) -> float:
@@ -320,7 +358,7 @@ def min_memory_scale(p: PartitionProblem) -> tuple[float, tuple[int, ...]] | Non
     L, S = p.n_layers, p.n_stages
     if S < 1 or S > L:
         return None
-    tab = _Tables(p)
+    tab = StageTables(p)
 
     def ratio(s: int) -> np.ndarray:
         b = float(p.budget[s])
@@ -337,8 +375,4 @@ def min_memory_scale(p: PartitionProblem) -> tuple[float, tuple[int, ...]] | Non
         arg = cand.argmin(axis=0)
         f = cand[arg, np.arange(len(arg))]
         back.append(arg + s)
-    cuts = [L]
-    for s in range(S - 1, 0, -1):
-        cuts.append(int(back[s - 1][cuts[-1] - (s + 1)]))
-    cuts.append(0)
-    return float(f[-1]), tuple(reversed(cuts))
+    return float(f[-1]), _trace_cuts(L, S, back)

@@ -58,6 +58,7 @@ __all__ = [
     "prefix_sums",
     "position_key",
     "relax_window",
+    "RELAX_COLUMNS",
     "prefix_runmax",
     "range_max",
     "stage_window",
@@ -367,7 +368,9 @@ def position_key(p: PartitionProblem, s: int) -> tuple:
     return (float(p.inflight[s]), moments(p, s), float(p.budget[s]), float(p.speed[s]), float(p.overhead_ms[s]), lin, lout)
 
 
-_COLUMNS = 128  # ends relaxed at once: a block of them needs only the starts inside their band
+RELAX_COLUMNS = 128
+"""Ends relax_window relaxes at once: a block of them needs only the starts inside their band (a
+tuning constant: any value >= 1 gives the same result; small ones exercise many blocks)."""
 
 
 def relax_window(prev: np.ndarray, t: np.ndarray, rows: np.ndarray, limit: float | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -376,8 +379,8 @@ def relax_window(prev: np.ndarray, t: np.ndarray, rows: np.ndarray, limit: float
     rows[c] (non-decreasing) or after c are inf in t, so each block of columns skips them."""
     n = t.shape[1]
     best, arg = np.full(n, np.inf), np.zeros(n, dtype=np.int64)
-    for c0 in range(0, n, _COLUMNS):
-        c1 = min(n, c0 + _COLUMNS)
+    for c0 in range(0, n, RELAX_COLUMNS):
+        c1 = min(n, c0 + RELAX_COLUMNS)
         r0, r1 = int(rows[c0]), min(t.shape[0], c1)  # row r starts before column c's end when r <= c
         if r0 >= r1:
             continue
