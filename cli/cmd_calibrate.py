@@ -12,7 +12,7 @@ from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
-from cli.common import echo_json, plan_inputs
+from cli.common import echo_json, given_params, plan_inputs
 
 if TYPE_CHECKING:
     from typer.core import TyperArgument, TyperOption
@@ -91,12 +91,11 @@ _MODE_WORDS = {"--machine": "with --machine (it measures the machine with runs o
 def _refuse_unused(ctx: typer.Context, mode: str) -> None:
     """Refuse every option given on the command line that `mode` never reads (like `pplan
     partition`'s modes): a silently ignored --steps or --timeline looks as if it took effect.
-    Asks click where each value came from, so a flag given at its default value counts too."""
+    A flag given at its default value counts too (cli.common.given_params)."""
     from planner.errors import PplanError
 
-    # by the source's name: typer vendors its own click, whose ParameterSource is not click's
-    unused = [p for p in ctx.command.params if p.name not in _MODE_PARAMS[mode]
-              and getattr(ctx.get_parameter_source(p.name), "name", "DEFAULT") not in ("DEFAULT", "DEFAULT_MAP")]
+    given_names = given_params(ctx)
+    unused = [p for p in ctx.command.params if p.name in given_names and p.name not in _MODE_PARAMS[mode]]
     if not unused:
         return
     given = ", ".join(_shown(p, ctx.params.get(p.name)) for p in unused)

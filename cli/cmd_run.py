@@ -95,27 +95,24 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
     """Shared body of `pplan run` and `pplan calibrate`.
 
     Everything that can be refused is refused before the plan's model is imported or any rank
-    starts: the options, every output path, a `module:factory` model the user did not name
-    (planner.models.trust), then the plan itself (planner.execute.preflight).
+    starts: the --runtime, every output path, then the plan: run_plan refuses a `module:factory`
+    model that --model or --trust-model does not vouch for (planner.models.trust), then what
+    its preflight finds (planner.execute.preflight).
     """
-    from planner.errors import PplanError
     from planner.execute.options import RunOptions
-    from planner.models.trust import check_model_trusted
+    from planner.execute.run import run_plan, runtime_prefers_torch  # imports no torch, and no model
     from planner.plan import load_plan
 
-    if runtime not in ("torch", "plan"):
-        raise PplanError(f"--runtime {runtime!r} is unknown", "use torch (torch's schedule classes) or plan (the plan's action lists)")
+    prefer_torch = runtime_prefers_torch(runtime)
     check_outputs(out, timeline, checkpoint_dir)
     plan = load_plan(plan_path)
-    check_model_trusted(plan.model, model, trust_model, source=f"plan {str(plan_path)!r}")
     _check_outputs_distinct(plan, plan_path, profile, out, timeline, machine_file, calibrate)
     if calibrate:
         _check_calibration_writable(plan, plan_path, profile)
     opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
                       checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
-                      calibrate=calibrate, threads=threads, prefer_torch=runtime == "torch", verbose=verbose,
+                      calibrate=calibrate, threads=threads, prefer_torch=prefer_torch, verbose=verbose,
                       input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
-    from planner.execute.run import run_plan  # imports torch: after every check above
     from planner.execute.worker import read_env
 
     env = read_env()
@@ -123,7 +120,8 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
         err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
             + (f" under torchrun ({env.world} processes)" if env else ""))
     outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
-                       force=force, out=out, timeline_path=timeline, machine=machine_file)
+                       force=force, out=out, timeline_path=timeline, machine=machine_file, model=model,
+                       trust_model=trust_model)
     if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
         if json_out:
             echo_json(outcome.record.to_dict())

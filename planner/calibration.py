@@ -15,11 +15,13 @@ command that applies one says so (`basis_text`). Fields (all optional):
                          what a rank loses per cross-rank hand-over when ranks fill the CPU
                          cores (the machine's `pplan bench handover` fit: intercept and ms per
                          MiB), charged to the sending and to the receiving action
-  fitted_from            where the numbers came from (run, schedule, n_ranks, n_microbatches,
-                         measured_ms, error_pct_before, error_pct_after, and since 2026-12 the
-                         profile's model and sha256): informational, except that a calibration
-                         fitted on another model or profile is named when applied
-                         (`calibration_mismatch`); older files without them still load
+  fitted_from            where the numbers came from, a FittedFrom (run, schedule, n_ranks,
+                         n_microbatches, measured_ms, error_pct_before, error_pct_after, and since
+                         2026-12 the profile's model and sha256). No time is computed from it, but
+                         it is read back: a calibration fitted on another model or profile is named
+                         when applied (`calibration_mismatch`), the basis names its run
+                         (`basis_text`), and `pplan report` calls a calibration fitted on the run it
+                         shows a fit (run, measured_ms); older files without some keys still load
 
 Values must lie in RANGES (compute_scale 0.001 to 1000, times up to a day in ms, bandwidth 1 B/s
 to 1e15 B/s); any key not listed here, at either level, is refused with the nearest known one.
@@ -30,18 +32,20 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
-from planner.jsontypes import kind_mismatch
-from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MIN_BANDWIDTH
+from planner.jsontypes import kind_mismatch, record_fields, short
+from planner.limits import MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
-__all__ = ["Calibration", "calibration_path_for", "load_calibration", "write_calibration", "find_calibration",
-           "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
+__all__ = ["Calibration", "FittedFrom", "calibration_path_for", "load_calibration", "write_calibration",
+           "find_calibration", "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
            "calibration_mismatch"]
 
 FORMAT = "pplan-calibration/1"
@@ -60,11 +64,6 @@ RANGES: dict[str, tuple[float, float]] = {
     "handover_cpu_ms": (0.0, MAX_OVERHEAD_MS),
     "handover_cpu_ms_per_mib": (0.0, MAX_OVERHEAD_MS),
 }
-# `fitted_from` records where the numbers came from (planner.execute.calibrate.fit_from_run);
-# pplan never reads it back to compute anything, but its keys are fixed, so they are checked too;
-# `model` and `profile_sha256` say which profile the fit belongs to (calibration_mismatch).
-FITTED_FROM_KEYS = ("run", "schedule", "n_ranks", "n_microbatches", "measured_ms", "error_pct_before", "error_pct_after",
-                    "model", "profile_sha256")
 CALIBRATION_KEYS = ("format", *RANGES, "fitted_from")
 
 
@@ -85,6 +84,62 @@ _HINTS = {
     "handover_cpu_ms": "it is charged to both ranks per cross-rank hand-over, in ms",
     "handover_cpu_ms_per_mib": "it is charged to both ranks per MiB a hand-over moves, in ms",
 }
+
+
+_FITTED_WHERE = "calibration fitted_from"
+_FITTED_HINT = "fitted_from records the run the calibration was fitted on: re-fit it with `pplan calibrate`"
+# What a fit can have written (planner.execute.calibrate.fit_from_run): at least one rank and one
+# micro-batch (no run has more of either than the largest global batch), a measured step of at
+# most a day (check_fit_inputs), and an error of at least -100% (a prediction is never negative).
+_FITTED_RANGES: dict[str, tuple[float, float]] = {
+    "n_ranks": (1, MAX_GLOBAL_BATCH),
+    "n_microbatches": (1, MAX_GLOBAL_BATCH),
+    "measured_ms": (0.0, MAX_OVERHEAD_MS),
+    "error_pct_before": (-100.0, sys.float_info.max),
+    "error_pct_after": (-100.0, sys.float_info.max),
+}
+
+
+@dataclass(frozen=True)
+class FittedFrom:
+    """Where a calibration's numbers came from (planner.execute.calibrate.fit_from_run writes it).
+
+    Every field may be null: a file written before a field existed lacks it. Checked on
+    construction (types and _FITTED_RANGES), so what a file holds and what a caller builds pass
+    the same checks.
+    """
+
+    run: str | None = None
+    """The run JSON the fit read (null when the run was not written: no --out)."""
+    schedule: str | None = None
+    """The schedule of the plan that ran."""
+    n_ranks: int | None = None
+    """The processes the run had."""
+    n_microbatches: int | None = None
+    """Micro-batches per iteration of the run."""
+    measured_ms: float | None = None
+    """The run's measured iteration time, ms (the report matches a run to its fit by it)."""
+    error_pct_before: float | None = None
+    """Prediction error with the calibration the run was predicted with, percent."""
+    error_pct_after: float | None = None
+    """Prediction error with the fitted calibration, percent."""
+    model: str | None = None
+    """The profile's model spec (since 2026-12): applied to another model's profile, it is named."""
+    profile_sha256: str | None = None
+    """The profile's sha256 (since 2026-12): applied to another profile, it is named."""
+
+    def __post_init__(self) -> None:
+        record_fields(self.to_dict(), FittedFrom, _FITTED_WHERE, hint=_FITTED_HINT, ranges=_FITTED_RANGES)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The calibration file's `fitted_from` object: every field, null where unknown."""
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "FittedFrom":
+        """The record of a `fitted_from` object: an object, no unknown key (nearest one suggested),
+        each value of its field's type and in range (PplanError naming the field)."""
+        return cls(**record_fields(data, cls, _FITTED_WHERE, hint=_FITTED_HINT))
 
 
 @dataclass(frozen=True)
@@ -109,8 +164,9 @@ class Calibration:
     """Charged to the sending and to the receiving action of each cross-rank hand-over, ms (machine-measured)."""
     handover_cpu_ms_per_mib: float = 0.0
     """Charged the same way per MiB the hand-over moves, ms."""
-    fitted_from: dict[str, Any] = field(default_factory=dict)
-    """Where the numbers came from (run file, residual error): informational."""
+    fitted_from: FittedFrom | None = None
+    """Where the numbers came from (None: not fitted, or not recorded); a mapping given here, such as
+    a file's object, is read through FittedFrom.from_dict (an empty one as None)."""
 
     def __post_init__(self) -> None:
         for name in RANGES:
@@ -118,16 +174,12 @@ class Calibration:
             if value is not None or name in ("compute_scale", "action_overhead_ms", "step_overhead_ms",
                                              "handover_cpu_ms", "handover_cpu_ms_per_mib"):
                 _check_value(name, value)
-        if not isinstance(self.fitted_from, dict):
-            raise PplanError(f"calibration fitted_from must be an object, got {type(self.fitted_from).__name__}")
-        check_keys(self.fitted_from, FITTED_FROM_KEYS, "calibration fitted_from", PplanError)
-        for key, value in self.fitted_from.items():
-            finite = not isinstance(value, float) or math.isfinite(value)
-            if not (value is None or isinstance(value, (str, int, float))) or not finite:
-                raise PplanError(f"calibration fitted_from.{key} must be a string, a finite number or null, got {value!r}"[:200])
-
-    def apply_compute(self, ms: float) -> float:
-        return ms * self.compute_scale + self.action_overhead_ms
+        if isinstance(self.fitted_from, Mapping):
+            # one reader for a file's object and a caller's dict; {} is what files without a fit hold
+            fitted = FittedFrom.from_dict(dict(self.fitted_from)) if self.fitted_from else None
+            object.__setattr__(self, "fitted_from", fitted)
+        elif not (self.fitted_from is None or isinstance(self.fitted_from, FittedFrom)):
+            raise PplanError(f"{_FITTED_WHERE} must be an object, got {short(self.fitted_from)}", _FITTED_HINT)
 
 
 # The repository's committed reference profiles: read-only inputs, never a place to write.
@@ -155,7 +207,7 @@ def basis_text(cal: "Calibration | None", path: str | os.PathLike | None = None)
     if cal is None:
         return "uncalibrated (profile times as measured)"
     where = f" {path}" if path is not None else ""
-    src = cal.fitted_from.get("run") if cal.fitted_from else None
+    src = cal.fitted_from.run if cal.fitted_from is not None else None
     fitted = f", fitted on {src}" if src else ""
     return f"calibrated by{where} (compute x{cal.compute_scale:.3g}{fitted})"
 
@@ -164,13 +216,13 @@ def calibration_mismatch(cal: "Calibration | None", profile: Any, path: str | os
     """None unless `cal` records (in fitted_from) a model or profile sha256 other than `profile`'s
     (a Profile: its meta 'model' and sha256); then one line naming both, for the command applying it
     to show. Compute scale and overheads fitted on one model's layers say little about another's."""
-    fitted = cal.fitted_from if cal is not None else {}
+    fitted = (cal.fitted_from if cal is not None else None) or FittedFrom()
     name = f"calibration {str(path)!r}" if path is not None else "the calibration"
-    model, theirs = fitted.get("model"), (getattr(profile, "meta", None) or {}).get("model")
+    model, theirs = fitted.model, (getattr(profile, "meta", None) or {}).get("model")
     if model and theirs and model != theirs:
         return (f"{name} was fitted on model {str(model)[:60]!r}, not this profile's {str(theirs)[:60]!r}: "
                 "its corrections may not apply (fit one for this model: `pplan calibrate`, or pass --calibration none)")
-    sha, ours = fitted.get("profile_sha256"), getattr(profile, "sha256", None)
+    sha, ours = fitted.profile_sha256, getattr(profile, "sha256", None)
     if sha and ours and sha != ours:
         return (f"{name} was fitted on another profile (sha256 {str(sha)[:12]}..., this one {ours[:12]}...): "
                 "its corrections may not apply (re-fit with `pplan calibrate`, or pass --calibration none)")
@@ -200,8 +252,9 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
     try:
         check_keys(data, CALIBRATION_KEYS, "calibration", PplanError)
         kwargs: dict[str, Any] = {name: data[name] for name in RANGES if data.get(name) is not None}
-        fitted = data.get("fitted_from")
-        return Calibration(fitted_from={} if fitted is None else fitted, **kwargs)
+        fitted = data.get("fitted_from")  # null or {} in a file without a fit
+        record = None if fitted is None or fitted == {} else FittedFrom.from_dict(fitted)
+        return Calibration(fitted_from=record, **kwargs)
     except PplanError as e:
         raise PplanError(f"{p}: {e.message}", e.hint) from None
 
@@ -229,4 +282,7 @@ def resolve_calibration(profile_path: str | os.PathLike | None,
 
 
 def write_calibration(cal: Calibration, path: str | os.PathLike) -> None:
-    atomic_write_text(path, json.dumps({"format": FORMAT, **asdict(cal)}, indent=2, allow_nan=False) + "\n")
+    """Write `cal` as a calibration file (atomically); `load_calibration` reads it back equal."""
+    data = {"format": FORMAT, **{name: getattr(cal, name) for name in RANGES},
+            "fitted_from": cal.fitted_from.to_dict() if cal.fitted_from is not None else {}}
+    atomic_write_text(path, json.dumps(data, indent=2, allow_nan=False) + "\n")

@@ -4,6 +4,7 @@ import pytest
 
 from planner.atomic import atomic_open, atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, load_calibration, write_calibration
+from planner.cost import action_ms
 from planner.errors import PplanError
 
 from helpers.asserts import assert_file_refused
@@ -27,7 +28,7 @@ def test_calibration_round_trip(tmp_path):
     write_calibration(cal, calibration_path_for(profile))
     assert calibration_path_for(profile).name == "gpt.calibration.json"
     assert find_calibration(profile) == cal
-    assert cal.apply_compute(10.0) == pytest.approx(11.2)
+    assert action_ms(10.0, cal) == pytest.approx(11.2)
 
 
 @pytest.mark.parametrize("text, match", [('{"compute_scale": -1}', "compute_scale"), ("{not json", "not valid JSON")])

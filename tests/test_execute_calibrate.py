@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from planner.calibration import Calibration
+from planner.cost import action_ms
 from planner.execute.calibrate import fit_compute, fit_from_run
 from planner.execute.commbench import fit_line
 from planner.execute.fitrecord import CalibrationFit, ComputePoint
@@ -75,8 +76,8 @@ def test_fit_calibration_recovers_what_produced_the_measurements():
                         comm_bandwidth_bytes_per_s=1e9, step_overhead_ms=0.0)
     stages, _ = plan_stage_costs(plan, prof)
     measured = simulate(plan, prof, calibration=truth, record_timeline=False).iteration_ms + 3.0
-    ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": truth.apply_compute(st.fwd_ms),
-                                                      f"{s}B": truth.apply_compute(st.bwd_ms)}}
+    ranks = [{"rank": s, "stages": [s], "action_ms": {f"{s}F": action_ms(st.fwd_ms, truth),
+                                                      f"{s}B": action_ms(st.bwd_ms, truth)}}
              for s, st in enumerate(stages)]
     run = _run(measured, ranks, comm=[CommMeasurement(a=0, b=1, latency_ms=0.01, bandwidth_bytes_per_s=1e9, points=[])],
                transfer_gaps=[[40_000.0, 0.2 + 40_000 / 1e9 * 1e3]] * 5)
@@ -88,9 +89,9 @@ def test_fit_calibration_recovers_what_produced_the_measurements():
     assert cal.step_overhead_ms == pytest.approx(3.0)
     assert fit.error_pct_after == pytest.approx(0.0, abs=1e-9)
     assert fit.error_pct_before < -10  # the identity calibration was far too optimistic
-    assert cal.fitted_from["schedule"] == "1f1b"
+    assert cal.fitted_from.schedule == "1f1b" and cal.fitted_from.measured_ms == measured
     # the fit records the calibration's values (not where it was fitted) and every point it used
-    assert fit.calibration == replace(cal, fitted_from={}) and fit.path == "c.calibration.json"
+    assert fit.calibration == replace(cal, fitted_from=None) and fit.path == "c.calibration.json"
     assert [(p.action, p.profiled_ms) for p in fit.compute_points] == \
         [(f"{s}{k}", getattr(st, f"{'fwd' if k == 'F' else 'bwd'}_ms")) for s, st in enumerate(stages) for k in "FB"]
 

@@ -38,7 +38,7 @@ def test_profiled_unet_plan_is_a_runnable_two_stage_plan(pplan, monkeypatch, tmp
     assert plan.n_stages == 2 and not any(st.recompute for st in plan.stages)
     layers = [i for st in plan.stages for i in range(*st.layers)]
     assert layers == list(range(10))  # contiguous, each layer once
-    run = run_plan(plan, RunOptions(steps=1, warmup=0, device="cpu"), plan_path=str(plan_json)).record.to_dict()
+    run = run_plan(plan, RunOptions(steps=1, warmup=0, device="cpu"), plan_path=str(plan_json), model=UNET).record.to_dict()
     assert run["loss_steps"] == [0]
     assert all(0.0 < v < 10.0 for v in run["losses"])  # cross-entropy of 2 classes starts near ln 2
 
@@ -67,7 +67,7 @@ def test_unet_pipeline_equals_single_process(monkeypatch, tmp_path, schedule, cu
     plan = load_plan(path)
     assert plan.optimizer == "adam" and plan.n_microbatches == 4
     opts = RunOptions(steps=STEPS, warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS, checkpoint_dir=str(tmp_path / "ck"))
-    run = run_plan(plan, opts, plan_path=str(path)).record.to_dict()
+    run = run_plan(plan, opts, plan_path=str(path), model=UNET).record.to_dict()
     with torch_threads(EQUIVALENCE_THREADS):
         ref_losses, ref_layers = reference_run(plan, STEPS, lr=1e-2)
     assert run["loss_steps"] == list(range(STEPS))

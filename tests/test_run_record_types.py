@@ -149,7 +149,7 @@ def test_a_record_is_read_in_one_order_object_keys_missing_types(data, message):
 def test_a_calibration_without_the_later_hand_over_values_reads_them_as_zero():
     old = {k: 1.0 for k in VALUE_KEYS[:5]}
     cal = calibration_from_dict(old)
-    assert (cal.handover_cpu_ms, cal.handover_cpu_ms_per_mib, cal.fitted_from) == (0.0, 0.0, {})
+    assert (cal.handover_cpu_ms, cal.handover_cpu_ms_per_mib, cal.fitted_from) == (0.0, 0.0, None)
 
 
 def test_the_summary_and_the_accuracy_figure_read_the_records(capsys):

@@ -84,6 +84,41 @@ def test_a_factory_the_user_vouches_for_runs(tmp_path, vouch):
     assert json.loads(out.read_text())["steps"] == 1
 
 
+def test_the_library_refuses_a_factory_the_caller_did_not_vouch_for(tmp_path, monkeypatch):
+    """`run_plan(load_plan(path))`, as a caller's own script does it: a plan someone sent imports
+    nothing unless the caller names its model or trusts it, as the CLI's --model/--trust-model."""
+    import sys
+
+    from planner.execute import RunOptions, run_plan
+    from planner.plan import load_plan
+
+    marker = tmp_path / "imported"
+    (tmp_path / "sent_model.py").write_text(f"open({str(marker)!r}, 'w').close()\ndef build():\n    return None\n",
+                                            encoding="utf-8")
+    monkeypatch.syspath_prepend(str(tmp_path))  # importable, were it imported
+    path = write_plan(tmp_path / "plan.json", "sent_model:build", "gpipe", 1, [(0, 2)], n_microbatches=2)
+    opts = RunOptions(device="cpu", steps=1)
+    with pytest.raises(ModelSpecError, match="'sent_model:build', which is Python code"):
+        run_plan(load_plan(path), opts, plan_path=str(path))
+    with pytest.raises(ModelSpecError, match="--model 'mlp:layers=2' does not match"):
+        run_plan(load_plan(path), opts, plan_path=str(path), model="mlp:layers=2")
+    assert not marker.exists() and "sent_model" not in sys.modules
+    # vouched for: imported and built (this factory returns no model, which the build then refuses)
+    with pytest.raises(ModelSpecError, match="the factory returned NoneType"):
+        run_plan(load_plan(path), opts, plan_path=str(path), trust_model=True)
+    assert marker.exists()
+    sys.modules.pop("sent_model", None)  # imported from this test's folder: no other test may find it
+
+
+def test_the_runtime_is_checked_by_the_library():
+    from planner.errors import PplanError
+    from planner.execute.run import runtime_prefers_torch
+
+    assert runtime_prefers_torch("torch") and not runtime_prefers_torch("plan")
+    with pytest.raises(PplanError, match="--runtime 'jax' is unknown"):
+        runtime_prefers_torch("jax")
+
+
 def test_the_trust_rule():
     check_model_trusted("gpt:layers=2", None, False)  # built-ins run pplan's own code
     check_model_trusted(None, None, False)  # a missing model is reported elsewhere

@@ -123,8 +123,8 @@ def test_calibration_records_and_names_the_model_it_was_fitted_on(tmp_path):
     assert calibration_mismatch(older, profile) is None
     fitted = Calibration(fitted_from={"model": "mlp:layers=8", "profile_sha256": "0" * 64})
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"format": CALIBRATION_FORMAT, "fitted_from": fitted.fitted_from}))
-    assert load_calibration(path).fitted_from["model"] == "mlp:layers=8"
+    path.write_text(json.dumps({"format": CALIBRATION_FORMAT, "fitted_from": fitted.fitted_from.to_dict()}))
+    assert load_calibration(path).fitted_from.model == "mlp:layers=8"
     assert "was fitted on model 'mlp:layers=8', not this profile's 'gpt:" in calibration_mismatch(fitted, profile, path)
     same_model = Calibration(fitted_from={"model": profile.meta["model"], "profile_sha256": "0" * 64})
     assert "fitted on another profile" in calibration_mismatch(same_model, profile)

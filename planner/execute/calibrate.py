@@ -1,9 +1,12 @@
 """Fit a Calibration from a measured run: what the profile cannot see.
 
-  compute_scale, action_overhead_ms   least squares of measured = scale x profiled + overhead over
-                                      every (stage, kind) median action time of the run (B/I with
-                                      their recompute; a split backward's I + W as one point,
-                                      because torch runs stage 0's whole backward in its W)
+  compute_scale, action_overhead_ms   least squares of measured = scale x profiled + overhead x
+                                      actions over every (stage, kind) median action time of the
+                                      run (B/I with their recompute; a split backward's I + W as one
+                                      point of two actions, because torch runs stage 0's whole
+                                      backward in its W), so that times made by the simulator's
+                                      model (planner.cost.action_ms: each action pays the overhead)
+                                      give back its scale and overhead
   comm_bandwidth_bytes_per_s          from the ping-pong between neighbouring ranks (median over
                                       pairs); kept from the previous calibration when not measured
   comm_latency_ms                     median of the measured hand-over gaps (sender's end to the
@@ -14,7 +17,8 @@
 
 What a rank of a run is expected to do, for the run's comparisons: `run_stage_costs` (each
 stage's cost on one rank; a data/tensor-parallel plan's one-GPU share, as `pplan simulate`
-prices it) and `rank_grad_allreduce_ms` (the slowest rank's gradient all-reduce).
+prices it), `compute_ratio` (its actions' measured over predicted times) and
+`rank_grad_allreduce_ms` (the slowest rank's gradient all-reduce).
 """
 
 from __future__ import annotations
@@ -26,7 +30,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from planner.calibration import MAX_OVERHEAD_MS, Calibration
+from planner.calibration import MAX_OVERHEAD_MS, Calibration, FittedFrom
+from planner.cost import compute_terms, scaled_ms
 from planner.errors import PlanError, PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
 from planner.execute.results import error_pct
@@ -39,8 +44,9 @@ if TYPE_CHECKING:
     from planner.cost import StageCost
     from planner.cost.parallel import Link2, TrainingPrecision
 
-__all__ = ["compute_points", "fit_compute", "check_calibratable", "check_fit_inputs", "fit_from_run",
-           "calibrate_from_run_file", "run_stage_costs", "rank_grad_allreduce_ms"]
+__all__ = ["compute_points", "point_actions", "point_predicted_ms", "compute_ratio", "fit_compute",
+           "check_calibratable", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file", "run_stage_costs",
+           "rank_grad_allreduce_ms"]
 
 
 @dataclass(frozen=True)
@@ -128,22 +134,56 @@ def compute_points(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], p
     return [p for p in points if p[0] > 0]
 
 
+def point_actions(label: str) -> int:
+    """How many compute actions the measured time of a point spans: one ('0F', '1B'), or two for a
+    split backward's '2I+W'. The simulator charges action_overhead_ms to each of them."""
+    return label.count("+") + 1
+
+
+def point_predicted_ms(profiled_ms: float, label: str, calibration: Calibration | None) -> float:
+    """The calibrated time of a point as the simulator prices it: planner.cost.action_ms summed over
+    the point's actions (scale x their profiled time + the overhead once per action)."""
+    return scaled_ms(profiled_ms, calibration) + point_actions(label) * compute_terms(calibration)[1]
+
+
+def compute_ratio(ranks: Iterable[tuple[Sequence[int], Mapping[str, float]]], plan: Plan, profile: Profile,
+                  calibration: Calibration | None) -> float | None:
+    """Median over the run's (stage, kind) points (compute_points of `ranks`) of measured / predicted
+    time, the calibration applied as the simulator applies it (point_predicted_ms); None when no
+    point can be compared (a run of other stages than the plan's, no action measured)."""
+    try:
+        points = compute_points(ranks, plan, profile)
+    except (PplanError, KeyError, IndexError, ValueError):
+        return None
+    ratios = [measured / expected for profiled, measured, label in points
+              if (expected := point_predicted_ms(profiled, label, calibration)) > 0 and math.isfinite(measured)]
+    return statistics.median(ratios) if ratios else None
+
+
 def fit_compute(points: list[tuple[float, float, str]]) -> tuple[float, float]:
-    """(scale, overhead ms) minimising squared error of measured vs scale x profiled + overhead."""
+    """(scale, overhead ms per action) minimising the squared error of measured vs scale x profiled +
+    overhead x actions (point_actions of each label), the simulator's model (point_predicted_ms).
+    With one action per point (F and B) that is the straight line through the points."""
     if not points:
         raise PplanError("the run measured no compute actions to calibrate from", "run at least one step after --warmup")
     xs = [p for p, _, _ in points]
     ys = [m for _, m, _ in points]
-    n = len(xs)
-    mx, my = sum(xs) / n, sum(ys) / n
-    sxx = sum((x - mx) ** 2 for x in xs)
-    if n >= 2 and sxx > 1e-12 * max(1.0, mx * mx):
-        scale = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sxx
-        overhead = my - scale * mx
+    ns = [float(point_actions(label)) for _, _, label in points]
+    # normal equations of the two regressors (profiled ms, actions); the actions column stands for
+    # the intercept of a straight line, which it is when every point is one action
+    sxx = sum(x * x for x in xs)
+    sxn = sum(x * n for x, n in zip(xs, ns))
+    snn = sum(n * n for n in ns)
+    sxy = sum(x * y for x, y in zip(xs, ys))
+    sny = sum(n * y for n, y in zip(ns, ys))
+    det = sxx * snn - sxn * sxn  # 0 when profiled time is proportional to actions (one point, equal points)
+    if len(points) >= 2 and det > 1e-12 * sxx * snn:
+        scale = (sxy * snn - sxn * sny) / det
+        overhead = (sxx * sny - sxn * sxy) / det
         if scale > 0 and overhead >= 0:
             return scale, overhead
-    # Through the origin when a free line is impossible or unphysical (negative overhead).
-    scale = sum(x * y for x, y in zip(xs, ys)) / sum(x * x for x in xs)
+    # Through the origin when a free fit is impossible or unphysical (negative overhead).
+    scale = sxy / sxx
     if scale <= 0:
         scale = statistics.median(y / x for x, y in zip(xs, ys))
     return max(scale, 1e-6), 0.0
@@ -226,10 +266,10 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
         predicted_ms_after=after, error_pct_after=error_pct(after, measured),
         compute_points=[ComputePoint(action=label, profiled_ms=p, measured_ms=m) for p, m, label in points],
         path=str(calibration_path), calibration=as_recorded(cal))
-    fitted = {"run": run_path, "schedule": plan.schedule, "n_ranks": plan.n_processes,
-              "n_microbatches": plan.n_microbatches, "measured_ms": measured,
-              "error_pct_before": fit.error_pct_before, "error_pct_after": fit.error_pct_after,
-              "model": profile.meta.get("model") or plan.model, "profile_sha256": profile.sha256}
+    fitted = FittedFrom(run=run_path, schedule=plan.schedule, n_ranks=plan.n_processes,
+                        n_microbatches=plan.n_microbatches, measured_ms=measured,
+                        error_pct_before=fit.error_pct_before, error_pct_after=fit.error_pct_after,
+                        model=profile.meta.get("model") or plan.model, profile_sha256=profile.sha256)
     return replace(cal, fitted_from=fitted), fit
 
 

@@ -35,7 +35,7 @@ _REQUIRED_VALUES = ("compute_scale", "action_overhead_ms", "comm_latency_ms", "c
 def as_recorded(cal: Calibration | None) -> Calibration | None:
     """`cal` as a run records it: its values, without `fitted_from` (which the run JSON does not
     hold), so that a record equals the one read back from its JSON."""
-    return None if cal is None else replace(cal, fitted_from={})
+    return None if cal is None else replace(cal, fitted_from=None)
 
 
 def calibration_values(cal: Calibration) -> dict[str, Any]:

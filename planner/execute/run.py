@@ -3,6 +3,10 @@
     outcome = run_plan(plan, RunOptions(steps=10), plan_path="plan.json")
     outcome.record.iteration_ms_measured, outcome.record.error_pct
 
+A plan whose model is a `module:factory` (Python code the plan file names) runs only when the
+caller vouches for it, `model=` the same spec or `trust_model=True` (planner.models.trust), as
+`pplan run --model/--trust-model` does: a plan someone sent imports nothing by default.
+
 Locally it starts one process per plan device; under torchrun (RANK and WORLD_SIZE set) this
 process is one rank: it joins the job and rank 0 writes the results.
 
@@ -39,13 +43,27 @@ from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, preflight
 from planner.hostinfo import usable_cores
 from planner.execute.results import assemble_record
+from planner.models.trust import check_model_trusted
 from planner.execute.runrecord import Divergence, RunRecord
 from planner.execute.timeline import measured_timeline, replica0
 from planner.execute.worker import Env, read_env, run_worker
 from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
 
-__all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO"]
+__all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO", "RUNTIMES",
+           "runtime_prefers_torch"]
+
+RUNTIMES = {"torch": True, "plan": False}
+"""`pplan run --runtime` names -> RunOptions.prefer_torch: torch's schedule classes where they run the
+planned order, or always the plan's own action lists."""
+
+
+def runtime_prefers_torch(runtime: str) -> bool:
+    """RunOptions.prefer_torch of a runtime name (RUNTIMES); PplanError naming it when unknown."""
+    if runtime not in RUNTIMES:
+        raise PplanError(f"--runtime {str(runtime)[:40]!r} is unknown",
+                         "use torch (torch's schedule classes) or plan (the plan's action lists)")
+    return RUNTIMES[runtime]
 
 
 @dataclass(frozen=True)
@@ -132,12 +150,17 @@ def _machine_text(measured: int, wanted: int) -> str:
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,
              force: bool = False, out: str | os.PathLike | None = None,
              timeline_path: str | os.PathLike | None = None, machine: str | os.PathLike | None = None,
-             use_machine: bool = True) -> RunOutcome | None:
+             use_machine: bool = True, model: str | None = None, trust_model: bool = False) -> RunOutcome | None:
     """Run `plan`; returns the outcome (None on ranks other than 0 under torchrun).
 
+    `model`, `trust_model`: vouch for a `module:factory` model (the same spec, or trust whatever the
+    plan names); without either such a plan is refused before anything is imported or started
+    (planner.models.trust.check_model_trusted), and a `model` other than the plan's is refused.
     `machine`: a machine file (planner.machine) to predict with when the profile has no
     calibration beside it; `use_machine=False` predicts from the profile alone.
     """
+    # first: the preflight builds the model, which imports a factory's module
+    check_model_trusted(plan.model, model, trust_model, source=f"plan {plan_path!r}" if plan_path else "the plan")
     env = read_env()
     pf = _check_before_launch(plan, opts, env, plan_path=plan_path, profile_path=profile_path, force=force)
     # Predict before launching: a profile or calibration that cannot give a number fails in a
@@ -260,27 +283,14 @@ def _profile_load(pf: Preflight) -> float | None:
 
 def _compute_ratio(measurements: list[RankMeasurement], plan: Plan, pf: Preflight, cal: Calibration | None,
                    cpu_time: bool = False) -> float | None:
-    """Median over the run's actions of measured / predicted action time (calibration applied);
+    """planner.execute.calibrate's compute_ratio of the run's actions (calibration applied);
     `cpu_time` compares the actions' CPU time instead of their wall time."""
     if pf.profile is None:
         return None
-    from planner.execute.calibrate import compute_points
+    from planner.execute.calibrate import compute_ratio
 
-    try:
-        points = compute_points([(list(m.stages), m.action_cpu_ms if cpu_time else m.action_ms) for m in measurements],
-                                plan, pf.profile)
-    except (PplanError, KeyError, IndexError, ValueError):
-        return None
-    ratios = []
-    for profiled, measured, _ in points:
-        expected = cal.apply_compute(profiled) if cal is not None else profiled
-        if expected > 0 and math.isfinite(measured):
-            ratios.append(measured / expected)
-    if not ratios:
-        return None
-    import statistics
-
-    return statistics.median(ratios)
+    return compute_ratio([(list(m.stages), m.action_cpu_ms if cpu_time else m.action_ms) for m in measurements],
+                         plan, pf.profile, cal)
 
 
 def _thread_warnings(measurements: list[RankMeasurement], pf: Preflight) -> list[str]:

@@ -7,9 +7,11 @@ would run a shell command. Built-in specs (gpt, mlp, resnet, synthetic) run only
 code and stay allowed. A factory spec is allowed only when the person at the keyboard says
 so: `--model SPEC` on the command line, equal to the file's spec, or `--trust-model`.
 
-This is checked by the commands that read the file (cli/), before anything is imported or
-any process starts. Library callers (`run_plan`, `build_model`) are Python code already and
-are not second-guessed.
+This is checked by the library entry that runs a plan, planner.execute.run.run_plan (its
+`model` and `trust_model` are what `pplan run` and `pplan calibrate` pass for --model and
+--trust-model), before anything is imported or any process starts: every caller of
+`run_plan(load_plan(path), ...)` is protected, not only the CLI. `build_model` takes a spec its
+caller wrote, not one read from a file, and is not second-guessed.
 """
 
 from __future__ import annotations

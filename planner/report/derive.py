@@ -10,12 +10,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from planner.errors import PplanError
 from planner.partition.search import divisors as all_divisors
 from planner.execute.runrecord import RunRecord
 from planner.report.inputs import ReportInputs, TimelineRow
+
+if TYPE_CHECKING:
+    from planner.calibration import Calibration
 
 __all__ = ["Derived", "derive", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
 
@@ -61,18 +64,19 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
     return sorted(chosen)
 
 
-def fitted_on_run(cal: Any, run: RunRecord | None, run_source: str | None = None) -> bool:
-    """Whether `cal` was fitted on `run` (same file, or the same measured iteration time)."""
-    if cal is None or run is None or not cal.fitted_from:
+def fitted_on_run(cal: Calibration | None, run: RunRecord | None, run_source: str | None = None) -> bool:
+    """Whether `cal` was fitted on `run` (its fitted_from names the same file, or the same measured
+    iteration time)."""
+    if cal is None or run is None or cal.fitted_from is None:
         return False
-    src = cal.fitted_from.get("run")
+    src = cal.fitted_from.run
     if src and run_source:
         try:
             if Path(src).resolve() == Path(run_source).resolve():
                 return True
         except OSError:
             pass
-    a, b = cal.fitted_from.get("measured_ms"), run.iteration_ms_measured
+    a, b = cal.fitted_from.measured_ms, run.iteration_ms_measured
     return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-6 * max(abs(b), 1.0)
 
 
