@@ -244,5 +244,5 @@ def test_edge_lines_are_bounded_by_the_layer_count():
 def test_a_size_outside_the_measured_ones_is_called_extrapolated_not_interpolated():
     p = read_profile_text(profile_csv({}, ["0,a,2,1.0,2.0,100,10,4", "0,a,4,2.0,4.0,100,20,8"]))
     assert [p.size_basis(b) for b in (2, 3, 1, 32)] == ["measured", "interpolated", "extrapolated", "extrapolated"]
-    assert p.size_note(32) == "costs extrapolated (measured: 2, 4)" and p.size_note(4) == ""
-    assert p.size_note(3) == "costs interpolated (measured: 2, 4)"
+    assert p.size_note(32) == "costs extrapolated from the measured sizes 2, 4" and p.size_note(4) == ""
+    assert p.size_note(3) == "costs interpolated from the measured sizes 2, 4"

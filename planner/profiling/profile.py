@@ -166,9 +166,9 @@ class Profile(ProfileTable):
         return "interpolated" if sizes[0] < micro_batch_size < sizes[-1] else "extrapolated"
 
     def size_note(self, micro_batch_size: int) -> str:
-        """The basis for messages: "" when measured, else e.g. "costs extrapolated (measured: 2, 4)"."""
+        """The basis for messages: "" when measured, else e.g. "costs extrapolated from the measured sizes 2, 4"."""
         basis = self.size_basis(micro_batch_size)
-        return "" if basis == "measured" else f"costs {basis} (measured: {', '.join(map(str, self.micro_batch_sizes))})"
+        return "" if basis == "measured" else f"costs {basis} from the measured sizes {', '.join(map(str, self.micro_batch_sizes))}"
 
     def at(self, micro_batch_size: int) -> LayerCosts:
         """Costs at `micro_batch_size`: exact rows if measured, else interpolated.
