@@ -36,8 +36,8 @@ def simulate_cmd(
     microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="What if: micro-batches per iteration (see --keep).")] = None,
     micro_batch_size: Annotated[Optional[int], typer.Option("--micro-batch-size", help="What if: samples per micro-batch (see --keep).")] = None,
     keep: Annotated[str, typer.Option("--keep", help="What --microbatches, --micro-batch-size and --sweep microbatches keep: global-batch (as partition does) or micro-batch-size.")] = "global-batch",
-    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every link's bandwidth, e.g. 25GB/s.")] = None,
-    latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every link's latency, e.g. 0.01ms.")] = None,
+    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every pipeline link's bandwidth, e.g. 25GB/s (a data/tensor-parallel plan's collectives keep its hardware's links: see --hardware).")] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every pipeline link's latency, e.g. 0.01ms (collectives as for --bandwidth).")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price the plan on this preset or hardware JSON instead of the one it names: each GPU's memory limit, the pipeline, tensor- and data-parallel links, and the peak that MFU divides by (an MFU above 100% is refused, as partition refuses it). Compute times stay the profile's.")] = None,
 ) -> None:
