@@ -10,14 +10,12 @@ import pytest
 from planner.cost.parallel import model_flops, profile_dtype, profile_precision
 from planner.errors import PplanError
 from planner.hardware import load_hardware
-from planner.parallel import ParallelConfig
-from planner.partition.parallel_plan import parallel_plan
-from planner.partition.parallel_plan import format_parallel
+from planner.partition.parallel_plan import format_parallel, parallel_plan
 from planner.partition.parallel_search import plan_parallel
 from planner.profiling.analytic import analytic_profile
-from planner.schedules import generate
 from planner.simulate import simulate
-from planner.simulation.replica import Cluster, replica_costs, replica_layout, simulate_replica
+
+from helpers.replicas import two_stage_cpu_replica
 
 GPT = "gpt:layers=4,hidden=1024,heads=16,seq=1024,vocab=32000"
 # the model `pplan run` measured ZeRO on (docs/parallel.md, "How pplan run executes ZeRO")
@@ -84,14 +82,8 @@ def test_a_profile_without_a_dtype_is_16_bit_and_an_unknown_one_is_refused(both)
 
 def _rank0_memory(zero: int):
     """Rank 0's modelled memory in the run docs/parallel.md measured: dp 2 x pp 2, 1f1b, float32."""
-    hw = load_hardware("cpu")
-    prof = analytic_profile(SMALL, hw, "float32", [2])
-    cfg = ParallelConfig(dp=2, pp=2, tp=1, zero=zero, gpus_per_node=4, hardware="cpu")
-    cluster = Cluster(hw, 4)
-    devices, links = replica_layout(cfg, hw.memory_bytes, cluster)
-    sim = simulate_replica(generate("1f1b", 2, 4), replica_costs(prof.at(2), prof.names, cfg, cluster), [0, 2, 4],
-                           [(), ()], cfg, cluster, model_flops(prof, 16), devices=devices, links=links,
-                           stage_device=[0, 1], micro_batch_size=2)
+    prof = analytic_profile(SMALL, "cpu", "float32", [2])
+    sim = two_stage_cpu_replica(SMALL, [0, 2, 4], dp=2, zero=zero)
     return prof.columns["param_bytes"][:2, 0], sim.memory[0]
 
 
@@ -112,15 +104,8 @@ def test_tensor_parallel_weights_are_what_pplan_run_holds():
     # 35,904 / 34,112 bytes of weights on stages 0 / 1 (tp 1: 52,608 / 50,816); the embedding (18,432)
     # and the final norm + head (16,640) stay whole on each tp rank, the blocks are split
     measured = {1: (52_608, 50_816), 2: (35_904, 34_112)}
-    hw = load_hardware("cpu")
-    prof = analytic_profile(SMALL, hw, "float32", [2])
     for tp, want in measured.items():
-        cfg = ParallelConfig(dp=1, pp=2, tp=tp, zero=0, gpus_per_node=4, hardware="cpu")
-        cluster = Cluster(hw, 4)
-        devices, links = replica_layout(cfg, hw.memory_bytes, cluster)
-        sim = simulate_replica(generate("1f1b", 2, 4), replica_costs(prof.at(2), prof.names, cfg, cluster), [0, 2, 4],
-                               [(), ()], cfg, cluster, model_flops(prof, 8), devices=devices, links=links,
-                               stage_device=[0, 1], micro_batch_size=2)
+        sim = two_stage_cpu_replica(SMALL, [0, 2, 4], tp=tp)
         for stage in (0, 1):
             got = sim.memory[stage].weights
             # left unmodelled: a block's norms and row-parallel biases (6 x hidden 32 floats) stay whole too

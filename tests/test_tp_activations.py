@@ -7,14 +7,12 @@ import numpy as np
 import pytest
 
 from planner.cost.parallel import (
-    Link2, allgather_ms, exposed_sync_ms, grad_sync_ms, model_flops, tensor_parallel_costs, tp_kept_activation_bytes,
-    tp_layers, tp_shards,
+    Link2, allgather_ms, exposed_sync_ms, grad_sync_ms, tensor_parallel_costs, tp_kept_activation_bytes, tp_layers,
+    tp_shards,
 )
-from planner.hardware import load_hardware
-from planner.parallel import ParallelConfig
 from planner.profiling.analytic import analytic_profile
-from planner.schedules import generate
-from planner.simulation.replica import Cluster, replica_costs, replica_layout, simulate_replica
+
+from helpers.replicas import two_stage_cpu_replica
 
 INTRA, INTER = Link2(300e9, 0.01), Link2(25e9, 0.02)
 # the model and plan `pplan run` measured (docs/parallel.md, "How pplan run executes tensor parallelism"):
@@ -51,14 +49,7 @@ def test_the_whole_part_never_exceeds_what_a_layer_keeps():
 
 
 def _stage_activations(tp: int) -> list[float]:
-    hw = load_hardware("cpu")
-    prof = analytic_profile(TINY, hw, "float32", [2])
-    cfg = ParallelConfig(dp=1, pp=2, tp=tp, zero=0, gpus_per_node=4, hardware="cpu")
-    cluster = Cluster(hw, 4)
-    devices, links = replica_layout(cfg, hw.memory_bytes, cluster)
-    sim = simulate_replica(generate("1f1b", 2, 4), replica_costs(prof.at(2), prof.names, cfg, cluster), [0, 3, 6],
-                           [(), ()], cfg, cluster, model_flops(prof, 8), devices=devices, links=links,
-                           stage_device=[0, 1], micro_batch_size=2)
+    sim = two_stage_cpu_replica(TINY, [0, 3, 6], tp=tp)
     return [sim.memory[stage].activations for stage in (0, 1)]
 
 
