@@ -28,7 +28,7 @@ from planner.errors import PplanError
 from planner.jsonio import nearest
 
 __all__ = ["ParallelConfig", "ZERO_STAGES", "GRAD_SYNC_MODES", "GRAD_SYNC_AFTER_STEP", "GRAD_SYNC_OVERLAPPED",
-           "parse_parallel", "run_refusal", "zero_tp_refusal"]
+           "checked_grad_sync", "parse_parallel", "run_refusal", "zero_tp_refusal"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_SYNC_AFTER_STEP = "after-step"
@@ -68,16 +68,16 @@ class ParallelConfig:
             if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= _MAX_DEGREE:
                 raise PplanError(f"parallel {key} must be a whole number in 1..{_MAX_DEGREE}, got {value!r}", "e.g. dp=8,pp=12,tp=4")
         if isinstance(self.zero, bool) or self.zero not in ZERO_STAGES:
-            raise PplanError(f"ZeRO stage must be one of 0, 1, 2, 3, got {self.zero!r}")
+            raise PplanError(f"ZeRO stage must be one of 0, 1, 2, 3, got {self.zero!r}",
+                             "0 shards nothing, 1 the optimizer state, 2 also the gradients, 3 also the weights: e.g. --zero 1")
         gpn = self.gpus_per_node
         if gpn is not None and (isinstance(gpn, bool) or not isinstance(gpn, int) or not 1 <= gpn <= _MAX_DEGREE):
             raise PplanError(f"parallel gpus_per_node must be a whole number in 1..{_MAX_DEGREE}, got {gpn!r}", "e.g. 8")
         if self.hardware is not None and (not isinstance(self.hardware, str) or not 0 < len(self.hardware) <= _MAX_NAME):
             raise PplanError(f"parallel hardware must be a name of 1..{_MAX_NAME} characters, got {str(self.hardware)[:40]!r}",
                              "a preset (`pplan hardware`) or a hardware file's name")
-        if self.grad_sync is not None and self.grad_sync not in GRAD_SYNC_MODES:
-            raise PplanError(f"parallel grad_sync must be one of {', '.join(GRAD_SYNC_MODES)}, got {str(self.grad_sync)[:40]!r}",
-                             f'"{GRAD_SYNC_AFTER_STEP}" is what pplan run executes')
+        if self.grad_sync is not None:
+            checked_grad_sync(self.grad_sync, "parallel grad_sync")
 
     @property
     def overlaps_grad_sync(self) -> bool:
@@ -115,6 +115,15 @@ class ParallelConfig:
         """`dp=8,pp=12,tp=4` (and `,zero=1` when sharded)."""
         text = f"dp={self.dp},pp={self.pp},tp={self.tp}"
         return text + (f",zero={self.zero}" if self.zero else "")
+
+
+def checked_grad_sync(mode: str, what: str = "--grad-sync") -> str:
+    """`mode` when it is one of GRAD_SYNC_MODES; else PplanError naming the nearest one."""
+    if mode in GRAD_SYNC_MODES:
+        return mode
+    guess = nearest(str(mode), GRAD_SYNC_MODES)
+    raise PplanError(f"{what} must be one of {', '.join(GRAD_SYNC_MODES)}, got {str(mode)[:40]!r}",
+                     (f"did you mean {guess!r}? " if guess else "") + f"{GRAD_SYNC_AFTER_STEP} is what pplan run executes")
 
 
 def parse_parallel(text: str, zero: int | None = None) -> ParallelConfig:

@@ -88,14 +88,16 @@ def test_a_count_the_schedule_refuses_names_torchs_rule_and_counts_it_takes(spec
 
 
 def test_a_schedule_that_runs_on_no_layout_says_so(spec_profile):
-    with pytest.raises(ScheduleError, match=r"interleaved needs at least 2 pipeline ranks.*choose another --schedule or --parallel"):
+    with pytest.raises(ScheduleError, match=r"interleaved needs at least 2 pipeline ranks.*runs nowhere on dp=8,pp=1,tp=1: "
+                       r"choose another --schedule, or --parallel auto \(dp=\d+,pp=\d+,tp=1 runs it\)"):
         plan_parallel(spec_profile, schedules=("interleaved",), parallel="dp=8", **KW)
 
 
 def test_held_flags_are_named_when_memory_is_what_fails(spec_profile):
     kw = dict(KW, memory_bytes=2 * 2**30, recompute="none")
     assert plan_parallel(spec_profile, **kw).best.fits  # 2 GiB is enough for the free search
-    with pytest.raises(InfeasibleError, match=r"with every dp x pp x tp layout and --schedule gpipe --microbatches 64 on 8 GPUs"):
+    with pytest.raises(InfeasibleError, match=r"with every dp x pp x tp layout and --schedule gpipe --microbatches 64 --recompute none on 8 GPUs; "
+                       r".*: use --schedule auto \("):
         plan_parallel(spec_profile, schedules=("gpipe",), microbatches=64, **kw)  # every micro-batch held at once
 
 

@@ -51,10 +51,12 @@ def test_no_zero_stage_is_offered_when_none_would_fit_the_weights():
         with pytest.raises(InfeasibleError) as e:
             plan_parallel(model=big, hardware="a100-80gb", nodes=1, global_batch=1536, zero=zero)
         assert "--zero" not in e.value.hint
-    # 1500 MiB: the weights fit once ZeRO-1 shards the optimizer state over 8 replicas, so it is offered
+    # 1500 MiB: the weights fit under ZeRO-1 but no plan does (activations), so it is not offered
     with pytest.raises(InfeasibleError) as e:
         plan_parallel(memory_bytes=1500 * 2**20, **KW)
-    assert e.value.hint.endswith("or --zero 1")
+    assert "--zero" not in e.value.hint
+    with pytest.raises(InfeasibleError):
+        plan_parallel(memory_bytes=1500 * 2**20, zero=1, **KW)
 
 
 def test_the_static_bound_keeps_embedding_and_head_whole_on_every_tp_rank(analytic_profile):

@@ -16,9 +16,8 @@ from pathlib import Path
 from typing import Callable
 
 from planner.calibration import Calibration, basis_text, calibration_mismatch
-from planner.errors import PplanError
 from planner.hardware import Hardware
-from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_MODES, GRAD_SYNC_OVERLAPPED
+from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, checked_grad_sync
 from planner.machine import prediction_basis
 from planner.partition.api import PartitionResult, partition, resolve_devices, validate_settings
 from planner.partition.parallel_plan import parallel_plan
@@ -65,9 +64,7 @@ class ClusterSettings:
     run` executes it, or overlapped with the last backward, as Megatron, DeepSpeed and DDP do."""
 
     def __post_init__(self) -> None:
-        if self.grad_sync not in GRAD_SYNC_MODES:
-            raise PplanError(f"--grad-sync {str(self.grad_sync)[:40]!r} is not one of {', '.join(GRAD_SYNC_MODES)}",
-                             f"{GRAD_SYNC_AFTER_STEP} is what pplan run executes")
+        checked_grad_sync(self.grad_sync)
 
 
 @dataclass(frozen=True)

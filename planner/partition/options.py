@@ -13,6 +13,7 @@ from planner.cluster import load_cluster
 from planner.errors import PplanError
 from planner.hardware import load_hardware
 from planner.limits import check_time_limit
+from planner.parallel import checked_grad_sync
 from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
 from planner.schedules.registry import schedule_name
@@ -32,7 +33,7 @@ def parse_microbatches(text: str) -> int | None:
         raise PplanError(f"--microbatches {text!r} is neither auto nor an integer",
                          "use --microbatches auto or e.g. 8") from None
     if count < 1:
-        raise PplanError(f"--microbatches must be at least 1, got {count}")
+        raise PplanError(f"--microbatches must be at least 1, got {count}", "use --microbatches auto or a count such as 8")
     return count
 
 
@@ -90,5 +91,5 @@ def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathL
         memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
         schedule="auto" if schedule.strip().lower() == "auto" else schedule_name(schedule, "--schedule"),
         microbatches=parse_microbatches(microbatches),
-        grad_sync=grad_sync.strip().lower(),
+        grad_sync=checked_grad_sync(grad_sync.strip().lower()),
     )

@@ -32,8 +32,8 @@ from planner.schedules.interleaved import rounds
 from planner.schedules.memory import stage_inflight_peak
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
-__all__ = ["MAX_MICROBATCHES", "ParallelCandidate", "ParallelTask", "ParallelCosts", "bubble_slots", "distinct_schedules",
-           "runnable_schedules", "check_microbatches", "held_flags", "held_size", "check_held_runs", "inflight_peaks",
+__all__ = ["MAX_MICROBATCHES", "ParallelCandidate", "ParallelTask", "ParallelCosts", "distinct_schedules",
+           "runnable_schedules", "check_microbatches", "check_batch_splits", "extrapolated_warning", "hardware_mismatch", "held_flags", "held_size", "check_held_runs", "inflight_peaks",
            "layer_static_bytes", "least_static_bytes", "helping_zero", "solve_task", "simulate_task"]
 
 MAX_MICROBATCHES = 4096
@@ -166,11 +166,6 @@ def _vocab_parallel_costs(raw: LayerCosts, names: tuple[str, ...], cfg: Parallel
     )
 
 
-def bubble_slots(schedule: str, p: int, v: int) -> float:
-    """Idle micro-batch slots of a schedule with p ranks (the registry's closed form)."""
-    return get_schedule(schedule).bubble_slots(p, v)
-
-
 def distinct_schedules(names: tuple[str, ...], pp: int) -> tuple[str, ...]:
     """The schedules worth solving on `pp` ranks. On one rank every one-chunk schedule runs the same
     single stage in the same time (no bubble, no sends), so only one is kept: the one holding the
@@ -229,6 +224,17 @@ def held_size(cfg: ParallelConfig, global_batch: int, microbatches: int, allowed
     return [b] if b >= 1 and not left and (not allowed or b in allowed) else []
 
 
+def check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int, forced: ParallelConfig | None) -> None:
+    """PplanError when no layout's dp divides the global batch (so that, rather than memory, is why
+    nothing runs: 64 samples over 10^6 GPUs)."""
+    least_dp = min(c.dp for c in layouts)
+    if all(global_batch % c.dp for c in layouts):
+        where = f"--parallel {forced.describe()}" if forced else f"any layout of {n} GPUs"
+        raise PplanError(f"--global-batch {global_batch} does not split over the data-parallel replicas of {where} "
+                         f"(dp x micro-batch size must divide it; the least dp is {least_dp})",
+                         f"give a --global-batch that is a multiple of {least_dp}, or fewer GPUs")
+
+
 def check_held_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
                     global_batch: int, n_layers: int, schedule_flag: str, microbatches: int | None, where: str) -> None:
     """ScheduleError when the schedules `names` (given as `schedule_flag`; '' when all) and the
@@ -245,15 +251,42 @@ def check_held_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelC
             if m <= MAX_MICROBATCHES and runnable_schedules(names, cfg.pp, m, n_layers, reasons):
                 return
             why.append(f"{cfg.describe()}: {reasons[0] if reasons else f'M={m} is over {MAX_MICROBATCHES}'}")
-    runs = {m for cfg in layouts if global_batch % cfg.dp == 0 for m in divisors(global_batch // cfg.dp)
-            if m <= MAX_MICROBATCHES and runnable_schedules(names, cfg.pp, m, n_layers)}
+    def counts(cfg: ParallelConfig) -> list[int]:  # the M that split the batch over cfg's replicas and run the schedules
+        return [m for m in (divisors(global_batch // cfg.dp) if global_batch % cfg.dp == 0 else ())
+                if m <= MAX_MICROBATCHES and runnable_schedules(names, cfg.pp, m, n_layers)]
+    runs = {m for cfg in layouts for m in counts(cfg)}
     nearest = sorted(sorted(runs, key=lambda m: (abs(m - (microbatches or 1)), m))[:5])
     if nearest:
         hint = f"--microbatches {', '.join(map(str, nearest))} would run" + (f" with {schedule_flag}" if schedule_flag else "")
-    else:
-        other = "another --schedule" + (" or --parallel" if where.startswith("--parallel") else "")
-        hint = f"{schedule_flag} runs nowhere on these GPUs: choose {other}" if schedule_flag else "use --microbatches auto"
+    elif not where.startswith("--parallel"):
+        hint = f"{schedule_flag} runs nowhere on these GPUs: choose another --schedule" if schedule_flag else "use --microbatches auto"
+    else:  # a forced layout: does another of as many GPUs (tp=1: every node allows it) run them, at the held M if any?
+        n = layouts[0].gpus
+        alt = next((c for p in divisors(n) if p <= n_layers for c in [replace(layouts[0], dp=n // p, pp=p, tp=1)]
+                    if (microbatches in counts(c) if microbatches else counts(c))), None)
+        hint = (f"{held_flags(schedule_flag, microbatches)} runs nowhere on {layouts[0].describe()}: choose another --schedule"
+                + (f", or --parallel auto ({alt.describe()} runs it)" if alt else ""))
     raise ScheduleError(f"{held_flags(schedule_flag, microbatches)} cannot run on {where}, memory aside (e.g. {why[0]})", hint)
+
+
+def extrapolated_warning(profile: Profile, best: ParallelCandidate, microbatches: int | None) -> tuple[str, ...]:
+    """A warning when a held micro-batch count made the plan's micro-batch larger than any the profile measured."""
+    largest = max(profile.micro_batch_sizes)
+    if microbatches is None or best.micro_batch_size <= largest:
+        return ()
+    return (f"--microbatches {microbatches} gives micro-batches of {best.micro_batch_size} samples, beyond the profile's "
+            f"largest ({largest}): its times and bytes scale in proportion from {largest}; add "
+            f"{best.micro_batch_size} to the profile's sizes (pplan profile -b) to price it as profiled",)
+
+
+def hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
+    """A warning when the profile's times were computed for other hardware than the plan's peak
+    and memory (an analytic profile's `# hardware:` line): planning goes on, mixing the two."""
+    made_for = profile.meta.get("hardware")
+    if not made_for or made_for == hw.name:
+        return ()
+    return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses {hw.name!r}'s "
+            f"peak and memory; for {hw.name} times, make the profile again with --hardware {hw.name}",)
 
 
 def least_static_bytes(ctx: ParallelCosts, cfg: ParallelConfig) -> float:
@@ -343,7 +376,7 @@ def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol)
         backward = bwd[end] - bwd[first] + sum(fwd[i + 1] - fwd[i] for i in sol.recompute[s])
         tail[r] += exposed_sync_ms(sync, backward, ctx.overlap) + opt[end] - opt[first]
         work[r] += sol.stage_ms[s]
-    return (task.m + bubble_slots(task.schedule, cfg.pp, task.v)) * max(work) + max(tail)
+    return (task.m + get_schedule(task.schedule).bubble_slots(cfg.pp, task.v)) * max(work) + max(tail)
 
 
 def simulate_task(ctx: ParallelCosts, task: ParallelTask, sol, mem: float, flops: ModelFlops) -> ParallelCandidate:

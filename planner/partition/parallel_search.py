@@ -43,13 +43,14 @@ from planner.errors import InfeasibleError, PplanError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
 from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig, parse_parallel, run_refusal
 from planner.partition.parallel_eval import (
-    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, bubble_slots, check_held_runs, check_microbatches,
-    held_flags, held_size, helping_zero, least_static_bytes, runnable_schedules, simulate_task, solve_task,
+    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, check_batch_splits, check_held_runs,
+    check_microbatches, extrapolated_warning, hardware_mismatch, held_flags, held_size, helping_zero, least_static_bytes,
+    runnable_schedules, simulate_task, solve_task,
 )
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, get_schedule
-from planner.units import format_bytes, format_size_up
+from planner.units import format_bytes, format_size_up, parse_bytes
 
 __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
 
@@ -170,6 +171,7 @@ def plan_parallel(
     compute_scale: float = 1.0,
     overlap_grad_sync: bool = False,
     vocab_parallel: bool = False,
+    check_hints: bool = True,
 ) -> ParallelResult:
     """The fastest (D, P, T) x b x schedule x recompute plan of `profile` (or an analytic profile of
     the gpt spec `model`) on `nodes` x `gpus_per_node` GPUs of `hardware` (module docstring).
@@ -189,7 +191,8 @@ def plan_parallel(
     layouts it cannot execute (planner.parallel.run_refusal: a forced one is refused).
     InfeasibleError when nothing fits, naming the GPUs or memory that would; PplanError when the
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
-    A profile made for other hardware plans on, with a line in the result's `warnings`.
+    A profile made for other hardware plans on, with a line in the result's `warnings`. `check_hints`:
+    the InfeasibleError names only fixes confirmed by searching again with each (False: no search).
     """
     hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
     gpn = gpus_per_node if gpus_per_node is not None else hw.gpus_per_node  # 0 is refused, not the preset's
@@ -198,7 +201,7 @@ def plan_parallel(
     nodes, gpn = int(nodes), int(gpn)  # numpy integers too, as plain ints for ParallelConfig
     if profile is None:
         profile = _analytic(model, hw, micro_batch_sizes)
-    warnings = _hardware_mismatch(profile, hw)
+    warnings = hardware_mismatch(profile, hw)
     n = nodes * gpn
     mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
     flops = model_flops(profile, global_batch)
@@ -218,23 +221,26 @@ def plan_parallel(
 
     tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, global_batch, mem, skipped)
     if not tasks and (held_to or not math.isfinite(need_min)):  # nothing runnable, and not for memory
-        _check_batch_splits(layouts, global_batch, n, forced)
+        check_batch_splits(layouts, global_batch, n, forced)
     if not tasks and held_to:  # memory aside, may the schedules and M run at all?
         where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
         check_held_runs(layouts, sizes_of, names, global_batch, L, schedule_flag, microbatches, where)
     keep = max(1, top_k)
+    args = dict(profile=profile, hardware=hw, nodes=nodes, gpus_per_node=gpn, global_batch=global_batch, parallel=forced or "auto",
+                zero=zero, recompute=recompute, schedules=schedules, micro_batch_sizes=micro_batch_sizes, microbatches=microbatches,
+                memory_bytes=mem, compute_scale=compute_scale, overlap_grad_sync=overlap_grad_sync, vocab_parallel=vocab_parallel,
+                check_hints=check_hints)
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
-        raise _infeasible(n, gpn, mem, need_min, min_scale, hw, forced, helping_zero(ctx, layouts, mem), held_to=held_to)
+        raise _infeasible(args, need_min, min_scale, helping_zero(ctx, layouts, mem), held_to=held_to)
     sims = _judge(ctx, found, keep, mem, flops)
     checked_mfu(max(c.mfu for c in sims), hw.peak_flops_per_s(flops.dtype), hw.name)
     if not sims[0].fits:
-        raise _infeasible(n, gpn, mem, need_min, sims[0].peak_memory_bytes, hw, forced, helping_zero(ctx, layouts, mem),
-                          absolute=True, held_to=held_to)
+        raise _infeasible(args, need_min, sims[0].peak_memory_bytes, helping_zero(ctx, layouts, mem), True, held_to)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
                           global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
                           mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
-                          skipped=tuple(skipped), warnings=warnings + _extrapolated(profile, sims[0], microbatches),
+                          skipped=tuple(skipped), warnings=warnings + extrapolated_warning(profile, sims[0], microbatches),
                           vocab_parallel=vocab_parallel, held_to=held_to,
                           grad_sync=GRAD_SYNC_OVERLAPPED if overlap_grad_sync else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
 
@@ -267,37 +273,6 @@ def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, com
     elif parallel not in (None, "auto"):
         forced = parse_parallel(str(parallel), zero)  # the text's zero wins; one that --zero contradicts is refused
     return forced, forced.zero if forced is not None else (zero or 0)
-
-
-def _check_batch_splits(layouts: list[ParallelConfig], global_batch: int, n: int, forced: ParallelConfig | None) -> None:
-    """PplanError when no layout's dp divides the global batch (so that, rather than memory, is why
-    nothing runs: 64 samples over 10^6 GPUs)."""
-    least_dp = min(c.dp for c in layouts)
-    if all(global_batch % c.dp for c in layouts):
-        where = f"--parallel {forced.describe()}" if forced else f"any layout of {n} GPUs"
-        raise PplanError(f"--global-batch {global_batch} does not split over the data-parallel replicas of {where} "
-                         f"(dp x micro-batch size must divide it; the least dp is {least_dp})",
-                         f"give a --global-batch that is a multiple of {least_dp}, or fewer GPUs")
-
-
-def _extrapolated(profile: Profile, best: ParallelCandidate, microbatches: int | None) -> tuple[str, ...]:
-    """A warning when a held micro-batch count made the plan's micro-batch larger than any the profile measured."""
-    largest = max(profile.micro_batch_sizes)
-    if microbatches is None or best.micro_batch_size <= largest:
-        return ()
-    return (f"--microbatches {microbatches} gives micro-batches of {best.micro_batch_size} samples, beyond the profile's "
-            f"largest ({largest}): its times and bytes scale in proportion from {largest}; add "
-            f"{best.micro_batch_size} to the profile's sizes (pplan profile -b) to price it as profiled",)
-
-
-def _hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
-    """A warning when the profile's times were computed for other hardware than the plan's peak
-    and memory (an analytic profile's `# hardware:` line): planning goes on, mixing the two."""
-    made_for = profile.meta.get("hardware")
-    if not made_for or made_for == hw.name:
-        return ()
-    return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses {hw.name!r}'s "
-            f"peak and memory; for {hw.name} times, make the profile again with --hardware {hw.name}",)
 
 
 def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] | None) -> Profile:
@@ -351,7 +326,7 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
                     # (planner.cost.parallel.rank_exposed_sync_ms), both with the recomputed forward
                     bwd = (float(np.sum(costs.bwd_ms)) + (refwd if rec == "full" else 0.0)) / cfg.pp
                     t_mb = refwd / cfg.pp + bwd
-                    est = (m + bubble_slots(name, cfg.pp, v)) * t_mb + exposed_sync_ms(sync, bwd, ctx.overlap) + opt
+                    est = (m + get_schedule(name).bubble_slots(cfg.pp, v)) * t_mb + exposed_sync_ms(sync, bwd, ctx.overlap) + opt
                     tasks.append(ParallelTask(cfg, b, m, name, v, rec, est))
     tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.v, t.recompute))
 
@@ -380,17 +355,46 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
     return found, solved, min_scale
 
 
-def _infeasible(n: int, gpn: int, mem: float, need_static: float, need_peak: float, hw: Hardware,
-                forced: ParallelConfig | None, zero_hint: int | None, absolute: bool = False, held_to: str = "") -> InfeasibleError:
-    need = min(need_static, need_peak) if not absolute else need_peak
-    where = (f"--parallel {forced.describe()}" if forced else "every dp x pp x tp layout") + (f" and {held_to}" if held_to else "")
-    if not math.isfinite(need):
-        return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU with {where} on {n} GPUs",
-                               "try --recompute auto" + (f", --zero {zero_hint}" if zero_hint is not None else "") + " or more GPUs")
-    ratio = need / mem
-    more = int(math.ceil(n * ratio / gpn)) * gpn
-    hint = (f"the least memory-hungry layout needs about {format_size_up(need)} per GPU: use about {more} GPUs "
-            f"({more // gpn} nodes of {gpn}) or GPUs with at least {format_size_up(need)}")
-    if zero_hint is not None:  # only a stage under which some layout's static bytes fit (helping_zero)
-        hint += f", or --zero {zero_hint}"
-    return InfeasibleError(f"no plan fits {format_bytes(mem)} per GPU ({hw.name}) with {where} on {n} GPUs", hint)
+def _infeasible(args: dict[str, Any], need_static: float, need_peak: float, zero_hint: int | None, absolute: bool = False,
+                held_to: str = "") -> InfeasibleError:
+    """InfeasibleError naming the fixes a search with each confirms, the held flags' first (args: plan_parallel's;
+    `need`: the least memory per GPU any candidate needs, a lower bound; inf when none was priced)."""
+    n, gpn, mem, forced = args["nodes"] * args["gpus_per_node"], args["gpus_per_node"], args["memory_bytes"], args["parallel"]
+    need, auto = need_peak if absolute else min(need_static, need_peak), {"parallel": "auto"} if forced != "auto" else {}
+    held = [(f, c) for f, c, on in (("--microbatches auto", {"microbatches": None}, args["microbatches"] is not None),
+                                    ("--schedule auto", {"schedules": None}, bool(args["schedules"])),
+                                    ("--recompute auto", {"recompute": "auto"}, args["recompute"] == "none"),
+                                    ("--parallel auto", auto, bool(auto))) if on]
+    flags = " ".join(t for t in (held_to, "--recompute none" if args["recompute"] == "none" else "") if t)
+    where = (f"--parallel {forced.describe()}" if auto else "every dp x pp x tp layout") + (f" and {flags}" if flags else "")
+    head = f"the least memory-hungry layout needs about {format_size_up(need)} per GPU" if math.isfinite(need) else ""
+    error = f"no plan fits {format_bytes(mem)} per GPU ({args['hardware'].name}) with {where} on {n} GPUs"
+    if not args["check_hints"]:
+        return InfeasibleError(error, head or "more memory per GPU")
+    fixes = [_fix(args, f, c) for f, c in held]
+    if len(held) > 1 and not any(fixes):  # all of them together
+        fixes.append(_fix(args, " ".join(f for f, _ in held), {k: v for _, c in held for k, v in c.items()}))
+    more, notes = max(args["nodes"] + 1, math.ceil(n * need / mem / gpn) if math.isfinite(need) else 2 * args["nodes"]), []
+    tries = [k for k in (more, 2 * more, 4 * more) if k * gpn <= MAX_GPUS]
+    fixes.append(next((f for f in (_fix(args, f"{k * gpn} GPUs ({k} nodes of {gpn}{' with --parallel auto' if auto else ''})",
+                                         {"nodes": k, **auto}) for k in tries) if f), ""))
+    notes += [f"{', '.join(str(k * gpn) for k in tries)} GPUs do not fit either"] if tries and not fixes[-1] else []
+    if math.isfinite(need):  # need is a lower bound: the least of a few multiples that fits
+        sizes = [format_size_up(need * x) for x in (1, 1.5, 2, 4)]
+        fixes.append(next((f for f in (_fix(args, f"GPUs with at least {x}", {"memory_bytes": parse_bytes(x)}) for x in sizes) if f), ""))
+        notes += [] if fixes[-1] else [f"GPUs with {sizes[-1]} do not fit either"]
+    if zero_hint is not None:  # a stage under which some layout's static bytes fit (helping_zero)
+        sharded = {"parallel": replace(forced, zero=zero_hint)} if auto else {}
+        fixes.append(_fix(args, f"--zero {zero_hint}", {"zero": zero_hint, **sharded}))
+    fixes, lead = [f for f in fixes if f], " ".join(t for t in (head, f"({'; '.join(notes)})" if notes else "") if t)
+    use = "use " + ", ".join(fixes[:-1]) + (", or " if fixes[1:] else "") + fixes[-1] if fixes else "no change tried fits"
+    return InfeasibleError(error, (lead + ": " if lead else "") + use)
+
+
+def _fix(args: dict[str, Any], flag: str, change: dict[str, Any]) -> str:
+    """`flag` and the plan it gives when plan_parallel(**args) with `change` finds one that fits, else ''."""
+    try:
+        best = plan_parallel(**{**args, **change, "check_hints": False, "top_k": 1}).best
+    except PplanError:
+        return ""
+    return f"{flag} ({best.config.describe()} {best.schedule_label}, M={best.n_microbatches}, recompute {best.recompute})"

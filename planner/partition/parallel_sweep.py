@@ -49,7 +49,7 @@ def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int,
             points.append(LayoutPoint(cfg, None, False))
             continue
         try:
-            best = plan_parallel(profile, parallel=cfg, memory_bytes=memory_bytes, top_k=1, **common).best
+            best = plan_parallel(profile, parallel=cfg, memory_bytes=memory_bytes, top_k=1, check_hints=False, **common).best
             points.append(LayoutPoint(cfg, best.tflops_per_gpu, True))
             continue
         except ScheduleError:  # the held schedules or micro-batch count do not run on it
@@ -58,7 +58,7 @@ def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int,
         except InfeasibleError:
             pass
         try:
-            best = plan_parallel(profile, parallel=cfg, memory_bytes=_UNLIMITED, top_k=1, **common).best
+            best = plan_parallel(profile, parallel=cfg, memory_bytes=_UNLIMITED, top_k=1, check_hints=False, **common).best
             points.append(LayoutPoint(cfg, best.tflops_per_gpu, False))
         except InfeasibleError:  # no runnable schedule at this batch at all
             points.append(LayoutPoint(cfg, None, False))
