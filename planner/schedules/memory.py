@@ -15,7 +15,8 @@ gradient, and each output beyond what the stage's own backward frees (`Moment.se
 actions ended; measured on a 2-rank zb GPT: both ranks held 0.5 MiB more per 4 more micro-batches).
 Nothing here depends on timing:
 a rank runs its actions one after another, so the sequence of allocations and frees on it is its
-order, and the simulator's memory timeline reaches exactly these peaks.
+order, and the simulator's memory timeline reaches exactly these peaks. The distinct states of
+every rank are built once per schedule and priced in arrays by planner.schedules.memory_states.
 """
 
 from __future__ import annotations
@@ -27,78 +28,29 @@ import numpy as np
 
 from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
-from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
+from planner.schedules.memory_states import activation_peaks_table, memory_peaks_table, pareto_front, state_table
 
 __all__ = ["Moment", "stage_memory_moments", "stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
-_ATTR = "_pplan_inflight"
-# micro-batches held, the stage whose backward runs, gradients exist, stage outputs held,
-# micro-batches whose I ended and W did not, input gradients sent and held (each per stage of the rank)
-_State = tuple[tuple[int, ...], int, tuple[int, ...], tuple[int, ...], tuple[int, ...], tuple[int, ...]]
-
-
-def _states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
-    cache = schedule.__dict__.get(_ATTR)
-    if cache is None:
-        cache = _inflight_states(compile_schedule(schedule))
-        object.__setattr__(schedule, _ATTR, cache)  # immutable schedule: safe private cache
-    return cache
-
-
-def _inflight_states(cs: CompiledSchedule) -> list[tuple[tuple[int, ...], list[_State]]]:
-    S, M = cs.n_stages, cs.n_microbatches
-    out = []
-    for r in range(cs.n_ranks):
-        stages = cs.rank_stages[r]
-        ids = np.asarray(cs.ids[r], dtype=np.int64)
-        if ids.size == 0:
-            zeros = (0,) * len(stages)
-            out.append((stages, [(zeros, -1, zeros, zeros, zeros, zeros)]))
-            continue
-        local = np.full(S, -1, dtype=np.int64)
-        local[list(stages)] = np.arange(len(stages))
-        key = ids // M
-        kind, stage = key // S, key % S
-        col = local[stage]
-        # +1 when F starts (before the action), -1 when the last backward action ends (after it)
-        alloc = np.zeros((ids.size, len(stages)), dtype=np.int64)
-        free = np.zeros_like(alloc)
-        rows = np.arange(ids.size)
-        is_f = kind == CODE_F
-        alloc[rows[is_f], col[is_f]] = 1
-        # activations are freed by the last backward action of the micro-batch: B, or W when split
-        last = ((kind == CODE_B) | (kind == CODE_W)) if cs.split_backward else kind == CODE_B
-        free[rows[last], col[last]] = 1
-        during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
-        bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
-        # gradients exist once an earlier action of the stage computed weight gradients
-        grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
-        # the stage output torch holds for the backward goes at the end of B, or of I when split
-        early = np.zeros_like(alloc)
-        first_bwd = (kind == CODE_B) | (kind == CODE_I)
-        early[rows[first_bwd], col[first_bwd]] = 1
-        outputs = np.cumsum(alloc, axis=0) - np.cumsum(early, axis=0) + early
-        # pending W: I ended before this action and W did not (during its W a micro-batch still holds them)
-        i_end, w_end = np.zeros_like(alloc), np.zeros_like(alloc)
-        is_i, is_w = kind == CODE_I, kind == CODE_W
-        i_end[rows[is_i], col[is_i]] = 1
-        w_end[rows[is_w], col[is_w]] = 1
-        sent = np.cumsum(i_end, axis=0) - i_end  # each ended I's input gradient, held until the step ends
-        pending = sent - (np.cumsum(w_end, axis=0) - w_end)
-        n = len(stages)
-        uniq = np.unique(np.column_stack([during, bwd_stage, grads, outputs, pending, sent]), axis=0).tolist()
-        out.append((stages, [(tuple(u[:n]), u[n], tuple(u[n + 1:2 * n + 1]), tuple(u[2 * n + 1:3 * n + 1]),
-                              tuple(u[3 * n + 1:4 * n + 1]), tuple(u[4 * n + 1:])) for u in uniq]))
-    return out
+# Results that depend only on the schedule, cached on the (immutable) schedule object: the
+# partitioner asks for them at every grid point and polish, with the same schedule.
+_MOMENTS_ATTR = "_pplan_moments"
+_INFLIGHT_ATTR = "_pplan_inflight_peak"
 
 
 def stage_inflight_peak(schedule: PipelineSchedule) -> list[int]:
     """Per stage: the most micro-batches whose activations it holds at once."""
-    peak = [0] * schedule.n_stages
-    for stages, states in _states(schedule):
-        for i, s in enumerate(stages):
-            peak[s] = max(state[0][i] for state in states)
-    return peak
+    cached = schedule.__dict__.get(_INFLIGHT_ATTR)
+    if cached is None:
+        t = state_table(schedule)
+        most = np.maximum.reduceat(t.during, t.starts[:-1], axis=0)  # (ranks, width)
+        peak = [0] * schedule.n_stages
+        for r, stages in enumerate(t.rank_stages):
+            for i, s in enumerate(stages):
+                peak[s] = int(most[r, i])
+        cached = tuple(peak)
+        object.__setattr__(schedule, _INFLIGHT_ATTR, cached)
+    return list(cached)
 
 
 @dataclass(frozen=True)
@@ -133,39 +85,52 @@ def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]
     later backward (gradients). Priced with planner.cost.stage_bytes, where a rank runs one stage
     this is the simulator's peak, except that a split backward frees the stage output torch holds
     at I, not W (the partitioner charges it until W: at least the simulator's peak)."""
-    seen: list[set[Moment]] = [set() for _ in range(schedule.n_stages)]
-    for stages, states in _states(schedule):
+    cached = schedule.__dict__.get(_MOMENTS_ATTR)
+    if cached is None:
+        cached = tuple(_moments(schedule))
+        object.__setattr__(schedule, _MOMENTS_ATTR, cached)
+    return list(cached)
+
+
+def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
+    t = state_table(schedule)
+    out: list[tuple[Moment, ...]] = [()] * schedule.n_stages
+    for r, stages in enumerate(t.rank_stages):
+        lo, hi = t.starts[r], t.starts[r + 1]
         for i, s in enumerate(stages):
-            for counts, bwd, has_grad, _, pending, sent in states:
-                seen[s].add(Moment(counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i]))
-    out = []
-    for moments in seen:
-        kept = [m for m in moments if not any(o != m and o.in_flight >= m.in_flight and o.transient >= m.transient
-                                              and o.gradients >= m.gradients and o.pending_w >= m.pending_w
-                                              and o.sent_grads >= m.sent_grads
-                                              and o.sent_grads - o.pending_w >= m.sent_grads - m.pending_w
-                                              for o in moments)]
-        out.append(tuple(sorted(kept, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads))))
+            pending, sent = t.pending[lo:hi, i], t.sent[lo:hi, i]
+            seen = np.unique(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], pending, sent]),
+                             axis=0)
+            # covered: another has as many or more of each, and of ended W (sent - pending)
+            kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3]]))].tolist()
+            moments = [Moment(c, bool(bwd), bool(g), p, x) for c, bwd, g, p, x in kept]
+            out[s] = tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads)))
     return out
+
+
+def _per_stage(schedule: PipelineSchedule, name: str, values: Sequence[float] | None, width: int = 0) -> np.ndarray:
+    """`values` as a float array of one entry (or `width` entries) per stage; zeros when None."""
+    S = schedule.n_stages
+    if values is None:
+        return np.zeros((S, width) if width else S)
+    if len(values) != S:
+        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {S} {name} values, got {len(values)}")
+    return np.asarray(values, dtype=float).reshape((S, width) if width else S)
+
+
+def _check_kept(schedule: PipelineSchedule, kept_bytes: Sequence[float], transient_bytes: Sequence[float]) -> None:
+    if len(kept_bytes) != schedule.n_stages or len(transient_bytes) != schedule.n_stages:
+        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} kept/transient values, got {len(kept_bytes)} and {len(transient_bytes)}")
 
 
 def activation_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float],
                      transient_bytes: Sequence[float]) -> list[float]:
-    """rank -> peak activation bytes (see rank_activation_peak), all ranks at once."""
-    if len(kept_bytes) != schedule.n_stages or len(transient_bytes) != schedule.n_stages:
-        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} kept/transient values, got {len(kept_bytes)} and {len(transient_bytes)}")
-    peaks = []
-    for stages, states in _states(schedule):
-        kept = [float(kept_bytes[s]) for s in stages]
-        best = 0.0
-        for counts, bwd, _, _, _, _ in states:
-            value = sum(c * k for c, k in zip(counts, kept))
-            if bwd >= 0:
-                value += float(transient_bytes[bwd])
-            if value > best:
-                best = value
-        peaks.append(best)
-    return peaks
+    """rank -> peak activation bytes (see rank_activation_peak), all ranks at once: over the
+    rank's states, the largest sum(in flight x kept) + the transient of the stage whose backward
+    runs, and at least 0."""
+    _check_kept(schedule, kept_bytes, transient_bytes)
+    return activation_peaks_table(state_table(schedule), np.asarray(kept_bytes, dtype=float),
+                                  np.asarray(transient_bytes, dtype=float))
 
 
 def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transient_bytes: Sequence[float],
@@ -184,31 +149,22 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     pending W the held output; held
     until the step ends). Without those two the activation part is at most activation_peaks'
     value, and the sum at most that plus all the rank's gradients.
+
+    The definition, state by state over the rank's states in their order (memory_states' table):
+    with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
+    x output_bytes) + sum(pending W x wgrad) + sum(ended I x sent[0] + ended W x sent[1] + pending
+    W x sent[2]) + the transient of the stage whose backward runs, g = sum(gradients exist x
+    gradient_bytes), each sum stage by stage; the first state with the largest act + g gives the
+    pair. memory_states evaluates exactly this, in arrays.
     """
-    if len(gradient_bytes) != schedule.n_stages:
-        raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} gradient values, got {len(gradient_bytes)}")
-    for name, values in (("wgrad", wgrad_bytes), ("sent", sent_bytes)):
-        if values is not None and len(values) != schedule.n_stages:
-            raise ScheduleError(f"memory of schedule {schedule.name!r}: need {schedule.n_stages} {name} values, got {len(values)}")
-    activation_peaks(schedule, kept_bytes, transient_bytes)  # checks the other lengths
-    out = []
-    for stages, states in _states(schedule):
-        held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
-        kept = [float(kept_bytes[s]) - h for s, h in zip(stages, held)]
-        grad = [float(gradient_bytes[s]) for s in stages]
-        wgrad = [float(wgrad_bytes[s]) if wgrad_bytes is not None else 0.0 for s in stages]
-        sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
-        best, at = -1.0, (0.0, 0.0)
-        for counts, bwd, has_grad, outs, pending, sent in states:
-            act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
-                   + sum(c * w for c, w in zip(pending, wgrad))
-                   + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
-                   + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
-            g = sum(h * x for h, x in zip(has_grad, grad))
-            if act + g > best:
-                best, at = act + g, (act, g)
-        out.append(at)
-    return out
+    grad = _per_stage(schedule, "gradient", gradient_bytes)
+    wgrad = _per_stage(schedule, "wgrad", wgrad_bytes)
+    sends = _per_stage(schedule, "sent", sent_bytes, 3)
+    _check_kept(schedule, kept_bytes, transient_bytes)
+    held = _per_stage(schedule, "output", output_bytes)
+    prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad,
+              "sent_grad": sends[:, 0], "sent_output": sends[:, 1], "sent_held": sends[:, 2], "grad": grad}
+    return memory_peaks_table(state_table(schedule), prices, np.asarray(transient_bytes, dtype=float))
 
 
 def rank_activation_peak(schedule: PipelineSchedule, rank: int, kept_bytes: Sequence[float],

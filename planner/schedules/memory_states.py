@@ -1,0 +1,254 @@
+"""A schedule's memory states as one table, and the memory peaks over it (numpy, no timing).
+
+planner.schedules.memory describes what a stage holds at each point of its rank's order; this
+module stores the distinct states of every rank once per schedule (cached on the immutable
+schedule object: the partitioner simulates the same schedule with thousands of different cuts)
+and evaluates a rank's peak over all of them with array operations. Each state's bytes are
+summed in the same order as the scalar definition (`rank_peak_reference`), so every figure is the
+same float, bit for bit.
+
+Most states can never be the peak: one that holds no more of anything than another state of its
+rank (micro-batches, stage outputs, pending W, ended I and W, gradients, the transient) is at most
+that one's bytes whenever every price is non-negative. The table keeps those maximal states
+apart (`front`), and `memory_peaks_table` prices only them when exactness is certain (module
+function docstring); otherwise it prices every state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.schedules.actions import PipelineSchedule
+from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
+
+__all__ = ["StateTable", "state_table", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
+
+_ATTR = "_pplan_state_table"
+# Integer sums below this are exact in float64, whatever their order (2**53, less a margin).
+_EXACT_BOUND = float(2**52)
+# Rows the table's front takes one by one per rank before it keeps the rest unpruned (pareto_front).
+_FRONT_ROUNDS = 64
+
+
+@dataclass(frozen=True)
+class StateTable:
+    """Every rank's distinct memory states, stacked rank after rank (rows), one column per local stage."""
+
+    rank_stages: tuple[tuple[int, ...], ...]
+    """rank -> its stages, ascending (column i of a rank's rows is its i-th stage)."""
+    stage_of: np.ndarray
+    """(ranks, width) global stage of each column; -1 where a rank has fewer stages than width."""
+    starts: np.ndarray
+    """(ranks + 1,) first row of each rank's states; rank r owns rows starts[r]:starts[r + 1]."""
+    row_rank: np.ndarray
+    """(rows,) the rank of each row."""
+    during: np.ndarray
+    """(rows, width) micro-batches whose activations the stage holds."""
+    bwd: np.ndarray
+    """(rows,) the global stage whose backward (B or I) runs then, -1 for none."""
+    grads: np.ndarray
+    """(rows, width) 1 where the stage's parameter gradients exist."""
+    outputs: np.ndarray
+    """(rows, width) stage outputs torch holds for the backward."""
+    pending: np.ndarray
+    """(rows, width) micro-batches whose I ended and whose W did not."""
+    sent: np.ndarray
+    """(rows, width) I actions ended so far (each one's input gradient held until the step ends)."""
+    front: np.ndarray
+    """Ascending rows that include every row no other row of its rank dominates (pareto_front over
+    all columns); every other row is dominated by one of them."""
+    largest: int
+    """The largest count in any column (bounds the sums for the exactness check)."""
+
+
+def state_table(schedule: PipelineSchedule) -> StateTable:
+    """The schedule's StateTable (built once, then cached on the schedule object)."""
+    cached = schedule.__dict__.get(_ATTR)
+    if cached is None:
+        cached = _build(compile_schedule(schedule))
+        object.__setattr__(schedule, _ATTR, cached)  # immutable schedule: safe private cache
+    return cached
+
+
+def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
+    """Distinct rows [during, bwd stage, grads, outputs, pending, sent] of one rank, sorted."""
+    S, M, n = cs.n_stages, cs.n_microbatches, len(stages)
+    if ids.size == 0:
+        return np.concatenate([np.zeros(n, dtype=np.int64), [-1], np.zeros(4 * n, dtype=np.int64)])[None, :]
+    local = np.full(S, -1, dtype=np.int64)
+    local[list(stages)] = np.arange(n)
+    key = ids // M
+    kind, stage = key // S, key % S
+    col = local[stage]
+    rows = np.arange(ids.size)
+
+    def marks(mask: np.ndarray) -> np.ndarray:
+        """1 at (action, its stage's column) for the actions in `mask`."""
+        out = np.zeros((ids.size, n), dtype=np.int64)
+        out[rows[mask], col[mask]] = 1
+        return out
+
+    # +1 when F starts (before the action), -1 when the last backward action ends (after it):
+    # B, or W when split (the weight gradient still needs the layer inputs)
+    alloc = marks(kind == CODE_F)
+    free = marks(((kind == CODE_B) | (kind == CODE_W)) if cs.split_backward else kind == CODE_B)
+    during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
+    bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
+    # gradients exist once an earlier action of the stage computed weight gradients
+    grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
+    # the stage output torch holds for the backward goes at the end of B, or of I when split
+    early = marks((kind == CODE_B) | (kind == CODE_I))
+    outputs = np.cumsum(alloc, axis=0) - np.cumsum(early, axis=0) + early
+    # pending W: I ended before this action and W did not (during its W a micro-batch still holds them)
+    i_end, w_end = marks(kind == CODE_I), marks(kind == CODE_W)
+    sent = np.cumsum(i_end, axis=0) - i_end  # each ended I's input gradient, held until the step ends
+    pending = sent - (np.cumsum(w_end, axis=0) - w_end)
+    return np.unique(np.column_stack([during, bwd_stage, grads, outputs, pending, sent]), axis=0)
+
+
+def _build(cs: CompiledSchedule) -> StateTable:
+    width = max(1, max(len(st) for st in cs.rank_stages))
+    blocks, front, starts = [], [], [0]
+    stage_of = np.full((cs.n_ranks, width), -1, dtype=np.int64)
+    for r, stages in enumerate(cs.rank_stages):
+        n = len(stages)
+        stage_of[r, :n] = stages
+        got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64))
+        parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(5)]  # skip the bwd column
+        pad = [np.pad(p, ((0, 0), (0, width - n))) for p in parts]
+        block = np.column_stack([pad[0], got[:, n], *pad[1:]])
+        bwd_mark = block[:, width][:, None] == stage_of[r][None, :]
+        during, grads, outputs, pending, sent = pad
+        features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark])
+        front.append(starts[-1] + pareto_front(features, _FRONT_ROUNDS))
+        blocks.append(block)
+        starts.append(starts[-1] + len(block))
+    rows = np.concatenate(blocks)
+    w = width
+
+    def cols(k: int) -> np.ndarray:
+        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent)."""
+        first = k * w + (k > 0)
+        return np.ascontiguousarray(rows[:, first:first + w])
+
+    start_arr = np.asarray(starts, dtype=np.int64)
+    return StateTable(
+        rank_stages=cs.rank_stages, stage_of=stage_of, starts=start_arr,
+        row_rank=np.repeat(np.arange(cs.n_ranks), np.diff(start_arr)),
+        during=cols(0), bwd=np.ascontiguousarray(rows[:, w]), grads=cols(1), outputs=cols(2),
+        pending=cols(3), sent=cols(4), front=np.concatenate(front),
+        largest=int(max(1, np.abs(rows).max())),
+    )
+
+
+def pareto_front(features: np.ndarray, rounds: int | None = None) -> np.ndarray:
+    """Ascending indices of the rows of `features` that no other row dominates (is >= in every
+    column and differs). Rows must be distinct. A row with the largest column sum among those left
+    is never dominated (a dominating row has a larger sum), so take it, drop what it dominates, repeat.
+
+    With `rounds`, stop after that many and keep every row left too: a superset of the front in
+    which every dropped row is still dominated by a kept one (enough for the peaks, and bounded
+    work where most rows are incomparable, as zero bubble's ended-I counts make them)."""
+    f = np.asarray(features, dtype=np.int64)
+    left = np.argsort(-f.sum(axis=1), kind="stable")
+    kept = []
+    while left.size and (rounds is None or len(kept) < rounds):
+        top = left[0]
+        kept.append(top)
+        rest = left[1:]
+        left = rest[~np.all(f[rest] <= f[top], axis=1)]
+    return np.sort(np.concatenate([np.asarray(kept, dtype=np.int64), left]))
+
+
+def _per_column(t: StateTable, values: np.ndarray) -> np.ndarray:
+    """(ranks, width) per-stage values laid on the columns, 0.0 in the padding."""
+    return np.append(values, 0.0)[t.stage_of]
+
+
+def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarray], transient: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """(activation bytes, gradient bytes) of the given rows (None: all), each summed stage by
+    stage and term by term in rank_peak_reference's order, so each is the same float."""
+    sel = slice(None) if rows is None else rows
+    rank = t.row_rank[sel]
+    on = {name: _per_column(t, v)[rank] for name, v in prices.items()}
+    during, outputs, pending, sent, grads = (np.asarray(x[sel], dtype=float) for x in
+                                             (t.during, t.outputs, t.pending, t.sent, t.grads))
+    n = len(rank)
+    kept, held, wgrad = np.zeros(n), np.zeros(n), np.zeros(n)
+    sends, grad = np.zeros(n), np.zeros(n)
+    for i in range(t.stage_of.shape[1]):
+        kept = kept + during[:, i] * on["kept"][:, i]
+        held = held + outputs[:, i] * on["held"][:, i]
+        wgrad = wgrad + pending[:, i] * on["wgrad"][:, i]
+        sends = sends + (sent[:, i] * on["sent_grad"][:, i] + (sent[:, i] - pending[:, i]) * on["sent_output"][:, i]
+                         + pending[:, i] * on["sent_held"][:, i])
+        grad = grad + grads[:, i] * on["grad"][:, i]
+    act = kept + held + wgrad + sends + np.append(transient, 0.0)[t.bwd[sel]]
+    return act, grad
+
+
+def _first_max(total: np.ndarray, groups: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per group of consecutive rows (`groups` ascending): (its largest total, NaN counted as
+    -inf; the first row reaching it; the group id of each row)."""
+    clean = np.where(np.isnan(total), -np.inf, total)
+    firsts = np.flatnonzero(np.r_[True, groups[1:] != groups[:-1]])
+    best = np.maximum.reduceat(clean, firsts)
+    ids = np.cumsum(np.r_[False, groups[1:] != groups[:-1]])
+    hit = np.flatnonzero(clean == best[ids])
+    _, first_hit = np.unique(ids[hit], return_index=True)
+    return best, hit[first_hit], ids
+
+
+def memory_peaks_table(t: StateTable, prices: dict[str, np.ndarray], transient: np.ndarray
+                       ) -> list[tuple[float, float]]:
+    """rank -> (activation bytes, gradient bytes) of its first state whose sum is the largest
+    (planner.schedules.memory.memory_peaks, with its checks done).
+
+    `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad,
+    sent_grad, sent_output, sent_held and grad. Only the front is priced when every price is a
+    whole, finite, non-negative number and every sum stays below 2**52: then sums are exact, a
+    dominated state's bytes are at most its dominator's, and a state tying the peak has the pair of
+    every front state tying it; a rank whose tying front states disagree is priced in full."""
+    values = np.concatenate([*prices.values(), transient])
+    per_rank = np.zeros(len(t.rank_stages))
+    if values.size:
+        per_rank = sum(_per_column(t, v).sum(axis=1) for v in (*prices.values(), transient))
+    exact = (bool(np.all(np.isfinite(values))) and bool(np.all(values >= 0)) and bool(np.all(values == np.round(values)))
+             and float(np.max(per_rank, initial=0.0)) * t.largest * 3 < _EXACT_BOUND)
+    rows = t.front if exact else np.arange(len(t.row_rank))
+    act, grad = _row_sums(t, rows, prices, transient)
+    total = act + grad
+    best, first, ids = _first_max(total, t.row_rank[rows])
+    out_act, out_grad = act[first], grad[first]
+    if exact:
+        # ties with another pair: price those ranks' every state (rare; exact sums make it a tie of pairs)
+        split = np.unique(ids[(total == best[ids]) & (act != out_act[ids])])
+        for r in split:
+            lo, hi = t.starts[r], t.starts[r + 1]
+            a, g = _row_sums(t, np.arange(lo, hi), prices, transient)
+            _, k, _ = _first_max(a + g, np.zeros(hi - lo, dtype=np.int64))
+            out_act[r], out_grad[r] = a[k[0]], g[k[0]]
+    out: list[tuple[float, float]] = []
+    for r, stages in enumerate(t.rank_stages):
+        if not stages:  # an empty sum: the scalar definition gives the integer 0 for gradients
+            out.append((0.0, 0))
+        elif best[r] > -1.0:
+            out.append((float(out_act[r]), float(out_grad[r])))
+        else:
+            out.append((0.0, 0.0))
+    return out
+
+
+def activation_peaks_table(t: StateTable, kept: np.ndarray, transient: np.ndarray) -> list[float]:
+    """rank -> the largest sum(in flight x kept) + transient over its states, and at least 0.0."""
+    on = _per_column(t, kept)[t.row_rank]
+    value = np.zeros(len(t.row_rank))
+    during = t.during.astype(float)
+    for i in range(t.stage_of.shape[1]):
+        value = value + during[:, i] * on[:, i]
+    value = value + np.append(transient, 0.0)[t.bwd]
+    best, _, _ = _first_max(value, t.row_rank)
+    return [float(b) if b > 0.0 else 0.0 for b in best]

@@ -1,0 +1,240 @@
+"""The memory states of a schedule at scale: the array evaluation (planner.schedules.memory_states)
+gives exactly what the plain definition gives, state by state, and the per-schedule caches give
+the same values as a fresh computation.
+
+The oracle here walks each rank's actions one by one, keeps the distinct states in sorted order and
+prices them with scalar loops (memory_peaks' docstring): the first state with the largest sum wins.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from planner.schedules import check_sizes, generate
+from planner.schedules.actions import PipelineSchedule
+from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, compile_schedule
+from planner.schedules.memory import activation_peaks, memory_peaks, stage_inflight_peak, stage_memory_moments
+from planner.schedules import memory_states
+from planner.schedules.memory_states import pareto_front, state_table
+
+
+def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
+    """An equal schedule object with none of the caches filled."""
+    return PipelineSchedule(**{f.name: getattr(schedule, f.name) for f in dataclasses.fields(schedule)})
+
+
+def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[tuple]]]:
+    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent)), action by action."""
+    cs = compile_schedule(schedule)
+    out = []
+    for r, stages in enumerate(cs.rank_stages):
+        col = {s: i for i, s in enumerate(stages)}
+        n = len(stages)
+        f_started, last_ended, first_ended = [0] * n, [0] * n, [0] * n
+        i_ended, w_ended = [0] * n, [0] * n
+        seen = set()
+        for a in cs.ids[r]:
+            kind, s, _ = cs.split_id(a)
+            i = col[s]
+            if kind == CODE_F:
+                f_started[i] += 1
+            during = tuple(f_started[k] - last_ended[k] for k in range(n))
+            bwd = s if kind in (CODE_B, CODE_I) else -1
+            grads = tuple(int(last_ended[k] > 0) for k in range(n))
+            outputs = tuple(f_started[k] - first_ended[k] for k in range(n))
+            pending = tuple(i_ended[k] - w_ended[k] for k in range(n))
+            seen.add(during + (bwd,) + grads + outputs + pending + tuple(i_ended))
+            if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
+                last_ended[i] += 1
+            if kind in (CODE_B, CODE_I):
+                first_ended[i] += 1
+            if kind == CODE_I:
+                i_ended[i] += 1
+            if kind == CODE_W:
+                w_ended[i] += 1
+        if not seen:
+            seen.add((0,) * n + (-1,) + (0,) * (4 * n))
+        rows = sorted(seen)
+        out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1], u[4 * n + 1:])
+                             for u in rows]))
+    return out
+
+
+def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_bytes, wgrad_bytes, sent_bytes):
+    out = []
+    for stages, states in _walk_states(schedule):
+        held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
+        kept = [float(kept_bytes[s]) - h for s, h in zip(stages, held)]
+        grad = [float(gradient_bytes[s]) for s in stages]
+        wgrad = [float(wgrad_bytes[s]) if wgrad_bytes is not None else 0.0 for s in stages]
+        sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
+        best, at = -1.0, (0.0, 0.0)
+        for counts, bwd, has_grad, outs, pending, sent in states:
+            act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
+                   + sum(c * w for c, w in zip(pending, wgrad))
+                   + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
+                   + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
+            g = sum(h * x for h, x in zip(has_grad, grad))
+            if act + g > best:
+                best, at = act + g, (act, g)
+        out.append(at)
+    return out
+
+
+def _plain_activation_peaks(schedule, kept_bytes, transient_bytes):
+    peaks = []
+    for stages, states in _walk_states(schedule):
+        best = 0.0
+        for counts, bwd, *_ in states:
+            value = sum(c * float(kept_bytes[s]) for c, s in zip(counts, stages))
+            if bwd >= 0:
+                value += float(transient_bytes[bwd])
+            best = max(best, value)
+        peaks.append(best)
+    return peaks
+
+
+def _plain_moments(schedule):
+    seen = [set() for _ in range(schedule.n_stages)]
+    for stages, states in _walk_states(schedule):
+        for i, s in enumerate(stages):
+            for counts, bwd, has_grad, _, pending, sent in states:
+                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i]))
+    out = []
+    for moments in seen:
+        kept = [m for m in moments if not any(o != m and all(a >= b for a, b in zip(o, m)) and o[4] - o[3] >= m[4] - m[3]
+                                              for o in moments)]
+        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4])))
+    return out
+
+
+def _random_schedules(rng, count):
+    out = []
+    while len(out) < count:
+        name = str(rng.choice(["gpipe", "1f1b", "interleaved", "zb"]))
+        v = 2 if name == "interleaved" else 1
+        ranks, m = int(rng.integers(1, 6)), int(rng.integers(1, 11))
+        try:
+            check_sizes(name, ranks, m, v)
+        except Exception:
+            continue
+        out.append(generate(name, ranks, m, v))
+    return out
+
+
+def _prices(rng, kind: str, n: int) -> list[float]:
+    if kind == "small":  # whole numbers with many ties: the exact path and its tie check
+        return rng.integers(0, 4, n).astype(float).tolist()
+    if kind == "bytes":
+        return np.round(rng.uniform(0, 1e9, n)).tolist()
+    if kind == "fraction":  # not whole: every state is priced
+        return rng.uniform(0, 10, n).tolist()
+    return rng.choice([0.0, 0.1, 1.0, 3.0, 1e16], n).tolist()  # sums beyond exact float integers
+
+
+@pytest.mark.parametrize("kind", ["small", "bytes", "fraction", "huge"])
+def test_memory_peaks_equal_the_plain_definition(kind):
+    rng = np.random.default_rng(["small", "bytes", "fraction", "huge"].index(kind))
+    for schedule in _random_schedules(rng, 120 if kind == "fraction" else 40):
+        S = schedule.n_stages
+        kept, trans, grad = (_prices(rng, kind, S) for _ in range(3))
+        held = [min(h, k) for h, k in zip(_prices(rng, kind, S), kept)] if rng.random() < 0.7 else None
+        wgrad = _prices(rng, kind, S) if rng.random() < 0.5 else None
+        sent = [tuple(_prices(rng, kind, 3)) for _ in range(S)] if rng.random() < 0.5 else None
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent)
+        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent)
+        assert repr(got) == repr(want), (schedule.name, schedule.n_ranks, schedule.n_microbatches, kind)
+        assert repr(activation_peaks(schedule, kept, trans)) == repr(_plain_activation_peaks(schedule, kept, trans))
+
+
+def test_a_front_cut_short_gives_the_same_peaks(monkeypatch):
+    monkeypatch.setattr(memory_states, "_FRONT_ROUNDS", 1)  # keeps most rows: dominated ones among the front
+    rng = np.random.default_rng(21)
+    for schedule in _random_schedules(rng, 40):
+        S = schedule.n_stages
+        kept, trans, grad, held, wgrad = (_prices(rng, "small", S) for _ in range(5))
+        held = [min(h, k) for h, k in zip(held, kept)]
+        sent = [tuple(_prices(rng, "small", 3)) for _ in range(S)]
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent)
+        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent)) == repr(want)
+
+
+def test_a_tie_the_front_alone_would_break_otherwise_takes_the_first_state():
+    # rank 2 reaches 4 bytes as (4, 0) in a state the front drops and as (3, 1) in a front state
+    # that comes first among the front: the rank is priced state by state
+    sched = generate("zb", 4, 4)
+    kept, trans, grad, held = [1.0, 2.0, 1.0, 1.0], [0.0, 2.0, 2.0, 3.0], [0.0, 3.0, 1.0, 3.0], [1.0, 2.0, 1.0, 0.0]
+    want = _plain_peaks(sched, kept, trans, grad, held, None, None)
+    assert want[2] == (4.0, 0.0)
+    assert memory_peaks(_fresh(sched), kept, trans, grad, held) == want
+
+
+def test_a_tie_between_different_pairs_takes_the_first_state():
+    # GPipe stage: 4 micro-batches and no gradients, or 3 and gradients: both sum to 4
+    sched = generate("gpipe", 2, 4)
+    want = _plain_peaks(sched, [1.0, 1.0], [0.0, 0.0], [1.0, 1.0], None, None, None)
+    assert memory_peaks(_fresh(sched), [1.0, 1.0], [0.0, 0.0], [1.0, 1.0]) == want == [(3.0, 1.0), (3.0, 1.0)]
+
+
+def test_a_rank_without_stages_holds_nothing():
+    one = generate("1f1b", 1, 2)
+    sched = PipelineSchedule("custom", 2, 1, 2, (0,), {0: one.order[0], 1: ()})
+    want = _plain_peaks(sched, [4.0], [1.0], [2.0], None, None, None)
+    assert repr(memory_peaks(sched, [4.0], [1.0], [2.0])) == repr(want) == repr([(5.0, 2.0), (0.0, 0)])
+    assert activation_peaks(sched, [4.0], [1.0]) == [5.0, 0.0]
+
+
+def test_moments_and_inflight_equal_the_plain_definition():
+    rng = np.random.default_rng(7)
+    for schedule in _random_schedules(rng, 40):
+        got = [[dataclasses.astuple(m) for m in stage] for stage in stage_memory_moments(_fresh(schedule))]
+        assert got == [[tuple(m) for m in stage] for stage in _plain_moments(schedule)], (schedule.name, schedule.n_ranks)
+        assert stage_inflight_peak(_fresh(schedule)) == [max(st[0][stages.index(s)] for st in states)
+                                                         for s in range(schedule.n_stages)
+                                                         for stages, states in _walk_states(schedule) if s in stages]
+
+
+def test_state_table_rows_are_the_walked_states_in_order():
+    rng = np.random.default_rng(3)
+    for schedule in _random_schedules(rng, 20):
+        t = state_table(_fresh(schedule))
+        for r, (stages, states) in enumerate(_walk_states(schedule)):
+            n, lo, hi = len(stages), t.starts[r], t.starts[r + 1]
+            rows = [(tuple(t.during[k, :n].tolist()), int(t.bwd[k]), tuple(t.grads[k, :n].tolist()),
+                     tuple(t.outputs[k, :n].tolist()), tuple(t.pending[k, :n].tolist()), tuple(t.sent[k, :n].tolist()))
+                    for k in range(lo, hi)]
+            assert rows == states
+
+
+def test_pareto_front_keeps_exactly_the_undominated_rows():
+    rng = np.random.default_rng(11)
+    for _ in range(50):
+        rows = np.unique(rng.integers(0, 4, (int(rng.integers(1, 40)), int(rng.integers(1, 5)))), axis=0)
+        want = [i for i, a in enumerate(rows) if not any(np.all(b >= a) and np.any(b != a) for b in rows)]
+        assert pareto_front(rows).tolist() == want
+
+
+def test_pareto_front_with_few_rounds_keeps_a_dominating_superset():
+    rng = np.random.default_rng(12)
+    for _ in range(50):
+        rows = np.unique(rng.integers(0, 6, (int(rng.integers(1, 60)), 3)), axis=0)
+        kept = pareto_front(rows, rounds=2).tolist()
+        assert set(pareto_front(rows).tolist()) <= set(kept) and kept == sorted(kept)
+        for i in set(range(len(rows))) - set(kept):
+            assert any(np.all(rows[k] >= rows[i]) for k in kept)
+
+
+def test_caches_return_the_same_values_as_a_fresh_computation():
+    sched = generate("zb", 4, 8)
+    first_moments, first_peak = stage_memory_moments(sched), stage_inflight_peak(sched)
+    first_moments.append(())  # a caller's change to the returned list does not reach the cache
+    first_peak[0] = -1
+    assert stage_memory_moments(sched) == stage_memory_moments(_fresh(sched))
+    assert stage_inflight_peak(sched) == stage_inflight_peak(_fresh(sched))
+    assert state_table(sched) is state_table(sched)
+    kept = [3.0, 1.0, 2.0, 5.0]
+    assert memory_peaks(sched, kept, kept, kept) == memory_peaks(sched, kept, kept, kept) == memory_peaks(_fresh(sched), kept, kept, kept)
+
