@@ -59,7 +59,8 @@ def test_the_library_job_makes_the_commands_plan_and_counts_its_steps(pplan, pro
     assert plan_to_json(job.plan) == out.read_text() and not out.with_name("plan.png").exists()
     total = steps[0][1]
     assert total > 1 and [s[0] for s in steps] == list(range(total + 1)) and {s[1] for s in steps} == {total}
-    assert all(" M=" in note for _, _, note in steps[1:])  # each step names its grid point
+    assert all(" M=" in note or note.startswith("polish") for _, _, note in steps[1:])  # its grid point or polish slot
+    assert sum(note.startswith("polish") for _, _, note in steps) == 3  # POLISH_TOP slots after the grid
     assert job.calibration is None and job.calibration_path is None and job.basis.startswith("uncalibrated")
 
 

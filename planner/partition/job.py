@@ -23,7 +23,7 @@ from planner.partition.api import PartitionResult, partition, resolve_devices, v
 from planner.partition.parallel_plan import parallel_plan
 from planner.partition.parallel_search import ParallelResult, plan_parallel
 from planner.partition.parallel_sweep import LayoutPoint, layout_sweep
-from planner.partition.search import PartitionSettings, grid_points
+from planner.partition.search import PartitionSettings, grid_points, polish_steps
 from planner.plan import Plan
 from planner.profiling.profile import Profile, load_profile
 from planner.simulate import unpriced_memory_note
@@ -161,7 +161,7 @@ def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings
 
 def _steps(profile: Profile, settings: PartitionSettings) -> int:
     """How many grid points partition() visits: the number of on_step calls it makes."""
-    return len(grid_points(settings, len(resolve_devices(settings)[0]), profile.n_layers)[0])
+    return len(grid_points(settings, len(resolve_devices(settings)[0]), profile.n_layers)[0]) + polish_steps(settings)
 
 
 def _counted(on_step: StepCallback, total: int) -> Callable[[str], None]:

@@ -36,7 +36,7 @@ from planner.simulate import SimResult, simulate_costs
 from planner.units import format_bytes
 
 __all__ = ["METHODS", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for",
-           "CandidateEvaluator", "device_orders"]
+           "CandidateEvaluator", "device_orders", "polish_steps"]
 
 METHODS = ("auto", "dp", "ilp") + BASELINES
 MAX_AUTO_MICROBATCHES = 1024  # auto searches M up to this (a forced --microbatches may go beyond)
@@ -287,7 +287,8 @@ def device_orders(profile: Profile, settings: PartitionSettings, devices: tuple[
 
 def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
                calibration: Calibration | None, on_step: Callable[[str], None] | None = None) -> Search:
-    """Evaluate every method at every grid point and device order."""
+    """Evaluate every method at every grid point and device order; on_step(note) as each grid point
+    and each polish slot begins (len(grid points) + polish_steps(settings) calls)."""
     optimizer_factor(settings.optimizer)
     if settings.recompute not in RECOMPUTE_MODES:
         raise PplanError(f"unknown recompute mode {settings.recompute!r}", f"use one of {', '.join(RECOMPUTE_MODES)}")
@@ -322,12 +323,23 @@ def run_search(profile: Profile, settings: PartitionSettings, devices: tuple[Dev
     top = [c for c in sorted(best.values(), key=rank_key) if c.origin in pool and c.fits][:POLISH_TOP]
     if settings.method in BASELINES:
         top = []
-    for cand in top:
-        polished = _polish(ev, cand)
-        if polished is not cand:
-            keep(polished)
+    for i in range(polish_steps(settings)):
+        # one step per slot, polished or not, so the caller's count (polish_steps) is exact; at
+        # hundreds of devices the polish is most of the search (a simulation per cut move)
+        if on_step:
+            on_step(f"polish {top[i].origin} {top[i].point.schedule} M={top[i].point.n_microbatches}" if i < len(top)
+                    else "polish: no other candidate")
+        if i < len(top):
+            polished = _polish(ev, top[i])
+            if polished is not top[i]:
+                keep(polished)
     ordered = tuple(sorted(best.values(), key=rank_key))
     return Search(candidates=ordered, pool=pool, skipped=tuple(skipped), calibration=calibration)
+
+
+def polish_steps(settings: PartitionSettings) -> int:
+    """How many times run_search calls on_step after its grid points: once per polish slot."""
+    return 0 if settings.method in BASELINES else POLISH_TOP
 
 
 def _polish(ev: CandidateEvaluator, cand: Candidate) -> Candidate:
