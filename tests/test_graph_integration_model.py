@@ -226,11 +226,14 @@ def test_profile_partition_simulate_a_unet_end_to_end(pplan, monkeypatch, tmp_pa
     cuts = [st.layers[1] - 1 for st in plan.stages[:-1]]
     cross = crossing_bytes(10, prof.at(b).output_bytes, prof.skip_edges, b)
     # The plan's memory: torch's stage keeps a receive buffer per micro-batch for the crossing bytes
-    # at each of its cuts (activations in, gradients of its output), and the first holds the input batch.
-    batch = prof.at(b).input_bytes
+    # at each of its cuts (activations in, gradients of its output); the first holds the input batch
+    # and the last the step's targets.
+    batch, target = prof.at(b).input_bytes, prof.at(b).target_bytes
+    assert target > 0
     for d, dev in enumerate(plan.predicted.devices):
         ends = [c for c in (cuts[d - 1] if d else None, cuts[d] if d < len(cuts) else None) if c is not None]
-        assert dev.memory.buffers == int(M * (sum(cross[c] for c in ends) + (batch if d == 0 else 0.0)))
+        held = (batch if d == 0 else 0.0) + (target if d == len(plan.predicted.devices) - 1 else 0.0)
+        assert dev.memory.buffers == int(M * (sum(cross[c] for c in ends) + held))
     code, out, err = pplan("simulate", plan_json, "--timeline", timeline, "--json")
     assert code == 0, err
     assert json.loads(out)["iteration_ms"] == pytest.approx(plan.predicted.iteration_ms)

@@ -32,7 +32,7 @@ __all__ = ["ClusterSettings", "PipelineJob", "ClusterJob", "StepCallback", "part
 
 StepCallback = Callable[[int, int, str], None]
 """on_step(done, total, note): once with done=0 when the search starts (so a progress bar can
-start its clock with the right size), then once as each of the `total` grid points begins."""
+start its clock with the right size), then once as each of the `total` grid points and polish slots begins."""
 
 
 @dataclass(frozen=True)
