@@ -104,6 +104,9 @@ class SweepResult:
     """id -> when its output is available to the consuming stage."""
     device_end: list[float]
     """rank -> end of its last action."""
+    rank_visits: list[int]
+    """rank -> how many times the sweep resumed it (waking only a rank whose input is ready keeps
+    this to a few per rank; a pass over every rank per step would make it ranks x ranks)."""
 
 
 def compile_schedule(schedule: PipelineSchedule) -> CompiledSchedule:
@@ -248,7 +251,7 @@ def sweep(
     n_ids = cs.n_ids
     # Filled in place by _advance; device_end doubles as each rank's "free from" time.
     out = SweepResult(start=[-1.0] * n_ids, end=[-1.0] * n_ids, send_start=[-1.0] * n_ids, ready=[-1.0] * n_ids,
-                      device_end=[0.0] * cs.n_ranks)
+                      device_end=[0.0] * cs.n_ranks, rank_visits=[0] * cs.n_ranks)
     link_free = [0.0] * max(n_links, 1)
     ptr = [0] * cs.n_ranks
     # A rank that stops waits for one action, and each output feeds one action: the rank is woken
@@ -259,7 +262,9 @@ def sweep(
     todo = list(range(cs.n_ranks - 1, -1, -1))
     ran = 0
     while todo:
-        ran += _advance(cs, todo.pop(), ptr, dur, send_ms, link, link_free, out, waiting, todo)
+        r = todo.pop()
+        out.rank_visits[r] += 1
+        ran += _advance(cs, r, ptr, dur, send_ms, link, link_free, out, waiting, todo)
     if ran != sum(len(x) for x in cs.ids):
         _raise_deadlock(cs, ptr, order)
     return out
