@@ -151,7 +151,7 @@ def test_memory_peaks_equal_the_plain_definition(kind):
 
 
 def test_a_front_cut_short_gives_the_same_peaks(monkeypatch):
-    monkeypatch.setattr(memory_states, "_FRONT_ROUNDS", 1)  # keeps most rows: dominated ones among the front
+    monkeypatch.setattr(memory_states, "FRONT_ROUNDS", 1)  # keeps most rows: dominated ones among the front
     rng = np.random.default_rng(21)
     for schedule in _random_schedules(rng, 40):
         S = schedule.n_stages

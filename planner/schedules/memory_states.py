@@ -23,13 +23,15 @@ import numpy as np
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 
-__all__ = ["StateTable", "state_table", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
+__all__ = ["FRONT_ROUNDS", "StateTable", "state_table", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
 
 _ATTR = "_pplan_state_table"
 # Integer sums below this are exact in float64, whatever their order (2**53, less a margin).
 _EXACT_BOUND = float(2**52)
-# Rows the table's front takes one by one per rank before it keeps the rest unpruned (pareto_front).
-_FRONT_ROUNDS = 64
+
+FRONT_ROUNDS = 64
+"""Rows the table's front takes one by one per rank before it keeps the rest unpruned
+(pareto_front): zero-bubble states barely prune, and the cap keeps building their table short."""
 
 
 @dataclass(frozen=True)
@@ -122,7 +124,7 @@ def _build(cs: CompiledSchedule) -> StateTable:
         bwd_mark = block[:, width][:, None] == stage_of[r][None, :]
         during, grads, outputs, pending, sent = pad
         features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark])
-        front.append(starts[-1] + pareto_front(features, _FRONT_ROUNDS))
+        front.append(starts[-1] + pareto_front(features, FRONT_ROUNDS))
         blocks.append(block)
         starts.append(starts[-1] + len(block))
     rows = np.concatenate(blocks)
