@@ -14,6 +14,7 @@ import functools
 
 from planner.errors import ScheduleError
 from planner.schedules.actions import Action, ActionKind, PipelineSchedule, format_order, parse_action
+from planner.schedules.compiled import share_compiled
 from planner.schedules.registry import SCHEDULE_NAMES, SCHEDULES, ScheduleSpec, get_schedule
 from planner.schedules.validate import spaced_order, validate
 
@@ -93,7 +94,7 @@ def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
         stage_rank=draft.stage_rank, order=spaced_order(draft),
     )
     # Same actions in the same per-rank order as the validated draft: reuse its compiled form.
-    object.__setattr__(spaced, "_pplan_compiled", draft.__dict__["_pplan_compiled"])
+    share_compiled(draft, spaced)
     return spaced
 
 

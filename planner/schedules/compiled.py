@@ -21,7 +21,7 @@ from planner.schedules.actions import KINDS, N_KINDS, Action, ActionKind, Pipeli
 
 __all__ = [
     "KIND_CODE", "CODE_F", "CODE_B", "CODE_I", "CODE_W", "N_KINDS",
-    "CompiledSchedule", "SweepResult", "action_id", "compile_schedule", "sweep",
+    "CompiledSchedule", "SweepResult", "action_id", "compile_schedule", "share_compiled", "sweep",
 ]
 
 KIND_CODE = {k: k.code for k in ActionKind}  # ActionKind (or its letter) -> code
@@ -122,6 +122,12 @@ def compile_schedule(schedule: PipelineSchedule) -> CompiledSchedule:
     # The schedule is frozen and never changes, so a private cache on it is safe.
     object.__setattr__(schedule, _CACHE_ATTR, compiled)
     return compiled
+
+
+def share_compiled(source: PipelineSchedule, target: PipelineSchedule) -> None:
+    """Give `target` the compiled form of `source`: for a schedule with the same actions in the same
+    per-rank order (only its idle slots differ), which compiles to the same structure."""
+    object.__setattr__(target, _CACHE_ATTR, compile_schedule(source))
 
 
 def _compile(sch: PipelineSchedule) -> CompiledSchedule:
