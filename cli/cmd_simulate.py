@@ -46,7 +46,7 @@ def simulate_cmd(
     Flags override the plan for what-if questions. --microbatches M keeps the global batch
     (M micro-batches of global batch / M samples), as `pplan partition` does; --keep
     micro-batch-size keeps the plan's micro-batch size instead, so the global batch changes.
-    --bandwidth/--latency replace every link's values (and win over a calibration's). The
+    --bandwidth/--latency replace every pipeline link's values (and win over a calibration's). The
     output names the basis: the profile as measured, or the calibration applied.
 
     A plan from `pplan partition --nodes` (data x pipeline x tensor parallelism) simulates one
