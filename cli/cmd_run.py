@@ -116,12 +116,15 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
     from planner.execute.worker import read_env
 
     env = read_env()
-    if env is None or env.rank == 0:
-        err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
-            + (f" under torchrun ({env.world} processes)" if env else ""))
+
+    def starting() -> None:
+        if env is None or env.rank == 0:
+            err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
+                + (f" under torchrun ({env.world} processes)" if env else ""))
+
     outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
                        force=force, out=out, timeline_path=timeline, machine=machine_file, model=model,
-                       trust_model=trust_model)
+                       trust_model=trust_model, on_start=starting)
     if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
         if json_out:
             echo_json(outcome.record.to_dict())

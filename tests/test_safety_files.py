@@ -30,8 +30,8 @@ def _refused(res, *words: str) -> str:
     """The single error line of a refused command (asserting exit 2, no traceback)."""
     assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
     assert "Traceback" not in res.stdout + res.stderr, res.stderr
-    # `pplan run` announces "running PLAN: ..." before its preflight checks; no rank has started then
-    lines = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("running ")]
+    # one line: `pplan run` announces "running PLAN: ..." only once every check has passed
+    lines = res.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("pplan: error:"), res.stderr
     assert "step 1/" not in res.stderr
     for word in words:

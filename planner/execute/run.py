@@ -3,18 +3,16 @@
     outcome = run_plan(plan, RunOptions(steps=10), plan_path="plan.json")
     outcome.record.iteration_ms_measured, outcome.record.error_pct
 
-A plan whose model is a `module:factory` (Python code the plan file names) runs only when the
-caller vouches for it, `model=` the same spec or `trust_model=True` (planner.models.trust), as
-`pplan run --model/--trust-model` does: a plan someone sent imports nothing by default.
+A plan naming a `module:factory` model runs only when the caller vouches for it (`model=` the same
+spec, or `trust_model=True`: planner.models.trust): a plan someone sent imports nothing by default.
 
-Locally it starts one process per plan device; under torchrun (RANK and WORLD_SIZE set) this
-process is one rank: it joins the job and rank 0 writes the results.
+Locally it starts one process per plan device; under torchrun (RANK, WORLD_SIZE set) this process
+is one rank: it joins the job and rank 0 writes the results.
 
-A run whose loss stops being finite (a too-large --lr) ends after that step on every rank;
-the run JSON is still written, with the losses so far (the non-finite one as null, its text in
-`diverged.loss`), and RunError says where it diverged. SIGTERM or SIGHUP of a local run stops
-the ranks and removes the run folder (`pplan-run-*` in the temporary directory) before the
-process ends by that signal.
+A run whose loss stops being finite (a too-large --lr) ends after that step on every rank; the
+run JSON is still written, with the losses so far (the non-finite one as null, its text in
+`diverged.loss`), and RunError says where it diverged. SIGTERM or SIGHUP of a local run stops the
+ranks and removes the run folder (`pplan-run-*` in the temporary directory), then ends by it.
 """
 
 from __future__ import annotations
@@ -29,7 +27,7 @@ import tempfile
 import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from planner.atomic import atomic_write_text
 from planner.calibration import Calibration, calibration_path_for, find_calibration, write_calibration
@@ -150,14 +148,15 @@ def _machine_text(measured: int, wanted: int) -> str:
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,
              force: bool = False, out: str | os.PathLike | None = None,
              timeline_path: str | os.PathLike | None = None, machine: str | os.PathLike | None = None,
-             use_machine: bool = True, model: str | None = None, trust_model: bool = False) -> RunOutcome | None:
+             use_machine: bool = True, model: str | None = None, trust_model: bool = False,
+             on_start: Callable[[], None] | None = None) -> RunOutcome | None:
     """Run `plan`; returns the outcome (None on ranks other than 0 under torchrun).
 
     `model`, `trust_model`: vouch for a `module:factory` model (the same spec, or trust whatever the
     plan names); without either such a plan is refused before anything is imported or started
     (planner.models.trust.check_model_trusted), and a `model` other than the plan's is refused.
     `machine`: a machine file (planner.machine) to predict with when the profile has no
-    calibration beside it; `use_machine=False` predicts from the profile alone.
+    calibration beside it; `use_machine=False` predicts from the profile alone. `on_start()` once every check passed.
     """
     # first: the preflight builds the model, which imports a factory's module
     check_model_trusted(plan.model, model, trust_model, source=f"plan {plan_path!r}" if plan_path else "the plan")
@@ -167,6 +166,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     # second, not after the whole run.
     prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
     load_before = _load_average()
+    if on_start is not None:  # after every refusal: a "running ..." line before one would make it two lines
+        on_start()
     measurements = _launch(plan, opts, pf, env)
     if measurements is None:
         return None
