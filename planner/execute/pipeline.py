@@ -49,7 +49,7 @@ the same micro-batches and sends the same replicated tensors to its own tp peer 
 stage (the "pp" group of its tp index); the data-parallel all-reduce sums each rank's local
 shards over its "dp" group. ZeRO-1 steps aliases of the local shards
 (planner.execute.tensor.LocalShardsOptimizer); ZeRO-2/3 with tp > 1 is refused
-(planner.execute.tensor.zero_with_tp_error says why).
+(planner.parallel.zero_tp_error says why).
 """
 
 from __future__ import annotations
@@ -67,6 +67,7 @@ from planner.execute.mesh import coords, global_rank, make_mesh, tp_index
 from planner.execute import tensor as _tensor
 from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
+from planner.parallel import zero_tp_error
 from planner.plan import Plan
 
 __all__ = ["Pipeline", "build_pipeline", "replica_slice"]
@@ -273,8 +274,9 @@ def _running_zero(plan: Plan) -> int:
     zero = plan.parallel.zero if plan.parallel is not None and plan.dp > 1 else 0
     if plan.tp > 1:
         _tensor.check_tp_model(plan.model, plan.tp)
-        if zero >= 2:
-            raise _tensor.zero_with_tp_error(zero, plan.tp)
+        error = zero_tp_error(zero, plan.tp)
+        if error is not None:
+            raise error
     return zero
 
 

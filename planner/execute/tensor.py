@@ -27,7 +27,7 @@ Two adaptations, both in this module, the model's own code untouched:
 Around it: checkpoints hold full tensors in the model's layout (full_layer_state,
 full_optimizer_state; loaded back with load_layer_state, load_optimizer_state), so a save
 resumes with any tp; ZeRO-1 steps plain aliases of the local shards (LocalShardsOptimizer),
-ZeRO-2/3 with tp > 1 is refused (zero_with_tp_error); the memory tracker counts saved DTensors
+ZeRO-2/3 with tp > 1 is refused (planner.parallel.zero_tp_error); the memory tracker counts saved DTensors
 by their local shards (ShardTracker).
 """
 
@@ -43,9 +43,8 @@ from torch import nn
 from planner.errors import PplanError
 from planner.execute import zero
 from planner.execute.measure import MemoryTracker
-from planner.parallel import zero_tp_refusal
 
-__all__ = ["TP_MODELS", "check_tp_model", "zero_with_tp_error", "qkv_order", "parallelize_blocks", "full_layer_state",
+__all__ = ["TP_MODELS", "check_tp_model", "qkv_order", "parallelize_blocks", "full_layer_state",
            "load_layer_state", "unpermute_optimizer_state", "permute_optimizer_state", "LocalShardsOptimizer", "make_optimizer",
            "full_optimizer_state", "load_optimizer_state", "ShardTracker"]
 
@@ -67,12 +66,6 @@ def check_tp_model(model_spec: str | None, tp: int) -> None:
         raise PplanError(f"tp {tp} does not divide the gpt's {p['heads']} attention heads and FFN width "
                          f"{p['ffn'] * p['hidden']} (model {model_spec!r})",
                          "re-plan with a tp that divides both, or tp=1")
-
-
-def zero_with_tp_error(zero: int, tp: int) -> PplanError:
-    """Why ZeRO-2/3 (dp > 1) and tensor parallelism do not run together here, in one line
-    (planner.parallel.zero_tp_refusal: the rule the search skips such layouts by, too)."""
-    return PplanError(str(zero_tp_refusal(zero, tp)))
 
 
 def qkv_order(hidden: int, heads: int, tp: int) -> torch.Tensor:
