@@ -42,11 +42,10 @@ from planner.cost.replica_bytes import gradient_bytes
 from planner.errors import InfeasibleError, PplanError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
 from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig, parse_parallel, run_refusal
-from planner.partition.parallel_eval import (
-    MAX_MICROBATCHES, ParallelCandidate, ParallelCosts, ParallelTask, check_batch_splits, check_held_runs,
-    check_microbatches, extrapolated_warning, hardware_mismatch, held_flags, held_size, helping_zero, least_static_bytes,
-    runnable_schedules, simulate_task, solve_task,
-)
+from planner.partition.parallel_checks import (MAX_MICROBATCHES, check_batch_splits, check_held_runs, check_microbatches,
+                                               extrapolated_warning, hardware_mismatch, held_flags, held_size, runnable_schedules)
+from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_static_bytes,
+                                             simulate_task, solve_task)
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, get_schedule
