@@ -43,7 +43,7 @@ from planner.simulation.replica import Cluster, replica_costs, replica_layout, s
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
 
 __all__ = ["simulate", "simulate_costs", "plan_stage_costs", "check_action_count", "check_hardware_applies", "is_replica_plan",
-           "plan_hardware", "replica_on_hardware", "unpriced_memory_note",
+           "plan_hardware", "replica_cluster", "replica_on_hardware", "unpriced_memory_note",
            "MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS",
            "SimResult", "TimelineRow", "TIMELINE_COLUMNS"]
 
@@ -176,6 +176,13 @@ def replica_on_hardware(plan: Plan, hardware: Hardware) -> Plan:
     return plan.with_(devices=devices, links=links, parallel=cfg)
 
 
+def replica_cluster(plan: Plan, hardware: Hardware) -> Cluster:
+    """The cluster one replica of data/tensor-parallel `plan` is priced on: `hardware`'s GPUs, the
+    plan's GPUs per node and its recorded way of syncing gradients (pplan simulate and run alike)."""
+    cfg = plan.parallel
+    return Cluster(hardware, int(cfg.gpus_per_node or hardware.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
+
+
 def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibration | None, record_timeline: bool,
                            hardware: Hardware | None) -> SimResult:
     cfg = plan.parallel
@@ -190,12 +197,11 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
     hw = plan_hardware(plan, hardware)
     if hardware is not None:
         plan = replica_on_hardware(plan, hardware)
-    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
-    cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
+    cluster = replica_cluster(plan, hw)
     flops = model_flops(profile, plan.global_batch)
     sim = simulate_replica(
         generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages),
-        replica_costs(raw, profile.names, cfg, cluster), cuts, [st.recompute for st in plan.stages], cfg, cluster,
+        replica_costs(raw, profile.names, cfg, cluster), plan.cuts, [st.recompute for st in plan.stages], cfg, cluster,
         flops, devices=plan.devices, links=plan.links,
         stage_device=[st.device for st in plan.stages], micro_batch_size=plan.micro_batch_size,
         record_timeline=record_timeline, interpolated=raw.interpolated,

@@ -66,8 +66,8 @@ def _replica_pricing(plan: Plan, profile: Profile) -> _ReplicaPricing | None:
     the same hardware, cluster, costs and precision); None for a one-pipeline plan, and for a
     data/tensor-parallel plan whose hardware is no preset (simulate cannot price it either)."""
     from planner.cost.parallel import model_flops
-    from planner.simulate import is_replica_plan, plan_hardware
-    from planner.simulation.replica import Cluster, replica_costs, replica_stages
+    from planner.simulate import is_replica_plan, plan_hardware, replica_cluster
+    from planner.simulation.replica import replica_costs, replica_stages
 
     if not is_replica_plan(plan):
         return None
@@ -76,11 +76,10 @@ def _replica_pricing(plan: Plan, profile: Profile) -> _ReplicaPricing | None:
     except PlanError:
         return None
     cfg = plan.parallel
-    cluster = Cluster(hw, int(cfg.gpus_per_node or hw.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
+    cluster = replica_cluster(plan, hw)
     precision = model_flops(profile, plan.global_batch).precision
     costs = replica_costs(profile.at(plan.micro_batch_size), profile.names, cfg, cluster)
-    cuts = [st.layers[0] for st in plan.stages] + [plan.stages[-1].layers[1]]
-    stages = replica_stages(costs, cuts, [st.recompute for st in plan.stages], cfg, cluster, precision,
+    stages = replica_stages(costs, plan.cuts, [st.recompute for st in plan.stages], cfg, cluster, precision,
                             plan.n_microbatches)
     return _ReplicaPricing(stages=stages, dp_link=cluster.placement(cfg).dp, precision=precision)
 

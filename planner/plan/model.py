@@ -134,6 +134,11 @@ class Plan:
         return len(self.stages)
 
     @property
+    def cuts(self) -> list[int]:
+        """Stage boundaries in layer order: each stage's first layer, then the last stage's end."""
+        return [st.layers[0] for st in self.stages] + [self.stages[-1].layers[1]]
+
+    @property
     def virtual_stages(self) -> int:
         """Stages per device (1 except for interleaved schedules)."""
         return len(self.stages) // len(self.devices)
