@@ -191,6 +191,8 @@ def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) 
         (atomic_write_text if isinstance(payload, str) else atomic_write_bytes)(path, payload)
     if as_json:
         echo_json(data)
+        if w.skipped is not None:  # the table names them in their rows; beside JSON, stderr does
+            err(f"note: {w.skipped}")
         return
     echo = typer.echo
     if parameter == "microbatches":

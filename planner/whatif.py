@@ -1,69 +1,33 @@
 """What-if questions about a plan: change its schedule, micro-batching or links, and sweep them.
 
 `pplan simulate` and the report call this module; it sits above the simulator (it calls `planner.simulate`)
-and below the figures (they draw its rows), and imports neither torch nor matplotlib.
-
-Micro-batching keeps the global batch by default, as `pplan partition` does: `microbatches=M` means M
-micro-batches of global_batch / M samples, so every row trains on the same data per step.
-`keep="micro-batch-size"` keeps the plan's micro-batch size instead (the global batch then grows with M). A
-value a schedule or the batch cannot take (e.g. 1f1b with fewer micro-batches than devices, or M not dividing
-the global batch) becomes a row with its reason instead of stopping the sweep.
+and below the figures (they draw its rows), and imports neither torch nor matplotlib. It finds a plan's
+inputs (`load_setup`), checks the outputs a caller will write, and answers one question (`what_if`). The
+change itself is `planner.whatif_change` (how micro-batching keeps the global batch); a sweep's rows are
+`planner.whatif_sweep`. Both are re-exported here, so callers import from this module alone.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Iterable
+from typing import Any, ClassVar
 
 from planner.atomic import ensure_outputs_distinct, ensure_writable_file
 from planner.calibration import Calibration, basis_text, calibration_mismatch, calibration_path_for
 from planner.machine import prediction_basis
 from planner.errors import PlanError, PplanError
-from planner.hardware import Hardware, load_hardware
-from planner.jsonio import nearest
-from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
-from planner.plan import Links, Plan, load_plan, resolve_profile_path
+from planner.hardware import load_hardware
+from planner.plan import Plan, load_plan, resolve_profile_path
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.schedules.registry import get_schedule, schedule_name
+from planner.whatif_change import KEEP, WhatIf, apply_what_if
+from planner.whatif_sweep import (SweepRow, check_sweep_actions, parse_sweep, run_sweep, skipped_note, sweep_grid,
+                                  sweep_refusal, sweep_to_dict)
 
 __all__ = ["KEEP", "WhatIf", "SimulationOutputs", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if",
            "parse_sweep", "run_sweep", "check_sweep_actions", "sweep_grid", "sweep_to_dict"]
-
-KEEP = ("global-batch", "micro-batch-size")
-
-
-@dataclass(frozen=True)
-class WhatIf:
-    """Changes to a plan (None = keep the plan's value)."""
-
-    schedule: str | None = None
-    """Schedule name."""
-    n_microbatches: int | None = None
-    """Micro-batches per iteration."""
-    micro_batch_size: int | None = None
-    """Samples per micro-batch."""
-    bandwidth_bytes_per_s: float | None = None
-    """Every link's bandwidth (wins over a calibration's)."""
-    latency_ms: float | None = None
-    """Every link's latency (wins over a calibration's)."""
-    keep: str = "global-batch"
-    """What a change of micro-batch count or size keeps: global-batch or micro-batch-size."""
-
-    def __post_init__(self) -> None:
-        _check_keep(self.keep)
-        if self.schedule is not None:  # 'ZB' is zb, as `pplan partition --schedule ZB` reads it
-            object.__setattr__(self, "schedule", schedule_name(self.schedule, "--schedule"))
-        for flag, value in (("--microbatches", self.n_microbatches), ("--micro-batch-size", self.micro_batch_size)):
-            if value is not None and value < 1:
-                raise PplanError(f"{flag} {value} must be at least 1")
-
-
-def _check_keep(keep: str) -> None:
-    if keep not in KEEP:
-        raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}")
 
 
 @dataclass(frozen=True)
@@ -87,41 +51,6 @@ class SimulationOutputs:
     def named(self) -> list[tuple[str, str | os.PathLike]]:
         """(flag, path) of each output given, in the order they are checked."""
         return [(flag, p) for flag, p in (("--plot", self.plot), ("--out", self.out), ("--timeline", self.timeline)) if p is not None]
-
-
-@dataclass(frozen=True)
-class SweepRow:
-    """One value of a sweep and what the simulator predicts for it."""
-
-    value: Any
-    """The parameter's value (an int micro-batch count or a schedule name)."""
-    schedule: str
-    """Schedule simulated."""
-    n_microbatches: int
-    """Micro-batches per iteration."""
-    micro_batch_size: int
-    """Samples per micro-batch."""
-    global_batch: int
-    """Samples per iteration (n_microbatches x micro_batch_size)."""
-    iteration_ms: float | None
-    """Predicted iteration time, ms (None when the value cannot run)."""
-    bubble_fraction: float | None
-    """Predicted bubble fraction."""
-    throughput_samples_per_s: float | None
-    """Predicted throughput."""
-    peak_memory_bytes: float | None
-    """Largest device peak, bytes."""
-    fits: bool | None
-    """All devices within their memory limits."""
-    error: str | None = None
-    """Why the value cannot run."""
-    interpolated: bool = False
-    """The micro-batch size was not profiled; costs are interpolated."""
-
-    def as_dict(self) -> dict[str, Any]:
-        """Its fields as JSON values, in field order (peak memory as whole bytes)."""
-        peak = None if self.peak_memory_bytes is None else int(self.peak_memory_bytes)
-        return {**asdict(self), "peak_memory_bytes": peak}
 
 
 @dataclass(frozen=True)
@@ -161,151 +90,6 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
     return Setup(plan, prof, path, cal, cal_path, tuple(w for w in warnings if w))
 
 
-def _split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[int, int]:
-    """(micro-batches, micro-batch size) after a change, keeping what `keep` says."""
-    _check_keep(keep)
-    for flag, value in (("micro-batch count", m), ("micro-batch size", b)):
-        if value is not None and value < 1:
-            raise PplanError(f"{flag} {value} must be at least 1")
-    if m is not None and b is not None:
-        return m, b
-    if keep == "micro-batch-size" or (m is None and b is None):
-        return (m or plan.n_microbatches), (b or plan.micro_batch_size)
-    g = plan.n_microbatches * plan.micro_batch_size  # one replica's share of the global batch
-    dp = plan.dp
-    batch = "global batch" if dp == 1 else f"replica's batch (global batch {plan.global_batch} / dp {dp})"
-    given, other = ("micro-batches", m) if m is not None else ("micro-batch size", b)
-    if other > g:
-        raise PplanError(f"{given} {other} is too large for the {batch} {g}",
-                         f"use at most {g}, or keep the micro-batch size (--keep micro-batch-size)")
-    if g % other:
-        raise PplanError(f"{given} {other} does not divide the {batch} {g}",
-                         "choose a divisor, or keep the micro-batch size (--keep micro-batch-size)")
-    return (m, g // m) if m is not None else (g // b, b)
-
-
-def apply_what_if(plan: Plan, cal: Calibration | None, w: WhatIf) -> tuple[Plan, Calibration | None]:
-    """The plan and calibration with `w`'s changes; explicit link values win over a calibration's."""
-    changes: dict[str, Any] = {}
-    if w.schedule is not None:
-        changes["schedule"] = w.schedule
-    if w.n_microbatches is not None or w.micro_batch_size is not None:
-        m, b = _split_batch(plan, w.n_microbatches, w.micro_batch_size, w.keep)
-        changes.update(n_microbatches=m, micro_batch_size=b)
-    bw, lat = w.bandwidth_bytes_per_s, w.latency_ms
-    if bw is not None or lat is not None:
-        old = plan.links
-        changes["links"] = Links(
-            bandwidth_bytes_per_s=bw if bw is not None else old.bandwidth_bytes_per_s,
-            latency_ms=lat if lat is not None else old.latency_ms,
-            pairs=tuple((a, c, bw if bw is not None else pbw, lat if lat is not None else plat)
-                        for a, c, pbw, plat in old.pairs),
-        )
-        if cal is not None:
-            cal = replace(cal, comm_bandwidth_bytes_per_s=None if bw is not None else cal.comm_bandwidth_bytes_per_s,
-                          comm_latency_ms=None if lat is not None else cal.comm_latency_ms)
-    if not changes:
-        return plan, cal
-    new = plan.with_(**changes)
-    new.validate()
-    return new, cal
-
-
-def parse_sweep(text: str) -> tuple[str, list[Any]]:
-    """'microbatches=1,2,4' -> ('microbatches', [1, 2, 4]); 'schedule=gpipe,zb' -> names."""
-    name, sep, values = text.partition("=")
-    name = name.strip().replace("-", "_").lower()
-    aliases = {"microbatches": "microbatches", "n_microbatches": "microbatches", "m": "microbatches", "schedule": "schedule"}
-    if not sep or name not in aliases:
-        guess = nearest(name, ("microbatches", "schedule")) if sep and name else None
-        usage = "--sweep microbatches=1,2,4,8 or --sweep schedule=gpipe,1f1b,zb"
-        raise PplanError(f"cannot read --sweep {text!r}" + (f": unknown parameter {name!r}" if sep else ""),
-                         f"did you mean {guess!r}? write {usage}" if guess else f"write {usage}")
-    name = aliases[name]
-    items = [v.strip() for v in values.split(",") if v.strip()]
-    if not items:
-        raise PplanError(f"--sweep {text!r} has no values", "list them after '=' separated by commas")
-    if len(items) > MAX_SWEEP_VALUES:  # each value is one simulation
-        raise PplanError(f"--sweep {name} lists {len(items):,} values, more than {MAX_SWEEP_VALUES}",
-                         "sweep fewer values, e.g. powers of two: microbatches=1,2,4,8,16,32")
-    if len(set(items)) != len(items):
-        raise PplanError(f"--sweep {text!r} repeats a value")
-    if name == "schedule":
-        names = [schedule_name(v, "--sweep schedule") for v in items]
-        if len(set(names)) != len(names):
-            raise PplanError(f"--sweep {text!r} repeats a schedule")
-        return name, names
-    try:
-        counts = [int(v) for v in items]
-    except ValueError:
-        raise PplanError(f"--sweep {text!r}: micro-batch counts must be integers", "write e.g. microbatches=1,2,4,8") from None
-    if any(c < 1 or c > 1_000_000 for c in counts):
-        raise PplanError(f"--sweep {text!r}: micro-batch counts must be between 1 and 1000000")
-    return name, counts
-
-
-def _row(value: Any, variant: Plan, profile: Profile, calibration: Calibration | None,
-         hardware: Hardware | None = None) -> SweepRow:
-    """Simulate one variant; a variant that cannot run becomes a row with its reason."""
-    from planner.simulate import simulate
-
-    base = dict(value=value, schedule=variant.schedule, n_microbatches=variant.n_microbatches,
-                micro_batch_size=variant.micro_batch_size, global_batch=variant.global_batch)
-    try:
-        variant.validate(profile.n_layers)
-        r = simulate(variant, profile, calibration=calibration, record_timeline=False, hardware=hardware)
-    except PplanError as e:
-        return SweepRow(**base, iteration_ms=None, bubble_fraction=None, throughput_samples_per_s=None,
-                        peak_memory_bytes=None, fits=None, error=e.one_line())
-    return SweepRow(**base, iteration_ms=r.iteration_ms, bubble_fraction=r.bubble_fraction,
-                    throughput_samples_per_s=r.throughput_samples_per_s, peak_memory_bytes=max(r.peak_memory_bytes),
-                    fits=r.fits, interpolated=bool(r.interpolated))
-
-
-def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
-              calibration: Calibration | None = None, keep: str = "global-batch",
-              hardware: Hardware | None = None) -> list[SweepRow]:
-    """Simulate `plan` once per value of `parameter` (see the module docstring)."""
-    if parameter not in ("microbatches", "schedule"):
-        raise PplanError(f"cannot sweep {parameter!r}", "sweep microbatches or schedule")
-    rows = []
-    for value in values:
-        m, b = (value, 0) if parameter == "microbatches" else (plan.n_microbatches, plan.micro_batch_size)
-        try:
-            if parameter == "microbatches":
-                m, b = _split_batch(plan, value, None, keep)
-                variant = plan.with_(n_microbatches=m, micro_batch_size=b)
-            else:
-                variant = plan.with_(schedule=value)
-        except PplanError as e:
-            rows.append(SweepRow(value, value if parameter == "schedule" else plan.schedule, m, b, m * b,
-                                 None, None, None, None, None, e.one_line()))
-            continue
-        rows.append(_row(value, variant, profile, calibration, hardware))
-    return rows
-
-
-def sweep_grid(plan: Plan, profile: Profile, schedules: Iterable[str], counts: Iterable[int],
-               calibration: Calibration | None = None) -> list[SweepRow]:
-    """The plan's cuts under each schedule and each micro-batch count, at the plan's global batch; combinations
-    a schedule cannot run are left out (the report draws only what can run)."""
-    rows = []
-    for name in schedules:
-        for row in run_sweep(plan.with_(schedule=name, predicted=None, search=None), profile, "microbatches",
-                             list(counts), calibration):
-            if row.error is None:
-                rows.append(row)
-    return rows
-
-
-def sweep_to_dict(plan: Plan, parameter: str, rows: list[SweepRow], keep: str, basis: str) -> dict[str, Any]:
-    """The JSON `pplan simulate --sweep --json` prints and `--out` writes."""
-    return {"sweep": parameter, "keep": keep if parameter == "microbatches" else None, "basis": basis,
-            "schedule": plan.schedule, "n_microbatches": plan.n_microbatches,
-            "micro_batch_size": plan.micro_batch_size, "global_batch": plan.global_batch,
-            "rows": [r.as_dict() for r in rows]}
-
-
 @dataclass(frozen=True)
 class WhatIfResult:
     """What `pplan simulate` prints and writes: one simulation, or a sweep's rows."""
@@ -336,6 +120,11 @@ class WhatIfResult:
 
         note = unpriced_memory_note(self.plan, self.setup.profile, (r.schedule for r in self.rows if r.error is None))
         return self.setup.warnings + ((note,) if note else ())
+
+    @property
+    def skipped(self) -> str | None:
+        """For a sweep some of whose values cannot run, the line naming each (bounded) with its reason; else None."""
+        return skipped_note(self.parameter, self.rows) if self.parameter is not None else None
 
 
 def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: str | None = None,
@@ -373,28 +162,5 @@ def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: s
     check_sweep_actions(plan, parameter, values, change.keep)
     rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.keep, hardware=hw)
     if all(r.error for r in rows):
-        raise PplanError(f"no value of the sweep can run: {rows[0].error}")
+        raise sweep_refusal(plan, setup.profile, parameter, rows, calibration=cal, hardware=hw)
     return WhatIfResult(setup, plan, cal, parameter=parameter, rows=tuple(rows), keep=change.keep)
-
-
-def check_sweep_actions(plan: Plan, parameter: str, values: list[Any], keep: str = "global-batch") -> int:
-    """The compute actions the sweep simulates, all values together; PplanError beyond MAX_SIMULATED_ACTIONS (one
-    sweep costs at most what one largest simulation does). A value the batch cannot take counts nothing."""
-    from planner.cost import actions_per_microbatch
-
-    total, largest = 0, (None, 0)  # (value, its actions)
-    for value in values:
-        schedule, m = (plan.schedule, value) if parameter == "microbatches" else (value, plan.n_microbatches)
-        if parameter == "microbatches":
-            try:
-                m = _split_batch(plan, value, None, keep)[0]
-            except PplanError:
-                continue
-        n = actions_per_microbatch(get_schedule(schedule).split_backward) * plan.n_stages * m
-        total += n
-        largest = (value, n) if n > largest[1] else largest
-    if total > MAX_SIMULATED_ACTIONS:
-        raise PplanError(f"--sweep {parameter} over {len(values)} values is {total:,} actions to simulate with "
-                         f"{plan.n_stages} stages, beyond the simulator's bound of {MAX_SIMULATED_ACTIONS:,} for one command",
-                         f"sweep fewer or smaller values (the largest, {largest[0]}, is {largest[1]:,} actions)")
-    return total

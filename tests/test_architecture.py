@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "planner.models.spec", "planner.models.trust"),
     ("planner.cost", "planner.cluster"),
     ("planner.simulation", "planner.simulate"),
-    ("planner.partition", "planner.profiling.analytic", "planner.whatif"),
+    ("planner.partition", "planner.profiling.analytic", "planner.whatif", "planner.whatif_change", "planner.whatif_sweep"),
     ("planner.models", "planner.graph", "planner.profiling"),
     ("planner.execute",),
     ("planner.report", "planner.bench"),

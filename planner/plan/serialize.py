@@ -148,14 +148,7 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
     or they record another schedule or batch split (planner.plan.checks.records_mismatch). Then the
     line that says why, for a command to show. A stale prediction is never shown as this plan's
     numbers, and the plan still loads, simulates and runs."""
-    if not isinstance(d, dict):
-        raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
-    if (other := kind_mismatch(d, "plan")) is not None:
-        raise PlanError(other, "give a plan JSON (`pplan partition -o plan.json` writes one)")
-    fmt = d.get("format", FORMAT)
-    if fmt != FORMAT:
-        raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
-    check_keys(d, PLAN_KEYS, "plan", PlanError)
+    _check_document(d)
     as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)
     stages, devices = _stages_and_devices(d)
     links = _links(d)
@@ -183,12 +176,34 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
         profile_sha256=get_field(profile, "sha256", (str, type(None)), "profile.", None),
         parallel=parallel,
     )
+    _check_global_batch(d, bare)
+    return _with_records(bare, predicted, search)
+
+
+def _check_document(d: Any) -> None:
+    """PlanError unless `d` is a plan object of this format with only known keys (before any field is read)."""
+    if not isinstance(d, dict):
+        raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
+    if (other := kind_mismatch(d, "plan")) is not None:
+        raise PlanError(other, "give a plan JSON (`pplan partition -o plan.json` writes one)")
+    fmt = d.get("format", FORMAT)
+    if fmt != FORMAT:
+        raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
+    check_keys(d, PLAN_KEYS, "plan", PlanError)
+
+
+def _check_global_batch(d: dict[str, Any], bare: Plan) -> None:
+    """PlanError when the file writes a global_batch other than the one its fields derive."""
     written = get_field(d, "global_batch", (int, type(None)), "", None)
     if written is not None and written != bare.global_batch:
         dp = f"dp {bare.parallel.dp} x " if bare.parallel is not None else ""
         raise PlanError(f"plan field global_batch {written} is not {dp}micro_batch_size {bare.micro_batch_size} x "
                         f"n_microbatches {bare.n_microbatches} = {bare.global_batch}",
                         "global_batch is derived: change micro_batch_size or n_microbatches (or drop it)")
+
+
+def _with_records(bare: Plan, predicted: Prediction | None, search: SearchRecord | None) -> tuple[Plan, str | None]:
+    """(plan, note) of read_plan: the records kept when they are of this plan, else dropped with the line why."""
     made_for = predicted.made_for if predicted is not None else None
     if made_for is not None and digest_change(made_for, bare) is not None:
         # the values the records hold name an edit of the schedule or batch split best; the digests the rest

@@ -95,13 +95,21 @@ def simulate_costs(
     if record_timeline:
         timeline = _timeline_rows(cs, res, stages, recv, cal, rank_device, opt_start, opt_end, sync)
         mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory, gradients, opt_start, opt_end)
+    return _sim_result(schedule.name, M, micro_batch_size, interpolated, devices, iteration, busy, memory,
+                       timeline, mem_timeline)
+
+
+def _sim_result(name: str, M: int, micro_batch_size: int, interpolated: bool, devices: Sequence[Device],
+                iteration: float, busy: Sequence[float], memory: Sequence[MemoryBreakdown],
+                timeline: tuple[TimelineRow, ...], mem_timeline: dict[int, tuple[tuple[float, float], ...]]) -> SimResult:
+    """The SimResult of one simulated iteration: its totals derived from per-device busy time and memory."""
     total_busy = sum(busy)
     return SimResult(
         iteration_ms=iteration,
         # clamp: summing busy times action by action can exceed the sweep's total by an ulp
-        bubble_fraction=max(0.0, 1.0 - total_busy / (n_dev * iteration)) if iteration > 0 else 0.0,
+        bubble_fraction=max(0.0, 1.0 - total_busy / (len(devices) * iteration)) if iteration > 0 else 0.0,
         throughput_samples_per_s=(M * micro_batch_size * 1e3 / iteration) if iteration > 0 else float("inf"),
-        schedule=schedule.name,
+        schedule=name,
         n_microbatches=M,
         micro_batch_size=micro_batch_size,
         interpolated=interpolated,
