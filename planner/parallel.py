@@ -15,8 +15,9 @@ A plan JSON holds it as the object `"parallel": {"dp": D, "pp": P, "tp": T, "zer
 (hidden behind each stage's last backward, as Megatron-LM's later versions, DeepSpeed and DDP
 do). A plan without the key was written before it existed, when predictions assumed overlap.
 
-`run_refusal(cfg)` is the one definition of which layouts `pplan run` cannot execute: the
-search skips them and the executor refuses them with the same words.
+`run_error(cfg)` (`run_refusal(cfg)`: its one line) is the rule of which layouts `pplan run`
+cannot execute whatever the model; planner.partition.parallel_runnable adds the model's rule
+(which models tensor parallelism splits), and the search and the executor both ask it there.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from planner.errors import PplanError
 from planner.jsonio import nearest
 
 __all__ = ["ParallelConfig", "ZERO_STAGES", "GRAD_SYNC_MODES", "GRAD_SYNC_AFTER_STEP", "GRAD_SYNC_OVERLAPPED",
-           "checked_grad_sync", "parse_parallel", "run_refusal", "zero_tp_refusal", "zero_tp_error"]
+           "checked_grad_sync", "parse_parallel", "run_error", "run_refusal", "zero_tp_refusal", "zero_tp_error"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_SYNC_AFTER_STEP = "after-step"
@@ -149,12 +150,19 @@ def parse_parallel(text: str, zero: int | None = None) -> ParallelConfig:
     return ParallelConfig(**values)
 
 
+def run_error(cfg: ParallelConfig) -> PplanError | None:
+    """Why `pplan run` cannot execute layout `cfg` whatever the model (an error naming the rule,
+    with what would run), or None when it can. ZeRO-2/3 over dp > 1 replicas with tp > 1: the tp
+    blocks' DTensor parameters would be sharded again over dp (2-D fully_shard under torch's
+    pipeline stages), which the executor does not wire (planner/execute/tensor.py); ZeRO-1 runs
+    with tp."""
+    return zero_tp_error(cfg.zero, cfg.tp) if cfg.dp > 1 else None
+
+
 def run_refusal(cfg: ParallelConfig) -> str | None:
-    """Why `pplan run` cannot execute layout `cfg` (one line naming the rule and what would run),
-    or None when it can. ZeRO-2/3 over dp > 1 replicas with tp > 1: the tp blocks' DTensor
-    parameters would be sharded again over dp (2-D fully_shard under torch's pipeline stages),
-    which the executor does not wire (planner/execute/tensor.py); ZeRO-1 runs with tp."""
-    return zero_tp_refusal(cfg.zero, cfg.tp) if cfg.dp > 1 else None
+    """run_error as one line, or None."""
+    error = run_error(cfg)
+    return None if error is None else error.one_line()
 
 
 def zero_tp_refusal(zero: int, tp: int) -> str | None:

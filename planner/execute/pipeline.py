@@ -67,7 +67,7 @@ from planner.execute.mesh import coords, global_rank, make_mesh, tp_index
 from planner.execute import tensor as _tensor
 from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
-from planner.parallel import zero_tp_error
+from planner.partition.parallel_runnable import layout_error
 from planner.plan import Plan
 
 __all__ = ["Pipeline", "build_pipeline", "replica_slice"]
@@ -272,9 +272,8 @@ def _running_zero(plan: Plan) -> int:
     """The ZeRO stage that runs (0 when dp = 1: one replica has nothing to shard), after checking
     that a tp plan's model and ZeRO stage can run tensor-parallel."""
     zero = plan.parallel.zero if plan.parallel is not None and plan.dp > 1 else 0
-    if plan.tp > 1:
-        _tensor.check_tp_model(plan.model, plan.tp)
-        error = zero_tp_error(zero, plan.tp)
+    if plan.parallel is not None:
+        error = layout_error(plan.parallel, plan.model)  # the rule the search plans by and preflight refuses by
         if error is not None:
             raise error
     return zero

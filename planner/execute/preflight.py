@@ -27,7 +27,7 @@ from typing import Any
 from planner.errors import PlanError, PplanError, ProfileError
 from planner.execute.options import RunOptions
 from planner.jsonio import read_bounded_bytes
-from planner.parallel import zero_tp_error
+from planner.partition.parallel_runnable import layout_error
 from planner.hostinfo import usable_cores
 from planner.plan import Plan, resolve_profile_path
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
@@ -118,13 +118,10 @@ def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
     par = plan.parallel
     if par is None:
         return
+    error = layout_error(par, plan.model)  # the rule the search plans by: the model's tp, then ZeRO with tp
+    if error is not None:
+        raise error
     if par.tp > 1:
-        from planner.execute.tensor import check_tp_model
-
-        check_tp_model(plan.model, par.tp)  # the built-in gpt only, tp dividing its heads and FFN width
-        error = zero_tp_error(par.zero, par.tp) if par.dp > 1 else None  # planner.parallel.run_refusal's rule
-        if error is not None:
-            raise error
         if opts is not None and opts.calibrate:
             raise PplanError(f"--calibrate with tensor parallelism (tp {par.tp}) is not supported: calibration fits one "
                              "pipeline of whole layers", 'calibrate on a plan with "tp": 1, then run this one')

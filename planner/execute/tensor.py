@@ -27,8 +27,10 @@ Two adaptations, both in this module, the model's own code untouched:
 Around it: checkpoints hold full tensors in the model's layout (full_layer_state,
 full_optimizer_state; loaded back with load_layer_state, load_optimizer_state), so a save
 resumes with any tp; ZeRO-1 steps plain aliases of the local shards (LocalShardsOptimizer),
-ZeRO-2/3 with tp > 1 is refused (planner.parallel.zero_tp_error); the memory tracker counts saved DTensors
-by their local shards (ShardTracker).
+ZeRO-2/3 with tp > 1 is refused (planner.parallel.zero_tp_error); the memory tracker counts saved
+DTensors by their local shards (ShardTracker). Which models get tensor parallelism at all (the
+built-in gpt, tp dividing its heads and FFN width) is planner.partition.parallel_runnable's rule,
+which the search plans by and preflight and build_pipeline refuse by.
 """
 
 from __future__ import annotations
@@ -40,32 +42,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from planner.errors import PplanError
 from planner.execute import zero
 from planner.execute.measure import MemoryTracker
+from planner.partition.parallel_runnable import tp_shape_error
 
-__all__ = ["TP_MODELS", "check_tp_model", "qkv_order", "parallelize_blocks", "full_layer_state",
+__all__ = ["qkv_order", "parallelize_blocks", "full_layer_state",
            "load_layer_state", "unpermute_optimizer_state", "permute_optimizer_state", "LocalShardsOptimizer", "make_optimizer",
            "full_optimizer_state", "load_optimizer_state", "ShardTracker"]
-
-TP_MODELS = ("gpt",)
-"""Model families whose layers get tensor parallelism (the built-in gpt's blocks)."""
-
-
-def check_tp_model(model_spec: str | None, tp: int) -> None:
-    """Refuse, in one line, tensor parallelism the executor cannot apply to `model_spec`: a
-    model other than the built-in gpt, or a tp that does not divide its heads or FFN width."""
-    from planner.models.spec import parse_spec
-
-    family = (model_spec or "").split(":", 1)[0]
-    if family not in TP_MODELS:
-        raise PplanError(f"tensor parallelism (tp {tp}) runs only on the built-in gpt, not on model {model_spec!r}",
-                         "re-plan with tp=1 (--parallel dp=D,pp=P,tp=1)")
-    p = parse_spec(model_spec)[1]
-    if p["heads"] % tp or (p["ffn"] * p["hidden"]) % tp:
-        raise PplanError(f"tp {tp} does not divide the gpt's {p['heads']} attention heads and FFN width "
-                         f"{p['ffn'] * p['hidden']} (model {model_spec!r})",
-                         "re-plan with a tp that divides both, or tp=1")
 
 
 def qkv_order(hidden: int, heads: int, tp: int) -> torch.Tensor:
@@ -104,9 +87,9 @@ def parallelize_blocks(layers: list[nn.Module], tp_mesh: Any) -> int:
     blocks = _blocks(layers)
     for blk in blocks:
         hidden = blk.ln1.normalized_shape[0]
-        if blk.heads % tp or blk.fc1.out_features % tp:
-            raise PplanError(f"tp {tp} does not divide the block's {blk.heads} heads and FFN width {blk.fc1.out_features}",
-                             "re-plan with a tp that divides both, or tp=1")
+        error = tp_shape_error(blk.heads, blk.fc1.out_features, tp)  # the rule the search and preflight apply
+        if error is not None:
+            raise error
         order = qkv_order(hidden, blk.heads, tp)
         with torch.no_grad():
             blk.qkv.weight.copy_(blk.qkv.weight[order])

@@ -1,6 +1,7 @@
 """Which (micro-batch size, M, schedule, chunks) points a data x pipeline x tensor layout can run at
-all, and the checks of what a search is held to (--schedule, --microbatches, the batch split), each
-refusing in one line with what would run (planner.partition.parallel_search calls them)."""
+all, and the checks of the arguments a search starts from (the cluster, a forced layout and ZeRO
+stage) and of what it is held to (--schedule, --microbatches, the batch split), each refusing in
+one line with what would run (planner.partition.parallel_search calls them)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from planner.errors import PplanError, ScheduleError
-from planner.hardware import Hardware
-from planner.parallel import ParallelConfig
+from planner.hardware import MAX_GPUS_PER_NODE, Hardware
+from planner.parallel import ParallelConfig, parse_parallel
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import check_sizes, get_schedule
@@ -18,11 +19,46 @@ from planner.schedules import check_sizes, get_schedule
 if TYPE_CHECKING:
     from planner.partition.parallel_eval import ParallelCandidate
 
-__all__ = ["MAX_MICROBATCHES", "distinct_schedules", "runnable_schedules", "check_microbatches", "held_flags",
+__all__ = ["MAX_GPUS", "MAX_MICROBATCHES", "RECOMPUTE_CHOICES", "checked_layout", "distinct_schedules", "runnable_schedules", "check_microbatches", "held_flags",
            "held_size", "check_batch_splits", "check_held_runs", "extrapolated_warning", "hardware_mismatch"]
 
 MAX_MICROBATCHES = 4096
 """Most micro-batches per replica the search plans (given or derived from a micro-batch size)."""
+MAX_GPUS = 1 << 20
+"""Most GPUs one search takes: the largest degree a ParallelConfig holds (planner.parallel), as
+dp alone may span every GPU; checked before the layouts are enumerated (their divisors)."""
+RECOMPUTE_CHOICES = ("none", "full", "auto")
+"""What the search recomputes: nothing, every layer, or both tried."""
+
+
+def checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
+                   parallel: ParallelConfig | str | None, zero: int | None) -> tuple[ParallelConfig | None, int]:
+    """Refuse arguments the search cannot start with; (the forced layout or None, the ZeRO stage)."""
+    if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
+        raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
+    for what, value in (("--nodes", nodes), ("--gpus-per-node", gpn)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+            raise PplanError(f"{what} must be a whole number of at least 1, got {value!r}", "e.g. --nodes 2 --gpus-per-node 8")
+    if gpn > MAX_GPUS_PER_NODE:
+        raise PplanError(f"--gpus-per-node {gpn} is more than any node holds (at most {MAX_GPUS_PER_NODE})", "e.g. --gpus-per-node 8")
+    if nodes * gpn > MAX_GPUS:
+        raise PplanError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} GPUs is more than the planner searches ({MAX_GPUS})",
+                         f"use at most {MAX_GPUS // gpn} nodes of {gpn} GPUs")
+    if global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    if recompute not in RECOMPUTE_CHOICES:
+        raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
+    if zero is not None:
+        ParallelConfig(zero=zero)  # validates the stage
+    forced: ParallelConfig | None = None
+    if isinstance(parallel, ParallelConfig):
+        forced = parallel
+        if zero is not None and zero != forced.zero:
+            raise PplanError(f"the layout {forced.describe()} has ZeRO stage {forced.zero} but zero={zero} was given",
+                             "give the ZeRO stage once")
+    elif parallel not in (None, "auto"):
+        forced = parse_parallel(str(parallel), zero)  # the text's zero wins; one that --zero contradicts is refused
+    return forced, forced.zero if forced is not None else (zero or 0)
 
 
 def distinct_schedules(names: tuple[str, ...], pp: int) -> tuple[str, ...]:

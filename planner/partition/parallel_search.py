@@ -10,7 +10,9 @@ as `pplan partition --schedule/--microbatches` hold the one-pipeline search:
 1. prune: a lower bound of the busiest GPU's static memory alone (16 bytes per parameter with
    ZeRO's shares, of one GPU's layer costs: blocks / T, embedding and head whole; at least the
    heaviest layer and an even 1/P share) above the limit -> skipped, and remembered for the
-   InfeasibleError; layouts `pplan run` cannot execute are left out (planner.parallel.run_refusal);
+   InfeasibleError; layouts `pplan run` cannot execute for the profile's model are left out
+   (planner.partition.parallel_runnable: ZeRO-2/3 with tp; tp on a model other than the built-in
+   gpt, or not dividing its heads and FFN width);
 2. estimate: balanced stages, iteration ~ (M + bubble(P, schedule)) x per-micro-batch time / P
    + the gradient sync (all of it after the step, as `pplan run` does, unless overlap_grad_sync); candidates are solved in that order (on one
    rank, one of the one-chunk schedules that run alike: parallel_eval.distinct_schedules);
@@ -26,12 +28,12 @@ Reported: iteration time, samples/s, tokens/s, per-GPU peak memory, achieved TFL
 over iteration time x N) and MFU (forward + backward FLOPs only, over N x the hardware's peak in
 the profile's dtype). The model trains in that dtype (planner.cost.parallel.training_precision):
 a 16-bit profile in mixed precision, a float32 one in pure fp32, 16 bytes per parameter either way.
+When no plan fits, the refusal and its fixes, each searched again: planner.partition.parallel_hints.
 """
 
 from __future__ import annotations
 
 import math
-import numbers
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Sequence
 
@@ -39,22 +41,25 @@ import numpy as np
 
 from planner.cost.parallel import checked_mfu, exposed_sync_ms, grad_sync_ms, model_flops
 from planner.cost.replica_bytes import gradient_bytes
-from planner.errors import InfeasibleError, PplanError
-from planner.hardware import MAX_GPUS_PER_NODE, Hardware, load_hardware
-from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig, parse_parallel, run_refusal
-from planner.partition.parallel_checks import (MAX_MICROBATCHES, check_batch_splits, check_held_runs, check_microbatches,
-                                               extrapolated_warning, hardware_mismatch, held_flags, held_size, runnable_schedules)
+from planner.errors import PplanError
+from planner.hardware import Hardware, load_hardware
+from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig
+from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, check_batch_splits, check_held_runs,
+                                               check_microbatches, checked_layout, extrapolated_warning, hardware_mismatch,
+                                               held_flags, held_size, runnable_schedules)
 from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_static_bytes,
                                              simulate_task, solve_task)
+from planner.partition.parallel_hints import Shortfall, infeasible_error
+from planner.partition.parallel_runnable import layout_error, layout_refusal, runnable_alternatives
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, get_schedule
-from planner.units import format_bytes, format_size_up, parse_bytes
+from planner.units import format_bytes
 
-__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES"]
+__all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_layouts", "TP_DEGREES", "RECOMPUTE_CHOICES",
+           "MAX_GPUS"]
 
 TP_DEGREES = (1, 2, 4, 8)
-RECOMPUTE_CHOICES = ("none", "full", "auto")
 ANALYTIC_SIZES = (1, 2, 4, 8)
 _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops far earlier)
 # The DP-based estimate and the simulation order close plans differently (sends charged in full,
@@ -62,9 +67,6 @@ _MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops fa
 # the best (docs/parallel.md, the 7.5B example), so every solution within this margin of the
 # top_k-th best estimate is simulated too, rather than trusting an ordering it cannot resolve.
 _ESTIMATE_MARGIN = 0.05
-MAX_GPUS = 1 << 20
-"""Most GPUs one search takes: the largest degree a ParallelConfig holds (planner.parallel), as
-dp alone may span every GPU; checked before the layouts are enumerated (their divisors)."""
 
 
 @dataclass(frozen=True)
@@ -110,10 +112,12 @@ class ParallelResult:
     """Memory per GPU the plans were held to, bytes (--memory, else the hardware's)."""
 
 
-def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zero: int,
+
+def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zero: int, model: str | None,
              runnable_only: bool) -> tuple[list[ParallelConfig], list[str]]:
     """The layouts to search with ZeRO stage `zero`, and a line per one left out. `runnable_only`:
-    leave out (a forced one: refuse) what `pplan run` cannot execute (planner.parallel.run_refusal)."""
+    leave out (a forced one: refuse) what `pplan run` cannot execute for model spec `model`
+    (planner.partition.parallel_runnable: ZeRO-2/3 with tp, tp on a model it does not split)."""
     if forced is not None:
         if forced.gpus != n:
             raise PplanError(f"--parallel {forced.describe()} uses {forced.gpus} GPUs but the cluster has {n}",
@@ -122,15 +126,15 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zer
             raise PplanError(f"tp={forced.tp} does not divide {gpn} GPUs per node", "tensor parallelism stays within a node")
         if forced.pp > n_layers:
             raise PplanError(f"pp={forced.pp} but the profile has {n_layers} layers", f"use pp={n_layers} or fewer")
-        why = run_refusal(forced) if runnable_only else None
-        if why:
-            raise PplanError(f"--parallel {forced.describe()}: {why}",
-                             f"e.g. --parallel {replace(forced, zero=1).describe()}, or tp=1 with ZeRO {forced.zero}")
+        error = layout_error(forced, model) if runnable_only else None
+        if error is not None:
+            runs = " or ".join(c.describe() for c in runnable_alternatives(forced, model, gpn))
+            raise PplanError(f"--parallel {forced.describe()}: {error.message}", f"pplan run executes e.g. --parallel {runs}")
         return [forced], []
     layouts, skipped = [], []
     for cfg in candidate_layouts(n, gpn, n_layers):
         cfg = replace(cfg, zero=zero)
-        why = run_refusal(cfg) if runnable_only else None
+        why = layout_refusal(cfg, model) if runnable_only else None
         if why:
             skipped.append(f"{cfg.describe()}: {why}")
         else:
@@ -187,91 +191,100 @@ def plan_parallel(
     `vocab_parallel`: price tensor parallelism as Megatron runs it, the embedding and head split
     over tp too (for comparing with Megatron's published runs: planner.bench.published); False
     prices what `pplan run` executes, those layers whole on every tp rank, and leaves out the
-    layouts it cannot execute (planner.parallel.run_refusal: a forced one is refused).
+    layouts it cannot execute for the profile's model (planner.partition.parallel_runnable: a
+    forced one is refused, naming layouts that run).
     InfeasibleError when nothing fits, naming the GPUs or memory that would; PplanError when the
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
     A profile made for other hardware plans on, with a line in the result's `warnings`. `check_hints`:
     the InfeasibleError names only fixes confirmed by searching again with each (False: no search).
     """
-    hw = hardware if isinstance(hardware, Hardware) else load_hardware(hardware)
-    gpn = gpus_per_node if gpus_per_node is not None else hw.gpus_per_node  # 0 is refused, not the preset's
-    forced, zero = _checked_layout(nodes, gpn, global_batch, recompute, compute_scale, parallel, zero)
-    check_microbatches(microbatches)
-    nodes, gpn = int(nodes), int(gpn)  # numpy integers too, as plain ints for ParallelConfig
-    if profile is None:
-        profile = _analytic(model, hw, micro_batch_sizes)
-    warnings = hardware_mismatch(profile, hw)
-    n = nodes * gpn
-    mem = float(memory_bytes if memory_bytes is not None else hw.memory_bytes)
-    flops = model_flops(profile, global_batch)
-    names = tuple(dict.fromkeys(schedules or SCHEDULE_NAMES))  # a name given twice is solved once
+    args = _request(dict(profile=profile, model=model, hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node,
+                         global_batch=global_batch, parallel=parallel, zero=zero, recompute=recompute, schedules=schedules,
+                         micro_batch_sizes=micro_batch_sizes, microbatches=microbatches, memory_bytes=memory_bytes,
+                         top_k=top_k, compute_scale=compute_scale, overlap_grad_sync=overlap_grad_sync,
+                         vocab_parallel=vocab_parallel))
+    got = _search(args)
+    if isinstance(got, Shortfall):
+        def attempt(change: dict[str, Any]) -> ParallelResult | Shortfall:  # one fix, searched for its best plan only
+            return _search(_request({**args, **change, "top_k": 1}))
+        raise infeasible_error(got, args, attempt if check_hints else None)
+    return got
+
+
+def _request(raw: dict[str, Any]) -> dict[str, Any]:
+    """plan_parallel's arguments checked and resolved (hardware a Hardware, the GPUs per node, the
+    forced layout or "auto", the ZeRO stage, the profile, the memory per GPU), so that a fix is
+    the same arguments with a change and passes the same checks."""
+    hw = raw["hardware"] if isinstance(raw["hardware"], Hardware) else load_hardware(raw["hardware"])
+    gpn = raw["gpus_per_node"] if raw["gpus_per_node"] is not None else hw.gpus_per_node  # 0 is refused, not the preset's
+    forced, zero = checked_layout(raw["nodes"], gpn, raw["global_batch"], raw["recompute"], raw["compute_scale"],
+                                  raw["parallel"], raw["zero"])
+    check_microbatches(raw["microbatches"])
+    profile = raw["profile"] if raw["profile"] is not None else _analytic(raw["model"], hw, raw["micro_batch_sizes"])
+    mem = raw["memory_bytes"] if raw["memory_bytes"] is not None else hw.memory_bytes
+    # numpy integers too, as plain ints for ParallelConfig
+    return {**raw, "profile": profile, "model": None, "hardware": hw, "nodes": int(raw["nodes"]), "gpus_per_node": int(gpn),
+            "parallel": forced or "auto", "zero": zero, "memory_bytes": float(mem)}
+
+
+def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
+    """One search of checked arguments `a` (_request): the fastest plan that fits, or, when none
+    does, what the search learnt of the memory one needs. Raises PplanError (ScheduleError) when
+    nothing could run whatever the memory."""
+    profile, hw, gpn, mem, zero = a["profile"], a["hardware"], a["gpus_per_node"], a["memory_bytes"], a["zero"]
+    forced = None if a["parallel"] == "auto" else a["parallel"]
+    warnings, n, flops = hardware_mismatch(profile, hw), a["nodes"] * gpn, model_flops(profile, a["global_batch"])
+    names = tuple(dict.fromkeys(a["schedules"] or SCHEDULE_NAMES))  # a name given twice is solved once
     for name in names:
         get_schedule(name)
-    schedule_flag = f"--schedule {','.join(names)}" if schedules else ""
-    held_to = held_flags(schedule_flag, microbatches)
-    recs = ("none", "full") if recompute == "auto" else (recompute,)
-    sizes = sorted(set(micro_batch_sizes or ()) | set(profile.micro_batch_sizes) | {1, 2, 4, 8}) if not micro_batch_sizes else sorted(set(micro_batch_sizes))
-    ctx = ParallelCosts(profile, hw, gpn, zero, float(compute_scale), overlap_grad_sync, vocab_parallel)
-    L = profile.n_layers
-    layouts, skipped = _layouts(n, gpn, L, forced, zero, runnable_only=not vocab_parallel)
-
-    def sizes_of(cfg: ParallelConfig) -> list[int]:
-        return sizes if microbatches is None else held_size(cfg, global_batch, microbatches, micro_batch_sizes)
-
-    tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, global_batch, mem, skipped)
-    if not tasks and (held_to or not math.isfinite(need_min)):  # nothing runnable, and not for memory
-        check_batch_splits(layouts, global_batch, n, forced)
-    if not tasks and held_to:  # memory aside, may the schedules and M run at all?
-        where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
-        check_held_runs(layouts, sizes_of, names, global_batch, L, schedule_flag, microbatches, where)
-    keep = max(1, top_k)
-    args = dict(profile=profile, hardware=hw, nodes=nodes, gpus_per_node=gpn, global_batch=global_batch, parallel=forced or "auto",
-                zero=zero, recompute=recompute, schedules=schedules, micro_batch_sizes=micro_batch_sizes, microbatches=microbatches,
-                memory_bytes=mem, compute_scale=compute_scale, overlap_grad_sync=overlap_grad_sync, vocab_parallel=vocab_parallel,
-                check_hints=check_hints)
+    schedule_flag = f"--schedule {','.join(names)}" if a["schedules"] else ""
+    held_to = held_flags(schedule_flag, a["microbatches"])
+    ctx = ParallelCosts(profile, hw, gpn, zero, float(a["compute_scale"]), a["overlap_grad_sync"], a["vocab_parallel"])
+    layouts, skipped = _layouts(n, gpn, profile.n_layers, forced, zero, profile.meta.get("model"),
+                                runnable_only=not a["vocab_parallel"])
+    sizes_of = _sizes_of(a, profile)
+    recs = ("none", "full") if a["recompute"] == "auto" else (a["recompute"],)
+    tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, a["global_batch"], mem, skipped)
+    if not tasks:  # may anything run at all, memory aside?
+        _check_runs(layouts, sizes_of, names, a, schedule_flag, held_to, math.isfinite(need_min))
+    keep = max(1, a["top_k"])
     found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
     if not found:
-        raise _infeasible(args, need_min, min_scale, helping_zero(ctx, layouts, mem), held_to=held_to)
+        return Shortfall(need_min, min_scale, False, helping_zero(ctx, layouts, mem), held_to)
     sims = _judge(ctx, found, keep, mem, flops)
     checked_mfu(max(c.mfu for c in sims), hw.peak_flops_per_s(flops.dtype), hw.name)
-    if not sims[0].fits:
-        raise _infeasible(args, need_min, sims[0].peak_memory_bytes, helping_zero(ctx, layouts, mem), True, held_to)
+    if not sims[0].fits:  # the DP's plans fit its bound, their simulations do not
+        return Shortfall(need_min, min(c.peak_memory_bytes for c in sims), True, helping_zero(ctx, layouts, mem), held_to)
     return ParallelResult(best=sims[0], candidates=tuple(sims), gpus=n, gpus_per_node=gpn, hardware=hw.name,
-                          global_batch=global_batch, seq=flops.tokens_per_sample, flops_source=flops.source, dtype=flops.dtype,
-                          mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts), solved=solved,
-                          skipped=tuple(skipped), warnings=warnings + extrapolated_warning(profile, sims[0], microbatches),
-                          vocab_parallel=vocab_parallel, held_to=held_to,
-                          grad_sync=GRAD_SYNC_OVERLAPPED if overlap_grad_sync else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
+                          global_batch=a["global_batch"], seq=flops.tokens_per_sample, flops_source=flops.source,
+                          dtype=flops.dtype, mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts),
+                          solved=solved, skipped=tuple(skipped),
+                          warnings=warnings + extrapolated_warning(profile, sims[0], a["microbatches"]),
+                          vocab_parallel=a["vocab_parallel"], held_to=held_to,
+                          grad_sync=GRAD_SYNC_OVERLAPPED if a["overlap_grad_sync"] else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
 
 
-def _checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, compute_scale: float,
-                    parallel: ParallelConfig | str | None, zero: int | None) -> tuple[ParallelConfig | None, int]:
-    """Refuse arguments the search cannot start with; (the forced layout or None, the ZeRO stage)."""
-    if not (isinstance(compute_scale, (int, float)) and 0 < compute_scale < 1e3):
-        raise PplanError(f"compute scale must be a positive number, got {compute_scale!r}")
-    for what, value in (("--nodes", nodes), ("--gpus-per-node", gpn)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-            raise PplanError(f"{what} must be a whole number of at least 1, got {value!r}", "e.g. --nodes 2 --gpus-per-node 8")
-    if gpn > MAX_GPUS_PER_NODE:
-        raise PplanError(f"--gpus-per-node {gpn} is more than any node holds (at most {MAX_GPUS_PER_NODE})", "e.g. --gpus-per-node 8")
-    if nodes * gpn > MAX_GPUS:
-        raise PplanError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} GPUs is more than the planner searches ({MAX_GPUS})",
-                         f"use at most {MAX_GPUS // gpn} nodes of {gpn} GPUs")
-    if global_batch < 1:
-        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
-    if recompute not in RECOMPUTE_CHOICES:
-        raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
-    if zero is not None:
-        ParallelConfig(zero=zero)  # validates the stage
-    forced: ParallelConfig | None = None
-    if isinstance(parallel, ParallelConfig):
-        forced = parallel
-        if zero is not None and zero != forced.zero:
-            raise PplanError(f"the layout {forced.describe()} has ZeRO stage {forced.zero} but zero={zero} was given",
-                             "give the ZeRO stage once")
-    elif parallel not in (None, "auto"):
-        forced = parse_parallel(str(parallel), zero)  # the text's zero wins; one that --zero contradicts is refused
-    return forced, forced.zero if forced is not None else (zero or 0)
+def _sizes_of(a: dict[str, Any], profile: Profile) -> Callable[[ParallelConfig], list[int]]:
+    """The micro-batch sizes a layout is searched at: the given ones, else the profile's and powers of
+    two up to 8; with a held micro-batch count, the one size that splits the batch into it."""
+    given = a["micro_batch_sizes"]
+    sizes = sorted(set(given)) if given else sorted(set(profile.micro_batch_sizes) | {1, 2, 4, 8})
+    if a["microbatches"] is None:
+        return lambda cfg: sizes
+    return lambda cfg: held_size(cfg, a["global_batch"], a["microbatches"], given)
+
+
+def _check_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
+                a: dict[str, Any], schedule_flag: str, held_to: str, skipped_for_memory: bool) -> None:
+    """PplanError (ScheduleError) when no layout has a point to run, memory aside: no dp splits the
+    batch, or the held schedules and micro-batch count run nowhere."""
+    forced = None if a["parallel"] == "auto" else a["parallel"]
+    n, n_layers = a["nodes"] * a["gpus_per_node"], a["profile"].n_layers
+    if held_to or not skipped_for_memory:  # nothing runnable, and not (only) for memory
+        check_batch_splits(layouts, a["global_batch"], n, forced)
+    if held_to:
+        where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
+        check_held_runs(layouts, sizes_of, names, a["global_batch"], n_layers, schedule_flag, a["microbatches"], where)
 
 
 def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] | None) -> Profile:
@@ -352,48 +365,3 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
             continue
         found.append(got)
     return found, solved, min_scale
-
-
-def _infeasible(args: dict[str, Any], need_static: float, need_peak: float, zero_hint: int | None, absolute: bool = False,
-                held_to: str = "") -> InfeasibleError:
-    """InfeasibleError naming the fixes a search with each confirms, the held flags' first (args: plan_parallel's;
-    `need`: the least memory per GPU any candidate needs, a lower bound; inf when none was priced)."""
-    n, gpn, mem, forced = args["nodes"] * args["gpus_per_node"], args["gpus_per_node"], args["memory_bytes"], args["parallel"]
-    need, auto = need_peak if absolute else min(need_static, need_peak), {"parallel": "auto"} if forced != "auto" else {}
-    held = [(f, c) for f, c, on in (("--microbatches auto", {"microbatches": None}, args["microbatches"] is not None),
-                                    ("--schedule auto", {"schedules": None}, bool(args["schedules"])),
-                                    ("--recompute auto", {"recompute": "auto"}, args["recompute"] == "none"),
-                                    ("--parallel auto", auto, bool(auto))) if on]
-    flags = " ".join(t for t in (held_to, "--recompute none" if args["recompute"] == "none" else "") if t)
-    where = (f"--parallel {forced.describe()}" if auto else "every dp x pp x tp layout") + (f" and {flags}" if flags else "")
-    head = f"the least memory-hungry layout needs about {format_size_up(need)} per GPU" if math.isfinite(need) else ""
-    error = f"no plan fits {format_bytes(mem)} per GPU ({args['hardware'].name}) with {where} on {n} GPUs"
-    if not args["check_hints"]:
-        return InfeasibleError(error, head or "more memory per GPU")
-    fixes = [_fix(args, f, c) for f, c in held]
-    if len(held) > 1 and not any(fixes):  # all of them together
-        fixes.append(_fix(args, " ".join(f for f, _ in held), {k: v for _, c in held for k, v in c.items()}))
-    more, notes = max(args["nodes"] + 1, math.ceil(n * need / mem / gpn) if math.isfinite(need) else 2 * args["nodes"]), []
-    tries = [k for k in (more, 2 * more, 4 * more) if k * gpn <= MAX_GPUS]
-    fixes.append(next((f for f in (_fix(args, f"{k * gpn} GPUs ({k} nodes of {gpn}{' with --parallel auto' if auto else ''})",
-                                         {"nodes": k, **auto}) for k in tries) if f), ""))
-    notes += [f"{', '.join(str(k * gpn) for k in tries)} GPUs do not fit either"] if tries and not fixes[-1] else []
-    if math.isfinite(need):  # need is a lower bound: the least of a few multiples that fits
-        sizes = [format_size_up(need * x) for x in (1, 1.5, 2, 4)]
-        fixes.append(next((f for f in (_fix(args, f"GPUs with at least {x}", {"memory_bytes": parse_bytes(x)}) for x in sizes) if f), ""))
-        notes += [] if fixes[-1] else [f"GPUs with {sizes[-1]} do not fit either"]
-    if zero_hint is not None:  # a stage under which some layout's static bytes fit (helping_zero)
-        sharded = {"parallel": replace(forced, zero=zero_hint)} if auto else {}
-        fixes.append(_fix(args, f"--zero {zero_hint}", {"zero": zero_hint, **sharded}))
-    fixes, lead = [f for f in fixes if f], " ".join(t for t in (head, f"({'; '.join(notes)})" if notes else "") if t)
-    use = "use " + ", ".join(fixes[:-1]) + (", or " if fixes[1:] else "") + fixes[-1] if fixes else "no change tried fits"
-    return InfeasibleError(error, (lead + ": " if lead else "") + use)
-
-
-def _fix(args: dict[str, Any], flag: str, change: dict[str, Any]) -> str:
-    """`flag` and the plan it gives when plan_parallel(**args) with `change` finds one that fits, else ''."""
-    try:
-        best = plan_parallel(**{**args, **change, "check_hints": False, "top_k": 1}).best
-    except PplanError:
-        return ""
-    return f"{flag} ({best.config.describe()} {best.schedule_label}, M={best.n_microbatches}, recompute {best.recompute})"

@@ -5,7 +5,7 @@ each layout gets its own best micro-batch size, schedule and recompute). A layou
 fits is asked again with the memory limit lifted, so the figure can show, hollow, what it
 would reach if it fitted. A layout that cannot run at all (its replicas do not split the batch,
 the schedules and micro-batch count the search is held to do not run on it, or `pplan run`
-cannot execute it: planner.parallel.run_refusal) has no point.
+cannot execute it for the profile's model: planner.partition.parallel_runnable) has no point.
 """
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
 from planner.errors import InfeasibleError, ScheduleError
-from planner.parallel import ParallelConfig, run_refusal
+from planner.parallel import ParallelConfig
+from planner.partition.parallel_runnable import layout_refusal
 from planner.partition.parallel_search import candidate_layouts, plan_parallel
 
 __all__ = ["LayoutPoint", "layout_sweep"]
@@ -45,7 +46,7 @@ def layout_sweep(profile: Any, *, hardware: Any, nodes: int, gpus_per_node: int,
                   recompute=recompute, schedules=schedules, microbatches=microbatches, overlap_grad_sync=overlap_grad_sync)
     for cfg in candidate_layouts(nodes * gpus_per_node, gpus_per_node, profile.n_layers):
         cfg = replace(cfg, zero=zero)
-        if global_batch % cfg.dp or run_refusal(cfg):  # its replicas cannot share the batch, or pplan run cannot run it
+        if global_batch % cfg.dp or layout_refusal(cfg, profile.meta.get("model")):  # no batch split, or pplan run cannot run it
             points.append(LayoutPoint(cfg, None, False))
             continue
         try:
