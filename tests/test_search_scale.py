@@ -106,7 +106,7 @@ def _plain_moments(schedule):
     out = []
     for moments in seen:
         kept = [m for m in moments if not any(o != m and all(a >= b for a, b in zip(o, m)) and o[4] - o[3] >= m[4] - m[3]
-                                              for o in moments)]
+                                              and o[0] - o[3] >= m[0] - m[3] for o in moments)]
         out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4])))
     return out
 

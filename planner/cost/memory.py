@@ -29,15 +29,10 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                  input batch instead, M x the model input (`buffer_bytes`). The input gradient
                  a backward sends is in its first layer's workspace; once sent it is not at the
                  peak (measured: charging it too over-predicted a ResNet's last rank by 2 MiB).
-  wgrad        = with a split backward (zero-bubble), per micro-batch whose I has ended and whose W
-                 has not: what W starts from, the gradients at the nodes where the weights' paths
-                 meet the input's (profile column `wgrad_bytes`, summed over the stage's layers;
-                 0 on the first stage, whose whole backward torch runs at W). Profiles without the
-                 column charge 0 (`wgrad_unmeasured_note` says so for a zero-bubble plan).
-  sent         = with a split backward torch's runtime waits for its sends at the step's end: each
-                 ended I's input gradient (bytes in), each ended W's output (bytes out) and each
-                 pending W's held output stay alive until then (`sent_bytes`; with the wgrad
-                 column only, so older profiles' plans stay what they were).
+  wgrad, sent  = with a split backward (zero-bubble): what each micro-batch between its I and W
+                 holds for W, and what torch's sends hold until the step ends (planner.cost.held,
+                 re-exported here: `stage_wgrad`, `sent_bytes`, and `pending_output`, the rule of
+                 when the held output is freed: at I on the last stage, at W on the others).
   Profiles without `input_saved_bytes` (made before pplan measured it) keep the older model, so
   their plans stay what they were: every activation_bytes counted in full, buffers 2 x (bytes in
   + bytes out).
@@ -49,12 +44,14 @@ transient if a backward of the stage runs then, the gradients if they exist by t
 the end of the stage's first weight-gradient action) and pending_w micro-batches' wgrad; and the
 optimizer step:
   moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients] + pending_w x wgrad
-           + sent_grads x bytes in + (sent_grads - pending_w) x bytes out + pending_w x held output
+           + sent_grads x bytes in + (sent_grads - pending_w) x bytes out
+           + pending_w x (pending_output - held output)
   step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
-GPipe's activation peak (its first backward) holds no gradients yet. Where a rank runs one stage
-this is the simulator's device peak exactly, except that a split backward frees the stage output
-torch holds at I, not W (charged until W here); several stages on a rank (interleaved) are each
-charged at their own worst moment: at least the simulator's peak.
+(in_flight counts a micro-batch until its W ends, with its held output in kept: the last term
+takes that off where torch freed it at I). GPipe's activation peak (its first backward) holds no
+gradients yet. Where a rank runs one stage this is the simulator's device peak exactly; several
+stages on a rank (interleaved) are each charged at their own worst moment: at least the
+simulator's peak.
 
 `stage_bytes` is that maximum, written once; it takes numbers, numpy arrays (the DP prices every
 (first, end) at once) or PuLP expressions (the ILP's memory rows), so every solver charges the
@@ -70,6 +67,9 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from planner.cost.held import (
+    held_output, held_output_per_layer, pending_output, sent_bytes, stage_wgrad, wgrad_per_layer, wgrad_unmeasured_note,
+)
 from planner.cost.transient import transient_bytes
 from planner.errors import PplanError
 from planner.graph.crossing import passthrough_bytes
@@ -97,6 +97,7 @@ __all__ = [
     "stage_wgrad",
     "wgrad_unmeasured_note",
     "sent_bytes",
+    "pending_output",
     "kept_activation_bytes",
     "stage_entry_bytes",
     "runtime_buffers",
@@ -158,45 +159,16 @@ def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
     return tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
 
 
-def held_output_per_layer(costs: LayerCosts) -> np.ndarray | None:
-    """Per layer, bytes of its output that a pipeline runtime holds beyond what the layer saves
-    itself: torch keeps each in-flight micro-batch's stage output until that micro-batch's
-    backward. None when the profile does not say which outputs are saved (older profiles:
-    no output is then charged twice, and their plans stay what they were)."""
-    if costs.output_saved_bytes is None:
-        return None
-    out = np.asarray(costs.output_bytes, dtype=float)
-    return np.maximum(out - np.asarray(costs.output_saved_bytes, dtype=float), 0.0)
 
 
-def held_output(held: Sequence[float] | None, end: int) -> float:
-    """The held output of a stage ending before layer `end` (its last layer's, 0 when unknown)."""
-    return 0.0 if held is None or end < 1 else float(held[end - 1])
 
 
-def wgrad_per_layer(costs: LayerCosts) -> np.ndarray | None:
-    """Per layer, what a split backward's I keeps per micro-batch for its W (column wgrad_bytes; None: 0)."""
-    return None if costs.wgrad_bytes is None else np.asarray(costs.wgrad_bytes, dtype=float)
 
 
-def stage_wgrad(wgrad: Sequence[float] | None, first: int, end: int) -> float:
-    """What stage [first, end) holds per micro-batch between its I and its W: the sum of its layers'
-    wgrad; 0 for the first stage (torch runs the first stage's whole backward at W) and when unknown."""
-    return 0.0 if wgrad is None or first == 0 else float(np.sum(np.asarray(wgrad, dtype=float)[first:end]))
 
 
-def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool) -> str | None:
-    """One line for a split-backward (zero-bubble) plan priced from a profile without wgrad_bytes:
-    its memory leaves out what each deferred W holds; None otherwise."""
-    return None if not split_backward or costs.wgrad_bytes is not None else (
-        "the profile has no wgrad_bytes column: zero-bubble memory leaves out what each micro-batch holds "
-        "between its I and W (counted as 0); a measured `pplan profile` (not --analytic) writes it")
 
 
-def sent_bytes(bytes_in: Any, bytes_out: Any, held_out: Any, wgrad_measured: bool) -> tuple[Any, Any, Any]:
-    """moment_bytes' `sent` (module docstring): bytes in, bytes out and the held output (0 on the last
-    stage, which sends nothing on) where the profile measured wgrad_bytes; else nothing."""
-    return (bytes_in, bytes_out, held_out) if wgrad_measured else (0.0, 0.0, 0.0)
 
 
 def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
@@ -300,17 +272,20 @@ def fixed_bytes(static: Any, bytes_in: Any, bytes_out: Any, n_microbatches: int 
 
 
 def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, wgrad: Any = 0.0,
-                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0)) -> Any:
+                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0) -> Any:
     """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
     runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
     fixed_bytes counts them), + moment.pending_w x wgrad (stage_wgrad) + what sends hold (sent_bytes,
-    per ended I, ended W and pending W). `moment`: a planner.schedules.memory.Moment. Numbers, numpy
-    arrays or PuLP expressions (an ILP writes one row per moment)."""
+    per ended I and ended W) + per pending W its output as pending_output has it (sent[2]) less the
+    stage's held output (`held_out`, part of kept: in_flight counts a micro-batch until its W ends).
+    `moment`: a planner.schedules.memory.Moment. Numbers, numpy arrays or PuLP expressions (an ILP
+    writes one row per moment)."""
     held = moment.in_flight * kept
     if moment.pending_w:  # only split backwards have any: every other plan's arithmetic stays as it was
         held = held + moment.pending_w * wgrad
     if moment.sent_grads:  # ended I; of them, sent_grads - pending_w also ended their W
-        held = held + moment.sent_grads * sent[0] + (moment.sent_grads - moment.pending_w) * sent[1] + moment.pending_w * sent[2]
+        held = (held + moment.sent_grads * sent[0] + (moment.sent_grads - moment.pending_w) * sent[1]
+                + moment.pending_w * (sent[2] - held_out))
     if moment.transient:
         held = held + transient
     if not moment.gradients:
@@ -321,12 +296,12 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
                 optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0,
                 gradients: Any = 0.0, moments: Sequence[Any] | None = None, wgrad: Any = 0.0,
-                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0)) -> Any:
+                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0) -> Any:
     """Peak bytes of a stage: fixed_bytes + the largest moment_bytes over `moments` (planner.
     schedules.memory.stage_memory_moments) and the optimizer step's temporaries (module docstring).
     Buffers: buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in); `gradients` the stage's
     gradient bytes (part of `static`); `wgrad` what it holds per pending W (stage_wgrad), `sent` what
-    its sends hold (sent_bytes). `moments`
+    its sends and pending W hold (sent_bytes), `held_out` its held output (held_output). `moments`
     None: one moment holding `in_flight` micro-batches, the transient and the gradients (the bound
     used before pplan told the moments apart; no pending W).
 
@@ -340,7 +315,7 @@ def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept
     else:  # the step (or, without one, the gradients alone) is the floor of every moment
         held = np.maximum(optimizer_step, 0.0)
         for moment in moments:
-            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent))
+            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out))
     return fixed_bytes(static, bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 

@@ -76,7 +76,8 @@ class StageCost:
     """Temporaries of the optimizer step over this stage's parameters (planner.cost.optimizer_workspace)."""
     held_output_bytes: float = 0.0
     """The part of kept_bytes that is the stage output torch holds for the backward (planner.cost.held_output):
-    freed at the end of I when the backward is split, the rest at the end of W."""
+    freed with the rest at the end of B; with a split backward at the end of I, less sent_held_bytes,
+    which stays until the end of W (the rest of kept_bytes goes at the end of W)."""
     recv_microbatches: int | None = None
     """Micro-batches torch's stage keeps a receive buffer for (planner.cost.buffer_bytes); None: the older
     two-buffers model (a profile without input_saved_bytes, or no micro-batch count given)."""
@@ -89,7 +90,8 @@ class StageCost:
     sent_output_bytes: float = 0.0
     """Bytes each output a split backward sent holds until the step ends, beyond its W (planner.cost.sent_bytes)."""
     sent_held_bytes: float = 0.0
-    """The part of held_output_bytes a split backward's send holds from its I to the step's end (planner.cost.sent_bytes)."""
+    """The part of held_output_bytes a micro-batch still holds from the end of its I to the end of its W
+    (planner.cost.pending_output: all of it on every stage but the last, none on the last)."""
 
     @property
     def sent(self) -> tuple[float, float, float]:
@@ -154,10 +156,11 @@ def stage_cost(
 
 
 def _sent_fields(costs: LayerCosts, boundary: np.ndarray, first: int, end: int) -> dict[str, float]:
-    """StageCost's sent_* fields (planner.cost.sent_bytes): nothing on from the last stage."""
-    held = held_output(held_output_per_layer(costs), end) if end < len(costs.fwd_ms) else 0.0
+    """StageCost's sent_* fields (planner.cost.sent_bytes)."""
+    held = held_output(held_output_per_layer(costs), end)
     names = ("sent_grad_bytes", "sent_output_bytes", "sent_held_bytes")
-    return dict(zip(names, (float(x) for x in sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None))))
+    got = sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None, end == len(costs.fwd_ms))
+    return dict(zip(names, (float(x) for x in got)))
 
 
 def microbatch_ms(stage: StageCost, calibration: Calibration | None = None, split_backward: bool = False,
@@ -175,4 +178,4 @@ def stage_peak_bytes(stage: StageCost, in_flight: float, moments: Sequence[Any] 
     return float(stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
                              stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
                              stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments,
-                             stage.wgrad_bytes, stage.sent))
+                             stage.wgrad_bytes, stage.sent, stage.held_output_bytes))

@@ -149,9 +149,9 @@ class StageTables:
         else:
             kept, trans = self.pa[jj] - self.pa[ii] + pt, work
         wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
-        held = self.hold[jj] * (jj < self.L) if self.hold is not None else 0.0  # the last stage sends nothing on
-        sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None)
-        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent) for m in kinds], step, kinds, work
+        held = self.hold[jj] if self.hold is not None else 0.0
+        sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None, jj == self.L)
+        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent, held) for m in kinds], step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:

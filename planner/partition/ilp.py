@@ -12,7 +12,8 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
           and, recomputed, its activations again (planner.cost.transient).
   Optimizer step: static + buffers + OW[s] <= budget_s, OW[s] >= ow_l y[l,s] (when the profile measured it).
   Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
-          (the last stage: ho_(L-1)), when the profile says which outputs layers save.
+          (the last stage: ho_(L-1)), when the profile says which outputs layers save; a pending W
+          holds it as planner.cost.pending_output says (every stage but the last).
   Entry: kept also counts sum_x st[x,s] en_x (stage 0: en_0), the first layer's correction
           (planner.cost.stage_entry_bytes), when the profile says what layers save of their input.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each
@@ -169,11 +170,11 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
                 prob += trans >= float(work[l]) * y(l, s) + (back[l] * z[l, s] if l in recomputed else 0)
         kept = (pulp.lpSum(y(l, s) * a[l] for l in range(L))
                 - pulp.lpSum(z[l, s] * (a[l] - inp[l]) for l in cand))
-        held_on = 0  # the held output of a stage that sends it on (not the last)
+        held_out = 0  # the stage's held output (part of kept)
         if p.held_output_bytes is not None:  # the stage's output: its last layer is x - 1 where stage s+1 starts at x
             held = np.asarray(p.held_output_bytes, dtype=float)
-            held_on = pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else 0
-            kept = kept + (held_on if s < S - 1 else float(held[L - 1]))
+            held_out = pulp.lpSum(st(x, s + 1) * held[x - 1] for x in range(1, L)) if s < S - 1 else float(held[L - 1])
+            kept = kept + held_out
         if p.entry_bytes is not None:  # the stage's first layer x: its input is the receive buffer
             entry = np.asarray(p.entry_bytes, dtype=float)
             kept = kept + (pulp.lpSum(st(x, s) * entry[x] for x in range(1, L)) if s > 0 else float(entry[0]))
@@ -188,9 +189,9 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)
         # held between a micro-batch's I and W; position 0 starts at layer 0, whose stage holds none (stage_wgrad)
         wgrad = (pulp.lpSum(y(l, s) * float(p.wgrad_bytes[l]) for l in range(L)) if p.wgrad_bytes is not None and s > 0 else 0)
-        sent = sent_bytes(bytes_in, bytes_out, held_on, p.wgrad_bytes is not None)  # what sends hold until the step ends
+        sent = sent_bytes(bytes_in, bytes_out, held_out, p.wgrad_bytes is not None, s == S - 1)  # sends, pending W
         for moment in kinds:  # one row per moment at which the stage's memory can peak
-            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent)) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out)) <= 1.0 - _TIGHTEN
         prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)

@@ -243,14 +243,14 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         workspace_max(p.optimizer_workspace_bytes, i, j),
         p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
-        stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j),
+        stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j), held_output(p.held_output_bytes, j),
     ))
 
 
 def _sent(p: PartitionProblem, i: int, j: int) -> tuple[float, float, float]:
-    """What stage [i, j)'s sends hold until the step ends (planner.cost.sent_bytes)."""
-    held = held_output(p.held_output_bytes, j) if j < p.n_layers else 0.0
-    return sent_bytes(float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), held, p.wgrad_bytes is not None)
+    """What stage [i, j)'s sends and pending W hold (planner.cost.sent_bytes)."""
+    return sent_bytes(float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), held_output(p.held_output_bytes, j),
+                      p.wgrad_bytes is not None, j == p.n_layers)
 
 
 def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tuple[float, ...], float]:
@@ -264,7 +264,8 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
     fixed = fixed_bytes(float(np.sum(p.static_bytes[i:j])), float(p.boundary_bytes[i]), float(p.boundary_bytes[j]),
                         p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers))
     wgrad = stage_wgrad(p.wgrad_bytes, i, j)
-    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j))) for m in moments(p, s))
+    out = held_output(p.held_output_bytes, j)
+    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out)) for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 

@@ -66,7 +66,8 @@ class Moment:
     """Whether the stage's parameter gradients exist then (after its first weight-gradient action)."""
     pending_w: int = 0
     """Micro-batches whose I has ended and whose W has not (split backward only): each holds what
-    its W starts from (planner.cost.memory's wgrad bytes)."""
+    its W starts from (planner.cost.memory's wgrad bytes), and of its output what
+    planner.cost.pending_output says (none on the last stage)."""
     sent_grads: int = 0
     """I actions of the stage ended so far in the step (split backward only): torch's runtime holds
     each one's input gradient until the step ends, and the output of each whose W ended too
@@ -78,13 +79,14 @@ def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]
     memory_peaks walks): each distinct (micro-batches held, backward running or not, gradients or
     not, pending W, ended I), less the moments another one covers (as many or more micro-batches,
     pending W, ended I and ended W, and the transient or the gradients wherever it has them: held
-    bytes are never negative). Without a split backward the last two are always 0:
+    bytes are never negative; and as many or more outputs held, in_flight - pending_w). Without a
+    split backward the last two are always 0:
     the most micro-batches held for each of (backward running or not) x (gradients or not).
 
     GPipe and 1F1B have two: the stage's first backward (all it holds, no gradients yet) and a
     later backward (gradients). Priced with planner.cost.stage_bytes, where a rank runs one stage
-    this is the simulator's peak, except that a split backward frees the stage output torch holds
-    at I, not W (the partitioner charges it until W: at least the simulator's peak)."""
+    this is the simulator's peak (a pending W's held output included: in_flight - pending_w is the
+    memory_peaks table's count of outputs held, and both price the rest with sent_bytes)."""
     cached = schedule.__dict__.get(_MOMENTS_ATTR)
     if cached is None:
         cached = tuple(_moments(schedule))
@@ -101,8 +103,9 @@ def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
             pending, sent = t.pending[lo:hi, i], t.sent[lo:hi, i]
             seen = np.unique(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], pending, sent]),
                              axis=0)
-            # covered: another has as many or more of each, and of ended W (sent - pending)
-            kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3]]))].tolist()
+            # covered: another has as many or more of each, of ended W (sent - pending) and of held
+            # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes)
+            kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
             moments = [Moment(c, bool(bwd), bool(g), p, x) for c, bwd, g, p, x in kept]
             out[s] = tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads)))
     return out
@@ -144,11 +147,11 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     first weight-gradient action (module docstring), and the part `output_bytes[s]` of its kept
     bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
     backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.memory's wgrad) per micro-batch
-    whose I ended and W did not, and what its sends hold until the step ends (`sent_bytes[s]`,
-    planner.cost.memory.sent_bytes: per ended I its input gradient, per ended W its output, per
-    pending W the held output; held
-    until the step ends). Without those two the activation part is at most activation_peaks'
-    value, and the sum at most that plus all the rank's gradients.
+    whose I ended and W did not, and `sent_bytes[s]` (planner.cost.sent_bytes: per ended I its
+    input gradient and per ended W its output, held by the sends until the step ends, and per
+    pending W what it still holds of its output, planner.cost.pending_output: the held output on
+    every stage but the last). Without those two the activation part is at most
+    activation_peaks' value, and the sum at most that plus all the rank's gradients.
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
