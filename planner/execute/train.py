@@ -38,6 +38,7 @@ from planner.models.hf_release import release_other_layers
 from planner.plan import MemoryRecord, Plan
 from planner.profiling.allocpeak import CpuAllocatorMeter
 from planner.profiling.saved import storage_key, tensor_bytes
+from planner.profiling.stageloss import compact_loss  # re-exported: the loss the profiler measures too
 
 __all__ = ["train_rank", "check_executed_order", "compact_loss"]
 
@@ -188,21 +189,6 @@ def _train(plan: Plan, opts: RunOptions, rank: int, world: int, device: torch.de
             save_rank(opts.checkpoint_dir, step + 1, rank, world, pipe, r.opt, r.loss_log, device)
     return rank_measurement(plan, pipe, rank, log, start_step=r.start_step, loss_log=r.loss_log, comm=r.comm,
                             boundary=r.boundary, warmup=opts.warmup, mem_step=r.mem_step)
-
-
-def compact_loss(loss_fn: Any) -> Any:
-    """`loss_fn` whose loss owns only its own bytes. F.mse_loss and F.smooth_l1_loss return the mean
-    as a 0-d view of the unreduced, output-sized tensor, so each micro-batch's loss, which torch's
-    schedule keeps to the end of the step, held one output's bytes (measured: 2.0 MB at 8 x 8 samples
-    of 16 x 500 logits). A clone has the same value and gradient and lets the unreduced tensor go."""
-
-    def compact(output: Any, target: Any) -> Any:
-        loss = loss_fn(output, target)
-        if isinstance(loss, torch.Tensor) and loss.untyped_storage().nbytes() > loss.nbytes:
-            return loss.clone()
-        return loss
-
-    return compact
 
 
 def _step_batch(plan: Plan, r: _RankSetup, step: int, device: torch.device) -> tuple[Any, Any]:

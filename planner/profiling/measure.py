@@ -21,16 +21,20 @@ Method (docs/profile-format.md repeats it for users):
   input included when saved (backward needs it), parameters and buffers excluded.
   shared_input_bytes: the part of it the previous layer saved too (its output, e.g. a ReLU
   result, saved again as this layer's input): within one stage it is held once.
-- flops: torch.utils.flop_counter over one forward without a graph (0 where it counts nothing).
+- flops: torch.utils.flop_counter over one forward without a graph (0 where it counts nothing;
+  planner.profiling.flops).
 - cuda_peak_bytes: on CUDA, the allocator's peak during one forward+backward above what was
-  allocated before it (gradients it creates included).
+  allocated before it (gradients it creates included), the layer's outputs (and the loss) held
+  until the backward ends, as torch's stage holds them (planner.profiling.layerpeak).
 - workspace_bytes: that peak, on CUDA from the caching allocator and on CPU from torch's CPU
   allocator (torch.profiler's memory events, planner.profiling.allocpeak), less the bytes the
   layer saves for backward and its output (less only what the peak counted: the layer's input
   was allocated before it, so the part of the input the layer saves is not taken off; profiles
   made before input_saved_bytes existed took it off): what else is alive at the layer's worst moment (the
-  gradients flowing through it, the temporaries inside its ops; with the loss, the logits'
-  gradients). Parameter gradients already exist, as after a pipeline's first micro-batch.
+  gradients flowing through it, the temporaries inside its ops; with cross-entropy, the
+  gradients of the log-softmax and of the logits; the profiler passes the loss as the run
+  computes it, planner.profiling.stageloss). Parameter gradients already exist, as after a
+  pipeline's first micro-batch.
   output_saved_bytes: the part of the output the layer saves itself (a ReLU's, a softmax's).
   input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's);
   wgrad_bytes what zero-bubble's I keeps alive for W beyond those (planner.profiling.saved).
@@ -54,9 +58,11 @@ from typing import Any, Callable
 import torch
 
 from planner.errors import ModelSpecError
-from planner.profiling.saved import SavedTensors, storage_key, tensor_bytes, weight_gradient_hold_bytes
+from planner.profiling.flops import count_forward_flops
+from planner.profiling.layerpeak import forward_backward_peak
+from planner.profiling.saved import SavedTensors, tensor_bytes, weight_gradient_hold_bytes
 
-__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "allocator_peak_of", "sync_for"]
+__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for"]
 
 
 @dataclass(frozen=True)
@@ -185,39 +191,6 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
     )
 
 
-def _cpu_flash_flops(query_shape: Any, key_shape: Any, value_shape: Any, *args: Any, out_shape: Any = None, **kwargs: Any) -> int:
-    from torch.utils.flop_counter import sdpa_flop_count
-
-    return sdpa_flop_count(query_shape, key_shape, value_shape)
-
-
-def _flop_counter() -> Any:
-    from torch.utils.flop_counter import FlopCounterMode, flop_registry
-
-    # torch counts the CUDA attention kernels but not the CPU flash kernel SDPA uses here.
-    extra = {}
-    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-    if op is not None and op not in flop_registry:
-        extra[op] = _cpu_flash_flops
-    return FlopCounterMode(display=False, custom_mapping=extra)
-
-
-def _count_flops(forward: Callable[[], Any]) -> int:
-    """Forward FLOPs, without a graph where torch's counter allows (0 where it fails).
-
-    Its module tracker hooks the backward of every module input, which fails on a view of a
-    received tensor made under no_grad (a transposed sequence): then count with a graph.
-    """
-    for grad in (False, True):
-        try:
-            with torch.set_grad_enabled(grad), _flop_counter() as counter:
-                forward()
-            return int(counter.get_total_flops())
-        except Exception:  # noqa: BLE001 - the count is information, not a reason to fail a profile
-            continue
-    return 0
-
-
 def _output_gradient(out: torch.Tensor, seed: int) -> torch.Tensor:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(out.shape, generator=g).to(device=out.device, dtype=out.dtype)
@@ -264,7 +237,7 @@ def measure_layer(
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tensor", "each pipeline layer must return one tensor")
     # Counted in a pass of its own: the counter hooks every module's backward, and the graph
     # above is the one whose backward is timed. No graph is needed to count a forward.
-    flops = _count_flops(forward)
+    flops = count_forward_flops(forward)
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
 
     bwd: list[float] = []
@@ -273,14 +246,14 @@ def measure_layer(
         grad = None if loss_fn is not None else _output_gradient(out, grad_seed)
         bwd, bwd_input = _time_backward(out, grad, [inp] if inp.requires_grad else [], params,
                                         warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-    peak = _allocator_peak(forward, grad, inp.device)
+    peak = forward_backward_peak(forward, lambda result: [result[1]], None if grad is None else [grad], inp.device)
     if inp.device.type == "cuda":
         cuda_peak = peak
         for t in params + [inp]:
             t.grad = None
     wgrad = weight_gradient_hold_bytes([forward()[1]], None if grad is None else [grad], [inp], params) if out.requires_grad else 0
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_bytes_of(saved, [y]), _saved_bytes_of(saved, [inp]), wgrad)
+                 saved.held_bytes_of([y]), saved.held_bytes_of([inp]), wgrad)
     return m, y.detach(), saved
 
 
@@ -303,7 +276,7 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         y, out = forward()
     if not isinstance(y, tuple):
         raise ModelSpecError(f"layer {name!r} returns {type(y).__name__}, not a tuple of outputs", "build traced layers with planner.graph (LayerGraph.layer_module)")
-    flops = _count_flops(forward)
+    flops = count_forward_flops(forward)
     fwd = timed_ms(forward, warmup=warmup, repeats=repeats, sync=sync, timer=timer)
     if loss_fn is not None:
         roots = [out] if out.requires_grad else []
@@ -316,23 +289,18 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
     if roots:
         bwd, bwd_input = _time_backward(roots, grads, grad_inputs, params,
                                         warmup=warmup, repeats=repeats, sync=sync, timer=timer)
-    def fresh_roots() -> list[torch.Tensor]:  # a new graph's roots: what the backward starts from
-        got, loss = forward()
+    def roots_of(result: tuple[Any, Any]) -> list[torch.Tensor]:  # what a new graph's backward starts from
+        got, loss = result
         return [loss] if loss_fn is not None else [t for t in got if isinstance(t, torch.Tensor) and t.requires_grad]
 
-    def run() -> None:
-        rs = fresh_roots()
-        if rs and all(r.requires_grad for r in rs):
-            torch.autograd.backward(rs, grads)
-
-    peak = allocator_peak_of(run, device)
+    peak = forward_backward_peak(forward, roots_of, grads, device)
     if device.type == "cuda":
         cuda_peak = peak
         for t in params + grad_inputs:
             t.grad = None
-    wgrad = weight_gradient_hold_bytes(fresh_roots(), grads, grad_inputs, params) if roots else 0
+    wgrad = weight_gradient_hold_bytes(roots_of(forward()), grads, grad_inputs, params) if roots else 0
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 _saved_bytes_of(saved, [t for t in y if isinstance(t, torch.Tensor)]), _saved_bytes_of(saved, tensors), wgrad)
+                 saved.held_bytes_of([t for t in y if isinstance(t, torch.Tensor)]), saved.held_bytes_of(tensors), wgrad)
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 
@@ -355,46 +323,3 @@ def _time_backward(roots: Any, grads: Any, grad_inputs: list[torch.Tensor], para
                            warmup=warmup, repeats=repeats, sync=sync, timer=timer)
         return bwd, min(statistics.median(samples), statistics.median(bwd))
     return bwd, statistics.median(bwd) if grad_inputs else 0.0
-
-
-def _cuda_peak_of(run: Callable[[], None], device: torch.device) -> int:
-    """Allocator peak above the starting point while `run` (a forward and backward) runs."""
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    base = torch.cuda.memory_allocated(device)
-    run()
-    torch.cuda.synchronize(device)
-    return max(int(torch.cuda.max_memory_allocated(device) - base), 0)
-
-
-def _saved_bytes_of(saved: SavedTensors, tensors: list[torch.Tensor]) -> int:
-    """Bytes of `tensors` (a layer's outputs, or its inputs) whose storage the layer saved for its
-    own backward: a pipeline runtime that holds a stage's output until its backward, or receives
-    its input into a buffer of its own, holds these anyway. A storage counts once."""
-    seen: dict[Any, int] = {}
-    for t in tensors:
-        key = storage_key(t)[0]
-        if key in saved.storages:
-            seen[key] = max(tensor_bytes(t), seen.get(key, 0))
-    return sum(seen.values())
-
-
-def allocator_peak_of(run: Callable[[], None], device: torch.device) -> int:
-    """Allocator peak above the starting point while `run` runs: CUDA's caching allocator, or
-    torch's CPU allocator as torch.profiler counts it."""
-    if device.type == "cuda":
-        return _cuda_peak_of(run, device)
-    from planner.profiling.allocpeak import peak_above_start
-
-    return peak_above_start(run)
-
-
-def _allocator_peak(forward: Callable[[], tuple[torch.Tensor, torch.Tensor]], grad: torch.Tensor | None,
-                    device: torch.device) -> int:
-    """allocator_peak_of a forward and backward of a one-tensor layer."""
-    def run() -> None:
-        _, out = forward()
-        if out.requires_grad:
-            torch.autograd.backward(out, grad)
-
-    return allocator_peak_of(run, device)

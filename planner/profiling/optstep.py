@@ -3,7 +3,7 @@
 Both run torch's Adam over copies of the layer's trainable parameters, each with a gradient, so
 the layer itself is left alone. The time is a median over timed steps after at least one warm-up
 step (the first allocates Adam's state); the temporaries are the allocator's peak over one step
-after that, above its starting point (planner.profiling.measure.allocator_peak_of).
+after that, above its starting point (planner.profiling.layerpeak.allocator_peak_of).
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ import statistics
 
 import torch
 
-from planner.profiling.measure import allocator_peak_of, sync_for, timed_ms
+from planner.profiling.layerpeak import allocator_peak_of
+from planner.profiling.measure import sync_for, timed_ms
 
 __all__ = ["optimizer_ms", "optimizer_workspace_bytes"]
 

@@ -37,6 +37,7 @@ from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, target_tensors, tensor_bytes
+from planner.profiling.stageloss import compact_loss
 
 __all__ = ["DTYPES", "profile_model", "measure_profile", "resolve_device", "check_batch_fits"]
 
@@ -80,8 +81,8 @@ def _measure_checked(spec: str, size: int, i: int, name: str, layer: torch.nn.Mo
     """measure_layer on layer i (with the loss when `loss_bundle` is given: the last layer);
     a failure of the model's own code becomes one line naming the layer and size."""
     try:
-        return measure_layer(
-            layer, inputs, loss_fn=loss_bundle.loss_fn if loss_bundle is not None else None,
+        return measure_layer(  # the loss as the run computes it (planner.profiling.stageloss)
+            layer, inputs, loss_fn=compact_loss(loss_bundle.loss_fn) if loss_bundle is not None else None,
             target=target if loss_bundle is not None else None, warmup=warmup, repeats=repeats,
             grad_seed=(seed * 100_003 + i) % 2**63, prev_saved=prev, name=name, timer=timer,
         )

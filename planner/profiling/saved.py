@@ -99,6 +99,17 @@ class SavedTensors(SavedTensorHooks):
         """Bytes of the storages of `tensors` that were saved here, each once."""
         return sum(self.storages.get(key, 0) for key in {storage_key(t)[0] for t in tensors})
 
+    def held_bytes_of(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Bytes of `tensors` (a layer's outputs, or its inputs) whose storage was saved here: a pipeline
+        runtime that holds a stage's output until its backward, or receives its input into a buffer of
+        its own, holds these anyway. Each tensor's own bytes (a view counts its part), a storage once."""
+        seen: dict[_Key, int] = {}
+        for t in tensors:
+            key = storage_key(t)[0]
+            if key in self.storages:
+                seen[key] = max(tensor_bytes(t), seen.get(key, 0))
+        return sum(seen.values())
+
     def shared_bytes(self, other: "SavedTensors | None") -> int:
         """Bytes of the storages saved both here and in `other`."""
         if other is None:
