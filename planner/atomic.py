@@ -15,7 +15,7 @@ from typing import Iterable, Iterator, TextIO
 from planner.errors import PplanError
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open", "ensure_writable_file", "ensure_writable_dir",
-           "ensure_outputs_distinct"]
+           "ensure_outputs_distinct", "resolved_path"]
 
 
 @contextlib.contextmanager
@@ -94,15 +94,25 @@ def ensure_writable_file(path: str | os.PathLike, what: str) -> None:
     _check_folder(target.parent, what, target)
 
 
+def resolved_path(path: str | os.PathLike) -> Path:
+    """`path` absolute with its symlinks followed, as far as they lead; never raises. Path.resolve()
+    raises RuntimeError on a symlink loop (Python 3.11), which a comparison of paths made before the
+    file is read turned into a traceback; the reader then names the loop in one line."""
+    try:
+        return Path(os.path.realpath(path))
+    except (OSError, ValueError):  # a NUL in a path read from a file: no file has that name
+        return Path(os.path.abspath(path))
+
+
 def _same_file(a: Path, b: Path) -> bool:
     """Whether two paths name one file: the inode where both exist (hard links, symlinks, `./x`
-    against `x`), else the resolved paths (an output that does not exist yet)."""
+    against `x`), else the resolved paths (an output that does not exist yet, a symlink loop)."""
     try:
         if a.exists() and b.exists():
             return os.path.samefile(a, b)
-        return a.resolve() == b.resolve()
-    except OSError:  # unreadable metadata or a symlink loop: compare the spelling instead
-        return os.path.abspath(a) == os.path.abspath(b)
+    except OSError:  # unreadable metadata: compare the paths instead
+        pass
+    return resolved_path(a) == resolved_path(b)
 
 
 def ensure_outputs_distinct(outputs: Iterable[tuple[str, str | os.PathLike | None]],

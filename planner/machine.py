@@ -63,6 +63,16 @@ _MAX_OPT_MS_PER_MIB = 1e6
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")
 MEASURED_KEYS = ("date", "host", "cpu", "cores", "load_average", "torch", "seconds", "cases", "model")
 """Keys of `measured` (where and when the numbers were taken): informational, checked."""
+_MEASURED = {"date": (str, 64), "host": (str, 255), "cpu": (str, 256), "torch": (str, 64), "model": (str, 512),
+             "cores": (int, 1, 1_000_000), "load_average": (float, 0.0, 1e6), "seconds": (float, 0.0, 1e7)}
+"""`measured`'s values but cases: (str, longest) or (type, low, high); null allowed (informational). A
+hostname is at most 255 characters, the bench's model string 76 for 64 ranks: a 1,000-character 'cores' was kept."""
+CASE_KEYS = ("schedule", "microbatches", "measured_ms", "step_spread_pct", "simulated_base_ms", "actions_on_path",
+             "predicted_ms", "action_ms_median")
+"""Keys of each `measured.cases` row: one empty-pipeline run (schedule, micro-batches) and its times, ms."""
+_CASE = {"schedule": (str, 64), "microbatches": (int, 1, 1_000_000), **dict.fromkeys(CASE_KEYS[2:], (float, 0.0, 1e9))}
+_MAX_CASES = 64
+"""Rows of `measured.cases`: the bench runs 4 (2 with --quick)."""
 
 
 @dataclass(frozen=True)
@@ -117,9 +127,7 @@ class Machine:
         for name in ("handover_cpu_ms", "handover_cpu_ms_per_mib"):
             if getattr(self, name) is not None:
                 _bounded(name, getattr(self, name), *RANGES[name])
-        if not isinstance(self.measured, dict):
-            raise PplanError("machine measured must be an object")
-        check_keys(self.measured, MEASURED_KEYS, "machine measured", PplanError)
+        _check_measured(self.measured)
 
     def to_dict(self) -> dict[str, Any]:
         """One entry of the machine file (MachineSet.to_dict writes the file)."""
@@ -150,6 +158,41 @@ _REQUIRED = ("device_type", "backend", "ranks", "threads", "action_overhead_ms",
 _DROPPED_KEYS = ("hardware",)
 """Keys older files carry that nothing reads any more (read and left out): `hardware` was a name
 `calibrate --machine --hardware` stored unchecked, which no prediction used."""
+
+
+def _check_measured(measured: Any) -> None:
+    """PplanError unless `measured` holds only its known keys, each of its type and in range."""
+    if not isinstance(measured, dict):
+        raise PplanError("machine measured must be an object")
+    check_keys(measured, MEASURED_KEYS, "machine measured", PplanError)
+    _check_values(measured, _MEASURED, "measured")
+    cases = measured.get("cases", [])
+    if not isinstance(cases, list) or len(cases) > _MAX_CASES:
+        got = f"{len(cases)} rows" if isinstance(cases, list) else type(cases).__name__
+        raise PplanError(f"machine measured.cases must be a list of at most {_MAX_CASES} rows, got {got}", _REMEASURE)
+    for i, row in enumerate(cases):
+        if not isinstance(row, dict):
+            raise PplanError(f"machine measured.cases[{i}] must be an object, got {type(row).__name__}", _REMEASURE)
+        check_keys(row, CASE_KEYS, f"machine measured.cases[{i}]", PplanError)
+        _check_values(row, _CASE, f"measured.cases[{i}]")
+
+
+def _check_values(values: dict[str, Any], specs: dict[str, tuple], where: str) -> None:
+    """Each value of `values` with a spec against it: (str, longest) or (int or float, low, high)."""
+    for key, value in values.items():
+        spec = specs.get(key)
+        if spec is None or value is None:
+            continue
+        if spec[0] is str and not (isinstance(value, str) and len(value) <= spec[1]):
+            got = f"{len(value)} characters" if isinstance(value, str) else f"{type(value).__name__} {str(value)[:40]!r}"
+            raise PplanError(f"machine {where}.{key} must be a string of at most {spec[1]} characters, got {got}", _REMEASURE)
+        if spec[0] is int and (isinstance(value, bool) or not isinstance(value, int)):
+            raise PplanError(f"machine {where}.{key} must be an integer, got {str(value)[:40]!r}", _REMEASURE)
+        if spec[0] is not str:
+            _bounded(f"{where}.{key}", value, spec[1], spec[2])
+
+
+_REMEASURE = "remeasure with `pplan calibrate --machine`"
 
 
 def _bounded(name: str, value: Any, low: float, high: float) -> None:

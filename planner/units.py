@@ -6,6 +6,7 @@ import math
 import re
 
 from planner.errors import PplanError
+from planner.limits import MAX_BANDWIDTH, MAX_MEMORY_BYTES, MIN_BANDWIDTH
 
 __all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up"]
 
@@ -14,9 +15,9 @@ _BYTE_UNITS = {
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
     "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "pb": 10**15, "pib": 2**50, "p": 2**50,  # MAX_BANDWIDTH is 1PB/s: its unit must parse
 }
 _NUMBER = r"([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)"
-_MAX_BYTES = 2**60  # an exbibyte: anything larger is a typo, not a device
 
 
 def _split(text: str | float, what: str, plain_unit: str, negative_hint: str, example: str,
@@ -45,7 +46,7 @@ def parse_bytes(text: str | int | float, what: str = "size") -> int:
         raise PplanError(f"{what} {text!r} must be positive", "give a size such as 16GiB")
     if result < 1:  # would round to 0 bytes: a device with no memory
         raise PplanError(f"{what} {text!r} is less than one byte", "give a size such as 16GiB (units: B, KB, MB, GB, KiB, MiB, GiB)")
-    if result > _MAX_BYTES:
+    if result > MAX_MEMORY_BYTES:
         raise PplanError(f"{what} {text!r} is absurdly large ({result:.3g} bytes)", "give a real device size such as 80GiB")
     return int(result)
 
@@ -77,8 +78,12 @@ def parse_bandwidth(text: str | float) -> float:
     if key not in _BYTE_UNITS:
         raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s (bits)")
     result = value * _BYTE_UNITS[key] / (8 if bits else 1)
-    if not math.isfinite(result) or result <= 0 or result > 1e15:
-        raise PplanError(f"bandwidth {text!r} is out of range", "give a positive value up to 1PB/s, such as 25GB/s")
+    if not (math.isfinite(result) and MIN_BANDWIDTH <= result <= MAX_BANDWIDTH):
+        # the range of planner.limits, which a plan's links are held to: a value below it (0.5B/s,
+        # 1e-300GB/s) passed here and was refused later as a plan field, without the file it came from
+        in_bytes = f" ({result:.3g} bytes/s)" if unit else ""  # a plain number is bytes/s already
+        raise PplanError(f"bandwidth {text!r}{in_bytes} is out of range ({MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} bytes/s)",
+                         "give a value from 1B/s to 1PB/s, such as 25GB/s")
     return result
 
 

@@ -26,7 +26,7 @@ from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = [
     "MAX_PIPELINE_STAGES", "MAX_PREDICTED_MS", "MemoryRecord", "PredictedDevice", "PlanDigest", "Prediction",
-    "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord",
+    "AtPlanSetting", "SearchRow", "BaselineRow", "SearchRecord", "MAX_SEARCH_ROWS", "MAX_SKIPPED",
 ]
 
 
@@ -35,6 +35,13 @@ MAX_PIPELINE_STAGES = 4_000
 profile holds at most planner.profiling.csvio.MAX_LAYERS (equal to it; tests/test_report_bounds.py checks)."""
 MAX_PREDICTED_MS = 1e12
 """Longest time a prediction may state, ms (about 32 years): longer is a typo or a hostile file."""
+MAX_SEARCH_ROWS = 1_000
+"""The most `search.candidates` (and `search.baselines`) a plan may list. `pplan partition` writes at most
+RUNNERS_UP (6) runners-up and a baseline per other method (4), the 3D search a row per plan it simulated
+(fewer than its 400 pipeline solves). Rows are checked one by one: 150,000 took 44.6 s to load."""
+MAX_SKIPPED = 100_000
+"""The most `search.skipped` lines: the one-pipeline grid skips at most a line per schedule and
+micro-batch count (8 x 1,024), the 3D search about two per layout (7,290 layouts for 720,720 GPUs)."""
 _ROUNDING_MS = 1e-6
 """idle_ms is iteration time minus busy time: it may fall below 0 by float rounding, not more."""
 _TIME = (0.0, MAX_PREDICTED_MS)
@@ -373,3 +380,20 @@ class SearchRecord(_Record):
     """Per other method: its best candidate."""
     skipped: tuple[str, ...] | None = None
     """(schedule, M) points not searched, and why."""
+
+    _LONGEST: ClassVar[dict[str, int]] = {"candidates": MAX_SEARCH_ROWS, "baselines": MAX_SEARCH_ROWS,
+                                          "skipped": MAX_SKIPPED, "device_order": MAX_PIPELINE_STAGES,
+                                          "stage_ms": MAX_PIPELINE_STAGES, "stage_memory_bytes": MAX_PIPELINE_STAGES}
+    """Field -> the most items its list may hold, counted before any item is read."""
+
+    @classmethod
+    def from_dict(cls, d: Any, where: str) -> SearchRecord:
+        """As every record, after each list's length is checked against _LONGEST: reading rows one by
+        one only to refuse or keep 150,000 of them took 44.6 s."""
+        for name, most in cls._LONGEST.items():
+            listed = d.get(name) if isinstance(d, dict) else None
+            if isinstance(listed, list) and len(listed) > most:
+                raise PlanError(f"{where} field {name!r} lists {len(listed)} items, more than a plan holds ({most})",
+                                "pplan writes a few rows there: re-create the plan with `pplan partition`, "
+                                "or drop the `search` record (it is informational)")
+        return super().from_dict(d, where)

@@ -73,6 +73,9 @@ def _device(dv: dict, i: int) -> Device:
     if mem is not None and mem > MAX_MEMORY_BYTES:
         raise PlanError(f"plan field {where}memory_bytes {mem:.4g} is absurdly large (more than {MAX_MEMORY_BYTES:.3g} bytes)",
                         "give the device's memory in bytes, e.g. 85899345920 for 80 GiB")
+    if isinstance(mem, float) and not mem.is_integer():  # int() would make 0.5 a device of 0 bytes, 1.5 one of 1
+        raise PlanError(f"plan field {where}memory_bytes {mem!r} is not a whole number of bytes",
+                        "give the device's memory in whole bytes (16e9 is one), e.g. 85899345920 for 80 GiB")
     speed = float(get_field(dv, "speed", (int, float), where, 1.0))
     if speed <= 0:
         raise PlanError(f"plan field {where}speed must be positive, got {speed}")

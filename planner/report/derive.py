@@ -9,9 +9,9 @@ as a fit: its gap to that run is a residual, never a prediction error.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from planner.atomic import resolved_path
 from planner.errors import PplanError
 from planner.partition.search import divisors as all_divisors
 from planner.execute.runrecord import RunRecord
@@ -70,12 +70,8 @@ def fitted_on_run(cal: Calibration | None, run: RunRecord | None, run_source: st
     if cal is None or run is None or cal.fitted_from is None:
         return False
     src = cal.fitted_from.run
-    if src and run_source:
-        try:
-            if Path(src).resolve() == Path(run_source).resolve():
-                return True
-        except OSError:
-            pass
+    if src and run_source and resolved_path(src) == resolved_path(run_source):  # a symlink loop raises nothing
+        return True
     a, b = cal.fitted_from.measured_ms, run.iteration_ms_measured
     return isinstance(a, (int, float)) and isinstance(b, (int, float)) and abs(a - b) <= 1e-6 * max(abs(b), 1.0)
 
