@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -39,6 +40,7 @@ def report(
     """
     from planner.report import build_report, load_inputs, parse_formats, report_dir
     from planner.report.build import check_report_dir
+    from planner.report.document import check_replaceable
 
     fmts = parse_formats(formats)
     out_dir = report_dir(name, out)
@@ -47,6 +49,7 @@ def report(
                                     "--timeline": timeline, "--measured-timeline": measured_timeline,
                                     "--calibration": None if calibration is None or calibration.strip().lower() == "none"
                                     else Path(calibration)})
+    check_replaceable(out_dir)  # someone's own figures/ or report.md is never replaced
     inputs = load_inputs(profile=profile, plan=plan, sim=sim, run=run, timeline=timeline,
                          measured_timeline=measured_timeline, calibration=calibration)
     result = build_report(inputs, out_dir, formats=fmts, title=title, simulate=not no_simulate,
@@ -77,10 +80,17 @@ def _check_inputs_outside(out_dir: Path, inputs: dict[str, Optional[Path]]) -> N
     from planner.errors import PplanError
     from planner.report.document import FIGURES_DIR
 
-    figures = (out_dir / FIGURES_DIR).resolve()
+    figures = _resolved(out_dir / FIGURES_DIR)
     for flag, path in inputs.items():
-        if path is not None and path.resolve().is_relative_to(figures):
+        if path is not None and _resolved(path).is_relative_to(figures):
             raise PplanError(f"{flag} {str(path)!r} is inside {str(out_dir / FIGURES_DIR)!r}, which the report replaces",
                              "move it out of the report folder's figures/, or choose another --out")
     ensure_outputs_distinct([("report page", out_dir / "report.html"), ("report text", out_dir / "report.md")],
                             [(f"{flag} file", path) for flag, path in inputs.items()])
+
+
+def _resolved(path: Path) -> Path:
+    """`path` absolute with its links followed as far as they lead; never raises: Path.resolve()
+    raises RuntimeError on a symlink loop (Python 3.11), which names no file, and the reader then
+    says so on one line."""
+    return Path(os.path.realpath(path))

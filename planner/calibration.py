@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -41,12 +40,12 @@ from typing import Any
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
-from planner.jsontypes import kind_mismatch, record_fields, short
+from planner.jsontypes import kind_mismatch, range_error, record_fields, short
 from planner.limits import MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MIN_BANDWIDTH
 
 __all__ = ["Calibration", "FittedFrom", "calibration_path_for", "load_calibration", "write_calibration",
            "find_calibration", "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
-           "calibration_mismatch"]
+           "calibration_mismatch", "MAX_ERROR_PCT_BEFORE", "MAX_ERROR_PCT_AFTER"]
 
 FORMAT = "pplan-calibration/1"
 
@@ -88,16 +87,25 @@ _HINTS = {
 
 _FITTED_WHERE = "calibration fitted_from"
 _FITTED_HINT = "fitted_from records the run the calibration was fitted on: re-fit it with `pplan calibrate`"
+MAX_ERROR_PCT_BEFORE = 1e6
+"""Largest error of the prediction a fit starts from, percent: a prediction 10,000 x its run (a profile
+of another machine, uncalibrated) is still a start; beyond, the run's times are not the plan's."""
+MAX_ERROR_PCT_AFTER = 100.0
+"""Largest error a fit may leave on the very run it was fitted on, percent: a calibration that still
+predicts twice its own run corrects nothing, and simulate would apply it by default."""
 # What a fit can have written (planner.execute.calibrate.fit_from_run): at least one rank and one
 # micro-batch (no run has more of either than the largest global batch), a measured step of at
-# most a day (check_fit_inputs), and an error of at least -100% (a prediction is never negative).
+# most a day (check_fit_inputs); errors of at least -100% (a prediction is never negative) and
+# at most _ERROR_RANGES' bounds, checked apart to say how far off the fit is.
 _FITTED_RANGES: dict[str, tuple[float, float]] = {
     "n_ranks": (1, MAX_GLOBAL_BATCH),
     "n_microbatches": (1, MAX_GLOBAL_BATCH),
     "measured_ms": (0.0, MAX_OVERHEAD_MS),
-    "error_pct_before": (-100.0, sys.float_info.max),
-    "error_pct_after": (-100.0, sys.float_info.max),
 }
+_ERROR_RANGES = {"error_pct_before": (-100.0, MAX_ERROR_PCT_BEFORE), "error_pct_after": (-100.0, MAX_ERROR_PCT_AFTER)}
+_ERROR_HINT = ("the run's times are not this plan's and profile's: check its step_ms and action_ms, and that run, "
+               "plan and profile are of one model and machine; for a file, re-fit it with `pplan calibrate --from-run` "
+               "or pass --calibration none")
 
 
 @dataclass(frozen=True)
@@ -105,7 +113,8 @@ class FittedFrom:
     """Where a calibration's numbers came from (planner.execute.calibrate.fit_from_run writes it).
 
     Every field may be null: a file written before a field existed lacks it. Checked on
-    construction (types and _FITTED_RANGES), so what a file holds and what a caller builds pass
+    construction (types, _FITTED_RANGES, and the errors within MAX_ERROR_PCT_BEFORE and
+    MAX_ERROR_PCT_AFTER), so what a file holds and what a caller builds pass
     the same checks.
     """
 
@@ -130,6 +139,11 @@ class FittedFrom:
 
     def __post_init__(self) -> None:
         record_fields(self.to_dict(), FittedFrom, _FITTED_WHERE, hint=_FITTED_HINT, ranges=_FITTED_RANGES)
+        for name, (low, high) in _ERROR_RANGES.items():  # a fit that far off is refused, not written and applied
+            value = getattr(self, name)
+            if value is not None and (message := range_error(value, low, high, f"{_FITTED_WHERE} field {name!r}")):
+                measured = f" the run's measured {self.measured_ms:.6g} ms" if self.measured_ms is not None else " its run"
+                raise PplanError(f"{message}: a prediction {value:+.4g}% off{measured}", _ERROR_HINT)
 
     def to_dict(self) -> dict[str, Any]:
         """The calibration file's `fitted_from` object: every field, null where unknown."""
@@ -188,10 +202,9 @@ REFERENCE_PROFILES = Path(__file__).resolve().parent.parent / "profiles"
 
 def is_reference_profile(profile_path: str | os.PathLike) -> bool:
     """Whether `profile_path` is one of the repository's committed profiles (under profiles/)."""
-    try:
-        return Path(profile_path).resolve().is_relative_to(REFERENCE_PROFILES)
-    except OSError:
-        return False
+    # realpath, not Path.resolve(): that raises RuntimeError on a symlink loop (Python 3.11), which
+    # names no profile of ours, and the profile's reader then says so on one line
+    return Path(os.path.realpath(profile_path)).is_relative_to(REFERENCE_PROFILES)
 
 
 def calibration_path_for(profile_path: str | os.PathLike) -> Path:

@@ -182,10 +182,12 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
     """Run the whole pipeline and write the report to `out_dir` (inputs under `out_dir/data`)."""
     from planner.atomic import ensure_writable_dir
     from planner.hostinfo import usable_cores
+    from planner.report.document import check_replaceable
 
     s = QUICK if quick else FULL
     out = Path(out_dir)
     ensure_writable_dir(out, "demo report folder")  # before minutes of profiling and training
+    check_replaceable(out)  # and a folder with someone's own figures/ or report.md: refused now, not at step 8
     (out / "data").mkdir(parents=True, exist_ok=True)
     d = _Demo(s, quick, out, say or _stderr, time.perf_counter(), max(1, usable_cores() // s.n_devices))
     profile = _profile_step(d)

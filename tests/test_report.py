@@ -315,7 +315,8 @@ def test_summary_and_fit_read_the_records_fields(tmp_path):
     from planner.report.inputs import ReportInputs, load_run
     from planner.report.summary import key_numbers, peak_rows
 
-    run = load_run(_run_file(tmp_path, lambda d: d.update(iteration_ms_measured=250.0, measured_steps=[5, 6, 7])))
+    run = load_run(_run_file(tmp_path, lambda d: d.update(iteration_ms_measured=250.0, measured_steps=[5, 6, 7],
+                                                          step_ms=[*d["step_ms"][:5], 240.0, 250.0, 260.0])))
     rows = dict(key_numbers(ReportInputs(run=run)))
     assert rows["measured iteration time"].endswith("(median of 3 timed steps)")
     assert rows["prediction error (plan)"].startswith(f"{(run.iteration_ms_predicted - 250.0) / 250.0:+.1%}")

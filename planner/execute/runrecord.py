@@ -5,7 +5,8 @@ ranks' measurements; planner.execute.runfile reads a file back, every value chec
 
 Reading checks each value's range too (`check_run_values`): counts of at least one, times finite,
 at least 0 and under a day, byte counts within MAX_MEMORY_BYTES, a known schedule and optimizer,
-indices that point inside the run (a rank's stages, the measured steps), one rank record per rank.
+indices that point inside the run (a rank's stages, the measured steps), one rank record per rank,
+and a summary of the steps (iteration_ms_measured, step_ms_min/median/max) that agrees with them.
 A file someone edited fails there on one line that names the field, never later inside a fit or a
 figure. A record assembled in memory is not checked: a run that timed no step holds NaN, which
 its JSON writes as null.
@@ -18,6 +19,7 @@ the run file always had.
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, get_type_hints
 
@@ -296,6 +298,7 @@ def check_run_values(run: RunRecord) -> None:
     for i, step in enumerate(run.measured_steps):
         _count(f"run field 'measured_steps' item {i}", step, 0, len(run.step_ms) - 1)
     _count("run field 'timeline_step'", run.timeline_step, -1, len(run.step_ms) - 1)  # -1: no step timed
+    _check_step_stats(run)
     if len(run.losses) != len(run.loss_steps) or len(run.losses) > run.steps:
         raise PplanError(f"run field 'losses' holds {len(run.losses)} losses for {len(run.loss_steps)} loss_steps "
                          f"and {run.steps} steps: it holds one per loss step, at most one per step", RUN_FILE_HINT)
@@ -321,6 +324,39 @@ def check_run_values(run: RunRecord) -> None:
         if rank.rank in seen:
             raise _refuse(f"ranks[{i}] field 'rank'", rank.rank, "a rank another record has already")
         seen.add(rank.rank)
+
+
+STEP_STAT_REL_TOL = 1e-3
+"""How far (relative) a run's iteration_ms_measured and step_ms_min/median/max may lie from what its
+measured steps give: pplan writes them exactly; a file rounded by hand stays within 0.1%."""
+STEP_STAT_ABS_TOL_MS = 1e-3
+"""The same, absolute (ms): a step of a few microseconds rounded to 4 decimals is not refused."""
+
+
+def _check_step_stats(run: RunRecord) -> None:
+    """Refuse a run whose summary of its steps contradicts the steps themselves: iteration_ms_measured
+    is the median of step_ms over measured_steps, and step_ms_min/median/max their spread. A file
+    with 1e-300 there and steps of 312 ms otherwise fits a calibration 10^304 % off its own run."""
+    timed = [run.step_ms[i] for i in run.measured_steps]
+    if not timed:
+        if run.iteration_ms_measured is not None:
+            raise _refuse("run field 'iteration_ms_measured'", run.iteration_ms_measured,
+                          "but measured_steps is empty: it is the median of the measured steps' times")
+        return
+    median = statistics.median(timed)
+    for name, expected, what in (("iteration_ms_measured", median, "median"), ("step_ms_median", median, "median"),
+                                 ("step_ms_min", min(timed), "fastest"), ("step_ms_max", max(timed), "slowest")):
+        value = getattr(run, name)
+        if value is not None and not math.isclose(value, expected, rel_tol=STEP_STAT_REL_TOL,
+                                                  abs_tol=STEP_STAT_ABS_TOL_MS):
+            raise PplanError(f"run field {name!r} is {short(value)} ms, but the {what} of step_ms over measured_steps "
+                             f"{_steps(run.measured_steps)} is {expected:.6g} ms: the file contradicts itself",
+                             "give the run JSON as `pplan run --out` wrote it (it writes both from the same steps)")
+
+
+def _steps(steps: list[int]) -> str:
+    """measured_steps in a message: the list, or its first and last indices when long."""
+    return repr(steps) if len(steps) <= 6 else f"[{steps[0]}, ..., {steps[-1]}] ({len(steps)} steps)"
 
 
 def _check_rank(rank: RankRecord, where: str, run: RunRecord) -> None:

@@ -3,7 +3,8 @@
 Everything is rendered in memory first. Then the figures go into a fresh temporary folder that
 replaces `figures/` with one rename, and the two index files are written last, each through a
 temporary file: a failed or interrupted report never leaves a half-written index, and an index
-never points at figures from a different run.
+never points at figures from a different run. Only a folder that is new, empty, or a previous pplan
+report is written to (check_replaceable): someone's own figures/ or report.md is refused, not replaced.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import html
 import os
 import re
 import shutil
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,7 +23,8 @@ from pathlib import Path
 from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 
-__all__ = ["FigureEntry", "ReportDocument", "render_markdown", "render_html", "write_report_folder"]
+__all__ = ["FigureEntry", "ReportDocument", "render_markdown", "render_html", "write_report_folder", "check_replaceable",
+           "MAX_INDEX_BYTES"]
 
 FIGURES_DIR = "figures"
 
@@ -149,11 +152,63 @@ def _default_mode() -> int:
     return 0o666 & ~mask
 
 
+# What every index pplan writes holds (the inputs table of render_markdown and render_html): how a
+# previous report is told from someone's own report.md or report.html, which the report overwrites.
+_SIGNATURES = {"report.md": b"## Inputs\n\n| input | file |\n| --- | --- |\n",
+               "report.html": b"<h2>Inputs</h2><table><tr><th>input</th><th>file</th></tr>"}
+_FIGURE_FILE = re.compile(r"[0-9]{1,3}_[a-z0-9_]{1,60}\.(png|svg|pdf)")
+"""The name of every file pplan writes under figures/ ('1_schedule.png'); anything else is not its."""
+MAX_INDEX_BYTES = 256 * 2**20
+"""Largest report.md or report.html read to recognise a previous report (the committed example's page,
+six figures embedded, is 0.8 MB); a larger one is not taken for pplan's."""
+_NOT_OURS_HINT = ("a report replaces the folder's figures/, report.md and report.html: give a new or empty folder "
+                  "(--out, --name), or move those out of it")
+
+
+def check_replaceable(out_dir: str | os.PathLike) -> None:
+    """Refuse a report folder whose figures/, report.md or report.html pplan did not write: the report
+    swaps figures/ for a new one as a whole and rewrites both index files, so only a new or empty
+    folder, one without those three, or a previous pplan report (its index holds pplan's inputs table,
+    figures/ only figure files) is written to. Other files in the folder are never touched."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return  # no folder yet (a file there is refused by the writer)
+    for name, signature in _SIGNATURES.items():
+        if os.path.lexists(out / name) and not _is_our_index(out / name, signature):
+            raise PplanError(f"report folder {str(out)!r} holds a {name} that is not a pplan report, which the "
+                             "report would overwrite", _NOT_OURS_HINT)
+    figures = out / FIGURES_DIR
+    if not os.path.lexists(figures):
+        return
+    if figures.is_symlink() or not figures.is_dir():
+        raise PplanError(f"report folder {str(out)!r}: {FIGURES_DIR}/ is not a folder pplan wrote (a link or a file), "
+                         "and the report replaces it", _NOT_OURS_HINT)
+    with os.scandir(figures) as entries:
+        for entry in entries:
+            if not (_FIGURE_FILE.fullmatch(entry.name) and entry.is_file(follow_symlinks=False)):
+                raise PplanError(f"report folder {str(out)!r}: {FIGURES_DIR}/{entry.name[:80]!r} is not a figure "
+                                 "pplan wrote, and the report replaces figures/ as a whole", _NOT_OURS_HINT)
+
+
+def _is_our_index(path: Path, signature: bytes) -> bool:
+    """Whether `path` is a regular file of at most MAX_INDEX_BYTES holding pplan's inputs table."""
+    try:
+        info = path.stat()
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_INDEX_BYTES:
+            return False  # a FIFO would block the read; a folder or device is not a report
+        with open(path, "rb") as f:
+            return signature in f.read(MAX_INDEX_BYTES + 1)
+    except (OSError, RuntimeError):  # unreadable, or a symlink loop
+        return False
+
+
 def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, bytes], markdown: str, page: str) -> Path:
-    """Write figures (names relative to `figures/`) and the two index files, atomically."""
+    """Write figures (names relative to `figures/`) and the two index files, atomically, into a folder
+    that is new, empty or a previous pplan report (check_replaceable)."""
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise PplanError(f"report folder {str(out)!r} exists and is a file", "choose another --out or --name")
+    check_replaceable(out)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:

@@ -43,6 +43,8 @@ __all__ = [
     "parse_run",
     "load_inputs",
     "check_consistent",
+    "sim_differences",
+    "SIM_OF_PLAN_HINT",
     "check_timeline_of_plan",
     "MAX_TIMELINE_ROWS",
 ]
@@ -60,6 +62,8 @@ MAX_TIMELINE_ROWS = 1_000_000
 # The report's flag for each pplan file kind (planner.jsontypes.file_kind), to name the right one.
 _FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration"}
 _NAMES = {"plan": "plan", "run": "run", "sim": "simulation"}
+SIM_OF_PLAN_HINT = "give the simulation of this plan (`pplan simulate PLAN --out SIM` writes it), or the plan it simulated"
+"""What to do about a simulation of another plan (the run's: planner.execute.planmatch.RUN_OF_PLAN_HINT)."""
 
 
 @dataclass(frozen=True)
@@ -102,18 +106,20 @@ class ReportInputs:
         if self.sim is not None and not isinstance(self.sim, SimulationRecord):
             raise TypeError(f"ReportInputs.sim must be a SimulationRecord, got {type(self.sim).__name__}; "
                             "read a simulation JSON with load_sim(path), or pass SimResult.record()")
-        check_consistent(self.plan, self.run, self.sources)
+        check_consistent(self.plan, self.run, self.sources, self.sim)
 
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""
         return [n for n in names if getattr(self, n) is None]
 
 
-def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None) -> None:
-    """Refuse a plan whose recorded prediction lists other devices than it has, and a run of another
-    plan: a report that set one plan's prediction beside another's measurement would compare nothing.
-    The run is held to its plan as `pplan calibrate --from-run` holds it (planner.execute.planmatch), in
-    the same words; `sources` names the files in the message."""
+def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None,
+                     sim: SimulationRecord | None = None) -> None:
+    """Refuse a plan whose recorded prediction lists other devices than it has, a run of another
+    plan and a simulation of another plan: a report that set one plan's prediction beside another's
+    measurement, or drew another plan's simulation as this one's, would compare nothing. The run is
+    held to its plan as `pplan calibrate --from-run` holds it (planner.execute.planmatch), the
+    simulation in the same words; `sources` names the files in the message."""
     sources = sources or {}
     if plan is None:
         return
@@ -123,6 +129,29 @@ def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str
                                                    "`pplan partition`, or drop `predicted`")
     if run is not None:
         check_run_of_plan(run, plan, sources.get("run"), sources.get("plan"))
+    if sim is not None and (differences := sim_differences(sim, plan)):
+        than = f" than {sources['plan']}" if "plan" in sources else ""
+        where = f"{sources['sim']}: " if "sim" in sources else ""
+        raise PplanError(f"{where}the simulation is of a different plan{than}: {', '.join(differences)}", SIM_OF_PLAN_HINT)
+
+
+
+def sim_differences(sim: SimulationRecord, plan: Plan) -> list[str]:
+    """What makes `sim` a simulation of another plan than `plan`, one 'field sim-value vs plan-value'
+    each (empty: the same plan): the schedule, micro-batches and their size, and the devices it lists
+    (a simulation lists every device of its plan; a field the file leaves out is not compared)."""
+    pred = sim.prediction
+    pairs = [("schedule", pred.schedule, plan.schedule), ("n_microbatches", pred.n_microbatches, plan.n_microbatches),
+             ("micro_batch_size", pred.micro_batch_size, plan.micro_batch_size),
+             ("devices", None if pred.devices is None else len(pred.devices), plan.n_devices)]
+    return [f"{name} {_short(simulated)} vs {_short(planned)}" for name, simulated, planned in pairs
+            if simulated is not None and simulated != planned]
+
+
+def _short(value: Any) -> str:
+    """A value in a one-line message, cut at 60 characters."""
+    text = value if isinstance(value, str) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bad(source: str, message: str, hint: str | None = None) -> PplanError:
