@@ -142,7 +142,7 @@ def test_write_round_trips_and_is_deterministic(tmp_path):
     assert loaded.names == prof.names and loaded.micro_batch_sizes == (1, 2, 4)
     for column, values in prof.columns.items():
         assert np.allclose(loaded.columns[column], values, rtol=1e-5), column
-    assert {"fwd_ms", "bwd_ms"} <= set(loaded.columns) and {"flops", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms"} <= loaded.present
+    assert {"fwd_ms", "bwd_ms"} <= set(loaded.columns) and {"flops", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms", "wgrad_bytes"} <= loaded.present
     assert loaded.meta["analytic"] == "true" and loaded.meta["hardware"] == "h200"
     assert loaded.meta["dtype"] == "bfloat16" and loaded.meta["model"] == SMALL and loaded.meta["seed"] == "0"
     assert "planner.profiling.analytic" in loaded.meta["source"]

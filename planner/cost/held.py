@@ -76,7 +76,7 @@ def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool) -> str | None
     its memory leaves out what each deferred W holds; None otherwise."""
     return None if not split_backward or costs.wgrad_bytes is not None else (
         "the profile has no wgrad_bytes column: zero-bubble memory leaves out what each micro-batch holds "
-        "between its I and W (counted as 0); a measured `pplan profile` (not --analytic) writes it")
+        "between its I and W (counted as 0); `pplan profile` writes it (measured, or --analytic for the built-in gpt)")
 
 
 def sent_bytes(bytes_in: Any, bytes_out: Any, held_out: Any, wgrad_measured: bool, is_last: Any = False) -> tuple[Any, Any, Any]:

@@ -15,6 +15,14 @@ whole on every tp rank: the inputs of its two layer norms and of its two column-
 TP_WHOLE_OUTPUTS = 4 times the block's output bytes; the rest (q, k, v, the attention output, the
 MLP's inner activations) divides by T. GPT-3 175B at T = 8 (bf16): 8 sbh + 24 sbh / 8 bytes per
 block and micro-batch, not 32 sbh / 8.
+
+What zero-bubble's I keeps for W (`tp_wgrad_bytes`, the profile's wgrad_bytes: the gradients at the
+nodes where a weight's path meets the input's) splits the same way with other tensors: the output
+gradients of ln1, of the row-parallel projection and FC2 (their all-reduced outputs are replicated)
+and of ln2 are b*s*h each and whole on every tp rank, TP_WHOLE_WGRAD_OUTPUTS = 4 x the block's output
+bytes; those of QKV (3 b*s*h) and FC1 (ffn b*s*h) divide by T. Measured on `pplan run`'s tp block
+(gloo, hidden 64, ffn 4, float32): 11, 7.5 and 5.75 x the output bytes per rank at T = 1, 2 and 4,
+as 4 + 7/T (dividing all of it by T would say 5.5 and 2.75). GPT-3 175B, T = 8: 4.875 x, not 1.375 x.
 """
 
 from __future__ import annotations
@@ -27,12 +35,16 @@ from planner.cost.collectives import Link2, allreduce_ms
 from planner.cost.data_parallel import zero3_gather_ms, zero3_gathered_bytes, zero_weight_gather_ms
 from planner.profiling.profile import LayerCosts
 
-__all__ = ["TP_WHOLE_OUTPUTS", "tp_layers", "tp_shards", "tp_kept_activation_bytes", "collective_ms",
-           "tensor_parallel_costs"]
+__all__ = ["TP_WHOLE_OUTPUTS", "TP_WHOLE_WGRAD_OUTPUTS", "tp_layers", "tp_shards", "tp_kept_activation_bytes",
+           "tp_wgrad_bytes", "collective_ms", "tensor_parallel_costs"]
 
 TP_WHOLE_OUTPUTS = 4.0
 """Tensors of a block's output size that a tensor-parallel block keeps whole on every tp rank:
 the inputs of its two layer norms and of its two column-parallel linears (module docstring)."""
+
+TP_WHOLE_WGRAD_OUTPUTS = 4.0
+"""Gradients of a block's output size that its I keeps for W whole on every tp rank: those at the
+outputs of its two layer norms and of its two row-parallel linears (module docstring)."""
 
 
 def tp_layers(names: tuple[str, ...]) -> np.ndarray:
@@ -61,6 +73,18 @@ def tp_kept_activation_bytes(activation_bytes: np.ndarray, output_bytes: np.ndar
     return whole + (act - whole) / shards
 
 
+def tp_wgrad_bytes(wgrad_bytes: np.ndarray, output_bytes: np.ndarray, blocks: np.ndarray,
+                   shards: np.ndarray) -> np.ndarray:
+    """Per layer, what one tp rank's I keeps per micro-batch for its W: a sharded block keeps
+    TP_WHOLE_WGRAD_OUTPUTS x its output bytes whole (at most all of it) and the rest / T; another
+    sharded layer / T; an unsharded layer all of it (module docstring)."""
+    wgrad = np.asarray(wgrad_bytes, dtype=float)
+    shards = np.asarray(shards, dtype=float)
+    whole = np.where(np.asarray(blocks, dtype=bool) & (shards > 1),
+                     np.minimum(wgrad, TP_WHOLE_WGRAD_OUTPUTS * np.asarray(output_bytes, dtype=float)), 0.0)
+    return whole + (wgrad - whole) / shards
+
+
 def collective_ms(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2, dp: int = 1, zero: int = 0,
                   dp_link: Link2 | None = None, vocab_parallel: bool = False) -> np.ndarray:
     """Per layer, the collectives of one forward on one GPU, ms: a block's 2 tensor-parallel
@@ -79,10 +103,10 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
                           compute_scale: float = 1.0, vocab_parallel: bool = False) -> LayerCosts:
     """One GPU's share of `costs` under T-way tensor parallelism (and ZeRO's per-layer terms over D).
 
-    Compute (forward, both backward halves, optimizer step), parameter bytes and what W keeps
-    (wgrad) of every block divide by T, the rest stays whole (as `pplan run` executes them; every
-    layer divides under Megatron's `vocab_parallel`: tp_shards); kept activations are
-    tp_kept_activation_bytes; `collective_ms` is added to the forward and to the input-gradient
+    Compute (forward, both backward halves, optimizer step) and parameter bytes of every block
+    divide by T, the rest stays whole (as `pplan run` executes them; every layer divides under
+    Megatron's `vocab_parallel`: tp_shards); kept activations are tp_kept_activation_bytes and
+    what W keeps (wgrad) tp_wgrad_bytes; `collective_ms` is added to the forward and to the input-gradient
     backward; under ZeRO-3 each layer's workspace grows by its gathered weights
     (zero3_gathered_bytes). Output bytes (what a pipeline boundary sends) stay whole, as Megatron
     (2021) sends them. ZeRO 1+ divides the optimizer step by D, and ZeRO 1/2 add the weights
@@ -103,7 +127,7 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     if dp_link is not None:
         opt = opt + zero_weight_gather_ms(params, dp, zero, dp_link)
     act = tp_kept_activation_bytes(costs.activation_bytes, costs.output_bytes, blocks, shards)
-    wgrad = None if costs.wgrad_bytes is None else np.asarray(costs.wgrad_bytes, dtype=float) / shards
+    wgrad = None if costs.wgrad_bytes is None else tp_wgrad_bytes(costs.wgrad_bytes, costs.output_bytes, blocks, shards)
     workspace = costs.workspace_bytes
     if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
         base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)

@@ -25,6 +25,16 @@ block's input size and stay whole on every rank under tensor parallelism without
 parallelism (the two norms' inputs and outputs); planner.cost.tensor_parallel prices that from the
 profile's columns (4 x output_bytes), so it holds for measured profiles too.
 
+`wgrad_bytes` is what zero-bubble's I keeps per micro-batch for its W, as `pplan profile` measures
+it (planner.profiling.saved.weight_gradient_hold_bytes): the gradients arriving at the nodes where a
+weight's path meets the input's, one storage each, in the parameters' dtype. A block holds those of
+ln1's output (h), QKV's (3h), the projection's (h: the residual gradient after attention), ln2's (h),
+FC1's (ffn*h: GELU's input gradient) and FC2's (h: the block's output gradient, which is the next
+layer's input gradient or the received one): (7 + ffn)*s*b*h elements. norm_head holds its LayerNorm
+output's gradient (h) and the logits' (vocab, cast back to the dtype): (h + vocab)*s*b elements. The
+embedding holds none: its input (token ids) has no gradient, and torch runs a first stage's whole
+backward at W.
+
 No torch: planning machines can write analytic profiles.
 """
 
@@ -157,7 +167,7 @@ def analytic_profile(
     names = ["embed"] + [f"block{i}" for i in range(L)] + ["norm_head"]
     n, k_sizes = len(names), len(sizes)
     cols = {c: np.zeros((n, k_sizes)) for c in (
-        "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "activation_bytes", "output_bytes", "flops")}
+        "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "activation_bytes", "output_bytes", "flops", "wgrad_bytes")}
     params = np.array([(V + s) * h] + [(4 + 2 * f) * h * h + (9 + f) * h] * L + [V * h + 2 * h], dtype=float)
 
     for k, b in enumerate(sizes):
@@ -173,23 +183,30 @@ def analytic_profile(
         cols["flops"][:, k] = [0.0] + [2.0 * T * (4 + 2 * f) * h * h + 4.0 * b * s * s * h] * L + [2.0 * T * h * V]
         cols["activation_bytes"][:, k] = _activation_bytes(activations, L, b, s, h, a, f, V, dt)
         cols["output_bytes"][:, k] = [T * h * dt] * (L + 1) + [T * V * dt]
+        cols["wgrad_bytes"][:, k] = [0.0] + [(7 + f) * T * h * dt] * L + [(h + V) * T * dt]
     cols["bwd_ms"] = cols["bwd_input_ms"] + cols["bwd_weight_ms"]
     # Adam, fused: read parameter, gradient and two moments, write parameter and moments
     opt = efficiency.kernel_overhead_ms + 1e3 * 7 * params * dt / bandwidth
     cols["optimizer_ms"] = np.repeat(opt[:, None], k_sizes, axis=1)
     cols["param_bytes"] = np.repeat(params[:, None] * dt, k_sizes, axis=1)
+    source = f"planner.profiling.analytic: {efficiency.describe()}; activations {activations}"
+    return make_profile(names, sizes, cols, _meta(spec, dtype, s, hw.name, source, seed, command))
+
+
+def _meta(spec: str, dtype: str, seq: int, hardware: str, source: str, seed: int, command: str | None) -> dict[str, str]:
+    """The profile's metadata lines: what `pplan profile` records, and how this one was computed."""
     meta = {
         "model": spec,
         "seed": str(seed),  # nothing here is random; plans take it as the weights' seed for `pplan run`
         "dtype": dtype,
-        "input_bytes_per_sample": str(8 * s),
+        "input_bytes_per_sample": str(8 * seq),
         "analytic": "true",
-        "hardware": hw.name,
-        "source": f"planner.profiling.analytic: {efficiency.describe()}; activations {activations}",
+        "hardware": hardware,
+        "source": source,
     }
     if command:
         meta["command"] = " ".join(command.splitlines())
-    return make_profile(names, sizes, cols, meta)
+    return meta
 
 
 def _activation_bytes(activations: str, L: int, b: int, s: int, h: int, a: int, f: int, V: int, dt: int) -> list[float]:
