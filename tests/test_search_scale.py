@@ -27,7 +27,8 @@ def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
 
 
 def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[tuple]]]:
-    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent)), action by action."""
+    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I)),
+    action by action, and with a split backward the state after the rank's last action."""
     cs = compile_schedule(schedule)
     out = []
     for r, stages in enumerate(cs.rank_stages):
@@ -36,17 +37,23 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
         f_started, last_ended, first_ended = [0] * n, [0] * n, [0] * n
         i_ended, w_ended = [0] * n, [0] * n
         seen = set()
+
+        def state(bwd: int) -> tuple:
+            during = tuple(f_started[k] - last_ended[k] for k in range(n))
+            grads = tuple(int(last_ended[k] > 0) for k in range(n))
+            outputs = tuple(f_started[k] - first_ended[k] for k in range(n))
+            pending = tuple(i_ended[k] - w_ended[k] for k in range(n))
+            return during + (bwd,) + grads + outputs + pending + tuple(i_ended)
+
         for a in cs.ids[r]:
             kind, s, _ = cs.split_id(a)
             i = col[s]
             if kind == CODE_F:
                 f_started[i] += 1
-            during = tuple(f_started[k] - last_ended[k] for k in range(n))
-            bwd = s if kind in (CODE_B, CODE_I) else -1
-            grads = tuple(int(last_ended[k] > 0) for k in range(n))
-            outputs = tuple(f_started[k] - first_ended[k] for k in range(n))
-            pending = tuple(i_ended[k] - w_ended[k] for k in range(n))
-            seen.add(during + (bwd,) + grads + outputs + pending + tuple(i_ended))
+            # the transient: B or I, but W on the first stage, whose I computes no input gradient
+            bwd = s if kind == CODE_B or (kind == CODE_I and s > 0) or (kind == CODE_W and s == 0) else -1
+            running = tuple(int(kind == CODE_I and k == i) for k in range(n))
+            seen.add(state(bwd) + running)
             if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
                 last_ended[i] += 1
             if kind in (CODE_B, CODE_I):
@@ -56,10 +63,12 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             if kind == CODE_W:
                 w_ended[i] += 1
         if not seen:
-            seen.add((0,) * n + (-1,) + (0,) * (4 * n))
+            seen.add((0,) * n + (-1,) + (0,) * (5 * n))
+        elif cs.split_backward:  # the sends hold what they sent until the step waits for them
+            seen.add(state(-1) + (0,) * n)
         rows = sorted(seen)
-        out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1], u[4 * n + 1:])
-                             for u in rows]))
+        out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1],
+                              u[4 * n + 1:5 * n + 1], u[5 * n + 1:]) for u in rows]))
     return out
 
 
@@ -72,9 +81,9 @@ def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_b
         wgrad = [float(wgrad_bytes[s]) if wgrad_bytes is not None else 0.0 for s in stages]
         sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
         best, at = -1.0, (0.0, 0.0)
-        for counts, bwd, has_grad, outs, pending, sent in states:
+        for counts, bwd, has_grad, outs, pending, sent, running in states:
             act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
-                   + sum(c * w for c, w in zip(pending, wgrad))
+                   + sum((c + x) * w for c, x, w in zip(pending, running, wgrad))
                    + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
                    + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
             g = sum(h * x for h, x in zip(has_grad, grad))
@@ -101,13 +110,13 @@ def _plain_moments(schedule):
     seen = [set() for _ in range(schedule.n_stages)]
     for stages, states in _walk_states(schedule):
         for i, s in enumerate(stages):
-            for counts, bwd, has_grad, _, pending, sent in states:
-                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i]))
+            for counts, bwd, has_grad, _, pending, sent, running in states:
+                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i], bool(running[i])))
     out = []
     for moments in seen:
         kept = [m for m in moments if not any(o != m and all(a >= b for a, b in zip(o, m)) and o[4] - o[3] >= m[4] - m[3]
                                               and o[0] - o[3] >= m[0] - m[3] for o in moments)]
-        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4])))
+        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4], m[5])))
     return out
 
 
@@ -204,7 +213,8 @@ def test_state_table_rows_are_the_walked_states_in_order():
         for r, (stages, states) in enumerate(_walk_states(schedule)):
             n, lo, hi = len(stages), t.starts[r], t.starts[r + 1]
             rows = [(tuple(t.during[k, :n].tolist()), int(t.bwd[k]), tuple(t.grads[k, :n].tolist()),
-                     tuple(t.outputs[k, :n].tolist()), tuple(t.pending[k, :n].tolist()), tuple(t.sent[k, :n].tolist()))
+                     tuple(t.outputs[k, :n].tolist()), tuple(t.pending[k, :n].tolist()), tuple(t.sent[k, :n].tolist()),
+                     tuple(t.running[k, :n].tolist()))
                     for k in range(lo, hi)]
             assert rows == states
 

@@ -23,11 +23,15 @@ from planner.schedules.memory import Moment, memory_peaks, stage_memory_moments
 
 def test_zero_bubble_moments_count_pending_weight_gradients():
     # rank 1: 1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3: during 1W2 micro-batches 2 and 3 are
-    # held, neither W has ended, and all four I have sent their input gradients
+    # held, neither W has ended, and all four I have sent their input gradients; during 1I3 its own
+    # wgrad is alive already (running_i); after 1W3 the sends still hold all four (no micro-batch).
+    # Rank 0 (0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3) runs its backward, the transient, at W
     got = stage_memory_moments(generate("zb", 2, 4))
     assert got == [
-        (Moment(1, False, True, 1, 4), Moment(2, False, True, 1, 3), Moment(1, True, True, 0, 3), Moment(2, True, True, 0, 2)),
-        (Moment(1, False, True, 1, 4), Moment(2, False, True, 2, 4), Moment(2, True, True, 1, 3)),
+        (Moment(0, False, True, 0, 4), Moment(1, False, True, 0, 3, True), Moment(2, False, True, 0, 2, True),
+         Moment(1, True, True, 1, 4), Moment(2, True, True, 1, 3)),
+        (Moment(0, False, True, 0, 4), Moment(1, False, True, 1, 4), Moment(2, False, True, 2, 4),
+         Moment(2, True, True, 1, 3, True)),
     ]
     for name in ("gpipe", "1f1b"):  # no split backward: nothing pending, nothing held after its send
         assert all(m.pending_w == m.sent_grads == 0 for kinds in stage_memory_moments(generate(name, 2, 4)) for m in kinds)
@@ -42,9 +46,16 @@ def test_memory_peaks_hold_pending_weight_gradients_until_w_ends():
     # and 1 byte per input gradient sent: at 1W2 all four are held
     sent = [(0.0, 0.0, 0.0), (1.0, 0.0, 0.0)]
     assert memory_peaks(sched, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], None, [0.0, 100.0], sent)[1] == (224.0, 0.0)
-    # rank 0 sends its output on: 1000 bytes per micro-batch whose W ended, until the step ends (at 0W3: 3 of them)
+    # rank 0 sends its output on: 1000 bytes per micro-batch whose W ended, until the step ends (after
+    # 0W3, its last action: all 4 of them, and no micro-batch held)
     got = memory_peaks(sched, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], None, None, [(0.0, 1000.0, 0.0), (0.0, 0.0, 0.0)])
-    assert got[0] == (3010.0, 0.0)
+    assert got[0] == (4000.0, 0.0)
+    # a running I holds its micro-batch's wgrad already (torch's hooks store it as I runs): rank 1 of
+    # 1F0 1I0 1W0 peaks during 1I0, its output (10 of the 10 kept) still held, at 10 + 100, not at 1W0 (100)
+    assert memory_peaks(generate("zb", 2, 1), [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], [10.0, 10.0], [0.0, 100.0])[1] == (110.0, 0.0)
+    # the first stage's backward runs at W (its I computes no input gradient): the transient lives then
+    # with the pending wgrad priced here (10 + 5 + 100), not during I (10 + 5, or 10 + 100 with I's wgrad)
+    assert memory_peaks(generate("zb", 1, 1), [10.0], [5.0], [0.0], None, [100.0])[0] == (115.0, 0.0)
     assert memory_peaks(sched, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0]) == [(20.0, 0.0), (20.0, 0.0)]
 
 

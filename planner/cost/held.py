@@ -5,7 +5,9 @@
                  backward; charged as part of the kept bytes (planner.cost.memory.kept_bytes).
   wgrad        = with a split backward (zero-bubble), what W starts from: the gradients at the
                  nodes where the weights' paths meet the input's (profile column `wgrad_bytes`;
-                 0 on the first stage, whose whole backward torch runs at W).
+                 0 on the first stage, whose whole backward torch runs at W), alive from the start
+                 of I (torch's hooks store them as the backward runs; measured on the 3-rank run
+                 below, the middle rank's I peaked one wgrad above the model's end-of-I charge).
   sent         = with a split backward torch's runtime waits for its sends only when the step ends:
                  each ended I's input gradient and each ended W's output stay alive until then.
 
@@ -66,8 +68,8 @@ def wgrad_per_layer(costs: LayerCosts) -> np.ndarray | None:
 
 
 def stage_wgrad(wgrad: Sequence[float] | None, first: int, end: int) -> float:
-    """What stage [first, end) holds per micro-batch between its I and its W: the sum of its layers'
-    wgrad; 0 for the first stage (torch runs the first stage's whole backward at W) and when unknown."""
+    """What stage [first, end) holds per micro-batch from the start of its I to the end of its W: the
+    sum of its layers' wgrad; 0 for the first stage (torch runs the first stage's whole backward at W) and when unknown."""
     return 0.0 if wgrad is None or first == 0 else float(np.sum(np.asarray(wgrad, dtype=float)[first:end]))
 
 

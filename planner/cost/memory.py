@@ -40,10 +40,12 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
 The peak is the largest over the stage's moments (planner.schedules.memory's
 stage_memory_moments derives them from each rank's order of actions, the same states the
 simulator's memory_peaks walks): a moment holds in_flight micro-batches' kept bytes, the
-transient if a backward of the stage runs then, the gradients if they exist by then (from
-the end of the stage's first weight-gradient action) and pending_w micro-batches' wgrad; and the
+transient if a backward of the stage runs then (B or I; W on the first stage, whose I computes
+nothing), the gradients if they exist by then (from the end of the stage's first weight-gradient
+action) and pending_w micro-batches' wgrad (one more while an I runs: running_i); and the
 optimizer step:
-  moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients] + pending_w x wgrad
+  moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients]
+           + (pending_w + running_i) x wgrad
            + sent_grads x bytes in + (sent_grads - pending_w) x bytes out
            + pending_w x (pending_output - held output)
   step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
@@ -159,18 +161,6 @@ def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
     return tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
                recompute: Iterable[int], edges: Sequence[SkipEdge] = (), held: Sequence[float] | None = None,
                entry: Sequence[float] | None = None) -> float:
@@ -275,14 +265,14 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
                  sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0) -> Any:
     """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
     runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
-    fixed_bytes counts them), + moment.pending_w x wgrad (stage_wgrad) + what sends hold (sent_bytes,
+    fixed_bytes counts them), + (moment.pending_w + moment.running_i) x wgrad (stage_wgrad) + what sends hold (sent_bytes,
     per ended I and ended W) + per pending W its output as pending_output has it (sent[2]) less the
     stage's held output (`held_out`, part of kept: in_flight counts a micro-batch until its W ends).
     `moment`: a planner.schedules.memory.Moment. Numbers, numpy arrays or PuLP expressions (an ILP
     writes one row per moment)."""
     held = moment.in_flight * kept
-    if moment.pending_w:  # only split backwards have any: every other plan's arithmetic stays as it was
-        held = held + moment.pending_w * wgrad
+    if moment.pending_w or moment.running_i:  # split backwards only: every other plan's arithmetic stays as it was
+        held = held + (moment.pending_w + int(moment.running_i)) * wgrad  # a running I holds its wgrad already
     if moment.sent_grads:  # ended I; of them, sent_grads - pending_w also ended their W
         held = (held + moment.sent_grads * sent[0] + (moment.sent_grads - moment.pending_w) * sent[1]
                 + moment.pending_w * (sent[2] - held_out))

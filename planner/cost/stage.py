@@ -84,7 +84,7 @@ class StageCost:
     batch_input_bytes: float = 0.0
     """The model input per micro-batch when this is the first stage (its share of the step's input batch), else 0."""
     wgrad_bytes: float = 0.0
-    """Bytes held per micro-batch between its I and its W when the backward is split (planner.cost.stage_wgrad)."""
+    """Bytes held per micro-batch from the start of its I to the end of its W when the backward is split (planner.cost.stage_wgrad)."""
     sent_grad_bytes: float = 0.0
     """Bytes each input gradient a split backward sent holds until the step ends (planner.cost.sent_bytes)."""
     sent_output_bytes: float = 0.0

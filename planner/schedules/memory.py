@@ -9,10 +9,13 @@ frees them (torch's `zero_grad(set_to_none=True)`): `memory_peaks` counts them o
 there, so a schedule whose activations peak before any backward (GPipe) does not hold both.
 A split backward's I leaves behind what its W starts from (the gradients at the nodes where the
 weights' paths meet the input's, planner.cost.memory's `wgrad`): a micro-batch holds them from
-the end of its I to the end of its W (`Moment.pending_w`); and what it sent stays alive until the
+the start of its I (torch's hooks store them as the backward runs: `Moment.running_i`) to the end
+of its W (`Moment.pending_w`); and what it sent stays alive until the
 step ends, torch's runtime for split backwards waiting for its sends only then: each I's input
 gradient, and each output beyond what the stage's own backward frees (`Moment.sent_grads`, I
-actions ended; measured on a 2-rank zb GPT: both ranks held 0.5 MiB more per 4 more micro-batches).
+actions ended; measured on a 2-rank zb GPT: both ranks held 0.5 MiB more per 4 more micro-batches),
+also after the rank's last action (a state of its own). The first stage's I computes no input
+gradient (its input needs none): its whole backward, and so its transient, runs at W.
 Nothing here depends on timing:
 a rank runs its actions one after another, so the sequence of allocations and frees on it is its
 order, and the simulator's memory timeline reaches exactly these peaks. The distinct states of
@@ -72,15 +75,18 @@ class Moment:
     """I actions of the stage ended so far in the step (split backward only): torch's runtime holds
     each one's input gradient until the step ends, and the output of each whose W ended too
     (sent_grads - pending_w; planner.cost.memory.sent_bytes)."""
+    running_i: bool = False
+    """Whether an I of the stage runs then (split backward only): its micro-batch's wgrad is alive
+    already (torch's hooks store it as the backward runs), priced as one more pending W's wgrad."""
 
 
 def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
     """Per stage, the moments at which its memory can peak, from each rank's order (the states
     memory_peaks walks): each distinct (micro-batches held, backward running or not, gradients or
-    not, pending W, ended I), less the moments another one covers (as many or more micro-batches,
+    not, pending W, ended I, I running or not), less the moments another one covers (as many or more micro-batches,
     pending W, ended I and ended W, and the transient or the gradients wherever it has them: held
     bytes are never negative; and as many or more outputs held, in_flight - pending_w). Without a
-    split backward the last two are always 0:
+    split backward the last three are always 0:
     the most micro-batches held for each of (backward running or not) x (gradients or not).
 
     GPipe and 1F1B have two: the stage's first backward (all it holds, no gradients yet) and a
@@ -101,13 +107,14 @@ def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
         lo, hi = t.starts[r], t.starts[r + 1]
         for i, s in enumerate(stages):
             pending, sent = t.pending[lo:hi, i], t.sent[lo:hi, i]
-            seen = np.unique(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], pending, sent]),
-                             axis=0)
+            seen = np.unique(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], pending, sent,
+                                              t.running[lo:hi, i]]), axis=0)
             # covered: another has as many or more of each, of ended W (sent - pending) and of held
             # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes)
             kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
-            moments = [Moment(c, bool(bwd), bool(g), p, x) for c, bwd, g, p, x in kept]
-            out[s] = tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads)))
+            moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i)) for c, bwd, g, p, x, i in kept]
+            out[s] = tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads,
+                                                          m.running_i)))
     return out
 
 
@@ -147,7 +154,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     first weight-gradient action (module docstring), and the part `output_bytes[s]` of its kept
     bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
     backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.memory's wgrad) per micro-batch
-    whose I ended and W did not, and `sent_bytes[s]` (planner.cost.sent_bytes: per ended I its
+    whose I ended and W did not or whose I runs, and `sent_bytes[s]` (planner.cost.sent_bytes: per ended I its
     input gradient and per ended W its output, held by the sends until the step ends, and per
     pending W what it still holds of its output, planner.cost.pending_output: the held output on
     every stage but the last). Without those two the activation part is at most
@@ -155,7 +162,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
-    x output_bytes) + sum(pending W x wgrad) + sum(ended I x sent[0] + ended W x sent[1] + pending
+    x output_bytes) + sum((pending W + I running) x wgrad) + sum(ended I x sent[0] + ended W x sent[1] + pending
     W x sent[2]) + the transient of the stage whose backward runs, g = sum(gradients exist x
     gradient_bytes), each sum stage by stage; the first state with the largest act + g gives the
     pair. memory_states evaluates exactly this, in arrays.

@@ -7,6 +7,12 @@ and evaluates a rank's peak over all of them with array operations. Each state's
 summed in the same order as the scalar definition (`rank_peak_reference`), so every figure is the
 same float, bit for bit.
 
+With a split backward (zero bubble) two more things follow torch's runtime: a running I already
+holds its micro-batch's wgrad (the `running` column: torch's hooks store it as the backward runs,
+not when I ends), and the first stage's backward runs at W, its I computing no input gradient
+(the transient lives during W there, `bwd`); and each rank has one state more, after its last
+action, when its sends still hold every input gradient and output until the step waits for them.
+
 Most states can never be the peak: one that holds no more of anything than another state of its
 rank (micro-batches, stage outputs, pending W, ended I and W, gradients, the transient) is at most
 that one's bytes whenever every price is non-negative. The table keeps those maximal states
@@ -58,6 +64,8 @@ class StateTable:
     """(rows, width) micro-batches whose I ended and whose W did not."""
     sent: np.ndarray
     """(rows, width) I actions ended so far (each one's input gradient held until the step ends)."""
+    running: np.ndarray
+    """(rows, width) 1 where an I of the stage runs: its micro-batch's wgrad is alive already."""
     front: np.ndarray
     """Ascending rows that include every row no other row of its rank dominates (pareto_front over
     all columns); every other row is dominated by one of them."""
@@ -74,11 +82,14 @@ def state_table(schedule: PipelineSchedule) -> StateTable:
     return cached
 
 
+_GROUPS = 6  # per-stage column groups: during, grads, outputs, pending, sent, running
+
+
 def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
-    """Distinct rows [during, bwd stage, grads, outputs, pending, sent] of one rank, sorted."""
+    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running] of one rank, sorted."""
     S, M, n = cs.n_stages, cs.n_microbatches, len(stages)
     if ids.size == 0:
-        return np.concatenate([np.zeros(n, dtype=np.int64), [-1], np.zeros(4 * n, dtype=np.int64)])[None, :]
+        return np.concatenate([np.zeros(n, dtype=np.int64), [-1], np.zeros((_GROUPS - 1) * n, dtype=np.int64)])[None, :]
     local = np.full(S, -1, dtype=np.int64)
     local[list(stages)] = np.arange(n)
     key = ids // M
@@ -97,7 +108,8 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray)
     alloc = marks(kind == CODE_F)
     free = marks(((kind == CODE_B) | (kind == CODE_W)) if cs.split_backward else kind == CODE_B)
     during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
-    bwd_stage = np.where((kind == CODE_B) | (kind == CODE_I), stage, -1)  # when the transient lives
+    # when the transient lives: B or I, but W on the first stage (its I computes no input gradient)
+    bwd_stage = np.where((kind == CODE_B) | ((kind == CODE_I) & (stage != 0)) | ((kind == CODE_W) & (stage == 0)), stage, -1)
     # gradients exist once an earlier action of the stage computed weight gradients
     grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
     # the stage output torch holds for the backward goes at the end of B, or of I when split: what a
@@ -108,7 +120,12 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray)
     i_end, w_end = marks(kind == CODE_I), marks(kind == CODE_W)
     sent = np.cumsum(i_end, axis=0) - i_end  # each ended I's input gradient, held until the step ends
     pending = sent - (np.cumsum(w_end, axis=0) - w_end)
-    return np.unique(np.column_stack([during, bwd_stage, grads, outputs, pending, sent]), axis=0)
+    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end])  # i_end: the running I
+    if cs.split_backward:  # after the last action: what the sends hold until the step waits for them
+        done = np.concatenate([(alloc - free).sum(axis=0), [-1], free.sum(axis=0) > 0, (alloc - early).sum(axis=0),
+                               (i_end - w_end).sum(axis=0), i_end.sum(axis=0), np.zeros(n)]).astype(np.int64)
+        rows = np.vstack([rows, done])
+    return np.unique(rows, axis=0)
 
 
 def _build(cs: CompiledSchedule) -> StateTable:
@@ -119,12 +136,12 @@ def _build(cs: CompiledSchedule) -> StateTable:
         n = len(stages)
         stage_of[r, :n] = stages
         got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64))
-        parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(5)]  # skip the bwd column
+        parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(_GROUPS)]  # skip the bwd column
         pad = [np.pad(p, ((0, 0), (0, width - n))) for p in parts]
         block = np.column_stack([pad[0], got[:, n], *pad[1:]])
         bwd_mark = block[:, width][:, None] == stage_of[r][None, :]
-        during, grads, outputs, pending, sent = pad
-        features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark])
+        during, grads, outputs, pending, sent, running = pad
+        features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running])
         front.append(starts[-1] + pareto_front(features, FRONT_ROUNDS))
         blocks.append(block)
         starts.append(starts[-1] + len(block))
@@ -132,7 +149,7 @@ def _build(cs: CompiledSchedule) -> StateTable:
     w = width
 
     def cols(k: int) -> np.ndarray:
-        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent)."""
+        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent, 5 running)."""
         first = k * w + (k > 0)
         return np.ascontiguousarray(rows[:, first:first + w])
 
@@ -141,7 +158,7 @@ def _build(cs: CompiledSchedule) -> StateTable:
         rank_stages=cs.rank_stages, stage_of=stage_of, starts=start_arr,
         row_rank=np.repeat(np.arange(cs.n_ranks), np.diff(start_arr)),
         during=cols(0), bwd=np.ascontiguousarray(rows[:, w]), grads=cols(1), outputs=cols(2),
-        pending=cols(3), sent=cols(4), front=np.concatenate(front),
+        pending=cols(3), sent=cols(4), running=cols(5), front=np.concatenate(front),
         largest=int(max(1, np.abs(rows).max())),
     )
 
@@ -177,15 +194,15 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
     sel = slice(None) if rows is None else rows
     rank = t.row_rank[sel]
     on = {name: _per_column(t, v)[rank] for name, v in prices.items()}
-    during, outputs, pending, sent, grads = (np.asarray(x[sel], dtype=float) for x in
-                                             (t.during, t.outputs, t.pending, t.sent, t.grads))
+    during, outputs, pending, sent, grads, running = (np.asarray(x[sel], dtype=float) for x in
+                                                      (t.during, t.outputs, t.pending, t.sent, t.grads, t.running))
     n = len(rank)
     kept, held, wgrad = np.zeros(n), np.zeros(n), np.zeros(n)
     sends, grad = np.zeros(n), np.zeros(n)
     for i in range(t.stage_of.shape[1]):
         kept = kept + during[:, i] * on["kept"][:, i]
         held = held + outputs[:, i] * on["held"][:, i]
-        wgrad = wgrad + pending[:, i] * on["wgrad"][:, i]
+        wgrad = wgrad + (pending[:, i] + running[:, i]) * on["wgrad"][:, i]  # a running I's too
         sends = sends + (sent[:, i] * on["sent_grad"][:, i] + (sent[:, i] - pending[:, i]) * on["sent_output"][:, i]
                          + pending[:, i] * on["sent_held"][:, i])
         grad = grad + grads[:, i] * on["grad"][:, i]

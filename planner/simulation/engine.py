@@ -282,8 +282,8 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
     weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
-    output torch holds freed at the end of I when split, what W starts from held from the end of I
-    to the end of W (StageCost.wgrad_bytes), what a split backward's sends hold until they are
+    output torch holds freed at the end of I when split, what W starts from held from the start of I
+    to the end of W (StageCost.wgrad_bytes), the transient during B or I (W on the first stage), what a split backward's sends hold until they are
     waited for, before the optimizer step (StageCost.sent: each input gradient from the end of its
     I, the held output from the end of I, the whole output from the end of W), and the optimizer
     step's temporaries."""
@@ -314,13 +314,15 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
             elif kind == CODE_B:
                 change(res.start[a], st.transient_bytes)
                 change(res.end[a], -st.transient_bytes - st.kept_bytes)
-            elif kind == CODE_I:
-                change(res.start[a], st.transient_bytes)
-                change(res.end[a], -st.transient_bytes - st.held_output_bytes + st.wgrad_bytes + st.sent_grad_bytes
-                       + st.sent_held_bytes)
+            elif kind == CODE_I:  # its wgrad is stored as it runs; the first stage's I computes nothing
+                trans = st.transient_bytes if s > 0 else 0.0
+                change(res.start[a], trans + st.wgrad_bytes)
+                change(res.end[a], -trans - st.held_output_bytes + st.sent_grad_bytes + st.sent_held_bytes)
                 sent += st.sent_grad_bytes + st.sent_held_bytes
-            else:  # W frees what its I left; the output's send holds all of it from now
-                change(res.end[a], -(st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes
+            else:  # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
+                trans = st.transient_bytes if s == 0 else 0.0
+                change(res.start[a], trans)
+                change(res.end[a], -trans - (st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes
                        - st.sent_held_bytes)
                 sent += st.sent_output_bytes - st.sent_held_bytes
             if kind in (CODE_B, CODE_W) and s not in has_grads:
