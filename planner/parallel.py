@@ -139,6 +139,9 @@ def parse_parallel(text: str, zero: int | None = None) -> ParallelConfig:
         key = key.strip()
         if not eq or key not in _KEYS:
             raise PplanError(f"cannot read {item.strip()[:40]!r} in --parallel {str(text)[:60]!r}", "write auto or dp=D,pp=P,tp=T")
+        if key in values:  # which one was meant is a guess either way: the last one used to win silently
+            raise PplanError(f"--parallel {str(text)[:60]!r} gives {key} twice ({key}={values[key]} and {key}={raw.strip()[:20]})",
+                             "give each of dp, pp, tp, zero once, e.g. dp=2,pp=4,tp=8")
         try:
             values[key] = int(raw.strip())
         except ValueError:

@@ -5,12 +5,17 @@ Refused with a one-line PlanError/PplanError (exit code 2):
   - a model too large to build on this machine (planner.models.bounds; every kind), or
     --input-shape / --input-dtype / --vocab given for a model kind that does not read them, or
     differing from what the plan's profile records (model_kwargs);
+  - a profile measured in float16 (run_dtype: a run trains in the profile's dtype, without loss
+    scaling); a bfloat16 profile's model and float inputs are cast to bfloat16 (model_kwargs);
   - a plan whose profile file exists but changed since the plan was made (sha256 differs),
-    or has another layer count;
+    records another model (`# model:`, compared parsed: check_profile_model) or has another
+    layer count;
   - more ranks than this machine can run: CUDA, more than its GPUs; CPU, more than
     max(8, 4 x cores) processes (beyond that a run measures contention, not the plan) unless
     --force; zero-bubble or interleaved sizes torch cannot run;
   - a checkpoint directory already at or beyond --steps, or saved by another plan;
+  - after the prediction (run.py calls check_host_memory): CPU ranks predicted to need more than
+    this machine's usable memory together, unless --force;
   - a `parallel` layout the executor cannot run (check_parallel): tensor parallelism (tp > 1)
     of a model other than the built-in gpt or with a tp that does not divide its heads and FFN
     width, ZeRO-2/3 with tp > 1, a pp degree other than the plan's device count, --calibrate
@@ -24,15 +29,17 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import PlanError, PplanError, ProfileError
+from planner.errors import ModelSpecError, PlanError, PplanError, ProfileError
 from planner.execute.options import RunOptions
 from planner.jsonio import read_bounded_bytes
 from planner.partition.parallel_runnable import layout_error
 from planner.hostinfo import usable_cores
-from planner.plan import Plan, resolve_profile_path
+from planner.plan import Plan, Prediction, resolve_profile_path
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
+from planner.units import format_bytes
 
-__all__ = ["Preflight", "preflight", "check_parallel", "model_kwargs", "cpu_rank_cap"]
+__all__ = ["Preflight", "preflight", "check_parallel", "check_profile_model", "check_host_memory", "same_model", "model_kwargs",
+           "run_dtype", "cpu_rank_cap"]
 
 
 @dataclass(frozen=True)
@@ -57,13 +64,16 @@ def cpu_rank_cap() -> int:
 
 
 def model_kwargs(profile: Profile | None, opts: RunOptions | None = None) -> dict[str, Any]:
-    """build_model's input description: the profile's record, and the run's --input-shape /
+    """build_model's input description and dtype (run_dtype): the profile's record, and the run's --input-shape /
     --input-dtype / --vocab for what it does not record (a hand-written plan, a missing profile).
     A flag that differs from the profile's record is refused: the plan's cuts and predictions are
     for the profiled input (a bert profiled at --input-shape 32 and run at 128 measured 31.4 MiB
     against the 12.6 MiB predicted, with warnings that blamed the machine's load)."""
     out: dict[str, Any] = {}
     meta = profile.meta if profile is not None else {}  # validated when loaded (profile.META_KEYS)
+    dtype = run_dtype(profile)
+    if dtype != "float32":  # float32 as built: a float32 run's arguments stay what they were
+        out["dtype"] = dtype
     if meta.get("input_shape"):
         out["input_shape"] = tuple(int(x) for x in meta["input_shape"].split(",") if x.strip())
         if meta.get("input_dtype"):
@@ -80,6 +90,21 @@ def model_kwargs(profile: Profile | None, opts: RunOptions | None = None) -> dic
     return out
 
 
+def run_dtype(profile: Profile | None) -> str:
+    """The dtype `pplan run` trains in: the profile's (`# dtype:`; float32 when it records none), as
+    `pplan profile --dtype` measured the model and the cost model priced it (a bfloat16 profile run
+    in float32 measured weights of 2,207,744 B against 1,103,872 B predicted). float16 is refused:
+    pure float16 training needs loss scaling, which pplan run does not do, and Adam's eps (1e-8)
+    is 0 in float16, so a parameter whose gradient is 0 (an unused embedding row) gets 0/0."""
+    dtype = (profile.meta.get("dtype") if profile is not None else None) or "float32"
+    if dtype == "float16":
+        where = repr(profile.path) if profile.path else "the plan's profile"
+        raise ProfileError(f"profile {where} was measured in float16, which pplan run cannot train in: it trains in the "
+                           "profile's dtype without loss scaling (float16 gradients underflow, Adam's eps is 0 in float16)",
+                           "re-profile with --dtype bfloat16 (the same 2 bytes, float32's range) or float32, and re-plan")
+    return dtype
+
+
 def _input_mismatch(key: str, given: Any, recorded: Any, profile: Profile | None) -> PlanError:
     """--input-shape/--input-dtype/--vocab that differs from what the plan's profile measured."""
     def shown(v: Any) -> str:
@@ -90,6 +115,84 @@ def _input_mismatch(key: str, given: Any, recorded: Any, profile: Profile | None
     return PlanError(f"{flag} {shown(given)} differs from the {flag} {shown(recorded)} the profile {where} was measured "
                      "with: the plan's cuts and predictions are for that input",
                      f"drop {flag} to run the profiled input, or re-profile with {flag} {shown(given)} and re-plan")
+
+
+def check_profile_model(model: str, profile: Profile) -> None:
+    """Refuse running `model` against a profile that records another model (`# model:`): the plan's
+    cuts, predictions and the memory check would be the other model's (an mlp of width 64 trained
+    against its width-2048 profile reported "error +157.5%" and exited 0). The same model written
+    otherwise passes: keys in another order, a built-in's defaults spelled out or left out."""
+    recorded = (profile.meta.get("model") or "").strip()
+    if not recorded or same_model(recorded, model):
+        return
+    where = repr(profile.path) if profile.path else "the plan's profile"
+    raise PlanError(f"plan's model {model.strip()[:200]!r} is not the model {recorded[:200]!r} that its profile {where} "
+                    "measured: its cuts and predictions are for that model",
+                    "re-profile this model (pplan profile --model ...) and re-partition from that profile, or run the "
+                    "profiled model (put its spec back in the plan)")
+
+
+def same_model(a: str, b: str) -> bool:
+    """Whether two model specs name the same model: equal once parsed (keys in any order, a built-in's
+    defaults filled in, 2 and 2.0 alike, true never 1), or, when either does not parse, equal as text."""
+    from planner.models.spec import parse_spec
+
+    if a.strip() == b.strip():
+        return True
+    try:
+        return _canonical(parse_spec(a)) == _canonical(parse_spec(b))
+    except ModelSpecError:
+        return False
+
+
+def _canonical(value: Any) -> Any:
+    """`value` with each bool tagged: `==` alone takes True for 1, and a factory may treat them apart."""
+    if isinstance(value, bool):
+        return ("bool", value)
+    if isinstance(value, dict):
+        return {k: _canonical(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return tuple(_canonical(v) for v in value)
+    return value
+
+
+def check_host_memory(plan: Plan, prediction: Prediction | None, device_type: str, *, local_world: int | None = None,
+                      force: bool = False) -> None:
+    """Refuse, before any process starts, a CPU run whose ranks on this machine are predicted to need
+    more than its usable memory (planner.models.bounds.usable_memory_bytes) together: they would die
+    allocating (a gpipe plan of micro-batches of 10^7, 6.1 TiB a device, started 4 ranks that failed
+    with `DefaultCPUAllocator: can't allocate memory`). `local_world`: the ranks torchrun starts on
+    this machine (None: every rank runs here); which of them is not known here, so the smallest
+    `local_world` ranks' peaks are summed, a floor. Not checked: --force, a CUDA run (its peaks are on
+    the GPUs), a prediction without per-device peaks, and a data/tensor-parallel plan whose
+    prediction is not priced for its layout (one replica of whole layers: no tp split, no ZeRO shards)."""
+    from planner.models.bounds import usable_memory_bytes
+    from planner.simulate import is_replica_plan
+
+    if force or device_type != "cpu" or prediction is None or not prediction.devices:
+        return
+    if is_replica_plan(plan) and prediction.hardware is None:
+        return
+    peaks = [int(d.peak_memory_bytes or 0) for d in prediction.devices]
+    if len(peaks) != plan.n_devices:
+        return  # a prediction recorded for another plan shape: it says nothing of these ranks
+    # every pipeline device's stages run on dp x tp ranks (planner.execute.mesh): counted, not listed,
+    # since a torchrun job may be large
+    copies, world = plan.n_processes // plan.n_devices, plan.n_processes
+    here = world if local_world is None else min(local_world, world)
+    need, left = 0, here
+    for peak in sorted(peaks):
+        need, left = need + peak * min(copies, left), left - min(copies, left)
+    usable = usable_memory_bytes()
+    if usable is None or need <= usable:
+        return
+    which = f"the plan's {here} ranks" if here == world else f"the {here} ranks torchrun starts here, at least,"
+    shown = ", ".join(format_bytes(p) for p in peaks) if len(peaks) <= 8 else f"the largest {format_bytes(max(peaks))}"
+    raise PplanError(f"{which} are predicted to need {format_bytes(need)} together (peak per device {shown}"
+                     f"{f', {copies} ranks each' if copies > 1 else ''}), above this machine's usable memory of "
+                     f"{format_bytes(usable)}: they would fail to allocate",
+                     "re-plan with a memory limit (pplan partition --memory) or smaller micro-batches, run it across "
+                     "machines with torchrun, or pass --force to start it anyway")
 
 
 def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world: int) -> str:
@@ -173,6 +276,7 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         if profile.n_layers != n_layers:
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
+        check_profile_model(plan.model, profile)  # after the count: its error is the plainer one
 
     world = plan.n_processes
     world_here = local_world if local_world is not None else world

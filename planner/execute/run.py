@@ -38,7 +38,7 @@ from planner.execute.launch import launch_local
 from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import world_text
 from planner.execute.options import RunOptions
-from planner.execute.preflight import Preflight, preflight
+from planner.execute.preflight import Preflight, check_host_memory, preflight
 from planner.hostinfo import usable_cores
 from planner.execute.results import assemble_record
 from planner.models.trust import check_model_trusted
@@ -162,9 +162,9 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     check_model_trusted(plan.model, model, trust_model, source=f"plan {plan_path!r}" if plan_path else "the plan")
     env = read_env()
     pf = _check_before_launch(plan, opts, env, plan_path=plan_path, profile_path=profile_path, force=force)
-    # Predict before launching: a profile or calibration that cannot give a number fails in a
-    # second, not after the whole run.
+    # Predict before launching: no number, or ranks that cannot fit here, fail in a second, not after the run.
     prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
+    check_host_memory(plan, prediction, pf.device_type, local_world=env.local_world if env else None, force=force)
     load_before = _load_average()
     if on_start is not None:  # after every refusal: a "running ..." line before one would make it two lines
         on_start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from planner.errors import ModelSpecError
@@ -28,6 +29,7 @@ def build_model(
     input_shape: tuple[int, ...] | None = None,
     input_dtype: str = "float",
     vocab: int | None = None,
+    dtype: str | None = None,
 ) -> ModelBundle:
     """Build the model `spec` with weights drawn from `seed`.
 
@@ -37,8 +39,16 @@ def build_model(
     of a plain `module:factory` Sequential (`hf:` models read `input_shape`); the commands refuse
     them for the kinds that do not read them (planner.models.spec.check_input_flags). A built-in
     or `hf:` model too large for this machine is refused before any weight is allocated
-    (planner.models.bounds).
+    (planner.models.bounds). `dtype` (a profile's: bfloat16, float16; None or float32: as built):
+    the weights are drawn in float32, then cast, and make_batch's floating tensors with them, as
+    `pplan profile --dtype` measures the model, so `pplan run` trains what the profile priced.
     """
+    bundle = _build(spec, seed, input_shape, input_dtype, vocab)
+    return bundle if dtype in (None, "float32") else _in_dtype(bundle, dtype)
+
+
+def _build(spec: str, seed: int, input_shape: tuple[int, ...] | None, input_dtype: str, vocab: int | None) -> ModelBundle:
+    """build_model in the dtype each builder draws its weights in (float32)."""
     kind, params = parse_spec(spec)
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ModelSpecError(f"seed {seed!r} must be a non-negative integer")
@@ -65,6 +75,32 @@ def build_model(
 
             return build_factory(params, spec, seed, input_shape, input_dtype, vocab)
         return build(params, spec)
+
+
+def _in_dtype(bundle: ModelBundle, dtype: str) -> ModelBundle:
+    """`bundle` with its layers and the floating tensors of its batches in `dtype` (integer token
+    ids and class labels stay as they are)."""
+    import torch
+
+    target = getattr(torch, dtype, None)
+    if not isinstance(target, torch.dtype) or not target.is_floating_point:
+        raise ModelSpecError(f"dtype {dtype!r} is not a floating-point torch dtype", "use float32, bfloat16 or float16")
+
+    def cast(obj: Any) -> Any:
+        if isinstance(obj, torch.Tensor):
+            return obj.to(target) if obj.is_floating_point() else obj
+        if isinstance(obj, tuple) and hasattr(obj, "_fields"):  # a namedtuple takes its fields one by one
+            return type(obj)(*(cast(o) for o in obj))
+        if isinstance(obj, (tuple, list)):
+            return type(obj)(cast(o) for o in obj)
+        if isinstance(obj, dict):
+            return {k: cast(v) for k, v in obj.items()}
+        return obj
+
+    def make_batch(batch_size: int, seed: int) -> tuple[Any, Any]:
+        return cast(bundle.make_batch(batch_size, seed))
+
+    return dataclasses.replace(bundle, layers=bundle.layers.to(target), make_batch=make_batch)
 
 
 def layer_count(spec: str, **model_kwargs: Any) -> int:
