@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from cli.common import echo_json, given_params, parse_int_list, parse_shape, step_progress
+from cli.common import echo_json, err, given_params, parse_int_list, parse_shape, step_progress
 from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
 
@@ -137,6 +137,11 @@ def profile(
         echo_json(summary)
     else:
         _print_table(summary)
+    from planner.models.factory import few_layers_warning
+
+    warning = few_layers_warning(result.n_layers, result.names)
+    if warning:  # stderr, beside --json too: the profile is written, but no plan can cut it
+        err(f"pplan: warning: {warning}")
 
 
 _MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run")

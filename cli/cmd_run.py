@@ -22,7 +22,7 @@ from planner.units import format_bytes, format_ms
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
 
-__all__ = ["register", "run_command", "check_outputs", "print_run"]
+__all__ = ["register", "run_command", "check_outputs", "print_run", "memory_warnings"]
 
 
 def _pct(x: float | None) -> str:
@@ -45,10 +45,8 @@ def print_run(run: RunRecord, out: Path | None, timeline: Path | None) -> None:
         typer.echo(f"{r.rank:>4}  {r.device:>6}  {','.join(map(str, r.stages)):<8}  {format_ms(r.busy_ms):>9}  "
                    f"{format_ms(bp) if bp is not None else 'n/a':>9}  {format_bytes(mm) if mm is not None else 'n/a':>10}  "
                    f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r.memory_measure or ''}")
-    for r in run.ranks:
-        lim, mm = r.memory_limit_bytes, r.peak_memory_bytes_measured
-        if lim is not None and mm is not None and mm > lim:
-            err(f"warning: rank {r.rank} peaked at {format_bytes(mm)}, above its device's limit {format_bytes(lim)} in the plan")
+    for line in memory_warnings(run):
+        err(f"pplan: warning: {line}")
     if run.losses:
         typer.echo(f"loss: {_loss(run.losses[0])} (step {run.loss_steps[0] + 1}) -> {_loss(run.losses[-1])} "
                    f"(step {run.loss_steps[-1] + 1})")
@@ -66,6 +64,19 @@ def print_run(run: RunRecord, out: Path | None, timeline: Path | None) -> None:
     for what, path in (("run", out), ("timeline", timeline)):
         if path is not None:
             typer.echo(f"wrote {what} {path}")
+
+
+def memory_warnings(run: RunRecord) -> list[str]:
+    """One line per rank whose measured peak passed its device's limit, with by how much: a few
+    KiB over a 4.5 MiB limit reads 4.5 MiB on both sides once rounded."""
+    lines = []
+    for r in run.ranks:
+        lim, mm = r.memory_limit_bytes, r.peak_memory_bytes_measured
+        if lim is not None and mm is not None and mm > lim:
+            over = f"{100 * (mm - lim) / lim:.2f}%" if lim else "no memory allowed"
+            lines.append(f"rank {r.rank} peaked at {format_bytes(mm)} ({mm:,} B), {format_bytes(mm - lim)} ({over}) "
+                         f"above its device's limit {format_bytes(lim)} ({lim:,} B) in the plan")
+    return lines
 
 
 def _loss(value: float | None) -> str:

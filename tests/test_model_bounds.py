@@ -85,8 +85,9 @@ def test_hf_config_keys_must_be_the_model_types_own():
         build_model(f"{TINY_LLAMA},hiden_size=64", input_shape=(8,))
     with pytest.raises(ModelSpecError, match=r"'n_layers' is not a key .*did you mean 'n_layer'"):
         build_model(f"{TINY_GPT2},n_layers=1", input_shape=(8,))
-    # gpt2's attribute_map makes hidden_size its n_embd; num_labels is a property of every config
-    bundle = build_model("hf:gpt2:num_hidden_layers=1,hidden_size=16,n_head=2,vocab_size=64,num_labels=3", input_shape=(8,))
+    # gpt2's attribute_map makes hidden_size its n_embd (num_labels, a property of every config, is refused
+    # for a language model: tests/test_hf_task_models.py)
+    bundle = build_model("hf:gpt2:num_hidden_layers=1,hidden_size=16,n_head=2,vocab_size=64", input_shape=(8,))
     assert bundle.layers.source.config.n_embd == 16 and len(bundle.layers) == 3
 
 

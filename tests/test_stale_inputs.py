@@ -75,9 +75,11 @@ def test_run_transfer_gaps_range_checked_by_the_reader():
     d["transfer_gaps"] = [[1e300, -1]]
     with pytest.raises(PplanError, match=r"'transfer_gaps\[0\]' bytes is 1e\+300"):
         parse_run(d, "run.json")
-    d["transfer_gaps"] = [[1000, -1]]
+    d["transfer_gaps"] = [[1000, -1e9]]
     with pytest.raises(PplanError, match=r"'transfer_gaps\[0\]' ms is -1"):
         parse_run(d, "run.json")
+    d["transfer_gaps"] = [[1000, -1]]  # what pplan wrote for zb with recompute before transfer_gaps was fixed
+    assert parse_run(d, "run.json").transfer_gaps == [[1000, -1]]
 
 
 # ---- timelines ---------------------------------------------------------------------------------

@@ -247,7 +247,9 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
         lat = statistics.median(c.latency_ms for c in comm)
         bws = [c.bandwidth_bytes_per_s for c in comm if c.bandwidth_bytes_per_s]
         bw = statistics.median(bws) if bws else bw
-    gaps = run.transfer_gaps
+    # a negative gap is no wait: the mark of a run written before timeline.transfer_gaps was fixed,
+    # whose other backward gaps may be too short as well; the ping-pong's latency stands instead
+    gaps = run.transfer_gaps if all(g >= 0 for _, g in run.transfer_gaps) else []
     if gaps:
         # What a hand-over costs inside the pipeline (waking the waiting rank included) is the
         # latency that matters; the ping-pong gives the bandwidth, which separates the two.

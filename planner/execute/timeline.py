@@ -43,34 +43,23 @@ def measured_timeline(measurements: list[RankMeasurement]) -> list[TimelineRow]:
     return rows
 
 
+_SAME_INSTANT_MS = 1e-6
+"""Times within this are one instant: each rank's times are shifted to one origin in float ms, so a
+receiver that started as the message arrived can read a few 1e-13 ms before the sender's end."""
+
+
 def transfer_gaps(rows: list[TimelineRow], n_stages: int, boundary_bytes: dict[str, list[int]]) -> list[list[float]]:
     """[bytes, ms] for every cross-device hand-over where the receiver sat waiting for it.
 
-    A hand-over is F(s-1, m) -> F(s, m) or B/I(s+1, m) -> B/I(s, m) on different devices. When
-    the receiver was idle before it (its previous action ended before the sender's), the time
-    from the sender's end to the receiver's start is what one transfer really costs in the
-    pipeline (send, receive and waking the waiting process): calibration fits the link latency
+    A hand-over is F(s-1, m) -> F(s, m) or B/I(s+1, m) -> B/I(s, m) on different devices. The
+    receiver waited for it when it was idle as the message was sent (its previous action ended
+    no later than the sender's) and started after it: the time from the sender's end to the
+    receiver's start is then what one transfer really costs in the pipeline (send, receive and
+    waking the waiting process), so every gap is at least 0 (a start before the send, beyond the
+    rounding of _SAME_INSTANT_MS, is no wait and gives no gap); calibration fits the link latency
     to it. Needs one clock for all ranks (a single machine).
     """
-    begin: dict[tuple[int, str, int], tuple[float, float, int]] = {}  # action -> (start, prev end, device)
-    end_of: dict[tuple[int, str, int], tuple[float, int]] = {}
-    by_dev: dict[int, list[TimelineRow]] = {}
-    for r in rows:
-        if r.kind in ("F", "B", "I", "W", "R", "O"):
-            by_dev.setdefault(r.device, []).append(r)
-    for dev, rs in by_dev.items():
-        rs.sort(key=lambda r: (r.start_ms, r.kind != "R"))
-        prev_end, pending = float("-inf"), None  # pending: an R row waiting for its B/I
-        for r in rs:
-            group = "F" if r.kind == "F" else "BI"
-            if r.kind == "R":
-                pending = (r.start_ms, prev_end)
-            elif r.kind in ("F", "B", "I"):
-                start, before = pending if pending and r.kind != "F" else (r.start_ms, prev_end)
-                begin[(r.stage, group, r.microbatch)] = (start, before, dev)
-                end_of[(r.stage, group, r.microbatch)] = (r.end_ms, dev)
-                pending = None
-            prev_end = r.end_ms
+    begin, end_of = _action_spans(rows)
     out = []
     for (s, group, m), (start, before, dev) in begin.items():
         if group == "F":
@@ -80,6 +69,39 @@ def transfer_gaps(rows: list[TimelineRow], n_stages: int, boundary_bytes: dict[s
         if not 0 <= src[0] < n_stages or src not in end_of:
             continue
         sent, sender = end_of[src]
-        if sender != dev and sent >= before:
-            out.append([float(nbytes), start - sent])
+        if sender != dev and before <= sent <= start + _SAME_INSTANT_MS:
+            out.append([float(nbytes), max(0.0, start - sent)])
     return out
+
+
+_Key = tuple[int, str, int]  # (stage, "F" or "BI", micro-batch)
+
+
+def _action_spans(rows: list[TimelineRow]) -> tuple[dict[_Key, tuple[float, float, int]], dict[_Key, tuple[float, int]]]:
+    """Per F and B/I action: (start, end of the device's action before it, device), and (end, device).
+
+    A backward that recomputes is measured as an R row followed by its B, I or W row of the same
+    stage and micro-batch: the action starts where its R starts. An R belongs only to the row
+    right after it: the R of a W (zero bubble recomputes for the weight gradient too) is not the
+    start of the device's next I, which may come much later.
+    """
+    begin: dict[_Key, tuple[float, float, int]] = {}
+    end_of: dict[_Key, tuple[float, int]] = {}
+    by_dev: dict[int, list[TimelineRow]] = {}
+    for r in rows:
+        if r.kind in ("F", "B", "I", "W", "R", "O"):
+            by_dev.setdefault(r.device, []).append(r)
+    for dev, rs in by_dev.items():
+        rs.sort(key=lambda r: (r.start_ms, r.kind != "R"))
+        prev_end, pending = float("-inf"), None  # pending: an R row and the end before it
+        for r in rs:
+            start, before = r.start_ms, prev_end
+            if pending and r.kind in ("B", "I", "W") and (pending[0].stage, pending[0].microbatch) == (r.stage, r.microbatch):
+                start, before = pending[0].start_ms, pending[1]
+            pending = (r, prev_end) if r.kind == "R" else None
+            if r.kind in ("F", "B", "I"):
+                key = (r.stage, "F" if r.kind == "F" else "BI", r.microbatch)
+                begin[key] = (start, before, dev)
+                end_of[key] = (r.end_ms, dev)
+            prev_end = r.end_ms
+    return begin, end_of

@@ -225,11 +225,24 @@ def _symbolic_trace(module: nn.Module, depth: int, opaque: bool, n_args: int) ->
     return fx.GraphModule(root, graph, type(module).__name__)
 
 
+def _check_positional(model: str, args: tuple[Any, ...]) -> None:
+    """Refuse an input that is a container (a dict batch, a nested tuple): a pipeline stage
+    receives and sends its inputs as positional tensors, so the traced forward must take them so."""
+    for i, a in enumerate(args):
+        if isinstance(a, (dict, tuple, list)):
+            what = (f"a dict (keys {', '.join(map(repr, list(a)[:4]))}{', ...' if len(a) > 4 else ''})"
+                    if isinstance(a, dict) else f"a {type(a).__name__} of {len(a)}")
+            raise ModelSpecError(
+                f"{model}.forward's input {i} is {what}: a pipeline stage passes its inputs as positional tensors",
+                "take each tensor as an argument, e.g. forward(self, input_ids, attention_mask), and have make_batch "
+                "return ((input_ids, attention_mask), target) (docs/models.md, 'The input contract')")
+
+
 def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: bool = False, balance: bool = False) -> LayerGraph:
     """Trace `module` with torch.fx and group its program into layers (module docstring).
 
     `example_input` is a tensor or a tuple of positional tensors whose first dimension is
-    the batch. `opaque=True` records each layer module as one call instead of tracing into
+    the batch (a dict or a nested tuple is refused with what works instead). `opaque=True` records each layer module as one call instead of tracing into
     it: for layer modules whose own forward fx cannot trace. Raises ModelSpecError (one
     line) when fx cannot trace the forward (data-dependent control flow), the example
     fails, a module with running statistics runs in two layers, or forward calls no submodule.
@@ -237,11 +250,12 @@ def trace_layers(module: nn.Module, example_input: Any, depth: int = 1, opaque: 
     if depth < 1:
         raise ModelSpecError(f"grouping depth {depth} must be at least 1")
     args = tuple(example_input) if isinstance(example_input, (tuple, list)) else (example_input,)
+    model = type(module).__name__
+    _check_positional(model, args)
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     if not tensors or tensors[0].dim() == 0 or tensors[0].shape[0] < 1:
         raise ModelSpecError("the example input needs a tensor whose first dimension is the batch (>= 1)")
     batch = int(tensors[0].shape[0])
-    model = type(module).__name__
     try:
         gm = _symbolic_trace(module, depth, opaque, len(args))
     except Exception as e:

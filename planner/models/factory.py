@@ -45,7 +45,7 @@ from planner.jsonio import nearest
 from planner.models.bundle import ModelBundle
 from planner.models.targets import flatten_structured_output, mse_over_leaves, noise_like, pack_structured_target
 
-__all__ = ["build_factory", "random_input_maker", "out_of_place", "eval_forward"]
+__all__ = ["build_factory", "random_input_maker", "out_of_place", "eval_forward", "few_layers_warning"]
 
 _DTYPES = {"float": torch.float32, "long": torch.long}  # the keys are planner.models.spec.INPUT_DTYPES
 
@@ -174,6 +174,7 @@ def _build(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...]
         make_batch, loss_fn = pack_structured_target(made.make_batch, made.loss_fn, spec)
         return dataclasses.replace(made, make_batch=make_batch, loss_fn=loss_fn)
     if isinstance(made, nn.Module):
+        _refuse_encoder_decoder(made, spec)
         out_of_place(made)
     traced = isinstance(made, nn.Module) and not isinstance(made, nn.Sequential)
     if not traced and (not isinstance(made, nn.Sequential) or len(made) == 0):
@@ -184,6 +185,12 @@ def _build(p: dict[str, Any], spec: str, seed: int, input_shape: tuple[int, ...]
         x, _ = make_batch(1, 0)
         if traced:
             return _traced_bundle(made, spec, x, make_batch, loss_fn)
+        if not isinstance(x, torch.Tensor):  # a pipeline stage calls the Sequential with its inputs as arguments
+            raise ModelSpecError(f"model {spec!r}: make_batch gives {_described(x)} as the input of an nn.Sequential, "
+                                 "which takes one tensor",
+                                 "for several inputs return an nn.Module whose forward takes them as positional tensors, e.g. "
+                                 "forward(self, input_ids, attention_mask), with make_batch returning ((input_ids, "
+                                 "attention_mask), target) (docs/models.md, 'The input contract')")
         return ModelBundle(spec, made, make_batch, loss_fn, int(x.numel() * x.element_size()))
     if input_shape is None:
         raise ModelSpecError(f"model {spec!r} does not say what its input is", "give --input-shape (one sample, e.g. 3,32,32) and --input-dtype, or set make_batch and loss_fn on the Sequential")
@@ -257,7 +264,52 @@ def _traced_bundle(model: nn.Module, spec: str, example: Any, make_batch: Callab
         try:  # control flow on tensor values inside the layer modules: run each of them whole, untraced
             lg = trace_layers(model, example, balance=True, opaque=True)
         except ModelSpecError:
-            raise ModelSpecError(f"model {spec!r}: {e.message}",
-                                 f"the if or loop on a tensor's value is in {type(model).__name__}.forward itself: move it into a submodule "
-                                 "(pplan runs a submodule whole) or have the factory return an nn.Sequential of the layers; see docs/graph.md") from None
+            raise ModelSpecError(f"model {spec!r}: {e.message}", _untraceable_hint(model)) from None
     return ModelBundle(spec, as_sequential(lg, source=model), make_batch, loss_fn, lg.input_bytes_per_sample)
+
+
+def _hf_model_type(model: nn.Module) -> str | None:
+    """The model_type of a Hugging Face transformers model (its class comes from transformers and
+    it carries a config), else None."""
+    config = getattr(model, "config", None)
+    if type(model).__module__.split(".")[0] != "transformers" or config is None:
+        return None
+    return str(getattr(config, "model_type", "") or "") or None
+
+
+def _untraceable_hint(model: nn.Module) -> str:
+    """What to do when fx cannot trace the model's own forward, even with every layer run whole."""
+    name = type(model).__name__
+    model_type = _hf_model_type(model)
+    if model_type is not None:  # its forward is transformers' own, with paths fx cannot follow, not the user's
+        return (f"{name} is a Hugging Face model, whose forward fx cannot trace: use hf:{model_type} (pplan builds the first of "
+                "masked LM, causal LM, image classifier transformers has for it), or return a module whose forward calls its submodules (embeddings, "
+                "each encoder layer, the head: docs/models.md, 'A wrapper over a model's submodules')")
+    return (f"the if or loop on a tensor's value is in {name}.forward itself: move it into a submodule "
+            "(pplan runs a submodule whole) or have the factory return an nn.Sequential of the layers; see docs/graph.md")
+
+
+def _refuse_encoder_decoder(model: nn.Module, spec: str) -> None:
+    """An encoder-decoder (T5, BART) as `hf:` refuses it, before a probe fails on its missing decoder input."""
+    if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
+        raise ModelSpecError(f"model {spec!r}: {type(model).__name__} is an encoder-decoder model (two stacks of blocks, the "
+                             "decoder's reading the encoder's output), not the one stack of layers pplan cuts",
+                             "use a decoder-only or encoder-only model; see docs/models.md")
+
+
+def few_layers_warning(n_layers: int, names: tuple[str, ...] | list[str]) -> str | None:
+    """The warning `pplan profile` prints for a model of fewer than 2 layers: there is no cut to
+    place, so its plans have one stage; None for 2 layers or more."""
+    if n_layers >= 2:
+        return None
+    shown = f" ({', '.join(map(repr, names))})" if names else ""
+    return (f"the model gave {n_layers} layer{'' if n_layers == 1 else 's'}{shown}: a pipeline cuts between layers, so it "
+            "plans on 1 device only; return a module whose forward calls the model's submodules (embeddings, each block, "
+            "the head) so each is a layer (docs/models.md, 'A wrapper over a model's submodules')")
+
+
+def _described(x: Any) -> str:
+    """An input that is not one tensor, in a few words: 'a dict (keys 'input_ids', 'mask')', 'a tuple of 2'."""
+    if isinstance(x, dict):
+        return f"a dict (keys {', '.join(map(repr, list(x)[:4]))}{', ...' if len(x) > 4 else ''})"
+    return f"a {type(x).__name__} of {len(x)}" if isinstance(x, (tuple, list)) else f"a {type(x).__name__}"

@@ -284,6 +284,7 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
     model_type, given = params["model_type"], dict(params["config"])
     cfg = make_config(model_type, given, spec)
     task, auto = task_of(tf, cfg, model_type, spec)
+    _refuse_label_keys(given, task, auto, cfg, spec)
     # the input and its checks first, then the size (with one sample's activations), then the weights
     if task == "image":
         shape = _image_shape(cfg, spec, input_shape)
@@ -301,6 +302,26 @@ def _build(tf: Any, params: dict[str, Any], spec: str, input_shape: tuple[int, .
         bundle = _lm_bundle(model, cfg, task == "masked", spec, seq, token)
     bundle.layers.__dict__["source"] = model  # the transformers model itself (not a child: no layer, no parameters twice)
     return bundle
+
+
+_LABEL_KEYS = ("num_labels", "id2label", "label2id", "problem_type")
+"""Config keys only a classification head reads: the LMs pplan builds ignore them."""
+
+_TASK_NAMES = {"masked": "masked LM", "causal": "causal LM", "image": "image classifier"}
+
+
+def _refuse_label_keys(given: dict[str, Any], task: str, auto: Any, cfg: Any, spec: str) -> None:
+    """Refuse a classification key for a language model: `hf:bert:num_labels=3` would build the
+    masked LM, silently not the sequence classifier the key asks for."""
+    ignored = [k for k in given if k in _LABEL_KEYS]
+    if task == "image" or not ignored:
+        return
+    built = auto._model_mapping[type(cfg)]
+    built = built[0] if isinstance(built, (tuple, list)) else built
+    raise ModelSpecError(f"model {spec!r}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} read by a classification head, but pplan builds "
+                         f"the {_TASK_NAMES[task]} ({built.__name__}), which has none",
+                         "drop the key; for a sequence classifier, return from a factory a module whose forward calls "
+                         "the model's embeddings, each encoder layer and a head (docs/models.md, 'A wrapper over a model's submodules')")
 
 
 def _image_shape(cfg: Any, spec: str, input_shape: tuple[int, ...] | None) -> tuple[int, ...]:

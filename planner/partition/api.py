@@ -89,6 +89,10 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
     if settings.cluster is not None and n is not None and n < 1:
         raise PplanError(f"--devices must be at least 1, got {n}")
     count = n if n is not None else len(settings.cluster.graph) if settings.cluster is not None else 0
+    if count > L == 1:  # "use --devices 1 or fewer" would hide why: the model came out as one layer
+        raise PplanError(f"{count} devices but the profile has 1 layer: there is no cut to place",
+                         "plan it with --devices 1, or profile a model whose forward calls its submodules, each then a "
+                         "layer (docs/models.md, 'A wrapper over a model's submodules')")
     if count > L:
         raise PplanError(f"{count} devices but the profile has only {L} layers", f"use --devices {L} or fewer (each stage needs a layer)")
     if settings.global_batch < 1:
