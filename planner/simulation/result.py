@@ -23,7 +23,7 @@ TIMELINE_KINDS = ("F", "B", "I", "W", "R", "T", "C", "A", "O")
 class TimelineRow(NamedTuple):
     """One box of the timeline (the timeline CSV's columns).
 
-    kind: F B I W compute, R the recompute part of a backward (its own row just before the B/I),
+    kind: F B I W compute, R the recompute part of a backward (its own row just before the B/I/W it belongs to),
     T the tensor-parallel collectives at the end of an F, B or I box (its own row), C a transfer:
     its latency on the link (device = sender, stage = sending stage) and the receiving of its
     bytes at the start of the consuming action (device = receiver, stage = receiving stage; not
