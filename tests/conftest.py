@@ -112,3 +112,12 @@ def tiny_gpt_csv(tmp_path: Path) -> Path:
     path = tmp_path / "gpt.csv"
     write_profile(gpt_like(n_blocks=4, hidden=256, seq=64, vocab=1000), path)
     return path
+
+
+@pytest.fixture
+def symlink_loop(tmp_path: Path) -> Path:
+    """tmp_path/loopa -> loopb -> loopa: a path no read can follow (Path.resolve raises RuntimeError)."""
+    a, b = tmp_path / "loopa", tmp_path / "loopb"
+    os.symlink(b.name, a)
+    os.symlink(a.name, b)
+    return a

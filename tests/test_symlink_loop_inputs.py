@@ -18,12 +18,9 @@ PROFILE = Path(__file__).resolve().parents[1] / "profiles" / "mlp.csv"
 
 
 @pytest.fixture
-def loop(tmp_path: Path) -> Path:
-    """tmp_path/loopa -> loopb -> loopa."""
-    a, b = tmp_path / "loopa", tmp_path / "loopb"
-    os.symlink(b.name, a)
-    os.symlink(a.name, b)
-    return a
+def loop(symlink_loop: Path) -> Path:
+    """The looping input (conftest.symlink_loop)."""
+    return symlink_loop
 
 
 def test_outputs_are_compared_with_a_looping_input(loop: Path, tmp_path: Path) -> None:

@@ -6,7 +6,6 @@ its output folder and calibrate asked whether a profile was the committed refere
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -16,12 +15,9 @@ PROFILE = ROOT / "profiles" / "mlp.csv"
 
 
 @pytest.fixture
-def loop(tmp_path: Path) -> Path:
-    """tmp_path/loopa -> loopb -> loopa."""
-    a, b = tmp_path / "loopa", tmp_path / "loopb"
-    os.symlink(b.name, a)
-    os.symlink(a.name, b)
-    return a
+def loop(symlink_loop: Path) -> Path:
+    """The looping input (conftest.symlink_loop)."""
+    return symlink_loop
 
 
 @pytest.fixture
