@@ -3,16 +3,14 @@ that says how large a target is (planner.cost.batch, target_bytes_per_sample, th
 
 from __future__ import annotations
 
-import json
 import textwrap
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
-from helpers.cli import run_pplan
+from helpers.pipeline import profile_partition_run
 from planner.cost.batch import layer_range_batch_bytes, stage_batch_bytes
 from planner.errors import ProfileError
 from planner.profiling.profile import make_profile, read_profile_text
@@ -73,7 +71,7 @@ def test_the_checkpointed_last_layer_does_not_count_the_target_its_loss_saves():
 
 
 def test_the_executor_loss_owns_only_its_own_bytes():
-    from planner.execute.train import compact_loss
+    from planner.profiling.stageloss import compact_loss
 
     out = torch.randn(8, 16, 50, requires_grad=True)
     target = torch.randn(8, 16, 50)
@@ -104,17 +102,7 @@ def test_the_last_rank_holds_the_steps_targets_and_no_loss_sized_tensors(tmp_pat
     target batch, and what it measured beyond its buffers is what the cost model predicts beyond its
     buffers (the losses of F.mse_loss once held an output each: 2.2x the prediction here)."""
     (tmp_path / "byo_lm.py").write_text(LM_FACTORY)
-    prof, plan, out = tmp_path / "lm.csv", tmp_path / "plan.json", tmp_path / "run.json"
-    res = run_pplan("profile", "--model", "byo_lm:build", *LM_FLAGS, "-b", "8", "--repeats", "2", "--warmup", "1",
-                    "-o", str(prof), cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stderr
-    res = run_pplan("partition", str(prof), "--devices", "2", "--memory", "64MiB", "--global-batch", "64",
-                    "--microbatches", "8", "--schedule", "1f1b", "--recompute", "none", "--out", str(plan), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "3", "--warmup", "1", "--model", "byo_lm:build",
-                    "--out", str(out), cwd=tmp_path, timeout=300, PPLAN_MACHINE="off")
-    assert res.returncode == 0, res.stderr
-    run = json.loads(out.read_text())
+    run = profile_partition_run(tmp_path, "byo_lm:build", memory="64MiB", profile_flags=LM_FLAGS)
     last = max(run["ranks"], key=lambda r: r["stages"])
     received = run["boundary_bytes"][str(last["stages"][0])][0]
     assert last["memory_measured"]["buffers"] == 8 * received + 64 * 8 * 200 * 4

@@ -12,8 +12,9 @@ import planner.partition.parallel_search as parallel_search
 from planner.cost.parallel import checked_mfu
 from planner.errors import ClusterError, PlanError, PplanError
 from planner.hardware import PRESETS, hardware_from_dict, hardware_to_dict
+from planner.partition.parallel_checks import MAX_GPUS
 from planner.partition.parallel_plan import parallel_plan
-from planner.partition.parallel_search import MAX_GPUS, plan_parallel
+from planner.partition.parallel_search import plan_parallel
 from planner.plan import plan_to_json, write_plan
 from planner.profiling.analytic import analytic_profile, write_analytic_profile
 

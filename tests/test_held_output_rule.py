@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 
 from planner.cost import stage_peak_bytes
-from planner.cost.memory import pending_output, sent_bytes
+from planner.cost.held import pending_output, sent_bytes
 from planner.partition import PartitionSettings
-from planner.partition.brute import solve_brute
 from planner.partition.build import Layout, stage_costs
-from planner.partition.dp import solve_dp
-from planner.partition.ilp import solve_ilp
-from planner.partition.problem import fits, stage_bytes
+from planner.partition.problem import stage_bytes
 from planner.partition.search import CandidateEvaluator, GridPoint
 from planner.plan import Device, Links
 from planner.profiling.profile import make_profile
@@ -27,7 +24,7 @@ from planner.schedules import generate
 from planner.schedules.memory import stage_inflight_peak, stage_memory_moments
 from planner.simulate import simulate_costs
 
-from helpers.problems import MODES, objective, random_problem
+from helpers.memory import solvers_agree
 from helpers.profiles import SIZES, random_profile
 
 REL = 1e-12
@@ -121,19 +118,7 @@ def _with_moments(rng, p):
 
 
 def test_dp_ilp_and_brute_force_agree_on_the_held_output_rule():
-    rng = np.random.default_rng(4242)
-    feasible = differs = 0
-    for case in range(500):
-        p = _with_held_output(rng, _with_moments(rng, random_problem(rng, MODES[case % 3])))
-        dp, brute = solve_dp(p), solve_brute(p)
-        assert objective(dp) == objective(brute), (case, p)
-        if case < 30 and p.n_layers <= 6 and p.n_stages <= 3:
-            assert objective(solve_ilp(p, time_limit=120)) == objective(dp), (case, p)
-        feasible += dp is not None
-        if dp is not None:
-            assert fits(p, dp)
-            assert dp.stage_bytes == pytest.approx([stage_bytes(p, s, dp.cuts[s], dp.cuts[s + 1], dp.recompute[s])
-                                                    for s in range(p.n_stages)], rel=REL)
-        differs += objective(dp) != objective(solve_dp(dataclasses.replace(p, held_output_bytes=None)))
+    feasible, differs = solvers_agree(np.random.default_rng(4242), 500, lambda rng, p: _with_held_output(rng, _with_moments(rng, p)),
+                                      30, lambda p: dataclasses.replace(p, held_output_bytes=None), stage_bytes_rel=REL)
     assert 100 < feasible < 500
     assert differs > 10  # the held output changed the optimum

@@ -4,7 +4,6 @@ gradients of both), whether the layer takes one tensor or, traced, a tuple (plan
 
 from __future__ import annotations
 
-import json
 import textwrap
 
 import pytest
@@ -12,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from helpers.cli import run_pplan
+from helpers.pipeline import profile_partition_run
 from planner.profiling.layerpeak import forward_backward_peak
 from planner.profiling.measure import measure_layer
 
@@ -96,7 +95,7 @@ MSE_FACTORY = textwrap.dedent("""
 def test_the_profile_measures_the_loss_as_the_run_computes_it(tmp_path, monkeypatch):
     """F.mse_loss's mean is a view of the unreduced, output-sized tensor; the run computes the loss
     through compact_loss, which lets that tensor go, and so does the profile."""
-    from planner.execute.train import compact_loss
+    from planner.profiling.stageloss import compact_loss
     from planner.profiling.profiler import profile_model
 
     (tmp_path / "byo_mse_lm.py").write_text(MSE_FACTORY)
@@ -153,17 +152,7 @@ def test_the_last_rank_of_a_traced_lm_under_cross_entropy_is_not_under_predicted
     """Two ranks, 1f1b: the last rank (the head and the loss) measured at most 1% above its prediction
     (24% above it when the profile let the logits go before the loss's backward)."""
     (tmp_path / "byo_ce_lm.py").write_text(LM_MODULE)
-    prof, plan, out = tmp_path / "lm.csv", tmp_path / "plan.json", tmp_path / "run.json"
-    res = run_pplan("profile", "--model", "byo_ce_lm:build", "-b", "8", "--repeats", "2", "--warmup", "1",
-                    "-o", str(prof), cwd=tmp_path, timeout=300)
-    assert res.returncode == 0, res.stderr
-    res = run_pplan("partition", str(prof), "--devices", "2", "--memory", "1GiB", "--global-batch", "64",
-                    "--microbatches", "8", "--schedule", "1f1b", "--recompute", "none", "--out", str(plan), cwd=tmp_path)
-    assert res.returncode == 0, res.stderr
-    res = run_pplan("run", str(plan), "--device", "cpu", "--steps", "3", "--warmup", "1", "--model", "byo_ce_lm:build",
-                    "--out", str(out), cwd=tmp_path, timeout=300, PPLAN_MACHINE="off")
-    assert res.returncode == 0, res.stderr
-    run = json.loads(out.read_text())
+    run = profile_partition_run(tmp_path, "byo_ce_lm:build", memory="1GiB")
     last = max(run["ranks"], key=lambda r: r["stages"])
     assert run["stage_layers"][-1][1] == 4  # [first, end) of the last stage: it holds the head (tok, mix, mix2, head)
     measured, predicted = last["peak_memory_bytes_measured"], last["peak_memory_bytes_predicted"]

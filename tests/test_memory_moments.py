@@ -31,6 +31,7 @@ from planner.schedules.memory import Moment, stage_inflight_peak, stage_memory_m
 from planner.simulate import simulate_costs
 
 from helpers.oracles import brute_min_scale
+from helpers.memory import solvers_agree
 from helpers.problems import MODES, objective, random_problem
 from helpers.profiles import random_profile
 
@@ -115,18 +116,8 @@ def _with_pending_w(rng, p):
 
 
 def test_dp_ilp_and_brute_force_agree_with_pending_weight_gradients():
-    rng = np.random.default_rng(2468)
-    feasible = differs = 0
-    for case in range(800):
-        p = _with_pending_w(rng, _with_moments(rng, random_problem(rng, MODES[case % 3])))
-        dp, brute = solve_dp(p), solve_brute(p)
-        assert objective(dp) == objective(brute), (case, p)
-        if case < 40 and p.n_layers <= 6 and p.n_stages <= 3:
-            assert objective(solve_ilp(p, time_limit=120)) == objective(dp), (case, p)
-        feasible += dp is not None
-        if dp is not None:
-            assert fits(p, dp)
-        differs += objective(dp) != objective(solve_dp(dataclasses.replace(p, wgrad_bytes=None)))
+    feasible, differs = solvers_agree(np.random.default_rng(2468), 800, lambda rng, p: _with_pending_w(rng, _with_moments(rng, p)),
+                                      40, lambda p: dataclasses.replace(p, wgrad_bytes=None))
     assert 200 < feasible < 800
     assert differs > 20  # the pending weight gradients changed the optimum
 
@@ -140,16 +131,8 @@ def test_min_memory_scale_with_pending_weight_gradients_is_the_least_that_fits()
 
 
 def test_dp_matches_brute_force_with_two_memory_moments():
-    rng = np.random.default_rng(4321)
-    feasible = differs = 0
-    for case in range(1500):
-        p = _with_moments(rng, random_problem(rng, MODES[case % 3]))
-        dp, brute = solve_dp(p), solve_brute(p)
-        assert objective(dp) == objective(brute), (case, p)
-        feasible += dp is not None
-        if dp is not None:
-            assert fits(p, dp)
-        differs += objective(dp) != objective(solve_dp(dataclasses.replace(p, moments=None)))
+    feasible, differs = solvers_agree(np.random.default_rng(4321), 1500, _with_moments, 0,
+                                      lambda p: dataclasses.replace(p, moments=None))
     assert 500 < feasible < 1500
     assert differs > 50  # instances where telling the moments apart changes the optimum
 

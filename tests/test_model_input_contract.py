@@ -73,13 +73,19 @@ def models_dir(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_a_dict_batch_is_refused_with_its_keys_and_what_works(models_dir):
+def build_refusal(spec: str) -> ModelSpecError:
+    """The error build_model refuses `spec` with."""
     with pytest.raises(ModelSpecError) as e:
-        build_model("contract_models:dict_batch")
-    assert e.value.message == ("model 'contract_models:dict_batch': DictTagger.forward's input 0 is a dict "
-                               "(keys 'input_ids', 'attention_mask'): a pipeline stage passes its inputs as positional tensors")
-    assert "forward(self, input_ids, attention_mask)" in e.value.hint
-    assert "((input_ids, attention_mask), target)" in e.value.hint and "docs/models.md" in e.value.hint
+        build_model(spec)
+    return e.value
+
+
+def test_a_dict_batch_is_refused_with_its_keys_and_what_works(models_dir):
+    error = build_refusal("contract_models:dict_batch")
+    assert error.message == ("model 'contract_models:dict_batch': DictTagger.forward's input 0 is a dict "
+                             "(keys 'input_ids', 'attention_mask'): a pipeline stage passes its inputs as positional tensors")
+    assert "forward(self, input_ids, attention_mask)" in error.hint
+    assert "((input_ids, attention_mask), target)" in error.hint and "docs/models.md" in error.hint
 
 
 def test_a_nested_tuple_is_refused_too(models_dir):
@@ -88,11 +94,10 @@ def test_a_nested_tuple_is_refused_too(models_dir):
 
 
 def test_an_nn_sequential_given_a_dict_batch_is_refused_in_one_line(models_dir):
-    with pytest.raises(ModelSpecError) as e:
-        build_model("contract_models:sequential_dict_batch")
-    assert e.value.message == ("model 'contract_models:sequential_dict_batch': make_batch gives a dict (keys "
-                               "'input_ids', 'attention_mask') as the input of an nn.Sequential, which takes one tensor")
-    assert "forward(self, input_ids, attention_mask)" in e.value.hint
+    error = build_refusal("contract_models:sequential_dict_batch")
+    assert error.message == ("model 'contract_models:sequential_dict_batch': make_batch gives a dict (keys "
+                             "'input_ids', 'attention_mask') as the input of an nn.Sequential, which takes one tensor")
+    assert "forward(self, input_ids, attention_mask)" in error.hint
 
 
 def test_the_documented_positional_inputs_build_and_train(models_dir):

@@ -34,7 +34,7 @@ def test_a_sweep_none_of_whose_values_run_names_each_with_its_reason(work: Path,
 
 
 def test_the_refusal_names_a_bounded_number_of_values(work: Path, pplan) -> None:
-    from planner.whatif_sweep import MOST_NAMED
+    from planner.whatif.sweep import MOST_NAMED
 
     bad = [v for v in range(3, 200) if 32 % v][:MOST_NAMED + 5]  # none divides the global batch 32
     line = one_error_line(*pplan("simulate", work / "plan.json", "--sweep", "microbatches=" + ",".join(map(str, bad)))[::2])
@@ -82,7 +82,7 @@ def test_skipped_values_are_named_in_the_table_and_beside_json(work: Path, pplan
 
 def test_a_row_keeps_its_reason_and_hint_apart(work: Path) -> None:
     from planner.whatif import load_setup
-    from planner.whatif_sweep import run_sweep, skipped_note
+    from planner.whatif.sweep import run_sweep, skipped_note
 
     setup = load_setup(work / "plan.json")
     rows = run_sweep(setup.plan, setup.profile, "microbatches", [3, 4])

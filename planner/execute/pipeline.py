@@ -48,8 +48,12 @@ PipelineStage wraps them. Each of the T ranks at a pipeline position runs the sa
 the same micro-batches and sends the same replicated tensors to its own tp peer of the next
 stage (the "pp" group of its tp index); the data-parallel all-reduce sums each rank's local
 shards over its "dp" group. ZeRO-1 steps aliases of the local shards
-(planner.execute.tensor.LocalShardsOptimizer); ZeRO-2/3 with tp > 1 is refused
-(planner.parallel.zero_tp_error says why).
+(planner.execute.tensor.LocalShardsOptimizer).
+
+A layout `pplan run` cannot execute (tp > 1 on a model other than the built-in gpt, or not
+dividing its heads and FFN width; ZeRO-2/3 over dp > 1 replicas with tp > 1) is refused before
+any mesh or stage is built, by planner.partition.parallel_runnable.layout_error: the one rule
+`pplan run` (its preflight and build_pipeline) and the 3-D search share, in the same words.
 """
 
 from __future__ import annotations

@@ -26,11 +26,12 @@ Two adaptations, both in this module, the model's own code untouched:
 
 Around it: checkpoints hold full tensors in the model's layout (full_layer_state,
 full_optimizer_state; loaded back with load_layer_state, load_optimizer_state), so a save
-resumes with any tp; ZeRO-1 steps plain aliases of the local shards (LocalShardsOptimizer),
-ZeRO-2/3 with tp > 1 is refused (planner.parallel.zero_tp_error); the memory tracker counts saved
-DTensors by their local shards (ShardTracker). Which models get tensor parallelism at all (the
-built-in gpt, tp dividing its heads and FFN width) is planner.partition.parallel_runnable's rule,
-which the search plans by and preflight and build_pipeline refuse by.
+resumes with any tp; ZeRO-1 steps plain aliases of the local shards (LocalShardsOptimizer);
+the memory tracker counts saved DTensors by their local shards (ShardTracker). Which layouts get
+here at all (the built-in gpt, tp dividing its heads and FFN width; no ZeRO-2/3 over dp > 1 with
+tp > 1) is planner.partition.parallel_runnable.layout_error, the one rule `pplan run` (preflight
+and build_pipeline) and the 3-D search share; `parallelize_blocks` asks its heads-and-width part
+(tp_shape_error) again of every block it splits.
 """
 
 from __future__ import annotations

@@ -38,9 +38,9 @@ from planner.models.hf_release import release_other_layers
 from planner.plan import MemoryRecord, Plan
 from planner.profiling.allocpeak import CpuAllocatorMeter
 from planner.profiling.saved import storage_key, tensor_bytes
-from planner.profiling.stageloss import compact_loss  # re-exported: the loss the profiler measures too
+from planner.profiling.stageloss import compact_loss
 
-__all__ = ["train_rank", "check_executed_order", "compact_loss"]
+__all__ = ["train_rank", "check_executed_order"]
 
 def _to(obj: Any, device: torch.device, copy: bool = False) -> Any:
     if isinstance(obj, torch.Tensor):

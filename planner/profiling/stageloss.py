@@ -3,8 +3,8 @@
 torch's schedule keeps each micro-batch's loss to the end of the step, and the last stage runs the
 backward from it while it is still referenced. F.mse_loss and F.smooth_l1_loss return their mean as
 a 0-d view of the unreduced, output-sized tensor, so a loss held that way holds one output's bytes
-too. `pplan run` computes the loss through `compact_loss` (planner.execute.train), which returns a
-copy that owns only its own bytes; the profiler measures the last layer through the same function,
+too. `pplan run` computes the loss through `compact_loss` (defined here), which returns a copy that
+owns only its own bytes; the profiler measures the last layer through the same function,
 so its workspace is what the run holds.
 
 Measured before the profiler did (a language model of 2,000 logits per token regressing its

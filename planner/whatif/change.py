@@ -3,7 +3,7 @@
 Micro-batching keeps the global batch by default, as `pplan partition` does: `microbatches=M` means M
 micro-batches of global_batch / M samples, so a changed plan trains on the same data per step.
 `keep="micro-batch-size"` keeps the plan's micro-batch size instead (the global batch then grows with M).
-`planner.whatif` applies a change before it simulates; `planner.whatif_sweep` splits each swept count the same way.
+`planner.whatif.answer` applies a change before it simulates; `planner.whatif.sweep` splits each swept count the same way.
 """
 
 from __future__ import annotations

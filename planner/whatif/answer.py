@@ -1,10 +1,9 @@
-"""What-if questions about a plan: change its schedule, micro-batching or links, and sweep them.
+"""One what-if question answered: a plan's inputs found, the change applied, then one simulation or a sweep.
 
-`pplan simulate` and the report call this module; it sits above the simulator (it calls `planner.simulate`)
-and below the figures (they draw its rows), and imports neither torch nor matplotlib. It finds a plan's
-inputs (`load_setup`), checks the outputs a caller will write, and answers one question (`what_if`). The
-change itself is `planner.whatif_change` (how micro-batching keeps the global batch); a sweep's rows are
-`planner.whatif_sweep`. Both are re-exported here, so callers import from this module alone.
+`pplan simulate` calls `what_if`; it sits above the simulator (it calls `planner.simulate`) and below the
+figures, and imports neither torch nor matplotlib. It finds a plan's inputs (`load_setup`), checks the outputs
+a caller will write (`SimulationOutputs`), and returns what the command prints (`WhatIfResult`). The change
+itself is `planner.whatif.change`; a sweep's rows are `planner.whatif.sweep`.
 """
 
 from __future__ import annotations
@@ -22,12 +21,10 @@ from planner.hardware import load_hardware
 from planner.plan import Plan, load_plan, resolve_profile_path
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.whatif_change import KEEP, WhatIf, apply_what_if
-from planner.whatif_sweep import (SweepRow, check_sweep_actions, parse_sweep, run_sweep, skipped_note, sweep_grid,
-                                  sweep_refusal, sweep_to_dict)
+from planner.whatif.change import WhatIf, apply_what_if
+from planner.whatif.sweep import SweepRow, check_sweep_actions, parse_sweep, run_sweep, skipped_note, sweep_refusal
 
-__all__ = ["KEEP", "WhatIf", "SimulationOutputs", "WhatIfResult", "SweepRow", "Setup", "what_if", "load_setup", "apply_what_if",
-           "parse_sweep", "run_sweep", "check_sweep_actions", "sweep_grid", "sweep_to_dict"]
+__all__ = ["SimulationOutputs", "Setup", "WhatIfResult", "load_setup", "what_if"]
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `pplan simulate --sweep` and the report's sweep figure call this module; it sits above the simulator and
 below the figures (they draw its rows), and imports neither torch nor matplotlib. A swept micro-batch count
-is split as `planner.whatif_change.split_batch` splits `--microbatches` (the global batch kept by default). A
+is split as `planner.whatif.change.split_batch` splits `--microbatches` (the global batch kept by default). A
 value a schedule or the batch cannot take (e.g. 1f1b with fewer micro-batches than devices, or M not dividing
 the global batch) becomes a row with its reason instead of stopping the sweep; only a sweep none of whose
 values can run is refused (`sweep_refusal`), naming each value with its reason.
@@ -21,7 +21,7 @@ from planner.limits import MAX_SIMULATED_ACTIONS, MAX_SWEEP_VALUES
 from planner.plan import Plan
 from planner.profiling.profile import Profile
 from planner.schedules.registry import get_schedule, schedule_name
-from planner.whatif_change import split_batch
+from planner.whatif.change import split_batch
 
 __all__ = ["SweepRow", "MOST_NAMED", "parse_sweep", "run_sweep", "check_sweep_actions", "sweep_grid", "sweep_to_dict",
            "failed_values", "skipped_note", "sweep_refusal"]
