@@ -30,7 +30,7 @@ from dataclasses import replace
 
 from planner.calibration import Calibration
 from planner.cost import StageCost, actions_per_microbatch, stage_cost
-from planner.cost.memory import wgrad_unmeasured_note
+from planner.cost.held import wgrad_unmeasured_note
 from planner.cost.parallel import checked_mfu, model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware

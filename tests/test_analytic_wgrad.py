@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from planner.cost.memory import wgrad_unmeasured_note
+from planner.cost.held import wgrad_unmeasured_note
 from planner.profiling.analytic import analytic_profile
 
 # The brief's model (hidden 256, seq 256, vocab 1024, ffn 4) and a narrower one whose FFN width (3)

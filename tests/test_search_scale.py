@@ -19,6 +19,7 @@ from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, compile_s
 from planner.schedules.memory import activation_peaks, memory_peaks, stage_inflight_peak, stage_memory_moments
 from planner.schedules import memory_states
 from planner.schedules.memory_states import pareto_front, state_table
+from planner.schedules.registry import holds_sends
 
 
 def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
@@ -28,14 +29,16 @@ def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
 
 def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[tuple]]]:
     """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I)),
-    action by action, and with a split backward the state after the rank's last action."""
+    action by action, and, with a split backward or where the runtime holds its sends until the step
+    ends, the state after the rank's last action. Sent: ended I, and ended B where sends are held."""
     cs = compile_schedule(schedule)
+    sends_held = holds_sends(schedule.name, cs.split_backward)
     out = []
     for r, stages in enumerate(cs.rank_stages):
         col = {s: i for i, s in enumerate(stages)}
         n = len(stages)
         f_started, last_ended, first_ended = [0] * n, [0] * n, [0] * n
-        i_ended, w_ended = [0] * n, [0] * n
+        i_ended, w_ended, b_ended = [0] * n, [0] * n, [0] * n
         seen = set()
 
         def state(bwd: int) -> tuple:
@@ -43,7 +46,8 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             grads = tuple(int(last_ended[k] > 0) for k in range(n))
             outputs = tuple(f_started[k] - first_ended[k] for k in range(n))
             pending = tuple(i_ended[k] - w_ended[k] for k in range(n))
-            return during + (bwd,) + grads + outputs + pending + tuple(i_ended)
+            sent = tuple(i_ended[k] + (b_ended[k] if sends_held else 0) for k in range(n))
+            return during + (bwd,) + grads + outputs + pending + sent
 
         for a in cs.ids[r]:
             kind, s, _ = cs.split_id(a)
@@ -62,9 +66,11 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
                 i_ended[i] += 1
             if kind == CODE_W:
                 w_ended[i] += 1
+            if kind == CODE_B:
+                b_ended[i] += 1
         if not seen:
             seen.add((0,) * n + (-1,) + (0,) * (5 * n))
-        elif cs.split_backward:  # the sends hold what they sent until the step waits for them
+        elif cs.split_backward or sends_held:  # the sends hold what they sent until the step waits for them
             seen.add(state(-1) + (0,) * n)
         rows = sorted(seen)
         out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1],

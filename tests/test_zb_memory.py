@@ -14,7 +14,7 @@ import torch
 
 from helpers.plans import three_layer_profile
 from planner.cost import stage_cost, stage_peak_bytes
-from planner.cost.memory import stage_wgrad, wgrad_unmeasured_note
+from planner.cost.held import stage_wgrad, wgrad_unmeasured_note
 from planner.profiling.measure import measure_layer
 from planner.profiling.profile import profile_from_bytes, profile_to_text
 from planner.schedules import generate

@@ -36,10 +36,11 @@ from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
     recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
     moment_bytes, fixed_bytes,
-    transient_bytes, workspace_max, held_output, held_output_per_layer, optimizer_workspace, buffer_bytes,
+    transient_bytes, workspace_max, optimizer_workspace, buffer_bytes,
     first_stage_batch_bytes, receive_buffer_microbatches,
     kept_activation_bytes, runtime_buffers, stage_entry_bytes,
 )
+from planner.cost.held import held_output, held_output_per_layer
 from planner.cost.batch import layer_range_batch_bytes, stage_batch_bytes
 from planner.cost.stage import StageCost, microbatch_ms, stage_cost, stage_peak_bytes
 

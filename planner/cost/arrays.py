@@ -15,9 +15,10 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
+from planner.cost.held import held_output_per_layer, wgrad_per_layer
 from planner.cost.memory import (
-    boundary_bytes, checkpoint_input_bytes, held_output_per_layer, kept_activation_bytes, optimizer_workspace,
-    runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer, wgrad_per_layer,
+    boundary_bytes, checkpoint_input_bytes, kept_activation_bytes, optimizer_workspace,
+    runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer,
 )
 from planner.cost.transient import rematerialized_bytes
 from planner.graph.edges import SkipEdge

@@ -8,8 +8,9 @@
                  0 on the first stage, whose whole backward torch runs at W), alive from the start
                  of I (torch's hooks store them as the backward runs; measured on the 3-rank run
                  below, the middle rank's I peaked one wgrad above the model's end-of-I charge).
-  sent         = with a split backward torch's runtime waits for its sends only when the step ends:
-                 each ended I's input gradient and each ended W's output stay alive until then.
+  sent         = where torch's runtime waits for its sends only when the step ends (zb and
+                 interleaved: planner.schedules.registry's holds_sends), each ended I's input
+                 gradient and each ended W's output stay alive until then (an ended B is both).
 
 When a split backward frees the held output is one rule, `pending_output`, read from torch 2.13's
 stage.py: `backward_one_chunk` pops `fwd_cache` at I, and for W keeps in `backward_state` the stage
@@ -83,8 +84,9 @@ def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool) -> str | None
 
 def sent_bytes(bytes_in: Any, bytes_out: Any, held_out: Any, wgrad_measured: bool, is_last: Any = False) -> tuple[Any, Any, Any]:
     """planner.cost.memory.moment_bytes' `sent`: (per ended I its input gradient, per ended W its
-    output, per pending W its pending_output(held_out, is_last)). The first two, held by torch's sends
-    until the step ends, only where the profile measured wgrad_bytes (older profiles' plans keep
-    them out); the third whatever the profile measured: it is when the held output is freed."""
+    output, per pending W its pending_output(held_out, is_last)); an ended B, where the runtime holds
+    its sends, counts as an ended I and W. The first two, held by torch's sends until the step ends,
+    only where the profile measured wgrad_bytes (older profiles' plans keep them out); the third
+    whatever the profile measured: it is when the held output is freed."""
     pending = pending_output(held_out, is_last)
     return (bytes_in, bytes_out, pending) if wgrad_measured else (0.0, 0.0, pending)

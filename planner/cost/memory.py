@@ -30,9 +30,10 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                  a backward sends is in its first layer's workspace; once sent it is not at the
                  peak (measured: charging it too over-predicted a ResNet's last rank by 2 MiB).
   wgrad, sent  = with a split backward (zero-bubble): what each micro-batch between its I and W
-                 holds for W, and what torch's sends hold until the step ends (planner.cost.held,
-                 re-exported here: `stage_wgrad`, `sent_bytes`, and `pending_output`, the rule of
-                 when the held output is freed: at I on the last stage, at W on the others).
+                 holds for W; and, where torch's runtime waits for its sends only when the step ends
+                 (zb, interleaved: planner.schedules.registry's holds_sends), what they hold until
+                 then (planner.cost.held: `stage_wgrad`, `sent_bytes`, and `pending_output`, the
+                 rule of when the held output is freed: at I on the last stage, at W on the others).
   Profiles without `input_saved_bytes` (made before pplan measured it) keep the older model, so
   their plans stay what they were: every activation_bytes counted in full, buffers 2 x (bytes in
   + bytes out).
@@ -69,9 +70,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from planner.cost.held import (
-    held_output, held_output_per_layer, pending_output, sent_bytes, stage_wgrad, wgrad_per_layer, wgrad_unmeasured_note,
-)
+from planner.cost.held import held_output
 from planner.cost.transient import transient_bytes
 from planner.errors import PplanError
 from planner.graph.crossing import passthrough_bytes
@@ -93,13 +92,6 @@ __all__ = [
     "transient_bytes",
     "workspace_max",
     "optimizer_workspace",
-    "held_output",
-    "held_output_per_layer",
-    "wgrad_per_layer",
-    "stage_wgrad",
-    "wgrad_unmeasured_note",
-    "sent_bytes",
-    "pending_output",
     "kept_activation_bytes",
     "stage_entry_bytes",
     "runtime_buffers",

@@ -16,10 +16,11 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
+from planner.cost.held import held_output, held_output_per_layer, sent_bytes, stage_wgrad, wgrad_per_layer
 from planner.cost.memory import (
-    boundary_bytes, buffer_bytes, checkpoint_input_bytes, held_output, held_output_per_layer,
-    kept_activation_bytes, kept_bytes, optimizer_factor, optimizer_workspace, receive_buffer_microbatches, runtime_buffers,
-    scaled_skip_edges, sent_bytes, stage_bytes, stage_entry_bytes, stage_wgrad, transient_bytes, wgrad_per_layer,
+    boundary_bytes, buffer_bytes, checkpoint_input_bytes, kept_activation_bytes, kept_bytes, optimizer_factor,
+    optimizer_workspace, receive_buffer_microbatches, runtime_buffers, scaled_skip_edges, stage_bytes, stage_entry_bytes,
+    transient_bytes,
 )
 from planner.cost.batch import layer_range_batch_bytes
 from planner.cost.transient import rematerialized_bytes
@@ -86,9 +87,11 @@ class StageCost:
     wgrad_bytes: float = 0.0
     """Bytes held per micro-batch from the start of its I to the end of its W when the backward is split (planner.cost.stage_wgrad)."""
     sent_grad_bytes: float = 0.0
-    """Bytes each input gradient a split backward sent holds until the step ends (planner.cost.sent_bytes)."""
+    """Bytes each input gradient sent (by an I, or a B where the runtime holds its sends) holds until
+    the step ends (planner.cost.held.sent_bytes)."""
     sent_output_bytes: float = 0.0
-    """Bytes each output a split backward sent holds until the step ends, beyond its W (planner.cost.sent_bytes)."""
+    """Bytes each output sent holds until the step ends, beyond its W (or its B where the runtime holds
+    its sends) (planner.cost.held.sent_bytes)."""
     sent_held_bytes: float = 0.0
     """The part of held_output_bytes a micro-batch still holds from the end of its I to the end of its W
     (planner.cost.pending_output: all of it on every stage but the last, none on the last)."""

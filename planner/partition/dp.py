@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 from planner.cost import fixed_bytes, stage_batch_bytes, moment_bytes, stage_time_ms, transfer_ms
-from planner.cost.memory import sent_bytes
+from planner.cost.held import sent_bytes
 from planner.cost.transient import layer_transient
 from planner.partition.recompute_prefix import PrefixRecompute
 from planner.partition.problem import (

@@ -42,8 +42,8 @@ import warnings
 import numpy as np
 
 from planner.cost import fixed_bytes, stage_batch_bytes, moment_bytes, stage_bytes, stage_time_ms, transfer_ms
+from planner.cost.held import sent_bytes
 from planner.errors import PplanError
-from planner.cost.memory import sent_bytes
 from planner.partition.problem import PartitionProblem, Solution, evaluate, moments, rematerialized, saving_layers
 
 __all__ = ["solve_ilp", "ilp_solver_name"]

@@ -48,7 +48,7 @@ from planner.cost import (
     stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
 )
 from planner.cost import stage_bytes as cost_stage_bytes
-from planner.cost.memory import held_output, sent_bytes, stage_wgrad
+from planner.cost.held import held_output, sent_bytes, stage_wgrad
 from planner.graph.crossing import passthrough_bytes
 from planner.schedules.memory import Moment
 

@@ -10,12 +10,14 @@ there, so a schedule whose activations peak before any backward (GPipe) does not
 A split backward's I leaves behind what its W starts from (the gradients at the nodes where the
 weights' paths meet the input's, planner.cost.memory's `wgrad`): a micro-batch holds them from
 the start of its I (torch's hooks store them as the backward runs: `Moment.running_i`) to the end
-of its W (`Moment.pending_w`); and what it sent stays alive until the
-step ends, torch's runtime for split backwards waiting for its sends only then: each I's input
-gradient, and each output beyond what the stage's own backward frees (`Moment.sent_grads`, I
-actions ended; measured on a 2-rank zb GPT: both ranks held 0.5 MiB more per 4 more micro-batches),
-also after the rank's last action (a state of its own). The first stage's I computes no input
-gradient (its input needs none): its whole backward, and so its transient, runs at W.
+of its W (`Moment.pending_w`). The first stage's I computes no input gradient (its input needs
+none): its whole backward, and so its transient, runs at W.
+Where torch's runtime waits for its sends only when the step ends (registry `holds_sends`: the
+_PipelineScheduleRuntime behind zb and interleaved), what a stage sent stays alive until then:
+each I's or B's input gradient, and each output beyond what the stage's own backward frees
+(`Moment.sent_grads`: I actions ended, or B actions, each an ended I and W at once), also after
+the rank's last action (a state of its own). Measured on a 2-rank zb GPT: both ranks held
+0.5 MiB more per 4 more micro-batches; interleaved plans left them out until measured 2.7-12% under.
 Nothing here depends on timing:
 a rank runs its actions one after another, so the sequence of allocations and frees on it is its
 order, and the simulator's memory timeline reaches exactly these peaks. The distinct states of
@@ -69,12 +71,13 @@ class Moment:
     """Whether the stage's parameter gradients exist then (after its first weight-gradient action)."""
     pending_w: int = 0
     """Micro-batches whose I has ended and whose W has not (split backward only): each holds what
-    its W starts from (planner.cost.memory's wgrad bytes), and of its output what
-    planner.cost.pending_output says (none on the last stage)."""
+    its W starts from (planner.cost.held's wgrad bytes), and of its output what
+    planner.cost.held.pending_output says (none on the last stage)."""
     sent_grads: int = 0
-    """I actions of the stage ended so far in the step (split backward only): torch's runtime holds
-    each one's input gradient until the step ends, and the output of each whose W ended too
-    (sent_grads - pending_w; planner.cost.memory.sent_bytes)."""
+    """I actions of the stage ended so far in the step, and B actions where the runtime holds its
+    sends (registry holds_sends; 0 elsewhere): torch's runtime holds each one's input gradient until
+    the step ends, and the output of each whose W ended too (sent_grads - pending_w: a B is an ended
+    I and W at once; planner.cost.held.sent_bytes)."""
     running_i: bool = False
     """Whether an I of the stage runs then (split backward only): its micro-batch's wgrad is alive
     already (torch's hooks store it as the backward runs), priced as one more pending W's wgrad."""
@@ -86,8 +89,9 @@ def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]
     not, pending W, ended I, I running or not), less the moments another one covers (as many or more micro-batches,
     pending W, ended I and ended W, and the transient or the gradients wherever it has them: held
     bytes are never negative; and as many or more outputs held, in_flight - pending_w). Without a
-    split backward the last three are always 0:
-    the most micro-batches held for each of (backward running or not) x (gradients or not).
+    split backward pending W and I running are always 0, and ended I too where the runtime does not
+    hold its sends (GPipe, 1F1B): the most micro-batches held for each of (backward running or not)
+    x (gradients or not).
 
     GPipe and 1F1B have two: the stage's first backward (all it holds, no gradients yet) and a
     later backward (gradients). Priced with planner.cost.stage_bytes, where a rank runs one stage
@@ -153,12 +157,13 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     As activation_peaks, with each stage's gradients (`gradient_bytes[s]`) counted only after its
     first weight-gradient action (module docstring), and the part `output_bytes[s]` of its kept
     bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
-    backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.memory's wgrad) per micro-batch
-    whose I ended and W did not or whose I runs, and `sent_bytes[s]` (planner.cost.sent_bytes: per ended I its
-    input gradient and per ended W its output, held by the sends until the step ends, and per
-    pending W what it still holds of its output, planner.cost.pending_output: the held output on
-    every stage but the last). Without those two the activation part is at most
-    activation_peaks' value, and the sum at most that plus all the rank's gradients.
+    backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.held's wgrad) per micro-batch
+    whose I ended and W did not or whose I runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
+    ended I its input gradient and per ended W its output, held by the sends until the step ends
+    where the runtime holds them, an ended B counting as both, and per pending W what it still holds
+    of its output, planner.cost.held.pending_output: the held output on every stage but the last).
+    Without those two the activation part is at most activation_peaks' value, and the sum at most
+    that plus all the rank's gradients.
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held

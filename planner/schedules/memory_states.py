@@ -4,14 +4,17 @@ planner.schedules.memory describes what a stage holds at each point of its rank'
 module stores the distinct states of every rank once per schedule (cached on the immutable
 schedule object: the partitioner simulates the same schedule with thousands of different cuts)
 and evaluates a rank's peak over all of them with array operations. Each state's bytes are
-summed in the same order as the scalar definition (`rank_peak_reference`), so every figure is the
-same float, bit for bit.
+summed in the same order as the scalar definition (memory_peaks' docstring, walked action by action
+in tests/test_search_scale.py), so every figure is the same float, bit for bit.
 
 With a split backward (zero bubble) two more things follow torch's runtime: a running I already
 holds its micro-batch's wgrad (the `running` column: torch's hooks store it as the backward runs,
 not when I ends), and the first stage's backward runs at W, its I computing no input gradient
-(the transient lives during W there, `bwd`); and each rank has one state more, after its last
-action, when its sends still hold every input gradient and output until the step waits for them.
+(the transient lives during W there, `bwd`). Where the runtime holds its sends until the step ends
+(registry `holds_sends`: zb, interleaved) the `sent` column counts what it sent (ended I, or ended B
+for a whole backward, which is an ended I and W at once), and each rank has one state more, after
+its last action, when its sends still hold every input gradient and output until the step waits
+for them.
 
 Most states can never be the peak: one that holds no more of anything than another state of its
 rank (micro-batches, stage outputs, pending W, ended I and W, gradients, the transient) is at most
@@ -28,6 +31,7 @@ import numpy as np
 
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
+from planner.schedules.registry import holds_sends
 
 __all__ = ["FRONT_ROUNDS", "StateTable", "state_table", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
 
@@ -63,7 +67,8 @@ class StateTable:
     pending: np.ndarray
     """(rows, width) micro-batches whose I ended and whose W did not."""
     sent: np.ndarray
-    """(rows, width) I actions ended so far (each one's input gradient held until the step ends)."""
+    """(rows, width) I actions ended so far, or B actions where the runtime holds its sends (each one's
+    input gradient held until the step ends, and its output once its W or B ended)."""
     running: np.ndarray
     """(rows, width) 1 where an I of the stage runs: its micro-batch's wgrad is alive already."""
     front: np.ndarray
@@ -77,7 +82,8 @@ def state_table(schedule: PipelineSchedule) -> StateTable:
     """The schedule's StateTable (built once, then cached on the schedule object)."""
     cached = schedule.__dict__.get(_ATTR)
     if cached is None:
-        cached = _build(compile_schedule(schedule))
+        cs = compile_schedule(schedule)
+        cached = _build(cs, holds_sends(schedule.name, cs.split_backward))
         object.__setattr__(schedule, _ATTR, cached)  # immutable schedule: safe private cache
     return cached
 
@@ -85,8 +91,10 @@ def state_table(schedule: PipelineSchedule) -> StateTable:
 _GROUPS = 6  # per-stage column groups: during, grads, outputs, pending, sent, running
 
 
-def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray) -> np.ndarray:
-    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running] of one rank, sorted."""
+def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray, sends_held: bool) -> np.ndarray:
+    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running] of one rank, sorted.
+    `sends_held`: the runtime keeps what it sent until the step ends (registry.holds_sends); an I's
+    sends count either way (the runtime of split backwards holds them), a B's only with it."""
     S, M, n = cs.n_stages, cs.n_microbatches, len(stages)
     if ids.size == 0:
         return np.concatenate([np.zeros(n, dtype=np.int64), [-1], np.zeros((_GROUPS - 1) * n, dtype=np.int64)])[None, :]
@@ -118,24 +126,27 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray)
     outputs = np.cumsum(alloc, axis=0) - np.cumsum(early, axis=0) + early
     # pending W: I ended before this action and W did not (during its W a micro-batch still holds them)
     i_end, w_end = marks(kind == CODE_I), marks(kind == CODE_W)
-    sent = np.cumsum(i_end, axis=0) - i_end  # each ended I's input gradient, held until the step ends
-    pending = sent - (np.cumsum(w_end, axis=0) - w_end)
+    # each ended I's input gradient, held until the step ends; where sends are held, an ended B is an
+    # ended I and an ended W at once (its input gradient and its output stay held)
+    held_end = i_end + marks(kind == CODE_B) if sends_held else i_end
+    sent = np.cumsum(held_end, axis=0) - held_end
+    pending = np.cumsum(i_end, axis=0) - i_end - (np.cumsum(w_end, axis=0) - w_end)
     rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end])  # i_end: the running I
-    if cs.split_backward:  # after the last action: what the sends hold until the step waits for them
+    if cs.split_backward or sends_held:  # after the last action: what the sends hold until the step waits for them
         done = np.concatenate([(alloc - free).sum(axis=0), [-1], free.sum(axis=0) > 0, (alloc - early).sum(axis=0),
-                               (i_end - w_end).sum(axis=0), i_end.sum(axis=0), np.zeros(n)]).astype(np.int64)
+                               (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(n)]).astype(np.int64)
         rows = np.vstack([rows, done])
     return np.unique(rows, axis=0)
 
 
-def _build(cs: CompiledSchedule) -> StateTable:
+def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
     width = max(1, max(len(st) for st in cs.rank_stages))
     blocks, front, starts = [], [], [0]
     stage_of = np.full((cs.n_ranks, width), -1, dtype=np.int64)
     for r, stages in enumerate(cs.rank_stages):
         n = len(stages)
         stage_of[r, :n] = stages
-        got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64))
+        got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64), sends_held)
         parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(_GROUPS)]  # skip the bwd column
         pad = [np.pad(p, ((0, 0), (0, width - n))) for p in parts]
         block = np.column_stack([pad[0], got[:, n], *pad[1:]])

@@ -44,7 +44,7 @@ from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, SweepResult, compile_schedule, sweep
 from planner.schedules.memory import memory_peaks
-from planner.schedules.registry import get_schedule
+from planner.schedules.registry import get_schedule, holds_sends
 from planner.simulation.result import SimResult, TimelineRow
 
 __all__ = ["simulate_costs"]
@@ -94,7 +94,8 @@ def simulate_costs(
     mem_timeline: dict[int, tuple[tuple[float, float], ...]] = {}
     if record_timeline:
         timeline = _timeline_rows(cs, res, stages, recv, cal, rank_device, opt_start, opt_end, sync)
-        mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory, gradients, opt_start, opt_end)
+        mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory, gradients, opt_start, opt_end,
+                                        holds_sends(schedule.name, cs.split_backward))
     return _sim_result(schedule.name, M, micro_batch_size, interpolated, devices, iteration, busy, memory,
                        timeline, mem_timeline)
 
@@ -278,15 +279,16 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
 
 def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], rank_device: list[int],
                      memory: list, gradients: list[float], opt_start: list[float],
-                     opt_end: list[float]) -> dict[int, tuple[tuple[float, float], ...]]:
+                     opt_end: list[float], sends_held: bool) -> dict[int, tuple[tuple[float, float], ...]]:
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
     weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
     output torch holds freed at the end of I when split, what W starts from held from the start of I
-    to the end of W (StageCost.wgrad_bytes), the transient during B or I (W on the first stage), what a split backward's sends hold until they are
-    waited for, before the optimizer step (StageCost.sent: each input gradient from the end of its
-    I, the held output from the end of I, the whole output from the end of W), and the optimizer
-    step's temporaries."""
+    to the end of W (StageCost.wgrad_bytes), the transient during B or I (W on the first stage), what
+    sends hold until they are waited for, before the optimizer step, where the runtime holds them
+    (`sends_held`, registry holds_sends; StageCost.sent: each input gradient from the end of its I,
+    the held output from the end of I, the whole output from the end of W; both from the end of B),
+    and the optimizer step's temporaries."""
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for r in range(cs.n_ranks):
         d = rank_device[r]
@@ -312,8 +314,10 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
             if kind == CODE_F:
                 change(res.start[a], st.kept_bytes)
             elif kind == CODE_B:
+                held = st.sent_grad_bytes + st.sent_output_bytes if sends_held else 0.0
                 change(res.start[a], st.transient_bytes)
-                change(res.end[a], -st.transient_bytes - st.kept_bytes)
+                change(res.end[a], -st.transient_bytes - st.kept_bytes + held)
+                sent += held
             elif kind == CODE_I:  # its wgrad is stored as it runs; the first stage's I computes nothing
                 trans = st.transient_bytes if s > 0 else 0.0
                 change(res.start[a], trans + st.wgrad_bytes)
