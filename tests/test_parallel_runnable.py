@@ -132,3 +132,33 @@ def test_the_benches_check_their_settings_as_library_calls(monkeypatch):
     for steps, warmup, device, says in ((5, 2, "gpu", "--device 'gpu' is unknown"), (2, 2, "cpu", "0 <= warmup < steps")):
         with pytest.raises(PplanError, match=says):
             bench_quality_measured(steps=steps, warmup=warmup, device=device)
+
+
+@pytest.mark.parametrize("cfg, model", [
+    (ParallelConfig(dp=2, pp=2, tp=4, zero=3), SMALL),  # ZeRO-3 with tp: ZeRO-1, or its tp ranks moved into dp
+    (ParallelConfig(dp=1, pp=1, tp=8), "gpt:layers=2,hidden=768,heads=12,seq=128,vocab=1000"),  # tp 8 does not divide 12 heads
+    (ParallelConfig(dp=1, pp=2, tp=4), None),  # no model spec: tp = 1 only
+])
+def test_the_runnable_alternatives_are_those_whose_dp_divides_the_global_batch(cfg, model):
+    from planner.partition.parallel_runnable import layout_error, runnable_alternatives
+
+    every = runnable_alternatives(cfg, model, 8)
+    assert every and all(layout_error(c, model) is None for c in every)
+    assert any(c.dp > cfg.dp for c in every)  # some alternative moves tp ranks into dp
+    for batch in range(1, 33):
+        split = runnable_alternatives(cfg, model, 8, batch)
+        assert split == [c for c in every if batch % c.dp == 0], batch
+    assert runnable_alternatives(cfg, model, 8, 1) == []  # every alternative has dp > 1 here: none splits one sample
+
+
+def test_a_refused_layout_whose_alternatives_cannot_split_the_batch_says_so():
+    # tp 8 does not divide 12 heads; every runnable alternative moves tp ranks into dp (2, 4, 8),
+    # and none of those splits a global batch of 3
+    with pytest.raises(PplanError) as e:
+        plan_parallel(model="gpt:layers=2,hidden=768,heads=12,seq=128,vocab=1000", hardware="a100-80gb", nodes=1,
+                      gpus_per_node=8, global_batch=3, parallel="dp=1,pp=1,tp=8")
+    assert "splits --global-batch 3" in e.value.hint and "--parallel" not in e.value.hint
+    with pytest.raises(PplanError) as e:
+        plan_parallel(model="gpt:layers=2,hidden=768,heads=12,seq=128,vocab=1000", hardware="a100-80gb", nodes=1,
+                      gpus_per_node=8, global_batch=4, parallel="dp=1,pp=1,tp=8")
+    assert "--parallel dp=2,pp=1,tp=4" in e.value.hint

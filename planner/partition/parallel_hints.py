@@ -5,11 +5,17 @@ A failed search leaves a `Shortfall`: the least memory per GPU it knows a plan n
 lower bound (the static bytes of the layouts skipped for memory; the pipeline DP's least memory
 scale over the points it solved), or, when the DP's plans fit but none does once simulated, the
 least simulated peak among them. The refusal names one memory figure: the least memory per GPU
-at which a search was found to plan, reached by searching again at the bound each failed search
-leaves (a tighter one every time; GPT-3 175B on 8 GiB: 9.75 GiB of weights, then 10.01 GiB,
-which fits), so the lead ("needs about X") and the fix ("GPUs with at least X (plan)") are the
-same number and the plan named is the one found there, its peak within X. Every other fix (the held flags
-freed, more nodes, a ZeRO stage) is a search that fit too.
+at which a search was found to plan, so the lead ("needs about X") and the fix ("GPUs with at
+least X (plan)") are the same number and the plan named is the one found there, its peak within
+X. It is found by searching again at the bound each failed search leaves (a tighter one every
+time), then at multiples of the last, and bisecting between the last size that failed and the
+first that fit, to the precision format_size_up prints or for at most 8 searches. GPT-3 175B on
+4 x 8 A100s at 8 GiB, global batch 64: the bounds 81.61 .. 85.79 GiB fit no plan, 1.5 times the
+last bound (135.16 GiB) does, and bisecting finds 102.46 GiB (102.29 GiB fits none). Fitting need
+not grow with the memory (there 105-120 GiB fit, 125 and 130 GiB do not: the search simulates only
+its fastest plans), so X is the least size of the fit it narrows, with a smaller size just below it
+found not to fit. Every other fix (the held flags freed, more nodes, a ZeRO stage) is a search that
+fit too.
 """
 
 from __future__ import annotations
@@ -30,6 +36,11 @@ when nothing fits, its Shortfall; PplanError when the change cannot run at all."
 
 _BOUND_SEARCHES = 4  # searches at successive lower bounds before falling back to multiples of the last
 _MULTIPLES = (1.5, 2.0, 4.0)
+# Searches that narrow a fitting size down to the least (each a full cluster search, top_k 1).
+# Halving from a 1.5x multiple, 8 reach the 0.01 GiB format_size_up prints on ranges up to
+# 2.56 GiB and within 0.4% of the figure on any, so the memory fix costs at most 4 + 3 + 8 = 15
+# searches.
+_BISECT_SEARCHES = 8
 
 
 @dataclass(frozen=True)
@@ -67,7 +78,7 @@ def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | 
         return InfeasibleError(error, _bound_lead(short) or "more memory per GPU")
     fixes, notes = _held_fixes(args, short.held_to, auto, attempt), []
     fixes.append(_nodes_fix(args, short.need_bytes, auto, attempt, notes))
-    size, memory_fix = _memory_fix(short.need_bytes, attempt, notes)
+    size, memory_fix = _memory_fix(short, args["memory_bytes"], attempt, notes)
     fixes.append(memory_fix)
     if short.zero_hint is not None:  # a stage under which some layout's static bytes fit (helping_zero)
         sharded = {"parallel": replace(forced, zero=short.zero_hint)} if auto else {}
@@ -112,35 +123,76 @@ def _nodes_fix(args: dict[str, Any], need: float, auto: dict[str, Any], attempt:
     return fix
 
 
-def _memory_fix(need: float, attempt: Attempt, notes: list[str]) -> tuple[str, str]:
-    """(X, 'GPUs with at least X (the plan found)') for the least memory per GPU X found to fit:
-    searched at the bound each failed search leaves, then at multiples of the last; a fit at a
-    multiple is searched again at its plan's peak. ('', '') with a note when none fits."""
-    if not math.isfinite(need):
+def _memory_fix(short: Shortfall, searched_bytes: float, attempt: Attempt, notes: list[str]) -> tuple[str, str]:
+    """(X, 'GPUs with at least X (the plan found)') for the least memory per GPU X found to fit,
+    after the failed search of `searched_bytes` per GPU left `short`: the first size that fits
+    (_first_fit), then bisected down (_least_fit). ('', '') with a note when none fits."""
+    if not math.isfinite(short.need_bytes):
         return "", ""
-    bound = need
+    floor, fit, tried = _first_fit(short.need_bytes, _raised_floor(0.0, searched_bytes, short), attempt)
+    if fit is None:
+        notes.append(f"GPUs with {tried} do not fit either")
+        return "", ""
+    size, result = _least_fit(floor, fit, attempt)
+    return size, _describe(f"GPUs with at least {size}", result.best)
+
+
+def _first_fit(need: float, floor: float, attempt: Attempt) -> tuple[float, tuple[str, Any] | None, str]:
+    """(the floor the searches raised, the first (size, result) found to fit or None, the last size
+    searched): at the bound each failed search leaves (a tighter one every time), then at
+    multiples of the last. `floor`: a byte above the largest size found not to fit, or a failed
+    search's bound when higher (_raised_floor)."""
+    bound, size = need, ""
     for _ in range(_BOUND_SEARCHES):
         size = format_size_up(bound)
         got = _search(attempt, {"memory_bytes": parse_bytes(size)})
-        if got is not None and not isinstance(got, Shortfall):
-            return size, _describe(f"GPUs with at least {size}", got.best)
+        if _fits(got):
+            return floor, (size, got), size
+        floor = _raised_floor(floor, parse_bytes(size), got)
         tighter = got.need_bytes if isinstance(got, Shortfall) else math.inf
         if not (math.isfinite(tighter) and tighter > parse_bytes(size)):
             break
         bound = tighter
-    sizes = [format_size_up(bound * x) for x in _MULTIPLES]
-    found = next(((x, r) for x in sizes for r in [_search(attempt, {"memory_bytes": parse_bytes(x)})]
-                  if r is not None and not isinstance(r, Shortfall)), None)
-    if found is None:
-        notes.append(f"GPUs with {sizes[-1]} do not fit either")
-        return "", ""
-    size, result = found
-    peak = format_size_up(result.best.peak_memory_bytes)
-    if parse_bytes(peak) < parse_bytes(size):  # the plan found may need less than the multiple it was searched at
-        again = _search(attempt, {"memory_bytes": parse_bytes(peak)})
-        if again is not None and not isinstance(again, Shortfall):
-            size, result = peak, again
-    return size, _describe(f"GPUs with at least {size}", result.best)
+    for size in [format_size_up(bound * x) for x in _MULTIPLES]:
+        got = _search(attempt, {"memory_bytes": parse_bytes(size)})
+        if _fits(got):
+            return floor, (size, got), size
+        floor = _raised_floor(floor, parse_bytes(size), got)
+    return floor, None, size
+
+
+def _least_fit(floor: float, fit: tuple[str, Any], attempt: Attempt) -> tuple[str, Any]:
+    """The least size found to fit between `floor` (_first_fit: a byte above a size found not to
+    fit, or a bound no plan fits below) and the fitting `fit` (size, result), with its result:
+    bisected at the precision format_size_up prints, until the size found has the next printed
+    size below it searched and failing (or below the floor), or after _BISECT_SEARCHES searches (fitting need not grow with the memory: the search
+    simulates only its fastest plans, so the figure is the least of a fit's neighbourhood)."""
+    size, result = fit
+    for _ in range(_BISECT_SEARCHES):
+        top = parse_bytes(size)
+        probe = format_size_up((floor + top) / 2)
+        if parse_bytes(probe) >= top:  # the midpoint rounds up to the fit: the least printed size left
+            probe = format_size_up(floor)
+        if parse_bytes(probe) >= top:
+            break
+        got = _search(attempt, {"memory_bytes": parse_bytes(probe)})
+        if _fits(got):
+            size, result = probe, got
+        else:
+            floor = _raised_floor(floor, parse_bytes(probe), got)
+    return size, result
+
+
+def _raised_floor(floor: float, searched_bytes: float, got: Any) -> float:
+    """The floor once a search of `searched_bytes` per GPU found no plan (`got`: its Shortfall, or
+    None): above that size, and at the search's bound when it is one (not a simulated peak)."""
+    bound = got.need_bytes if isinstance(got, Shortfall) and not got.simulated else 0.0
+    return max(floor, searched_bytes + 1, bound)
+
+
+def _fits(got: Any) -> bool:
+    """Whether a search's outcome (_search) is a plan that fits, not a Shortfall or None."""
+    return got is not None and not isinstance(got, Shortfall)
 
 
 def _search(attempt: Attempt, change: dict[str, Any]) -> Any:

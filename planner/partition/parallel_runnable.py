@@ -73,17 +73,23 @@ def layout_refusal(cfg: ParallelConfig, model: str | None) -> str | None:
     return None if error is None else error.one_line()
 
 
-def runnable_alternatives(cfg: ParallelConfig, model: str | None, gpus_per_node: int) -> list[ParallelConfig]:
+def runnable_alternatives(cfg: ParallelConfig, model: str | None, gpus_per_node: int,
+                          global_batch: int | None = None) -> list[ParallelConfig]:
     """Layouts of as many GPUs and pipeline stages as `cfg` that `pplan run` executes for `model`,
     nearest first: `cfg` with ZeRO-1 (when only its ZeRO stage is refused), the largest smaller tp
-    that runs (its ranks moved into dp), and tp = 1."""
+    that runs (its ranks moved into dp), and tp = 1. With `global_batch`, only layouts whose dp
+    divides it (the search's own batch split, parallel_checks.check_batch_splits: dp x micro-batch
+    size divides the batch): moving tp ranks into dp multiplies dp, so the list may be empty."""
+    def splits(alt: ParallelConfig) -> bool:
+        return global_batch is None or global_batch % alt.dp == 0
+
     out = []
-    if cfg.zero >= 2 and layout_error(replace(cfg, zero=1), model) is None:
+    if cfg.zero >= 2 and splits(cfg) and layout_error(replace(cfg, zero=1), model) is None:
         out.append(replace(cfg, zero=1))
     for t in sorted((t for t in range(1, cfg.tp) if cfg.tp % t == 0 and gpus_per_node % t == 0), reverse=True):
         alt = replace(cfg, dp=cfg.dp * cfg.tp // t, tp=t)
-        if layout_error(alt, model) is None:
+        if splits(alt) and layout_error(alt, model) is None:
             out.append(alt)
             break
     tp1 = replace(cfg, dp=cfg.dp * cfg.tp, tp=1)
-    return out + ([tp1] if tp1 not in out else [])
+    return out + ([tp1] if tp1 not in out and splits(tp1) else [])

@@ -114,10 +114,11 @@ class ParallelResult:
 
 
 def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zero: int, model: str | None,
-             runnable_only: bool) -> tuple[list[ParallelConfig], list[str]]:
+             runnable_only: bool, global_batch: int) -> tuple[list[ParallelConfig], list[str]]:
     """The layouts to search with ZeRO stage `zero`, and a line per one left out. `runnable_only`:
     leave out (a forced one: refuse) what `pplan run` cannot execute for model spec `model`
-    (planner.partition.parallel_runnable: ZeRO-2/3 with tp, tp on a model it does not split)."""
+    (planner.partition.parallel_runnable: ZeRO-2/3 with tp, tp on a model it does not split); a
+    refused forced layout's hint names only alternatives whose dp splits `global_batch`."""
     if forced is not None:
         if forced.gpus != n:
             raise PplanError(f"--parallel {forced.describe()} uses {forced.gpus} GPUs but the cluster has {n}",
@@ -128,7 +129,12 @@ def _layouts(n: int, gpn: int, n_layers: int, forced: ParallelConfig | None, zer
             raise PplanError(f"pp={forced.pp} but the profile has {n_layers} layers", f"use pp={n_layers} or fewer")
         error = layout_error(forced, model) if runnable_only else None
         if error is not None:
-            runs = " or ".join(c.describe() for c in runnable_alternatives(forced, model, gpn))
+            alternatives = runnable_alternatives(forced, model, gpn, global_batch)
+            if not alternatives:
+                raise PplanError(f"--parallel {forced.describe()}: {error.message}",
+                                 f"no layout of {forced.gpus} GPUs with pp={forced.pp} that pplan run executes "
+                                 f"splits --global-batch {global_batch}; change --global-batch or --nodes")
+            runs = " or ".join(c.describe() for c in alternatives)
             raise PplanError(f"--parallel {forced.describe()}: {error.message}", f"pplan run executes e.g. --parallel {runs}")
         return [forced], []
     layouts, skipped = [], []
@@ -241,7 +247,7 @@ def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
     held_to = held_flags(schedule_flag, a["microbatches"])
     ctx = ParallelCosts(profile, hw, gpn, zero, float(a["compute_scale"]), a["overlap_grad_sync"], a["vocab_parallel"])
     layouts, skipped = _layouts(n, gpn, profile.n_layers, forced, zero, profile.meta.get("model"),
-                                runnable_only=not a["vocab_parallel"])
+                                runnable_only=not a["vocab_parallel"], global_batch=a["global_batch"])
     sizes_of = _sizes_of(a, profile)
     recs = ("none", "full") if a["recompute"] == "auto" else (a["recompute"],)
     tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, a["global_batch"], mem, skipped)
