@@ -109,7 +109,7 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
     schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
     return simulate_costs(
         schedule, stages, [st.device for st in plan.stages], plan.devices, plan.links,
-        micro_batch_size=plan.micro_batch_size, optimizer=plan.optimizer, calibration=calibration,
+        micro_batch_size=plan.micro_batch_size, calibration=calibration,
         record_timeline=record_timeline, interpolated=interpolated,
     )
 

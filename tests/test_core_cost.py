@@ -45,7 +45,7 @@ def test_speed_divides_time():
 
 def test_memory_breakdown():
     c = stage_cost(_profile().at(1), 1, 3)
-    m = stage_memory([c], peak_activation_bytes=3 * c.kept_bytes, optimizer="adam")
+    m = stage_memory([c], peak_activation_bytes=3 * c.kept_bytes)
     assert m.total == 500 + 500 + 1000 + 15000 + 2 * (10 + 30)
 
 
@@ -57,3 +57,20 @@ def test_bad_ranges():
         stage_cost(costs, 0, 2, recompute=[3])
     with pytest.raises(PplanError):
         stage_cost(costs, 0, 2, optimizer="lion")
+
+
+@pytest.mark.parametrize("optimizer, master_state", [("adam", 12), ("adamw", 12), ("sgd", 8), ("sgd-plain", 4)])
+def test_a_16bit_profile_prices_fp32_masters_and_state(optimizer, master_state):
+    # 500 param bytes in bfloat16 are 250 parameters: 2 B weights + 2 B gradients each, and the
+    # optimizer's fp32 master copy with fp32 buffers (planner.master_weights), as pplan run trains them
+    from planner.cost.arrays import layer_arrays
+
+    prof = _profile()
+    bf16 = make_profile(prof.names, [1], {k: v for k, v in prof.columns.items() if k in (
+        "fwd_ms", "bwd_ms", "param_bytes", "activation_bytes", "output_bytes")},
+                        {"input_bytes_per_sample": "5", "dtype": "bfloat16"})
+    c = stage_cost(bf16.at(1), 1, 3, optimizer=optimizer)
+    assert c.static_bytes == 500 + 500 + 250 * master_state
+    assert stage_memory([c], 0.0).optimizer == 250 * master_state
+    assert float(layer_arrays(bf16.at(1), optimizer).static_bytes[1:3].sum()) == c.static_bytes  # the solvers' arrays
+    assert stage_cost(prof.at(1), 1, 3, optimizer=optimizer).static_bytes == 500 * (2 + master_state // 4 - 1)

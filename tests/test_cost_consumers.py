@@ -149,7 +149,7 @@ def test_simulator_charges_the_cost_model(seed: int) -> None:
     stages = stage_costs(costs, layout, cuts, rec, optimizer, M)
     placement = [layout.device_of(s) for s in range(S)]
     sim = simulate_costs(sched, stages, placement, layout.devices, layout.links, micro_batch_size=MB,
-                         optimizer=optimizer, calibration=cal, record_timeline=True)
+                         calibration=cal, record_timeline=True)
     for row in sim.timeline:
         if row.kind == "C":
             _check_transfer_row(sim, row, stages, placement, layout, cal)
@@ -209,9 +209,9 @@ def _check_rank_memory(sim, sched, stages: list, placement: list[int], layout: L
         # optimizer step (all gradients, its temporaries)
         act, grads = peaks[r]
         params = sum(st.param_bytes for st in mine)
-        during = stage_memory(mine, act, optimizer)
+        during = stage_memory(mine, act)
         during = replace(during, gradients=during.gradients * (grads / params if params else 1.0))
-        step = stage_memory(mine, 0.0, optimizer)
+        step = stage_memory(mine, 0.0)
         want = during if during.total >= step.total else step
         assert sim.memory[d] == want
         # pending weight gradients and what sends hold: the bound has no moments to count them

@@ -108,3 +108,22 @@ def test_cluster_keys_round_trip_and_a_typo_names_the_key():
         ParallelConfig.from_dict({"dp": 2, "gpus_per_nod": 8})
     with pytest.raises(Exception, match="gpus_per_node"):
         ParallelConfig(gpus_per_node=0)
+
+
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_a_replica_peaks_in_its_optimizer_step_when_the_step_holds_more_than_the_activations(zero):
+    # the step's temporaries (largest layer's, unsharded) stand for the activations when larger, as
+    # planner.cost.stage_memory does for one pipeline: the engine prices the step moment with 0 activations
+    import functools
+
+    from planner.cost.parallel import replica_memory
+    from planner.cost.precision import MIXED_BF16
+
+    price = functools.partial(replica_memory, dp=2, zero=zero, precision=MIXED_BF16)
+    stage = replace(_stage(), kept_bytes=1e6, optimizer_workspace_bytes=3e6)
+    memory = simulate_costs(generate("1f1b", 1, 2), [stage], [0], [Device("gpu")], Links(), micro_batch_size=1,
+                            memory_model=price).memory[0]
+    assert memory.activations == 3e6 and memory.total == price([stage], 0.0).total
+    small = replace(stage, optimizer_workspace_bytes=5e5)
+    assert simulate_costs(generate("1f1b", 1, 2), [small], [0], [Device("gpu")], Links(), micro_batch_size=1,
+                          memory_model=price).memory[0].activations >= 1e6

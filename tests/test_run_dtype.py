@@ -1,7 +1,8 @@
 """`pplan run` trains in the dtype its profile was measured in (`# dtype:`).
 
-A `--dtype bfloat16` profile plans weights, gradients and Adam state at 2 bytes a parameter, but
-the run used to build the model in float32 and compare the two without saying so (Qwen2 tiny:
+A `--dtype bfloat16` profile plans bf16 weights and gradients (2 bytes a parameter each; Adam steps
+fp32 master copies, planner.master_weights and planner.cost.optimizer_factor), but the run used to
+build the model in float32 and compare the two without saying so (Qwen2 tiny:
 weights 2,207,744 B measured against 1,103,872 B predicted, peaks +91% / +77%). The profile's
 dtype now travels with build_model's arguments (preflight.model_kwargs), which cast the model and
 the batches' floating tensors as `pplan profile --dtype` does; a float16 profile is refused (pure
@@ -54,7 +55,7 @@ def test_a_bfloat16_profile_trains_in_bfloat16(tmp_path):
     float32 = build_model(plan.model, seed=plan.seed)
     assert sum(p.numel() * p.element_size() for p in bundle.layers.parameters()) * 2 == \
         sum(p.numel() * p.element_size() for p in float32.layers.parameters())  # the bytes the profile priced
-    # the training loop, single-process: Adam's state in bfloat16 too (as planner.cost.memory prices it)
+    # the training loop, single-process: the weights stay bfloat16 (Adam steps their fp32 masters)
     losses, state = reference_run(plan, 2, model_kwargs=pf.model_kwargs)
     assert len(losses) == 2 and all(math.isfinite(v) for v in losses)
     assert {t.dtype for s in state.values() for t in s.values() if t.is_floating_point()} == {torch.bfloat16}

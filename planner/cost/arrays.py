@@ -73,7 +73,7 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
     return LayerArrays(
         compute_ms=compute,
         recompute_ms=recompute,
-        static_bytes=static_bytes_per_layer(costs.param_bytes, optimizer),
+        static_bytes=static_bytes_per_layer(costs.param_bytes, optimizer, costs.param_element_bytes),
         activation_bytes=kept_activation_bytes(costs),
         checkpoint_bytes=checkpoint_input_bytes(costs),
         boundary_bytes=boundary_bytes(costs),

@@ -5,8 +5,11 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
   weights      = sum param_bytes
   gradients    = weights (same dtype as the parameters), from the end of the stage's first
                  weight-gradient action to the optimizer step (below)
-  optimizer    = state factor x weights: Adam/AdamW keep two moments (2x), SGD with momentum
-                 one buffer (1x), plain SGD none. torch keeps state in the parameter dtype.
+  optimizer    = state factor x weights: Adam/AdamW keep two moments, SGD with momentum one
+                 buffer, plain SGD none. torch keeps a float32 parameter's state in its dtype
+                 (2x, 1x, 0x the weights); a 16-bit parameter trains through an fp32 master copy
+                 with fp32 state (planner.master_weights): 4 + 4 per moment bytes per parameter,
+                 6x, 4x, 2x the bf16 weights (`optimizer_factor`).
   activations  = in_flight x kept + transient, where
                  kept = sum activation_bytes of layers not in R
                       + sum checkpoint input bytes of layers in R (a checkpoint keeps its input)
@@ -103,21 +106,30 @@ __all__ = [
     "stage_memory",
 ]
 
-# Optimizer state per parameter byte, one entry per name the plan accepts (planner.plan.OPTIMIZERS).
+# State buffers per parameter (each the size of a float32 parameter or of an fp32 master), one entry
+# per name the plan accepts (planner.plan.OPTIMIZERS).
 OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-plain": 0.0}
 
+_MASTER_BYTES = 4.0
+"""Bytes of one fp32 value: a 16-bit parameter's master copy and each of its state buffers."""
 
-def optimizer_factor(optimizer: str) -> float:
-    """Optimizer state bytes per parameter byte."""
+
+def optimizer_factor(optimizer: str, element_bytes: float = 4.0) -> float:
+    """Optimizer state bytes per parameter byte, for parameters of `element_bytes` each (module
+    docstring): the state buffers in the parameter's dtype from 4 bytes up; below, an fp32 master
+    and fp32 buffers."""
     try:
-        return OPTIMIZER_STATE_FACTOR[optimizer]
+        buffers = OPTIMIZER_STATE_FACTOR[optimizer]
     except KeyError:
         raise PplanError(f"unknown optimizer {optimizer!r}", f"choose one of {', '.join(OPTIMIZER_STATE_FACTOR)}") from None
+    if element_bytes >= _MASTER_BYTES:
+        return buffers
+    return _MASTER_BYTES * (1.0 + buffers) / element_bytes
 
 
-def static_bytes_per_layer(param_bytes: Any, optimizer: str) -> np.ndarray:
-    """Per layer: weights + gradients + optimizer state."""
-    return np.asarray(param_bytes, dtype=float) * (2.0 + optimizer_factor(optimizer))
+def static_bytes_per_layer(param_bytes: Any, optimizer: str, element_bytes: float = 4.0) -> np.ndarray:
+    """Per layer: weights + gradients + optimizer state, for parameters of `element_bytes` each."""
+    return np.asarray(param_bytes, dtype=float) * (2.0 + optimizer_factor(optimizer, element_bytes))
 
 
 def checkpoint_input_bytes(costs: LayerCosts) -> np.ndarray:
@@ -336,8 +348,9 @@ class MemoryBreakdown:
         }
 
 
-def stage_memory(stages: list, peak_activation_bytes: float, optimizer: str = "adam") -> MemoryBreakdown:
-    """Peak memory of a device running `stages` (StageCost), given the schedule's peak activation bytes.
+def stage_memory(stages: list, peak_activation_bytes: float) -> MemoryBreakdown:
+    """Peak memory of a device running `stages` (StageCost), given the schedule's peak activation bytes;
+    the optimizer state is what each stage's static_bytes holds beyond weights and gradients.
 
     `peak_activation_bytes` comes from the schedule (in-flight micro-batches x kept bytes,
     plus transients); see planner.schedules.memory.
@@ -347,7 +360,7 @@ def stage_memory(stages: list, peak_activation_bytes: float, optimizer: str = "a
     return MemoryBreakdown(
         weights=params,
         gradients=params,
-        optimizer=params * optimizer_factor(optimizer),
+        optimizer=sum(s.static_bytes for s in stages) - 2.0 * params,
         activations=max(peak_activation_bytes, step),
         buffers=sum(s.buffer_bytes for s in stages),
     )

@@ -143,7 +143,7 @@ def stage_cost(
         recompute_ms=rec_ms / speed,
         optimizer_ms=float(np.sum(costs.optimizer_ms[sl])) / speed,
         param_bytes=params,
-        static_bytes=params * (2.0 + optimizer_factor(optimizer)),
+        static_bytes=params * (2.0 + optimizer_factor(optimizer, costs.param_element_bytes)),
         kept_bytes=kept_bytes(kept, checkpoint_input_bytes(costs), first, end, rec, scaled_skip_edges(costs),
                               held_output_per_layer(costs), stage_entry_bytes(costs)),
         transient_bytes=transient_bytes(rematerialized_bytes(kept, costs.checkpoint_extra_bytes), rec, costs.workspace_bytes, first, end),

@@ -30,6 +30,7 @@ from torch.utils.checkpoint import checkpoint
 from planner.errors import PlanError
 from planner.execute.measure import recorder, tracker
 from planner.execute.weight_backward import retain_graph_in_weight_backward
+from planner.master_weights import is_16bit, with_fp32_masters
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, generate, get_schedule
 
@@ -360,13 +361,21 @@ class _NoParameters:
             raise ValueError("the saved optimizer has parameters but this rank's stages hold none")
 
 
-_OPTIMIZERS = {"adam": lambda ps, lr: torch.optim.Adam(ps, lr=lr), "adamw": lambda ps, lr: torch.optim.AdamW(ps, lr=lr),
-               "sgd": lambda ps, lr: torch.optim.SGD(ps, lr=lr, momentum=0.9), "sgd-plain": lambda ps, lr: torch.optim.SGD(ps, lr=lr)}
+_OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {
+    "adam": (torch.optim.Adam, {}), "adamw": (torch.optim.AdamW, {}),
+    "sgd": (torch.optim.SGD, {"momentum": 0.9}), "sgd-plain": (torch.optim.SGD, {})}
 
 
 def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> Any:
     """The plan's optimizer over `params` (sgd = SGD with momentum 0.9); one that does nothing
-    when `params` is empty (a stage of parameter-free layers)."""
+    when `params` is empty (a stage of parameter-free layers). Over 16-bit parameters (a bfloat16
+    plan) it steps fp32 master copies of them (planner.master_weights: mixed precision, as the
+    cost model prices it); over float32 ones it is torch's class itself."""
     if name not in _OPTIMIZERS:
         raise PlanError(f"plan optimizer {name!r} is unknown", "use adam, adamw, sgd or sgd-plain")
-    return _OPTIMIZERS[name](params, lr) if params else _NoParameters()
+    if not params:
+        return _NoParameters()
+    cls, settings = _OPTIMIZERS[name]
+    if any(is_16bit(p) for p in params):
+        cls = with_fp32_masters(cls)
+    return cls(params, lr=lr, **settings)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import inspect
 import time
+import weakref
 from collections import Counter
 from typing import Any
 
@@ -38,6 +39,7 @@ from torch import nn
 
 from planner.errors import PplanError
 from planner.execute.measure import MemoryTracker
+from planner.master_weights import MASTER_KEY, is_16bit
 
 __all__ = ["shard_stages", "wire_stages", "make_optimizer", "local", "load_full_state",
            "full_state", "full_optimizer_state", "load_optimizer_state", "optimizer_state_bytes", "is_sharded",
@@ -65,6 +67,12 @@ def shard_stages(mods: list[Any], dp_mesh: Any, zero: int) -> dict[int, nn.Param
     stage's root unit. A weight two stages of one rank share (interleaved, tied ends) is refused:
     two FSDP roots cannot own one parameter.
 
+    16-bit parameters (a bfloat16 plan) become fp32 shards, the master weights, and FSDP's
+    MixedPrecisionPolicy gathers them in the 16-bit dtype for compute and reduce-scatters the
+    gradients in it (param_dtype = reduce_dtype = that dtype: 2 B gathered weights and 2 B whole
+    gradients, the 12 B of fp32 masters and Adam state divided by D, as the cost model prices
+    ZeRO-2/3; the optimizer then steps fp32 shards, without a master copy of its own).
+
     Returns id(parameter before) -> the DTensor parameter that replaced it (fully_shard swaps
     each module's parameters, so lists made before, such as Pipeline.tied, must be remapped)."""
     from torch.distributed.fsdp import fully_shard
@@ -77,6 +85,7 @@ def shard_stages(mods: list[Any], dp_mesh: Any, zero: int) -> dict[int, nn.Param
                                  "rank share (fully_shard gives each stage its own root)",
                                  'use "zero": 1 (or 0) for this plan, or cut it so the tied layers sit on different ranks')
     before = {(m.stage, name): p for m in mods for name, p in m.module.named_parameters(remove_duplicate=False)}
+    policy = _fp32_master_policy([m.module for m in mods])
     for m in mods:
         if not any(True for _ in m.module.parameters()):
             continue
@@ -85,10 +94,33 @@ def shard_stages(mods: list[Any], dp_mesh: Any, zero: int) -> dict[int, nn.Param
             for layer in m.module.layers:
                 ps = list(layer.parameters())
                 if ps and all(uses[id(p)] == 1 for p in ps):
-                    fully_shard(layer, mesh=dp_mesh, reshard_after_forward=True)
-        fully_shard(m.module, mesh=dp_mesh, reshard_after_forward=zero == 3)
+                    fully_shard(layer, mesh=dp_mesh, reshard_after_forward=True, **policy)
+        fully_shard(m.module, mesh=dp_mesh, reshard_after_forward=zero == 3, **policy)
+        if policy:
+            _GATHERED_DTYPE[m.module] = policy["mp_policy"].param_dtype
     after = {(m.stage, name): p for m in mods for name, p in m.module.named_parameters(remove_duplicate=False)}
     return {id(p): after[key] for key, p in before.items()}
+
+
+_GATHERED_DTYPE: "weakref.WeakKeyDictionary[nn.Module, torch.dtype]" = weakref.WeakKeyDictionary()
+"""Stage module -> the 16-bit dtype FSDP gathers its fp32 master shards in (held_bytes counts
+gathered weights and whole gradients in it); absent for a float32 stage."""
+
+
+def _fp32_master_policy(modules: list[nn.Module]) -> dict[str, Any]:
+    """fully_shard's mp_policy argument for modules with 16-bit parameters (each made fp32 here,
+    in place: the masters FSDP shards), else {} (float32: FSDP's default, no casts)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    params = list({id(p): p for mod in modules for p in mod.parameters()}.values())
+    compute = next((p.dtype for p in params if is_16bit(p)), None)
+    if compute is None:
+        return {}
+    with torch.no_grad():
+        for p in params:
+            if is_16bit(p):
+                p.data = p.data.to(torch.float32)  # the same Parameter object (tied lists stay valid)
+    return {"mp_policy": MixedPrecisionPolicy(param_dtype=compute, reduce_dtype=compute)}
 
 
 def wire_stages(stages: list[Any], zero: int, reduce_ms: list[float], device: torch.device) -> None:
@@ -148,7 +180,10 @@ def make_optimizer(pipe: Any, lr: float, wrap: Any = None) -> Any:
         return plain(pipe.plan.optimizer, params, lr)
     from torch.distributed.optim import ZeroRedundancyOptimizer
 
-    probe = plain(pipe.plan.optimizer, [nn.Parameter(torch.zeros(1))], lr)  # the class and settings the plan names
+    # the class and settings the plan names, for parameters of this dtype: over 16-bit ones the
+    # fp32-master class (planner.master_weights), so each replica keeps the masters of its share
+    # only, sharded with the moments (the 12 B per parameter the cost model divides by D)
+    probe = plain(pipe.plan.optimizer, [nn.Parameter(torch.zeros(1, dtype=params[0].dtype))], lr)
     accepted = inspect.signature(type(probe)).parameters
     kwargs = {k: v for k, v in probe.defaults.items() if k in accepted}
 
@@ -200,6 +235,10 @@ def load_optimizer_state(opt: Any, state: dict[str, Any]) -> None:
     tensor of a parameter's shape becomes this rank's shard of it."""
     opt.load_state_dict(state)
     if hasattr(opt, "consolidate_state_dict"):
+        # ZeroRedundancyOptimizer's own Optimizer.load_state_dict kept copies of this replica's state
+        # cast to the 16-bit parameters' dtype (masters, moments), which nothing reads: its local
+        # optimizer holds the state it steps. (tp: LocalShardsOptimizer wraps it as `inner`.)
+        getattr(opt, "inner", opt).state.clear()
         return
     from torch.distributed.tensor import distribute_tensor
 
@@ -210,6 +249,20 @@ def load_optimizer_state(opt: Any, state: dict[str, Any]) -> None:
             if isinstance(v, torch.Tensor) and not is_sharded(v) and tuple(v.shape) == tuple(p.shape):
                 # every replica holds the same full tensor: each keeps its own shard, no communication
                 st[k] = distribute_tensor(v.to(p.device), p.device_mesh, p.placements, src_data_rank=None)
+    _adopt_saved_masters(opt)
+
+
+def _adopt_saved_masters(opt: Any) -> None:
+    """A save of a 16-bit run at ZeRO 0/1 holds each weight's fp32 master in its optimizer state;
+    an optimizer over fp32 parameters (ZeRO-2/3's master shards) takes it as the weight itself
+    instead of keeping it as state (the saved 16-bit weights are its rounding)."""
+    state = getattr(opt, "state", None)
+    if not isinstance(state, dict):
+        return
+    with torch.no_grad():
+        for p, st in state.items():
+            if isinstance(st, dict) and isinstance(p, torch.Tensor) and not is_16bit(p) and MASTER_KEY in st:
+                p.copy_(st.pop(MASTER_KEY))
 
 
 def held_bytes(pipe: Any, opt: Any, grad_bytes: int) -> dict[str, int]:
@@ -219,21 +272,29 @@ def held_bytes(pipe: Any, opt: Any, grad_bytes: int) -> dict[str, int]:
     shard after the reduce-scatter). Under zero 2/3 the micro-batches accumulate unsharded
     gradients of the whole stage until that reduce-scatter, which is the peak counted here;
     weights are this rank's shards plus what is gathered at once: the whole stage (zero 2,
-    gathered from the first forward to the reduce-scatter) or the largest unit (zero 3)."""
+    gathered from the first forward to the reduce-scatter) or the largest unit (zero 3). A
+    16-bit plan's shards are its fp32 masters, counted with the optimizer state (as the cost
+    model counts masters), and its gathered weights and whole gradients are 16-bit."""
     params = pipe.parameters()
     shards = sum(local(p).numel() * p.element_size() for p in params)
-    full = sum(p.numel() * p.element_size() for p in params)
     state = optimizer_state_bytes(opt)
     if pipe.zero < 2:  # tensor parallelism: this rank's shards of the tp blocks (shards == full without tp)
         return {"weights": shards, "gradients": grad_bytes or shards, "optimizer": state}
     from torch.distributed.fsdp import FSDPModule
 
+    size = {id(p): p.numel() * (_GATHERED_DTYPE[m.module].itemsize if m.module in _GATHERED_DTYPE else p.element_size())
+            for m in pipe.modules for p in m.module.parameters()}
+    full = sum(size[id(p)] for p in params)
+
     def own_bytes(unit: nn.Module) -> int:  # what gathering `unit` gathers: its parameters outside units inside it
         inner = {id(p) for c in unit.modules() if c is not unit and isinstance(c, FSDPModule) for p in c.parameters()}
-        return sum(p.numel() * p.element_size() for p in unit.parameters() if id(p) not in inner)
+        return sum(size[id(p)] for p in unit.parameters() if id(p) not in inner)
 
     largest = max((own_bytes(u) for m in pipe.modules for u in m.module.modules() if isinstance(u, FSDPModule)), default=0)
-    return {"weights": shards + (full if pipe.zero == 2 else largest), "gradients": full, "optimizer": state}
+    gathered = full if pipe.zero == 2 else largest
+    if any(m.module in _GATHERED_DTYPE for m in pipe.modules):
+        return {"weights": gathered, "gradients": full, "optimizer": state + shards}
+    return {"weights": shards + gathered, "gradients": full, "optimizer": state}
 
 
 class GatheredWeightsTracker(MemoryTracker):

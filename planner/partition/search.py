@@ -260,7 +260,7 @@ class CandidateEvaluator:
         sim = simulate_costs(
             sched, [x[3] for x in per_stage],
             [layout.device_of(s) for s in range(layout.n_stages)], layout.devices, layout.links,
-            micro_batch_size=point.micro_batch_size, optimizer=self.settings.optimizer,
+            micro_batch_size=point.micro_batch_size,
             calibration=self.calibration, interpolated=costs.interpolated,
         )
         if not sim.fits:

@@ -37,6 +37,7 @@ import numpy as np
 from planner.atomic import atomic_write_text
 from planner.errors import ProfileError
 from planner.graph.crossing import crossing_bytes, layer_inputs
+from planner.hardware import DTYPE_BYTES
 from planner.jsonio import read_bounded_bytes
 from planner.profiling.csvio import (
     FORMAT, INTEGER_COLUMNS, MAX_LAYERS, MAX_MICRO_BATCH_SIZE, MAX_ROWS, NUMERIC_COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS,
@@ -125,6 +126,9 @@ class LayerCosts:
     target_bytes: float = 0.0
     """Bytes of the training target per micro-batch, which the last stage holds for the whole step
     (planner.cost.batch; 0 when the profile does not say: profiles made before pplan recorded it)."""
+    param_element_bytes: float = 4.0
+    """Bytes per parameter in param_bytes, from the profile's `# dtype` (none: float32, as `pplan run`
+    trains it): a 16-bit model trains through fp32 master weights (planner.cost.optimizer_factor)."""
 
 
 @dataclass(frozen=True)
@@ -200,6 +204,7 @@ class Profile(ProfileTable):
             param_bytes=self.columns["param_bytes"][:, 0].copy(),
             input_bytes=input_bytes,
             target_bytes=self.target_bytes_per_sample * micro_batch_size,
+            param_element_bytes=float(DTYPE_BYTES.get(str(self.meta.get("dtype") or "float32"), 4)),
             interpolated=interpolated,
             **cols,
             **graph,

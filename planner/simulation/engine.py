@@ -60,7 +60,6 @@ def simulate_costs(
     links: Links,
     *,
     micro_batch_size: int,
-    optimizer: str = "adam",
     calibration: Calibration | None = None,
     record_timeline: bool = False,
     interpolated: bool = False,
@@ -72,7 +71,7 @@ def simulate_costs(
     `stage_device[s]` is the device index (into `devices`) of stage s; all stages of one rank
     must share a device and different ranks need different devices. ScheduleError on deadlock.
     `memory_model(stages, peak activation bytes)` prices a device's memory (default: one
-    pipeline's, planner.cost.stage_memory with `optimizer`; a data-parallel replica passes
+    pipeline's, planner.cost.stage_memory; a data-parallel replica passes
     planner.cost.parallel.replica_memory for ZeRO's sharding).
     """
     cs = compile_schedule(schedule)
@@ -88,7 +87,7 @@ def simulate_costs(
     sync = _grad_syncs(cs, stages, rank_device, n_dev, overlap_grad_sync)
     opt_start, opt_end, busy = _device_ends(cs, res, stages, rank_device, n_dev, compute, sync, cal)
     iteration = float(max(opt_end) + cal.step_overhead_ms)
-    price = memory_model or (lambda sts, peak: stage_memory(list(sts), peak, optimizer))
+    price = memory_model or (lambda sts, peak: stage_memory(list(sts), peak))
     memory, gradients = _device_memory(schedule, cs, stages, rank_device, n_dev, price)
     timeline: tuple[TimelineRow, ...] = ()
     mem_timeline: dict[int, tuple[tuple[float, float], ...]] = {}
