@@ -259,9 +259,10 @@ def _lm_batch(vocab: int, seq: int, masked: bool) -> Callable[[int, int], tuple[
 
 
 def _image_batch(shape: tuple[int, ...], classes: int) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
-    patterns = torch.randn(classes, *shape, generator=torch.Generator().manual_seed(12345))
-
     def make(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # the class patterns are drawn again per batch (same seed, same table) rather than kept: a
+        # table held for the whole run is memory on every rank that no profile measures or plan prices
+        patterns = torch.randn(classes, *shape, generator=torch.Generator().manual_seed(12345))
         g = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, classes, (batch_size,), generator=g)
         return torch.randn(batch_size, *shape, generator=g) + patterns[labels], labels
