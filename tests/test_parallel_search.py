@@ -90,10 +90,7 @@ def test_forced_layout_must_match_the_cluster():
 
 def test_too_little_memory_names_the_gpus_that_would_fit():
     big = "gpt:layers=96,hidden=12288,heads=96,seq=2048,vocab=51200"  # ~175B parameters, 2.8 TB of state
-    with pytest.raises(InfeasibleError) as e:
-        plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64)
-    assert "GPUs" in e.value.hint
-    # on 16 GPUs no layout's weights, gradients and optimizer state fit under any ZeRO stage: none is offered
+    # (zero 0 is the default: its search is the one a plain call makes) on 16 GPUs no layout's weights, gradients and optimizer state fit under any ZeRO stage: none is offered
     for zero in (0, 1):
         with pytest.raises(InfeasibleError) as e:
             plan_parallel(model=big, hardware="a100-80gb", nodes=2, global_batch=64, zero=zero)
