@@ -133,8 +133,11 @@ def replica_memory(stages: Sequence[Any], peak_activation_bytes: float, dp: int,
     scaled by the share ZeRO leaves on the GPU at the peak (zero_shares), plus the schedule's
     activations (ZeRO-3's gathered layer is in them, as its workspace) and the boundary buffers.
     The optimizer step holds no activations but its temporaries (the largest layer's measured
-    `optimizer_workspace_bytes`, unsharded: the partitioner's DP charges them so, and ZeRO-1 steps
-    whole parameters), so those stand for the activations where they are larger, as in
+    `optimizer_workspace_bytes`, unsharded as the partitioner's DP charges them: ZeRO-1 steps whole
+    parameters; ZeRO-2/3 step 1/D shards, so there it is an upper bound, left so because their
+    measured peaks varied by up to 4 MB between runs and replicas of one stage, FSDP's buffers
+    around its reduce-scatter not being modelled), so those stand for the activations where they
+    are larger, as in
     planner.cost.stage_memory (measured, dp 2 x pp 2 of a bf16 GPT whose embedding rank peaks in
     the step: without them rank 0 was predicted 21% under)."""
     n_params = sum(st.param_bytes for st in stages) / precision.element_bytes
