@@ -14,7 +14,8 @@ algorithm's own fp32 state (exp_avg, exp_avg_sq, momentum_buffer). step(): for e
 parameters, the 16-bit gradients (after the data-parallel all-reduce, which runs before the step)
 become the masters' fp32 gradients, `cls`'s own step updates the masters and its state, and the
 masters are rounded into the parameters. Chunks keep the fp32 gradients and the algorithm's
-temporaries to a sixteenth of the parameters (or the largest one) at a time. float32 parameters
+temporaries to those of the largest parameter at a time: no more than the profiler's step over
+that parameter's layer measured (planner.profiling.optstep), which the cost model charges. float32 parameters
 are their own masters (no copy): a float32 plan's optimizer is the plain class.
 
 Checkpoints: state_dict() carries each master ("master", fp32), so a resumed run continues from
@@ -34,10 +35,6 @@ __all__ = ["is_16bit", "with_fp32_masters", "MASTER_KEY"]
 MASTER_KEY = "master"
 """The key of a parameter's fp32 master copy in its optimizer state."""
 
-_CHUNKS = 16
-"""A step runs the algorithm on about 1/_CHUNKS of the parameters at a time (fp32 gradients and
-temporaries of that share at once, not of all): at most the largest parameter's, or a sixteenth,
-where the cost model charges the largest layer's step as planner.profiling.optstep measures it."""
 
 _CLASSES: dict[type, type] = {}
 
@@ -130,8 +127,10 @@ class _FP32Masters:
 
 
 def _chunks(params: list[torch.Tensor]) -> Iterator[list[torch.Tensor]]:
-    """Consecutive runs of `params` of about 1/_CHUNKS of their elements each (at least one parameter)."""
-    budget = max(1, -(-sum(p.numel() for p in params) // _CHUNKS))
+    """Consecutive runs of `params` of at most the largest one's elements each (a stage's chunk then
+    holds no more fp32 gradients and temporaries than the profiled step of that parameter's layer;
+    a fixed share of the stage, as this was first written, held more once a stage had many layers)."""
+    budget = max((p.numel() for p in params), default=1)
     chunk: list[torch.Tensor] = []
     size = 0
     for p in params:

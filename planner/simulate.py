@@ -116,9 +116,10 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
 
 def unpriced_memory_note(plan: Plan, profile: Profile, schedules: Iterable[str] = ()) -> str | None:
     """The one line a command shows when the profile cannot price what `plan` (or a sweep's other
-    `schedules`) holds: zero-bubble memory from a profile without wgrad_bytes; None otherwise."""
-    split = any(get_schedule(name).split_backward for name in (plan.schedule, *schedules))
-    return wgrad_unmeasured_note(profile.at(plan.micro_batch_size), split)
+    `schedules`) holds: zero-bubble or interleaved memory from a profile without wgrad_bytes; None otherwise."""
+    specs = [get_schedule(name) for name in (plan.schedule, *schedules)]
+    split = any(s.split_backward for s in specs)
+    return wgrad_unmeasured_note(profile.at(plan.micro_batch_size), split, any(s.holds_sends for s in specs))
 
 
 def is_replica_plan(plan: Plan) -> bool:

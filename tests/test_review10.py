@@ -65,11 +65,19 @@ def _pipeline(tmp_path, schedule="1f1b", n_microbatches=4, micro_batch_size=2):
 def test_schedule_sweep_with_a_zero_bubble_row_says_what_its_memory_leaves_out(tmp_path):
     from planner.whatif import what_if
 
-    plan, _ = _pipeline(tmp_path)
+    plan, profile_path = _pipeline(tmp_path)
     swept = what_if(plan, sweep="schedule=1f1b,zb")
     assert [r.schedule for r in swept.rows if r.error is None] == ["1f1b", "zb"]
     assert sum("wgrad_bytes" in w for w in swept.warnings) == 1
     assert not any("wgrad_bytes" in w for w in what_if(plan, sweep="schedule=gpipe,1f1b").warnings)
+    # interleaved (its runtime holds sends to the step's end) is priced without them too: one line says so
+    from planner.plan import load_plan
+    from planner.profiling.profile import load_profile
+    from planner.simulate import unpriced_memory_note
+
+    plan_obj, profile = load_plan(plan), load_profile(str(profile_path))
+    assert unpriced_memory_note(plan_obj, profile) is None
+    assert "sends hold" in unpriced_memory_note(plan_obj, profile, ("interleaved",))
 
 
 def test_report_of_a_plan_too_long_to_draw_still_draws_memory_and_sweep(tmp_path):

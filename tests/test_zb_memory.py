@@ -84,6 +84,8 @@ def test_a_profile_without_the_column_loads_and_says_so_for_zero_bubble():
     assert costs.wgrad_bytes is None
     assert "wgrad_bytes" in wgrad_unmeasured_note(costs, split_backward=True)
     assert wgrad_unmeasured_note(costs, split_backward=False) is None
+    # interleaved holds its sends to the step's end, which the cost model charges only with the column
+    assert "sends hold" in wgrad_unmeasured_note(costs, split_backward=False, sends_held=True)
     new = profile_from_bytes(profile_to_text(_profile([7, 30, 50])).encode(), "new.csv").at(4)
     assert list(new.wgrad_bytes) == [7.0, 30.0, 50.0]
     assert wgrad_unmeasured_note(new, split_backward=True) is None

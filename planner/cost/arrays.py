@@ -94,7 +94,8 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
 def _step_workspace(costs: LayerCosts, optimizer: str) -> np.ndarray | None:
     """The profile's optimizer-step temporaries where this optimizer makes them, else None."""
     w = costs.optimizer_workspace_bytes
-    if w is None or not np.any(np.asarray(w) > 0) or optimizer_workspace(w, 0, len(w), optimizer) == 0.0:
+    if (w is None or not np.any(np.asarray(w) > 0)
+            or optimizer_workspace(w, 0, len(w), optimizer, costs.param_element_bytes) == 0.0):
         return None
     return np.asarray(w, dtype=float)
 

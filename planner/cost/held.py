@@ -74,12 +74,17 @@ def stage_wgrad(wgrad: Sequence[float] | None, first: int, end: int) -> float:
     return 0.0 if wgrad is None or first == 0 else float(np.sum(np.asarray(wgrad, dtype=float)[first:end]))
 
 
-def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool) -> str | None:
-    """One line for a split-backward (zero-bubble) plan priced from a profile without wgrad_bytes:
-    its memory leaves out what each deferred W holds; None otherwise."""
-    return None if not split_backward or costs.wgrad_bytes is not None else (
-        "the profile has no wgrad_bytes column: zero-bubble memory leaves out what each micro-batch holds "
-        "between its I and W (counted as 0); `pplan profile` writes it (measured, or --analytic for the built-in gpt)")
+def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool, sends_held: bool = False) -> str | None:
+    """One line for a plan priced from a profile without wgrad_bytes where that column decides
+    memory: a split backward (zero bubble) leaves out what each deferred W holds, and a runtime
+    that holds its sends to the step's end (`sends_held`: interleaved, zb) what they hold
+    (sent_bytes charges them only with the column); None otherwise."""
+    if costs.wgrad_bytes is not None or not (split_backward or sends_held):
+        return None
+    left_out = ("what each micro-batch holds between its I and W and what its sends hold until the step ends"
+                if split_backward else "what its sends hold until the step ends (each sent input gradient and output)")
+    return (f"the profile has no wgrad_bytes column: the plan's memory leaves out {left_out} (counted as 0); "
+            "`pplan profile` writes it (measured, or --analytic for the built-in gpt)")
 
 
 def sent_bytes(bytes_in: Any, bytes_out: Any, held_out: Any, wgrad_measured: bool, is_last: Any = False) -> tuple[Any, Any, Any]:

@@ -185,17 +185,23 @@ def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], f
     return kept
 
 
-# Optimizers whose step makes parameter-sized temporaries (Adam's denominator); SGD updates in place.
+# Optimizers whose step makes parameter-sized temporaries (Adam's denominator); SGD over float32
+# parameters updates in place.
 _STEP_TEMPORARIES = frozenset({"adam", "adamw"})
 
 
-def optimizer_workspace(workspace: Sequence[float] | None, first: int, end: int, optimizer: str) -> float:
+def optimizer_workspace(workspace: Sequence[float] | None, first: int, end: int, optimizer: str,
+                        element_bytes: float = 4.0) -> float:
     """Temporaries of the optimizer step over layers [first, end): the largest layer's measured
     Adam step (torch's single-tensor Adam, its default on CPU, updates one parameter at a time;
-    its multi-tensor form on CUDA would hold the stage's sum). 0 for SGD and without the column.
-    The step runs after the backward, when no activations are held, so a stage's peak is the
-    larger of its activation peak and this (stage_bytes)."""
-    return workspace_max(workspace, first, end) if optimizer in _STEP_TEMPORARIES else 0.0
+    its multi-tensor form on CUDA would hold the stage's sum). 0 for SGD over float32 parameters
+    and without the column; over 16-bit ones (`element_bytes` < 4) every optimizer steps fp32
+    masters and makes their fp32 gradients (planner.master_weights), so SGD is charged the
+    measured Adam step too, an upper bound. The step runs after the backward, when no
+    activations are held, so a stage's peak is the larger of its activation peak and this
+    (stage_bytes)."""
+    makes_temporaries = optimizer in _STEP_TEMPORARIES or element_bytes < _MASTER_BYTES
+    return workspace_max(workspace, first, end) if makes_temporaries else 0.0
 
 
 def workspace_max(workspace: Sequence[float] | None, first: int, end: int) -> float:

@@ -105,7 +105,8 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
 
     Compute (forward, both backward halves, optimizer step) and parameter bytes of every block
     divide by T, the rest stays whole (as `pplan run` executes them; every layer divides under
-    Megatron's `vocab_parallel`: tp_shards); kept activations are tp_kept_activation_bytes and
+    Megatron's `vocab_parallel`: tp_shards), and so do the optimizer step's temporaries (each rank
+    steps its own shards); kept activations are tp_kept_activation_bytes and
     what W keeps (wgrad) tp_wgrad_bytes; `collective_ms` is added to the forward and to the input-gradient
     backward; under ZeRO-3 each layer's workspace grows by its gathered weights
     (zero3_gathered_bytes). Output bytes (what a pipeline boundary sends) stay whole, as Megatron
@@ -132,6 +133,8 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
         base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)
         workspace = base + zero3_gathered_bytes(params, dp, zero)
+    step = costs.optimizer_workspace_bytes
+    step = None if step is None else np.asarray(step, dtype=float) / shards
     return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
                    optimizer_ms=opt, param_bytes=params, activation_bytes=act, workspace_bytes=workspace,
-                   wgrad_bytes=wgrad)
+                   wgrad_bytes=wgrad, optimizer_workspace_bytes=step)

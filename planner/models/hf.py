@@ -259,13 +259,17 @@ def _lm_batch(vocab: int, seq: int, masked: bool) -> Callable[[int, int], tuple[
 
 
 def _image_batch(shape: tuple[int, ...], classes: int) -> Callable[[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    def pattern(c: int) -> torch.Tensor:
+        # class c's pattern, drawn from its own seed when a sample needs it: a table of every class
+        # held for the run is memory on every rank that no profile measures or plan prices, and
+        # drawing the whole table per batch costs classes x image (1000 x 3x224x224: 600 MB)
+        return torch.randn(*shape, generator=torch.Generator().manual_seed(12345 + c))
+
     def make(batch_size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
-        # the class patterns are drawn again per batch (same seed, same table) rather than kept: a
-        # table held for the whole run is memory on every rank that no profile measures or plan prices
-        patterns = torch.randn(classes, *shape, generator=torch.Generator().manual_seed(12345))
         g = torch.Generator().manual_seed(seed)
         labels = torch.randint(0, classes, (batch_size,), generator=g)
-        return torch.randn(batch_size, *shape, generator=g) + patterns[labels], labels
+        patterns = torch.stack([pattern(int(c)) for c in labels]) if batch_size else torch.zeros(0, *shape)
+        return torch.randn(batch_size, *shape, generator=g) + patterns, labels
 
     return make
 
