@@ -8,6 +8,7 @@ holds each of them to it.
 
   compute   layer and stage times, the calibration's scale and overheads   (cost.compute)
   memory    weights, gradients, optimizer state, activations with recompute, buffers (cost.memory)
+  held      what torch's pipeline runtime holds beyond saved tensors: held output, wgrad, sends (cost.held)
   comm      a transfer over a link, with the calibration's overrides        (cost.comm)
   stage     StageCost of a layer range, and its partitioner figures         (cost.stage)
   arrays    the per-layer arrays a PartitionProblem is built from           (cost.arrays)

@@ -51,7 +51,7 @@ class LayerArrays:
     """Per layer, the optimizer step's temporaries for this optimizer (planner.cost.optimizer_workspace); None: 0."""
     held_output_bytes: np.ndarray | None = None
     """Bytes of each layer's output a runtime holds for the backward beyond what the layer saves
-    (planner.cost.memory.held_output); None: 0."""
+    (planner.cost.held.held_output); None: 0."""
     entry_bytes: np.ndarray | None = None
     """Per layer x, the kept-bytes correction of a stage starting at x (planner.cost.stage_entry_bytes); None: 0."""
     runtime_buffers: bool = False
@@ -61,7 +61,7 @@ class LayerArrays:
     batch_target_bytes: float = 0.0
     """The target per micro-batch (the last stage holds the step's batch of it; planner.cost.batch)."""
     wgrad_bytes: np.ndarray | None = None
-    """Per layer, bytes a split backward holds per micro-batch between its I and W (planner.cost.stage_wgrad); None: 0."""
+    """Per layer, bytes a split backward holds per micro-batch between its I and W (planner.cost.held.stage_wgrad); None: 0."""
     rematerialized_bytes: np.ndarray | None = None
     """Per layer, what its recompute brings back during its backward (planner.cost.transient.rematerialized_bytes);
     None: activation_bytes (profiles without checkpoint_extra_bytes)."""

@@ -85,7 +85,7 @@ class StageCost:
     batch_input_bytes: float = 0.0
     """The model input per micro-batch when this is the first stage (its share of the step's input batch), else 0."""
     wgrad_bytes: float = 0.0
-    """Bytes held per micro-batch from the start of its I to the end of its W when the backward is split (planner.cost.stage_wgrad)."""
+    """Bytes held per micro-batch from the start of its I to the end of its W when the backward is split (planner.cost.held.stage_wgrad)."""
     sent_grad_bytes: float = 0.0
     """Bytes each input gradient sent (by an I, or a B where the runtime holds its sends) holds until
     the step ends (planner.cost.held.sent_bytes)."""
@@ -94,7 +94,7 @@ class StageCost:
     its sends) (planner.cost.held.sent_bytes)."""
     sent_held_bytes: float = 0.0
     """The part of held_output_bytes a micro-batch still holds from the end of its I to the end of its W
-    (planner.cost.pending_output: all of it on every stage but the last, none on the last)."""
+    (planner.cost.held.pending_output: all of it on every stage but the last, none on the last)."""
 
     @property
     def sent(self) -> tuple[float, float, float]:
@@ -160,7 +160,7 @@ def stage_cost(
 
 
 def _sent_fields(costs: LayerCosts, boundary: np.ndarray, first: int, end: int) -> dict[str, float]:
-    """StageCost's sent_* fields (planner.cost.sent_bytes)."""
+    """StageCost's sent_* fields (planner.cost.held.sent_bytes)."""
     held = held_output(held_output_per_layer(costs), end)
     names = ("sent_grad_bytes", "sent_output_bytes", "sent_held_bytes")
     got = sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None, end == len(costs.fwd_ms))

@@ -78,7 +78,7 @@ class StageTables:
                       if p.entry_bytes is not None else None)
         # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
         self.pg = prefix_sums(p.gradient_bytes) if p.gradient_bytes is not None else None
-        # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.stage_wgrad); None: all 0
+        # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.held.stage_wgrad); None: all 0
         self.pw = prefix_sums(p.wgrad_bytes) if p.wgrad_bytes is not None else None
         self._min_cache: dict[tuple, np.ndarray] = {}
         if p.recompute == "all":

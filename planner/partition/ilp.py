@@ -13,7 +13,7 @@ Same problem as the DP (planner.partition.problem), written with per-layer varia
   Optimizer step: static + buffers + OW[s] <= budget_s, OW[s] >= ow_l y[l,s] (when the profile measured it).
   Held output: kept also counts the stage's output the runtime holds, sum_x st[x,s+1] ho_(x-1)
           (the last stage: ho_(L-1)), when the profile says which outputs layers save; a pending W
-          holds it as planner.cost.pending_output says (every stage but the last).
+          holds it as planner.cost.held.pending_output says (every stage but the last).
   Entry: kept also counts sum_x st[x,s] en_x (stage 0: en_0), the first layer's correction
           (planner.cost.stage_entry_bytes), when the profile says what layers save of their input.
   Family: for consecutive saving layers e < e', r[e'] <= r[e] + (cuts in (e, e']), so in each

@@ -137,8 +137,8 @@ class PartitionProblem:
     stage's first weight-gradient action; None: 0 (only meaningful with moments)."""
     wgrad_bytes: np.ndarray | None = None
     """Per layer, bytes a split backward holds per micro-batch between its I and W, charged at each
-    moment's pending_w (planner.cost.stage_wgrad: none on the first stage); None: 0, and nothing its
-    sends hold is charged either (planner.cost.sent_bytes)."""
+    moment's pending_w (planner.cost.held.stage_wgrad: none on the first stage); None: 0, and nothing its
+    sends hold is charged either (planner.cost.held.sent_bytes)."""
     rematerialized_bytes: np.ndarray | None = None
     """Per layer, what its recompute brings back during its backward, its transient term with the
     workspace (planner.cost.transient.rematerialized_bytes); None: activation_bytes."""
@@ -248,7 +248,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
 
 
 def _sent(p: PartitionProblem, i: int, j: int) -> tuple[float, float, float]:
-    """What stage [i, j)'s sends and pending W hold (planner.cost.sent_bytes)."""
+    """What stage [i, j)'s sends and pending W hold (planner.cost.held.sent_bytes)."""
     return sent_bytes(float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), held_output(p.held_output_bytes, j),
                       p.wgrad_bytes is not None, j == p.n_layers)
 

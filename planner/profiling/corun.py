@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from planner.errors import PplanError
+from planner.master_weights import is_16bit, with_fp32_masters
 from planner.profiling.metadata import MAX_CO_RUN
 
 __all__ = ["MAX_CO_RUN", "CoRun", "check_co_run"]
@@ -231,7 +232,9 @@ def _train(cfg: dict[str, Any], proto: IO[str]) -> None:
     bundle = build_model(cfg["spec"], cfg["seed"], input_shape=shape, input_dtype=cfg["input_dtype"], vocab=cfg["vocab"])
     dtype = getattr(torch, cfg["dtype"])  # one of options.DTYPE_NAMES, checked by the profiler
     layers = bundle.layers.to(dtype=dtype).train()
-    opt = torch.optim.Adam([p for p in layers.parameters() if p.requires_grad], lr=1e-3)  # what the profile's optimizer_ms times
+    params = [p for p in layers.parameters() if p.requires_grad]
+    # what the profile's optimizer_ms times, and `pplan run` steps: over 16-bit weights, fp32 masters
+    opt = (with_fp32_masters(torch.optim.Adam) if any(is_16bit(p) for p in params) else torch.optim.Adam)(params, lr=1e-3)
     wanted: list[int] = []
     news, stop = threading.Event(), threading.Event()
 

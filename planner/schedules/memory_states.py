@@ -121,7 +121,7 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
     # gradients exist once an earlier action of the stage computed weight gradients
     grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
     # the stage output torch holds for the backward goes at the end of B, or of I when split: what a
-    # pending W still holds of it is priced per pending W (planner.cost.pending_output, in sent_held)
+    # pending W still holds of it is priced per pending W (planner.cost.held.pending_output, in sent_held)
     early = marks((kind == CODE_B) | (kind == CODE_I))
     outputs = np.cumsum(alloc, axis=0) - np.cumsum(early, axis=0) + early
     # pending W: I ended before this action and W did not (during its W a micro-batch still holds them)
