@@ -123,6 +123,9 @@ class _FP32Masters:
             if is_16bit(p) and saved.get(i):
                 for key, value in saved[i].items():
                     if key != "step" and isinstance(value, torch.Tensor) and value.is_floating_point():
+                        if value.shape != p.shape:  # a file someone sent: refused at load, not mid-step
+                            raise ValueError(f"saved optimizer state {key!r} has shape {tuple(value.shape)}, "
+                                             f"its parameter {tuple(p.shape)}")
                         self.state[p][key] = value.to(device=p.device, dtype=torch.float32)
 
 

@@ -157,3 +157,15 @@ def test_an_optimizer_over_fp32_shards_takes_a_saved_master_as_its_weight():
     for p, q in zip(bf16.parameters(), fp32.parameters()):
         assert torch.equal(q.detach(), opt.state[p][MASTER_KEY])  # the master, not its bf16 rounding
         assert MASTER_KEY not in plain.state[q] and sorted(plain.state[q]) == ["exp_avg", "exp_avg_sq", "step"]
+
+
+def test_a_saved_master_of_another_shape_is_refused_at_load():
+    p = nn.Parameter(torch.randn(4, 3).to(torch.bfloat16))
+    opt = with_fp32_masters(torch.optim.Adam)([p], lr=1e-3)
+    p.grad = torch.ones_like(p)
+    opt.step()
+    state = opt.state_dict()
+    state["state"][0][MASTER_KEY] = torch.zeros(5)
+    fresh = with_fp32_masters(torch.optim.Adam)([nn.Parameter(p.detach().clone())], lr=1e-3)
+    with pytest.raises(ValueError, match="shape"):
+        fresh.load_state_dict(state)
