@@ -9,29 +9,14 @@ from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.hardware import load_hardware
 from planner.parallel import ParallelConfig
 from planner.partition import parallel_search
-from planner.partition.parallel_eval import ParallelCosts, ParallelTask, inflight_peaks, simulate_task, solve_task
+from planner.partition.parallel_eval import ParallelCosts, ParallelTask, simulate_task, solve_task
 from planner.partition.parallel_plan import parallel_plan
 from planner.partition.parallel_plan import format_parallel
 from planner.partition.parallel_search import plan_parallel
 from planner.profiling.analytic import analytic_profile
-from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
-from planner.schedules.memory import stage_inflight_peak
+from planner.schedules import check_sizes, get_schedule
 
 SPEC = "gpt:layers=8,hidden=2048,heads=16,seq=1024,vocab=32000"
-
-
-def test_inflight_shortcut_matches_the_generated_schedule():
-    # every micro-batch count torch accepts, multiples of P or not (interleaved P=3 v=2 M=8 holds
-    # 8 on its first stage, where the schedule generated at M = 2P held 6), every chunk count searched
-    for name in SCHEDULE_NAMES:
-        for v in get_schedule(name).chunk_counts:
-            for p in (2, 3, 4, 5):
-                for m in range(1, 5 * p + 1):
-                    try:
-                        check_sizes(name, p, m, v)
-                    except Exception:
-                        continue
-                    assert inflight_peaks(name, p, m, v) == tuple(stage_inflight_peak(generate(name, p, m, v))), (name, p, v, m)
 
 
 def test_auto_plan_is_a_valid_layout_with_consistent_metrics():

@@ -226,9 +226,11 @@ def test_state_table_rows_are_the_walked_states_in_order():
 
 
 def test_pareto_front_keeps_exactly_the_undominated_rows():
+    # up to 256 rows every pair is compared at once, above that row by row: both paths
     rng = np.random.default_rng(11)
-    for _ in range(50):
-        rows = np.unique(rng.integers(0, 4, (int(rng.integers(1, 40)), int(rng.integers(1, 5)))), axis=0)
+    for case in range(60):
+        n, top = (int(rng.integers(1, 40)), 4) if case < 50 else (int(rng.integers(257, 600)), 9)
+        rows = np.unique(rng.integers(0, top, (n, int(rng.integers(1, 5)))), axis=0)
         want = [i for i, a in enumerate(rows) if not any(np.all(b >= a) and np.any(b != a) for b in rows)]
         assert pareto_front(rows).tolist() == want
 

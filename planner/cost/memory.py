@@ -69,7 +69,7 @@ same formula. Recomputing layers lowers the no-recompute memory by `recompute_sa
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -278,19 +278,32 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
     fixed_bytes counts them), + (moment.pending_w + moment.running_i) x wgrad (stage_wgrad) + what sends hold (sent_bytes,
     per ended I and ended W) + per pending W its output as pending_output has it (sent[2]) less the
     stage's held output (`held_out`, part of kept: in_flight counts a micro-batch until its W ends).
-    `moment`: a planner.schedules.memory.Moment. Numbers, numpy arrays or PuLP expressions (an ILP
+    `moment`: a planner.schedules.memory.Moment, or a MomentStack (every moment of a stage at once:
+    one row each, the DP's dozens of moments of a held-sends stage priced in one call, each row
+    the same arithmetic as its moment alone). Numbers, numpy arrays or PuLP expressions (an ILP
     writes one row per moment)."""
     held = moment.in_flight * kept
-    if moment.pending_w or moment.running_i:  # split backwards only: every other plan's arithmetic stays as it was
-        held = held + (moment.pending_w + int(moment.running_i)) * wgrad  # a running I holds its wgrad already
-    if moment.sent_grads:  # ended I; of them, sent_grads - pending_w also ended their W
-        held = (held + moment.sent_grads * sent[0] + (moment.sent_grads - moment.pending_w) * sent[1]
-                + moment.pending_w * (sent[2] - held_out))
-    if moment.transient:
-        held = held + transient
-    if not moment.gradients:
-        held = held - gradients
-    return held
+    # split backwards only (every other plan's arithmetic stays as it was); a running I holds its wgrad already
+    held = _where(moment.running_i | (moment.pending_w != 0), held, lambda: [(moment.pending_w + 1 * moment.running_i) * wgrad])
+    # ended I; of them, sent_grads - pending_w also ended their W
+    held = _where(moment.sent_grads != 0, held, lambda: [moment.sent_grads * sent[0], (moment.sent_grads - moment.pending_w) * sent[1],
+                                                         moment.pending_w * (sent[2] - held_out)])
+    held = _where(moment.transient, held, lambda: [transient])
+    return _where(np.logical_not(moment.gradients), held, lambda: [gradients], sign=-1)
+
+
+def _where(flag: Any, held: Any, terms: Callable[[], list[Any]], sign: int = 1) -> Any:
+    """`held` plus (sign -1: minus) each of `terms()` in turn where `flag` holds: a bool, or a
+    MomentStack's column of flags, where np.where keeps each row the arithmetic of its moment alone
+    (a moment without the term never adds a zero, so plans stay byte-identical)."""
+    def total() -> Any:
+        out = held
+        for term in terms():
+            out = out + term if sign > 0 else out - term
+        return out
+    if isinstance(flag, np.ndarray):
+        return held if not flag.any() else total() if flag.all() else np.where(flag, total(), held)
+    return total() if flag else held
 
 
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,

@@ -43,6 +43,7 @@ from planner.partition.problem import (
     TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, range_max, rematerialized,
     prefix_sums, relax_window, stage_window,
 )
+from planner.schedules.memory import Moment, MomentStack, corner_moments, stack_moments
 
 __all__ = ["solve_dp", "min_memory_scale", "StageTables", "windowed_is_cheaper"]
 
@@ -81,6 +82,7 @@ class StageTables:
         # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.held.stage_wgrad); None: all 0
         self.pw = prefix_sums(p.wgrad_bytes) if p.wgrad_bytes is not None else None
         self._min_cache: dict[tuple, np.ndarray] = {}
+        self._stacks: dict[int, MomentStack | Moment] = {}  # per position, its moments as one MomentStack (or its one moment)
         if p.recompute == "all":
             self.pin, self.pr = prefix_sums(p.input_bytes), prefix_sums(p.recompute_ms)
             self.trans_all = range_max(layer_transient(rematerialized(p), p.workspace_bytes))  # every layer recomputed
@@ -137,9 +139,9 @@ class StageTables:
         step = self.optw[ii, jj] if self.optw is not None else 0.0
         return fixed, pt, work, grads, step
 
-    def _base(self, s: int, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, list, Any, tuple, Any]:
+    def _base(self, s: int, ii: np.ndarray, jj: np.ndarray) -> tuple[Any, np.ndarray, Any, tuple, Any]:
         """Stages [ii, jj) at position s with the family's recompute-free set (all: every layer):
-        (fixed bytes, each moment's bytes beyond them (planner.cost.moment_bytes), the optimizer
+        (fixed bytes, each moment's bytes beyond them (planner.cost.moment_bytes, a row each), the optimizer
         step's temporaries, the moments, the largest layer workspace)."""
         p = self.p
         kinds = moments(p, s)
@@ -151,7 +153,12 @@ class StageTables:
         wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
         held = self.hold[jj] if self.hold is not None else 0.0
         sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None, jj == self.L)
-        return fixed, [moment_bytes(m, kept, trans, grads, wgrad, sent, held) for m in kinds], step, kinds, work
+        stack = self._stacks.get(s)
+        if stack is None:  # without a recompute choice to price, the moments between two others never peak alone
+            priced = kinds if p.recompute == "auto" else corner_moments(kinds)
+            stack = self._stacks[s] = priced[0] if len(priced) == 1 else stack_moments(priced)
+        # one row per moment, priced in one call (a held-sends stage has dozens)
+        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held)), step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -163,12 +170,10 @@ class StageTables:
         speed, ovh = float(p.speed[s]), float(p.overhead_ms[s])
         ii, jj = self.band(self.band_limit(s, cap), window)
         fixed, held, step, kinds, work = self._base(s, ii, jj)
-        needs = [fixed + h - budget for h in held]  # how far each moment is over the budget
+        needs = fixed + held - budget  # how far each moment (a row) is over the budget
         # the optimizer step (with no activations: the floor of every moment) must fit too; recompute cannot shrink it
         step_ok = fixed + np.maximum(step, 0.0) <= budget
-        ok = step_ok.copy()
-        for need in needs:
-            ok &= need <= 0
+        ok = step_ok & (needs <= 0).all(axis=0)
         q = np.zeros(len(ii), dtype=np.int64)
         rec = self.pr[jj] - self.pr[ii] if p.recompute == "all" else 0.0
         if p.recompute == "auto" and self.ne and np.isfinite(budget):
@@ -243,12 +248,18 @@ class _PassTables:
         self.cap = _first_cap(p)
         self.final = False  # pass 2 needs the chosen q; pass 1 only times (when tables are not kept)
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray | None]] = {}
+        # position -> a number per distinct position_key: hashed once, not at every call (a
+        # held-sends schedule's key holds dozens of moments)
+        self._position: dict[int, int] = {}
+        self._positions: dict[tuple, int] = {}
 
     def __call__(self, s: int) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
         """Stage s's times, its q (or None) and each end's first start row: rows its starts, columns its ends."""
         p, tab = self.p, self.tab
         w = stage_window(p.n_layers, p.n_stages, s)
-        key = (position_key(p, s), self.cap, w if self.windowed else None)
+        if s not in self._position:
+            self._position[s] = self._positions.setdefault(position_key(p, s), len(self._positions))
+        key = (self._position[s], self.cap, w if self.windowed else None)
         got = self._cache.get(key)
         if got is None:
             if not self.keep:

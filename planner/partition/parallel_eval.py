@@ -23,13 +23,13 @@ from planner.partition.build import Layout, build_problem
 from planner.plan import PredictedDevice
 from planner.partition.dp import min_memory_scale, solve_dp
 from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import generate, get_schedule
+from planner.schedules import generate, generate_order, get_schedule
 from planner.schedules.interleaved import rounds
-from planner.schedules.memory import stage_inflight_peak
+from planner.schedules.memory import Moment, corner_moments, stage_memory_moments, undominated
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
-__all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "inflight_peaks", "layer_static_bytes",
-           "least_static_bytes", "helping_zero", "solve_task", "simulate_task"]
+__all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "inflight_peaks", "memory_moments", "layer_static_bytes",
+           "least_static_bytes", "helping_zero", "least_memory", "solve_task", "simulate_task"]
 
 @dataclass(frozen=True)
 class ParallelCandidate:
@@ -191,37 +191,75 @@ def layer_static_bytes(ctx: ParallelCosts, costs: LayerCosts, cfg: ParallelConfi
 
 
 @functools.lru_cache(maxsize=256)
-def _inflight_cached(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    return tuple(stage_inflight_peak(generate(name, p, m, v)))
+def _moments_cached(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...]:
+    return tuple(stage_memory_moments(generate_order(name, p, m, v)))
 
 
-def inflight_peaks(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Per stage: micro-batches in flight at peak. GPipe holds all M; the others saturate after
-    two rounds of torch's micro-batches (rounds(P, M)[1] each: P when P divides M, up to 2P - 1
-    when it does not, and the warm-up grows with it), so their counts come from the schedule
-    generated at M' = min(M, 2 x per round), cheap whatever M is. M' has the same rounds as M
-    (its round count is 2 unless M' = M), so the schedule is the same in shape; exact for every
-    valid (schedule, P <= 8, v, M <= 10P), tested in tests/test_parallel_search.py."""
-    if get_schedule(name).holds_every_microbatch:
-        return (m,) * (p * v)
+@functools.lru_cache(maxsize=256)
+def memory_moments(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...]:
+    """Per stage, planner.schedules.memory.stage_memory_moments of the schedule, what the DP prices a
+    stage's memory at (the simulator's own peaks), cheap whatever M is: the schedule at M' =
+    min(M, 2 x per round) (3 x for a held-sends schedule: at two rounds its first backward is not
+    yet covered by later ones), where it rounds micro-batches as M does, has the same shape, and M - M' more
+    micro-batches only add to what grows with them: a held-sends schedule's ended I (sent_grads, once
+    any has ended), and GPipe's micro-batches in flight. Exact for every valid (schedule, P <= 8, v,
+    M <= 10P), tested in tests/test_parallel_moments.py."""
+    spec = get_schedule(name)
     per_round = rounds(p, m)[1]
-    return _inflight_cached(name, p, min(m, 2 * per_round), v)
+    small = min(m, (3 if spec.holds_sends else 2) * per_round)
+    if rounds(p, small)[1] != per_round:  # the shorter schedule rounds its micro-batches otherwise
+        small = m
+    base = _moments_cached(name, p, small, v)
+    extra = m - small
+    if not extra:
+        return base
+    grows = spec.holds_every_microbatch
+    return tuple(undominated([replace(x, in_flight=x.in_flight + extra if grows else x.in_flight,
+                                      sent_grads=x.sent_grads + extra if x.sent_grads else 0) for x in stage])
+                 for stage in base)
+
+
+@functools.lru_cache(maxsize=256)
+def inflight_peaks(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """Per stage: micro-batches in flight at peak, the most of its memory_moments (GPipe: all M; the
+    others saturate after two rounds of torch's micro-batches); exact for every valid (schedule,
+    P <= 8, v, M <= 10P), tested in tests/test_parallel_moments.py."""
+    return tuple(max(x.in_flight for x in stage) for stage in memory_moments(name, p, m, v))
+
+
+@functools.lru_cache(maxsize=256)
+def _corners(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...]:
+    """memory_moments, each stage's reduced to its corner_moments once per schedule: the search's DPs
+    price no recompute choice (none or full), and so would reduce them again for every task."""
+    return tuple(corner_moments(stage) for stage in memory_moments(name, p, m, v))
+
+
+def _problem(ctx: ParallelCosts, task: ParallelTask, mem: float):
+    """The pipeline DP's instance of `task` with `mem` bytes per GPU."""
+    cfg = task.cfg
+    costs = ctx.costs(cfg, task.b)
+    prob = build_problem(costs, _layout(cfg, task.v, mem, ctx), inflight_peaks(task.schedule, cfg.pp, task.m, task.v),
+                         optimizer="adam", recompute="all" if task.recompute == "full" else "none",
+                         split_backward=get_schedule(task.schedule).split_backward, n_microbatches=task.m,
+                         moments=_corners(task.schedule, cfg.pp, task.m, task.v))
+    return replace(prob, static_bytes=layer_static_bytes(ctx, costs, cfg))
+
+
+def least_memory(ctx: ParallelCosts, task: ParallelTask) -> float:
+    """The least memory per GPU under which the pipeline DP fits some cut of `task` (bytes; inf when
+    none does): the simulated peak of that plan for one chunk per rank, at least it for interleaved."""
+    got = min_memory_scale(_problem(ctx, task, 1.0))
+    return got[0] if got else math.inf
 
 
 def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
     """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
-    cfg = task.cfg
-    costs = ctx.costs(cfg, task.b)
-    layout = _layout(cfg, task.v, mem, ctx)
-    prob = build_problem(costs, layout, inflight_peaks(task.schedule, cfg.pp, task.m, task.v), optimizer="adam",
-                         recompute="all" if task.recompute == "full" else "none",
-                         split_backward=get_schedule(task.schedule).split_backward, n_microbatches=task.m)
-    prob = replace(prob, static_bytes=layer_static_bytes(ctx, costs, cfg))
+    prob = _problem(ctx, task, mem)
     sol = solve_dp(prob)
     if sol is None:
         got = min_memory_scale(prob)
         return got[0] * mem if got else math.inf
-    return (_dp_estimate(ctx, task, costs, sol), task, sol)
+    return (_dp_estimate(ctx, task, ctx.costs(task.cfg, task.b), sol), task, sol)
 
 
 def _dp_estimate(ctx: ParallelCosts, task: ParallelTask, costs: LayerCosts, sol) -> float:

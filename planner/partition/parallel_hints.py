@@ -66,9 +66,12 @@ class Shortfall:
         return self.peak_bytes if self.simulated else min(self.static_bytes, self.peak_bytes)
 
 
-def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | None) -> InfeasibleError:
+def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | None,
+                     least: Callable[[], float] | None = None) -> InfeasibleError:
     """The refusal of plan_parallel(**args) (normalized: hardware a Hardware, parallel a forced
-    ParallelConfig or "auto"), naming the fixes `attempt` confirms (None: no search, the bound only)."""
+    ParallelConfig or "auto"), naming the fixes `attempt` confirms (None: no search, the bound only).
+    `least`: the least memory per GPU the search's pipeline DP fits some point under (the memory
+    fix then searches there once; None, or a search there that finds nothing: _memory_fix's bounds)."""
     n, forced = args["nodes"] * args["gpus_per_node"], args["parallel"]
     auto = {"parallel": "auto"} if forced != "auto" else {}
     flags = " ".join(t for t in (short.held_to, "--recompute none" if args["recompute"] == "none" else "") if t)
@@ -78,7 +81,7 @@ def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | 
         return InfeasibleError(error, _bound_lead(short) or "more memory per GPU")
     fixes, notes = _held_fixes(args, short.held_to, auto, attempt), []
     fixes.append(_nodes_fix(args, short.need_bytes, auto, attempt, notes))
-    size, memory_fix = _memory_fix(short, args["memory_bytes"], attempt, notes)
+    size, memory_fix = _memory_fix(short, args["memory_bytes"], attempt, notes, least)
     fixes.append(memory_fix)
     if short.zero_hint is not None:  # a stage under which some layout's static bytes fit (helping_zero)
         sharded = {"parallel": replace(forced, zero=short.zero_hint)} if auto else {}
@@ -123,12 +126,21 @@ def _nodes_fix(args: dict[str, Any], need: float, auto: dict[str, Any], attempt:
     return fix
 
 
-def _memory_fix(short: Shortfall, searched_bytes: float, attempt: Attempt, notes: list[str]) -> tuple[str, str]:
+def _memory_fix(short: Shortfall, searched_bytes: float, attempt: Attempt, notes: list[str],
+                least: Callable[[], float] | None = None) -> tuple[str, str]:
     """(X, 'GPUs with at least X (the plan found)') for the least memory per GPU X found to fit,
-    after the failed search of `searched_bytes` per GPU left `short`: the first size that fits
-    (_first_fit), then bisected down (_least_fit). ('', '') with a note when none fits."""
+    after the failed search of `searched_bytes` per GPU left `short`: where `least` names the least
+    memory the search's DP fits, that size printed rounded up, once a search there finds a plan (one
+    search where bisecting took about a dozen); else the first size that fits (_first_fit), then
+    bisected down (_least_fit). ('', '') with a note when none fits."""
     if not math.isfinite(short.need_bytes):
         return "", ""
+    exact = least() if least is not None else math.inf
+    if math.isfinite(exact) and exact > searched_bytes:
+        size = format_size_up(exact)
+        got = _search(attempt, {"memory_bytes": parse_bytes(size)})
+        if _fits(got):
+            return size, _describe(f"GPUs with at least {size}", got.best)
     floor, fit, tried = _first_fit(short.need_bytes, _raised_floor(0.0, searched_bytes, short), attempt)
     if fit is None:
         notes.append(f"GPUs with {tried} do not fit either")

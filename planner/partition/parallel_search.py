@@ -18,7 +18,8 @@ as `pplan partition --schedule/--microbatches` hold the one-pipeline search:
    rank, one of the one-chunk schedules that run alike: parallel_eval.distinct_schedules);
 3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
    profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
-   with ZeRO and T division), until the next estimate is past the top_k-th solution's by the margin;
+   with ZeRO and T division, at the schedule's memory moments as the simulator prices them:
+   parallel_eval.memory_moments), until the next estimate is past the top_k-th solution's by the margin;
 4. judge: every solution within the margin of the top_k-th estimate is simulated
    (planner.simulation), with each stage's exposed gradient sync added before its optimizer
    step; the fastest that fits wins.
@@ -47,8 +48,8 @@ from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, Paralle
 from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, check_batch_splits, check_held_runs,
                                                check_microbatches, checked_layout, extrapolated_warning, hardware_mismatch,
                                                held_flags, held_size, runnable_schedules)
-from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_static_bytes,
-                                             simulate_task, solve_task)
+from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_memory,
+                                             least_static_bytes, simulate_task, solve_task)
 from planner.partition.parallel_hints import Shortfall, infeasible_error
 from planner.partition.parallel_runnable import layout_error, layout_refusal, runnable_alternatives
 from planner.partition.search import divisors
@@ -213,7 +214,7 @@ def plan_parallel(
     if isinstance(got, Shortfall):
         def attempt(change: dict[str, Any]) -> ParallelResult | Shortfall:  # one fix, searched for its best plan only
             return _search(_request({**args, **change, "top_k": 1}))
-        raise infeasible_error(got, args, attempt if check_hints else None)
+        raise infeasible_error(got, args, attempt if check_hints else None, lambda: _least_memory(args))
     return got
 
 
@@ -237,19 +238,12 @@ def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
     """One search of checked arguments `a` (_request): the fastest plan that fits, or, when none
     does, what the search learnt of the memory one needs. Raises PplanError (ScheduleError) when
     nothing could run whatever the memory."""
-    profile, hw, gpn, mem, zero = a["profile"], a["hardware"], a["gpus_per_node"], a["memory_bytes"], a["zero"]
-    forced = None if a["parallel"] == "auto" else a["parallel"]
+    profile, hw, gpn, mem = a["profile"], a["hardware"], a["gpus_per_node"], a["memory_bytes"]
     warnings, n, flops = hardware_mismatch(profile, hw), a["nodes"] * gpn, model_flops(profile, a["global_batch"])
-    names = tuple(dict.fromkeys(a["schedules"] or SCHEDULE_NAMES))  # a name given twice is solved once
-    for name in names:
-        get_schedule(name)
+    ctx, layouts, skipped, names, recs = _space(a)
     schedule_flag = f"--schedule {','.join(names)}" if a["schedules"] else ""
     held_to = held_flags(schedule_flag, a["microbatches"])
-    ctx = ParallelCosts(profile, hw, gpn, zero, float(a["compute_scale"]), a["overlap_grad_sync"], a["vocab_parallel"])
-    layouts, skipped = _layouts(n, gpn, profile.n_layers, forced, zero, profile.meta.get("model"),
-                                runnable_only=not a["vocab_parallel"], global_batch=a["global_batch"])
     sizes_of = _sizes_of(a, profile)
-    recs = ("none", "full") if a["recompute"] == "auto" else (a["recompute"],)
     tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, a["global_batch"], mem, skipped)
     if not tasks:  # may anything run at all, memory aside?
         _check_runs(layouts, sizes_of, names, a, schedule_flag, held_to, math.isfinite(need_min))
@@ -268,6 +262,38 @@ def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
                           warnings=warnings + extrapolated_warning(profile, sims[0], a["microbatches"]),
                           vocab_parallel=a["vocab_parallel"], held_to=held_to,
                           grad_sync=GRAD_SYNC_OVERLAPPED if a["overlap_grad_sync"] else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
+
+
+def _space(a: dict[str, Any]) -> tuple[ParallelCosts, list[ParallelConfig], list[str], tuple[str, ...], tuple[str, ...]]:
+    """What a search of `a` (_request's arguments) ranges over: (its shared costs, the layouts, a line
+    per layout left out, the schedule names, the recompute choices)."""
+    profile, gpn = a["profile"], a["gpus_per_node"]
+    names = tuple(dict.fromkeys(a["schedules"] or SCHEDULE_NAMES))  # a name given twice is solved once
+    for name in names:
+        get_schedule(name)
+    ctx = ParallelCosts(profile, a["hardware"], gpn, a["zero"], float(a["compute_scale"]), a["overlap_grad_sync"], a["vocab_parallel"])
+    forced = None if a["parallel"] == "auto" else a["parallel"]
+    layouts, skipped = _layouts(a["nodes"] * gpn, gpn, profile.n_layers, forced, a["zero"], profile.meta.get("model"),
+                                runnable_only=not a["vocab_parallel"], global_batch=a["global_batch"])
+    recs = ("none", "full") if a["recompute"] == "auto" else (a["recompute"],)
+    return ctx, layouts, skipped, names, recs
+
+
+def _least_memory(a: dict[str, Any]) -> float:
+    """The least memory per GPU under which the pipeline DP fits some point of the search `a`
+    (_request's arguments; inf when none ever does): the least size a search of `a` finds a plan at,
+    since a point the DP fits simulates within what the DP charged (planner.partition.parallel_eval.
+    least_memory). Points are priced in the order of their layout's static bytes, a lower bound of
+    their need, until that bound reaches the least found."""
+    ctx, layouts, _, names, recs = _space(a)
+    tasks, _ = _tasks(ctx, layouts, _sizes_of(a, a["profile"]), names, recs, a["global_batch"], math.inf, [])
+    static = {cfg: least_static_bytes(ctx, cfg) for cfg in layouts}
+    least = math.inf
+    for task in sorted(tasks, key=lambda t: static[t.cfg]):
+        if static[task.cfg] >= least:
+            break
+        least = min(least, least_memory(ctx, task))
+    return least
 
 
 def _sizes_of(a: dict[str, Any], profile: Profile) -> Callable[[ParallelConfig], list[int]]:

@@ -30,6 +30,7 @@ __all__ = [
     "format_order",
     "from_csv_rows",
     "generate",
+    "generate_order",
     "get_schedule",
     "parse_action",
     "valid_microbatches",
@@ -81,14 +82,27 @@ def generate(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int =
     return _generate(name, n_ranks, n_microbatches, virtual_stages)
 
 
-@functools.lru_cache(maxsize=128)
-def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
+def generate_order(name: str, n_ranks: int, n_microbatches: int, virtual_stages: int = 1) -> PipelineSchedule:
+    """The schedule `name` as each rank's actions in order, without generate's unit-step layout
+    (idle slots) and its deadlock dry run: for what reads only the order (planner.schedules.memory's
+    moments: the cluster search asks for hundreds of schedules of up to 128 ranks, where the layout
+    took most of the time). The same generator's schedule is validated wherever it is simulated or run."""
+    check_sizes(name, n_ranks, n_microbatches, virtual_stages)
+    return _draft(name, n_ranks, n_microbatches, virtual_stages)
+
+
+def _draft(name: str, P: int, M: int, v: int) -> PipelineSchedule:
     order = SCHEDULES[name].order(P, M, v)
-    draft = PipelineSchedule(
+    return PipelineSchedule(
         name=name, n_ranks=P, n_stages=P * v, n_microbatches=M,
         stage_rank=tuple(s % P for s in range(P * v)),
         order={r: tuple(acts) for r, acts in order.items()},
     )
+
+
+@functools.lru_cache(maxsize=128)
+def _generate(name: str, P: int, M: int, v: int) -> PipelineSchedule:
+    draft = _draft(name, P, M, v)
     spaced = PipelineSchedule(
         name=draft.name, n_ranks=P, n_stages=P * v, n_microbatches=M,
         stage_rank=draft.stage_rank, order=spaced_order(draft),

@@ -26,6 +26,7 @@ every rank are built once per schedule and priced in arrays by planner.schedules
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -35,7 +36,8 @@ from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.memory_states import activation_peaks_table, memory_peaks_table, pareto_front, state_table
 
-__all__ = ["Moment", "stage_memory_moments", "stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
+__all__ = ["Moment", "MomentStack", "stack_moments", "corner_moments", "stage_memory_moments", "undominated",
+           "stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
 # Results that depend only on the schedule, cached on the (immutable) schedule object: the
 # partitioner asks for them at every grid point and polish, with the same schedule.
@@ -83,6 +85,72 @@ class Moment:
     already (torch's hooks store it as the backward runs), priced as one more pending W's wgrad."""
 
 
+@dataclass(frozen=True)
+class MomentStack:
+    """A stage's moments as columns, one row per moment (arrays of shape (n, 1)), for
+    planner.cost.moment_bytes to price them all at once against arrays of stages: a held-sends
+    schedule has about 2P per stage (P ranks), too many to price one call each."""
+
+    in_flight: np.ndarray
+    """Moment.in_flight of each row."""
+    transient: np.ndarray
+    """Moment.transient of each row (bool)."""
+    gradients: np.ndarray
+    """Moment.gradients of each row (bool)."""
+    pending_w: np.ndarray
+    """Moment.pending_w of each row."""
+    sent_grads: np.ndarray
+    """Moment.sent_grads of each row."""
+    running_i: np.ndarray
+    """Moment.running_i of each row (bool)."""
+
+
+def stack_moments(moments: Sequence[Moment]) -> MomentStack:
+    """`moments` as one MomentStack, in their order."""
+    def column(name: str, dtype: type) -> np.ndarray:
+        return np.array([getattr(m, name) for m in moments], dtype=dtype).reshape(-1, 1)
+    in_flight = column("in_flight", float if any(isinstance(m.in_flight, float) for m in moments) else np.int64)
+    return MomentStack(in_flight, column("transient", bool), column("gradients", bool), column("pending_w", np.int64),
+                       column("sent_grads", np.int64), column("running_i", bool))
+
+
+@functools.lru_cache(maxsize=8192)
+def corner_moments(moments: tuple[Moment, ...]) -> tuple[Moment, ...]:
+    """`moments` less each that lies between two others with its flags (transient, gradients,
+    running_i) on a line of their counts (in_flight, pending_w, sent_grads): a held-sends schedule's
+    drain trades one micro-batch in flight for one more send held, about P moments on a line. Without a
+    recompute saving (planner.cost.moment_bytes is affine in the counts) such a moment's bytes are
+    a weighted mean of its two ends', never the peak alone, so a solver that prices no recompute
+    choice checks the corners only (3 to 5 where a held-sends stage has 17 at P = 8, 33 at P = 16)."""
+    if not all(float(m.in_flight).is_integer() for m in moments):  # a hand-made count: no lattice to reason on
+        return moments
+    flags = np.array([[m.transient, m.gradients, m.running_i] for m in moments], dtype=bool).reshape(-1, 3)
+    counts = np.array([[m.in_flight, m.pending_w, m.sent_grads] for m in moments], dtype=np.int64).reshape(-1, 3)
+    between = np.zeros(len(moments), dtype=bool)
+    for f in np.unique(flags, axis=0):
+        group = np.flatnonzero((flags == f).all(axis=1))
+        if group.size < 3:
+            continue
+        d = counts[group][None, :, :] - counts[group][:, None, :]  # d[i, o]: from moment i to moment o
+        # i lies between two others when some direction from it and its opposite both occur: each
+        # direction reduced by its gcd, exact on integer counts, as one integer key per (i, direction)
+        g = np.gcd.reduce(d, axis=-1)
+        u = d // np.maximum(g, 1)[..., None]
+        base = 2 * int(np.abs(u).max()) + 1
+        row = np.arange(group.size)[:, None] * base ** 3
+        key = row + _direction_key(u, base)
+        opposite = row + _direction_key(-u, base)
+        same = (d == 0).all(axis=-1)  # i itself, or a moment equal in counts: not a direction
+        between[group] = (np.isin(opposite, key[~same]) & ~same).any(axis=1)
+    return tuple(m for m, inner in zip(moments, between) if not inner)
+
+
+def _direction_key(u: np.ndarray, base: int) -> np.ndarray:
+    """One integer per direction u (last axis of 3 counts, each within +-(base - 1) / 2)."""
+    half = base // 2
+    return ((u[..., 0] + half) * base + (u[..., 1] + half)) * base + (u[..., 2] + half)
+
+
 def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
     """Per stage, the moments at which its memory can peak, from each rank's order (the states
     memory_peaks walks): each distinct (micro-batches held, backward running or not, gradients or
@@ -110,16 +178,26 @@ def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
     for r, stages in enumerate(t.rank_stages):
         lo, hi = t.starts[r], t.starts[r + 1]
         for i, s in enumerate(stages):
-            pending, sent = t.pending[lo:hi, i], t.sent[lo:hi, i]
-            seen = np.unique(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], pending, sent,
-                                              t.running[lo:hi, i]]), axis=0)
-            # covered: another has as many or more of each, of ended W (sent - pending) and of held
-            # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes)
-            kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
-            moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i)) for c, bwd, g, p, x, i in kept]
-            out[s] = tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads,
-                                                          m.running_i)))
+            out[s] = _undominated(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], t.pending[lo:hi, i],
+                                                   t.sent[lo:hi, i], t.running[lo:hi, i]]))
     return out
+
+
+def undominated(moments: Sequence[Moment]) -> tuple[Moment, ...]:
+    """`moments` less those another one covers, in stage_memory_moments' order."""
+    return _undominated(np.array([[m.in_flight, m.transient, m.gradients, m.pending_w, m.sent_grads, m.running_i]
+                                  for m in moments], dtype=np.int64).reshape(-1, 6))
+
+
+def _undominated(rows: np.ndarray) -> tuple[Moment, ...]:
+    """The moments of `rows` (in_flight, transient, gradients, pending_w, sent_grads, running_i)
+    that no other covers, sorted."""
+    seen = np.unique(rows.astype(np.int64), axis=0)
+    # covered: another has as many or more of each, of ended W (sent - pending) and of held
+    # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes)
+    kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
+    moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i)) for c, bwd, g, p, x, i in kept]
+    return tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads, m.running_i)))
 
 
 def _per_stage(schedule: PipelineSchedule, name: str, values: Sequence[float] | None, width: int = 0) -> np.ndarray:

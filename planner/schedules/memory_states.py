@@ -174,6 +174,9 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
     )
 
 
+_SMALL_FRONT = 256  # rows up to which pareto_front compares every pair at once (256 x 256 x columns)
+
+
 def pareto_front(features: np.ndarray, rounds: int | None = None) -> np.ndarray:
     """Ascending indices of the rows of `features` that no other row dominates (is >= in every
     column and differs). Rows must be distinct. A row with the largest column sum among those left
@@ -183,6 +186,10 @@ def pareto_front(features: np.ndarray, rounds: int | None = None) -> np.ndarray:
     which every dropped row is still dominated by a kept one (enough for the peaks, and bounded
     work where most rows are incomparable, as zero bubble's ended-I counts make them)."""
     f = np.asarray(features, dtype=np.int64)
+    if rounds is None and len(f) <= _SMALL_FRONT:  # all pairs at once: one array operation, not one per kept row
+        covers = np.all(f[None, :, :] >= f[:, None, :], axis=2)  # covers[i, j]: row j is >= row i everywhere
+        np.fill_diagonal(covers, False)
+        return np.flatnonzero(~covers.any(axis=1))
     left = np.argsort(-f.sum(axis=1), kind="stable")
     kept = []
     while left.size and (rounds is None or len(kept) < rounds):
