@@ -1,8 +1,9 @@
 """The cluster search's pipeline DP prices a stage's memory at the simulator's own moments
-(planner.schedules.memory.stage_memory_moments), derived cheaply from a schedule of at most two
+(planner.schedules.memory.stage_memory_moments), derived cheaply from a schedule of two or three
 rounds (planner.partition.parallel_eval.memory_moments). Before, it charged micro-batches in flight
-alone, which missed what zero bubble and interleaved hold (their sends, their pending W): a
-175B zb plan the DP fitted in 125 GiB simulated at 133 GiB, and the search refused layouts that fit."""
+alone, which missed what zero bubble and interleaved hold (their sends, their pending W): a 175B zb
+plan the DP fitted in 115.6 GiB (limit 125 GiB) simulated at 133.3 GiB, and refusals named more
+memory than plans need."""
 
 import numpy as np
 
@@ -68,6 +69,7 @@ def test_a_stack_of_moments_is_priced_row_by_row_as_each_moment_alone():
         terms = _random_terms(rng, 50)
         for stage in memory_moments(name, p, m, v):
             rows = moment_bytes(stack_moments(stage), *terms)
+            assert len(rows) == len(stage)
             for row, moment in zip(rows, stage):
                 assert np.array_equal(row, moment_bytes(moment, *terms)), (name, moment)  # bit for bit
 
