@@ -72,7 +72,9 @@ def partition_cmd(
                                                          zero=zero, recompute=recompute, memory=memory,
                                                          schedule=schedule or "auto", microbatches=microbatches or "auto",
                                                          grad_sync=grad_sync or "after-step")
-        _finish_cluster(partition_cluster(profile_path, cluster_settings, layouts=plot is not None), out, plot, as_json)
+        with step_progress("partition", terminal_only=True) as on_step:  # logs and pipes stay quiet
+            job = partition_cluster(profile_path, cluster_settings, layouts=plot is not None, on_step=on_step)
+        _finish_cluster(job, out, plot, as_json)
         return
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
                                      microbatches=microbatches or "auto", schedule=schedule or "auto",

@@ -96,6 +96,14 @@ def test_cluster_job_makes_the_commands_plan_and_sweeps_layouts_only_when_asked(
     swept = partition_cluster(analytic_csv, settings, layouts=True)
     assert swept.plan == plain.plan and {p.config.gpus for p in swept.layouts} == {8} and len(swept.layouts) > 1
     assert swept.layouts_title.endswith(f"global batch 64, chosen {plain.result.best.config.describe()}")
+    # progress: one step as each pipeline DP starts (its point named), then the total once the bound settles the rest
+    steps: list[tuple[int, int, str]] = []
+    counted = partition_cluster(analytic_csv, settings, on_step=lambda done, total, note: steps.append((done, total, note)))
+    assert counted.plan == plain.plan
+    total = steps[0][1]
+    assert {s[1] for s in steps} == {total} and steps[-1] == (total, total, "")
+    assert [s[0] for s in steps[:-1]] == list(range(plain.result.solved)) and plain.result.solved <= total
+    assert all(re.match(r"dp=\d+,pp=\d+,tp=\d+ b=\d+ \w+$", note) for _, _, note in steps[:-1]), steps[:3]
 
 
 def test_nodes_plot_draws_every_layout_with_the_chosen_one(pplan, analytic_csv, tmp_path):

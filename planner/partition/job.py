@@ -140,15 +140,17 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
                        warnings=tuple(n for n in notes if n))
 
 
-def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings, *, layouts: bool = False) -> ClusterJob:
+def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings, *, layouts: bool = False,
+                      on_step: StepCallback | None = None) -> ClusterJob:
     """Search `settings` on the profile and make the plan; with `layouts`, also price every
-    layout for the figure (one search per layout: as long again as the search or longer)."""
+    layout for the figure (one search per layout: as long again as the search or longer).
+    `on_step`: the search's progress (plan_parallel's)."""
     profile = load_profile(profile_path)
     common = dict(hardware=settings.hardware, nodes=settings.nodes, global_batch=settings.global_batch,
                   zero=settings.zero, recompute=settings.recompute, memory_bytes=settings.memory_bytes,
                   schedules=None if settings.schedule == "auto" else (settings.schedule,), microbatches=settings.microbatches,
                   overlap_grad_sync=settings.grad_sync == GRAD_SYNC_OVERLAPPED)
-    result = plan_parallel(profile, gpus_per_node=settings.gpus_per_node, parallel=settings.parallel, **common)
+    result = plan_parallel(profile, gpus_per_node=settings.gpus_per_node, parallel=settings.parallel, on_step=on_step, **common)
     plan = parallel_plan(result, profile, settings.hardware)
     # the sweep prices every layout with the ZeRO stage the search used (--zero, or --parallel's zero=)
     points = layout_sweep(profile, gpus_per_node=result.gpus_per_node, **{**common, "zero": result.best.config.zero}) if layouts else ()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numbers
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from planner.errors import PplanError, ScheduleError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from planner.partition.parallel_eval import ParallelCandidate
 
 __all__ = ["MAX_GPUS", "MAX_MICROBATCHES", "RECOMPUTE_CHOICES", "checked_layout", "distinct_schedules", "runnable_schedules", "check_microbatches", "held_flags",
-           "held_size", "check_batch_splits", "check_held_runs", "extrapolated_warning", "hardware_mismatch"]
+           "held_size", "check_batch_splits", "check_held_runs", "check_runs", "extrapolated_warning", "hardware_mismatch"]
 
 MAX_MICROBATCHES = 4096
 """Most micro-batches per replica the search plans (given or derived from a micro-batch size)."""
@@ -182,3 +182,17 @@ def hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
         return ()
     return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses {hw.name!r}'s "
             f"peak and memory; for {hw.name} times, make the profile again with --hardware {hw.name}",)
+
+
+def check_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
+               a: dict[str, Any], schedule_flag: str, held_to: str, skipped_for_memory: bool) -> None:
+    """PplanError (ScheduleError) when no layout of the search `a` (planner.partition.parallel_search's
+    checked arguments) has a point to run, memory aside: no dp splits the batch, or the held
+    schedules and micro-batch count run nowhere."""
+    forced = None if a["parallel"] == "auto" else a["parallel"]
+    n, n_layers = a["nodes"] * a["gpus_per_node"], a["profile"].n_layers
+    if held_to or not skipped_for_memory:  # nothing runnable, and not (only) for memory
+        check_batch_splits(layouts, a["global_batch"], n, forced)
+    if held_to:
+        where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
+        check_held_runs(layouts, sizes_of, names, a["global_batch"], n_layers, schedule_flag, a["microbatches"], where)

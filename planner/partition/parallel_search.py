@@ -45,8 +45,8 @@ from planner.cost.replica_bytes import gradient_bytes
 from planner.errors import PplanError
 from planner.hardware import Hardware, load_hardware
 from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, ParallelConfig
-from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, check_batch_splits, check_held_runs,
-                                               check_microbatches, checked_layout, extrapolated_warning, hardware_mismatch,
+from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, check_microbatches, check_runs,
+                                               checked_layout, extrapolated_warning, hardware_mismatch,
                                                held_flags, held_size, runnable_schedules)
 from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_memory,
                                              least_static_bytes, simulate_task, solve_task)
@@ -182,6 +182,7 @@ def plan_parallel(
     overlap_grad_sync: bool = False,
     vocab_parallel: bool = False,
     check_hints: bool = True,
+    on_step: Callable[[int, int, str], None] | None = None,
 ) -> ParallelResult:
     """The fastest (D, P, T) x b x schedule x recompute plan of `profile` (or an analytic profile of
     the gpt spec `model`) on `nodes` x `gpus_per_node` GPUs of `hardware` (module docstring).
@@ -204,13 +205,15 @@ def plan_parallel(
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
     A profile made for other hardware plans on, with a line in the result's `warnings`. `check_hints`:
     the InfeasibleError names only fixes confirmed by searching again with each (False: no search).
+    `on_step(done, total, note)`: progress of the search's pipeline DPs, total the points it may
+    solve (the bound settles the rest at once: done jumps to total).
     """
     args = _request(dict(profile=profile, model=model, hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node,
                          global_batch=global_batch, parallel=parallel, zero=zero, recompute=recompute, schedules=schedules,
                          micro_batch_sizes=micro_batch_sizes, microbatches=microbatches, memory_bytes=memory_bytes,
                          top_k=top_k, compute_scale=compute_scale, overlap_grad_sync=overlap_grad_sync,
                          vocab_parallel=vocab_parallel))
-    got = _search(args)
+    got = _search(args, on_step)
     if isinstance(got, Shortfall):
         def attempt(change: dict[str, Any]) -> ParallelResult | Shortfall:  # one fix, searched for its best plan only
             return _search(_request({**args, **change, "top_k": 1}))
@@ -234,7 +237,7 @@ def _request(raw: dict[str, Any]) -> dict[str, Any]:
             "parallel": forced or "auto", "zero": zero, "memory_bytes": float(mem)}
 
 
-def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
+def _search(a: dict[str, Any], on_step: Callable[[int, int, str], None] | None = None) -> ParallelResult | Shortfall:
     """One search of checked arguments `a` (_request): the fastest plan that fits, or, when none
     does, what the search learnt of the memory one needs. Raises PplanError (ScheduleError) when
     nothing could run whatever the memory."""
@@ -246,9 +249,9 @@ def _search(a: dict[str, Any]) -> ParallelResult | Shortfall:
     sizes_of = _sizes_of(a, profile)
     tasks, need_min = _tasks(ctx, layouts, sizes_of, names, recs, a["global_batch"], mem, skipped)
     if not tasks:  # may anything run at all, memory aside?
-        _check_runs(layouts, sizes_of, names, a, schedule_flag, held_to, math.isfinite(need_min))
+        check_runs(layouts, sizes_of, names, a, schedule_flag, held_to, math.isfinite(need_min))
     keep = max(1, a["top_k"])
-    found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep)
+    found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep, on_step)
     if not found:
         return Shortfall(need_min, min_scale, False, helping_zero(ctx, layouts, mem), held_to)
     sims = _judge(ctx, found, keep, mem, flops)
@@ -304,19 +307,6 @@ def _sizes_of(a: dict[str, Any], profile: Profile) -> Callable[[ParallelConfig],
     if a["microbatches"] is None:
         return lambda cfg: sizes
     return lambda cfg: held_size(cfg, a["global_batch"], a["microbatches"], given)
-
-
-def _check_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
-                a: dict[str, Any], schedule_flag: str, held_to: str, skipped_for_memory: bool) -> None:
-    """PplanError (ScheduleError) when no layout has a point to run, memory aside: no dp splits the
-    batch, or the held schedules and micro-batch count run nowhere."""
-    forced = None if a["parallel"] == "auto" else a["parallel"]
-    n, n_layers = a["nodes"] * a["gpus_per_node"], a["profile"].n_layers
-    if held_to or not skipped_for_memory:  # nothing runnable, and not (only) for memory
-        check_batch_splits(layouts, a["global_batch"], n, forced)
-    if held_to:
-        where = f"--parallel {forced.describe()}" if forced else f"any dp x pp x tp layout of {n} GPUs"
-        check_held_runs(layouts, sizes_of, names, a["global_batch"], n_layers, schedule_flag, a["microbatches"], where)
 
 
 def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] | None) -> Profile:
@@ -377,23 +367,29 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
     return tasks, need_min
 
 
-def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: int, keep: int) -> tuple[list, int, float]:
+def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: int, keep: int,
+                on_step: Callable[[int, int, str], None] | None = None) -> tuple[list, int, float]:
     """(the `keep` best DP solutions as (estimate, task, solution), DPs run, least memory scale
-    that would fit among the tasks that did not)."""
+    that would fit among the tasks that did not); on_step as plan_parallel's."""
     # Branch and bound: a task's estimate is a lower bound of its DP-based estimate (the
     # bottleneck stage is at least the balanced share), so solving stops once the next task's
     # estimate exceeds the top_k-th best DP-based estimate found (or after _MAX_SOLVES).
     solved, found = 0, []
     min_scale = math.inf
+    total = min(len(tasks), _MAX_SOLVES)
     for task in tasks:
         if len(found) >= keep and task.estimate_ms > sorted(f[0] for f in found)[keep - 1] * (1.0 + _ESTIMATE_MARGIN):
             break
         if solved >= _MAX_SOLVES and found:
             break
+        if on_step is not None:
+            on_step(min(solved, total - 1), total, f"{task.cfg.describe()} b={task.b} {task.schedule}")
         got = solve_task(ctx, task, mem, gpn)
         solved += 1
         if isinstance(got, float):
             min_scale = min(min_scale, got)
             continue
         found.append(got)
+    if on_step is not None:
+        on_step(total, total, "")
     return found, solved, min_scale
