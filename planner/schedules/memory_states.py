@@ -18,8 +18,8 @@ for them.
 
 Most states can never be the peak: one that holds no more of anything than another state of its
 rank (micro-batches, stage outputs, pending W, ended I and W, gradients, the transient) is at most
-that one's bytes whenever every price is non-negative. The table keeps those maximal states
-apart (`front`), and `memory_peaks_table` prices only them when exactness is certain (module
+that one's bytes whenever every price is non-negative. `state_front` finds those maximal states
+(once, on first use), and `memory_peaks_table` prices only them when exactness is certain (module
 function docstring); otherwise it prices every state.
 """
 
@@ -33,9 +33,10 @@ from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
 from planner.schedules.registry import holds_sends
 
-__all__ = ["FRONT_ROUNDS", "StateTable", "state_table", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
+__all__ = ["FRONT_ROUNDS", "StateTable", "state_table", "state_front", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
 
 _ATTR = "_pplan_state_table"
+_FRONT_ATTR = "_pplan_state_front"
 # Integer sums below this are exact in float64, whatever their order (2**53, less a margin).
 _EXACT_BOUND = float(2**52)
 
@@ -71,9 +72,6 @@ class StateTable:
     input gradient held until the step ends, and its output once its W or B ended)."""
     running: np.ndarray
     """(rows, width) 1 where an I of the stage runs: its micro-batch's wgrad is alive already."""
-    front: np.ndarray
-    """Ascending rows that include every row no other row of its rank dominates (pareto_front over
-    all columns); every other row is dominated by one of them."""
     largest: int
     """The largest count in any column (bounds the sums for the exactness check)."""
 
@@ -141,7 +139,7 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
 
 def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
     width = max(1, max(len(st) for st in cs.rank_stages))
-    blocks, front, starts = [], [], [0]
+    blocks, starts = [], [0]
     stage_of = np.full((cs.n_ranks, width), -1, dtype=np.int64)
     for r, stages in enumerate(cs.rank_stages):
         n = len(stages)
@@ -149,13 +147,8 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
         got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64), sends_held)
         parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(_GROUPS)]  # skip the bwd column
         pad = [np.pad(p, ((0, 0), (0, width - n))) for p in parts]
-        block = np.column_stack([pad[0], got[:, n], *pad[1:]])
-        bwd_mark = block[:, width][:, None] == stage_of[r][None, :]
-        during, grads, outputs, pending, sent, running = pad
-        features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running])
-        front.append(starts[-1] + pareto_front(features, FRONT_ROUNDS))
-        blocks.append(block)
-        starts.append(starts[-1] + len(block))
+        blocks.append(np.column_stack([pad[0], got[:, n], *pad[1:]]))
+        starts.append(starts[-1] + len(got))
     rows = np.concatenate(blocks)
     w = width
 
@@ -169,9 +162,29 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
         rank_stages=cs.rank_stages, stage_of=stage_of, starts=start_arr,
         row_rank=np.repeat(np.arange(cs.n_ranks), np.diff(start_arr)),
         during=cols(0), bwd=np.ascontiguousarray(rows[:, w]), grads=cols(1), outputs=cols(2),
-        pending=cols(3), sent=cols(4), running=cols(5), front=np.concatenate(front),
+        pending=cols(3), sent=cols(4), running=cols(5),
         largest=int(max(1, np.abs(rows).max())),
     )
+
+
+def state_front(t: StateTable) -> np.ndarray:
+    """Ascending rows of `t` that include every row no other row of its rank dominates (pareto_front
+    over all its columns); every other row is dominated by one of them. Built on first use and
+    cached on the table: only memory_peaks_table prices the front, and the cluster search's moments
+    (planner.schedules.memory) read hundreds of tables that are never priced."""
+    cached = t.__dict__.get(_FRONT_ATTR)
+    if cached is None:
+        front = []
+        for r in range(len(t.rank_stages)):
+            lo, hi = t.starts[r], t.starts[r + 1]
+            during, grads, outputs, pending, sent, running = (x[lo:hi] for x in (t.during, t.grads, t.outputs, t.pending,
+                                                                                    t.sent, t.running))
+            bwd_mark = t.bwd[lo:hi, None] == t.stage_of[r][None, :]
+            features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running])
+            front.append(lo + pareto_front(features, FRONT_ROUNDS))
+        cached = np.concatenate(front)
+        object.__setattr__(t, _FRONT_ATTR, cached)  # frozen table, never changed: safe private cache
+    return cached
 
 
 _SMALL_FRONT = 256  # rows up to which pareto_front compares every pair at once (256 x 256 x columns)
@@ -256,7 +269,7 @@ def memory_peaks_table(t: StateTable, prices: dict[str, np.ndarray], transient: 
         per_rank = sum(_per_column(t, v).sum(axis=1) for v in (*prices.values(), transient))
     exact = (bool(np.all(np.isfinite(values))) and bool(np.all(values >= 0)) and bool(np.all(values == np.round(values)))
              and float(np.max(per_rank, initial=0.0)) * t.largest * 3 < _EXACT_BOUND)
-    rows = t.front if exact else np.arange(len(t.row_rank))
+    rows = state_front(t) if exact else np.arange(len(t.row_rank))
     act, grad = _row_sums(t, rows, prices, transient)
     total = act + grad
     best, first, ids = _first_max(total, t.row_rank[rows])
