@@ -37,7 +37,7 @@ from planner.hardware import PRESETS, Hardware
 from planner.limits import MAX_SIMULATED_ACTIONS, MAX_TIMELINE_ACTIONS
 from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
-from planner.schedules import generate, get_schedule
+from planner.schedules import get_schedule
 from planner.simulation.engine import simulate_costs
 from planner.simulation.replica import Cluster, replica_costs, replica_layout, simulate_replica
 from planner.simulation.result import TIMELINE_COLUMNS, SimResult, TimelineRow
@@ -106,7 +106,7 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
         return _simulate_replica_plan(plan, profile, calibration, record_timeline, hardware)
     check_hardware_applies(plan, hardware)
     stages, interpolated = plan_stage_costs(plan, profile)
-    schedule = generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
+    schedule = plan.pipeline_schedule()
     return simulate_costs(
         schedule, stages, [st.device for st in plan.stages], plan.devices, plan.links,
         micro_batch_size=plan.micro_batch_size, calibration=calibration,
@@ -201,7 +201,7 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
     cluster = replica_cluster(plan, hw)
     flops = model_flops(profile, plan.global_batch)
     sim = simulate_replica(
-        generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages),
+        plan.pipeline_schedule(),
         replica_costs(raw, profile.names, cfg, cluster), plan.cuts, [st.recompute for st in plan.stages], cfg, cluster,
         flops, devices=plan.devices, links=plan.links,
         stage_device=[st.device for st in plan.stages], micro_batch_size=plan.micro_batch_size,

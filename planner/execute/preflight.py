@@ -25,7 +25,10 @@ Refused with a one-line PlanError/PplanError (exit code 2):
 
 from __future__ import annotations
 
+import glob
 import hashlib
+import os
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,7 +42,7 @@ from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, 
 from planner.units import format_bytes
 
 __all__ = ["Preflight", "preflight", "check_parallel", "check_profile_model", "check_host_memory", "same_model", "model_kwargs",
-           "run_dtype", "cpu_rank_cap"]
+           "run_dtype", "cpu_rank_cap", "no_gpu_device_nodes"]
 
 
 @dataclass(frozen=True)
@@ -199,12 +202,7 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
     want = opts.device
     if want == "cpu":
         return "cpu"
-    try:
-        import torch
-
-        n_gpu = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    except Exception:  # noqa: BLE001 - a broken CUDA install means: no GPU
-        n_gpu = 0
+    n_gpu = 0 if no_gpu_device_nodes() else _torch_gpu_count()
     per_machine = local_world
     if want == "auto":
         return "cuda" if 0 < per_machine <= n_gpu else "cpu"
@@ -214,6 +212,23 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
         raise PplanError(f"plan needs {per_machine} GPUs on this machine but it has {n_gpu}",
                          "re-plan for fewer devices, or start it across machines with torchrun")
     return "cuda"
+
+
+def no_gpu_device_nodes() -> bool:
+    """Whether this is Linux without a device node torch's CUDA could use (NVIDIA's /dev/nvidia0...,
+    ROCm's /dev/kfd, WSL's /dev/dxg): then there is no GPU, and `--device auto` need not import torch
+    here (seconds on a small machine, before any rank starts, and the ranks import it anyway)."""
+    return sys.platform == "linux" and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")
+                                            or os.path.exists("/dev/dxg"))
+
+
+def _torch_gpu_count() -> int:
+    try:
+        import torch
+
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    except Exception:  # noqa: BLE001 - a broken CUDA install means: no GPU
+        return 0
 
 
 def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
@@ -284,9 +299,7 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     if device_type == "cpu" and not under_torchrun and world > cpu_rank_cap() and not force:
         raise PplanError(f"plan asks for {world} CPU ranks; this machine runs at most {cpu_rank_cap()} "
                          "(more processes measure contention, not the plan)", "pass --force to run anyway")
-    from planner.execute.stages import plan_schedule
-
-    plan_schedule(plan)  # ScheduleError when torch cannot run these sizes
+    plan.pipeline_schedule()  # ScheduleError when torch cannot run these sizes
     resume = 0
     if opts.checkpoint_dir:
         from planner.execute.checkpoint import latest_checkpoint

@@ -32,10 +32,10 @@ from planner.execute.measure import recorder, tracker
 from planner.execute.weight_backward import retain_graph_in_weight_backward
 from planner.master_weights import is_16bit, with_fp32_masters
 from planner.plan import Plan
-from planner.schedules import PipelineSchedule, generate, get_schedule
+from planner.schedules import PipelineSchedule, get_schedule
 
 __all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage", "boundary_specs",
-           "shared_parameter_groups", "plan_schedule", "make_schedule", "step_seed", "make_optimizer"]
+           "shared_parameter_groups", "make_schedule", "step_seed", "make_optimizer"]
 
 
 def step_seed(plan_seed: int, step: int) -> int:
@@ -270,11 +270,6 @@ def shared_parameter_groups(plan: Plan, layers: nn.Sequential) -> list[tuple[lis
     return [(list(r), ps) for r, ps in groups.items()]
 
 
-def plan_schedule(plan: Plan) -> PipelineSchedule:
-    """The planner's schedule for `plan` (what the simulator simulated)."""
-    return generate(plan.schedule, plan.n_devices, plan.n_microbatches, plan.virtual_stages)
-
-
 def _compute_order(order: dict[int, list[Any]]) -> dict[int, list[str]]:
     """rank -> torch actions as strings, idle slots and non-compute actions dropped."""
     return {rank: [str(a) for a in acts if a is not None and a.computation_type.value in ("F", "B", "I", "W")]
@@ -291,7 +286,7 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     from torch.distributed import pipelining
     from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
-    sched = plan_schedule(plan)
+    sched = plan.pipeline_schedule()
     spec = get_schedule(plan.schedule)
     M = plan.n_microbatches
     _scale_each_parameter_once(sched, stages)

@@ -31,7 +31,7 @@ from planner.execute.options import RunOptions
 from planner.execute.pipeline import build_pipeline
 from planner.execute.rankstate import resume_rank, rng_state, save_rank, seed_rank, set_rng_state
 from planner.execute import tensor, zero
-from planner.execute.stages import plan_schedule, step_seed
+from planner.execute.stages import step_seed
 from planner.execute.steplog import StepLog, rank_measurement
 from planner.errors import RunError
 from planner.models.hf_release import release_other_layers
@@ -235,7 +235,7 @@ def _agree_on_step(r: _RankSetup, step: int, local_ms: float, losses: list[Any],
 
 def check_executed_order(plan: Plan, rank: int, events: list[Any]) -> None:
     """Raise RunError unless this rank's compute ran in the planner's order."""
-    want = [str(a) for a in plan_schedule(plan).actions(rank)]
+    want = [str(a) for a in plan.pipeline_schedule().actions(rank)]
     got = [f"{e.stage}{e.kind}{e.microbatch}" for e in events if e.kind in ("F", "B", "I", "W")]
     if got != want:
         i = next((k for k, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))

@@ -9,6 +9,7 @@ from planner.parallel import ParallelConfig
 from planner.plan.checks import validate_plan
 from planner.plan.digest import plan_digest
 from planner.plan.records import Prediction, SearchRecord
+from planner.schedules import PipelineSchedule, generate
 
 __all__ = ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS", "Device", "StagePlan", "Links", "Plan"]
 
@@ -142,6 +143,11 @@ class Plan:
     def virtual_stages(self) -> int:
         """Stages per device (1 except for interleaved schedules)."""
         return len(self.stages) // len(self.devices)
+
+    def pipeline_schedule(self) -> PipelineSchedule:
+        """The schedule this plan runs, validated: what the simulator simulates and the executor runs
+        (ScheduleError when these sizes cannot run)."""
+        return generate(self.schedule, self.n_devices, self.n_microbatches, self.virtual_stages)
 
     def with_(self, **changes: Any) -> "Plan":
         """A copy with fields replaced (for what-if overrides); validated like any plan."""
