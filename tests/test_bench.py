@@ -122,24 +122,6 @@ def test_bench_cli_refuses_a_file_as_out_dir(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_fidelity_quick_runs_the_executor_and_reports_errors(tmp_path: Path) -> None:
-    got = run_pplan("bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--out-dir", str(tmp_path), "--json",
-                    cwd=tmp_path, timeout=600)
-    assert got.returncode == 0, got.stderr
-    table = json.loads(got.stdout)["tables"][0]
-    rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
-    assert [(r["schedule"], r["microbatches"]) for r in rows] == [("gpipe", 2), ("1f1b", 2)]
-    for r in rows:
-        assert r["error"] is None, r["error"]
-        assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["measured_peak_bytes"] > 0
-        assert r["time_err_pct"] == pytest.approx(100 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"])
-    assert table["summary"]["completed"] == 2 and table["summary"]["mape_time_pct"] is not None
-    md = (tmp_path / "fidelity.md").read_text()
-    assert "MAPE step time:" in md and "MAPE by model/devices" in md and "synthetic/2" in md
-    assert "co_run" in table["columns"] and all(r["co_run"] == 0 for r in rows)  # the synthetic model sleeps
-    assert all(r["cal_time_err_pct"] is None for r in rows)  # no --calibrated
-
-
 def test_fidelity_profiles_real_cpu_models_beside_their_other_ranks() -> None:
     from planner.bench.fidelity import DEFAULT_GRID, FidelityPoint, co_run_for
 
@@ -169,18 +151,29 @@ def test_fidelity_calibrated_error_counts_only_runs_predicted_with_the_calibrati
 
 
 @pytest.mark.slow
-def test_fidelity_calibrated_quick_predicts_later_runs_with_the_first_runs_calibration(tmp_path: Path) -> None:
+def test_fidelity_quick_runs_the_executor_reports_errors_and_calibrates(tmp_path: Path) -> None:
+    """The quick grid end to end, twice per case (one launch of `pplan bench fidelity` serves both
+    checks: each run of it costs seconds of rank start-up): every row ran, its error is its
+    prediction against its measurement, and the second run was predicted with the first one's
+    calibration."""
     got = run_pplan("bench", "fidelity", "--quick", "--steps", "3", "--warmup", "1", "--repeats", "2", "--calibrated",
                     "--out-dir", str(tmp_path), "--json", cwd=tmp_path, timeout=600)
     assert got.returncode == 0, got.stderr
     table = json.loads(got.stdout)["tables"][0]
     rows = [dict(zip(table["columns"], r)) for r in table["rows"]]
+    assert [(r["schedule"], r["microbatches"]) for r in rows] == [("gpipe", 2), ("1f1b", 2)]
     for r in rows:
         assert r["error"] is None, r["error"]
+        assert r["predicted_ms"] > 0 and r["measured_ms"] > 0 and r["measured_peak_bytes"] > 0
+        assert r["time_err_pct"] == pytest.approx(100 * (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"])
         assert r["cal_runs"] == 1 and r["cal_time_err_pct"] is not None
         assert "calibration" not in r["basis"]  # the first run was predicted before any calibration existed
+    assert table["summary"]["completed"] == 2 and table["summary"]["mape_time_pct"] is not None
     assert set(table["summary"]["calibrated_median_abs_time_pct_by_group"]) == {"synthetic/2"}
-    assert "With per-plan calibration" in (tmp_path / "fidelity.md").read_text()
+    md = (tmp_path / "fidelity.md").read_text()
+    assert "MAPE step time:" in md and "MAPE by model/devices" in md and "synthetic/2" in md
+    assert "With per-plan calibration" in md
+    assert "co_run" in table["columns"] and all(r["co_run"] == 0 for r in rows)  # the synthetic model sleeps
 
 
 def test_fidelity_grid_selection_by_model_label():
