@@ -16,7 +16,9 @@ import pytest
 from planner.schedules import check_sizes, generate
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, compile_schedule
-from planner.schedules.memory import activation_peaks, memory_peaks, stage_inflight_peak, stage_memory_moments
+from planner.schedules.memory import (
+    Moment, activation_peaks, memory_peaks, stage_inflight_peak, stage_memory_moments, undominated,
+)
 from planner.schedules import memory_states
 from planner.schedules.memory_states import pareto_front, state_table
 from planner.schedules.registry import holds_sends
@@ -233,6 +235,28 @@ def test_pareto_front_keeps_exactly_the_undominated_rows():
         rows = np.unique(rng.integers(0, top, (n, int(rng.integers(1, 5)))), axis=0)
         want = [i for i, a in enumerate(rows) if not any(np.all(b >= a) and np.any(b != a) for b in rows)]
         assert pareto_front(rows).tolist() == want
+
+
+def test_undominated_keeps_exactly_the_moments_no_other_covers():
+    """By the definition, against every pair: a moment is covered by another with as many or more of
+    each count and flag, of ended W (sent - pending) and of held outputs (in flight - pending). Random
+    moments with many alike but for in_flight or sent_grads, which undominated cuts before the front."""
+    rng = np.random.default_rng(13)
+
+    def features(m: Moment) -> tuple[int, ...]:
+        c, x, p = m.in_flight, m.sent_grads, m.pending_w
+        return (c, int(m.transient), int(m.gradients), p, x, int(m.running_i), x - p, c - p)
+
+    for _ in range(80):
+        moments = [Moment(int(c), bool(t), bool(g), int(p), int(x), bool(i))
+                   for c, t, g, p, x, i in rng.integers(0, [6, 2, 2, 3, 6, 2], (int(rng.integers(0, 80)), 6))]
+        distinct = set(moments)
+        want = {a for a in distinct
+                if not any(b != a and all(u >= v for u, v in zip(features(b), features(a))) for b in distinct)}
+        got = undominated(moments)
+        assert set(got) == want and len(got) == len(want)
+        assert list(got) == sorted(got, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads,
+                                                      m.running_i))
 
 
 def test_pareto_front_with_few_rounds_keeps_a_dominating_superset():
