@@ -215,11 +215,12 @@ def _device_type(plan: Plan, opts: RunOptions, under_torchrun: bool, local_world
 
 
 def no_gpu_device_nodes() -> bool:
-    """Whether this is Linux without a device node torch's CUDA could use (NVIDIA's /dev/nvidia0...,
-    ROCm's /dev/kfd, WSL's /dev/dxg): then there is no GPU, and `--device auto` need not import torch
+    """Whether this is Linux with no sign of a GPU torch could use: no NVIDIA driver loaded
+    (/proc/driver/nvidia: its device nodes may be made only when CUDA first starts) nor device node
+    (/dev/nvidia0..., ROCm's /dev/kfd, WSL's /dev/dxg). Then `--device auto` need not import torch
     here (seconds on a small machine, before any rank starts, and the ranks import it anyway)."""
-    return sys.platform == "linux" and not (glob.glob("/dev/nvidia[0-9]*") or os.path.exists("/dev/kfd")
-                                            or os.path.exists("/dev/dxg"))
+    return sys.platform == "linux" and not (glob.glob("/dev/nvidia[0-9]*") or any(
+        os.path.exists(p) for p in ("/proc/driver/nvidia", "/dev/kfd", "/dev/dxg")))
 
 
 def _torch_gpu_count() -> int:
