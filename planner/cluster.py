@@ -25,9 +25,7 @@ import operator
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
-
-import networkx as nx
+from typing import TYPE_CHECKING, Any, Callable
 
 from planner.errors import ClusterError, PplanError
 from planner.cost.comm import link_between, link_ms
@@ -35,6 +33,9 @@ from planner.jsonio import check_keys, read_json_file
 from planner.limits import MAX_SPEED, MIN_SPEED
 from planner.plan import Device, Links
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
+
+if TYPE_CHECKING:
+    import networkx as nx
 
 __all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
            "path_score", "pipeline_orders"]
@@ -125,6 +126,8 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
     devices = data.get("devices")
     if not isinstance(devices, list) or not devices:
         raise ClusterError(f"{source}: 'devices' must be a non-empty list", "see examples/cluster.json")
+    import networkx as nx  # here, not at the top: every command and rank imports this module, few read a cluster file
+
     g = nx.Graph()
     for i, dv in enumerate(devices):
         where = f"{source}: devices[{i}]"
