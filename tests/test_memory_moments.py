@@ -161,6 +161,21 @@ def test_min_memory_scale_with_two_moments_is_the_least_that_fits():
             assert solve_dp(dataclasses.replace(p, budget=p.budget * scale * 0.99)) is None
 
 
+def test_a_least_scale_above_one_is_exactly_when_the_dp_fits_no_cut():
+    # the cluster search asks min_memory_scale first and skips the DP above 1
+    # (planner.partition.parallel_eval.solve_task): with no recompute choice, both must agree
+    rng = np.random.default_rng(29)
+    fitting = 0
+    for case in range(600):
+        p = random_problem(rng, ("none", "all")[case % 2])
+        p = _with_pending_w(rng, _with_moments(rng, p)) if case % 3 else _with_moments(rng, p)
+        scale, _ = min_memory_scale(p)
+        sol = solve_dp(p)
+        assert (sol is None) == (scale > 1.0), (case, scale)
+        fitting += sol is not None
+    assert 150 < fitting < 450
+
+
 def test_min_memory_scale_agrees_with_the_simulator():
     # GPipe, M=4, no recompute: the scale it names fits the simulated peaks, 1% less has no plan
     prof = load_profile(IMBALANCED)
