@@ -7,10 +7,12 @@ and plans, figure decoding); tests import those, never another test module.
 
 from __future__ import annotations
 
+import compileall
 import os
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -26,6 +28,20 @@ settings.register_profile("explore", derandomize=False)
 settings.load_profile("explore" if os.environ.get("PPLAN_HYPOTHESIS") == "explore" else "pplan")
 
 DATA = Path(__file__).resolve().parent / "data"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Compile the project's modules once, before any test starts a process, where Python is told
+    not to write bytecode (PYTHONDONTWRITEBYTECODE, as on this project's machines): then no process reuses
+    it and each of the ~250 commands and ranks the suite starts would compile the modules it imports
+    again (a rank's: 0.93-1.01 s of CPU to import its module, 0.52-0.61 s compiled, here). Reading
+    bytecode stays on under that setting. Up to date files are skipped, and a folder that cannot be
+    written is left as it is."""
+    if not sys.dont_write_bytecode:
+        return
+    root = Path(__file__).resolve().parent.parent
+    for folder in ("planner", "cli", "tests"):
+        compileall.compile_dir(root / folder, quiet=2)
 
 
 @pytest.fixture(scope="session", autouse=True)
