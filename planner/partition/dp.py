@@ -198,25 +198,28 @@ class StageTables:
         qs[ii, jj] = q
         return table, qs
 
-    def min_bytes(self, s: int) -> np.ndarray:
-        """Least memory over the family for each (i, j) at position s (inf where i >= j)."""
-        key = moments(self.p, s)
+    def min_bytes(self, s: int, window: tuple[int, int, int, int] | None = None) -> np.ndarray:
+        """Least memory over the family for each (i, j) at position s (inf where i >= j): the whole
+        (L+1)^2 table, shared by positions with the same moments, or only `window` (starts i0..i1,
+        ends j0..j1, indexed from (i0, j0)), as stage tables are (StageTables.stage)."""
+        key = (moments(self.p, s), window)
         got = self._min_cache.get(key)
         if got is None:
-            got = self._min_cache[key] = self._min_bytes(s)
+            got = self._min_cache[key] = self._min_bytes(s, window)
         return got
 
-    def _min_bytes(self, s: int) -> np.ndarray:
-        p, L1 = self.p, self.L + 1
-        ii, jj = self.band(np.inf)
+    def _min_bytes(self, s: int, window: tuple[int, int, int, int] | None) -> np.ndarray:
+        p = self.p
+        ii, jj = self.band(np.inf, window)
         fixed, held, step, kinds, work = self._base(s, ii, jj)
         if p.recompute == "auto" and self.ne:
             starts = self.pe[ii]
             least = self.rec.least_held(kinds, held, starts, self.pe[jj] - starts, work)
         else:
             least = np.maximum.reduce(held) if len(held) > 1 else held[0]
-        out = np.full((L1, L1), np.inf)
-        out[ii, jj] = fixed + np.maximum(least, np.maximum(step, 0.0))
+        i0, i1, j0, j1 = window if window is not None else (0, self.L, 0, self.L)
+        out = np.full((i1 - i0 + 1, j1 - j0 + 1), np.inf)
+        out[ii - i0, jj - j0] = fixed + np.maximum(least, np.maximum(step, 0.0))
         return out
 
 
@@ -370,19 +373,23 @@ def min_memory_scale(p: PartitionProblem) -> tuple[float, tuple[int, ...]] | Non
     if S < 1 or S > L:
         return None
     tab = StageTables(p)
+    # as solve_dp: each position's window alone when S is near L (narrow windows), else whole
+    # tables that positions with the same moments share
+    windowed = windowed_is_cheaper(p)
 
     def ratio(s: int) -> np.ndarray:
+        """Stage s's least bytes over its budget, over its window (planner.partition.problem.stage_window)."""
+        i0, i1, j0, j1 = w = stage_window(L, S, s)
         b = float(p.budget[s])
-        m = tab.min_bytes(s)
         if not np.isfinite(b):
-            return np.where(tab.valid, 0.0, np.inf)
+            return np.where(tab.valid[i0:i1 + 1, j0:j1 + 1], 0.0, np.inf)
+        m = tab.min_bytes(s, w) if windowed else tab.min_bytes(s)[i0:i1 + 1, j0:j1 + 1]
         return m / b
 
-    f = ratio(0)[0, 1:L - S + 2].copy()  # over each stage's window (planner.partition.problem.stage_window)
+    f = ratio(0)[0].copy()
     back = []
     for s in range(1, S):
-        i0, i1, j0, j1 = stage_window(L, S, s)
-        cand = np.maximum(f[:, None], ratio(s)[i0:i1 + 1, j0:j1 + 1])
+        cand = np.maximum(f[:, None], ratio(s))
         arg = cand.argmin(axis=0)
         f = cand[arg, np.arange(len(arg))]
         back.append(arg + s)
