@@ -3,9 +3,7 @@
 SIGINT reaches `pplan partition`, `simulate` and `profile` mid-run (after they have used some
 CPU, or printed their first progress line): each must exit 130 without a traceback and leave
 neither its output nor a temporary file. Interrupting or killing `pplan run` must
-leave no rank process behind, found by scanning /proc (no psutil): a process whose
-environment names the launcher as its parent (PPLAN_PARENT_PID), or that shares its process
-group.
+leave no rank process behind, found by scanning /proc (helpers/ranks.py).
 """
 
 from __future__ import annotations
@@ -21,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from helpers.cli import cli_env, run_pplan, start_pplan
+from helpers.ranks import launcher_processes, rank_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 BAD = ROOT / "tests" / "data" / "bad"
@@ -139,47 +138,14 @@ def test_sigint_during_profile_leaves_no_profile(tmp_path: Path) -> None:
     _assert_interrupted(proc, proc.finish(), [out])
 
 
-# ---- pplan run: finding the processes a launcher started ----------------------------------------
-
-def _environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    return dict(kv.split("=", 1) for kv in raw.decode("utf-8", "replace").split("\0") if "=" in kv)
-
-
-def _pgid(pid: int) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[2])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-def _descendants(launcher: int) -> list[int]:
-    """Live processes started for the launcher: its process group, or its ranks (marked in their environment)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == launcher:
-            continue
-        pid = int(entry.name)
-        try:
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except (OSError, IndexError):
-            continue
-        if state == "Z":  # a zombie has exited; its parent only has not reaped it yet
-            continue
-        if _pgid(pid) == launcher or _environ(pid).get("PPLAN_PARENT_PID") == str(launcher):
-            found.append(pid)
-    return found
-
+# ---- pplan run: waiting for the processes a launcher started to go ----------------------------
 
 def _wait_gone(launcher: int, timeout: float) -> list[int]:
     deadline = time.monotonic() + timeout
-    left = _descendants(launcher)
+    left = launcher_processes(launcher)
     while left and time.monotonic() < deadline:
         time.sleep(0.2)
-        left = _descendants(launcher)
+        left = launcher_processes(launcher)
     return left
 
 
@@ -250,7 +216,7 @@ def test_stopping_pplan_run_leaves_no_process_no_run_folder_and_no_output(tmp_pa
     launcher = p.pid
     try:
         assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
-        ranks = _descendants(launcher)
+        ranks = launcher_processes(launcher)
         assert len(ranks) >= 2, f"expected the 2 rank processes, found {ranks}"
         assert _run_folders(tmp), "no run folder while running"
         p.send_signal(sig)
@@ -263,7 +229,7 @@ def test_stopping_pplan_run_leaves_no_process_no_run_folder_and_no_output(tmp_pa
         if p.poll() is None:
             p.kill()
             p.wait()
-        _kill_leftovers(_descendants(launcher))
+        _kill_leftovers(launcher_processes(launcher))
     assert not left, f"rank processes {left} outlived `pplan run` stopped by {sig.name}"
     assert _run_folders(tmp) == [], f"left behind in TMPDIR after {sig.name}"
     assert not out.exists()
@@ -275,16 +241,6 @@ def test_stopping_pplan_run_leaves_no_process_no_run_folder_and_no_output(tmp_pa
         assert "Traceback" not in proc.stderr, proc.stderr
 
 
-def _rank_pids(launcher: int) -> dict[int, int]:
-    """RANK -> pid of the launcher's rank processes."""
-    out = {}
-    for pid in _descendants(launcher):
-        rank = _environ(pid).get("RANK")
-        if rank is not None and _environ(pid).get("PPLAN_PARENT_PID") == str(launcher):
-            out[int(rank)] = pid
-    return out
-
-
 @pytest.mark.slow
 def test_a_stopped_rank_is_named_not_the_peers_that_waited_for_it(tmp_path: Path) -> None:
     plan = _run_plan(tmp_path)
@@ -293,7 +249,7 @@ def test_a_stopped_rank_is_named_not_the_peers_that_waited_for_it(tmp_path: Path
     victim = None
     try:
         assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
-        ranks = _rank_pids(launcher)
+        ranks = rank_pids(launcher)
         assert sorted(ranks) == [0, 1], ranks
         victim = ranks[1]
         os.kill(victim, signal.SIGSTOP)  # alive, silent: its peer times out waiting for it
@@ -304,7 +260,7 @@ def test_a_stopped_rank_is_named_not_the_peers_that_waited_for_it(tmp_path: Path
                 os.kill(victim, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        _kill_leftovers(_descendants(launcher))
+        _kill_leftovers(launcher_processes(launcher))
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("pplan: error:")]
     assert code == 1 and len(errors) == 1, proc.stderr
     assert "Traceback" not in proc.stderr

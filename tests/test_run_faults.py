@@ -18,35 +18,9 @@ import pytest
 
 from helpers.cli import start_pplan
 from helpers.plans import synthetic_spec, write_plan
+from helpers.ranks import alive, rank_pids
 
 HANG_GUARD_S = 180  # far beyond any healthy ending (see the module docstring)
-
-
-def _children(pid: int) -> dict[int, int]:
-    """pid -> RANK of the processes whose parent is `pid`."""
-    out = {}
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid != pid:
-                continue
-            env = (entry / "environ").read_bytes().split(b"\0")
-        except (OSError, ValueError, IndexError):
-            continue
-        rank = next((int(e[5:]) for e in env if e.startswith(b"RANK=")), -1)
-        out[int(entry.name)] = rank
-    return out
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def _start(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, list[str], threading.Thread]:
@@ -74,7 +48,7 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread, 
             os.kill(pid, signal.SIGKILL)
         pytest.fail(f"pplan run hung: still running after {HANG_GUARD_S} s")
     # the launcher waits for every rank it ended before it exits: none may be left, not even briefly
-    assert [pid for pid in ranks if _alive(pid)] == []
+    assert [pid for pid in ranks if alive(pid)] == []
     reader.join(timeout=HANG_GUARD_S)  # every line the launcher wrote, up to end of file
     assert not reader.is_alive(), "stderr still open after the launcher exited"
     return "".join(lines)
@@ -83,7 +57,7 @@ def _finish(proc: subprocess.Popen, lines: list[str], reader: threading.Thread, 
 @pytest.mark.slow
 def test_a_killed_rank_ends_the_run_naming_the_rank(tmp_path):
     proc, lines, reader = _start(tmp_path)
-    ranks = _children(proc.pid)
+    ranks = {pid: r for r, pid in rank_pids(proc.pid).items()}
     assert sorted(ranks.values()) == [0, 1]
     victim = next(pid for pid, r in ranks.items() if r == 1)
     os.kill(victim, signal.SIGKILL)
@@ -96,13 +70,13 @@ def test_a_killed_rank_ends_the_run_naming_the_rank(tmp_path):
 @pytest.mark.slow
 def test_a_hung_rank_fails_the_run_after_the_process_group_timeout(tmp_path):
     proc, lines, reader = _start(tmp_path, "--timeout", "4")
-    ranks = _children(proc.pid)
+    ranks = {pid: r for r, pid in rank_pids(proc.pid).items()}
     victim = next(pid for pid, r in ranks.items() if r == 1)
     os.kill(victim, signal.SIGSTOP)  # alive but silent: only the timeout can tell
     try:
         err = _finish(proc, lines, reader, ranks)
     finally:
-        if _alive(victim):
+        if alive(victim):
             os.kill(victim, signal.SIGKILL)
     assert proc.returncode == 1  # RunError
     msg = [ln for ln in err.splitlines() if ln.startswith("pplan: error:")]

@@ -1,7 +1,8 @@
 """Local launch: one process per rank on this machine, watched until all finish or one fails.
 
-Each rank is `python -m planner.execute.worker CONFIG` with torchrun's environment variables
-(MASTER_ADDR=127.0.0.1, a free port), in its own session so a terminal's Ctrl-C reaches only
+Each rank runs planner.execute.worker on CONFIG with torchrun's environment variables
+(MASTER_ADDR=127.0.0.1, a free port), forked from the process that imported torch once
+(warm_start.py) or a fresh interpreter, in its own session so a terminal's Ctrl-C reaches only
 the launcher. The launcher forwards the ranks' progress lines, keeps the last lines of each for
 error messages, and polls: the first rank to exit non-zero ends the run — the others are
 terminated (then killed) at once and RunError names the rank and its cause. Ranks also watch
@@ -31,6 +32,7 @@ from typing import IO, Any
 
 from planner.errors import PplanError, RunError
 from planner.execute.measurement import RankMeasurement, measurements_from_json
+from planner.execute.warm_start import start_rank_process
 from planner.execute.worker import PARENT_ENV
 
 __all__ = ["free_port", "launch_local", "stop_processes"]
@@ -166,9 +168,8 @@ def _start_workers(cfg_path: Path, n_ranks: int, threads: int, verbose: bool, pr
     })
     for r in range(n_ranks):
         env = dict(base, RANK=str(r), LOCAL_RANK=str(r))
-        p = subprocess.Popen([sys.executable, "-m", "planner.execute.worker", str(cfg_path)], env=env,
-                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                             start_new_session=True)
+        p = start_rank_process("planner.execute.worker:rank_entry", [str(cfg_path)], env, name=f"pplan-rank{r}",
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         procs.append(p)
         t = threading.Thread(target=_pump, args=(p.stdout, r, tails[r], verbose, n_ranks), daemon=True)
         t.start()

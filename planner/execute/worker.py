@@ -29,7 +29,7 @@ from planner.plan import plan_from_dict
 if TYPE_CHECKING:
     from planner.execute.measurement import RankMeasurement
 
-__all__ = ["Env", "read_env", "run_worker", "main"]
+__all__ = ["Env", "read_env", "run_worker", "rank_entry", "main"]
 
 PARENT_ENV = "PPLAN_PARENT_PID"
 
@@ -132,17 +132,35 @@ def _join(backend: str, env: Env, timeout_s: float, **kw: Any) -> None:
 
 def _watch_parent(parent: int, run_dir: str | None = None) -> None:
     """Exit if the launcher dies (no rank outlives `pplan run`), removing its run folder
-    (a launcher killed by SIGKILL cannot remove it itself)."""
+    (a launcher killed by SIGKILL cannot remove it itself). The launcher is this process's parent
+    or, for a rank forked by the warm-start server, its grandparent: so where /proc exists it is
+    watched by its start time (a pid reused by another process does not count as alive)."""
+    born = _start_time(parent)
+    if born is not None:
+        def alive() -> bool:
+            return _start_time(parent) == born
+    else:  # no /proc: only a direct child of the launcher can tell
+        def alive() -> bool:
+            return os.getppid() == parent
 
     def loop() -> None:
         while True:
-            if os.getppid() != parent:
+            if not alive():
                 if run_dir and Path(run_dir).name.startswith("pplan-run-"):
                     shutil.rmtree(run_dir, ignore_errors=True)
                 os._exit(1)
             time.sleep(0.5)
 
     threading.Thread(target=loop, daemon=True, name="pplan-parent-watch").start()
+
+
+def _start_time(pid: int) -> str | None:
+    """When process `pid` started (from /proc), or None if it is gone, a zombie, or /proc is absent."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") or len(fields) < 20 else fields[19]
 
 
 def _write_error(run_dir: str | None, rank: int, kind: str, message: str, code: int) -> None:
@@ -153,6 +171,11 @@ def _write_error(run_dir: str | None, rank: int, kind: str, message: str, code: 
         path.write_text(json.dumps({"kind": kind, "message": message, "exit_code": code}), encoding="utf-8")
     except OSError:
         pass
+
+
+def rank_entry(cfg_path: str) -> int:
+    """Entry of a rank the local launcher started (forked warm or a fresh process)."""
+    return main([cfg_path])
 
 
 def main(argv: list[str] | None = None) -> int:

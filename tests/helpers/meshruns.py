@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -39,18 +38,18 @@ def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0)
     records of every rank (losses, memory, all-reduce times); raises AssertionError naming the
     plan and the rank's own error when a rank fails."""
     from planner.execute.launch import free_port
+    from planner.execute.warm_start import start_rank_process
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}
     env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(world), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(_REPO / "tests"), str(_REPO), env.get("PYTHONPATH", "")]))
-    code = "import sys; from helpers.meshruns import rank_main; rank_main(sys.argv[1])"
     procs = []
-    for r in range(world):
+    for r in range(world):  # started as `pplan run` starts its ranks (warm, unless PPLAN_WARM_START=0)
         with open(folder / f"rank{r}.log", "wb") as log:
-            procs.append(subprocess.Popen([sys.executable, "-c", code, str(folder)], env=dict(env, RANK=str(r)),
-                                          cwd=_REPO, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT))
+            procs.append(start_rank_process("helpers.meshruns:rank_main", [str(folder)], dict(env, RANK=str(r)),
+                                            name=f"pplan-rank{r}", cwd=_REPO, stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + timeout_s
     try:
         while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
