@@ -9,7 +9,7 @@ step and a 3-rank 1F1B step with relays compute the single-process loss and grad
 from __future__ import annotations
 
 import json
-import multiprocessing as mp
+import os
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +45,11 @@ def test_pipeline_splits_where_planned_and_sends_what_the_planner_predicts(cuts)
     for pipe in (by_spec, relayed):
         names = {n for i in range(pipe.num_stages) for n, _ in pipe.get_stage_module(i).named_parameters()}
         assert names == {n for n, _ in model.named_parameters()}
+
+
+def rank_main(config: str) -> None:
+    """One rank, started with its JSON config (rank, world, init, cuts, schedule, relay, out)."""
+    _worker(**json.loads(config))
 
 
 def _worker(rank: int, world: int, init: str, cuts: list[int], schedule: str, relay: bool, out: str) -> None:
@@ -87,14 +92,15 @@ def _worker(rank: int, world: int, init: str, cuts: list[int], schedule: str, re
 
 
 def _run(tmp_path: Path, world: int, cuts: list[int], schedule: str, relay: bool) -> list[dict]:
-    ctx = mp.get_context("spawn")
-    procs = [ctx.Process(target=_worker, args=(r, world, str(tmp_path / "init"), cuts, schedule, relay, str(tmp_path)))
+    from planner.execute.warm_start import start_rank_process
+
+    here = Path(__file__).resolve().parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))
+    procs = [start_rank_process("test_graph_pipeline:rank_main",
+                                [json.dumps({"rank": r, "world": world, "init": str(tmp_path / "init"), "cuts": cuts,
+                                             "schedule": schedule, "relay": relay, "out": str(tmp_path)})], env)
              for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(180)
-    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    assert [p.wait(timeout=180) for p in procs] == [0] * world
     return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -21,9 +19,9 @@ HIDDEN, HEADS, FFN, BATCH, SEQ = 64, 4, 4, 2, 16
 SPEC = f"gpt:layers=1,hidden={HIDDEN},heads={HEADS},seq={SEQ},vocab=128,ffn={FFN}"
 
 
-def rank_hold(rank: int, world: int, port: int, out: str) -> None:
-    """One gloo rank: a tp block's I (torch's stage_backward_input) on a replicated input; writes the
-    bytes of the distinct local storages its parameter groups keep for W."""
+def rank_hold(rank_text: str, world_text: str, port_text: str, out: str) -> None:
+    """One gloo rank (started with text arguments): a tp block's I (torch's stage_backward_input)
+    on a replicated input; writes the bytes of the distinct local storages its parameter groups keep for W."""
     import torch
     import torch.distributed as dist
     from torch.distributed.device_mesh import init_device_mesh
@@ -33,7 +31,8 @@ def rank_hold(rank: int, world: int, port: int, out: str) -> None:
     from planner.execute.tensor import parallelize_blocks
     from planner.models.gpt import Block
 
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    rank, world = int(rank_text), int(world_text)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port_text}", rank=rank, world_size=world)
     torch.manual_seed(0)
     block = Block(HIDDEN, HEADS, FFN)
     parallelize_blocks([block], init_device_mesh("cpu", (world,)))
@@ -55,11 +54,12 @@ def rank_hold(rank: int, world: int, port: int, out: str) -> None:
 
 def _measured(world: int, folder: Path) -> list[int]:
     from planner.execute.launch import free_port
+    from planner.execute.warm_start import start_rank_process
 
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    code = f"from test_tp_wgrad import rank_hold; rank_hold(int(__import__('sys').argv[1]), {world}, {free_port()}, {str(folder)!r})"
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(r)], env=env, cwd=ROOT, stdin=subprocess.DEVNULL)
+    port = str(free_port())
+    procs = [start_rank_process("test_tp_wgrad:rank_hold", [str(r), str(world), port, str(folder)], env, cwd=ROOT)
              for r in range(world)]
     assert [p.wait(timeout=180) for p in procs] == [0] * world
     return [json.loads((folder / f"rank{r}.json").read_text()) for r in range(world)]

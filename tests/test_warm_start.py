@@ -48,6 +48,7 @@ def test_a_started_process_gets_its_arguments_environment_directory_and_name(mod
     assert seen["path_head"][0] == "" and seen["path_head"][1:] == [str(tmp_path / "extra"), str(TESTS)]
     assert seen["sid_is_pid"], "a rank runs in its own session (Ctrl-C reaches only the launcher)"
     assert seen["name"] == "pplan-rank7"
+    assert (seen["ppid"] == os.getpid()) == (mode == "fresh"), "warm: forked by the server, not by this process"
     assert err == b"to stderr\n"
 
 
@@ -106,11 +107,47 @@ def test_the_server_goes_when_its_launcher_lets_go_and_takes_its_orphans_status_
     assert fresh.poll() is not None, "closing the starter ends its server"
 
 
-def test_an_oversized_request_is_refused_in_one_line(tmp_path, monkeypatch):
-    from planner.errors import RunError
-
+def test_a_process_whose_environment_is_too_large_for_the_server_starts_fresh(tmp_path, monkeypatch):
     monkeypatch.setenv("PPLAN_WARM_START", "1")
     if not warm_start_enabled():
         pytest.skip("warm start needs Linux")
-    with pytest.raises(RunError, match=r"start request is \d+ bytes, over 65536.*PPLAN_WARM_START=0"):
-        start_rank_process("helpers.warm_targets:describe", [], _env(tmp_path, HUGE="x" * 70_000))
+    p = start_rank_process("helpers.warm_targets:describe", [], _env(tmp_path, HUGE="x" * 70_000), stdout=subprocess.PIPE)
+    seen = json.loads(p.stdout.read())
+    assert p.wait(timeout=120) == 0
+    assert len(seen["env"]["HUGE"]) == 70_000
+    assert isinstance(p, subprocess.Popen) and seen["ppid"] == os.getpid(), "started fresh, by this process"
+
+
+@pytest.mark.slow
+def test_a_run_trains_bit_for_bit_alike_with_warm_and_fresh_ranks(tmp_path, monkeypatch):
+    """The same plan, seed and threads: the same losses and final weights either way."""
+    import torch
+
+    from planner.execute import RunOptions
+    from planner.execute.checkpoint import latest_checkpoint, load_rank_file
+    from planner.execute.run import run_plan
+    from planner.plan import load_plan
+
+    from helpers.equivalence import EQUIVALENCE_THREADS
+    from helpers.plans import write_plan
+
+    path = write_plan(tmp_path / "plan.json", "mlp:layers=4,hidden=32,input=16,classes=8", "1f1b", 2, [(0, 2), (2, 4)],
+                      micro_batch_size=2, n_microbatches=4, seed=5)
+    plan = load_plan(path)
+    runs = {}
+    for switch in ("1", "0"):
+        monkeypatch.setenv("PPLAN_WARM_START", switch)
+        ck = tmp_path / f"ck{switch}"
+        opts = RunOptions(steps=2, warmup=1, device="cpu", lr=1e-2, threads=EQUIVALENCE_THREADS, checkpoint_dir=str(ck))
+        losses = run_plan(plan, opts, plan_path=str(path)).record.to_dict()["losses"]
+        _, folder = latest_checkpoint(ck, plan)
+        weights = {}
+        for r in range(2):
+            weights.update(load_rank_file(folder, r)["layers"])
+        runs[switch] = losses, weights
+    (warm_losses, warm), (fresh_losses, fresh) = runs["1"], runs["0"]
+    assert warm_losses == fresh_losses and len(warm_losses) == 2
+    assert sorted(warm) == sorted(fresh) == [0, 1, 2, 3]
+    for i in warm:
+        for name, t in warm[i].items():
+            torch.testing.assert_close(t, fresh[i][name], rtol=0, atol=0)

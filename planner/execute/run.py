@@ -44,6 +44,7 @@ from planner.execute.results import assemble_record
 from planner.models.trust import check_model_trusted
 from planner.execute.runrecord import Divergence, RunRecord
 from planner.execute.timeline import measured_timeline, replica0
+from planner.execute.warm_start import prestart
 from planner.execute.worker import Env, read_env, run_worker
 from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
@@ -161,6 +162,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     # first: the preflight builds the model, which imports a factory's module
     check_model_trusted(plan.model, model, trust_model, source=f"plan {plan_path!r}" if plan_path else "the plan")
     env = read_env()
+    if env is None:  # a local run: its rank server imports torch while this process checks the plan
+        prestart()
     pf = _check_before_launch(plan, opts, env, plan_path=plan_path, profile_path=profile_path, force=force)
     # Predict before launching: no number, or ranks that cannot fit here, fail in a second, not after the run.
     prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)

@@ -43,7 +43,8 @@ from typing import IO, Any, Sequence
 from planner.errors import RunError
 from planner.execute.worker import PARENT_ENV
 
-__all__ = ["WarmProcess", "WarmStarter", "set_process_name", "start_rank_process", "warm_start_enabled"]
+__all__ = ["RequestTooLarge", "WarmProcess", "WarmStarter", "prestart", "set_process_name", "start_rank_process",
+           "warm_start_enabled"]
 
 ENV_SWITCH = "PPLAN_WARM_START"
 _PRELOAD = ("torch", "torch.distributed", "torch.distributed.pipelining", "planner.execute.worker",
@@ -171,6 +172,10 @@ def serve_main() -> None:
 
 # ---------------------------------------------------------------- the launcher side
 
+class RequestTooLarge(ValueError):
+    """A start request (mostly its environment) does not fit the server's message size."""
+
+
 class WarmProcess:
     """A child of the warm server, answering what the launchers ask of `subprocess.Popen`."""
 
@@ -257,16 +262,14 @@ class WarmStarter:
             return self._proc
 
     def close(self) -> None:
-        """Let the server go (it exits when its socket closes) and wait for it, briefly."""
+        """End the server (and wait for it): its children are the launcher's to stop, and one
+        still importing torch (started early, for a run that was then refused) is not waited for."""
         with self._lock:
             if self._control is not None:
                 self._control.close()
             if self._proc is not None:
-                try:
-                    self._proc.wait(timeout=2.0)
-                except subprocess.TimeoutExpired:
-                    self._proc.kill()
-                    self._proc.wait()
+                self._proc.terminate()
+                self._proc.wait()
             self._proc = self._control = None
 
     def start(self, target: str, args: Sequence[str], env: dict[str, str], *, name: str = "", cwd: str | Path | None = None,
@@ -278,8 +281,7 @@ class WarmStarter:
         request = json.dumps({"target": target, "args": list(args), "env": dict(env), "name": name,
                               "cwd": str(cwd or os.getcwd())}).encode()
         if len(request) > _MAX_REQUEST:
-            raise RunError(f"a rank's start request is {len(request)} bytes, over {_MAX_REQUEST} (its environment is large)",
-                           f"unset large environment variables, or set {ENV_SWITCH}=0")
+            raise RequestTooLarge(f"a start request of {len(request)} bytes, over {_MAX_REQUEST}")
         self._ensure()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fds: list[int] = [theirs.detach()]  # every fd here is a copy the server receives: closed after sending
@@ -338,13 +340,22 @@ def _starter() -> WarmStarter:
         return _STARTER
 
 
+def prestart() -> None:
+    """Start the server now, so that it imports torch while the launcher does its own checks."""
+    if warm_start_enabled():
+        _starter()._ensure()
+
+
 def start_rank_process(target: str, args: Sequence[str], env: dict[str, str], name: str = "",
                        **popen: Any) -> WarmProcess | subprocess.Popen:
     """A started process in its own session, named `name`, that calls `target` ("module:function")
     with `args` and exits with what it returns: forked warm when enabled, else a fresh `python -c`;
     `popen` takes Popen's stdin, stdout, stderr, cwd and text."""
     if warm_start_enabled():
-        return _starter().start(target, args, env, name=name, **popen)
+        try:
+            return _starter().start(target, args, env, name=name, **popen)
+        except RequestTooLarge:
+            pass  # an environment too large for one message: this process starts fresh
     module, _, func = target.partition(":")
     # exits as the warm child does: no interpreter finalization (gloo's threads can abort it)
     code = (f"import os, sys; from planner.execute.warm_start import set_process_name; set_process_name({name!r}); "

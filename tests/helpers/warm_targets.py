@@ -15,7 +15,7 @@ def describe(*args: str) -> int:
     """Print what this process was given; exit with the number of arguments."""
     json.dump({"args": list(args), "argv": sys.argv[1:], "cwd": os.getcwd(), "env": dict(os.environ),
                "sid_is_pid": os.getsid(0) == os.getpid(), "name": Path("/proc/self/comm").read_text().strip(),
-               "path_head": sys.path[:3]}, sys.stdout)
+               "path_head": sys.path[:3], "ppid": os.getppid()}, sys.stdout)
     print(file=sys.stderr, end="to stderr\n")
     return len(args)
 
