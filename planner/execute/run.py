@@ -39,7 +39,7 @@ from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import world_text
 from planner.execute.options import RunOptions
 from planner.execute.preflight import Preflight, check_host_memory, preflight
-from planner.hostinfo import usable_cores
+from planner.hostinfo import load_average, usable_cores
 from planner.execute.results import assemble_record
 from planner.models.trust import check_model_trusted
 from planner.execute.runrecord import Divergence, RunRecord
@@ -168,7 +168,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
     # Predict before launching: no number, or ranks that cannot fit here, fail in a second, not after the run.
     prediction, source, used_cal = predict(plan, pf, machine=machine, use_machine=use_machine)
     check_host_memory(plan, prediction, pf.device_type, local_world=env.local_world if env else None, force=force)
-    load_before = _load_average()
+    load_before = load_average()  # before the ranks add theirs
     if on_start is not None:  # after every refusal: a "running ..." line before one would make it two lines
         on_start()
     measurements = _launch(plan, opts, pf, env)
@@ -265,14 +265,6 @@ def _grad_allreduce_predicted(plan: Plan, pf: Preflight, prediction: Prediction 
 
         return rank_grad_allreduce_ms(plan, pf.profile)
     return prediction.grad_sync_ms if prediction is not None else None
-
-
-def _load_average() -> float | None:
-    """The machine's 1-minute load average now (before the ranks add theirs)."""
-    try:
-        return round(os.getloadavg()[0], 2)
-    except (OSError, AttributeError):
-        return None
 
 
 def _profile_load(pf: Preflight) -> float | None:
