@@ -1,12 +1,13 @@
 """What processor this is and how many cores we may use, read without torch (profile metadata,
-bench headers, the demo's and `pplan run`'s thread counts)."""
+bench headers, the demo's and `pplan run`'s thread counts), and another process's state."""
 
 from __future__ import annotations
 
 import os
 import platform
+from pathlib import Path
 
-__all__ = ["cpu_model", "usable_cores", "load_average"]
+__all__ = ["cpu_model", "usable_cores", "load_average", "process_stat"]
 
 
 def usable_cores() -> int:
@@ -36,3 +37,12 @@ def cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine() or "cpu"
+
+
+def process_stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the process name (state first, start time at index 19),
+    or [] when the process is gone or there is no /proc."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return []

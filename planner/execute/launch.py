@@ -34,6 +34,7 @@ from planner.errors import PplanError, RunError
 from planner.execute.measurement import RankMeasurement, measurements_from_json
 from planner.execute.warm_start import start_rank_process
 from planner.execute.worker import PARENT_ENV
+from planner.hostinfo import process_stat
 
 __all__ = ["free_port", "launch_local", "stop_processes"]
 
@@ -84,17 +85,9 @@ def _cause(rank: int, code: int, run_dir: Path, tail: collections.deque) -> tupl
     return f"rank {rank} exited with code {code}: {' '.join(last.split())[:300]}", False, 1
 
 
-def _state(pid: int) -> str:
-    """The process's state letter from /proc (R, S, D, T, t, Z, ...), or '' when unknown."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return ""
-
-
 def _stopped(procs: list[subprocess.Popen]) -> list[int]:
     """Ranks whose process is alive but stopped (SIGSTOP, SIGTSTP, a debugger)."""
-    return [r for r, p in enumerate(procs) if p.poll() is None and _state(p.pid) in ("T", "t")]
+    return [r for r, p in enumerate(procs) if p.poll() is None and process_stat(p.pid)[:1] in (["T"], ["t"])]
 
 
 def stop_processes(procs: list[subprocess.Popen]) -> None:

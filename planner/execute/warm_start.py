@@ -47,8 +47,7 @@ __all__ = ["RequestTooLarge", "WarmProcess", "WarmStarter", "prestart", "set_pro
            "warm_start_enabled"]
 
 ENV_SWITCH = "PPLAN_WARM_START"
-_PRELOAD = ("torch", "torch.distributed", "torch.distributed.pipelining", "planner.execute.worker",
-            "planner.execute.train")
+_PRELOAD = ("torch.distributed.pipelining", "planner.execute.worker", "planner.execute.train")  # and their parents
 _MAX_REQUEST = 64 << 10  # bytes of one request (target, arguments, environment); a socket datagram's size is bounded
 _STATUS = struct.Struct("!i")
 
@@ -241,7 +240,8 @@ class WarmStarter:
         self._proc: subprocess.Popen | None = None
         self._control: socket.socket | None = None
 
-    def _ensure(self) -> subprocess.Popen:
+    def _ensure(self) -> socket.socket:
+        """The socket to a live server, starting one if there is none."""
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -259,7 +259,7 @@ class WarmStarter:
                     self._control.close()
                 theirs.close()
                 self._control = ours
-            return self._proc
+            return self._control
 
     def close(self) -> None:
         """End the server (and wait for it): its children are the launcher's to stop, and one
@@ -282,7 +282,7 @@ class WarmStarter:
                               "cwd": str(cwd or os.getcwd())}).encode()
         if len(request) > _MAX_REQUEST:
             raise RequestTooLarge(f"a start request of {len(request)} bytes, over {_MAX_REQUEST}")
-        self._ensure()
+        control = self._ensure()
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         child_fds: list[int] = [theirs.detach()]  # every fd here is a copy the server receives: closed after sending
         parent_ends: list[IO[Any] | None] = []
@@ -291,10 +291,12 @@ class WarmStarter:
                 fd, parent_end = _child_fd(i, spec, child_fds[-1], text)
                 child_fds.append(fd)
                 parent_ends.append(parent_end)
-            with self._lock:
-                assert self._control is not None
-                socket.send_fds(self._control, [request], child_fds)
-            data = mine.recv(_STATUS.size)
+            try:
+                with self._lock:
+                    socket.send_fds(control, [request], child_fds)
+                data = mine.recv(_STATUS.size)
+            except OSError:
+                data = b""  # the server is gone
             if len(data) != _STATUS.size:
                 raise RunError("the warm-start server exited before starting a rank",
                                f"rerun; set {ENV_SWITCH}=0 to start every rank as a fresh process")

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.errors import PplanError, RunError
 from planner.execute.options import RunOptions
+from planner.hostinfo import process_stat
 from planner.plan import plan_from_dict
 
 if TYPE_CHECKING:
@@ -156,11 +157,8 @@ def _watch_parent(parent: int, run_dir: str | None = None) -> None:
 
 def _start_time(pid: int) -> str | None:
     """When process `pid` started (from /proc), or None if it is gone, a zombie, or /proc is absent."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return None if fields[0] in ("Z", "X") or len(fields) < 20 else fields[19]
+    fields = process_stat(pid)
+    return None if len(fields) < 20 or fields[0] in ("Z", "X") else fields[19]
 
 
 def _write_error(run_dir: str | None, rank: int, kind: str, message: str, code: int) -> None:
