@@ -33,8 +33,6 @@ def test_a_chain_profile_stays_byte_for_byte_the_same():
 
 
 def test_traced_unet_edges_round_trip():
-    import torch  # noqa: F401  (trace needs it; keeps the rest of this file torch-free)
-
     from planner.graph import trace_layers
     from unet_model import build
 
