@@ -92,7 +92,7 @@ def _worker(rank: int, world: int, init: str, cuts: list[int], schedule: str, re
 
 
 def _run(tmp_path: Path, world: int, cuts: list[int], schedule: str, relay: bool) -> list[dict]:
-    from planner.execute.warm_start import start_rank_process
+    from planner.warm_start import start_rank_process
 
     here = Path(__file__).resolve().parent
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(here), str(here.parent), os.environ.get("PYTHONPATH", "")]))

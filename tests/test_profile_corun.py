@@ -1,5 +1,6 @@
 """`pplan profile --co-run K`: the metadata key, the refusals, and no background process left
-behind, whether profiling ends well, with an error, with Ctrl-C or with the parent killed.
+behind, whether profiling ends well, with an error, with Ctrl-C or with the parent killed;
+each holds with workers forked warm and with PPLAN_WARM_START=0 (fresh; run the file both ways).
 No test here asserts a time: what co-running measures is checked side by side by hand
 (docs/simulator.md)."""
 
@@ -20,9 +21,11 @@ from planner.profiling import profiler
 from planner.profiling.corun import CoRun, check_co_run
 from planner.profiling.metadata import MAX_CO_RUN
 from planner.profiling.profile import load_profile, make_profile, read_profile_text, write_profile
+from planner.warm_start import warm_start_enabled
 
 from helpers.cli import run_pplan
 from helpers.profiles import profile_csv
+from helpers.ranks import alive
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process states are read from /proc")
 TWO_CORES = pytest.mark.skipif(usable_cores() < 2, reason="a co-run of 1 with 1 thread needs 2 cores")
@@ -30,19 +33,11 @@ SMALL = "mlp:layers=2,hidden=16"
 GOOD = profile_csv({"input_bytes_per_sample": 16}, ["0,a,1,1.0,2.0,100,10,4", "1,b,1,1.5,3.0,50,12,4"])
 
 
-def _alive(pid: int) -> bool:
-    """A process that exists and is not a zombie (an orphan's reaper may be slow to collect it)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"
-
-
 def _gone_within(pids: list[int], limit_s: float = 60.0) -> bool:
-    """True once none of `pids` runs (an orphaned worker notices its parent's death by itself)."""
+    """True once none of `pids` runs (an orphaned worker notices its parent's death by itself;
+    a zombie counts as gone, its reaper may be slow to collect it)."""
     deadline = time.monotonic() + limit_s
-    while any(_alive(p) for p in pids):
+    while any(alive(p) for p in pids):
         if time.monotonic() > deadline:
             return False
         time.sleep(0.1)
@@ -120,7 +115,7 @@ def test_small_model_profiles_with_co_run_and_leaves_no_process(recorded: list[i
     prof = profiler.profile_model(SMALL, [2, 4], warmup=1, repeats=2, co_run=1)
     assert prof.meta["co_run"] == "1" and len(recorded) == 1
     assert (prof.columns["fwd_ms"] > 0).all() and (prof.columns["optimizer_ms"] > 0).all()
-    assert not any(_alive(p) for p in recorded)  # reaped before profile_model returned
+    assert not any(alive(p) for p in recorded)  # reaped before profile_model returned
     write_profile(prof, tmp_path / "p.csv")
     assert load_profile(tmp_path / "p.csv").meta["co_run"] == "1"
     assert profiler.profile_model(SMALL, [2], warmup=0, repeats=1).meta["co_run"] == "0"
@@ -135,7 +130,7 @@ def test_no_process_is_left_after_an_error_or_ctrl_c(recorded: list[int], exc: t
 
     with pytest.raises(exc, match="stopped by the test"):
         profiler.profile_model(SMALL, [2], warmup=0, repeats=1, co_run=1, on_step=fail)
-    assert len(recorded) == 1 and not any(_alive(p) for p in recorded)
+    assert len(recorded) == 1 and not any(alive(p) for p in recorded)
 
 
 @pytest.mark.slow
@@ -145,7 +140,7 @@ def test_a_worker_that_cannot_build_the_model_is_one_line_and_gone() -> None:
         with bg:
             pids = bg.pids
             bg.set_batch(2)
-    assert "\n" not in info.value.one_line() and not any(_alive(p) for p in pids)
+    assert "\n" not in info.value.one_line() and not any(alive(p) for p in pids)
 
 
 @pytest.mark.slow
@@ -173,3 +168,25 @@ def test_workers_stop_when_the_profiler_is_killed(tmp_path: Path) -> None:
     pids = [int(p) for p in got.stdout.split()]
     assert got.returncode == -9 and len(pids) == 1, got.stderr
     assert _gone_within(pids)
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+@pytest.mark.slow
+def test_a_warm_worker_is_named_and_goes_when_the_co_run_closes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forked from the warm server, not this process: found by the pid CoRun reports and its name."""
+    monkeypatch.setenv("PPLAN_WARM_START", "1")
+    if not warm_start_enabled():
+        pytest.skip("warm start needs Linux")
+    with CoRun(1, SMALL, threads=1) as bg:
+        pid = bg.pids[0]
+        deadline = time.monotonic() + 120
+        while _name(pid) != "pplan-corun0" and time.monotonic() < deadline:  # named just after the fork
+            time.sleep(0.05)
+        assert _name(pid) == "pplan-corun0" and os.getsid(pid) == pid
+    assert not alive(pid)  # stopped (its stdin closed first) and reaped by close()

@@ -54,7 +54,7 @@ def rank_hold(rank_text: str, world_text: str, port_text: str, out: str) -> None
 
 def _measured(world: int, folder: Path) -> list[int]:
     from planner.execute.launch import free_port
-    from planner.execute.warm_start import start_rank_process
+    from planner.warm_start import start_rank_process
 
     env = dict(os.environ, OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join([str(ROOT / "tests"), str(ROOT), os.environ.get("PYTHONPATH", "")]))

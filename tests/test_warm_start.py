@@ -1,4 +1,4 @@
-"""Ranks forked from the warm-start server are processes like fresh ones (planner/execute/warm_start.py).
+"""Ranks forked from the warm-start server are processes like fresh ones (planner/warm_start.py).
 
 Each check runs twice, warm and with PPLAN_WARM_START=0 (a fresh `python -c`), and both must
 agree: the arguments, environment, working directory, import path, session and name a process
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.execute.warm_start import WarmStarter, start_rank_process, warm_start_enabled
+from planner.warm_start import WarmStarter, start_rank_process, warm_start_enabled
 
 TESTS = Path(__file__).resolve().parent
 

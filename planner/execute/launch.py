@@ -2,7 +2,7 @@
 
 Each rank runs planner.execute.worker on CONFIG with torchrun's environment variables
 (MASTER_ADDR=127.0.0.1, a free port), forked from the process that imported torch once
-(warm_start.py) or a fresh interpreter, in its own session so a terminal's Ctrl-C reaches only
+(planner/warm_start.py) or a fresh interpreter, in its own session so a terminal's Ctrl-C reaches only
 the launcher. The launcher forwards the ranks' progress lines, keeps the last lines of each for
 error messages, and polls: the first rank to exit non-zero ends the run — the others are
 terminated (then killed) at once and RunError names the rank and its cause. Ranks also watch
@@ -32,9 +32,8 @@ from typing import IO, Any
 
 from planner.errors import PplanError, RunError
 from planner.execute.measurement import RankMeasurement, measurements_from_json
-from planner.execute.warm_start import start_rank_process
-from planner.execute.worker import PARENT_ENV
 from planner.hostinfo import process_stat
+from planner.warm_start import PARENT_ENV, start_rank_process
 
 __all__ = ["free_port", "launch_local", "stop_processes"]
 

@@ -44,10 +44,10 @@ from planner.execute.results import assemble_record
 from planner.models.trust import check_model_trusted
 from planner.execute.runrecord import Divergence, RunRecord
 from planner.execute.timeline import measured_timeline, replica0
-from planner.execute.warm_start import prestart
 from planner.execute.worker import Env, read_env, run_worker
 from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
+from planner.warm_start import prestart
 
 __all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO", "RUNTIMES",
            "runtime_prefers_torch"]

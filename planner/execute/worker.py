@@ -26,13 +26,12 @@ from planner.errors import PplanError, RunError
 from planner.execute.options import RunOptions
 from planner.hostinfo import process_stat
 from planner.plan import plan_from_dict
+from planner.warm_start import PARENT_ENV
 
 if TYPE_CHECKING:
     from planner.execute.measurement import RankMeasurement
 
 __all__ = ["Env", "read_env", "run_worker", "rank_entry", "main"]
-
-PARENT_ENV = "PPLAN_PARENT_PID"
 
 
 class Env:

@@ -7,10 +7,15 @@ bandwidth: a memory-bound layer (a wide Linear at a small batch, the optimizer s
 weights, gradients and Adam moments) runs 1.3-1.6x slower beside another rank than alone, which
 a layer profiled alone never sees (docs/simulator.md, "Why per-layer times do not add up").
 
-Each worker is `python -c` on `_worker_main` (not multiprocessing's spawn, which re-runs the
-caller's `__main__` and breaks scripts without a main guard). It talks over its pipes:
+Each worker runs `_worker_main`, forked from a warm-start server as the ranks of `pplan run` are
+(planner/warm_start.py: torch is imported once per profiler process, not once per worker), or a
+fresh `python -c` with PPLAN_WARM_START=0; not multiprocessing's spawn, which re-runs the
+caller's `__main__` and breaks scripts without a main guard. Each worker has its own session,
+so a terminal's Ctrl-C reaches only the profiler, which then closes the workers. It talks over
+its pipes:
 
-- parent -> worker (stdin): `batch N` lines; closing stdin (or the parent dying) stops it.
+- parent -> worker (stdin): `batch N` lines; closing stdin (or the parent dying: only the parent
+  holds the pipe's other end) stops it.
 - worker -> parent (its original stdout, kept for this alone): `ready N` once it has finished a
   whole warm-up iteration at size N, or `error TEXT` before it exits. Anything the model prints
   goes to stderr, which a temporary file collects for the error message.
@@ -24,7 +29,6 @@ from __future__ import annotations
 import json
 import os
 import selectors
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,6 +40,7 @@ from typing import IO, Any
 from planner.errors import PplanError
 from planner.master_weights import is_16bit, with_fp32_masters
 from planner.profiling.metadata import MAX_CO_RUN
+from planner.warm_start import WarmProcess, start_rank_process
 
 __all__ = ["MAX_CO_RUN", "CoRun", "check_co_run"]
 
@@ -68,12 +73,14 @@ def check_co_run(co_run: int, threads: int | None, cores: int, device: str = "cp
 
 def _child_env(threads: int) -> dict[str, str]:
     """The parent's import path (a source checkout, a `module:factory` beside the working
-    directory) and thread count, for a `python -c` child."""
+    directory) and thread count, for a child (warm or fresh)."""
     root = str(Path(__file__).resolve().parents[2])
     paths = [root] + [os.path.abspath(p or os.getcwd()) for p in sys.path]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(p for p in paths if os.path.isdir(p)))
-    env["OMP_NUM_THREADS"] = str(threads)  # before torch starts its pool, as set_num_threads after
+    # Read by a fresh child's OpenMP as it loads; a warm child's torch (and OpenMP) was loaded by
+    # the server, so there `_train`'s set_num_threads alone sets the count (the same either way)
+    env["OMP_NUM_THREADS"] = str(threads)
     return env
 
 
@@ -87,7 +94,7 @@ class CoRun:
                                    "input_shape": list(input_shape) if input_shape else None,
                                    "input_dtype": input_dtype, "vocab": vocab})
         self._env = _child_env(threads)
-        self._procs: list[subprocess.Popen[bytes]] = []
+        self._procs: list[WarmProcess | subprocess.Popen[bytes]] = []
         self._errs: list[IO[bytes]] = []
         self._buf: dict[int, bytes] = {}
 
@@ -97,14 +104,14 @@ class CoRun:
         return [p.pid for p in self._procs]
 
     def start(self) -> "CoRun":
-        """Start the K workers (they import torch and build the model; `set_batch` waits for them)."""
-        code = "from planner.profiling.corun import _worker_main; _worker_main()"
+        """Start the K workers (they build the model; `set_batch` waits for them)."""
         try:
-            for _ in range(self.k):
+            for i in range(self.k):
                 err = tempfile.TemporaryFile(prefix="pplan-corun-")
                 self._errs.append(err)
-                self._procs.append(subprocess.Popen([sys.executable, "-c", code, self._config], stdin=subprocess.PIPE,
-                                                    stdout=subprocess.PIPE, stderr=err, env=self._env, bufsize=0))
+                self._procs.append(start_rank_process("planner.profiling.corun:_worker_main", [self._config], self._env,
+                                                      name=f"pplan-corun{i}", stdin=subprocess.PIPE,
+                                                      stdout=subprocess.PIPE, stderr=err))
         except BaseException:
             self.close()
             raise
@@ -122,6 +129,7 @@ class CoRun:
         for p in self._procs:
             try:
                 p.stdin.write(f"batch {size}\n".encode())  # type: ignore[union-attr]
+                p.stdin.flush()  # type: ignore[union-attr]  # a fresh worker's pipe is buffered (Popen's default)
             except (BrokenPipeError, OSError):
                 pass  # it has exited: the wait below reports why
         waiting = {p.stdout.fileno(): i for i, p in enumerate(self._procs)}  # type: ignore[union-attr]
@@ -207,13 +215,13 @@ def _on_device(x: Any, dtype: Any) -> Any:
     return x
 
 
-def _worker_main() -> None:
-    """One background worker (module docstring): train until stdin closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the parent stops us
+def _worker_main(config: str) -> None:
+    """One background worker (module docstring) training as `config` (CoRun's JSON) says, until
+    stdin closes. SIGINT keeps its default: in its own session, a terminal's Ctrl-C never reaches it."""
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # the model's own prints must not look like protocol lines
     try:
-        _train(json.loads(sys.argv[1]), proto)
+        _train(json.loads(config), proto)
     except Exception as e:  # reported to the parent, which raises it as one line
         proto.write("error " + " ".join(f"{type(e).__name__}: {e}".split())[:_ERROR_TAIL] + "\n")
         raise SystemExit(1) from None

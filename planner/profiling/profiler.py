@@ -38,6 +38,7 @@ from planner.profiling.profile import Profile, make_profile
 from planner.profiling.room import check_batch_fits, check_co_run_memory
 from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, target_tensors, tensor_bytes
 from planner.profiling.stageloss import compact_loss
+from planner.warm_start import prestart
 
 __all__ = ["DTYPES", "profile_model", "measure_profile", "resolve_device", "check_batch_fits"]
 
@@ -207,6 +208,8 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
     keep_freed_memory()  # as the run's ranks do (planner.allocator)
     timer = _resolve_timer(timer)
     check_co_run(co_run, threads or torch.get_num_threads(), usable_cores(), device)
+    if co_run:
+        prestart()  # the workers' server imports torch while this process builds the model
     dev, tdtype = resolve_device(device), DTYPES[dtype]
     bundle = build_model(spec, seed, input_shape=input_shape, input_dtype=input_dtype, vocab=vocab)
     check_batch_fits(bundle, spec, sizes, dev, seed)

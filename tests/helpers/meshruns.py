@@ -38,7 +38,7 @@ def launch(jobs: list[dict], world: int, folder: Path, timeout_s: float = 600.0)
     records of every rank (losses, memory, all-reduce times); raises AssertionError naming the
     plan and the rank's own error when a rank fails."""
     from planner.execute.launch import free_port
-    from planner.execute.warm_start import start_rank_process
+    from planner.warm_start import start_rank_process
 
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "jobs.json").write_text(json.dumps(jobs), encoding="utf-8")

@@ -1,13 +1,16 @@
-"""Warm start: ranks forked from one process that has already imported torch.
+"""Warm start: processes forked from one server that has already imported torch.
 
-Every rank of a local run used to be a fresh interpreter that imported torch and its pipelining
-package before doing anything: 3-6 s of CPU each on a 2-core machine, paid again by every rank
-of every run, and paid concurrently, so an 8-rank run spent most of its start-up importing.
-Instead the launcher keeps one server process (started on first use, kept for the launcher's
-life) that imports those modules once and then forks a child per request. A child is a rank
-like before: its own session, the environment, working directory, stdin/stdout/stderr and
-arguments the launcher asked for, and its exit status reported back; `WarmProcess` answers
-the part of `subprocess.Popen` the launchers use (pid, poll, wait, terminate, kill, pipes).
+Every rank of a local run (`pplan run`) and every co-run worker (`pplan profile --co-run K`)
+used to be a fresh interpreter that imported torch and its pipelining package before doing
+anything: 3-6 s of CPU each on a 2-core machine, paid again by every process of every run, and
+paid concurrently, so an 8-rank run spent most of its start-up importing. Instead the launcher
+(the `pplan run` or `pplan profile` process) keeps one server process (started on first use,
+kept for the launcher's life) that imports those modules once and then forks a child per
+request. A child is like a fresh process: its own session, the environment, working directory,
+stdin/stdout/stderr and arguments the launcher asked for, and its exit status reported back;
+`WarmProcess` answers the part of `subprocess.Popen` the launchers use (pid, poll, wait,
+terminate, kill, pipes). Layer 0: generic process starting, importing nothing of pplan above it
+(the modules it preloads are named as strings, imported by the server alone).
 
 Why fork is safe here: the server only imports (torch starts no threads on import; numpy's
 BLAS pool handles fork itself) and never touches CUDA, so a child initializes CUDA, OpenMP and
@@ -15,12 +18,14 @@ its process group itself, as a fresh process would.
 
 The server's parent is the launcher; a child's parent is the server, which exits as soon as
 the launcher's end of its socket closes (the launcher exited or was killed). A rank watches the
-launcher itself (worker.py), not its parent. A child's /proc/PID/environ is the server's, not
+launcher itself (execute/worker.py), not its parent; a co-run worker stops when its stdin, held
+by the launcher alone, closes. A child's /proc/PID/environ is the server's, not
 the environment it was given (which is its os.environ), so the server is started with
-PPLAN_PARENT_PID naming the launcher, and children are named (`pplan-rank3` in ps) for people.
+PPLAN_PARENT_PID naming the launcher, and children are named (`pplan-rank3`, `pplan-corun0` in
+ps) for people.
 
-`PPLAN_WARM_START=0` turns this off (every rank a fresh `python -c`), as does a platform
-without fork; both paths give the same ranks.
+`PPLAN_WARM_START=0` turns this off (every process a fresh `python -c`), as does a platform
+without fork; both paths give the same processes.
 """
 
 from __future__ import annotations
@@ -41,30 +46,34 @@ from pathlib import Path
 from typing import IO, Any, Sequence
 
 from planner.errors import RunError
-from planner.execute.worker import PARENT_ENV
 
-__all__ = ["RequestTooLarge", "WarmProcess", "WarmStarter", "prestart", "set_process_name", "start_rank_process",
-           "warm_start_enabled"]
+__all__ = ["PARENT_ENV", "RequestTooLarge", "WarmProcess", "WarmStarter", "prestart", "set_process_name",
+           "start_rank_process", "warm_start_enabled"]
 
 ENV_SWITCH = "PPLAN_WARM_START"
-_PRELOAD = ("torch.distributed.pipelining", "planner.execute.worker", "planner.execute.train")  # and their parents
+PARENT_ENV = "PPLAN_PARENT_PID"  # the launcher's pid, in the environment of what it started (module docstring)
+# What the server imports (and their parents) for its children: names, not imports, since they
+# lie above this layer. Ranks (execute/launch.py) run planner.execute.worker, which trains with
+# torch.distributed.pipelining and planner.execute.train; co-run workers (profiling/corun.py) run
+# planner.profiling.corun.
+_PRELOAD = ("torch.distributed.pipelining", "planner.execute.worker", "planner.execute.train", "planner.profiling.corun")
 _MAX_REQUEST = 64 << 10  # bytes of one request (target, arguments, environment); a socket datagram's size is bounded
 _STATUS = struct.Struct("!i")
 
 
 def warm_start_enabled() -> bool:
-    """Whether ranks are forked from the warm server (Linux, unless PPLAN_WARM_START=0)."""
+    """Whether processes are forked from the warm server (Linux, unless PPLAN_WARM_START=0)."""
     return sys.platform.startswith("linux") and os.environ.get(ENV_SWITCH, "1") != "0"
 
 
 # ---------------------------------------------------------------- the server process
 
 def _serve(control: socket.socket) -> None:
-    """Import the rank's modules, then fork a child per request until the launcher goes away."""
+    """Import the children's modules, then fork a child per request until the launcher goes away."""
     for name in _PRELOAD:
         try:
             importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - a child importing it again reports the error as a rank would
+        except Exception:  # noqa: BLE001 - a child importing it again reports the error as a fresh process would
             pass
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
@@ -245,7 +254,7 @@ class WarmStarter:
         with self._lock:
             if self._proc is None or self._proc.poll() is not None:
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-                code = "from planner.execute.warm_start import serve_main; serve_main()"
+                code = "from planner.warm_start import serve_main; serve_main()"
                 # PPLAN_PARENT_PID marks the server, and its children (whose /proc/PID/environ is the
                 # server's), as this launcher's for whoever scans /proc for leftover processes
                 env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_ROOT, os.environ.get("PYTHONPATH")])),
@@ -298,8 +307,8 @@ class WarmStarter:
             except OSError:
                 data = b""  # the server is gone
             if len(data) != _STATUS.size:
-                raise RunError("the warm-start server exited before starting a rank",
-                               f"rerun; set {ENV_SWITCH}=0 to start every rank as a fresh process")
+                raise RunError("the warm-start server exited before starting a process",
+                               f"rerun; set {ENV_SWITCH}=0 to start every process fresh")
         except BaseException:
             for end in parent_ends:
                 if end is not None:
@@ -329,7 +338,7 @@ def _child_fd(index: int, spec: int | IO[Any] | None, previous: int, text: bool)
     return os.dup(spec.fileno() if hasattr(spec, "fileno") else int(spec)), None  # type: ignore[arg-type, union-attr]
 
 
-_ROOT = str(Path(__file__).resolve().parents[2])
+_ROOT = str(Path(__file__).resolve().parents[1])
 _STARTER: WarmStarter | None = None
 _STARTER_LOCK = threading.Lock()
 
@@ -360,7 +369,7 @@ def start_rank_process(target: str, args: Sequence[str], env: dict[str, str], na
             pass  # an environment too large for one message: this process starts fresh
     module, _, func = target.partition(":")
     # exits as the warm child does: no interpreter finalization (gloo's threads can abort it)
-    code = (f"import os, sys; from planner.execute.warm_start import set_process_name; set_process_name({name!r}); "
+    code = (f"import os, sys; from planner.warm_start import set_process_name; set_process_name({name!r}); "
             f"from {module} import {func}; c = {func}(*sys.argv[1:]); sys.stdout.flush(); "
             "sys.stderr.flush(); os._exit(c if isinstance(c, int) else 0)")
     popen.setdefault("stdin", _DEVNULL)
