@@ -37,11 +37,22 @@ def pytest_configure(config: pytest.Config) -> None:
     again (a rank's: 0.93-1.01 s of CPU to import its module, 0.52-0.61 s compiled, here). Reading
     bytecode stays on under that setting. Up to date files are skipped, and a folder that cannot be
     written is left as it is."""
-    if not sys.dont_write_bytecode:
-        return
+    if not sys.dont_write_bytecode or hasattr(config, "workerinput"):
+        return  # (an xdist worker: the controller compiled them before starting it)
     root = Path(__file__).resolve().parent.parent
     for folder in ("planner", "cli", "tests"):
         compileall.compile_dir(root / folder, quiet=2)
+
+
+MAX_WORKERS = 4
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (pyproject.toml): one worker per core this process may run on (its affinity, not
+    the host's count, which a container may not grant), at most MAX_WORKERS. More would not help:
+    the multi-process tests already start up to 8 processes each, and every worker holds torch."""
+    return max(1, min(MAX_WORKERS, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+                      else os.cpu_count() or 1))
 
 
 @pytest.fixture(scope="session", autouse=True)
