@@ -143,7 +143,7 @@ def test_every_estimate_within_the_margin_is_simulated(monkeypatch):
     # (every solution here is estimated within 1% of the best, so each one must be simulated)
     solved, judged = [], []
 
-    def solve(ctx, task, mem, gpn):
+    def solve(ctx, task, mem, gpn, floor=False):
         solved.append(task)
         return (1000.0 + 0.1 * len(solved), task, None)
 

@@ -61,7 +61,7 @@ def bench_parallel(cases: tuple[ParallelCase, ...] = PARALLEL_CASES,
     return Table(
         name="planner_parallel",
         title="Full dp x pp x tp search at scale (analytic A100-80GB profile included)",
-        columns=("case", "GPUs", "layouts", "pipeline DPs", "seconds", "target s", "best layout", "schedule", "TFLOP/s/GPU"),
+        columns=("case", "GPUs", "layouts", "points priced", "seconds", "target s", "best layout", "schedule", "TFLOP/s/GPU"),
         rows=tuple(rows),
         notes=("One wall-clock run per case on this machine; compare seconds with the target, not across machines.",),
         summary={"max_seconds_over_target": max(r[4] / r[5] for r in rows)},

@@ -22,6 +22,7 @@ from planner.parallel import ParallelConfig, run_refusal
 from planner.partition.build import Layout, build_problem
 from planner.plan import PredictedDevice
 from planner.partition.dp import min_memory_scale, solve_dp
+from planner.partition.memory_floor import fits_no_cut, schedule_counts
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, generate_order, get_schedule
 from planner.schedules.interleaved import rounds
@@ -204,16 +205,12 @@ def memory_moments(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...
     micro-batches only add to what grows with them: a held-sends schedule's ended I (sent_grads, once
     any has ended), and GPipe's micro-batches in flight. Exact for every valid (schedule, P <= 8, v,
     M <= 10P), tested in tests/test_parallel_moments.py."""
-    spec = get_schedule(name)
-    per_round = rounds(p, m)[1]
-    small = min(m, (3 if spec.holds_sends else 2) * per_round)
-    if rounds(p, small)[1] != per_round:  # the shorter schedule rounds its micro-batches otherwise
-        small = m
+    small = _moments_size(name, p, m)
     base = _moments_cached(name, p, small, v)
     extra = m - small
     if not extra:
         return base
-    grows = spec.holds_every_microbatch
+    grows = get_schedule(name).holds_every_microbatch
     return tuple(undominated([replace(x, in_flight=x.in_flight + extra if grows else x.in_flight,
                                       sent_grads=x.sent_grads + extra if x.sent_grads else 0) for x in stage])
                  for stage in base)
@@ -234,15 +231,24 @@ def _corners(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...
     return tuple(corner_moments(stage) for stage in memory_moments(name, p, m, v))
 
 
-def _problem(ctx: ParallelCosts, task: ParallelTask, mem: float):
-    """The pipeline DP's instance of `task` with `mem` bytes per GPU."""
+def _problem(ctx: ParallelCosts, task: ParallelTask, mem: float, with_moments: bool = True):
+    """The pipeline DP's instance of `task` with `mem` bytes per GPU; without its memory moments
+    (one micro-batch in flight), what planner.partition.memory_floor reads: costs and budgets."""
     cfg = task.cfg
     costs = ctx.costs(cfg, task.b)
-    prob = build_problem(costs, _layout(cfg, task.v, mem, ctx), inflight_peaks(task.schedule, cfg.pp, task.m, task.v),
+    key = (task.schedule, cfg.pp, task.m, task.v)
+    prob = build_problem(costs, _layout(cfg, task.v, mem, ctx), inflight_peaks(*key) if with_moments else [1] * (cfg.pp * task.v),
                          optimizer="adam", recompute="all" if task.recompute == "full" else "none",
                          split_backward=get_schedule(task.schedule).split_backward, n_microbatches=task.m,
-                         moments=_corners(task.schedule, cfg.pp, task.m, task.v))
+                         moments=_corners(*key) if with_moments else None)
     return replace(prob, static_bytes=layer_static_bytes(ctx, costs, cfg))
+
+
+def _moments_size(name: str, p: int, m: int) -> int:
+    """M' of memory_moments: the micro-batch count whose schedule gives the moments at M = `m`."""
+    per_round = rounds(p, m)[1]
+    small = min(m, (3 if get_schedule(name).holds_sends else 2) * per_round)
+    return m if rounds(p, small)[1] != per_round else small  # the shorter schedule rounds its micro-batches otherwise
 
 
 def least_memory(ctx: ParallelCosts, task: ParallelTask) -> float:
@@ -252,8 +258,15 @@ def least_memory(ctx: ParallelCosts, task: ParallelTask) -> float:
     return got[0] if got else math.inf
 
 
-def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int):
-    """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float)."""
+def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int, floor: bool = False):
+    """(bottleneck estimate, task, solution) or, when nothing fits, the least memory scale that would (float).
+    With `floor`, None when planner.partition.memory_floor proves that nothing fits first (the
+    least scale unknown: solve again without `floor` to learn it)."""
+    cfg = task.cfg
+    if floor and fits_no_cut(_problem(ctx, task, mem, with_moments=False),
+                             schedule_counts(task.schedule, cfg.pp, task.m, _moments_size(task.schedule, cfg.pp, task.m), task.v),
+                             get_schedule(task.schedule).split_backward, get_schedule(task.schedule).holds_sends):
+        return None
     prob = _problem(ctx, task, mem)
     # Most of a search's tasks fit no cut (254 of the 305 for GPT-175B on 1,536 A100s), and the DP
     # learns that only after raising its time cap pass by pass. The memory-only min-max DP says so

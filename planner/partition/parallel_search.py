@@ -62,7 +62,7 @@ __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_la
 
 TP_DEGREES = (1, 2, 4, 8)
 ANALYTIC_SIZES = (1, 2, 4, 8)
-_MAX_SOLVES = 400  # pipeline DPs at most per search (the bound usually stops far earlier)
+_MAX_SOLVES = 400  # points priced at most per search (the bound usually stops far earlier)
 # The DP-based estimate and the simulation order close plans differently (sends charged in full,
 # zb's closed-form bubble): measured -4.1% .. +3.5% of the simulation over the plans within 15% of
 # the best (docs/parallel.md, the 7.5B example), so every solution within this margin of the
@@ -97,7 +97,8 @@ class ParallelResult:
     layouts: int
     """(D, P, T) layouts considered."""
     solved: int
-    """Pipeline DPs run."""
+    """Points of the search priced: each by the pipeline DP, unless planner.partition.memory_floor
+    proved first that it fits no cut (JSON `pipeline_dps`, its name before that proof existed)."""
     skipped: tuple[str, ...]
     """Layouts left out, with the reason."""
     warnings: tuple[str, ...] = ()
@@ -205,7 +206,7 @@ def plan_parallel(
     profile's times beat the hardware's peak (an MFU above 100%: planner.cost.parallel.checked_mfu).
     A profile made for other hardware plans on, with a line in the result's `warnings`. `check_hints`:
     the InfeasibleError names only fixes confirmed by searching again with each (False: no search).
-    `on_step(done, total, note)`: progress of the search's pipeline DPs, total the points it may
+    `on_step(done, total, note)`: progress over the points the search prices, total the points it may
     solve (the bound settles the rest at once: done jumps to total).
     """
     args = _request(dict(profile=profile, model=model, hardware=hardware, nodes=nodes, gpus_per_node=gpus_per_node,
@@ -374,7 +375,7 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
     # Branch and bound: a task's estimate is a lower bound of its DP-based estimate (the
     # bottleneck stage is at least the balanced share), so solving stops once the next task's
     # estimate exceeds the top_k-th best DP-based estimate found (or after _MAX_SOLVES).
-    solved, found = 0, []
+    solved, found, floored = 0, [], []
     min_scale = math.inf
     total = min(len(tasks), _MAX_SOLVES)
     for task in tasks:
@@ -384,12 +385,16 @@ def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: 
             break
         if on_step is not None:
             on_step(min(solved, total - 1), total, f"{task.cfg.describe()} b={task.b} {task.schedule}")
-        got = solve_task(ctx, task, mem, gpn)
+        got = solve_task(ctx, task, mem, gpn, floor=True)
         solved += 1
-        if isinstance(got, float):
+        if got is None:  # fits no cut, proven cheaply; its least scale matters only if nothing fits
+            floored.append(task)
+        elif isinstance(got, float):
             min_scale = min(min_scale, got)
-            continue
-        found.append(got)
+        else:
+            found.append(got)
+    if not found:  # the refusal names the least scale over every point solved: learn the floored ones'
+        min_scale = min([min_scale] + [solve_task(ctx, task, mem, gpn) for task in floored])
     if on_step is not None:
         on_step(total, total, "")
     return found, solved, min_scale
