@@ -12,10 +12,10 @@ import pytest
 from planner.errors import InfeasibleError
 from planner.partition import memory_floor, parallel_eval, parallel_search
 from planner.partition.dp import min_memory_scale
-from planner.partition.memory_floor import first_backward_counts
-from planner.partition.parallel_eval import least_memory, solve_task
+from planner.partition.memory_floor import stage_snapshots
+from planner.partition.parallel_eval import least_memory, memory_moments, solve_task
 from planner.partition.parallel_search import plan_parallel
-from planner.schedules import generate
+from planner.schedules.memory import Moment
 from planner.units import parse_bytes
 
 from helpers.problems import random_problem
@@ -24,18 +24,26 @@ GPT = "gpt:layers=24,hidden=2048,heads=16,seq=1024,vocab=32000"
 SMALL = "gpt:layers=8,hidden=1024,heads=8,seq=512,vocab=8000"
 
 
-def test_the_first_backward_counts_are_the_forwards_each_stage_ran_first():
+def test_the_snapshots_are_states_of_each_stage_read_from_its_order():
     for p, m in ((4, 8), (4, 2), (3, 7)):
-        assert first_backward_counts("1f1b", p, m, 1) == tuple(min(m, p - s) for s in range(p))
-        assert first_backward_counts("gpipe", p, m, 1) == (m,) * p
-    # interleaved, read from the generated schedule's own order
-    sched = generate("interleaved", 2, 4, 2)
-    got = []
-    for stage in range(4):
-        acts = [a for a in sched.order[sched.stage_rank[stage]] if a is not None and a.stage == stage]
-        first = next(i for i, a in enumerate(acts) if a.kind != "F")
-        got.append(first)
-    assert first_backward_counts("interleaved", 2, 4, 2) == tuple(got)
+        first = [stage[0] for stage in stage_snapshots("1f1b", p, m, 1)]
+        assert [x.in_flight for x in first] == [min(m, p - s) for s in range(p)]  # 1F1B's warm-up
+        assert not any(x.gradients or x.pending_w or x.sent_grads for x in first)
+        assert [stage[0].in_flight for stage in stage_snapshots("gpipe", p, m, 1)] == [m] * p
+        assert all(len(stage) == 2 for stage in stage_snapshots("1f1b", p, m, 1))  # no state after the last action
+    # zero bubble: the last forward holds the sends of the I that ended before it, the end all of them
+    for stage, snaps in enumerate(stage_snapshots("zb", 4, 8, 1)):
+        first, last_f, end = snaps
+        assert first.running_i and first.in_flight == 4 - stage
+        # in flight from F to W: the W ended by then are 8 - in_flight, and each of their I ended before
+        assert last_f.sent_grads - last_f.pending_w == 8 - last_f.in_flight > 0 and last_f.gradients
+        assert (end.in_flight, end.pending_w, end.sent_grads, end.gradients) == (0, 0, 8, True)
+    # each snapshot is dominated by one of the stage's memory moments (what the DP prices)
+    for name, p, m, v in (("zb", 4, 12, 1), ("interleaved", 4, 8, 2), ("1f1b", 3, 6, 1), ("gpipe", 3, 4, 1)):
+        for snaps, moments in zip(stage_snapshots(name, p, m, v), memory_moments(name, p, m, v)):
+            for x in snaps:
+                assert any(y.in_flight >= x.in_flight and y.pending_w >= x.pending_w and y.sent_grads >= x.sent_grads
+                           for y in moments), (name, x, moments)
 
 
 def _points(monkeypatch, **search) -> list:
@@ -98,13 +106,14 @@ def test_on_random_problems_the_floor_drops_only_what_fits_no_cut():
     dropped = 0
     for _ in range(600):
         prob = random_problem(rng, ("none", "all")[int(rng.integers(2))], max_layers=9, max_stages=5)
-        counts = tuple(int(k) for k in prob.inflight)
-        if memory_floor.fits_no_cut(prob, counts, False, False):
+        # the DP's one moment: every gradient, `inflight` micro-batches in flight, nothing else held
+        counts = tuple((Moment(int(k), True, True),) for k in prob.inflight)
+        if memory_floor.fits_no_cut(prob, counts):
             dropped += 1
             least = min_memory_scale(prob)
             assert least is None or least[0] > 1.0, (prob, least)
         if not np.isfinite(prob.budget).all():
-            assert not memory_floor.fits_no_cut(prob, counts, False, False)  # no limit: nothing proven
+            assert not memory_floor.fits_no_cut(prob, counts)  # no limit: nothing proven
     assert dropped > 50, dropped
-    assert not memory_floor.fits_no_cut(replace(prob, recompute="auto", budget=np.full(prob.n_stages, 0.5)), counts,
-                                        False, False)  # a per-layer recompute choice: the DP decides
+    assert not memory_floor.fits_no_cut(replace(prob, recompute="auto", budget=np.full(prob.n_stages, 0.5)),
+                                        counts)  # a per-layer recompute choice: the DP decides

@@ -5,104 +5,134 @@ A100s solves), and learning that exactly needs the schedule's memory moments (de
 a third of that search) and a memory-only DP per point (planner.partition.dp.min_memory_scale).
 A lower bound says the same for most of them at a fraction of the cost:
 
-- At the start of a stage's first backward (B or I) it holds every micro-batch it ran forward
-  before it: `first_backward_counts`, read from the schedule's order alone (no memory states). That
-  moment is one of the stage's memory moments, so the DP charges the stage at least its bytes.
-- Those bytes are at least static + k x kept activations - gradients (buffers, pass-through
-  tensors, the held output, the transient, wgrad and sends only add; gradients may not exist yet;
-  the entry correction of kept bytes is at least its smallest value): per layer a sum, so a
-  stage's floor grows as it takes more layers.
+- A few of each stage's memory states are read from the schedule's order alone, with no state
+  table (`stage_snapshots`): at its first backward (every micro-batch it ran forward before is
+  in flight), at its last forward (in a held-sends schedule the sends of all but the micro-batches
+  in flight are held by then), and after its last action (every send held, nothing in flight).
+  Each is one of the stage's memory moments, or below one, so the DP charges the stage at least
+  its bytes.
+- Those bytes are at least a sum over the stage's layers (static, kept activations per micro-batch
+  in flight, wgrad per pending W, less gradients not yet made) plus what the cuts inside the model
+  send at the least (held sends, buffers) and the entry correction at its smallest: the transient,
+  pass-through tensors and the held output only add, so they are left out.
 - With such costs the cut that reaches furthest stage by stage fits whenever any cut fits (a stage
   that starts later and ends no later costs no more), so one greedy pass decides: when it cannot
   reach the last layer within the stages, no cut fits the floor, and none fits the DP's prices.
 
 The floor only ever drops points the DP would find infeasible; the search still solves every point
-the floor lets through exactly (tests/test_memory_floor.py holds the floor under the DP's least bytes).
+the floor lets through exactly (tests/test_memory_floor.py holds it to the DP's least memory).
 """
 
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 
 from planner.partition.problem import PartitionProblem
 from planner.schedules import get_schedule
 from planner.schedules.actions import ActionKind
-from planner.schedules.registry import SCHEDULES
+from planner.schedules.memory import Moment
+from planner.schedules.registry import SCHEDULES, holds_sends
 
-__all__ = ["first_backward_counts", "fits_no_cut", "schedule_counts"]
+__all__ = ["stage_snapshots", "schedule_snapshots", "fits_no_cut"]
 
-_BACKWARDS = (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT)
+# The floor can equal the DP's price (a 1F1B stage at its last forward: nothing else held), and
+# the two sum the same bytes in other orders: a point is dropped only when its floor is over the
+# budget by more than this fraction, far above float rounding and far below what decides a plan.
+_SLACK = 1e-6
 
 
 @functools.lru_cache(maxsize=256)
-def first_backward_counts(name: str, p: int, m: int, v: int) -> tuple[int, ...]:
-    """Per stage (P x v of them): the micro-batches it ran forward before its first backward, in its
-    rank's order of schedule `name` (sizes valid: check_sizes passed), at least 1."""
-    order = SCHEDULES[name].order(p, m, v)
-    counts = [0] * (p * v)
-    started: set[int] = set()
-    for acts in order.values():
+def stage_snapshots(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...]:
+    """Per stage (P x v of them): its state at its first backward, at its last forward and (where
+    sends are held or W split) after its last action, as planner.schedules.memory_states counts them (a micro-batch in flight from its F
+    to its B, or W when the backward is split; sends held per ended I, and per ended B where the
+    runtime holds sends), in its rank's order of schedule `name` (sizes valid: check_sizes passed)."""
+    split = get_schedule(name).split_backward
+    held = holds_sends(name, split)
+    frees = ActionKind.BACKWARD_WEIGHT if split else ActionKind.FULL_BACKWARD
+    n = p * v
+    fwd, freed, i_end, w_end, b_end = ([0] * n for _ in range(5))
+    first: list[Moment | None] = [None] * n
+    last_f: list[Moment | None] = [None] * n
+    for acts in SCHEDULES[name].order(p, m, v).values():
         for a in acts:
-            if a is None or a.stage in started:
+            if a is None:
                 continue
-            if a.kind == ActionKind.FORWARD:
-                counts[a.stage] += 1
-            elif a.kind in _BACKWARDS:
-                started.add(a.stage)
-    return tuple(max(1, c) for c in counts)
+            x, kind = a.stage, a.kind
+            sent = i_end[x] + (b_end[x] if held else 0)
+            if kind == ActionKind.FORWARD:
+                fwd[x] += 1
+                last_f[x] = Moment(fwd[x] - freed[x], False, freed[x] > 0, i_end[x] - w_end[x], sent)
+            elif first[x] is None and kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT):
+                first[x] = Moment(fwd[x] - freed[x], True, freed[x] > 0, i_end[x] - w_end[x], sent,
+                                  kind == ActionKind.BACKWARD_INPUT)
+            freed[x] += kind == frees
+            i_end[x] += kind == ActionKind.BACKWARD_INPUT
+            w_end[x] += kind == ActionKind.BACKWARD_WEIGHT
+            b_end[x] += kind == ActionKind.FULL_BACKWARD
+    # the state after the last action is a state of its own only where sends are held (or W split)
+    ends = [Moment(fwd[x] - freed[x], False, freed[x] > 0, i_end[x] - w_end[x], i_end[x] + (b_end[x] if held else 0))
+            if split or held else None for x in range(n)]
+    return tuple(tuple(y for y in (first[x], last_f[x], ends[x]) if y is not None) for x in range(n))
 
 
-def fits_no_cut(prob: PartitionProblem, counts: tuple[int, ...], split_backward: bool, holds_sends: bool) -> bool:
+def schedule_snapshots(name: str, p: int, m: int, small: int, v: int) -> tuple[tuple[Moment, ...], ...]:
+    """stage_snapshots at M = `m` from the schedule at `small` micro-batches, moved as
+    planner.partition.parallel_eval.memory_moments moves the moments derived there: the M - M' more
+    micro-batches add to the sends held (once any is) and to GPipe's micro-batches in flight."""
+    got = stage_snapshots(name, p, small, v)
+    extra = m - small
+    if not extra:
+        return got
+    grows = get_schedule(name).holds_every_microbatch
+    return tuple(tuple(replace(x, in_flight=x.in_flight + extra if grows else x.in_flight,
+                               sent_grads=x.sent_grads + extra if x.sent_grads else 0) for x in stage) for stage in got)
+
+
+def fits_no_cut(prob: PartitionProblem, snapshots: tuple[tuple[Moment, ...], ...]) -> bool:
     """True when no cut of `prob` into its stage positions keeps every stage's floor (module
-    docstring, with `counts` from first_backward_counts) within its budget: then the DP fits none.
-    False when one might (or the floor cannot be summed per layer: the DP decides).
-
-    With `split_backward` the first backward is an I, which holds its micro-batch's wgrad already
-    (planner.cost.held.stage_wgrad: on every stage but one starting at layer 0). With `holds_sends`
-    a second moment counts too: after the stage's last action its sends still hold every
-    micro-batch's input gradient and output (planner.cost.held.sent_bytes), nothing in flight."""
-    if prob.recompute not in ("none", "all") or prob.n_stages != len(counts):
+    docstring) at each of its `snapshots` (schedule_snapshots) within its budget: then the DP fits
+    none. False when one might (or the floor cannot be summed per layer: the DP decides)."""
+    S = len(snapshots)
+    if prob.recompute not in ("none", "all") or prob.n_stages != S:
         return False
     static = np.asarray(prob.static_bytes, dtype=float)
-    grads = np.zeros_like(static) if prob.gradient_bytes is None else np.asarray(prob.gradient_bytes, dtype=float)
+    L = len(static)
+    grads = np.zeros(L) if prob.gradient_bytes is None else np.asarray(prob.gradient_bytes, dtype=float)
     kept = np.asarray(prob.input_bytes if prob.recompute == "all" else prob.activation_bytes, dtype=float)
-    measured = prob.wgrad_bytes is not None
-    wgrad = np.asarray(prob.wgrad_bytes, dtype=float) if split_backward and measured else 0.0
+    measured = prob.wgrad_bytes is not None  # what sends hold and each pending W keeps: only with the column
+    wgrad = np.asarray(prob.wgrad_bytes, dtype=float) if measured else np.zeros(L)
     entry = 0.0 if prob.entry_bytes is None else min(0.0, float(np.min(prob.entry_bytes)))
-    L, S, at = len(static), len(counts), 0
+    held_last = 0.0 if prob.held_output_bytes is None else float(prob.held_output_bytes[-1])
     bb = np.asarray(prob.boundary_bytes, dtype=float)
     inner = float(np.min(bb[1:L])) if L > 1 else 0.0  # the least a cut inside the model sends
     buffers = 2.0 if prob.recv_microbatches is None else float(prob.recv_microbatches)
-    m = max(counts) if prob.recv_microbatches is None else prob.recv_microbatches
-    static_prefix = np.concatenate([[0.0], np.cumsum(static)])
-    if (static < 0).any():
-        return False
-    for s, k in enumerate(counts):
-        # what crosses the stage's two ends, at least (nothing before layer 0 or after the last)
-        ends = (inner if s > 0 else 0.0) + (inner if s < S - 1 else 0.0)
-        # (stage s > 0 of any cut starts past layer 0, where the wgrad counts)
-        per_layer = static - grads + k * kept + (wgrad if s else 0.0)
-        budget = float(prob.budget[s])
-        if (per_layer < 0).any() or not np.isfinite(budget):
-            return False  # not monotone in the layers it takes, or no limit: the greedy pass proves nothing
-        prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
-        room = budget - buffers * ends
-        # the furthest end j whose first-backward floor fits: prefix[j] - prefix[at] + k * entry <= room
-        end = int(np.searchsorted(prefix, prefix[at] + room - k * entry, side="right")) - 1
-        if holds_sends and measured:  # and whose end-of-step floor fits: static + M x (in + out) held
-            end = min(end, int(np.searchsorted(static_prefix, static_prefix[at] + room - m * ends, side="right")) - 1)
-        at = max(at, end)
+    at = 0
+    for s, stage in enumerate(snapshots):
+        if not np.isfinite(prob.budget[s]):
+            return False  # no limit: the greedy pass proves nothing
+        budget = float(prob.budget[s]) * (1.0 + _SLACK)
+        bytes_in, bytes_out = (inner if s > 0 else 0.0), (inner if s < S - 1 else 0.0)
+        reach = L
+        for x in stage:
+            # per layer; stage s > 0 of any cut starts past layer 0, where a pending or running W holds its wgrad
+            per_layer = static - (0.0 if x.gradients else grads) + x.in_flight * kept
+            if s > 0 and (x.pending_w or x.running_i):
+                per_layer = per_layer + (x.pending_w + x.running_i) * wgrad
+            if (per_layer < 0).any():
+                return False  # not monotone in the layers it takes: the greedy pass would prove nothing
+            # per stage, at the least: buffers, held sends (planner.cost.held.sent_bytes), the entry
+            # correction, and on the last stage a pending W's output already gone (pending_output)
+            fixed = buffers * (bytes_in + bytes_out) + x.in_flight * entry - (x.pending_w * held_last if s == S - 1 else 0.0)
+            if measured:
+                fixed += x.sent_grads * bytes_in + (x.sent_grads - x.pending_w) * bytes_out
+            prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
+            # the furthest end j with prefix[j] - prefix[at] + fixed <= budget
+            reach = min(reach, int(np.searchsorted(prefix, prefix[at] + budget - fixed, side="right")) - 1)
+        at = max(at, reach)
         if at >= L:
             return False
     return True
-
-
-def schedule_counts(name: str, p: int, m: int, small: int, v: int) -> tuple[int, ...]:
-    """first_backward_counts at M = `m` from the schedule at `small` micro-batches (the size the
-    moments are derived at, planner.partition.parallel_eval.memory_moments): the same, but GPipe's,
-    which runs every micro-batch forward first."""
-    got = first_backward_counts(name, p, small, v)
-    extra = m - small
-    return tuple(c + extra for c in got) if extra and get_schedule(name).holds_every_microbatch else got

@@ -22,7 +22,7 @@ from planner.parallel import ParallelConfig, run_refusal
 from planner.partition.build import Layout, build_problem
 from planner.plan import PredictedDevice
 from planner.partition.dp import min_memory_scale, solve_dp
-from planner.partition.memory_floor import fits_no_cut, schedule_counts
+from planner.partition.memory_floor import fits_no_cut, schedule_snapshots
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, generate_order, get_schedule
 from planner.schedules.interleaved import rounds
@@ -264,8 +264,7 @@ def solve_task(ctx: ParallelCosts, task: ParallelTask, mem: float, gpn: int, flo
     least scale unknown: solve again without `floor` to learn it)."""
     cfg = task.cfg
     if floor and fits_no_cut(_problem(ctx, task, mem, with_moments=False),
-                             schedule_counts(task.schedule, cfg.pp, task.m, _moments_size(task.schedule, cfg.pp, task.m), task.v),
-                             get_schedule(task.schedule).split_backward, get_schedule(task.schedule).holds_sends):
+                             schedule_snapshots(task.schedule, cfg.pp, task.m, _moments_size(task.schedule, cfg.pp, task.m), task.v)):
         return None
     prob = _problem(ctx, task, mem)
     # Most of a search's tasks fit no cut (254 of the 305 for GPT-175B on 1,536 A100s), and the DP
