@@ -47,36 +47,52 @@ _SLACK = 1e-6
 @functools.lru_cache(maxsize=256)
 def stage_snapshots(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...], ...]:
     """Per stage (P x v of them): its state at its first backward, at its last forward and (where
-    sends are held or W split) after its last action, as planner.schedules.memory_states counts them (a micro-batch in flight from its F
-    to its B, or W when the backward is split; sends held per ended I, and per ended B where the
-    runtime holds sends), in its rank's order of schedule `name` (sizes valid: check_sizes passed)."""
+    sends are held or W split) after its last action, as planner.schedules.memory_states counts
+    them (a micro-batch in flight from its F to its B, or W when the backward is split; sends held
+    per ended I, and per ended B where the runtime holds sends), in its rank's order of schedule
+    `name` (sizes valid: check_sizes passed)."""
     split = get_schedule(name).split_backward
     held = holds_sends(name, split)
-    frees = ActionKind.BACKWARD_WEIGHT if split else ActionKind.FULL_BACKWARD
+    F, B, I, W = ActionKind.FORWARD, ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT, ActionKind.BACKWARD_WEIGHT
+    frees = W if split else B
     n = p * v
     fwd, freed, i_end, w_end, b_end = ([0] * n for _ in range(5))
-    first: list[Moment | None] = [None] * n
-    last_f: list[Moment | None] = [None] * n
+    # counters (forwards, freed, I ended, W ended, B ended) at each stage's first backward and last
+    # forward, as plain tuples: this pass runs over up to 128 ranks x hundreds of actions
+    first: list[tuple | None] = [None] * n
+    last_f: list[tuple | None] = [None] * n
     for acts in SCHEDULES[name].order(p, m, v).values():
         for a in acts:
             if a is None:
                 continue
             x, kind = a.stage, a.kind
-            sent = i_end[x] + (b_end[x] if held else 0)
-            if kind == ActionKind.FORWARD:
+            if kind is F:
                 fwd[x] += 1
-                last_f[x] = Moment(fwd[x] - freed[x], False, freed[x] > 0, i_end[x] - w_end[x], sent)
-            elif first[x] is None and kind in (ActionKind.FULL_BACKWARD, ActionKind.BACKWARD_INPUT):
-                first[x] = Moment(fwd[x] - freed[x], True, freed[x] > 0, i_end[x] - w_end[x], sent,
-                                  kind == ActionKind.BACKWARD_INPUT)
-            freed[x] += kind == frees
-            i_end[x] += kind == ActionKind.BACKWARD_INPUT
-            w_end[x] += kind == ActionKind.BACKWARD_WEIGHT
-            b_end[x] += kind == ActionKind.FULL_BACKWARD
-    # the state after the last action is a state of its own only where sends are held (or W split)
-    ends = [Moment(fwd[x] - freed[x], False, freed[x] > 0, i_end[x] - w_end[x], i_end[x] + (b_end[x] if held else 0))
-            if split or held else None for x in range(n)]
-    return tuple(tuple(y for y in (first[x], last_f[x], ends[x]) if y is not None) for x in range(n))
+                last_f[x] = (fwd[x], freed[x], i_end[x], w_end[x], b_end[x], False)
+                continue
+            if first[x] is None and kind is not W:
+                first[x] = (fwd[x], freed[x], i_end[x], w_end[x], b_end[x], kind is I)
+            if kind is frees:
+                freed[x] += 1
+            if kind is I:
+                i_end[x] += 1
+            elif kind is W:
+                w_end[x] += 1
+            elif kind is B:
+                b_end[x] += 1
+
+    def state(counts: tuple | None, transient: bool) -> Moment | None:
+        if counts is None:
+            return None
+        f, fr, ie, we, be, running = counts
+        return Moment(f - fr, transient, fr > 0, ie - we, ie + (be if held else 0), running)
+
+    def states(x: int) -> tuple[Moment, ...]:
+        # the state after the last action is a state of its own only where sends are held (or W split)
+        end = (fwd[x], freed[x], i_end[x], w_end[x], b_end[x], False) if split or held else None
+        return tuple(y for y in (state(first[x], True), state(last_f[x], False), state(end, False)) if y is not None)
+
+    return tuple(states(x) for x in range(n))
 
 
 def schedule_snapshots(name: str, p: int, m: int, small: int, v: int) -> tuple[tuple[Moment, ...], ...]:
