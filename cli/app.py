@@ -8,10 +8,13 @@ with the same exit code, so a script reads them where it reads results.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
+import signal
 import sys
-from typing import Annotated
+import threading
+from typing import Annotated, Iterator
 
 import typer
 
@@ -86,6 +89,42 @@ def _interrupt_of(exit_exc: SystemExit) -> KeyboardInterrupt | None:
     return None
 
 
+class _Sigint:
+    """Whether a Ctrl-C (SIGINT) reached this command. Python raises it as KeyboardInterrupt wherever
+    the interpreter is, and C code that calls back into Python may report it as an error of its own
+    (numpy's comparison of structured arrays, inside np.unique, turns it into a TypeError): after a
+    Ctrl-C, whatever exception ends the command is the interruption."""
+
+    seen = False
+
+    @staticmethod
+    def _note(signum: int, frame: object) -> None:
+        _Sigint.seen = True
+        signal.default_int_handler(signum, frame)
+
+    @staticmethod
+    @contextlib.contextmanager
+    def watched() -> Iterator[None]:
+        """Note SIGINT while the command runs, where Python's own handler would raise it (not where
+        it is ignored, or outside the main thread); the handler before is restored after."""
+        _Sigint.seen = False
+        if threading.current_thread() is not threading.main_thread() or \
+                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+            yield
+            return
+        previous = signal.signal(signal.SIGINT, _Sigint._note)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+
+def _interrupted() -> None:
+    """Leave as an interrupted command: exit 130, one line, nothing written (outputs are atomic)."""
+    sys.stderr.write("pplan: interrupted\n")
+    sys.exit(130)
+
+
 def _wants_json(argv: list[str]) -> bool:
     """--json among the options (before a `--` that ends them)."""
     args = argv[: argv.index("--")] if "--" in argv else argv
@@ -127,27 +166,30 @@ def main() -> None:
         state.debug = True
     as_json = _wants_json(sys.argv[1:])
     try:
-        if as_json and not state.debug:
-            _run_json_mode()
-        else:
-            app()
-    except PplanError as e:
-        if state.debug:
-            raise
-        _fail(e.message, e.hint, e.exit_code, as_json)
+        with _Sigint.watched():
+            if as_json and not state.debug:
+                _run_json_mode()
+            else:
+                app()
     except KeyboardInterrupt:
         if state.debug:
             raise
-        sys.stderr.write("pplan: interrupted\n")
-        sys.exit(130)
+        _interrupted()
     except SystemExit as e:
         interrupt = _interrupt_of(e)
-        if interrupt is None:
+        if interrupt is None and not (_Sigint.seen and e.code):  # a failure after a Ctrl-C is the Ctrl-C
             raise
         if state.debug:
-            raise interrupt from None
-        sys.stderr.write("pplan: interrupted\n")
-        sys.exit(130)
+            raise (interrupt or e) from None
+        _interrupted()
+    except Exception as e:
+        if state.debug:
+            raise
+        if _Sigint.seen:  # whatever error a Ctrl-C became on its way out (_Sigint)
+            _interrupted()
+        if not isinstance(e, PplanError):
+            raise
+        _fail(e.message, e.hint, e.exit_code, as_json)
 
 
 if __name__ == "__main__":
