@@ -26,14 +26,13 @@ the floor lets through exactly (tests/test_memory_floor.py holds it to the DP's 
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import numpy as np
 
 from planner.partition.problem import PartitionProblem
 from planner.schedules import get_schedule
 from planner.schedules.actions import ActionKind
-from planner.schedules.memory import Moment
+from planner.schedules.memory import Moment, with_more_microbatches
 from planner.schedules.registry import SCHEDULES, holds_sends
 
 __all__ = ["stage_snapshots", "schedule_snapshots", "fits_no_cut"]
@@ -104,8 +103,7 @@ def schedule_snapshots(name: str, p: int, m: int, small: int, v: int) -> tuple[t
     if not extra:
         return got
     grows = get_schedule(name).holds_every_microbatch
-    return tuple(tuple(replace(x, in_flight=x.in_flight + extra if grows else x.in_flight,
-                               sent_grads=x.sent_grads + extra if x.sent_grads else 0) for x in stage) for stage in got)
+    return tuple(tuple(with_more_microbatches(x, extra, grows) for x in stage) for stage in got)
 
 
 def fits_no_cut(prob: PartitionProblem, snapshots: tuple[tuple[Moment, ...], ...]) -> bool:

@@ -26,7 +26,7 @@ from planner.partition.memory_floor import fits_no_cut, schedule_snapshots
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import generate, generate_order, get_schedule
 from planner.schedules.interleaved import rounds
-from planner.schedules.memory import Moment, corner_moments, stage_memory_moments, undominated
+from planner.schedules.memory import Moment, corner_moments, stage_memory_moments, undominated, with_more_microbatches
 from planner.simulation.replica import Cluster, ReplicaCosts, replica_costs, replica_layout, simulate_replica
 
 __all__ = ["ParallelCandidate", "ParallelTask", "ParallelCosts", "inflight_peaks", "memory_moments", "layer_static_bytes",
@@ -211,9 +211,7 @@ def memory_moments(name: str, p: int, m: int, v: int) -> tuple[tuple[Moment, ...
     if not extra:
         return base
     grows = get_schedule(name).holds_every_microbatch
-    return tuple(undominated([replace(x, in_flight=x.in_flight + extra if grows else x.in_flight,
-                                      sent_grads=x.sent_grads + extra if x.sent_grads else 0) for x in stage])
-                 for stage in base)
+    return tuple(undominated([with_more_microbatches(x, extra, grows) for x in stage]) for stage in base)
 
 
 @functools.lru_cache(maxsize=256)

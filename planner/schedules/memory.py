@@ -27,7 +27,7 @@ every rank are built once per schedule and priced in arrays by planner.schedules
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -36,7 +36,7 @@ from planner.errors import ScheduleError
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.memory_states import activation_peaks_table, memory_peaks_table, pareto_front, state_table
 
-__all__ = ["Moment", "MomentStack", "stack_moments", "corner_moments", "stage_memory_moments", "undominated",
+__all__ = ["Moment", "MomentStack", "with_more_microbatches", "stack_moments", "corner_moments", "stage_memory_moments", "undominated",
            "stage_inflight_peak", "rank_activation_peak", "activation_peaks", "memory_peaks"]
 
 # Results that depend only on the schedule, cached on the (immutable) schedule object: the
@@ -103,6 +103,15 @@ class MomentStack:
     """Moment.sent_grads of each row."""
     running_i: np.ndarray
     """Moment.running_i of each row (bool)."""
+
+
+def with_more_microbatches(moment: Moment, extra: int, every_microbatch_held: bool) -> Moment:
+    """`moment` of a schedule run with `extra` more micro-batches of the same shape (the cluster
+    search derives moments at a shorter M', planner.partition.parallel_eval.memory_moments): they
+    add to the sends held once any is, and to the micro-batches in flight where the schedule holds
+    every one (GPipe: registry holds_every_microbatch)."""
+    return replace(moment, in_flight=moment.in_flight + extra if every_microbatch_held else moment.in_flight,
+                   sent_grads=moment.sent_grads + extra if moment.sent_grads else 0)
 
 
 def stack_moments(moments: Sequence[Moment]) -> MomentStack:
