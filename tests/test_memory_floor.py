@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from planner.errors import InfeasibleError
-from planner.partition import memory_floor, parallel_eval, parallel_search
+from planner.partition import branch_bound, memory_floor, parallel_eval
 from planner.partition.dp import min_memory_scale
 from planner.partition.memory_floor import stage_snapshots
 from planner.partition.parallel_eval import least_memory, memory_moments, solve_task
@@ -47,15 +47,16 @@ def test_the_snapshots_are_states_of_each_stage_read_from_its_order():
 
 
 def _points(monkeypatch, **search) -> list:
-    """Every (ctx, task, gpus per node) a search solves."""
+    """Every (ctx, task, gpus per node) a search solves, the cut bound's skips left out (more points)."""
     seen = []
-    solve = parallel_search.solve_task
+    solve = branch_bound.solve_task
 
     def spy(ctx, task, mem, gpn, floor=False):
         seen.append((ctx, task, gpn))
         return solve(ctx, task, mem, gpn, floor)
 
-    monkeypatch.setattr(parallel_search, "solve_task", spy)
+    monkeypatch.setattr(branch_bound, "solve_task", spy)
+    monkeypatch.setattr(branch_bound, "cut_estimate", lambda ctx, task: task.estimate_ms)
     try:
         plan_parallel(hardware="a100-80gb", check_hints=False, **search)
     except InfeasibleError:

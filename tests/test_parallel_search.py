@@ -8,7 +8,7 @@ from planner.cost.parallel import gpt_model_flops, model_flops
 from planner.errors import InfeasibleError, PplanError, ScheduleError
 from planner.hardware import load_hardware
 from planner.parallel import ParallelConfig
-from planner.partition import parallel_search
+from planner.partition import branch_bound, parallel_search
 from planner.partition.parallel_eval import ParallelCosts, ParallelTask, simulate_task, solve_task
 from planner.partition.parallel_plan import parallel_plan
 from planner.partition.parallel_plan import format_parallel
@@ -152,7 +152,7 @@ def test_every_estimate_within_the_margin_is_simulated(monkeypatch):
         return SimpleNamespace(iteration_ms=1000.0, fits=True, config=task.cfg, micro_batch_size=task.b, mfu=0.5,
                                peak_memory_bytes=1.0)
 
-    monkeypatch.setattr(parallel_search, "solve_task", solve)
+    monkeypatch.setattr(branch_bound, "solve_task", solve)
     monkeypatch.setattr(parallel_search, "simulate_task", simulate)
     plan_parallel(model=SPEC, hardware="a100-80gb", nodes=1, gpus_per_node=8, global_batch=64)
     assert len(solved) > 12 and len(judged) == len(solved)

@@ -112,6 +112,7 @@ class ParallelCosts:
         self.cluster = Cluster(hw, gpn, compute_scale, overlap)
         self._raw: dict[int, LayerCosts] = {}
         self._per_gpu: dict[tuple, ReplicaCosts] = {}
+        self.bounds: dict[tuple, float] = {}  # planner.partition.branch_bound.cut_estimate's, per layout and point shape
         self.precision = profile_precision(profile)
 
     @property

@@ -19,7 +19,9 @@ as `pplan partition --schedule/--microbatches` hold the one-pipeline search:
 3. solve: the exact pipeline DP (planner.partition.dp) on one GPU's layer costs, i.e. the
    profile's costs transformed by planner.cost.parallel (compute / T + TP all-reduces, memory
    with ZeRO and T division, at the schedule's memory moments as the simulator prices them:
-   parallel_eval.memory_moments), until the next estimate is past the top_k-th solution's by the margin;
+   parallel_eval.memory_moments), until the next estimate is past the top_k-th solution's by the margin,
+   skipping on the way each point whose layers no cut balances well enough to come within it
+   (planner.partition.branch_bound);
 4. judge: every solution within the margin of the top_k-th estimate is simulated
    (planner.simulation), with each stage's exposed gradient sync added before its optimizer
    step; the fastest that fits wins.
@@ -48,8 +50,9 @@ from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, Paralle
 from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOMPUTE_CHOICES, check_microbatches, check_runs,
                                                checked_layout, extrapolated_warning, hardware_mismatch,
                                                held_flags, held_size, runnable_schedules)
+from planner.partition.branch_bound import ESTIMATE_MARGIN, solve_best
 from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_memory,
-                                             least_static_bytes, simulate_task, solve_task)
+                                             least_static_bytes, simulate_task)
 from planner.partition.parallel_hints import Shortfall, infeasible_error
 from planner.partition.parallel_runnable import layout_error, layout_refusal, runnable_alternatives
 from planner.partition.search import divisors
@@ -62,12 +65,6 @@ __all__ = ["ParallelCandidate", "ParallelResult", "plan_parallel", "candidate_la
 
 TP_DEGREES = (1, 2, 4, 8)
 ANALYTIC_SIZES = (1, 2, 4, 8)
-_MAX_SOLVES = 400  # points priced at most per search (the bound usually stops far earlier)
-# The DP-based estimate and the simulation order close plans differently (sends charged in full,
-# zb's closed-form bubble): measured -4.1% .. +3.5% of the simulation over the plans within 15% of
-# the best (docs/parallel.md, the 7.5B example), so every solution within this margin of the
-# top_k-th best estimate is simulated too, rather than trusting an ordering it cannot resolve.
-_ESTIMATE_MARGIN = 0.05
 
 
 @dataclass(frozen=True)
@@ -252,7 +249,7 @@ def _search(a: dict[str, Any], on_step: Callable[[int, int, str], None] | None =
     if not tasks:  # may anything run at all, memory aside?
         check_runs(layouts, sizes_of, names, a, schedule_flag, held_to, math.isfinite(need_min))
     keep = max(1, a["top_k"])
-    found, solved, min_scale = _solve_best(ctx, tasks, mem, gpn, keep, on_step)
+    found, solved, min_scale = solve_best(ctx, tasks, mem, gpn, keep, on_step)
     if not found:
         return Shortfall(need_min, min_scale, False, helping_zero(ctx, layouts, mem), held_to)
     sims = _judge(ctx, found, keep, mem, flops)
@@ -319,11 +316,11 @@ def _analytic(model: str | None, hw: Hardware, micro_batch_sizes: Sequence[int] 
 
 
 def _judge(ctx: ParallelCosts, found: list[Any], keep: int, mem: float, flops: Any) -> list[ParallelCandidate]:
-    """Simulate the `keep` best estimates and every other one within _ESTIMATE_MARGIN of the
+    """Simulate the `keep` best estimates and every other one within ESTIMATE_MARGIN of the
     keep-th (the estimate and the simulation order close plans differently: one may win once
     simulated); fastest fitting first."""
     found.sort(key=lambda x: x[0])
-    bound = found[min(keep, len(found)) - 1][0] * (1.0 + _ESTIMATE_MARGIN)
+    bound = found[min(keep, len(found)) - 1][0] * (1.0 + ESTIMATE_MARGIN)
     judged = found[:keep] + [f for f in found[keep:] if f[0] <= bound]
     sims = [simulate_task(ctx, task, sol, mem, flops) for _, task, sol in judged]
     sims.sort(key=lambda c: (not c.fits, c.iteration_ms, c.config.tp, c.config.pp, c.micro_batch_size))
@@ -366,35 +363,3 @@ def _tasks(ctx: ParallelCosts, layouts: list[ParallelConfig], sizes_of: Callable
     tasks.sort(key=lambda t: (t.estimate_ms, t.cfg.tp, t.cfg.pp, t.b, SCHEDULE_NAMES.index(t.schedule), t.v, t.recompute))
 
     return tasks, need_min
-
-
-def _solve_best(ctx: ParallelCosts, tasks: list[ParallelTask], mem: float, gpn: int, keep: int,
-                on_step: Callable[[int, int, str], None] | None = None) -> tuple[list, int, float]:
-    """(the `keep` best DP solutions as (estimate, task, solution), DPs run, least memory scale
-    that would fit among the tasks that did not); on_step as plan_parallel's."""
-    # Branch and bound: a task's estimate is a lower bound of its DP-based estimate (the
-    # bottleneck stage is at least the balanced share), so solving stops once the next task's
-    # estimate exceeds the top_k-th best DP-based estimate found (or after _MAX_SOLVES).
-    solved, found, floored = 0, [], []
-    min_scale = math.inf
-    total = min(len(tasks), _MAX_SOLVES)
-    for task in tasks:
-        if len(found) >= keep and task.estimate_ms > sorted(f[0] for f in found)[keep - 1] * (1.0 + _ESTIMATE_MARGIN):
-            break
-        if solved >= _MAX_SOLVES and found:
-            break
-        if on_step is not None:
-            on_step(min(solved, total - 1), total, f"{task.cfg.describe()} b={task.b} {task.schedule}")
-        got = solve_task(ctx, task, mem, gpn, floor=True)
-        solved += 1
-        if got is None:  # fits no cut, proven cheaply; its least scale matters only if nothing fits
-            floored.append(task)
-        elif isinstance(got, float):
-            min_scale = min(min_scale, got)
-        else:
-            found.append(got)
-    if not found:  # the refusal names the least scale over every point solved: learn the floored ones'
-        min_scale = min([min_scale] + [solve_task(ctx, task, mem, gpn) for task in floored])
-    if on_step is not None:
-        on_step(total, total, "")
-    return found, solved, min_scale
