@@ -20,6 +20,7 @@ import typer
 
 from cli.common import state
 from planner.errors import PplanError
+from planner.textsafe import MAX_MESSAGE_CHARS, printable
 
 # One module per command, each defining `register(app)`; order = order in `pplan --help`.
 COMMANDS = ["profile", "partition", "simulate", "run", "calibrate", "report", "demo", "bench", "hardware"]
@@ -132,29 +133,47 @@ def _wants_json(argv: list[str]) -> bool:
 
 
 def _fail(message: str, hint: str | None, code: int, as_json: bool) -> None:
-    """Leave with `code`: one line on stderr, or {"error", "hint"} on stdout under --json."""
+    """Leave with `code`: one line on stderr, or {"error", "hint"} on stdout under --json.
+
+    The message may quote a file's contents (a name, a line), so it is made printable: control
+    characters escaped and its middle cut past MAX_MESSAGE_CHARS (planner/textsafe.py)."""
+    message = printable(message)
+    hint = printable(hint, MAX_MESSAGE_CHARS // 2) if hint else hint
     if as_json:
-        sys.stdout.write(json.dumps({"error": " ".join(message.split()), "hint": hint}) + "\n")
+        sys.stdout.write(json.dumps({"error": message, "hint": hint}) + "\n")
         sys.stdout.flush()
     else:
-        text = message if not hint else f"{message}; {hint}"
-        sys.stderr.write(f"pplan: error: {' '.join(text.split())}\n")
+        text = message if not hint else f"{message.removesuffix('.')}; {hint}"
+        sys.stderr.write(f"pplan: error: {text}\n")
     sys.exit(code)
 
 
-def _run_json_mode() -> None:
-    """Run with click's own error printing off, so usage errors can be written as JSON too."""
+def _usage_hint(error: Exception) -> str:
+    """Where to look after a usage error: the failing command's own --help."""
+    ctx = getattr(error, "ctx", None)
+    path = getattr(ctx, "command_path", None) or "pplan"
+    return f"see `{path} --help`"
+
+
+def _run_app(as_json: bool) -> None:
+    """Run with click's own error printing off, so a usage error (unknown option, missing or
+    malformed value, unknown command) leaves as one line like every other error, or as JSON."""
     try:  # typer >= 0.29 vendors click as typer._click; earlier versions use click itself
-        from typer._click.exceptions import ClickException
+        from typer._click.exceptions import ClickException, NoArgsIsHelpError
     except ImportError:  # pragma: no cover - depends on the installed typer
-        from click.exceptions import ClickException
+        from click.exceptions import ClickException, NoArgsIsHelpError
 
     try:
-        result = app(standalone_mode=False)
+        result = app(standalone_mode=False, prog_name="pplan")
     except (typer.Abort, KeyboardInterrupt):
         raise KeyboardInterrupt from None
+    except NoArgsIsHelpError as e:
+        if as_json:
+            _fail("no command given", _usage_hint(e), e.exit_code, True)
+        e.show()  # `pplan` or a group alone: the help is the answer, as click prints it
+        sys.exit(e.exit_code)
     except ClickException as e:
-        _fail(e.format_message(), "see --help", e.exit_code, True)
+        _fail(e.format_message(), _usage_hint(e), e.exit_code, as_json)
     else:
         if isinstance(result, int) and result:  # click returns an Exit's code instead of raising
             sys.exit(result)
@@ -167,10 +186,7 @@ def main() -> None:
     as_json = _wants_json(sys.argv[1:])
     try:
         with _Sigint.watched():
-            if as_json and not state.debug:
-                _run_json_mode()
-            else:
-                app()
+            _run_app(as_json)
     except KeyboardInterrupt:
         if state.debug:
             raise
