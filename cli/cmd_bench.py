@@ -7,8 +7,10 @@
     pplan bench fidelity    predicted vs measured step time and peak memory (--quick: tiny grid)
     pplan bench handover    what a hand-over between two CPU ranks costs, idle and while both compute
 
-Progress goes to stderr; the table to stdout (or JSON with --json); files to --out-dir
-(default reports/bench/), written atomically once the bench has finished.
+Progress goes to stderr; the table to stdout (or JSON with --json); files to --out-dir, written
+atomically once the bench has finished. The default, reports/bench-latest/, is git-ignored, so a
+bench run leaves the checkout clean; `--out-dir reports/bench` regenerates the committed
+reference reports (docs/bench.md).
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ from planner.errors import PplanError
 
 __all__ = ["register"]
 
-bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV + Markdown under reports/bench/.",
+bench_app = typer.Typer(help="Benchmarks anyone can rerun: tables on stdout, CSV + Markdown under reports/bench-latest/ "
+                        "(git-ignored; --out-dir reports/bench rewrites the committed reference reports).",
                         no_args_is_help=True, rich_markup_mode=None)
 
-_OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and Markdown tables.")]
+_OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and Markdown tables (the default is "
+                                        "git-ignored; reports/bench holds the committed reference reports).")]
 _Json = Annotated[bool, typer.Option("--json", help="Print the tables and the machine as JSON instead of text.")]
-_BENCH_DIR = Path("reports/bench")
+# Untracked by default (.gitignore): running a bench must not dirty the committed reports/bench/.
+BENCH_DEFAULT_DIR = Path("reports/bench-latest")
 
 
 def register(app: typer.Typer) -> None:
@@ -79,7 +84,7 @@ def planner_cmd(
     parallel: Annotated[bool, typer.Option(
         "--parallel/--no-parallel", help="Also time the full dp x pp x tp search for "
         "GPT-175B on 1,536 and GPT-1T on 3,072 A100s (targets 5 s and 10 s).")] = True,
-    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
+    out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """Seconds to solve one stage-cut problem (DP vs ILP over layers x devices), and the 3D search at scale."""
     from planner.bench import bench_planner
@@ -107,7 +112,7 @@ def simulator_cmd(
     sizes: Annotated[str, typer.Option("--sizes", help="STAGESxMICROBATCHES list.")] = "8x64,32x256,64x1024",
     repeats: Annotated[int, typer.Option("--repeats", help="Warm simulations per cell (the best is reported).")] = 3,
     repeat_alias: Annotated[Optional[int], typer.Option("--repeat", hidden=True, help="Old spelling of --repeats.")] = None,
-    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
+    out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """Simulated actions per second for gpipe, 1f1b, interleaved and zb."""
     from planner.bench import bench_simulator, parse_sizes
@@ -122,7 +127,7 @@ def simulator_cmd(
 
 
 @bench_app.command("published")
-def published_cmd(out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False) -> None:
+def published_cmd(out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False) -> None:
     """Predict published large runs (Megatron-LM weak scaling, BLOOM-176B) from their settings; error per row."""
     from planner.bench.published import published_table
 
@@ -140,7 +145,7 @@ def quality_cmd(
     steps: Annotated[int, typer.Option("--steps", help="--measured: steps per run.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="--measured: untimed first steps.")] = 2,
     device: Annotated[str, typer.Option("--device", help="--measured: cpu or cuda.")] = "cpu",
-    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
+    out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
     from planner.bench import bench_quality, bench_quality_measured
@@ -182,7 +187,7 @@ def fidelity_cmd(
     models: Annotated[Optional[str], typer.Option(
         "--models", help="Only these groups of the grid, e.g. gpt,mlp "
         "(synthetic, gpt, mlp, resnet, hf-gpt2; default all).")] = None,
-    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
+    out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png.
 
@@ -209,7 +214,7 @@ def fidelity_cmd(
 @bench_app.command("handover")
 def handover_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="One size, a few exchanges: checks the bench, not the figures.")] = False,
-    out_dir: _OutDir = _BENCH_DIR, as_json: _Json = False,
+    out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """Cost of one gloo hand-over between two local ranks: idle, and while both ranks compute (every core busy)."""
     from planner.bench.handover import FULL, QUICK, bench_handover
