@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.cmd_run import run_command
+from cli.cmd_run import check_inputs, run_command
 from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
-from cli.common import echo_json, given_params, plan_inputs
+from cli.common import check_input_file, echo_json, given_params, plan_inputs
 
 if TYPE_CHECKING:
     from typer.core import TyperArgument, TyperOption
@@ -26,6 +26,9 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
     from planner.calibration import calibration_path_for
     from planner.execute.calibrate import calibrate_from_run_file
 
+    check_inputs(plan_path, profile)
+    check_input_file(run_path, "run", ".json",
+                     make="give the run JSON that `pplan run PLAN.json --out RUN.json` wrote, or drop --from-run to run the plan")
     # the calibration this replaces is not an input here: it is what the fit rewrites
     inputs = [(what, path) for what, path in plan_inputs(plan_path, profile) if what != "calibration"]
     prof = dict(inputs)["profile"]
@@ -125,7 +128,8 @@ def register(app: typer.Typer) -> None:
 
 def calibrate(
     ctx: typer.Context,
-    plan: Annotated[Path | None, typer.Argument(help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
+    plan: Annotated[Path | None, typer.Argument(
+        metavar="PLAN.json", help="Plan JSON to run (or that --from-run ran); not with --machine.")] = None,
     from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
     machine: Annotated[bool, typer.Option(
         "--machine", help="Measure this machine once (per-action, hand-over, "
@@ -156,7 +160,9 @@ def calibrate(
         _machine(out, ranks, threads, quick, json_out)
         return
     if plan is None:
-        raise PplanError("give a PLAN.json to calibrate, or --machine to measure the machine")
+        raise PplanError("no PLAN.json given to calibrate",
+                         "give the plan to run (`pplan calibrate PLAN.json`; with --from-run, the plan that run ran), "
+                         "or --machine to measure this machine")
     if from_run is not None:
         _from_run(plan, from_run, profile, json_out)
         return

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.common import echo_json
+from cli.common import check_hardware_input, echo_json
 
 __all__ = ["register"]
 
@@ -20,7 +20,7 @@ def register(app: typer.Typer) -> None:
 
 
 def hardware_cmd(
-    name: Annotated[Optional[str], typer.Argument(metavar="[NAME|FILE.json]", help="A preset name or a hardware JSON file (default: list the presets).")] = None,
+    name: Annotated[Optional[str], typer.Argument(metavar="NAME|FILE.json", help="A preset name or a hardware JSON file (default: list the presets).")] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON (one device: the user-file format).")] = False,
 ) -> None:
     """List the hardware presets (peak FLOP/s, memory, links), or show one preset or JSON file.
@@ -36,6 +36,7 @@ def hardware_cmd(
         else:
             _table(list(PRESETS.values()))
         return
+    check_hardware_input(name)
     hw = load_hardware(name)
     if as_json:
         echo_json(hardware_to_dict(hw))

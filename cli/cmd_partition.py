@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.common import echo_json, err, profile_inputs, step_progress
+from cli.common import check_hardware_input, check_input_file, echo_json, err, profile_inputs, step_progress
 from cli.options import CalibrationOption
 
 if TYPE_CHECKING:
@@ -65,6 +65,7 @@ def partition_cmd(
         "--devices": devices, "--optimizer": optimizer, "--bandwidth": bandwidth, "--latency": latency,
         "--cluster": cluster, "--method": method, "--time-limit": time_limit, "--calibration": calibration,
     }, {"--gpus-per-node": gpus_per_node, "--parallel": parallel, "--zero": zero, "--grad-sync": grad_sync})
+    _check_inputs(profile_path, cluster, calibration, hardware, global_batch)
     _check_outputs(out, plot, profile_path, cluster, calibration, hardware)
     if cluster_mode:
         cluster_settings = cluster_settings_from_options(nodes=nodes, hardware=hardware, global_batch=global_batch,
@@ -106,6 +107,21 @@ def _check_mode_flags(cluster_mode: bool, pipeline_only: dict[str, object], clus
                          "drop it, or drop --nodes/--hardware to plan one pipeline")
     raise PplanError(f"{', '.join(given)}: only used with --nodes and --hardware (data x pipeline x tensor parallelism)",
                      "drop it, or add e.g. --nodes 2 --hardware a100-80gb")
+
+
+def _check_inputs(profile: Path, cluster: Optional[Path], calibration: Optional[str], hardware: Optional[str],
+                  global_batch: int) -> None:
+    """Refuse, with what to give instead, a folder where a file is read, and a batch of no samples."""
+    from planner.errors import ClusterError, PplanError, ProfileError
+
+    if global_batch < 1:  # worded as --devices is (planner.partition.api), with what to give
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}",
+                         "give the samples per iteration (micro-batches x micro-batch size), e.g. --global-batch 64")
+    check_input_file(profile, "profile", ".csv", error=ProfileError)
+    check_input_file(cluster, "cluster file", ".json", error=ClusterError)
+    if calibration is not None and calibration.strip().lower() != "none":
+        check_input_file(Path(calibration), "calibration", ".json")
+    check_hardware_input(hardware)
 
 
 def _check_outputs(out: Path, plot: Optional[Path], profile: Path, cluster: Optional[Path], calibration: Optional[str],

@@ -82,9 +82,15 @@ def register(app: typer.Typer) -> None:
     app.command("profile")(profile)
 
 
+_MODEL_HELP = ("A built-in gpt|resnet|mlp|synthetic[:key=value,...]; a Hugging Face model built from its config, "
+               "hf:MODEL_TYPE[:config_key=value,...] (e.g. hf:gpt2:n_layer=4; needs pip install -e '.[hf]'); or "
+               "package.module:factory[:key=value,...] returning your nn.Module: an nn.Sequential or any module "
+               "torch.fx can trace (docs/models.md).")
+
+
 def profile(
     ctx: typer.Context,
-    model: Annotated[str, typer.Option("--model", "-m", help="gpt|resnet|mlp|synthetic[:key=value,...] or package.module:factory (docs/models.md).")] = ...,
+    model: Annotated[str, typer.Option("--model", "-m", help=_MODEL_HELP)] = ...,
     micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
     device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (parameters and float inputs).")] = "float32",
@@ -99,7 +105,7 @@ def profile(
         "(memory-bound layers and the optimizer step ran 1.3-1.6x slower beside another rank). "
         "Needs (K + 1) x --threads cores; refused with --device cuda (each GPU has its own memory).")] = 0,
     out: Annotated[Path, typer.Option("--out", "-o", help="Profile CSV to write (atomically).")] = Path("profile.csv"),
-    input_shape: Annotated[str | None, typer.Option("--input-shape", help="Factory models: one sample's shape, e.g. 3,32,32.")] = None,
+    input_shape: Annotated[str | None, typer.Option("--input-shape", help="module:factory and hf: models: one sample's shape, e.g. 3,32,32 (an hf: language model: its sequence length, e.g. 64).")] = None,
     input_dtype: Annotated[str | None, typer.Option("--input-dtype", help="Factory models: float (the default) or long.")] = None,
     vocab: Annotated[int | None, typer.Option("--vocab", help="Factory models with --input-dtype long: token ids below this.")] = None,
     json_out: Annotated[bool, typer.Option("--json", help="Print a JSON summary instead of a table.")] = False,

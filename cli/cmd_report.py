@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.common import echo_json, err
+from cli.common import check_input_file, echo_json, err
 
 __all__ = ["register"]
 
@@ -43,6 +43,7 @@ def report(
     from planner.report.document import check_replaceable
 
     fmts = parse_formats(formats)
+    _check_inputs_exist(profile, plan, sim, run, timeline, measured_timeline, calibration)
     out_dir = report_dir(name, out)
     check_report_dir(out_dir)  # before reading or simulating anything
     _check_inputs_outside(out_dir, {"--profile": profile, "--plan": plan, "--sim": sim, "--run": run,
@@ -71,6 +72,23 @@ def report(
             typer.echo(f"  skipped figure {f.number} ({f.title.lower()}): {f.skipped}")
     for key, value in result.summary:
         typer.echo(f"  {key}: {value}")
+
+
+def _check_inputs_exist(profile: Optional[Path], plan: Optional[Path], sim: Optional[Path], run: Optional[Path],
+                        timeline: Optional[Path], measured_timeline: Optional[Path], calibration: Optional[str]) -> None:
+    """Refuse, with what to give instead, a folder given for an input file, and a missing output of
+    another command with the command that writes it (the profile's and plan's readers say so themselves)."""
+    from planner.errors import PlanError, ProfileError
+
+    check_input_file(profile, "profile", ".csv", error=ProfileError)
+    check_input_file(plan, "plan", ".json", error=PlanError)
+    check_input_file(sim, "simulation", ".json", make="write one with `pplan simulate PLAN.json --out SIM.json`")
+    check_input_file(run, "run", ".json", make="write one with `pplan run PLAN.json --out RUN.json`")
+    check_input_file(timeline, "timeline", ".csv", make="write one with `pplan simulate PLAN.json --timeline FILE.csv`")
+    check_input_file(measured_timeline, "measured timeline", ".csv",
+                     make="write one with `pplan run PLAN.json --timeline FILE.csv`")
+    if calibration is not None and calibration.strip().lower() != "none":
+        check_input_file(Path(calibration), "calibration", ".json")
 
 
 def _check_inputs_outside(out_dir: Path, inputs: dict[str, Optional[Path]]) -> None:

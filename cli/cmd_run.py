@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from cli.common import echo_json, err, parse_shape
+from cli.common import at_least, check_input_file, echo_json, err, parse_shape
 from cli.options import PlanArgument
 from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson, RunOut,
@@ -22,7 +22,7 @@ from planner.units import format_bytes, format_ms
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
 
-__all__ = ["register", "run_command", "check_outputs", "print_run", "memory_warnings"]
+__all__ = ["register", "run_command", "check_outputs", "check_inputs", "check_counts", "print_run", "memory_warnings"]
 
 
 def _pct(x: float | None) -> str:
@@ -98,6 +98,25 @@ def check_outputs(out: Path | None, timeline: Path | None, checkpoint_dir: Path 
         ensure_writable_dir(checkpoint_dir, "--checkpoint-dir")
 
 
+def check_counts(*, steps: int, warmup: int | None, checkpoint_every: int, vocab: int | None) -> None:
+    """Refuse a count below its least with what to give (planner.execute.options checks the same
+    bounds later, naming them but not a value to use)."""
+    at_least("--steps", steps, 1, "give the optimizer steps to train, e.g. --steps 10")
+    at_least("--warmup", warmup, 0, "give the first steps left out of the timing, e.g. --warmup 2 (0: time every step)")
+    at_least("--checkpoint-every", checkpoint_every, 0, "0 saves only at the end; e.g. --checkpoint-every 100")
+    at_least("--vocab", vocab, 2, "give the token ids' upper bound, e.g. --vocab 32000")
+
+
+def check_inputs(plan_path: Path, profile: Path | None, machine_file: Path | None = None) -> None:
+    """Refuse, with what to give instead, a folder where the plan, the profile or a machine file is read."""
+    from planner.errors import PlanError, ProfileError
+
+    check_input_file(plan_path, "plan", ".json", error=PlanError)
+    check_input_file(profile, "profile", ".csv", error=ProfileError)
+    check_input_file(machine_file, "machine file", ".json",
+                     make="make one with `pplan calibrate --machine --out FILE.json`, or leave --machine-file out")
+
+
 def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, out: Path | None, timeline: Path | None,
                 profile: Path | None, device: str, calibrate: bool, checkpoint_dir: Path | None, checkpoint_every: int,
                 timeout: float, threads: int, runtime: str, force: bool, verbose: bool, json_out: bool,
@@ -114,6 +133,8 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
     from planner.execute.run import run_plan, runtime_prefers_torch  # imports no torch, and no model
     from planner.plan import load_plan
 
+    check_counts(steps=steps, warmup=warmup, checkpoint_every=checkpoint_every, vocab=vocab)
+    check_inputs(plan_path, profile, machine_file)
     prefer_torch = runtime_prefers_torch(runtime)
     check_outputs(out, timeline, checkpoint_dir)
     plan = load_plan(plan_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
+import planner.execute.run as run_module
 from planner.execute.run import CO_RUN_WARN_RATIO, co_run_warnings
 
 
@@ -18,9 +19,20 @@ def _pf(co_run: str | None = None, device: str = "cpu", analytic: bool = False) 
 RANKS = ["h", "h"]  # each rank's host: two ranks on one machine
 
 
-def test_slow_actions_beside_other_ranks_suggest_co_run():
+def test_slow_actions_beside_other_ranks_suggest_co_run(monkeypatch):
+    monkeypatch.setattr(run_module, "usable_cores", lambda: 2)
     (line,) = co_run_warnings(RANKS, _pf(), 1.2)
     assert "1.20x" in line and "--co-run 1" in line and "2 ranks" in line and "beside 0" in line
+
+
+def test_co_run_advice_fits_this_machines_cores(monkeypatch):
+    """4 ranks on a 2-core machine once advised --co-run 3, which `pplan profile` then refused."""
+    monkeypatch.setattr(run_module, "usable_cores", lambda: 2)
+    (line,) = co_run_warnings(["h"] * 4, _pf(), 1.2)
+    assert "re-profile with --co-run 1," in line and "(--co-run 3 needs 4)" in line
+    monkeypatch.setattr(run_module, "usable_cores", lambda: 16)
+    (line,) = co_run_warnings(["h"] * 4, _pf(), 1.2)
+    assert "re-profile with --co-run 3 (" in line
 
 
 def test_no_advice_when_it_would_not_help_or_was_followed():

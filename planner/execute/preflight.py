@@ -38,11 +38,12 @@ from planner.jsonio import read_bounded_bytes
 from planner.partition.parallel_runnable import layout_error
 from planner.hostinfo import usable_cores
 from planner.plan import Plan, Prediction, resolve_profile_path
+from planner.profiling.metadata import MAX_CO_RUN
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 from planner.units import format_bytes
 
 __all__ = ["Preflight", "preflight", "check_parallel", "check_profile_model", "check_host_memory", "same_model", "model_kwargs",
-           "run_dtype", "cpu_rank_cap", "no_gpu_device_nodes"]
+           "run_dtype", "cpu_rank_cap", "no_gpu_device_nodes", "co_run_advice"]
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,24 @@ class Preflight:
 def cpu_rank_cap() -> int:
     """Most CPU ranks `pplan run` starts without --force."""
     return max(8, 4 * usable_cores())
+
+
+def co_run_advice(want: int, threads: int, cores: int) -> str:
+    """What to re-profile with when a CPU run's `want` + 1 ranks on one machine slowed each other
+    down (planner.execute.run's co_run_warnings): `pplan profile --co-run K` needs (K + 1) x
+    --threads cores and refuses more (planner.profiling.corun.check_co_run), so K is capped by the
+    `cores` here; where not even --co-run 1 fits, a calibration on a run is what accounts for it.
+    (A 4-rank run on 2 cores advised --co-run 3, which `pplan profile` then refused.)"""
+    threads = max(1, threads)
+    most = min(want, MAX_CO_RUN, cores // threads - 1)
+    if most >= want:
+        return f"re-profile with --co-run {want}"
+    calibrate = "or calibrate on a run (`pplan calibrate PLAN.json`), which fits the slowdown"
+    if most >= 1:
+        return (f"re-profile with --co-run {most}, the most this machine's {cores} cores allow at --threads {threads} "
+                f"(--co-run {want} needs {(want + 1) * threads}), {calibrate}")
+    return (f"a co-running profile needs at least {2 * threads} cores at --threads {threads} and this machine has {cores}: "
+            f"profile on a larger one, {calibrate}")
 
 
 def model_kwargs(profile: Profile | None, opts: RunOptions | None = None) -> dict[str, Any]:

@@ -38,7 +38,7 @@ from planner.execute.launch import launch_local
 from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import world_text
 from planner.execute.options import RunOptions
-from planner.execute.preflight import Preflight, check_host_memory, preflight
+from planner.execute.preflight import Preflight, check_host_memory, co_run_advice, preflight
 from planner.hostinfo import load_average, usable_cores
 from planner.execute.results import assemble_record
 from planner.models.trust import check_model_trusted
@@ -321,13 +321,15 @@ def co_run_warnings(hosts: list[str], pf: Preflight, compute_ratio: float | None
     want = max(per_host.values(), default=1) - 1
     try:
         had = int(pf.profile.meta.get("co_run") or 0)
+        threads = int(pf.profile.meta.get("threads") or 1)  # a co-run needs that many cores a process
     except ValueError:
         return []
     if want < 1 or had >= want or pf.profile.meta.get("analytic") == "true":
         return []
     return [f"actions took {compute_ratio:.2f}x their profiled time with {want + 1} ranks on one machine, and the "
             f"profile measured its layers beside {had} other process(es): memory-bound layers slow each other "
-            f"down; re-profile with --co-run {want} (docs/simulator.md)"]
+            f"down; {co_run_advice(want, threads, usable_cores())} (docs/simulator.md)"]
+
 
 
 def _write(record: RunRecord, rows: list[TimelineRow], out: str | os.PathLike | None,

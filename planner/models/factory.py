@@ -43,6 +43,7 @@ from torch.utils._pytree import tree_leaves
 from planner.errors import ModelSpecError
 from planner.jsonio import nearest
 from planner.models.bundle import ModelBundle
+from planner.models.spec import BUILTIN_KINDS, hf_spelling
 from planner.models.targets import flatten_structured_output, mse_over_leaves, noise_like, pack_structured_target
 
 __all__ = ["build_factory", "random_input_maker", "out_of_place", "eval_forward", "few_layers_warning"]
@@ -57,7 +58,7 @@ def _load(module: str, name: str, spec: str) -> Callable[..., Any]:
     try:
         mod = importlib.import_module(module)
     except ModuleNotFoundError as e:
-        raise ModelSpecError(f"model {spec!r}: cannot import module {module!r} ({e})", "run from the directory that holds it, or set PYTHONPATH; built-in kinds are gpt, resnet, mlp, synthetic") from None
+        raise ModelSpecError(f"model {spec!r}: cannot import module {module!r} ({e})", _import_hint(module, spec)) from None
     except Exception as e:  # a user module that fails on import: report it on one line
         raise ModelSpecError(f"model {spec!r}: importing {module!r} failed: {type(e).__name__}: {e}") from None
     obj: Any = mod
@@ -66,8 +67,20 @@ def _load(module: str, name: str, spec: str) -> Callable[..., Any]:
             raise ModelSpecError(f"model {spec!r}: {module!r} has no attribute {name!r}", _callables_hint(obj, part))
         obj = getattr(obj, part)
     if not callable(obj):
-        raise ModelSpecError(f"model {spec!r}: {module}:{name} is not callable", "point at a function returning an nn.Sequential")
+        raise ModelSpecError(f"model {spec!r}: {module}:{name} is not callable",
+                             "point at a function returning an nn.Module (an nn.Sequential or any module torch.fx can "
+                             "trace) or a ModelBundle")
     return obj
+
+
+def _import_hint(module: str, spec: str) -> str:
+    """What to do when a factory's module is not found: `hf:` for a Hugging Face type written
+    without it (`llama:...` reads as module llama), else where Python looks and the other kinds."""
+    hf = hf_spelling(module, spec)
+    if hf is not None:
+        return f"did you mean {hf!r}? Hugging Face models take the hf: prefix"
+    return (f"run from the directory that holds it, or set PYTHONPATH; built-in kinds are {', '.join(BUILTIN_KINDS)}, "
+            "and hf:MODEL_TYPE builds a Hugging Face model")
 
 
 def _callables_hint(owner: Any, missing: str) -> str:

@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from planner.errors import ModelSpecError
 
-__all__ = ["BUILTIN_KINDS", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count", "describe_keys",
-           "check_input_flags"]
+__all__ = ["BUILTIN_KINDS", "HF_TYPES_NAMED", "hf_spelling", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count",
+           "describe_keys", "check_input_flags"]
 
 
 @dataclass(frozen=True)
@@ -94,7 +94,7 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     Raises ModelSpecError naming the bad key or value and listing the valid keys.
     """
     if not isinstance(spec, str) or not spec.strip():
-        raise ModelSpecError("empty --model", f"give a built-in ({', '.join(BUILTIN_KINDS)}) like gpt:layers=4, or package.module:factory")
+        raise ModelSpecError("empty --model", f"give {_KINDS_IN_WORDS}")
     text = spec.strip()
     kind, _, rest = text.partition(":")
     kind = kind.strip()
@@ -106,12 +106,34 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     if len(parts) >= 2 and _MODULE.fullmatch(parts[0]) and _MODULE.fullmatch(parts[1]):
         kwargs = _parse_kwargs(parts[2], text) if len(parts) == 3 else {}
         return "factory", {"module": parts[0], "callable": parts[1], "kwargs": kwargs}
+    raise ModelSpecError(f"unknown model {text!r}", f"{_guess(kind, text)}use {_KINDS_IN_WORDS}")
+
+
+_KINDS_IN_WORDS = (f"a built-in ({', '.join(BUILTIN_KINDS)}; e.g. gpt:layers=4), a Hugging Face model "
+                   "hf:MODEL_TYPE[:config_key=value,...] (e.g. hf:gpt2:n_layer=4), or package.module:factory returning "
+                   "your nn.Module (an nn.Sequential or any module torch.fx can trace; docs/models.md)")
+"""Every kind of --model, for the hint of one that names none of them."""
+HF_TYPES_NAMED = ("gpt2", "llama", "mistral", "qwen2", "gpt_neox", "phi", "gemma2", "falcon", "bloom", "bert",
+                  "roberta", "albert", "vit", "deit", "convnext", "regnet", "mobilenet_v2")
+"""Hugging Face model types the README names (transformers knows many more): a spec that starts
+with one of them (`llama:...`) is taken for that model, and `hf:` is suggested."""
+
+
+def hf_spelling(kind: str, spec: str) -> str | None:
+    """`spec` with the hf: prefix when its `kind` is a Hugging Face type the README names
+    ('llama:num_hidden_layers=2' -> 'hf:llama:num_hidden_layers=2'), else None."""
+    if kind.lower() not in HF_TYPES_NAMED:
+        return None
+    return "hf:" + kind.lower() + spec.strip()[len(kind):]
+
+
+def _guess(kind: str, spec: str) -> str:
+    """'did you mean ...? ' for an unknown model kind: the spec with `hf:` for a Hugging Face type
+    the README names, else the nearest built-in; '' when nothing is close."""
+    if (hf := hf_spelling(kind, spec)) is not None:
+        return f"did you mean {hf!r} (Hugging Face models take the hf: prefix)? "
     close = difflib.get_close_matches(kind, BUILTIN_KINDS, n=1)
-    maybe = f"did you mean {close[0]!r}? " if close else ""
-    raise ModelSpecError(
-        f"unknown model {text!r}",
-        f"{maybe}use a built-in kind ({', '.join(BUILTIN_KINDS)}), e.g. gpt:layers=4, or package.module:factory for your own nn.Sequential",
-    )
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def _parse_hf(rest: str, spec: str) -> dict[str, Any]:

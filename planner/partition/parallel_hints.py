@@ -76,7 +76,8 @@ def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | 
     auto = {"parallel": "auto"} if forced != "auto" else {}
     flags = " ".join(t for t in (short.held_to, "--recompute none" if args["recompute"] == "none" else "") if t)
     where = (f"--parallel {forced.describe()}" if auto else "every dp x pp x tp layout") + (f" and {flags}" if flags else "")
-    error = f"no plan fits {format_bytes(args['memory_bytes'])} per GPU ({args['hardware'].name}) with {where} on {n} GPUs"
+    error = (f"no plan fits {format_bytes(args['memory_bytes'])} per GPU ({args['hardware'].name}) with {where} "
+             f"on {n} GPU{'' if n == 1 else 's'}")
     if attempt is None:
         return InfeasibleError(error, _bound_lead(short) or "more memory per GPU")
     fixes, notes = _held_fixes(args, short.held_to, auto, attempt), []
@@ -114,15 +115,19 @@ def _held_fixes(args: dict[str, Any], held_to: str, auto: dict[str, Any], attemp
 
 
 def _nodes_fix(args: dict[str, Any], need: float, auto: dict[str, Any], attempt: Attempt, notes: list[str]) -> str:
-    """More nodes of the same GPUs that fit (the first of three node counts from the need), else ''
-    and a note naming the GPU counts tried."""
+    """More nodes of the same GPUs that fit (the first of three node counts from the need), else ''.
+    Searched over every layout, they say, when none fits, that scaling out does not help (a note);
+    not for a forced layout (`auto` set), where more nodes means another layout and the note named GPU
+    counts far from the one asked about (1312 GPUs for a 16-GPU layout that needed more memory per GPU)."""
     nodes, gpn, mem = args["nodes"], args["gpus_per_node"], args["memory_bytes"]
     more = max(nodes + 1, math.ceil(nodes * need / mem) if math.isfinite(need) else 2 * nodes)
     tries = [k for k in (more, 2 * more, 4 * more) if k * gpn <= MAX_GPUS]
     fix = next((f for f in (_fix(attempt, f"{k * gpn} GPUs ({k} nodes of {gpn}{' with --parallel auto' if auto else ''})",
                                  {"nodes": k, **auto}) for k in tries) if f), "")
-    if tries and not fix:
-        notes.append(f"{', '.join(str(k * gpn) for k in tries)} GPUs do not fit either")
+    if tries and not fix and not auto:
+        counts = [f"{k * gpn:,}" for k in tries]
+        listed = counts[0] if len(counts) == 1 else ", ".join(counts[:-1]) + " and " + counts[-1]
+        notes.append(f"more nodes do not help: {listed} GPUs fit no plan either")
     return fix
 
 

@@ -103,10 +103,15 @@ def parallel_summary(result: ParallelResult) -> dict[str, Any]:
     }
 
 
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def format_parallel(result: ParallelResult, n_rows: int = 6) -> str:
     """A table of the best plans for people (the CLI prints it)."""
-    head = (f"{result.gpus} x {result.hardware} ({result.gpus // result.gpus_per_node} nodes x {result.gpus_per_node}), "
-            f"global batch {result.global_batch}, seq {result.seq}; {result.layouts} layouts, {result.solved} points priced; "
+    head = (f"{result.gpus} x {result.hardware} ({_count(result.gpus // result.gpus_per_node, 'node')} x {result.gpus_per_node}), "
+            f"global batch {result.global_batch}, seq {result.seq}; {_count(result.layouts, 'layout')}, "
+            f"{_count(result.solved, 'point')} priced; "
             f"FLOPs: {result.flops_source}; {result.dtype}, MFU against {result.mfu_peak_flops_per_s / 1e12:.4g} TFLOP/s peak"
             + f"; gradient sync {result.grad_sync}" + (f"; held to {result.held_to}" if result.held_to else ""))
     cols = ("dp", "pp", "tp", "zero", "sched", "b", "M", "recomp", "iter ms", "samples/s", "tokens/s", "TFLOP/s/GPU", "MFU", "peak mem", "fits")
