@@ -44,13 +44,14 @@ class WhatIf:
             object.__setattr__(self, "schedule", schedule_name(self.schedule, "--schedule"))
         for flag, value in (("--microbatches", self.n_microbatches), ("--micro-batch-size", self.micro_batch_size)):
             if value is not None and value < 1:
-                raise PplanError(f"{flag} {value} must be at least 1")
+                raise PplanError(f"{flag} {value} must be at least 1", f"give {flag} 1 or more, or leave it out to keep the plan's")
 
 
 def check_keep(keep: str) -> None:
     """PplanError unless `keep` is one of KEEP."""
     if keep not in KEEP:
-        raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}")
+        raise PplanError(f"--keep {keep!r} is not one of {', '.join(KEEP)}",
+                         "global-batch changes the micro-batch size with the count; micro-batch-size keeps it")
 
 
 def split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[int, int]:
@@ -58,7 +59,7 @@ def split_batch(plan: Plan, m: int | None, b: int | None, keep: str) -> tuple[in
     check_keep(keep)
     for flag, value in (("micro-batch count", m), ("micro-batch size", b)):
         if value is not None and value < 1:
-            raise PplanError(f"{flag} {value} must be at least 1")
+            raise PplanError(f"{flag} {value} must be at least 1", "give 1 or more")
     if m is not None and b is not None:
         return m, b
     if keep == "micro-batch-size" or (m is None and b is None):

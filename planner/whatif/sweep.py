@@ -93,18 +93,18 @@ def parse_sweep(text: str) -> tuple[str, list[Any]]:
         raise PplanError(f"--sweep {name} lists {len(items):,} values, more than {MAX_SWEEP_VALUES}",
                          "sweep fewer values, e.g. powers of two: microbatches=1,2,4,8,16,32")
     if len(set(items)) != len(items):
-        raise PplanError(f"--sweep {text!r} repeats a value")
+        raise PplanError(f"--sweep {text!r} repeats a value", "list each value once")
     if name == "schedule":
         names = [schedule_name(v, "--sweep schedule") for v in items]
         if len(set(names)) != len(names):
-            raise PplanError(f"--sweep {text!r} repeats a schedule")
+            raise PplanError(f"--sweep {text!r} repeats a schedule", "list each schedule once (zb and ZB are one)")
         return name, names
     try:
         counts = [int(v) for v in items]
     except ValueError:
         raise PplanError(f"--sweep {text!r}: micro-batch counts must be integers", "write e.g. microbatches=1,2,4,8") from None
     if any(c < 1 or c > 1_000_000 for c in counts):
-        raise PplanError(f"--sweep {text!r}: micro-batch counts must be between 1 and 1000000")
+        raise PplanError(f"--sweep {text!r}: micro-batch counts must be between 1 and 1000000", "write e.g. microbatches=1,2,4,8")
     return name, counts
 
 
