@@ -169,6 +169,8 @@ def range_error(value: float, low: float, high: float, what: str) -> str | None:
 
 def _number(x: float) -> str:
     """A number for a message: an integer whole (a device index), a long one or a float to 6 digits."""
+    if isinstance(x, int) and x.bit_length() > 1000:  # no float holds it (and str() refuses past 4,300 digits)
+        return f"an integer of about {int(x.bit_length() * 0.30103)} digits"
     return str(x) if isinstance(x, int) and abs(x) < 10**12 else f"{x:.6g}"
 
 

@@ -19,13 +19,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from planner.errors import ProfileError
+from planner.errors import PplanError, ProfileError
 from planner.graph.edges import edge_lines, read_edges
 from planner.profiling.metadata import read_meta
+from planner.textsafe import check_name
 
 __all__ = [
     "FORMAT", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "NUMERIC_COLUMNS", "INTEGER_COLUMNS", "MAX_LAYERS", "MAX_ROWS",
-    "MAX_MICRO_BATCH_SIZE", "ProfileTable", "parse_profile_csv", "profile_to_text",
+    "MAX_MICRO_BATCH_SIZE", "MAX_LINE_CHARS", "ProfileTable", "parse_profile_csv", "profile_to_text", "check_line_lengths",
+    "count_lines", "csv_rows",
 ]
 
 FORMAT = "pplan-profile/1"
@@ -53,6 +55,14 @@ MAX_LAYERS = 4_000
 MAX_ROWS = 1_000_000
 # No device trains a micro-batch of a billion samples; beyond it a size is a typo.
 MAX_MICRO_BATCH_SIZE = 10**9
+# Characters one line of a profile or timeline CSV may hold: far beyond the longest pplan writes (an
+# `# edge:` line naming 4,000 consumers is ~20,000; a synthetic spec with per-layer lists, tens of
+# thousands), and a few MB to split. Without it a 255 MiB comment line peaked at 1.4 GB of memory.
+MAX_LINE_CHARS = 2**20
+_MAX_GUESSED = 20  # unknown header columns the "did you mean" hint compares (9 us each with difflib)
+# Characters an integer cell may hold: an int64 has 19 digits, and a longer cell is a typo or a
+# hostile file whose 4,000-digit value would otherwise be parsed and printed in the error.
+_MAX_INT_CHARS = 24
 
 
 @dataclass(frozen=True)
@@ -84,6 +94,50 @@ class _Rows:
     names: dict[int, str]
 
 
+# What str.splitlines ends a line at besides \n (and \r\n as one).
+_OTHER_BREAKS = "\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+
+
+def count_lines(text: str) -> int:
+    """How many lines `text.splitlines()` makes (+1), counted without making them (256 MiB of \\r).
+    A rare break is counted only once `in` (a fast memchr) finds it: counting is 10x slower."""
+    n = text.count("\n") + 1
+    for ch in _OTHER_BREAKS:
+        if ch in text:
+            n += text.count(ch) - (text.count("\r\n") if ch == "\r" else 0)
+    return n
+
+
+def check_line_lengths(text: str | bytes, source: str, error: type[PplanError], what: str = "profile") -> None:
+    """Refuse a line longer than MAX_LINE_CHARS before `text` is split. Without copies, in
+    len(text) / MAX_LINE_CHARS steps: each moves past the last \\n or \\r (the csv module's line
+    ends) of the next MAX_LINE_CHARS + 1 characters; a window without one is a line too long.
+    Bytes work too (a file's, checked before it is decoded into a second copy)."""
+    nl, cr = ("\n", "\r") if isinstance(text, str) else (b"\n", b"\r")
+    pos, window = 0, MAX_LINE_CHARS + 1
+    while len(text) - pos >= window:
+        end = pos + window
+        last_break = max(text.rfind(nl, pos, end), text.rfind(cr, pos, end))
+        if last_break < 0:
+            lineno = text.count(nl, 0, pos) + 1
+            raise error(f"{source}:{lineno}: line is longer than {MAX_LINE_CHARS} characters",
+                        f"a {what} line is a comment, metadata or one row of short cells: is this a {what} CSV?")
+        pos = last_break + 1
+
+
+def csv_rows(reader: "csv._reader", first: int, source: str, error: type[PplanError]):
+    """The rows of `reader`, with the csv module's own errors (a cell longer than its field limit,
+    a NUL byte) raised as `error` naming the line (`first` lines come before the reader's)."""
+    try:
+        yield from reader
+    except csv.Error as e:
+        lineno = first + reader.line_num
+        if "field limit" in str(e):
+            raise error(f"{source}:{lineno}: a cell is longer than {csv.field_size_limit()} characters",
+                        "a cell holds a name or a number: look for a quote (\") that is never closed") from None
+        raise error(f"{source}:{lineno}: not readable as CSV ({e})", "save the file as UTF-8 CSV text") from None
+
+
 def parse_profile_csv(text: str, source: str) -> ProfileTable:
     """Parse and validate profile CSV text; ProfileError names file, line and column.
 
@@ -91,19 +145,20 @@ def parse_profile_csv(text: str, source: str) -> ProfileTable:
     holds: a layer index must be below the number of data rows (every layer needs a row), so
     one absurd index is refused at its line instead of allocating for it.
     """
-    n_lines = text.count("\n") + 1
+    n_lines = count_lines(text)
     if n_lines > 2 * MAX_ROWS:  # before splitting the text into that many strings
         raise ProfileError(f"{source}: {n_lines} lines, more than any profile has (at most {MAX_ROWS} data rows)",
                            f"a profile has one row per layer and micro-batch size: at most {MAX_LAYERS} layers")
-    lines = text.splitlines()
+    check_line_lengths(text, source, ProfileError)  # before splitting and stripping a 255 MiB line
+    lines = text.splitlines(keepends=True)  # a newline inside a quoted cell stays in it, to be refused
     meta, first = read_meta(lines, source)
     if first >= len(lines):
         raise ProfileError(f"{source}: empty profile (no header row)", "the first non-comment line must be the header: " + ",".join(REQUIRED_COLUMNS))
     fmt = meta.get("format")
     if fmt is not None and fmt != FORMAT:
-        raise ProfileError(f"{source}: format {fmt!r} is not supported (this pplan reads {FORMAT})")
+        raise ProfileError(f"{source}: format {fmt[:60]!r} is not supported (this pplan reads {FORMAT})")
     reader = csv.reader(itertools.islice(lines, first, None))
-    index = _header([h.strip() for h in next(reader)], source, first + 1)
+    index = _header([h.strip() for h in next(csv_rows(reader, first, source, ProfileError))], source, first + 1)
     present = frozenset(c for c in OPTIONAL_COLUMNS if c in index)
     n_data = sum(1 for line in itertools.islice(lines, first + 1, None) if line.strip())
     if n_data > MAX_ROWS:
@@ -139,7 +194,8 @@ def _header(header: list[str], source: str, lineno: int) -> dict[str, int]:
     unknown = [h for h in header if h not in known]
     missing = [c for c in REQUIRED_COLUMNS if c not in have]
     if missing:
-        guesses = [f"{g!r} (the header has {u!r})" for u in unknown if (g := _near(u, missing))]
+        # the first few only: a header of 500,000 unknown columns would take seconds
+        guesses = [f"{g!r} (the header has {u[:60]!r})" for u in unknown[:_MAX_GUESSED] if (g := _near(u, missing))]
         hint = f"did you mean {', '.join(guesses)}? " if guesses else ""
         raise ProfileError(f"{source}:{lineno}: missing column(s) {', '.join(missing)}",
                            hint + "the header needs " + ",".join(REQUIRED_COLUMNS))
@@ -157,10 +213,10 @@ def _header(header: list[str], source: str, lineno: int) -> dict[str, int]:
 
 def _read_rows(reader: "csv._reader", index: dict[str, int], first: int, n_data: int, source: str) -> _Rows:
     """Every data row, each cell checked where it stands."""
-    numeric = [(c, index[c]) for c in NUMERIC_COLUMNS if c in index]
-    rows = _Rows(values={c: array("d") for c, _ in numeric}, layers=array("q"), sizes=array("q"), lines=array("q"), names={})
+    numeric = [(c, index[c], _num_limit(c)) for c in NUMERIC_COLUMNS if c in index]  # limits found once, not per cell
+    rows = _Rows(values={c: array("d") for c, _, _ in numeric}, layers=array("q"), sizes=array("q"), lines=array("q"), names={})
     i_layer, i_size, i_name, width = index["layer"], index["micro_batch_size"], index["name"], len(index)
-    for row in reader:
+    for row in csv_rows(reader, first, source, ProfileError):
         lineno = first + reader.line_num
         if not row or all(not cell.strip() for cell in row):
             continue
@@ -176,18 +232,25 @@ def _read_rows(reader: "csv._reader", index: dict[str, int], first: int, n_data:
         size = _int_cell(row[i_size], source, lineno, "micro_batch_size", minimum=1)
         if size > MAX_MICRO_BATCH_SIZE:
             raise ProfileError(f"{source}:{lineno}: column 'micro_batch_size': {size} is larger than any micro-batch (limit {MAX_MICRO_BATCH_SIZE})")
-        name = row[i_name].strip()
-        known = rows.names.setdefault(layer, name)
-        if known != name:
-            raise ProfileError(f"{source}:{lineno}: layer {layer} is named {name!r} here but {known!r} earlier")
-        for c, i in numeric:
-            rows.values[c].append(_num_cell(row[i], source, lineno, c))
+        _check_layer_name(rows.names, layer, row[i_name].strip(), source, lineno)
+        for c, i, limit in numeric:
+            rows.values[c].append(_num_cell(row[i], source, lineno, c, limit))
         rows.layers.append(layer)
         rows.sizes.append(size)
         rows.lines.append(lineno)
     if not rows.layers:
         raise ProfileError(f"{source}: no data rows after the header")
     return rows
+
+
+def _check_layer_name(names: dict[int, str], layer: int, name: str, source: str, lineno: int) -> None:
+    """Record `layer`'s name at its first row, once the terminal can show it (planner.textsafe:
+    no escape sequence, newline or bidirectional override); its later rows must repeat it."""
+    known = names.get(layer)
+    if known is None:  # checked once per layer, not once per row
+        names[layer] = check_name(name, "layer name", ProfileError, f"{source}:{lineno}")
+    elif known != name:
+        raise ProfileError(f"{source}:{lineno}: layer {layer} is named {name[:60]!r} here but {known!r} earlier")
 
 
 def _check_layers(rows: _Rows, n_data: int, source: str) -> int:
@@ -271,28 +334,37 @@ def _num_limit(column: str) -> float:
     return _MAX_MS if column.endswith("_ms") or column.endswith("_std") else _MAX_BYTES
 
 
-def _num_cell(cell: str, source: str, lineno: int, column: str) -> float:
+def _cell_error(source: str, lineno: int, column: str, text: str, problem: str, hint: str | None = None) -> ProfileError:
+    """The error for one cell, its text cut (a hostile cell may be 100,000 characters)."""
+    shown = repr(text[:40]) + ("..." if len(text) > 40 else "")
+    return ProfileError(f"{source}:{lineno}: column {column!r}: {shown} {problem}", hint)
+
+
+def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) -> float:
     text = cell.strip()
     try:
         value = float(text)
     except ValueError:
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not a number") from None
-    if math.isnan(value) or math.isinf(value):
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not a finite number")
+        raise _cell_error(source, lineno, column, text, "is not a number") from None
+    if math.isnan(value) or math.isinf(value):  # 1e400 reads as inf
+        raise _cell_error(source, lineno, column, text, "is not a finite number")
     if value < 0:
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is negative", "times and bytes are >= 0")
-    if value > _num_limit(column):
-        unit = "ms" if _num_limit(column) == _MAX_MS else "bytes" if _num_limit(column) == _MAX_BYTES else "flops"
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is too large for any real device (limit {_num_limit(column):.0e} {unit})", "check the units: times in ms, sizes in bytes")
+        raise _cell_error(source, lineno, column, text, "is negative", "times and bytes are >= 0")
+    if value > limit:
+        unit = "ms" if limit == _MAX_MS else "bytes" if limit == _MAX_BYTES else "flops"
+        raise _cell_error(source, lineno, column, text, f"is too large for any real device (limit {limit:.0e} {unit})",
+                          "check the units: times in ms, sizes in bytes")
     return value
 
 
 def _int_cell(cell: str, source: str, lineno: int, column: str, minimum: int) -> int:
     text = cell.strip()
+    if len(text) > _MAX_INT_CHARS:  # before parsing (and later printing) a 4,000-digit number
+        raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {_MAX_INT_CHARS} characters)")
     try:
         value = int(text)
     except ValueError:
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {text!r} is not an integer") from None
+        raise _cell_error(source, lineno, column, text, "is not an integer") from None
     if value < minimum:
         raise ProfileError(f"{source}:{lineno}: column {column!r}: {value} is below {minimum}")
     return value

@@ -14,6 +14,7 @@ from planner.errors import ProfileError
 from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
 from planner.limits import MAX_SEED
+from planner.textsafe import MAX_NAME_CHARS, check_name
 
 __all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
@@ -116,6 +117,15 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
 }
 
 
+def _check_shown_text(value: str, key: str, where: str) -> None:
+    """Refuse a metadata value with a control or format character: the model and device are printed
+    (`pplan profile` summaries, report figures), where an escape sequence would rewrite the reader's
+    terminal. check_name bounds a name at MAX_NAME_CHARS, and a model spec with per-layer lists or a
+    command may be longer (the line is bounded by csvio.MAX_LINE_CHARS), so it checks pieces of that."""
+    for start in range(0, len(value), MAX_NAME_CHARS):
+        check_name(value[start:start + MAX_NAME_CHARS], f"metadata {key!r}", ProfileError, where)
+
+
 def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
     """(validated `# key: value` metadata, index of the header line) of the leading block."""
     meta: dict[str, str] = {}
@@ -137,6 +147,7 @@ def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
                                hint + " (a comment line without ':' is ignored)")
         if key in meta:
             raise ProfileError(f"{source}:{lineno}: metadata key {key!r} given twice (first on line {where[key]})", "keep one of them")
+        _check_shown_text(value, key, f"{source}:{lineno}")
         problem = META_KEYS[key](value)
         if problem:
             raise ProfileError(f"{source}:{lineno}: metadata {key!r}: {value[:60]!r} {problem}")

@@ -41,7 +41,7 @@ from planner.hardware import DTYPE_BYTES
 from planner.jsonio import read_bounded_bytes
 from planner.profiling.csvio import (
     FORMAT, INTEGER_COLUMNS, MAX_LAYERS, MAX_MICRO_BATCH_SIZE, MAX_ROWS, NUMERIC_COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS,
-    ProfileTable, parse_profile_csv, profile_to_text,
+    ProfileTable, check_line_lengths, parse_profile_csv, profile_to_text,
 )
 from planner.profiling.metadata import META_KEYS
 
@@ -275,6 +275,7 @@ def profile_from_bytes(data: bytes, source: str) -> Profile:
     """Validate the bytes of a profile file read elsewhere (so a caller that hashes them reads once)."""
     if b"\x00" in data[:4096]:
         raise ProfileError(f"{source}: not a text CSV file (binary data)", "give a profile written by `pplan profile`")
+    check_line_lengths(data, source, ProfileError)  # before decoding makes a second, larger copy
     try:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as e:

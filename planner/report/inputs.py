@@ -8,7 +8,6 @@ CSV `device,stage,kind,microbatch,start_ms,end_ms` shared by the simulator and t
 from __future__ import annotations
 
 import csv
-import io
 import math
 import os
 from dataclasses import dataclass, field
@@ -24,10 +23,12 @@ from planner.limits import MAX_GLOBAL_BATCH
 from planner.plan import Plan, load_plan
 from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
+from planner.profiling.csvio import check_line_lengths, count_lines, csv_rows
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
     TIMELINE_COLUMNS, TIMELINE_KINDS, SimulationRecord, TimelineRow,
 )
+from planner.textsafe import check_name
 
 __all__ = [
     "TIMELINE_COLUMNS",
@@ -59,9 +60,13 @@ _ROW_RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1, _PIPELINE), "stage": (-1, 
                "start_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES), "end_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES)}
 MAX_TIMELINE_ROWS = 1_000_000
 """Most rows a timeline file may hold: drawing 300,000 boxes took 0.6 GB; the file limit (64 MiB) alone allows 5 million."""
+# Characters of a device, stage or micro-batch cell: an index in range has at most 9 digits, and 20
+# still reads a typo like 1e20 to name it out of range; a 400-digit one would overflow that message.
+_MAX_INT_CHARS = 20
 # The report's flag for each pplan file kind (planner.jsontypes.file_kind), to name the right one.
 _FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration"}
 _NAMES = {"plan": "plan", "run": "run", "sim": "simulation"}
+_TIMELINE_HINT = "`pplan simulate PLAN --timeline FILE` or `pplan run PLAN --timeline FILE` writes a timeline of one iteration"
 SIM_OF_PLAN_HINT = "give the simulation of this plan (`pplan simulate PLAN --out SIM` writes it), or the plan it simulated"
 """What to do about a simulation of another plan (the run's: planner.execute.planmatch.RUN_OF_PLAN_HINT)."""
 
@@ -160,10 +165,12 @@ def _bad(source: str, message: str, hint: str | None = None) -> PplanError:
 
 def read_timeline_text(text: str, source: str = "<timeline>") -> tuple[TimelineRow, ...]:
     """Parse timeline CSV text; PplanError names the line and column of the first problem."""
-    reader = csv.reader(io.StringIO(text))
+    _check_timeline_size(text, source)
+    reader = csv.reader(text.splitlines(keepends=True))  # a quoted newline stays in its cell
     header: list[str] | None = None
     rows: list[TimelineRow] = []
-    for lineno, row in enumerate(reader, start=1):
+    for row in csv_rows(reader, 0, source, PplanError):
+        lineno = reader.line_num
         if not row or all(not c.strip() for c in row) or row[0].lstrip().startswith("#"):
             continue
         if header is None:
@@ -183,7 +190,18 @@ def read_timeline_text(text: str, source: str = "<timeline>") -> tuple[TimelineR
         rows.append(_timeline_row(cell, source, lineno))
     if header is None:
         raise _bad(source, "empty timeline (no header row)", "the header must be " + ",".join(TIMELINE_COLUMNS))
+    if not rows:  # an empty figure (and a matplotlib warning) otherwise
+        raise _bad(source, "the timeline has no rows, only its header", _TIMELINE_HINT)
     return tuple(rows)
+
+
+def _check_timeline_size(text: str, source: str) -> None:
+    """Refuse more lines than any timeline has, or a line longer than any row, before splitting."""
+    n_lines = count_lines(text)
+    if n_lines > 2 * MAX_TIMELINE_ROWS:  # blank and comment lines count too: each is a string once split
+        raise _bad(source, f"{n_lines} lines, more than any timeline has (at most {MAX_TIMELINE_ROWS} rows)",
+                   "a report draws one iteration: keep the rows of the iterations to show")
+    check_line_lengths(text, source, PplanError, what="timeline")
 
 
 def _check_header(header: list[str], source: str, lineno: int) -> None:
@@ -204,19 +222,21 @@ def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow
     values: dict[str, Any] = {}
     for col in ("device", "stage", "microbatch"):
         try:
+            if len(cell[col]) > _MAX_INT_CHARS:
+                raise ValueError
             values[col] = int(cell[col])
         except ValueError:
-            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col]!r} is not an integer") from None
+            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not an integer in range") from None
     for col in ("start_ms", "end_ms"):
         try:
             values[col] = float(cell[col])
         except ValueError:
-            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col]!r} is not a number") from None
+            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not a number") from None
         if not math.isfinite(values[col]):
-            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col]!r} is not finite")
-    kind = cell["kind"].upper()
+            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not finite")
+    kind = check_name(cell["kind"], "kind", PplanError, f"{source}:{lineno}").upper()  # no escape sequence in a message
     if kind not in TIMELINE_KINDS:
-        raise _bad(source, f"line {lineno}: kind {cell['kind']!r} is unknown", f"use one of {' '.join(TIMELINE_KINDS)}")
+        raise _bad(source, f"line {lineno}: kind {cell['kind'][:40]!r} is unknown", f"use one of {' '.join(TIMELINE_KINDS)}")
     for col, (low, high, hint) in _ROW_RANGES.items():
         if message := range_error(values[col], low, high, f"column {col!r}"):
             raise _bad(source, f"line {lineno}: {message}", hint)
