@@ -135,7 +135,7 @@ def profile(
     from planner.profiling.profiler import measure_profile  # imports torch
     from planner.profiling.profile import write_profile
 
-    with step_progress("profiling") as on_step:
+    with step_progress("profiling", percent=True) as on_step:
         result = measure_profile(model, opts, command="pplan " + shlex.join(sys.argv[1:]), on_step=on_step)
     sha = write_profile(result, out)
     summary = _summary(result, out, sha)

@@ -73,33 +73,40 @@ class progress:
     Remaining time is extrapolated from the steps done so far.
     """
 
-    def __init__(self, total: int, label: str):
-        self.total, self.label, self.done = max(total, 1), label, 0
+    def __init__(self, total: int, label: str, percent: bool = False):
+        self.total, self.label, self.done, self.percent = max(total, 1), label, 0, percent
         self.started = time.monotonic()
         self.tty = sys.stderr.isatty()
         if not self.tty:
-            err(f"{label}: {total} steps")
+            err(f"{label}: " + ("time left weighted by each step's cost" if percent else f"{total} steps"))
+
+    def _count(self) -> str:
+        return f"{100 * self.done // self.total}%" if self.percent else f"{self.done}/{self.total}"
 
     def __enter__(self) -> "progress":
         return self
 
     def advance(self, note: str = "") -> None:
-        self.done += 1
+        self.reach(self.done + 1, note)
+
+    def _show(self, crossed_tenth: bool, note: str) -> None:
         timing = eta_text(time.monotonic() - self.started, self.done, self.total)
         if self.tty:
             width = 30
             filled = int(width * self.done / self.total)
-            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+            sys.stderr.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {self._count()} "
                              f"{timing:<30} {note[:40]:<40}")
             sys.stderr.flush()
-        elif self.done == self.total or self.done % max(1, self.total // 10) == 0:
-            err(f"  {self.label}: {self.done}/{self.total} ({timing}) {note}".rstrip())
+        elif crossed_tenth:
+            err(f"  {self.label}: {self._count()} ({timing}) {note}".rstrip())
 
     def reach(self, done: int, note: str = "") -> None:
         """Show `done` steps finished (a library's own count); no change when it is not ahead."""
         if done > self.done:
-            self.done = done - 1
-            self.advance(note)
+            tenth = max(1, self.total // 10)  # off a terminal, a line each tenth, one however many a jump crosses
+            crossed = done >= self.total or done // tenth > self.done // tenth
+            self.done = done
+            self._show(crossed, note)
 
     def __exit__(self, *exc: object) -> None:
         if self.tty:
@@ -107,11 +114,12 @@ class progress:
 
 
 @contextmanager
-def step_progress(label: str, *, terminal_only: bool = False) -> Iterator[StepCallback | None]:
+def step_progress(label: str, *, terminal_only: bool = False, percent: bool = False) -> Iterator[StepCallback | None]:
     """An on_step(done, total, note) for library work that counts its own steps (measure_profile,
     partition_pipeline): the bar opens at the first call, sized by the total the work reports, and
     closes when the block ends, error or not. With `terminal_only`, None off a terminal, so logs
-    and pipes stay quiet."""
+    and pipes stay quiet. With `percent`, the count shows as a percent (work reported in units of
+    estimated cost, as measure_profile's thousandths are, rather than in steps)."""
     if terminal_only and not sys.stderr.isatty():
         yield None
         return
@@ -119,7 +127,7 @@ def step_progress(label: str, *, terminal_only: bool = False) -> Iterator[StepCa
 
     def step(done: int, total: int, note: str) -> None:
         if not bars:
-            bars.append(progress(total, label))
+            bars.append(progress(total, label, percent))
         bars[0].reach(done, note)
 
     try:

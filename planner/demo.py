@@ -223,7 +223,7 @@ def _profile_step(d: _Demo) -> Any:
             seen[0] = done
             elapsed = time.perf_counter() - d.started
             left = f", about {elapsed * (total - done) / done:.0f}s left" if done < total else ""
-            d.emit(f"        {done}/{total} layer measurements ({note}; {elapsed:.0f}s{left})")
+            d.emit(f"        {100 * done // total}% of the estimated work ({note}; {elapsed:.0f}s{left})")
 
     prof_path = d.data / "profile.csv"
     calibration_path_for(prof_path).unlink(missing_ok=True)  # an earlier demo's calibration would skew the first prediction

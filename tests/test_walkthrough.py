@@ -137,3 +137,18 @@ def test_memory_timeline_draws_no_zero_length_dips():
 
     pts = [[0.0, 10], [1.0, 20], [2.0, 10], [2.0, 20], [3.0, 10]]
     assert settled(pts) == [[0.0, 10], [1.0, 20], [2.0, 20], [3.0, 10]]
+
+
+def test_progress_in_estimated_work_shows_percent(capsys, monkeypatch):
+    """`pplan profile` reports thousandths of its estimated work, which read as a percent."""
+    from cli import common
+
+    clock = iter([0.0, 10.0, 40.0])
+    monkeypatch.setattr(common.time, "monotonic", lambda: next(clock))
+    with common.progress(1000, "profiling", percent=True) as bar:
+        bar.reach(500, "micro-batch 4")
+        bar.reach(1000, "done")
+    lines = [line.strip() for line in capsys.readouterr().err.splitlines()]
+    assert lines[0] == "profiling: time left weighted by each step's cost"
+    assert "profiling: 50% (elapsed 10s, about 10s left) micro-batch 4" in lines
+    assert "profiling: 100% (elapsed 40s) done" in lines

@@ -16,7 +16,6 @@ measured at the largest micro-batch size, in the profiled dtype.
 from __future__ import annotations
 
 import contextlib
-import datetime as _dt
 import gc
 import time
 from collections import defaultdict
@@ -27,15 +26,17 @@ import torch
 
 from planner.allocator import keep_freed_memory
 from planner.errors import ModelSpecError, PplanError
-from planner.hostinfo import cpu_model, load_average, usable_cores
-from planner.models import build_model, parse_spec
+from planner.hostinfo import usable_cores
+from planner.models import build_model
 from planner.models.spec import check_input_flags
 from planner.profiling.corun import CoRun, check_co_run
 from planner.profiling.measure import RunQueueWait, measure_layer
 from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
+from planner.profiling.progress import CO_RUN, LAYER, OPTIMIZER, ProfileProgress, Step, profile_progress
 from planner.profiling.room import check_batch_fits, check_co_run_memory
+from planner.profiling.runmeta import profile_meta
 from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, target_tensors, tensor_bytes
 from planner.profiling.stageloss import compact_loss
 from planner.warm_start import prestart
@@ -68,12 +69,6 @@ def resolve_device(device: str) -> torch.device:
             raise PplanError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s)")
         dev = torch.device("cuda", index)
     return dev
-
-
-def _device_name(dev: torch.device) -> str:
-    if dev.type == "cuda":
-        return torch.cuda.get_device_name(dev)
-    return cpu_model()
 
 
 def _measure_checked(spec: str, size: int, i: int, name: str, layer: torch.nn.Module, inputs: Any,
@@ -222,34 +217,35 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
         torch.set_num_threads(threads)
     started = time.perf_counter()
     try:
-        layers = bundle.layers.to(device=dev, dtype=tdtype).train()
-        lg = getattr(layers, "graph", None)  # a traced non-chain model (planner.graph.GraphSequential)
-        named = [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)] if lg is not None \
-            else list(layers.named_children())
+        layers, lg, named = _layers_to_measure(bundle, dev, tdtype)
         cols = {c: np.zeros((len(named), len(sizes))) for c in (*_COLUMNS, "checkpoint_extra_bytes")}
+        progress = profile_progress(opts.micro_batch_sizes, [_trainable(layer) for _, layer in named],
+                                    co_run=bg is not None, device=dev.type, warmup=warmup, repeats=repeats, on_step=on_step)
+        progress.start()
         _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
+        progress.measuring()
         input_bytes = 0.0
         skip: dict[tuple[int, tuple[int, ...]], float] = {}
         for k, size in enumerate(sizes):
             if bg is not None:  # the workers train at this size before any layer is timed
                 bg.set_batch(size)
+                progress.done(Step(CO_RUN, size, -1), f"co-run at micro-batch {size}")
             if lg is not None:
                 input_bytes, skip = _measure_graph(
                     lg, named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed, warmup=warmup,
-                    repeats=repeats, timer=timer, on_step=on_step, n_steps=len(sizes) * len(named))
+                    repeats=repeats, timer=timer, progress=progress)
                 gc.collect()
                 continue
             input_bytes = _measure_chain(named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed,
-                                         warmup=warmup, repeats=repeats, timer=timer, on_step=on_step,
-                                         n_steps=len(sizes) * len(named))
-        _size_free_columns(cols, named, len(sizes), dev, warmup=warmup, repeats=repeats, timer=timer)
+                                         warmup=warmup, repeats=repeats, timer=timer, progress=progress)
+        _size_free_columns(cols, named, len(sizes), dev, warmup=warmup, repeats=repeats, timer=timer, progress=progress)
         if bg is not None:
             bg.check()  # every figure above was measured with all workers running
             stack.close()
-        meta = _meta(spec, bundle, seed=seed, dev=dev, dtype=dtype, command=command, input_bytes=input_bytes,
-                     target_bytes=_target_bytes_per_sample(bundle, spec, sizes[0], seed),
-                     warmup=warmup, repeats=repeats, timer=timer, co_run=co_run, input_shape=input_shape,
-                     input_dtype=input_dtype, vocab=vocab, started=started)
+        meta = profile_meta(spec, bundle, seed=seed, dev=dev, dtype=dtype, command=command, input_bytes=input_bytes,
+                             target_bytes=_target_bytes_per_sample(bundle, spec, sizes[0], seed),
+                             warmup=warmup, repeats=repeats, timer=timer, co_run=co_run, input_shape=input_shape,
+                             input_dtype=input_dtype, vocab=vocab, started=started)
         if lg is not None:
             edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
             return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)
@@ -257,6 +253,16 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
     finally:
         stack.close()
         torch.set_num_threads(old_threads)
+
+
+def _layers_to_measure(bundle: Any, dev: torch.device,
+                       dtype: torch.dtype) -> tuple[torch.nn.Module, Any, list[tuple[str, torch.nn.Module]]]:
+    """The model on the device in training mode, its LayerGraph (None for a chain), and its named layers."""
+    layers = bundle.layers.to(device=dev, dtype=dtype).train()
+    lg = getattr(layers, "graph", None)  # a traced non-chain model (planner.graph.GraphSequential)
+    if lg is not None:
+        return layers, lg, [(lg.names[i], lg.layer_module(i).train()) for i in range(lg.n_layers)]
+    return layers, None, list(layers.named_children())
 
 
 def _received(value: Any) -> Any:
@@ -268,8 +274,7 @@ def _received(value: Any) -> Any:
 
 def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: str, size: int, k: int,
                    cols: dict[str, np.ndarray], *, dev: torch.device, dtype: torch.dtype, seed: int, warmup: int,
-                   repeats: int, timer: str, on_step: Callable[[int, int, str], None] | None,
-                   n_steps: int) -> tuple[float, dict[tuple[int, tuple[int, ...]], float]]:
+                   repeats: int, timer: str, progress: ProfileProgress) -> tuple[float, dict[tuple[int, tuple[int, ...]], float]]:
     """Measure every layer of a traced model at one size (module docstring); fills column k.
 
     Returns (input bytes per sample, skip-edge bytes at this size keyed by (src, readers)).
@@ -306,25 +311,32 @@ def _measure_graph(lg: Any, named: list[tuple[str, torch.nn.Module]], bundle: An
         env.update(made)
         for dead in [name_ for name_ in env if last_reader.get(name_, -1) <= i]:
             del env[dead]  # read by no later layer: free it, as a pipeline would
-        if on_step:
-            on_step(k * n + i + 1, n_steps, f"micro-batch {size} {name}")
+        progress.done(Step(LAYER, size, i), f"micro-batch {size} {name}")
     if prev is not None:
         prev.release()
     return tensor_bytes(inputs) / size, dict(skip)
 
 
 def _size_free_columns(cols: dict[str, np.ndarray], named: list[tuple[str, torch.nn.Module]], n_sizes: int,
-                       dev: torch.device, *, warmup: int, repeats: int, timer: str) -> None:
+                       dev: torch.device, *, warmup: int, repeats: int, timer: str, progress: ProfileProgress) -> None:
     """The columns that do not depend on the micro-batch size: the optimizer step (timed now, so
     under the co-run too) and parameter bytes, repeated for every size; no CUDA peak off CUDA."""
-    opt = np.array([optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer) for _, layer in named])
+    opt, work = np.zeros(len(named)), np.zeros(len(named))
+    for i, (name, layer) in enumerate(named):  # a step each: an optimizer step costs as much as its parameters
+        opt[i] = optimizer_ms(layer, warmup=warmup, repeats=repeats, timer=timer)
+        work[i] = optimizer_workspace_bytes(layer)
+        progress.done(Step(OPTIMIZER, 0, i), f"optimizer step {name}")
     cols["optimizer_ms"] = np.repeat(opt[:, None], n_sizes, axis=1)
     param_bytes = [sum(p.numel() * p.element_size() for p in layer.parameters()) for _, layer in named]
     cols["param_bytes"] = np.repeat(np.array(param_bytes, dtype=float)[:, None], n_sizes, axis=1)
-    work = np.array([optimizer_workspace_bytes(layer) for _, layer in named], dtype=float)
     cols["optimizer_workspace_bytes"] = np.repeat(work[:, None], n_sizes, axis=1)
     if dev.type != "cuda":
         del cols["cuda_peak_bytes"]
+
+
+def _trainable(layer: torch.nn.Module) -> int:
+    """Parameters the optimizer steps (what its measurement costs)."""
+    return sum(p.numel() for p in layer.parameters() if p.requires_grad)
 
 
 def _resolve_timer(timer: str) -> str:
@@ -338,7 +350,7 @@ def _resolve_timer(timer: str) -> str:
 
 def _measure_chain(named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: str, size: int, k: int,
                    cols: dict[str, np.ndarray], *, dev: torch.device, dtype: torch.dtype, seed: int, warmup: int,
-                   repeats: int, timer: str, on_step: Callable[[int, int, str], None] | None, n_steps: int) -> float:
+                   repeats: int, timer: str, progress: ProfileProgress) -> float:
     """Measure a chain model's layers at one size, each on the real output of the one before,
     into column k of `cols`; returns the model input's bytes per sample."""
     x, target = _make_batch(bundle, spec, size, seed)
@@ -350,8 +362,7 @@ def _measure_chain(named: list[tuple[str, torch.nn.Module]], bundle: Any, spec: 
         last = i == len(named) - 1
         h, prev = _measure_into(cols, k, spec, size, i, name, layer, inp, bundle if last else None, target,
                                 warmup=warmup, repeats=repeats, seed=seed, prev=prev, timer=timer)
-        if on_step:
-            on_step(k * len(named) + i + 1, n_steps, f"micro-batch {size} {name}")
+        progress.done(Step(LAYER, size, i), f"micro-batch {size} {name}")
     if prev is not None:
         prev.release()
     del h, inp, prev, x, target
@@ -363,36 +374,3 @@ def _target_bytes_per_sample(bundle: Any, spec: str, size: int, seed: int) -> fl
     """Bytes of one sample of the target, as make_batch makes it and the run's last stage holds it
     for the whole step (a tuple or dict target travels packed in one tensor: planner.models.targets)."""
     return tensor_bytes(_make_batch(bundle, spec, size, seed)[1]) / size
-
-
-def _meta(spec: str, bundle: Any, *, seed: int, dev: torch.device, dtype: str, command: str | None,
-          input_bytes: float, target_bytes: float, warmup: int, repeats: int, timer: str, co_run: int, input_shape: tuple[int, ...] | None,
-          input_dtype: str, vocab: int | None, started: float) -> dict[str, str]:
-    """The profile's metadata lines: what was measured, how, where and under what load."""
-    meta = {
-        "model": spec,
-        "seed": str(seed),
-        "device": str(dev),
-        "device_name": _device_name(dev),
-        "dtype": dtype,
-        "torch": torch.__version__,
-        "threads": str(torch.get_num_threads()),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": " ".join((command or "").splitlines()),
-        "input_bytes_per_sample": f"{input_bytes:g}",
-        "target_bytes_per_sample": f"{target_bytes:.12g}",
-        "warmup": str(warmup),
-        "repeats": str(repeats),
-        "timer": "wall minus run-queue wait" if timer == "sched" else "wall",
-        "co_run": str(co_run),
-    }
-    kind = parse_spec(spec)[0]
-    if kind == "factory" and input_shape is not None:
-        meta.update(input_shape=",".join(map(str, input_shape)), input_dtype=input_dtype, vocab=str(vocab or ""))
-    elif kind == "hf":  # the input the model was built for (planner.models.hf), for `pplan run`
-        meta.update(getattr(bundle, "input_meta", None) or {})
-    meta["elapsed_s"] = f"{time.perf_counter() - started:.1f}"
-    load = load_average()
-    if load is not None:  # `pplan run` compares it with the load it runs under
-        meta["load_average"] = f"{load:g}"
-    return meta
