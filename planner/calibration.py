@@ -42,6 +42,7 @@ from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 from planner.jsontypes import kind_mismatch, range_error, record_fields, short
 from planner.limits import MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MIN_BANDWIDTH
+from planner.textsafe import check_text
 
 __all__ = ["Calibration", "FittedFrom", "calibration_path_for", "load_calibration", "write_calibration",
            "find_calibration", "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
@@ -86,6 +87,10 @@ _HINTS = {
 
 
 _FITTED_WHERE = "calibration fitted_from"
+_TEXT_MAX = 4096
+"""Longest text of a fitted_from (the run's path, the model spec): PATH_MAX on Linux."""
+_MAX_FILE_BYTES = 1 << 20
+"""Largest calibration file read: pplan writes about 600 bytes (seven numbers and the fit's record)."""
 _FITTED_HINT = "fitted_from records the run the calibration was fitted on: re-fit it with `pplan calibrate`"
 MAX_ERROR_PCT_BEFORE = 1e6
 """Largest error of the prediction a fit starts from, percent: a prediction 10,000 x its run (a profile
@@ -106,6 +111,13 @@ _ERROR_RANGES = {"error_pct_before": (-100.0, MAX_ERROR_PCT_BEFORE), "error_pct_
 _ERROR_HINT = ("the run's times are not this plan's and profile's: check its step_ms and action_ms, and that run, "
                "plan and profile are of one model and machine; for a file, re-fit it with `pplan calibrate --from-run` "
                "or pass --calibration none")
+
+
+def _check_text(text: str, where: str) -> None:
+    """PplanError unless `text` is at most _TEXT_MAX characters, none a control or format character."""
+    if len(text) > _TEXT_MAX:
+        raise PplanError(f"{where} is {len(text):,} characters long, more than {_TEXT_MAX:,}", _FITTED_HINT)
+    check_text(text, "text", PplanError, where, _TEXT_MAX)
 
 
 @dataclass(frozen=True)
@@ -139,6 +151,9 @@ class FittedFrom:
 
     def __post_init__(self) -> None:
         record_fields(self.to_dict(), FittedFrom, _FITTED_WHERE, hint=_FITTED_HINT, ranges=_FITTED_RANGES)
+        for name in ("run", "schedule", "model", "profile_sha256"):  # printed when the calibration is applied
+            if isinstance(value := getattr(self, name), str):
+                _check_text(value, f"{_FITTED_WHERE} field {name!r}")
         for name, (low, high) in _ERROR_RANGES.items():  # a fit that far off is refused, not written and applied
             value = getattr(self, name)
             if value is not None and (message := range_error(value, low, high, f"{_FITTED_WHERE} field {name!r}")):
@@ -248,7 +263,7 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
     if not p.exists() and not p.is_symlink():
         raise PplanError(f"calibration {str(p)!r} does not exist", "make one with `pplan run --calibrate`")
     try:
-        data = read_json_file(p, "calibration", PplanError)
+        data = read_json_file(p, "calibration", PplanError, max_bytes=_MAX_FILE_BYTES)
     except PplanError as e:
         # strict-JSON refusals name the path first; say what the file is
         rest = e.message[len(str(p)):].lstrip(":") if e.message.startswith(str(p)) else None

@@ -31,17 +31,24 @@ from planner.errors import ClusterError, PplanError
 from planner.cost.comm import link_between, link_ms
 from planner.jsonio import check_keys, read_json_file
 from planner.limits import MAX_SPEED, MIN_SPEED
+from planner.jsontypes import short
 from planner.plan import Device, Links
+from planner.plan.bounds import MAX_LINK_PAIRS, MAX_PIPELINE_STAGES
+from planner.textsafe import check_name
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["FORMAT", "EXACT_MAX", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
+__all__ = ["FORMAT", "EXACT_MAX", "MAX_CLUSTER_BYTES", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
            "path_score", "pipeline_orders"]
 
 FORMAT = "pplan-cluster/1"
 EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
+MAX_CLUSTER_BYTES = 8 * 2**20
+"""Largest cluster file read: 4,000 devices (what a pipeline can have) in 8-GPU nodes with every link
+inside a node listed (14,000 links), one per line as in examples/cluster.json, measured 1.6 MB and loads
+in 1.2 s (2026-12-03); 8 MiB leaves room and bounds what parsing a hostile file costs."""
 # Every key a cluster file may hold, per object level; anything else is refused with the nearest one.
 CLUSTER_KEYS = ("format", "description", "devices", "default_link", "links")  # description: free text for people
 DEVICE_KEYS = ("name", "memory", "speed")
@@ -94,7 +101,7 @@ def load_cluster(path: str | os.PathLike) -> Cluster:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise ClusterError(f"cluster file {str(p)!r} does not exist", "see examples/cluster.json for the format")
-    data = read_json_file(p, "cluster file", ClusterError)
+    data = read_json_file(p, "cluster file", ClusterError, max_bytes=MAX_CLUSTER_BYTES)
     return cluster_from_dict(data, source=str(p))
 
 
@@ -126,52 +133,70 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
     devices = data.get("devices")
     if not isinstance(devices, list) or not devices:
         raise ClusterError(f"{source}: 'devices' must be a non-empty list", "see examples/cluster.json")
+    if len(devices) > MAX_PIPELINE_STAGES:  # counted before any device is read
+        raise ClusterError(f"{source}: 'devices' lists {len(devices):,} devices, more than a pipeline can have "
+                           f"({MAX_PIPELINE_STAGES:,})", "list the devices one pipeline runs on")
+    links = data.get("links", [])
+    if not isinstance(links, list):
+        raise ClusterError(f"{source}: 'links' must be a list")
+    # a link given twice, or to its own end, is refused where it stands: at most one per pair is read
+    if len(links) > MAX_LINK_PAIRS:
+        raise ClusterError(f"{source}: 'links' lists {len(links):,} links, more than {MAX_LINK_PAIRS:,}",
+                           "give each pair of devices one link at most: pairs without one use default_link")
     import networkx as nx  # here, not at the top: every command and rank imports this module, few read a cluster file
 
     g = nx.Graph()
     for i, dv in enumerate(devices):
-        where = f"{source}: devices[{i}]"
-        if not isinstance(dv, dict):
-            raise ClusterError(f"{where} must be an object with name, memory, speed")
-        check_keys(dv, DEVICE_KEYS, where, ClusterError)
-        name = dv.get("name")
-        if not isinstance(name, str) or not name.strip():
-            raise ClusterError(f"{where} needs a non-empty string 'name'")
-        if name in g:
-            raise ClusterError(f"{where}: device name {name!r} appears twice")
-        memory = _value(dv, "memory", lambda v: parse_bytes(v, "memory"), where, required=False)
-        speed = dv.get("speed", 1.0)
-        if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
-            raise ClusterError(f"{where}.speed must be a positive number (relative compute speed, {MIN_SPEED:g} to {MAX_SPEED:g}), "
-                               f"got {speed!r}"[:200])
-        g.add_node(name, index=i, memory_bytes=memory, speed=float(speed))
-    default = data.get("default_link") or {}
-    if not isinstance(default, dict):
+        _add_device(g, dv, f"{source}: devices[{i}]", i)
+    default = data.get("default_link")
+    if not isinstance(default, (dict, type(None))):
         raise ClusterError(f"{source}: 'default_link' must be an object with bandwidth and latency")
+    default = default or {}
     check_keys(default, DEFAULT_LINK_KEYS, f"{source}: default_link", ClusterError)
     d_bw = _value(default, "bandwidth", parse_bandwidth, f"{source}: default_link", required=False)
     d_lat = _value(default, "latency", parse_ms, f"{source}: default_link", required=False)
-    links = data.get("links", [])
-    if not isinstance(links, list):
-        raise ClusterError(f"{source}: 'links' must be a list")
     for j, ln in enumerate(links):
-        where = f"{source}: links[{j}]"
-        if not isinstance(ln, dict):
-            raise ClusterError(f"{where} must be an object with a, b, bandwidth, latency")
-        check_keys(ln, LINK_KEYS, where, ClusterError)
-        a, b = ln.get("a"), ln.get("b")
-        for end in (a, b):
-            if end not in g:
-                known = ", ".join(sorted(map(str, g.nodes)))[:200]
-                raise ClusterError(f"{where} names unknown device {end!r}", f"devices are: {known}")
-        if a == b:
-            raise ClusterError(f"{where} links device {a!r} to itself")
-        if g.has_edge(a, b):
-            raise ClusterError(f"{where}: the link {a!r}-{b!r} is given twice")
-        bw = _value(ln, "bandwidth", parse_bandwidth, where, required=d_bw is None)
-        lat = _value(ln, "latency", parse_ms, where, required=False)
-        g.add_edge(a, b, bandwidth=bw if bw is not None else d_bw, latency=lat if lat is not None else (d_lat if d_lat is not None else 0.0))
+        _add_link(g, ln, f"{source}: links[{j}]", d_bw, d_lat)
     return Cluster(graph=g, default_bandwidth=d_bw, default_latency_ms=d_lat, source=source)
+
+
+def _add_device(g: nx.Graph, dv: Any, where: str, index: int) -> None:
+    """Device `dv` of the file (at `where`) as node `index` of `g`: a unique name a terminal can show,
+    memory and speed in range."""
+    if not isinstance(dv, dict):
+        raise ClusterError(f"{where} must be an object with name, memory, speed")
+    check_keys(dv, DEVICE_KEYS, where, ClusterError)
+    name = dv.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ClusterError(f"{where} needs a non-empty string 'name'")
+    check_name(name, "device name", ClusterError, where)  # printed in plans, tables and errors
+    if name in g:
+        raise ClusterError(f"{where}: device name {name!r} appears twice")
+    memory = _value(dv, "memory", lambda v: parse_bytes(v, "memory"), where, required=False)
+    speed = dv.get("speed", 1.0)
+    if isinstance(speed, bool) or not isinstance(speed, (int, float)) or not MIN_SPEED <= speed <= MAX_SPEED:
+        raise ClusterError(f"{where}.speed must be a positive number (relative compute speed, {MIN_SPEED:g} to {MAX_SPEED:g}), "
+                           f"got {speed!r}"[:200])
+    g.add_node(name, index=index, memory_bytes=memory, speed=float(speed))
+
+
+def _add_link(g: nx.Graph, ln: Any, where: str, d_bw: float | None, d_lat: float | None) -> None:
+    """Link `ln` of the file (at `where`) as an edge of `g` between two of its devices, given once."""
+    if not isinstance(ln, dict):
+        raise ClusterError(f"{where} must be an object with a, b, bandwidth, latency")
+    check_keys(ln, LINK_KEYS, where, ClusterError)
+    a, b = ln.get("a"), ln.get("b")
+    for end in (a, b):
+        if not isinstance(end, str) or end not in g:
+            known = ", ".join(sorted(map(str, g.nodes)))[:200]
+            raise ClusterError(f"{where} names unknown device {short(end)}", f"devices are: {known}")
+    if a == b:
+        raise ClusterError(f"{where} links device {a!r} to itself")
+    if g.has_edge(a, b):
+        raise ClusterError(f"{where}: the link {a!r}-{b!r} is given twice")
+    bw = _value(ln, "bandwidth", parse_bandwidth, where, required=d_bw is None)
+    lat = _value(ln, "latency", parse_ms, where, required=False)
+    g.add_edge(a, b, bandwidth=bw if bw is not None else d_bw, latency=lat if lat is not None else (d_lat if d_lat is not None else 0.0))
 
 
 # ---- pipeline order -----------------------------------------------------------------------------

@@ -30,6 +30,7 @@ from typing import Any, Mapping
 
 from planner.errors import ClusterError, PplanError
 from planner.jsonio import check_keys, nearest, read_json_file
+from planner.textsafe import printable, terminal_safe
 from planner.units import parse_bandwidth, parse_bytes, parse_ms
 
 __all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
@@ -100,6 +101,9 @@ _LATENCY_MAX_MS = 1e3                      # a second per message
 MAX_GPUS_PER_NODE = 4096
 """Most devices one node may hold (a hardware file's gpus_per_node, `--gpus-per-node`)."""
 _TEXT_MAX = 500
+_NAME_MAX = 200
+"""Longest hardware name: a plan records it as parallel.hardware, which holds at most 200 characters
+(planner.parallel); a longer name would be refused only when the search writes its plan."""
 _REQUIRED = tuple(f.name for f in fields(Hardware) if f.name != "source")
 _KNOWN = ("format",) + tuple(f.name for f in fields(Hardware))
 
@@ -159,8 +163,10 @@ def _check_range(value: float, key: str, where: str) -> None:
 def _text(raw: Any, key: str, where: str, required: bool) -> str:
     if not isinstance(raw, str) or (required and not raw.strip()):
         raise ClusterError(f"{where}: {key} must be a non-empty string")
-    if len(raw) > _TEXT_MAX or any(ord(c) < 32 for c in raw):
-        raise ClusterError(f"{where}: {key} must be one line of at most {_TEXT_MAX} characters")
+    most = _NAME_MAX if key == "name" else _TEXT_MAX
+    if len(raw) > most or not terminal_safe(raw):  # the name and source are printed (`pplan hardware`)
+        raise ClusterError(f"{where}: {key} must be one line of at most {most} characters without control "
+                           f"characters, got {printable(raw, 60)}", "write letters, digits, punctuation and spaces only")
     return raw.strip()
 
 

@@ -13,7 +13,7 @@ import unicodedata
 
 from planner.errors import PplanError
 
-__all__ = ["MAX_NAME_CHARS", "MAX_MESSAGE_CHARS", "printable", "check_name"]
+__all__ = ["MAX_NAME_CHARS", "MAX_MESSAGE_CHARS", "printable", "check_name", "terminal_safe", "check_text"]
 
 # Longer than any module path a real model has (torchvision and Hugging Face names stay under 120).
 MAX_NAME_CHARS = 256
@@ -64,3 +64,23 @@ def check_name(name: str, what: str, error: type[PplanError], where: str) -> str
         raise error(f"{where}: {what} {printable(name, 80)} holds the control character {_escape(bad)}",
                     "names may hold letters, digits, punctuation and spaces only")
     return name
+
+
+def terminal_safe(text: str) -> bool:
+    """Whether `text` holds no control or format character (ESC, a newline, DEL, U+202E)."""
+    if text.isascii():  # the common case at C speed: printable ASCII is safe
+        return text.isprintable()
+    return not any(_unsafe(ch) for ch in text)
+
+
+def check_text(text: str, what: str, error: type[PplanError], where: str, limit: int) -> str:
+    """`text` when a terminal can show it as it is: at most `limit` characters, none of them a
+    control or format character; empty is allowed. check_name's rule for text longer than a name
+    (a path, a model spec, a search note)."""
+    if len(text) > limit:
+        raise error(f"{where}: {what} is {len(text):,} characters long, more than {limit:,}", "shorten it")
+    if not terminal_safe(text):
+        bad = next(ch for ch in text if _unsafe(ch))
+        raise error(f"{where}: {what} {printable(text, 80)} holds the control character {_escape(bad)}",
+                    "write letters, digits, punctuation and spaces only")
+    return text

@@ -17,9 +17,14 @@ equal micro_batch_size x n_microbatches when given.
 A written `predicted` records the plan it was made for (`made_for`: a short sha256 per group of the
 fields its numbers depend on); a plan edited since reads without it, and `read_plan` says why.
 
+Reading is bounded too: a plan file is at most 16 MiB, and every list's length is checked against
+what such a plan can hold (no more stages than layers, ...) before any item is built; names and
+other text must be one line a terminal can show (planner.plan.bounds).
+
 Modules: model (Plan and its parts, valid by construction), checks (what valid means),
-records (the typed `predicted` and `search`), digest (what plan a prediction is of),
-serialize (JSON read/write), fields (typed reads), devicelist (which devices a listing for people shows).
+records (the typed `predicted` and `search`; recordbase their shared JSON round-trip), digest (what
+plan a prediction is of), serialize (JSON read/write), fields (typed reads), bounds (how much a plan
+file may hold), devicelist (which devices a listing for people shows).
 """
 
 from planner.limits import (

@@ -3,6 +3,7 @@ used evenly, devices and links within physical ranges. Plan runs these on constr
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import TYPE_CHECKING
 
 from planner.errors import PlanError
@@ -72,17 +73,22 @@ def _check_device_use(plan: Plan) -> None:
     if len(plan.stages) % n_dev:
         raise PlanError(f"{len(plan.stages)} stages cannot be spread evenly over {n_dev} devices", "give every device the same number of stages")
     v = len(plan.stages) // n_dev
-    used = sorted(st.device for st in plan.stages)
-    if used != sorted(list(range(n_dev)) * v):
-        raise PlanError(f"stage devices {[st.device for st in plan.stages]} do not use each of the {n_dev} devices {v} time(s)")
+    runs = Counter(st.device for st in plan.stages)
+    uneven = next((dev for dev in range(n_dev) if runs[dev] != v), None)
+    if uneven is not None:  # names one device: a listing of every stage's device may be 4,000 long
+        raise PlanError(f"device {uneven} runs {runs[uneven]} stage(s), but each of the {n_dev} devices must run {v}",
+                        "give every device the same number of stages")
     if v > 1:
         if not get_schedule(plan.schedule).multi_chunk:
             multi = [spec.name for spec in map(get_schedule, SCHEDULE_NAMES) if spec.multi_chunk]
             raise PlanError(f"{v} stages per device needs a schedule that runs several chunks per device ({', '.join(multi)}), not {plan.schedule!r}")
         order = [plan.stages[s].device for s in range(len(plan.stages))]
         first_round = order[:n_dev]
-        if any(order[s] != first_round[s % n_dev] for s in range(len(order))):
-            raise PlanError(f"interleaved stages must loop over the devices in one fixed order; got {order}")
+        off = next((s for s in range(len(order)) if order[s] != first_round[s % n_dev]), None)
+        if off is not None:
+            raise PlanError(f"interleaved stages must loop over the devices in one fixed order: stage {off} runs on device "
+                            f"{order[off]}, stage {off % n_dev} on device {first_round[off % n_dev]}",
+                            "stage s runs on the device of stage s mod the device count")
     elif get_schedule(plan.schedule).multi_chunk:
         raise PlanError(f"schedule {plan.schedule!r} needs at least 2 stages per device", "give 2x (or more) as many stages as devices")
 

@@ -5,6 +5,7 @@ planner.jsontypes.record_fields instead (planner.plan.records)."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 from planner.errors import PlanError
@@ -28,6 +29,9 @@ def get_field(d: dict, key: str, kind: type | tuple, where: str, default: Any = 
         raise PlanError(f"field {where}{key} must be {_in_words(kinds)}, got {type(value).__name__} {value!r}"[:200])
     if isinstance(value, float) and not math.isfinite(value):
         raise PlanError(f"field {where}{key} must be finite, got {value!r}")
+    if float in kinds and isinstance(value, int) and not isinstance(value, bool) and abs(value) > sys.float_info.max:
+        # JSON caps integers at 40 digits, a dict built in Python does not: float() would raise OverflowError
+        raise PlanError(f"field {where}{key} is out of range ({len(str(abs(value)))} digits)", "give a finite number")
     return value
 
 

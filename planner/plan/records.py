@@ -10,18 +10,21 @@ annotation, a nested record an object, `tuple[X, ...]` a list; a byte count may 
 (pplan writes whole numbers, a person may write 16e9, and run files have always been read so).
 Numbers are held to physical ranges (`_RANGES`, checked by record_fields): a hand-edited bubble
 fraction of 7 or a peak of 1e300 bytes is refused on one line instead of shown as "700.0%".
+The round-trip itself is planner.plan.recordbase.JsonRecord's, which also bounds each list's length
+(`_LONGEST`) before reading its items and holds every string to one line a terminal can show.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields
-from functools import cache
-from typing import Any, ClassVar, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any
 
 from planner.errors import PlanError
-from planner.jsontypes import record_fields, short, to_json
+from planner.jsontypes import short
 from planner.limits import MAX_GLOBAL_BATCH, MAX_MEMORY_BYTES
+from planner.plan.bounds import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS, MAX_SEARCH_ROWS, MAX_SKIPPED
+from planner.plan.recordbase import JsonRecord
 from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = [
@@ -30,18 +33,6 @@ __all__ = [
 ]
 
 
-MAX_PIPELINE_STAGES = 4_000
-"""The most stages (so devices) one pipeline can have: every stage holds at least one layer, and a
-profile holds at most planner.profiling.csvio.MAX_LAYERS (equal to it; tests/test_report_bounds.py checks)."""
-MAX_PREDICTED_MS = 1e12
-"""Longest time a prediction may state, ms (about 32 years): longer is a typo or a hostile file."""
-MAX_SEARCH_ROWS = 1_000
-"""The most `search.candidates` (and `search.baselines`) a plan may list. `pplan partition` writes at most
-RUNNERS_UP (6) runners-up and a baseline per other method (4), the 3D search a row per plan it simulated
-(fewer than its 400 pipeline solves). Rows are checked one by one: 150,000 took 44.6 s to load."""
-MAX_SKIPPED = 100_000
-"""The most `search.skipped` lines: the one-pipeline grid skips at most a line per schedule and
-micro-batch count (8 x 1,024), the 3D search about two per layout (7,290 layouts for 720,720 GPUs)."""
 _ROUNDING_MS = 1e-6
 """idle_ms is iteration time minus busy time: it may fall below 0 by float rounding, not more."""
 _TIME = (0.0, MAX_PREDICTED_MS)
@@ -49,70 +40,11 @@ _BYTES = (0.0, float(MAX_MEMORY_BYTES))
 _COUNT = (1, MAX_GLOBAL_BATCH)
 
 
-class _Record:
-    """Shared JSON round-trip of the records below (every field defaults to None)."""
-
-    _WRITE_NULL: ClassVar[frozenset[str]] = frozenset()
-    _RANGES: ClassVar[dict[str, tuple[float, float]]] = {}
-    """Field -> (low, high) of its numbers (both ends allowed)."""
-    _ALL_BYTES: ClassVar[bool] = False
-    """Every field is a byte count (MemoryRecord); elsewhere the fields named *_bytes are."""
-    _HINT: ClassVar[str | None] = None
-    """What a refusal of this record suggests."""
-
-    @classmethod
-    def keys(cls) -> tuple[str, ...]:
-        """The JSON keys of this record, in the order written."""
-        return tuple(f.name for f in fields(cls))  # type: ignore[arg-type]
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready dict, keys in field order; None fields are left out unless in _WRITE_NULL."""
-        out: dict[str, Any] = {}
-        for f in fields(self):  # type: ignore[arg-type]
-            value = getattr(self, f.name)
-            if value is not None or f.name in self._WRITE_NULL:
-                out[f.name] = to_json(value)
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str) -> Any:
-        """The record in JSON object `d` (at `where` in the plan); PlanError names a bad key or value."""
-        d = record_fields(d, cls, where, error=PlanError, types=_byte_counts(cls), ranges=cls._RANGES,
-                          hint=cls._HINT)
-        kinds = _value_types(cls)
-        return cls(**{key: _from_json(value, kinds[key], where, key) for key, value in d.items() if value is not None})
-
-
-@cache
-def _value_types(cls: type[_Record]) -> dict[str, Any]:
-    """Each field's annotation without its `| None` (a plan holds many search rows: resolved once per type)."""
-    return {name: next(a for a in get_args(hint) if a is not type(None))
-            for name, hint in get_type_hints(cls).items() if name in cls.keys()}
-
-
-@cache
-def _byte_counts(cls: type[_Record]) -> dict[str, Any]:
-    """The JSON form of each byte count declared `int | None`: any number or null."""
-    return {name: float | None for name, hint in get_type_hints(cls).items()
-            if hint == int | None and (cls._ALL_BYTES or name.endswith("_bytes"))}
-
-
-def _from_json(value: Any, kind: Any, where: str, name: str) -> Any:
-    """Field `name`'s value, which record_fields let through as `kind`, built: a nested record by its own
-    reader, a list as a tuple; a number that is not finite refused (a dict built in Python may hold one)."""
-    if isinstance(kind, type) and issubclass(kind, _Record):
-        return kind.from_dict(value, f"{where}.{name}")
-    if get_origin(kind) is tuple:
-        return tuple(_from_json(x, get_args(kind)[0], where, f"{name}[{i}]") for i, x in enumerate(value))
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PlanError(f"{where} field {name!r} must be finite, got {short(value)}")
-    return value
-
 
 # ---- predicted: the simulation JSON (docs/simulator.md) without memory_timeline -------------------
 
 @dataclass(frozen=True)
-class MemoryRecord(_Record):
+class MemoryRecord(JsonRecord):
     """Peak memory of one device by kind, bytes."""
 
     _ALL_BYTES = True
@@ -134,7 +66,7 @@ class MemoryRecord(_Record):
 
 
 @dataclass(frozen=True)
-class PredictedDevice(_Record):
+class PredictedDevice(JsonRecord):
     """One device's predicted busy time and peak memory."""
 
     _WRITE_NULL = frozenset({"memory_limit_bytes"})
@@ -163,7 +95,7 @@ DIGEST_HEX = 12
 
 
 @dataclass(frozen=True)
-class PlanDigest(_Record):
+class PlanDigest(JsonRecord):
     """What plan a prediction was made for: per group of plan fields it depends on, the first hex digits
     of the sha256 of their canonical JSON (planner.plan.digest computes and compares them)."""
 
@@ -185,6 +117,10 @@ class PlanDigest(_Record):
     """profile.sha256 and the model string (not the profile's path: a plan travels with its profile)."""
 
     @classmethod
+    def _check_texts(cls, d: dict[str, Any], where: str) -> None:
+        """Nothing here: from_dict holds each value to 12 hex digits, stricter than one safe line."""
+
+    @classmethod
     def from_dict(cls, d: Any, where: str) -> PlanDigest:
         """As every record, then each group's digest must be there and be what pplan writes (12
         lowercase hex digits): a file that leaves a group out, or puts anything else there, would
@@ -200,7 +136,7 @@ class PlanDigest(_Record):
 
 
 @dataclass(frozen=True)
-class Prediction(_Record):
+class Prediction(JsonRecord):
     """What the simulator (or the data x pipeline x tensor search) predicts for a plan."""
 
     _WRITE_NULL = frozenset({"throughput_samples_per_s"})
@@ -283,7 +219,7 @@ class Prediction(_Record):
 # ---- search: how planner.partition.api (and `pplan bench`) chose -------------------------------
 
 @dataclass(frozen=True)
-class AtPlanSetting(_Record):
+class AtPlanSetting(JsonRecord):
     """A baseline's cuts at the plan's own (schedule, M)."""
 
     _WRITE_NULL = frozenset({"iteration_ms", "peak_memory_bytes"})
@@ -297,10 +233,11 @@ class AtPlanSetting(_Record):
 
 
 @dataclass(frozen=True)
-class SearchRow(_Record):
+class SearchRow(JsonRecord):
     """One candidate the search simulated (a runner-up)."""
 
     _WRITE_NULL = frozenset({"iteration_ms", "bubble_fraction", "bottleneck_ms", "peak_memory_bytes", "slowdown_vs_plan"})
+    _LONGEST = {"cuts": MAX_PIPELINE_STAGES + 1}  # a stage boundary each, and the end
 
     method: str | None = None
     """Which method cut it (dp, ilp, uniform, params, time)."""
@@ -341,7 +278,7 @@ class BaselineRow(SearchRow):
 
 
 @dataclass(frozen=True)
-class SearchRecord(_Record):
+class SearchRecord(JsonRecord):
     """How the partitioner chose the plan: informational, not needed to run it."""
 
     _WRITE_NULL = frozenset({"optimal"})
@@ -381,19 +318,5 @@ class SearchRecord(_Record):
     skipped: tuple[str, ...] | None = None
     """(schedule, M) points not searched, and why."""
 
-    _LONGEST: ClassVar[dict[str, int]] = {"candidates": MAX_SEARCH_ROWS, "baselines": MAX_SEARCH_ROWS,
-                                          "skipped": MAX_SKIPPED, "device_order": MAX_PIPELINE_STAGES,
-                                          "stage_ms": MAX_PIPELINE_STAGES, "stage_memory_bytes": MAX_PIPELINE_STAGES}
-    """Field -> the most items its list may hold, counted before any item is read."""
-
-    @classmethod
-    def from_dict(cls, d: Any, where: str) -> SearchRecord:
-        """As every record, after each list's length is checked against _LONGEST: reading rows one by
-        one only to refuse or keep 150,000 of them took 44.6 s."""
-        for name, most in cls._LONGEST.items():
-            listed = d.get(name) if isinstance(d, dict) else None
-            if isinstance(listed, list) and len(listed) > most:
-                raise PlanError(f"{where} field {name!r} lists {len(listed)} items, more than a plan holds ({most})",
-                                "pplan writes a few rows there: re-create the plan with `pplan partition`, "
-                                "or drop the `search` record (it is informational)")
-        return super().from_dict(d, where)
+    _LONGEST = {"candidates": MAX_SEARCH_ROWS, "baselines": MAX_SEARCH_ROWS, "skipped": MAX_SKIPPED,
+                "device_order": MAX_PIPELINE_STAGES, "stage_ms": MAX_PIPELINE_STAGES, "stage_memory_bytes": MAX_PIPELINE_STAGES}

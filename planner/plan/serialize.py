@@ -15,11 +15,13 @@ from planner.jsonio import check_keys, read_json_file
 from planner.jsontypes import kind_mismatch
 from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
 from planner.parallel import ParallelConfig
+from planner.plan.bounds import MAX_PLAN_BYTES, MAX_PLAN_LAYERS, check_plan_counts, check_text
 from planner.plan.checks import records_mismatch
 from planner.plan.digest import digest_change
 from planner.plan.fields import as_objects, get_field
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow
+from planner.textsafe import check_name
 
 __all__ = [
     "FORMAT", "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
@@ -52,17 +54,45 @@ def _int_list(value: list, where: str, what: str) -> list[int]:
 
 
 def _stages(d: dict, n_devices: int) -> list[StagePlan]:
-    stages = []
+    """The plan's stages; lengths are bounded first (check_plan_counts: the stage count), each stage's
+    layers within MAX_PLAN_LAYERS and its recompute list no longer than its layers, each listed once."""
+    stages, recomputed = [], 0
     for i, st in enumerate(as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)):
         where = f"stages[{i}]."
-        layers = get_field(st, "layers", list, where)
-        if len(layers) != 2:
-            raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}"[:200])
-        _int_list(layers, f"{where}layers", "[first, end) as two integers")
-        rec = _int_list(get_field(st, "recompute", list, where, []), f"{where}recompute", "a list of layer indices")
+        first, end = _layer_range(get_field(st, "layers", list, where), where)
+        rec = _recompute(get_field(st, "recompute", list, where, []), first, end, where)
+        recomputed += len(rec)
+        if recomputed > MAX_PLAN_LAYERS:  # each layer is recomputed at most once (validate_plan checks which)
+            raise PlanError(f"plan field {where}recompute brings the layers recomputed to {recomputed}, more than the "
+                            f"{MAX_PLAN_LAYERS} layers a plan can have", "list each layer in one stage's recompute at most")
         device = get_field(st, "device", int, where, i % n_devices if n_devices else 0)
-        stages.append(StagePlan(device=device, layers=(layers[0], layers[1]), recompute=tuple(sorted(set(rec)))))
+        stages.append(StagePlan(device=device, layers=(first, end), recompute=tuple(sorted(rec))))
     return stages
+
+
+def _layer_range(layers: list, where: str) -> tuple[int, int]:
+    """A stage's [first, end) as two integers, end at most MAX_PLAN_LAYERS (validate_plan checks the tiling)."""
+    if len(layers) != 2:
+        raise PlanError(f"plan field {where}layers must be [first, end) as two integers, got {layers!r}"[:200])
+    first, end = _int_list(layers, f"{where}layers", "[first, end) as two integers")
+    if max(first, end) > MAX_PLAN_LAYERS:
+        raise PlanError(f"plan field {where}layers [{first}, {end}) goes past layer {MAX_PLAN_LAYERS}, more layers than "
+                        "a profile can hold", "layers are numbered 0..n-1 in the profile's order")
+    return first, end
+
+
+def _recompute(listed: list, first: int, end: int, where: str) -> set[int]:
+    """A stage's recompute list as a set: no longer than the stage (counted before any item is read),
+    integers, each layer once (a duplicate is refused, naming the layer)."""
+    if len(listed) > max(0, end - first):
+        raise PlanError(f"plan field {where}recompute lists {len(listed)} layers but the stage [{first}, {end}) has "
+                        f"{max(0, end - first)}", "list each of the stage's layers at most once")
+    seen: set[int] = set()
+    for layer in _int_list(listed, f"{where}recompute", "a list of layer indices"):
+        if layer in seen:
+            raise PlanError(f"plan field {where}recompute lists layer {layer} twice", "list each layer once")
+        seen.add(layer)
+    return seen
 
 
 def _device(dv: dict, i: int) -> Device:
@@ -79,7 +109,8 @@ def _device(dv: dict, i: int) -> Device:
     speed = float(get_field(dv, "speed", (int, float), where, 1.0))
     if speed <= 0:
         raise PlanError(f"plan field {where}speed must be positive, got {speed}")
-    return Device(name=str(get_field(dv, "name", str, where, f"dev{i}")), memory_bytes=None if mem is None else int(mem), speed=speed)
+    name = check_name(get_field(dv, "name", str, where, f"dev{i}"), "device name", PlanError, f"plan field {where}name")
+    return Device(name=name, memory_bytes=None if mem is None else int(mem), speed=speed)
 
 
 def _links(d: dict) -> Links:
@@ -128,9 +159,12 @@ def _parallel(d: dict[str, Any]) -> ParallelConfig | None:
     """The `parallel` object (dp, pp, tp, zero), None when absent (one pipeline)."""
     parallel_d = get_field(d, "parallel", (dict, type(None)), "", None)
     try:
-        return ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
+        parallel = ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
     except PplanError as e:
         raise PlanError(e.message, e.hint) from None
+    if parallel is not None and parallel.hardware is not None:  # printed with the plan's layout
+        check_name(parallel.hardware, "hardware name", PlanError, "plan field parallel.hardware")
+    return parallel
 
 
 def plan_from_dict(d: Any) -> Plan:
@@ -152,6 +186,7 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
     line that says why, for a command to show. A stale prediction is never shown as this plan's
     numbers, and the plan still loads, simulates and runs."""
     _check_document(d)
+    check_plan_counts(d)  # before any stage, device or link is read
     as_objects(get_field(d, "stages", list, ""), "stages", STAGE_KEYS)
     stages, devices = _stages_and_devices(d)
     links = _links(d)
@@ -172,15 +207,21 @@ def read_plan(d: Any) -> tuple[Plan, str | None]:
         devices=devices,
         optimizer=get_field(d, "optimizer", str, "", "adam"),
         links=links,
-        model=get_field(d, "model", (str, type(None)), "", None),
+        model=_text(d, "model", ""),
         seed=seed,
         n_layers=get_field(d, "n_layers", (int, type(None)), "", None),
-        profile_path=get_field(profile, "path", (str, type(None)), "profile.", None),
-        profile_sha256=get_field(profile, "sha256", (str, type(None)), "profile.", None),
+        profile_path=_text(profile, "path", "profile."),
+        profile_sha256=_text(profile, "sha256", "profile."),
         parallel=parallel,
     )
     _check_global_batch(d, bare)
     return _with_records(bare, predicted, search)
+
+
+def _text(d: dict[str, Any], key: str, where: str) -> str | None:
+    """A text field (model spec, profile path or checksum): null, absent or one line a terminal can show."""
+    value = get_field(d, key, (str, type(None)), where, None)
+    return None if value is None else check_text(value, "text", f"plan field {where}{key}")
 
 
 def _check_document(d: Any) -> None:
@@ -285,7 +326,7 @@ def load_plan(path: str | os.PathLike) -> Plan:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)")
-    data = read_json_file(p, "plan", PlanError)
+    data = read_json_file(p, "plan", PlanError, max_bytes=MAX_PLAN_BYTES)
     try:
         return plan_from_dict(data)
     except PlanError as e:

@@ -14,7 +14,7 @@ from planner.errors import ProfileError
 from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
 from planner.limits import MAX_SEED
-from planner.textsafe import MAX_NAME_CHARS, check_name
+from planner.textsafe import check_text
 
 __all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
@@ -120,10 +120,9 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
 def _check_shown_text(value: str, key: str, where: str) -> None:
     """Refuse a metadata value with a control or format character: the model and device are printed
     (`pplan profile` summaries, report figures), where an escape sequence would rewrite the reader's
-    terminal. check_name bounds a name at MAX_NAME_CHARS, and a model spec with per-layer lists or a
-    command may be longer (the line is bounded by csvio.MAX_LINE_CHARS), so it checks pieces of that."""
-    for start in range(0, len(value), MAX_NAME_CHARS):
-        check_name(value[start:start + MAX_NAME_CHARS], f"metadata {key!r}", ProfileError, where)
+    terminal. Its length is the line's to bound (csvio.MAX_LINE_CHARS): a model spec with per-layer
+    lists or a command is longer than a name may be."""
+    check_text(value, f"metadata {key!r}", ProfileError, where, len(value))
 
 
 def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
