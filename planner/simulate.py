@@ -117,9 +117,16 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
 def unpriced_memory_note(plan: Plan, profile: Profile, schedules: Iterable[str] = ()) -> str | None:
     """The one line a command shows when the profile cannot price what `plan` (or a sweep's other
     `schedules`) holds: zero-bubble or interleaved memory from a profile without wgrad_bytes; None otherwise."""
-    specs = [get_schedule(name) for name in (plan.schedule, *schedules)]
-    split = any(s.split_backward for s in specs)
-    return wgrad_unmeasured_note(profile.at(plan.micro_batch_size), split, any(s.holds_sends for s in specs))
+    costs = profile.at(plan.micro_batch_size)
+    own = get_schedule(plan.schedule)
+    note = wgrad_unmeasured_note(costs, own.split_backward, own.holds_sends)
+    if note is not None:
+        return note
+    others = sorted({name for name in schedules if name != plan.schedule})
+    specs = [get_schedule(name) for name in others]
+    unpriced = [name for name, s in zip(others, specs) if s.split_backward or s.holds_sends]
+    return wgrad_unmeasured_note(costs, any(s.split_backward for s in specs), any(s.holds_sends for s in specs),
+                                 subject=f"the memory shown for {' and '.join(unpriced)}") if unpriced else None
 
 
 def is_replica_plan(plan: Plan) -> bool:

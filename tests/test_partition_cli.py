@@ -162,3 +162,15 @@ def test_calibration_beside_the_profile_is_applied(pplan, tmp_path, tiny_gpt_csv
                                                          schedule="gpipe"))
     assert job.calibration_path == calibration_path_for(prof) and job.plan == b
     assert job.basis == f"calibrated by {calibration_path_for(prof)} (compute x3)"
+
+
+def test_zb_rows_fit_only_with_a_question_mark_without_wgrad_bytes(pplan):
+    """The committed gpt profile has no wgrad_bytes column: a 1f1b plan's why-table once listed zb
+    as fitting with no warning (measured since, zb needs 258.8 MiB at this 200 MiB limit)."""
+    code, out, err = pplan("partition", ROOT / "profiles" / "gpt-8l-v32k.csv", "--devices", 4, "--memory", "200MiB",
+                           "--global-batch", 32)
+    assert code == 0
+    zb = [line for line in out.splitlines() if line.startswith("zb ")]
+    assert zb and all(line.split()[-1] == "yes?" for line in zb if "NO" not in line), out
+    assert "yes?: fits if what the profile does not measure" in out
+    assert "no wgrad_bytes column: the memory shown for interleaved and zb leaves out" in err

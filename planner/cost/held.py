@@ -74,7 +74,8 @@ def stage_wgrad(wgrad: Sequence[float] | None, first: int, end: int) -> float:
     return 0.0 if wgrad is None or first == 0 else float(np.sum(np.asarray(wgrad, dtype=float)[first:end]))
 
 
-def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool, sends_held: bool = False) -> str | None:
+def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool, sends_held: bool = False,
+                          subject: str = "the plan's memory") -> str | None:
     """One line for a plan priced from a profile without wgrad_bytes where that column decides
     memory: a split backward (zero bubble) leaves out what each deferred W holds, and a runtime
     that holds its sends to the step's end (`sends_held`: interleaved, zb) what they hold
@@ -83,7 +84,7 @@ def wgrad_unmeasured_note(costs: LayerCosts, split_backward: bool, sends_held: b
         return None
     left_out = ("what each micro-batch holds between its I and W and what its sends hold until the step ends"
                 if split_backward else "what its sends hold until the step ends (each sent input gradient and output)")
-    return (f"the profile has no wgrad_bytes column: the plan's memory leaves out {left_out} (counted as 0); "
+    return (f"the profile has no wgrad_bytes column: {subject} leaves out {left_out} (counted as 0); "
             "`pplan profile` writes it (measured, or --analytic for the built-in gpt)")
 
 

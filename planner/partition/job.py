@@ -134,8 +134,8 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
     result = partition(profile, settings, calibration=cal, on_step=counted)
     plan = result.plan
-    notes = (calibration_mismatch(cal, profile, cal_path),
-             unpriced_memory_note(plan, profile))
+    notes = (calibration_mismatch(cal, profile, cal_path),  # the why-table lists every candidate's schedule, so each counts
+             unpriced_memory_note(plan, profile, {c.point.schedule for c in result.search.candidates}))
     return PipelineJob(result=result, calibration=cal, calibration_path=cal_path,
                        warnings=tuple(n for n in notes if n))
 

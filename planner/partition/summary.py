@@ -6,7 +6,7 @@ from typing import Any
 
 from planner.partition.api import PartitionResult, baseline_rows, runners_up
 from planner.plan import SearchRecord
-from planner.schedules import SCHEDULE_NAMES
+from planner.schedules import SCHEDULE_NAMES, get_schedule
 from planner.units import format_bytes, format_ms
 
 __all__ = ["summary_dict", "summary_text"]
@@ -54,10 +54,20 @@ def summary_dict(result: PartitionResult) -> dict[str, Any]:
     }
 
 
+def _memory_unpriced(result: PartitionResult, schedule: str) -> bool:
+    """Whether `schedule`'s memory depends on the wgrad_bytes column this profile lacks (a split
+    backward's deferred W, sends held to the step's end): its 'fits' is then a lower bound."""
+    spec = get_schedule(schedule)
+    return (spec.split_backward or spec.holds_sends) and result.profile.at(result.chosen.point.micro_batch_size).wgrad_bytes is None
+
+
 def _why(result: PartitionResult) -> list[str]:
     chosen = result.chosen
     rows = []
+    unsure = False
     for c in runners_up(result.search, chosen):
+        guess = c.fits and _memory_unpriced(result, c.point.schedule)
+        unsure |= guess
         mark = "<- plan" if c is chosen else ""
         rows.append([
             c.point.schedule, str(c.point.n_microbatches), str(c.point.micro_batch_size), c.method,
@@ -65,14 +75,14 @@ def _why(result: PartitionResult) -> list[str]:
             _pct(c.sim.bubble_fraction) if c.sim else "-",
             format_ms(c.bottleneck_ms) if c.stage_ms else "-",
             _pct(c.peak_over_limit) if c.sim and c.peak_over_limit > 0 else "-",
-            "yes" if c.fits else "NO", mark,
+            ("yes?" if guess else "yes") if c.fits else "NO", mark,
         ])
     lines = [f"why {chosen.point.schedule} x {chosen.point.n_microbatches}: best (schedule, M) by simulated iteration time"]
     lines += _table(["schedule", "M", "b", "method", "iteration", "bubble", "bottleneck/mb", "peak/limit", "fits", ""], rows)
     others = [c for c in result.search.candidates if c.method == chosen.origin]
     smaller = [c for c in others if c.fits and c.point.n_microbatches > chosen.point.n_microbatches]
     larger = [c for c in others if c.fits and c.point.n_microbatches < chosen.point.n_microbatches]
-    notes = []
+    notes = ["yes?: fits if what the profile does not measure (no wgrad_bytes column) is small; see the warning"] if unsure else []
     if smaller:
         c = min(smaller, key=lambda c: c.iteration_ms)
         notes.append(f"more, smaller micro-batches (best {c.point.schedule} M={c.point.n_microbatches}) cost {_pct(c.iteration_ms / chosen.iteration_ms - 1)} more: per-micro-batch inefficiency outweighs the smaller bubble")
