@@ -37,6 +37,7 @@ import math
 import statistics
 
 from planner.calibration import Calibration
+from planner.errors import RunError
 from planner.execute.measurement import RankMeasurement
 from planner.execute.runrecord import Divergence, RankRecord, RunRecord
 from planner.execute.timeline import measured_timeline, one_clock, replica0, transfer_gaps
@@ -102,6 +103,16 @@ def _rank_records(measurements: list[RankMeasurement], plan: Plan, prediction: P
     return ranks
 
 
+def _check_reports(measurements: list[RankMeasurement], plan: Plan) -> None:
+    """RunError, not an IndexError, when no rank reported or one reports a device the plan does not have."""
+    if not measurements:
+        raise RunError("no rank reported its measurements", "report this: the ranks' results did not reach rank 0")
+    for m in measurements:
+        if not 0 <= m.device < plan.n_devices:
+            raise RunError(f"rank {m.rank} reported device {m.device}, but the plan has devices 0..{plan.n_devices - 1}",
+                           "report this: a rank's measurements did not reach rank 0 intact")
+
+
 def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_path: str | None, device_type: str,
                     steps: int, warmup: int, prediction: Prediction | None, prediction_source: str | None,
                     calibration: Calibration | None, load_average: float | None = None,
@@ -111,6 +122,7 @@ def assemble_record(measurements: list[RankMeasurement], plan: Plan, *, plan_pat
     """The run record from the ranks' measurements and a prediction (docs/executor.md layout);
     `grad_allreduce_ms_predicted`: the slowest rank's gradient all-reduce as predicted (dp > 1)."""
     measurements = sorted(measurements, key=lambda m: m.rank)
+    _check_reports(measurements, plan)
     r0 = measurements[0]
     step_ms = list(r0.step_ms)
     measured = list(r0.measured_steps)

@@ -3,13 +3,13 @@ frozen dataclasses whose fields are the JSON's keys in the order written, one to
 each; docs/executor.md defines every field. planner.execute.results assembles a RunRecord from the
 ranks' measurements; planner.execute.runfile reads a file back, every value checked.
 
-Reading checks each value's range too (`check_run_values`): counts of at least one, times finite,
+Reading checks each value's range too (`check_run_values`): counts in COUNT_RANGES, times finite,
 at least 0 and under a day, byte counts within MAX_MEMORY_BYTES, a known schedule and optimizer,
 indices that point inside the run (a rank's stages, the measured steps), one rank record per rank,
 and a summary of the steps (iteration_ms_measured, step_ms_min/median/max) that agrees with them.
 A file someone edited fails there on one line that names the field, never later inside a fit or a
-figure. A record assembled in memory is not checked: a run that timed no step holds NaN, which
-its JSON writes as null.
+figure (planner.execute.runfile bounds every count and list before the record is built). A record
+assembled in memory is not checked: a run that timed no step holds NaN, which its JSON writes as null.
 
 A field's nested records (a memory breakdown, a ping-pong measurement, a divergence, the
 calibration and what --calibrate fitted: planner.execute.fitrecord) write the same JSON objects
@@ -27,13 +27,15 @@ from planner.calibration import Calibration
 from planner.errors import PplanError
 from planner.execute.fitrecord import CalibrationFit, calibration_from_dict, calibration_values
 from planner.execute.measurement import CommMeasurement
+from planner.execute.options import MAX_STEPS
 from planner.jsonio import finite_or_null
 from planner.jsontypes import is_number, kind_mismatch, record_fields, short, to_json
 from planner.limits import MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES
 from planner.plan import OPTIMIZERS, SCHEDULES, MemoryRecord
+from planner.plan.records import MAX_PIPELINE_STAGES
 
-__all__ = ["FORMAT", "RUN_FILE_HINT", "DEVICE_TYPES", "MEMORY_MEASURES", "Divergence", "RankRecord", "RunRecord",
-           "check_run_values"]
+__all__ = ["FORMAT", "RUN_FILE_HINT", "DEVICE_TYPES", "MEMORY_MEASURES", "MAX_RUN_RANKS", "COUNT_RANGES", "Divergence",
+           "RankRecord", "RunRecord", "check_count", "check_run_values"]
 
 FORMAT = "pplan-run/1"
 RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
@@ -41,6 +43,13 @@ DEVICE_TYPES = ("cpu", "cuda")
 """What a run's `device_type` can be (planner.execute.preflight chooses one)."""
 MEMORY_MEASURES = ("cuda-allocator", "cpu-allocator", "tracked")
 """How a rank's peak can have been measured (planner.execute.train)."""
+MAX_RUN_RANKS = 32_768
+"""The most processes a run (and a checkpoint) can have: twice the largest published training run's
+16,384 GPUs (Llama 3 405B). A run JSON holds a rank record of at least 150 bytes per process."""
+COUNT_RANGES = {"n_ranks": (1, MAX_RUN_RANKS), "dp": (1, MAX_RUN_RANKS), "n_stages": (1, MAX_PIPELINE_STAGES),
+                "micro_batch_size": (1, MAX_GLOBAL_BATCH), "n_microbatches": (1, MAX_GLOBAL_BATCH),
+                "steps": (1, MAX_STEPS), "first_step": (0, MAX_STEPS), "warmup": (0, MAX_STEPS)}
+"""(low, high) of each count of a run: what `pplan run` accepts (--steps at most MAX_STEPS)."""
 
 
 @dataclass(frozen=True)
@@ -256,9 +265,12 @@ def _refuse(where: str, value: Any, requirement: str) -> PplanError:
     return PplanError(f"{where} is {short(value)}, {requirement}", RUN_FILE_HINT)
 
 
-def _count(where: str, value: int, low: int, high: int | None = None) -> None:
-    if value < low or (high is not None and value > high):
-        raise _refuse(where, value, f"not {low} or more" if high is None else f"not in {low}..{high}")
+def check_count(where: str, value: int, low: int, high: int | None = None) -> None:
+    """Refuse a count or index outside low..high (high None: no upper end), naming `where` and the range."""
+    if value < low:
+        raise _refuse(where, value, f"not {low} or more" + (f" (allowed: {low}..{high})" if high is not None else ""))
+    if high is not None and value > high:
+        raise _refuse(where, value, f"not in {low}..{high}")
 
 
 def _ms(where: str, value: Any) -> None:
@@ -280,10 +292,10 @@ def _choice(where: str, value: Any, known: tuple[str, ...]) -> None:
 def check_run_values(run: RunRecord) -> None:
     """Refuse a run read from a file whose values lie outside what a run can measure (module
     docstring); PplanError names the field ("run field 'micro_batch_size' is 0, not 1 or more")."""
-    for name in ("n_ranks", "n_stages", "micro_batch_size", "n_microbatches", "steps", "dp"):
-        _count(f"run field {name!r}", getattr(run, name), 1)
+    for name, (low, high) in COUNT_RANGES.items():
+        check_count(f"run field {name!r}", getattr(run, name), low, high)
     for name in ("first_step", "warmup"):
-        _count(f"run field {name!r}", getattr(run, name), 0, run.steps)
+        check_count(f"run field {name!r}", getattr(run, name), 0, run.steps)
     if run.micro_batch_size * run.n_microbatches > MAX_GLOBAL_BATCH:
         raise _refuse("run field 'micro_batch_size' x 'n_microbatches'", run.micro_batch_size * run.n_microbatches,
                       f"more than {MAX_GLOBAL_BATCH:g} samples per step")
@@ -296,14 +308,14 @@ def check_run_values(run: RunRecord) -> None:
     for i, ms in enumerate(run.step_ms):
         _ms(f"run field 'step_ms' item {i}", ms)
     for i, step in enumerate(run.measured_steps):
-        _count(f"run field 'measured_steps' item {i}", step, 0, len(run.step_ms) - 1)
-    _count("run field 'timeline_step'", run.timeline_step, -1, len(run.step_ms) - 1)  # -1: no step timed
+        check_count(f"run field 'measured_steps' item {i}", step, 0, len(run.step_ms) - 1)
+    check_count("run field 'timeline_step'", run.timeline_step, -1, len(run.step_ms) - 1)  # -1: no step timed
     _check_step_stats(run)
     if len(run.losses) != len(run.loss_steps) or len(run.losses) > run.steps:
         raise PplanError(f"run field 'losses' holds {len(run.losses)} losses for {len(run.loss_steps)} loss_steps "
                          f"and {run.steps} steps: it holds one per loss step, at most one per step", RUN_FILE_HINT)
     for stage, pair in run.boundary_bytes.items():
-        if not (stage.isdigit() and int(stage) < run.n_stages):
+        if not (stage.isascii() and stage.isdigit() and int(stage) < run.n_stages):  # int('²') raises
             raise _refuse("run field 'boundary_bytes' key", stage, f"not a stage of the run (0..{run.n_stages - 1})")
         if len(pair) != 2:
             raise _refuse(f"run field 'boundary_bytes' stage {stage}", pair, "not an [input bytes, output bytes] pair")
@@ -366,13 +378,13 @@ def _steps(steps: list[int]) -> str:
 
 def _check_rank(rank: RankRecord, where: str, run: RunRecord) -> None:
     """One rank record's values, against its run's counts."""
-    _count(f"{where} 'rank'", rank.rank, 0, run.n_ranks - 1)
-    _count(f"{where} 'device'", rank.device, 0, run.n_stages - 1)  # a device runs one stage or more
-    _count(f"{where} 'replica'", rank.replica, 0, run.n_ranks - 1)
+    check_count(f"{where} 'rank'", rank.rank, 0, run.n_ranks - 1)
+    check_count(f"{where} 'device'", rank.device, 0, run.n_stages - 1)  # a device runs one stage or more
+    check_count(f"{where} 'replica'", rank.replica, 0, run.dp - 1)
     if rank.threads is not None:
-        _count(f"{where} 'threads'", rank.threads, 1)
+        check_count(f"{where} 'threads'", rank.threads, 1)
     for stage in rank.stages:
-        _count(f"{where} 'stages'", stage, 0, run.n_stages - 1)
+        check_count(f"{where} 'stages'", stage, 0, run.n_stages - 1)
     for name in ("busy_ms", "busy_ms_predicted", "grad_allreduce_ms"):
         _ms(f"{where} {name!r}", getattr(rank, name))
     for name in ("action_ms", "action_cpu_ms"):

@@ -61,19 +61,19 @@ class Captured:
     """Its stderr, then any escaped exception's traceback and every Python warning it raised."""
 
 
-class _Hang(BaseException):
+class Hang(BaseException):
     """The command ran past its deadline (a BaseException: no `except Exception` swallows it)."""
 
 
 @contextlib.contextmanager
-def _deadline(seconds: float) -> Iterator[None]:
-    """Raise _Hang in this (main) thread after `seconds`; elsewhere no deadline can be set."""
+def deadline(seconds: float) -> Iterator[None]:
+    """Raise Hang in this (main) thread after `seconds`; elsewhere no deadline can be set."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
 
     def _expired(signum: int, frame: Any) -> None:
-        raise _Hang(f"still running after {seconds:g} s (a hang)")
+        raise Hang(f"still running after {seconds:g} s (a hang)")
 
     previous = signal.signal(signal.SIGALRM, _expired)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -100,11 +100,11 @@ def run_captured(*args: object, cwd: Path, timeout_s: float = 30.0) -> Captured:
         try:
             sys.argv, state.debug = ["pplan", *map(str, args)], False
             os.chdir(cwd)
-            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), _deadline(timeout_s):
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), deadline(timeout_s):
                 main()
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-        except (Exception, _Hang):  # noqa: BLE001 - shown as Python shows an uncaught one
+        except (Exception, Hang):  # noqa: BLE001 - shown as Python shows an uncaught one
             code = 1
             err.write(traceback.format_exc())
         finally:
