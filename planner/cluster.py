@@ -16,7 +16,13 @@ nearest known one (`devices[0]: unknown key 'memroy'; did you mean 'memory'?`).
 
 Pipeline order: consecutive stages talk over the link between their devices, so the devices
 are ordered along a Hamiltonian path minimising the slowest hop's transfer time, then the sum
-(exact Held-Karp over subsets up to EXACT_MAX devices, nearest-neighbour + 2-opt above).
+(exact Held-Karp over subsets up to EXACT_MAX devices, nearest-neighbour + 2-opt above:
+planner.cost.device_path). The heuristic is O(n^2 log n) but for one part: 2-opt reversals whose
+sum() differs from the path's only by rounding are summed again, O(n) each, and clusters that are
+uniform but for fast links between scattered pairs of devices have O(n^2) of them a sweep. So at most
+MAX_ORDER_DEVICES are ordered (measured 2026-12-03 on a 2-core VM: 8-GPU nodes 0.34 s at 1,024
+devices, 1.2 s at 2,048, 4.3 s at 4,000; fast links pairing a random 30% of the devices 1.8 s at 1,024,
+13 s at 2,048, 128 s at 4,000, two 2-opt sweeps each: a sweep more per improving one, 20 at most).
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from planner.errors import ClusterError, PplanError
 from planner.cost.comm import link_between, link_ms
+from planner.cost.device_path import heuristic_path
 from planner.jsonio import check_keys, read_json_file
 from planner.limits import MAX_SPEED, MIN_SPEED
 from planner.jsontypes import short
@@ -40,11 +47,12 @@ from planner.units import parse_bandwidth, parse_bytes, parse_ms
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["FORMAT", "EXACT_MAX", "MAX_CLUSTER_BYTES", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
+__all__ = ["FORMAT", "EXACT_MAX", "MAX_ORDER_DEVICES", "MAX_CLUSTER_BYTES", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
            "path_score", "pipeline_orders"]
 
 FORMAT = "pplan-cluster/1"
 EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
+MAX_ORDER_DEVICES = 2_048  # devices best_path orders at most: its worst case grows as n^3 (module docstring)
 MAX_CLUSTER_BYTES = 8 * 2**20
 """Largest cluster file read: 4,000 devices (what a pipeline can have) in 8-GPU nodes with every link
 inside a node listed (14,000 links), one per line as in examples/cluster.json, measured 1.6 MB and loads
@@ -207,12 +215,14 @@ def _hop_costs(links: Links, n: int, nbytes: float) -> list[list[float]]:
 
 def best_path(links: Links, n: int, nbytes: float) -> tuple[int, ...]:
     """Order of devices 0..n-1 minimising (slowest hop, total) for messages of `nbytes`."""
+    if n > MAX_ORDER_DEVICES:
+        raise ClusterError(f"{n:,} devices to order along the pipeline, more than the ordering handles ({MAX_ORDER_DEVICES:,})",
+                           f"plan a pipeline of at most {MAX_ORDER_DEVICES:,} devices: list the devices one pipeline runs on")
     if n <= 2:
         return tuple(range(n))
-    cost = _hop_costs(links, n, nbytes)
     if n <= EXACT_MAX:
-        return exact_path(cost)
-    return _two_opt(cost, _nearest_neighbour(cost))
+        return exact_path(_hop_costs(links, n, nbytes))
+    return _canonical(heuristic_path(links, n, nbytes))
 
 
 def exact_path(cost: list[list[float]]) -> tuple[int, ...]:
@@ -268,38 +278,6 @@ def path_score(cost: list[list[float]], path: list[int] | tuple[int, ...]) -> tu
     """(slowest hop, total) of visiting `path` in order: what best_path minimises, in that order."""
     hops = [cost[a][b] for a, b in zip(path, path[1:])]
     return (max(hops, default=0.0), sum(hops))
-
-
-def _nearest_neighbour(cost: list[list[float]]) -> list[int]:
-    n = len(cost)
-    best: list[int] | None = None
-    for start in range(n):
-        path, left = [start], set(range(n)) - {start}
-        while left:
-            nxt = min(left, key=lambda u: (cost[path[-1]][u], u))
-            path.append(nxt)
-            left.remove(nxt)
-        if best is None or path_score(cost, path) < path_score(cost, best):
-            best = path
-    if not (best is not None):  # cannot happen for any input: the search always fills these
-        raise RuntimeError("internal error: best is not None")
-    return best
-
-
-def _two_opt(cost: list[list[float]], path: list[int], rounds: int = 20) -> tuple[int, ...]:
-    n = len(path)
-    score = path_score(cost, path)
-    for _ in range(rounds):
-        improved = False
-        for i in range(n - 1):
-            for j in range(i + 1, n):
-                cand = path[:i] + path[i:j + 1][::-1] + path[j + 1:]
-                sc = path_score(cost, cand)
-                if sc < score:
-                    path, score, improved = cand, sc, True
-        if not improved:
-            break
-    return _canonical(tuple(path))
 
 
 def _canonical(path: tuple[int, ...]) -> tuple[int, ...]:
