@@ -24,13 +24,21 @@ from typing import Iterable, NamedTuple, Sequence
 
 from planner.errors import ProfileError
 
-__all__ = ["EDGE_KEY", "MAX_EDGES_PER_LAYER", "SkipEdge", "as_skip_edges", "edge_lines", "format_edge", "read_edges", "add_edge_lines"]
+__all__ = ["EDGE_KEY", "MAX_EDGES_PER_LAYER", "MAX_READERS_PER_LAYER", "SkipEdge", "as_skip_edges", "edge_lines", "format_edge", "read_edges", "add_edge_lines"]
 
 EDGE_KEY = "edge"
 # A real model has a few skip tensors per layer (a U-Net one per resolution, a DenseNet block
 # one per layer, its consumers merged on one line); the planner's costs grow with the edge
 # count, so a profile may hold at most this many edge lines per layer.
 MAX_EDGES_PER_LAYER = 8
+# Readers over all edge lines, per layer. Each reader splits an edge into one more gap, and the
+# planner walks every gap per search problem (planner.partition.problem.passthrough_table) and
+# per stage it prices (planner.graph.crossing). Real models stay far below: a DenseNet block of
+# k layers averages k/2 readers a layer (24 for DenseNet-201's largest), a tensor every block reads
+# (an attention mask) adds one. Measured at 4,000 layers, 8 edge lines a layer (`pplan partition
+# -n 4`): 63 readers a layer took 114 s of CPU, one reader a line 106 s, the chain 84 s. Without
+# the bound a 256 MB profile could list ~50 million readers.
+MAX_READERS_PER_LAYER = 64
 _LINE = re.compile(r"^\s*(\S+?)\s*->\s*(\S+?)\s+(\S+)\s*$")
 
 
@@ -127,6 +135,21 @@ def _leading(lines: list[str]) -> Iterable[tuple[int, str, str]]:
             yield i + 1, key.strip(), value
 
 
+def _check_counts(lines_before: int, readers_before: int, value: str, n_layers: int | None, where: str) -> None:
+    """Refuse the line that would pass the edge-line or reader bound, before its readers are split."""
+    if n_layers is None:
+        return
+    limit = MAX_EDGES_PER_LAYER * n_layers
+    if lines_before >= limit:
+        raise ProfileError(f"{where}: more than {limit} edge lines for {n_layers} layers "
+                           f"(at most {MAX_EDGES_PER_LAYER} per layer)", "merge the consumers of one tensor on one line: `# edge: 0->3,5,7 4096`")
+    readers, reader_limit = value.count(",") + 1, MAX_READERS_PER_LAYER * n_layers
+    if readers_before + readers > reader_limit:
+        raise ProfileError(f"{where}: {readers_before + readers} readers on the edge lines so far, more than {reader_limit} "
+                           f"for {n_layers} layers (at most {MAX_READERS_PER_LAYER} per layer)",
+                           "list only the layers that read a tensor, or group layers into blocks")
+
+
 def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: str = "<profile>",
                max_bytes: float | None = None) -> tuple[SkipEdge, ...]:
     """Parse and validate the `# edge:` lines of a profile's leading metadata block.
@@ -135,20 +158,20 @@ def read_edges(text: str | Sequence[str], n_layers: int | None = None, source: s
     range-checked. Raises ProfileError naming `source`, the line number and the bad value on
     a malformed line, src >= dst, a layer out of range, negative bytes, bytes above
     `max_bytes` (a size no real device has: the profile's column limit), a repeated
-    (src, consumers) pair, or (with `n_layers`) more than MAX_EDGES_PER_LAYER lines per
-    layer. Linear in the lines. Returns the edges sorted by (src, dst).
+    (src, consumers) pair, or (with `n_layers`) more than MAX_EDGES_PER_LAYER lines or
+    MAX_READERS_PER_LAYER readers per layer. Linear in the lines. Returns the edges sorted by
+    (src, dst).
     """
     lines = text.splitlines() if isinstance(text, str) else list(text)
     seen: dict[tuple[int, tuple[int, ...]], int] = {}
     out = []
-    limit = None if n_layers is None else MAX_EDGES_PER_LAYER * n_layers
+    readers = 0
     for lineno, key, value in _leading(lines):
         if key != EDGE_KEY:
             continue
-        if limit is not None and len(out) >= limit:
-            raise ProfileError(f"{source}:{lineno}: more than {limit} edge lines for {n_layers} layers "
-                               f"(at most {MAX_EDGES_PER_LAYER} per layer)", "merge the consumers of one tensor on one line: `# edge: 0->3,5,7 4096`")
+        _check_counts(len(out), readers, value, n_layers, f"{source}:{lineno}")
         edge = _parse(value, lineno, source, n_layers)
+        readers += len(edge.consumers)
         if max_bytes is not None and edge.bytes_per_sample > max_bytes:
             raise ProfileError(f"{source}:{lineno}: edge {format_edge(edge)!r}: {edge.bytes_per_sample} bytes per sample is too large for any real device (limit {max_bytes:.0e} bytes)",
                                "check the units: sizes in bytes")

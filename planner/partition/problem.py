@@ -210,20 +210,23 @@ def passthrough_table(p: PartitionProblem) -> np.ndarray | None:
     A skip tensor with producer src and readers c_1 < ... < c_m is held by stage [i, j)
     exactly when, for two consecutive points a < b of (src, c_1, ..., c_m), a < i < j <= b:
     a block of the table per gap, added with a 2-D difference array (O(edges x readers + L^2)).
+    One np.add.at adds the corners in the order a loop over the gaps would, so the floats match.
     """
     if not p.passthrough_edges:
         return None
     L = p.n_layers
-    diff = np.zeros((L + 2, L + 2))
+    rows, cols, weights = [], [], []  # the four corners of each gap's block, in loop order
     for e in p.passthrough_edges:
-        points = (e.src,) + tuple(e.also_to) + (e.dst,)
+        points, w = (e.src,) + tuple(e.also_to) + (e.dst,), float(e.bytes_per_sample)
         for a, b in zip(points, points[1:]):
-            w = float(e.bytes_per_sample)
-            diff[a + 1, a + 1] += w
-            diff[a + 1, b + 1] -= w
-            diff[b + 1, a + 1] -= w
-            diff[b + 1, b + 1] += w
-    return diff.cumsum(axis=0).cumsum(axis=1)[: L + 1, : L + 1]
+            rows += (a + 1, a + 1, b + 1, b + 1)
+            cols += (a + 1, b + 1, a + 1, b + 1)
+            weights += (w, -w, -w, w)
+    diff = np.zeros((L + 2, L + 2))
+    np.add.at(diff, (np.array(rows, dtype=np.intp), np.array(cols, dtype=np.intp)), np.array(weights, dtype=float))
+    np.cumsum(diff, axis=0, out=diff)  # in place: one (L+2)^2 array alive, not three
+    np.cumsum(diff, axis=1, out=diff)
+    return diff[: L + 1, : L + 1]
 
 
 def moments(p: PartitionProblem, s: int) -> tuple:
