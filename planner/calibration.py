@@ -41,7 +41,7 @@ from planner.atomic import atomic_write_text
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 from planner.jsontypes import kind_mismatch, range_error, record_fields, short
-from planner.limits import MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MIN_BANDWIDTH
+from planner.limits import MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MODEL_SPEC_CHARS, MIN_BANDWIDTH
 from planner.textsafe import check_text
 
 __all__ = ["Calibration", "FittedFrom", "calibration_path_for", "load_calibration", "write_calibration",
@@ -87,8 +87,8 @@ _HINTS = {
 
 
 _FITTED_WHERE = "calibration fitted_from"
-_TEXT_MAX = 4096
-"""Longest text of a fitted_from (the run's path, the model spec): PATH_MAX on Linux."""
+_TEXT_MAX = MAX_MODEL_SPEC_CHARS
+"""Longest text of a fitted_from: the model spec (planner.limits; the run's path is shorter)."""
 _MAX_FILE_BYTES = 1 << 20
 """Largest calibration file read: pplan writes about 600 bytes (seven numbers and the fit's record)."""
 _FITTED_HINT = "fitted_from records the run the calibration was fitted on: re-fit it with `pplan calibrate`"
@@ -115,9 +115,7 @@ _ERROR_HINT = ("the run's times are not this plan's and profile's: check its ste
 
 def _check_text(text: str, where: str) -> None:
     """PplanError unless `text` is at most _TEXT_MAX characters, none a control or format character."""
-    if len(text) > _TEXT_MAX:
-        raise PplanError(f"{where} is {len(text):,} characters long, more than {_TEXT_MAX:,}", _FITTED_HINT)
-    check_text(text, "text", PplanError, where, _TEXT_MAX)
+    check_text(text, "text", PplanError, where, _TEXT_MAX, hint=_FITTED_HINT)
 
 
 @dataclass(frozen=True)

@@ -141,9 +141,10 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
     devices = data.get("devices")
     if not isinstance(devices, list) or not devices:
         raise ClusterError(f"{source}: 'devices' must be a non-empty list", "see examples/cluster.json")
-    if len(devices) > MAX_PIPELINE_STAGES:  # counted before any device is read
-        raise ClusterError(f"{source}: 'devices' lists {len(devices):,} devices, more than a pipeline can have "
-                           f"({MAX_PIPELINE_STAGES:,})", "list the devices one pipeline runs on")
+    most = min(MAX_PIPELINE_STAGES, MAX_ORDER_DEVICES)  # a cluster's devices are ordered along its pipeline
+    if len(devices) > most:  # counted before any device is read
+        raise ClusterError(f"{source}: 'devices' lists {len(devices):,} devices, more than a pipeline pplan orders can have "
+                           f"({most:,})", "list the devices one pipeline runs on")
     links = data.get("links", [])
     if not isinstance(links, list):
         raise ClusterError(f"{source}: 'links' must be a list")

@@ -14,7 +14,7 @@ from planner.errors import PplanError
 
 __all__ = [
     "MAX_MEMORY_BYTES", "MIN_BANDWIDTH", "MAX_BANDWIDTH", "MAX_LATENCY_MS",
-    "MIN_SPEED", "MAX_SPEED", "MAX_GLOBAL_BATCH", "MAX_SEED",
+    "MIN_SPEED", "MAX_SPEED", "MAX_GLOBAL_BATCH", "MAX_SEED", "MAX_MODEL_SPEC_CHARS",
 ]
 
 MAX_MEMORY_BYTES = 2**60  # an exbibyte
@@ -24,6 +24,10 @@ MAX_LATENCY_MS = 86_400_000.0  # a day
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # relative compute speed
 MAX_GLOBAL_BATCH = 10**8  # samples per iteration
 MAX_SEED = 2**62
+# The longest --model spec, and so the longest model text a profile, plan, run or calibration holds:
+# a synthetic spec lists per-layer times, about 16 characters a layer, 64,000 for 4,000 layers.
+# One bound for all five, so pplan never writes a file it then refuses to read back.
+MAX_MODEL_SPEC_CHARS = 262_144
 
 # Compute actions (stages x micro-batches x 2, or x 3 for a split backward) one simulation may
 # have, and one `pplan simulate --sweep` over all its values together. Measured at the bound on

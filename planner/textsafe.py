@@ -13,10 +13,12 @@ import unicodedata
 
 from planner.errors import PplanError
 
-__all__ = ["MAX_NAME_CHARS", "MAX_MESSAGE_CHARS", "printable", "check_name", "terminal_safe", "check_text"]
+__all__ = ["MAX_NAME_CHARS", "MAX_TEXT_CHARS", "MAX_MESSAGE_CHARS", "printable", "check_name", "terminal_safe", "check_text"]
 
 # Longer than any module path a real model has (torchvision and Hugging Face names stay under 120).
 MAX_NAME_CHARS = 256
+# Free text a file may hold beside names (a path, a note, a warning line): PATH_MAX on Linux.
+MAX_TEXT_CHARS = 4096
 # An error line a person can read; the head says what failed, so the middle is what is cut.
 MAX_MESSAGE_CHARS = 1000
 
@@ -50,6 +52,12 @@ def printable(text: str, limit: int = MAX_MESSAGE_CHARS) -> str:
     return text
 
 
+def _quoted(text: str, limit: int) -> str:
+    """`text` for an error about its characters: every unsafe one escaped, a tab or newline too
+    (printable would turn those into a space and hide what the error is about)."""
+    return printable("".join(_escape(ch) if _unsafe(ch) else ch for ch in text[:limit * 2]), limit)
+
+
 def check_name(name: str, what: str, error: type[PplanError], where: str) -> str:
     """`name` when it is a name a terminal can show as it is: not empty, at most MAX_NAME_CHARS
     characters, no control or format characters (a tab or newline included). `where` says where
@@ -61,7 +69,7 @@ def check_name(name: str, what: str, error: type[PplanError], where: str) -> str
                     "shorten it")
     bad = next((ch for ch in name if _unsafe(ch)), None)
     if bad is not None:
-        raise error(f"{where}: {what} {printable(name, 80)} holds the control character {_escape(bad)}",
+        raise error(f"{where}: {what} {_quoted(name, 80)} holds the control character {_escape(bad)}",
                     "names may hold letters, digits, punctuation and spaces only")
     return name
 
@@ -73,14 +81,14 @@ def terminal_safe(text: str) -> bool:
     return not any(_unsafe(ch) for ch in text)
 
 
-def check_text(text: str, what: str, error: type[PplanError], where: str, limit: int) -> str:
+def check_text(text: str, what: str, error: type[PplanError], where: str, limit: int, hint: str = "shorten it") -> str:
     """`text` when a terminal can show it as it is: at most `limit` characters, none of them a
     control or format character; empty is allowed. check_name's rule for text longer than a name
     (a path, a model spec, a search note)."""
     if len(text) > limit:
-        raise error(f"{where}: {what} is {len(text):,} characters long, more than {limit:,}", "shorten it")
+        raise error(f"{where}: {what} is {len(text):,} characters long, more than {limit:,}", hint)
     if not terminal_safe(text):
         bad = next(ch for ch in text if _unsafe(ch))
-        raise error(f"{where}: {what} {printable(text, 80)} holds the control character {_escape(bad)}",
+        raise error(f"{where}: {what} {_quoted(text, 80)} holds the control character {_escape(bad)}",
                     "write letters, digits, punctuation and spaces only")
     return text

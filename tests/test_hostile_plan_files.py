@@ -197,7 +197,7 @@ def test_a_device_name_with_control_characters_is_refused(name):
     ("predicted.devices[0]: field 'name'", {"predicted": {"devices": [{"device": 0, "name": f"d{TITLE}"}]}}),
     ("search: field skipped[1]", {"search": {"skipped": ["fine", f"M=2{TITLE}"]}}),
     ("search.candidates[0]: field 'note'", {"search": {"candidates": [{"note": "a\nb"}]}}),
-    ("search: field 'objective'", {"search": {"objective": "x" * 5000}}),
+    ("search: field 'objective'", {"search": {"objective": "x" * 300_000}}),
 ])
 def test_text_a_plan_holds_is_one_safe_line(where, change):
     _refused(_plan(**change), where)

@@ -222,7 +222,7 @@ def test_the_fixture_reads():
     ({"boundary_bytes": {"0": [1, 2], "00": [1, 2]}}, ["'boundary_bytes' key '00' is not a stage index"]),
     ({"boundary_bytes": {str(i): [1, 2] for i in range(3)}}, ["'boundary_bytes' holds 3 stages, not 0..2"]),
     ({"warnings": ["x"] * 65}, ["run field 'warnings' holds 65 warnings, not 0..64"]),
-    ({"warnings": ["x" * 5000]}, ["'warnings' item 0 is 5000 characters long, not 0..4096"]),
+    ({"warnings": ["x" * 5000]}, ["'warnings' item 0: text is 5,000 characters long, more than 4,096"]),
     ({"runtime": "Schedule\n1F1B"}, ["runtime", "control character"]),
     ({"warnings": ["ok", "\x1b]0;pwned\x07"]}, ["'warnings' item 1", "control character \\x1b"]),
     ({"model": "gpt\u202e"}, ["run field 'model'", "control character \\u202e"]),
@@ -260,7 +260,7 @@ def _comm_edit(**changes: Any):
     (_comm_edit(points=[[1, 2, 3]]), ["comm[0] field 'points' item 0 is [1, 2, 3], not a [bytes, ms] pair"]),
     (_comm_edit(bandwidth_bytes_per_s=1e300), ["comm[0] field 'bandwidth_bytes_per_s' is 1e+300, out of range"]),
     (lambda d: d.update(comm=d["comm"] * 2), ["run field 'comm' holds 2 ping-pongs, not 0..1"]),
-    (lambda d: d["calibration_fit"].update(path="p" * 5000), ["calibration_fit field 'path' is 5000 characters"]),
+    (lambda d: d["calibration_fit"].update(path="p" * 5000), ["calibration_fit field 'path': text is 5,000 characters"]),
     (lambda d: d["calibration_fit"]["compute_points"][0].update(action="9F"),
      ["calibration_fit.compute_points[0] field 'action' stage is 9, not in 0..1"]),
     (lambda d: d["calibration_fit"].update(compute_points=d["calibration_fit"]["compute_points"] * 10),
@@ -312,3 +312,20 @@ def test_ranks_that_report_nothing_or_another_device_are_a_run_error():
                             action_ms={}, action_cpu_ms={}, losses={}, memory=None, boundary_bytes={})
     with pytest.raises(RunError, match=r"rank 0 reported device 5, but the plan has devices 0\.\.1"):
         assemble([stray])
+
+
+def test_a_long_model_spec_is_read_back_from_every_file_that_holds_it(tmp_path):
+    """A synthetic spec with per-layer lists runs to thousands of characters; plans and run files
+    once refused what the profile had accepted (4,096), after the whole search."""
+    from dataclasses import replace
+
+    from planner.limits import MAX_MODEL_SPEC_CHARS
+    from planner.plan import write_plan as save_plan
+
+    spec = "synthetic:layers=400,fwd_ms=" + ":".join(["1.25"] * 400) + ",bwd_ms=" + ":".join(["2.625"] * 400)
+    assert 4096 < len(spec) < MAX_MODEL_SPEC_CHARS
+    save_plan(replace(_plan(), model=spec), tmp_path / "plan.json")
+    assert load_plan(tmp_path / "plan.json").model == spec
+    assert parse_run(dict(_run(), model=spec), "run.json").model == spec
+    with pytest.raises(PplanError, match="more than 262,144"):
+        parse_run(dict(_run(), model="x" * (MAX_MODEL_SPEC_CHARS + 1)), "run.json")

@@ -26,10 +26,10 @@ from planner.execute.runrecord import (
 )
 from planner.jsonio import read_json_file
 from planner.jsontypes import INDEX_KEY, check_index_keys, is_number, kind_mismatch, objects_in, range_error, short
-from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MIN_BANDWIDTH, MAX_SIMULATED_ACTIONS
+from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_MODEL_SPEC_CHARS, MIN_BANDWIDTH, MAX_SIMULATED_ACTIONS
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.csvio import MAX_LAYERS
-from planner.textsafe import check_name, check_text
+from planner.textsafe import MAX_TEXT_CHARS, check_name, check_text
 
 __all__ = ["load_run", "parse_run", "ACTION_KEY", "check_run_sizes", "check_run_indices", "MAX_TRANSFER_GAPS",
            "MAX_COMM_POINTS", "MAX_WARNINGS", "MAX_TEXT_CHARS", "MAX_RANK_THREADS"]
@@ -45,9 +45,7 @@ calibrate takes. A 64 MiB file held 3,500,000 gaps and took 11.5 s of CPU and 68
 MAX_COMM_POINTS = 64
 """Message sizes of one ping-pong: planner.execute.commbench measures 4."""
 MAX_WARNINGS = 64
-"""planner.execute.trust and run write at most 7 warnings, one line each."""
-MAX_TEXT_CHARS = 4096
-"""A plan path, model spec, prediction source or warning: PATH_MAX on Linux; pplan's own are under 400."""
+"""planner.execute.trust and run write at most 7 warnings, one line each (each at most textsafe's MAX_TEXT_CHARS)."""
 MAX_RANK_THREADS = 1 << 16
 """torch threads of one rank: more than any machine's cores (the largest have a few thousand)."""
 _LOSS_TEXTS = ("inf", "-inf", "nan", "unknown")
@@ -197,12 +195,10 @@ def _number(where: str, value: Any, low: float, high: float) -> None:
         raise PplanError(message, RUN_FILE_HINT)
 
 
-def _text(where: str, value: str | None) -> None:
+def _text(where: str, value: str | None, limit: int = MAX_TEXT_CHARS) -> None:
     """Text a report prints: bounded, and free of control characters that would rewrite a terminal."""
-    if value is not None and len(value) > MAX_TEXT_CHARS:
-        raise PplanError(f"{where} is {len(value)} characters long, not 0..{MAX_TEXT_CHARS}", RUN_FILE_HINT)
     if value is not None:
-        check_text(value, "text", PplanError, where, MAX_TEXT_CHARS)
+        check_text(value, "text", PplanError, where, limit, hint=RUN_FILE_HINT)
 
 
 def check_run_indices(run: RunRecord) -> None:
@@ -210,7 +206,7 @@ def check_run_indices(run: RunRecord) -> None:
     the run, a step or stage listed twice, a number that no run measures and a text that is no name."""
     check_name(run.runtime, "runtime", PplanError, "run field 'runtime'")
     for name in ("plan", "model", "prediction_source"):
-        _text(f"run field {name!r}", getattr(run, name))
+        _text(f"run field {name!r}", getattr(run, name), MAX_MODEL_SPEC_CHARS)  # the model spec, or a path
     for i, line in enumerate(run.warnings):
         _text(f"run field 'warnings' item {i}", line)
     for i, step in enumerate(run.loss_steps):  # 0-based; older files count from 1 (tests/data/report/run.json)

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from planner.errors import ModelSpecError
+from planner.limits import MAX_MODEL_SPEC_CHARS
 
 __all__ = ["BUILTIN_KINDS", "HF_TYPES_NAMED", "hf_spelling", "INPUT_DTYPES", "KEYS", "KeySpec", "parse_spec", "builtin_layer_count",
            "describe_keys", "check_input_flags"]
@@ -95,6 +96,9 @@ def parse_spec(spec: str) -> tuple[str, dict[str, Any]]:
     """
     if not isinstance(spec, str) or not spec.strip():
         raise ModelSpecError("empty --model", f"give {_KINDS_IN_WORDS}")
+    if len(spec) > MAX_MODEL_SPEC_CHARS:
+        raise ModelSpecError(f"--model is {len(spec):,} characters long, more than {MAX_MODEL_SPEC_CHARS:,}",
+                             "a synthetic model of that many layers is better written as a factory (module:callable)")
     text = spec.strip()
     kind, _, rest = text.partition(":")
     kind = kind.strip()

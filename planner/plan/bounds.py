@@ -13,6 +13,7 @@ from typing import Any
 
 from planner.errors import PlanError, PplanError
 from planner import textsafe
+from planner.limits import MAX_MODEL_SPEC_CHARS
 
 __all__ = [
     "MAX_PLAN_BYTES", "MAX_PIPELINE_STAGES", "MAX_PLAN_LAYERS", "MAX_LINK_PAIRS", "MAX_TEXT_CHARS",
@@ -35,8 +36,9 @@ MAX_LINK_PAIRS = 100_000
 """The most `links.pairs` a plan may list (and `links` a cluster file), besides one per device pair:
 a cluster writes one per link it lists. 4,000 devices in 8-GPU nodes with full meshes list 14,000;
 a plan of 4,000 devices with 100,000 pairs (8.4 MB) loaded in 2.5 s, 128 MB (2026-12-03, 2-core machine)."""
-MAX_TEXT_CHARS = 4_096
-"""Longest free text a plan holds (a model spec, a profile path, a search note): PATH_MAX on Linux."""
+MAX_TEXT_CHARS = MAX_MODEL_SPEC_CHARS
+"""Longest free text a plan holds: its model spec (planner.limits; a profile path or a search note is
+shorter). The file's MAX_PLAN_BYTES bounds them all together."""
 MAX_PREDICTED_MS = 1e12
 """Longest time a prediction may state, ms (about 32 years): longer is a typo or a hostile file."""
 MAX_SEARCH_ROWS = 1_000

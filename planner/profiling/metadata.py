@@ -13,8 +13,8 @@ from typing import Callable
 from planner.errors import ProfileError
 from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
-from planner.limits import MAX_SEED
-from planner.textsafe import check_text
+from planner.limits import MAX_MODEL_SPEC_CHARS, MAX_SEED
+from planner.textsafe import MAX_TEXT_CHARS, check_text
 
 __all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
@@ -120,9 +120,8 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
 def _check_shown_text(value: str, key: str, where: str) -> None:
     """Refuse a metadata value with a control or format character: the model and device are printed
     (`pplan profile` summaries, report figures), where an escape sequence would rewrite the reader's
-    terminal. Its length is the line's to bound (csvio.MAX_LINE_CHARS): a model spec with per-layer
-    lists or a command is longer than a name may be."""
-    check_text(value, f"metadata {key!r}", ProfileError, where, len(value))
+    terminal. A model spec with per-layer lists, or a command holding one, is longer than a name may be."""
+    check_text(value, f"metadata {key!r}", ProfileError, where, MAX_MODEL_SPEC_CHARS + MAX_TEXT_CHARS)  # a command holds a spec
 
 
 def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
