@@ -70,7 +70,11 @@ def test_a_megabyte_comment_line_is_refused_before_it_is_split(tmp_path: Path) -
     path.write_text(text.replace("\n", "\n#" + "c" * MAX_LINE_CHARS + "\n", 1), encoding="utf-8")
     with pytest.raises(ProfileError) as e:
         load_profile(path)
-    assert f"{path}:2: line is longer than {MAX_LINE_CHARS} characters" in _one_line(e)
+    assert f"{path}:2: line is longer than {MAX_LINE_CHARS:,} bytes" in _one_line(e)  # checked before decoding
+    path.write_bytes(text.replace("\n", "\r").replace("\r", "\r#" + "c" * MAX_LINE_CHARS + "\r", 1).encode())
+    with pytest.raises(ProfileError) as e:
+        load_profile(path)
+    assert f"{path}:2: line is longer than" in _one_line(e)  # a \r-only file counts its lines too
     path.write_text(text.replace("\n", "\n#" + "c" * (MAX_LINE_CHARS - 1) + "\r\n", 1), encoding="utf-8")
     assert load_profile(path).n_layers == 8  # a line of exactly the limit is read
 

@@ -119,8 +119,9 @@ def check_line_lengths(text: str | bytes, source: str, error: type[PplanError], 
         end = pos + window
         last_break = max(text.rfind(nl, pos, end), text.rfind(cr, pos, end))
         if last_break < 0:
-            lineno = text.count(nl, 0, pos) + 1
-            raise error(f"{source}:{lineno}: line is longer than {MAX_LINE_CHARS} characters",
+            lineno = max(text.count(nl, 0, pos), text.count(cr, 0, pos)) + 1  # \n, \r\n or \r-only files
+            unit = "characters" if isinstance(text, str) else "bytes"
+            raise error(f"{source}:{lineno}: line is longer than {MAX_LINE_CHARS:,} {unit}",
                         f"a {what} line is a comment, metadata or one row of short cells: is this a {what} CSV?")
         pos = last_break + 1
 
