@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from planner.execute.checkpoint import SaveSteps
 from planner.execute.measure import MemoryTracker, RssWindow, mark_baseline, recorder, set_tracker
 from planner.execute.measurement import CommMeasurement, RankMeasurement, RankMemory
 from planner.execute.options import RunOptions
@@ -251,8 +252,7 @@ def _comm(rank: int, world: int, device: torch.device) -> list[CommMeasurement]:
 
 def _checkpoint_due(opts: RunOptions, done: int) -> bool:
     """Whether to save after `done` steps: at the end of the run, and every --checkpoint-every steps."""
-    every = opts.checkpoint_every
-    return bool(opts.checkpoint_dir) and (done == opts.steps or bool(every and done % every == 0))
+    return bool(opts.checkpoint_dir) and done in SaveSteps(0, opts.steps, opts.checkpoint_every or 0)
 
 
 def _receive_buffers(stages: Any) -> list[torch.Tensor]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from planner.cost.held import wgrad_unmeasured_note
 from planner.partition.api import PartitionResult, baseline_rows, runners_up
 from planner.plan import SearchRecord
 from planner.schedules import SCHEDULE_NAMES, get_schedule
@@ -54,11 +55,11 @@ def summary_dict(result: PartitionResult) -> dict[str, Any]:
     }
 
 
-def _memory_unpriced(result: PartitionResult, schedule: str) -> bool:
-    """Whether `schedule`'s memory depends on the wgrad_bytes column this profile lacks (a split
-    backward's deferred W, sends held to the step's end): its 'fits' is then a lower bound."""
-    spec = get_schedule(schedule)
-    return (spec.split_backward or spec.holds_sends) and result.profile.at(result.chosen.point.micro_batch_size).wgrad_bytes is None
+def _memory_unpriced(result: PartitionResult, c: Any) -> bool:
+    """Whether candidate `c`'s memory leaves out what the profile does not measure (cost.held's
+    rule: a split backward or sends held, without wgrad_bytes): its 'fits' is then a lower bound."""
+    spec = get_schedule(c.point.schedule)
+    return wgrad_unmeasured_note(result.profile.at(c.point.micro_batch_size), spec.split_backward, spec.holds_sends) is not None
 
 
 def _why(result: PartitionResult) -> list[str]:
@@ -66,7 +67,7 @@ def _why(result: PartitionResult) -> list[str]:
     rows = []
     unsure = False
     for c in runners_up(result.search, chosen):
-        guess = c.fits and _memory_unpriced(result, c.point.schedule)
+        guess = c.fits and _memory_unpriced(result, c)
         unsure |= guess
         mark = "<- plan" if c is chosen else ""
         rows.append([
