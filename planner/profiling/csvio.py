@@ -27,7 +27,7 @@ from planner.textsafe import check_name
 __all__ = [
     "FORMAT", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "NUMERIC_COLUMNS", "INTEGER_COLUMNS", "MAX_LAYERS", "MAX_ROWS",
     "MAX_MICRO_BATCH_SIZE", "MAX_LINE_CHARS", "ProfileTable", "parse_profile_csv", "profile_to_text", "check_line_lengths",
-    "count_lines", "csv_rows",
+    "count_lines", "csv_rows", "MAX_INT_CHARS",
 ]
 
 FORMAT = "pplan-profile/1"
@@ -62,7 +62,7 @@ MAX_LINE_CHARS = 2**20
 _MAX_GUESSED = 20  # unknown header columns the "did you mean" hint compares (9 us each with difflib)
 # Characters an integer cell may hold: an int64 has 19 digits, and a longer cell is a typo or a
 # hostile file whose 4,000-digit value would otherwise be parsed and printed in the error.
-_MAX_INT_CHARS = 24
+MAX_INT_CHARS = 24
 
 
 @dataclass(frozen=True)
@@ -360,8 +360,8 @@ def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) ->
 
 def _int_cell(cell: str, source: str, lineno: int, column: str, minimum: int) -> int:
     text = cell.strip()
-    if len(text) > _MAX_INT_CHARS:  # before parsing (and later printing) a 4,000-digit number
-        raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {_MAX_INT_CHARS} characters)")
+    if len(text) > MAX_INT_CHARS:  # before parsing (and later printing) a 4,000-digit number
+        raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {MAX_INT_CHARS} characters)")
     try:
         value = int(text)
     except ValueError:

@@ -23,7 +23,7 @@ from planner.limits import MAX_GLOBAL_BATCH
 from planner.plan import Plan, load_plan
 from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
-from planner.profiling.csvio import check_line_lengths, count_lines, csv_rows
+from planner.profiling.csvio import MAX_INT_CHARS, check_line_lengths, count_lines, csv_rows
 from planner.profiling.profile import Profile, load_profile
 from planner.simulation.result import (  # one row type for simulated and measured timelines
     TIMELINE_COLUMNS, TIMELINE_KINDS, SimulationRecord, TimelineRow,
@@ -60,9 +60,6 @@ _ROW_RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1, _PIPELINE), "stage": (-1, 
                "start_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES), "end_ms": (-MAX_PREDICTED_MS, MAX_PREDICTED_MS, _TIMES)}
 MAX_TIMELINE_ROWS = 1_000_000
 """Most rows a timeline file may hold: drawing 300,000 boxes took 0.6 GB; the file limit (64 MiB) alone allows 5 million."""
-# Characters of a device, stage or micro-batch cell: an index in range has at most 9 digits, and 20
-# still reads a typo like 1e20 to name it out of range; a 400-digit one would overflow that message.
-_MAX_INT_CHARS = 20
 # The report's flag for each pplan file kind (planner.jsontypes.file_kind), to name the right one.
 _FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration"}
 _NAMES = {"plan": "plan", "run": "run", "sim": "simulation"}
@@ -222,7 +219,7 @@ def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow
     values: dict[str, Any] = {}
     for col in ("device", "stage", "microbatch"):
         try:
-            if len(cell[col]) > _MAX_INT_CHARS:
+            if len(cell[col]) > MAX_INT_CHARS:
                 raise ValueError
             values[col] = int(cell[col])
         except ValueError:
