@@ -25,7 +25,7 @@ from planner.jsonio import check_keys
 
 __all__ = [
     "is_number", "short", "conforms", "describe", "type_error", "missing_field", "record_fields", "check_object_keys",
-    "check_index_keys", "objects_in", "INDEX_KEY", "to_json", "range_error", "file_kind", "kind_mismatch",
+    "check_index_keys", "objects_in", "INDEX_KEY", "to_json", "range_error", "file_kind", "kind_mismatch", "json_int",
 ]
 
 INDEX_KEY = re.compile(r"[0-9]{1,9}")
@@ -35,6 +35,12 @@ INDEX_KEY = re.compile(r"[0-9]{1,9}")
 def is_number(x: Any) -> bool:
     """An int or float that is not a bool (JSON's true is not a number)."""
     return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def json_int(value: Any) -> int | None:
+    """`value` when it is a JSON integer (true and false are not), else None: what a count or an
+    index is checked on before its field's own reader names a wrong type."""
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def short(value: Any) -> str:

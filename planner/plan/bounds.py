@@ -13,6 +13,7 @@ from typing import Any
 
 from planner.errors import PlanError, PplanError
 from planner import textsafe
+from planner.jsontypes import json_int
 from planner.limits import MAX_MODEL_SPEC_CHARS
 
 __all__ = [
@@ -61,9 +62,7 @@ def _count(value: Any) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
-def _whole(value: Any) -> int | None:
-    """`value` when it is a JSON integer (not true or false), else None."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+_whole = json_int
 
 
 def check_plan_counts(d: dict[str, Any]) -> None:
