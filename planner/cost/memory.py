@@ -159,10 +159,25 @@ def boundary_bytes(costs: LayerCosts) -> np.ndarray:
     return np.concatenate([[0.0], np.asarray(inner, dtype=float), [0.0]])
 
 
+# The last 16 (edge set id, micro-batch size) -> (that edge set, kept so the id stays its, scaled edges): the DP
+# prices every stage with one costs, and rebuilding 32,000 edges a stage was 23 of 35 s of a 4,000-layer profile's.
+_SCALED: dict[tuple[int, int], tuple[tuple[SkipEdge, ...], tuple[SkipEdge, ...]]] = {}
+
+
 def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
     """The skip edges with `bytes_per_sample` holding bytes per micro-batch; () for a chain."""
-    b = costs.micro_batch_size
-    return tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in costs.skip_edges)
+    edges, b = costs.skip_edges, costs.micro_batch_size
+    if not edges:
+        return ()
+    key = (id(edges), b)
+    hit = _SCALED.get(key)
+    if hit is not None and hit[0] is edges:
+        return hit[1]
+    scaled = tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in edges)
+    if len(_SCALED) >= 16:
+        _SCALED.pop(next(iter(_SCALED)))
+    _SCALED[key] = (edges, scaled)
+    return scaled
 
 
 def kept_bytes(activation: Sequence[float], checkpoint_input: Sequence[float], first: int, end: int,
