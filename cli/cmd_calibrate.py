@@ -7,12 +7,12 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.cmd_run import check_inputs, run_command
+from cli.cmd_run import run_command
 from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
-from cli.common import check_input_file, echo_json, given_params, plan_inputs
+from cli.common import check_input_file, check_plan_inputs, echo_json, given_params, plan_inputs
 
 if TYPE_CHECKING:
     from typer.core import TyperArgument, TyperOption
@@ -26,8 +26,8 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
     from planner.calibration import calibration_path_for
     from planner.execute.calibrate import calibrate_from_run_file
 
-    check_inputs(plan_path, profile)
-    check_input_file(run_path, "run", ".json",
+    check_plan_inputs(plan_path, profile)
+    check_input_file(run_path, "run", "run",
                      make="give the run JSON that `pplan run PLAN.json --out RUN.json` wrote, or drop --from-run to run the plan")
     # the calibration this replaces is not an input here: it is what the fit rewrites
     inputs = [(what, path) for what, path in plan_inputs(plan_path, profile) if what != "calibration"]

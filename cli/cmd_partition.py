@@ -13,7 +13,9 @@ from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
-from cli.common import check_hardware_input, check_input_file, echo_json, err, profile_inputs, step_progress
+from cli.common import (
+    at_least, check_calibration_input, check_hardware_input, check_input_file, echo_json, err, profile_inputs, step_progress,
+)
 from cli.options import CalibrationOption
 
 if TYPE_CHECKING:
@@ -112,15 +114,13 @@ def _check_mode_flags(cluster_mode: bool, pipeline_only: dict[str, object], clus
 def _check_inputs(profile: Path, cluster: Optional[Path], calibration: Optional[str], hardware: Optional[str],
                   global_batch: int) -> None:
     """Refuse, with what to give instead, a folder where a file is read, and a batch of no samples."""
-    from planner.errors import ClusterError, PplanError, ProfileError
+    from planner.errors import ClusterError, ProfileError
 
-    if global_batch < 1:  # worded as --devices is (planner.partition.api), with what to give
-        raise PplanError(f"--global-batch must be at least 1, got {global_batch}",
-                         "give the samples per iteration (micro-batches x micro-batch size), e.g. --global-batch 64")
-    check_input_file(profile, "profile", ".csv", error=ProfileError)
-    check_input_file(cluster, "cluster file", ".json", error=ClusterError)
-    if calibration is not None and calibration.strip().lower() != "none":
-        check_input_file(Path(calibration), "calibration", ".json")
+    at_least("--global-batch", global_batch, 1,
+             "give the samples per iteration (micro-batches x micro-batch size), e.g. --global-batch 64")
+    check_input_file(profile, "profile", "profile", error=ProfileError)
+    check_input_file(cluster, "cluster file", "cluster", error=ClusterError)
+    check_calibration_input(calibration)
     check_hardware_input(hardware)
 
 

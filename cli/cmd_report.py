@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from cli.common import check_input_file, echo_json, err
+from cli.common import check_calibration_input, check_input_file, check_plan_inputs, echo_json, err
 
 __all__ = ["register"]
 
@@ -78,17 +78,13 @@ def _check_inputs_exist(profile: Optional[Path], plan: Optional[Path], sim: Opti
                         timeline: Optional[Path], measured_timeline: Optional[Path], calibration: Optional[str]) -> None:
     """Refuse, with what to give instead, a folder given for an input file, and a missing output of
     another command with the command that writes it (the profile's and plan's readers say so themselves)."""
-    from planner.errors import PlanError, ProfileError
-
-    check_input_file(profile, "profile", ".csv", error=ProfileError)
-    check_input_file(plan, "plan", ".json", error=PlanError)
-    check_input_file(sim, "simulation", ".json", make="write one with `pplan simulate PLAN.json --out SIM.json`")
-    check_input_file(run, "run", ".json", make="write one with `pplan run PLAN.json --out RUN.json`")
-    check_input_file(timeline, "timeline", ".csv", make="write one with `pplan simulate PLAN.json --timeline FILE.csv`")
-    check_input_file(measured_timeline, "measured timeline", ".csv",
+    check_plan_inputs(plan, profile)
+    check_input_file(sim, "simulation", "sim", make="write one with `pplan simulate PLAN.json --out SIM.json`")
+    check_input_file(run, "run", "run", make="write one with `pplan run PLAN.json --out RUN.json`")
+    check_input_file(timeline, "timeline", "timeline", make="write one with `pplan simulate PLAN.json --timeline FILE.csv`")
+    check_input_file(measured_timeline, "measured timeline", "timeline",
                      make="write one with `pplan run PLAN.json --timeline FILE.csv`")
-    if calibration is not None and calibration.strip().lower() != "none":
-        check_input_file(Path(calibration), "calibration", ".json")
+    check_calibration_input(calibration)
 
 
 def _check_inputs_outside(out_dir: Path, inputs: dict[str, Optional[Path]]) -> None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Optional
 
 import typer
 
-from cli.common import at_least, check_input_file, echo_json, err, parse_shape
+from cli.common import at_least, check_input_file, check_plan_inputs, echo_json, err, parse_shape
 from cli.options import PlanArgument
 from cli.run_options import (
     CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson, RunOut,
@@ -109,11 +109,8 @@ def check_counts(*, steps: int, warmup: int | None, checkpoint_every: int, vocab
 
 def check_inputs(plan_path: Path, profile: Path | None, machine_file: Path | None = None) -> None:
     """Refuse, with what to give instead, a folder where the plan, the profile or a machine file is read."""
-    from planner.errors import PlanError, ProfileError
-
-    check_input_file(plan_path, "plan", ".json", error=PlanError)
-    check_input_file(profile, "profile", ".csv", error=ProfileError)
-    check_input_file(machine_file, "machine file", ".json",
+    check_plan_inputs(plan_path, profile)
+    check_input_file(machine_file, "machine file", "machine",
                      make="make one with `pplan calibrate --machine --out FILE.json`, or leave --machine-file out")
 
 

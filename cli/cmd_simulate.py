@@ -14,7 +14,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from cli.common import at_least, check_hardware_input, check_input_file, echo_json, err
+from cli.common import check_calibration_input, check_hardware_input, check_plan_inputs, echo_json, err
 from cli.options import CalibrationOption, PlanArgument
 
 __all__ = ["register"]
@@ -56,12 +56,15 @@ def simulate_cmd(
     from planner.units import parse_bandwidth, parse_ms
     from planner.whatif import SimulationOutputs, WhatIf, what_if
 
-    _check_inputs(plan_path, profile, calibration, hardware, microbatches, micro_batch_size)
-    # each flag's own value first (the records check their own), then what_if: how flags combine, outputs writable
+    # each flag's own value first (the records check their own: WhatIf a count below 1), then the
+    # input files, then what_if: how flags combine, outputs writable
     outputs = SimulationOutputs(out=out, timeline=timeline, plot=plot)
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
                     bandwidth_bytes_per_s=parse_bandwidth(bandwidth) if bandwidth is not None else None,
                     latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)
+    check_plan_inputs(plan_path, profile)
+    check_calibration_input(calibration)
+    check_hardware_input(hardware)
     # every box and the memory curve are kept only for what shows them: the JSON printed (it holds the curve), the outputs
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware,
                      record_timeline=as_json, outputs=outputs)
@@ -71,20 +74,6 @@ def simulate_cmd(
         _do_sweep(result, as_json, out, plot)
         return
     _do_simulate(result, as_json, out, timeline, plot)
-
-
-def _check_inputs(plan_path: Path, profile: Optional[Path], calibration: Optional[str], hardware: Optional[str],
-                  microbatches: Optional[int], micro_batch_size: Optional[int]) -> None:
-    """Refuse, with what to give instead, a folder where a file is read and what-if sizes below 1."""
-    from planner.errors import PlanError, ProfileError
-
-    at_least("--microbatches", microbatches, 1, "give the micro-batches per iteration, e.g. --microbatches 8")
-    at_least("--micro-batch-size", micro_batch_size, 1, "give the samples per micro-batch, e.g. --micro-batch-size 4")
-    check_input_file(plan_path, "plan", ".json", error=PlanError)
-    check_input_file(profile, "profile", ".csv", error=ProfileError)
-    if calibration is not None and calibration.strip().lower() != "none":
-        check_input_file(Path(calibration), "calibration", ".json")
-    check_hardware_input(hardware)
 
 
 def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[Path], plot: Optional[Path]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -19,7 +20,8 @@ if TYPE_CHECKING:  # the library's callback type; importing it at run time would
     from planner.partition.job import StepCallback
 
 __all__ = ["parse_shape", "state", "echo_json", "parse_int_list", "progress", "step_progress", "err", "clock", "eta_text", "timed_say",
-           "plan_inputs", "profile_inputs", "at_least", "check_input_file", "check_hardware_input"]
+           "plan_inputs", "profile_inputs", "at_least", "check_input_file", "check_hardware_input", "check_plan_inputs",
+           "check_calibration_input"]
 
 
 class _State:
@@ -215,6 +217,10 @@ _SCANNED_ENTRIES = 1000
 """Entries of a folder given for a file that are looked at for files to suggest: a folder of
 profiles or plans holds tens. Measured: 0.5 ms for the first 1,000 of a 20,001-entry folder, 9.6
 ms for all of it; a folder of millions (a home or /tmp) would hold the error up for seconds."""
+_SNIFFED_FILES = 32
+"""Files with the right extension whose first bytes are read to tell their kind (a demo.json is no
+plan): a few dozen covers a folder of outputs (reports/example/data holds 9 JSON files), and reading
+4 KiB of each is bounded however many the folder holds."""
 
 
 def _files_in(folder: Path, suffix: str) -> tuple[list[str], bool | None]:
@@ -231,6 +237,50 @@ def _files_in(folder: Path, suffix: str) -> tuple[list[str], bool | None]:
     except OSError:
         return [], None
     return sorted(names), True
+
+
+def _head(path: Path) -> bytes:
+    """The first SNIFF_BYTES of the regular file `path`; b"" for anything else (a FIFO, a device, a
+    folder, a file that cannot be read). The type is checked before opening and again after (it may
+    have been swapped between), and the open never waits for a FIFO's writer."""
+    from planner.filekind import SNIFF_BYTES
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            return b""
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        try:
+            return os.read(fd, SNIFF_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+    except (OSError, ValueError):
+        return b""
+
+
+def _is_kind(path: Path, kind: str) -> bool:
+    """Whether `path` is a pplan file of `kind` by its first bytes (planner.filekind.head_kind;
+    a timeline CSV by its header)."""
+    from planner.filekind import head_kind
+
+    head = _head(path)
+    if kind == "timeline":
+        from planner.simulation.result import TIMELINE_COLUMNS
+
+        return head.removeprefix(b"\xef\xbb\xbf").startswith(",".join(TIMELINE_COLUMNS).encode())
+    return (head_kind(head) or ("",))[0] == kind
+
+
+_CSV_KINDS = ("profile", "timeline")
+
+
+def _files_of_kind(folder: Path, kind: str) -> tuple[list[str], bool | None]:
+    """(names of the files in `folder` that are of `kind` by their first bytes, the likeliest first;
+    whether every candidate was read, None when the folder cannot be listed). Candidates have the
+    kind's extension; those named for it (plan*.json for a plan) are read first."""
+    names, complete = _files_in(folder, ".csv" if kind in _CSV_KINDS else ".json")
+    names.sort(key=lambda name: (kind not in name.lower(), name))
+    found = [name for name in names[:_SNIFFED_FILES] if _is_kind(folder / name, kind)]
+    return found, None if complete is None else complete and len(names) <= _SNIFFED_FILES
 
 
 def _is_folder(path: Path) -> bool:
@@ -250,28 +300,48 @@ def _named_anything(path: Path) -> bool:
         return True
 
 
-def _folder_hint(folder: Path, suffix: str, make: Optional[str]) -> str:
-    """What to give instead of `folder`: a `suffix` file in it, else `make` or a file's path."""
-    found, complete = _files_in(folder, suffix)
+def _folder_hint(folder: Path, kind: str, make: Optional[str]) -> str:
+    """What to give instead of `folder`: a file of `kind` in it, else `make` or its path."""
+    from planner.filekind import FILE_KINDS
+
+    words = FILE_KINDS[kind][0]
+    found, complete = _files_of_kind(folder, kind)
     if found:
-        more = f" (one of its {len(found)}{'' if complete else '+'} {suffix} files)" if len(found) > 1 else ""
+        more = f" (one of its {len(found)}{'' if complete else '+'} {words}s)" if len(found) > 1 else ""
         return f"give a file, e.g. {str(folder / found[0])!r}{more}"
-    held = {True: " (this folder holds none)", False: f" (none among this folder's first {_SCANNED_ENTRIES:,} entries)",
-            None: ""}[complete]
-    return f"{make}{held}" if make else f"give the path of a {suffix} file{held}"
+    instead = make or f"give the path of a {words}"
+    if complete is None:  # cannot be listed: nothing to say about what it holds
+        return instead
+    held = f"this folder holds no {words}" if complete else f"no {words} among the files of this folder looked at"
+    return f"{held}; {instead}"
 
 
-def check_input_file(path: Optional[Path], what: str, suffix: str, *, make: Optional[str] = None,
+def check_input_file(path: Optional[Path], what: str, kind: str, *, make: Optional[str] = None,
                      error: type[PplanError] = PplanError) -> None:
-    """Refuse an input `path` (None: not given) that is a folder, with a hint naming a `suffix`
-    file in it; with `make` (how to get such a file), also one that does not exist. The messages
-    are the library readers' (planner.jsonio), which read the file later and say no more than that."""
+    """Refuse an input `path` (None: not given) that is a folder, with a hint naming a file of `kind`
+    (a planner.filekind.FILE_KINDS kind) in it; with `make` (how to get such a file), also one
+    that does not exist. The messages are the library readers' (planner.jsonio), which read the file
+    later and say no more than that."""
     if path is None:
         return
     if _is_folder(path):
-        raise error(f"{what} {str(path)!r} is a directory, not a file", _folder_hint(path, suffix, make))
+        raise error(f"{what} {str(path)!r} is a directory, not a file", _folder_hint(path, kind, make))
     if make is not None and not _named_anything(path):
         raise error(f"{what} {str(path)!r} does not exist", make)
+
+
+def check_plan_inputs(plan: Optional[Path], profile: Optional[Path]) -> None:
+    """Refuse, with what to give instead, a folder given for the plan or the profile (None: not given)."""
+    from planner.errors import PlanError, ProfileError
+
+    check_input_file(plan, "plan", "plan", error=PlanError)
+    check_input_file(profile, "profile", "profile", error=ProfileError)
+
+
+def check_calibration_input(calibration: Optional[str]) -> None:
+    """Refuse a folder given for --calibration (None: not given; 'none': no calibration)."""
+    if calibration is not None and calibration.strip().lower() != "none":
+        check_input_file(Path(calibration), "calibration", "calibration")
 
 
 def check_hardware_input(value: Optional[str]) -> None:
@@ -284,6 +354,8 @@ def check_hardware_input(value: Optional[str]) -> None:
     if value in PRESETS:
         return
     looks_like_file = value.lower().endswith(".json") or "/" in value or os.sep in value
-    check_input_file(Path(value), "hardware file", ".json", error=ClusterError,
-                     make=(f"give a preset ({', '.join(PRESETS)}) or an existing hardware JSON; "
-                           "`pplan hardware a100-80gb --json > my.json` starts one") if looks_like_file else None)
+    make = (f"give a preset ({', '.join(PRESETS)}) or an existing hardware JSON; "
+            "`pplan hardware a100-80gb --json > my.json` starts one")
+    # a name that is no file may be a preset misspelled: load_hardware suggests the nearest
+    check_input_file(Path(value), "hardware file", "hardware", error=ClusterError,
+                     make=make if looks_like_file or _is_folder(Path(value)) else None)

@@ -3,6 +3,7 @@ describes what is accepted, and a suggestion is one the next command accepts."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def _refusal(pplan, *args: object) -> tuple[str, str]:
 
 
 def test_a_folder_given_for_the_profile_names_a_csv_file_in_it(pplan, tmp_path):
-    (tmp_path / "gpt.csv").write_text("not read\n")
+    (tmp_path / "gpt.csv").write_text("# format: pplan-profile/1\n")  # only its first bytes are read
     (tmp_path / "notes.txt").write_text("")
     message, hint = _refusal(pplan, "partition", tmp_path, "-n", 2, "--global-batch", 8, "-o", tmp_path / "p.json")
     assert "is a directory" in message and str(tmp_path / "gpt.csv") in hint
@@ -37,12 +38,12 @@ def test_a_folder_given_for_the_profile_names_a_csv_file_in_it(pplan, tmp_path):
 
 def test_an_empty_folder_given_for_a_plan_says_it_holds_none(pplan, tmp_path):
     message, hint = _refusal(pplan, "simulate", tmp_path)
-    assert message.startswith("plan ") and "is a directory" in message and "holds none" in hint
+    assert message.startswith("plan ") and "is a directory" in message and "holds no plan JSON" in hint
 
 
 def test_a_batch_of_no_samples_says_what_to_give(pplan, tmp_path):
     message, hint = _refusal(pplan, "partition", PROFILE, "-n", 2, "--global-batch", 0, "-o", tmp_path / "p.json")
-    assert "--global-batch must be at least 1, got 0" in message and "--global-batch 64" in hint
+    assert "--global-batch 0 must be at least 1" in message and "--global-batch 64" in hint
     assert not (tmp_path / "p.json").exists()
 
 
@@ -101,6 +102,89 @@ def test_positional_files_show_their_format_in_usage(pplan):
     assert "[PLAN.json]" in pplan("calibrate", "--help")[1]
     usage = pplan("hardware", "--help")[1].splitlines()[0]
     assert "[NAME|FILE.json]" in usage and "[[" not in usage
+
+
+# ---- a file of the right kind, by what it says it is -----------------------------------------
+
+EXAMPLE = Path(__file__).parents[1] / "reports" / "example" / "data"
+
+
+def _folder_of(tmp_path: Path, *names: str) -> Path:
+    """tmp_path/in holding copies of reports/example/data files, each under its own name."""
+    folder = tmp_path / "in"
+    folder.mkdir()
+    for name in names:
+        (folder / name).write_bytes((EXAMPLE / name).read_bytes())
+    return folder
+
+
+@pytest.mark.parametrize("args, names, suggested", [
+    (("simulate", "{dir}"), ("demo.json", "run.json", "sim.json", "plan.json"), "plan.json"),
+    (("simulate", PLAN, "--profile", "{dir}"), ("measured_timeline.csv", "timeline.csv", "profile.csv"), "profile.csv"),
+    (("simulate", PLAN, "--calibration", "{dir}"), ("demo.json", "plan.json", "profile.calibration.json"),
+     "profile.calibration.json"),
+    (("report", "--run", "{dir}", "--out", "{dir}/r"), ("plan.json", "run.json"), "run.json"),
+])
+def test_a_folder_hint_names_a_file_of_the_kind_asked_for(pplan, tmp_path, args, names, suggested):
+    folder = _folder_of(tmp_path, *names)
+    _, hint = _refusal(pplan, *(str(a).replace("{dir}", str(folder)) for a in args))
+    assert f"e.g. {str(folder / suggested)!r}" in hint
+
+
+@pytest.mark.parametrize("args, words", [
+    (("simulate", "{dir}"), "plan JSON"),
+    (("partition", "{dir}", "-n", 2, "--global-batch", 8), "profile CSV"),
+    (("hardware", "{dir}"), "hardware JSON"),
+    (("simulate", PLAN, "--calibration", "{dir}"), "calibration JSON"),
+])
+def test_a_folder_of_other_files_names_none_of_them(pplan, tmp_path, args, words):
+    folder = _folder_of(tmp_path, "demo.json", "measured_timeline.csv", "sim.json")
+    (folder / "cluster.json").write_text('{"format": "pplan-cluster/1"}')
+    _, hint = _refusal(pplan, *(str(a).replace("{dir}", str(folder)) for a in args))
+    assert f"this folder holds no {words}" in hint and str(folder) not in hint
+
+
+def test_a_folder_hint_reads_a_bounded_number_of_files_named_for_the_kind_first(pplan, tmp_path):
+    for i in range(40):
+        (tmp_path / f"a{i:02d}.json").write_text("{}")
+    os.mkfifo(tmp_path / "a_fifo.json")  # never opened: a read would wait for a writer forever
+    (tmp_path / "zz.json").write_bytes(PLAN.read_bytes())  # past the files read, by its name
+    _, hint = _refusal(pplan, "simulate", tmp_path)
+    assert "no plan JSON among the files of this folder looked at" in hint
+    (tmp_path / "my_plan.json").write_bytes(PLAN.read_bytes())  # named for a plan: read first
+    _, hint = _refusal(pplan, "simulate", tmp_path)
+    assert f"e.g. {str(tmp_path / 'my_plan.json')!r}" in hint
+
+
+@pytest.mark.parametrize("args, says, reader", [
+    (("simulate", PROFILE), f"{PROFILE} is a profile CSV (by its line '# format: pplan-profile/1'), not a plan JSON",
+     f"`pplan partition {PROFILE}` reads it"),
+    (("simulate", EXAMPLE / "run.json"), "is a run JSON (by its format 'pplan-run/1'), not a plan JSON", "pplan report --run"),
+    (("partition", PLAN, "-n", 2, "--global-batch", 8), f"{PLAN} is a plan JSON (by its format 'pplan-plan/1'), not a "
+     "profile CSV", f"`pplan simulate {PLAN}` reads it"),
+    (("partition", EXAMPLE / "sim.json", "-n", 2, "--global-batch", 8), "is a simulation JSON (by its keys iteration_ms",
+     "pplan report --sim"),
+    (("simulate", PLAN, "--profile", EXAMPLE / "profile.calibration.json"), "is a calibration JSON", "--calibration"),
+])
+def test_a_file_of_another_kind_is_named_with_what_reads_it(pplan, tmp_path, args, says, reader):
+    message, hint = _refusal(pplan, *args, "-o" if args[0] == "partition" else "--out", tmp_path / "o.json")
+    assert says in message and reader in hint
+    assert not (tmp_path / "o.json").exists()
+
+
+def test_json_of_no_pplan_kind_given_for_a_profile_is_called_json(pplan, tmp_path):
+    (tmp_path / "p.csv").write_text('\n  {"layers": 4}')
+    message, hint = _refusal(pplan, "partition", tmp_path / "p.csv", "-n", 2, "--global-batch", 8, "-o", tmp_path / "o.json")
+    assert message == f"{tmp_path / 'p.csv'} is JSON, not a profile CSV" and "pplan profile" in hint
+
+
+def test_the_library_refuses_a_what_if_count_below_one_with_what_to_give():
+    from planner.errors import PplanError
+    from planner.whatif import WhatIf
+
+    with pytest.raises(PplanError) as e:
+        WhatIf(micro_batch_size=0)
+    assert e.value.message == "--micro-batch-size 0 must be at least 1" and "e.g. --micro-batch-size 4" in e.value.hint
 
 
 SPEC = "gpt:layers=8,hidden=1024,heads=16,seq=1024,vocab=32000"

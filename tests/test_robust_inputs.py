@@ -132,7 +132,7 @@ FLAG_CASES = [
     ("partition", "memory-1e30", ("--memory", "1e30"), r"absurdly large"),
     ("partition", "memory-text", ("--memory", "lots"), r"cannot read --memory"),
     ("partition", "memory-tiny", ("--memory", "1KB"), r"no plan fits"),
-    ("partition", "global-batch-0", ("--global-batch", "0"), r"global-batch must be at least 1"),
+    ("partition", "global-batch-0", ("--global-batch", "0"), r"global-batch 0 must be at least 1"),
     ("partition", "global-batch-absurd", ("--global-batch", "99999999999999999999999"), r"global.batch"),
     ("partition", "devices-0", ("--devices", "0"), r"devices must be at least 1"),
     ("partition", "devices-more-than-layers", ("--devices", "1000"), r"1000 devices but the profile has only 4 layers"),

@@ -11,8 +11,9 @@ from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError, PplanError
-from planner.jsonio import check_keys, read_json_file
-from planner.jsontypes import kind_mismatch
+from planner.filekind import FILE_KINDS, SNIFF_BYTES, wrong_kind
+from planner.jsonio import check_keys, loads_strict, read_bounded_text
+from planner.jsontypes import file_kind, kind_mismatch
 from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
 from planner.parallel import ParallelConfig
 from planner.plan.bounds import MAX_PLAN_BYTES, MAX_PLAN_LAYERS, check_plan_counts, check_text
@@ -30,6 +31,7 @@ __all__ = [
 ]
 
 FORMAT = "pplan-plan/1"
+_MAKE_PLAN = "give a plan JSON (`pplan partition -o plan.json` writes one)"
 
 # Every key a plan may hold, per object level; anything else is refused with the nearest one.
 PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
@@ -45,7 +47,6 @@ PREDICTED_DEVICE_KEYS = PredictedDevice.keys()
 PREDICTED_KEYS = Prediction.keys()
 SEARCH_KEYS = SearchRecord.keys()
 SEARCH_ROW_KEYS = SearchRow.keys()
-
 
 def _int_list(value: list, where: str, what: str) -> list[int]:
     if not all(isinstance(x, int) and not isinstance(x, bool) for x in value):
@@ -229,7 +230,8 @@ def _check_document(d: Any) -> None:
     if not isinstance(d, dict):
         raise PlanError(f"plan must be a JSON object, got {type(d).__name__}")
     if (other := kind_mismatch(d, "plan")) is not None:
-        raise PlanError(other, "give a plan JSON (`pplan partition -o plan.json` writes one)")
+        reader = FILE_KINDS.get(file_kind(d) or "", ("", None))[1]
+        raise PlanError(other, (f"{reader.replace('{file}', 'FILE')} reads it; " if reader else "") + _MAKE_PLAN)
     fmt = d.get("format", FORMAT)
     if fmt != FORMAT:
         raise PlanError(f"plan format {str(fmt)[:60]!r} is not supported (this pplan reads {FORMAT})")
@@ -272,15 +274,10 @@ def _dropped(why: str) -> str:
 
 def plan_to_dict(plan: Plan) -> dict[str, Any]:
     """JSON-ready dict with a fixed key order (so equal plans serialize byte-identically)."""
-    d: dict[str, Any] = {"format": FORMAT}
-    d["model"] = plan.model
-    d["seed"] = plan.seed
-    d["n_layers"] = plan.n_layers
-    d["profile"] = {"path": plan.profile_path, "sha256": plan.profile_sha256}
-    d["schedule"] = plan.schedule
-    d["micro_batch_size"] = plan.micro_batch_size
-    d["n_microbatches"] = plan.n_microbatches
-    d["global_batch"] = plan.global_batch
+    d: dict[str, Any] = {"format": FORMAT, "model": plan.model, "seed": plan.seed, "n_layers": plan.n_layers,
+                         "profile": {"path": plan.profile_path, "sha256": plan.profile_sha256}, "schedule": plan.schedule,
+                         "micro_batch_size": plan.micro_batch_size, "n_microbatches": plan.n_microbatches,
+                         "global_batch": plan.global_batch}
     if plan.parallel is not None:  # absent in one-pipeline plans, whose text stays as it was
         d["parallel"] = plan.parallel.to_dict()
     d["optimizer"] = plan.optimizer
@@ -326,7 +323,10 @@ def load_plan(path: str | os.PathLike) -> Plan:
     p = Path(path)
     if not p.exists() and not p.is_symlink():
         raise PlanError(f"plan {str(p)!r} does not exist", "make one with `pplan partition` or write one by hand (see README)")
-    data = read_json_file(p, "plan", PlanError, max_bytes=MAX_PLAN_BYTES)
+    text = read_bounded_text(p, "plan", PlanError, MAX_PLAN_BYTES)
+    if (wrong := wrong_kind(str(p), text[:SNIFF_BYTES].encode(), "plan", _MAKE_PLAN)) is not None:
+        raise PlanError(*wrong)  # a profile CSV, a run JSON: named, rather than "invalid JSON" or a missing field
+    data = loads_strict(text, str(p), PlanError)
     try:
         return plan_from_dict(data)
     except PlanError as e:

@@ -39,6 +39,7 @@ from planner.errors import ProfileError
 from planner.graph.crossing import crossing_bytes, layer_inputs
 from planner.hardware import DTYPE_BYTES
 from planner.jsonio import read_bounded_bytes
+from planner.filekind import SNIFF_BYTES, wrong_kind
 from planner.profiling.csvio import (
     FORMAT, INTEGER_COLUMNS, MAX_LAYERS, MAX_MICRO_BATCH_SIZE, MAX_ROWS, NUMERIC_COLUMNS, OPTIONAL_COLUMNS, REQUIRED_COLUMNS,
     ProfileTable, check_line_lengths, parse_profile_csv, profile_to_text,
@@ -71,6 +72,7 @@ __all__ = [
 # real profile is far smaller (4,000 layers x 16 sizes x 130 bytes = 8 MB). Anything larger
 # (or a device, a FIFO) is not a profile, and 256 MiB still reads and validates in seconds.
 MAX_PROFILE_BYTES = 256 * 1024 * 1024
+_MAKE_PROFILE = "a profile is the CSV `pplan profile` writes (docs/profile-format.md)"
 
 
 @dataclass(frozen=True)
@@ -275,6 +277,9 @@ def profile_from_bytes(data: bytes, source: str) -> Profile:
     """Validate the bytes of a profile file read elsewhere (so a caller that hashes them reads once)."""
     if b"\x00" in data[:4096]:
         raise ProfileError(f"{source}: not a text CSV file (binary data)", "give a profile written by `pplan profile`")
+    if data[:SNIFF_BYTES].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):  # a plan or run JSON given for the profile
+        raise ProfileError(*(wrong_kind(source, data, "profile", _MAKE_PROFILE)
+                             or (f"{source} is JSON, not a profile CSV", _MAKE_PROFILE)))
     check_line_lengths(data, source, ProfileError)  # before decoding makes a second, larger copy
     try:
         text = data.decode("utf-8-sig")

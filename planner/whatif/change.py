@@ -42,9 +42,11 @@ class WhatIf:
         check_keep(self.keep)
         if self.schedule is not None:  # 'ZB' is zb, as `pplan partition --schedule ZB` reads it
             object.__setattr__(self, "schedule", schedule_name(self.schedule, "--schedule"))
-        for flag, value in (("--microbatches", self.n_microbatches), ("--micro-batch-size", self.micro_batch_size)):
-            if value is not None and value < 1:
-                raise PplanError(f"{flag} {value} must be at least 1", f"give {flag} 1 or more, or leave it out to keep the plan's")
+        for flag, value, what, example in (("--microbatches", self.n_microbatches, "micro-batches per iteration", 8),
+                                           ("--micro-batch-size", self.micro_batch_size, "samples per micro-batch", 4)):
+            if value is not None and value < 1:  # worded as the CLI's counts are (cli.common.at_least)
+                raise PplanError(f"{flag} {value} must be at least 1",
+                                 f"give the {what}, e.g. {flag} {example}, or leave it out to keep the plan's")
 
 
 def check_keep(keep: str) -> None:
