@@ -165,6 +165,8 @@ def test_a_folder_hint_reads_a_bounded_number_of_files_named_for_the_kind_first(
     (("partition", EXAMPLE / "sim.json", "-n", 2, "--global-batch", 8), "is a simulation JSON (by its keys iteration_ms",
      "pplan report --sim"),
     (("simulate", PLAN, "--profile", EXAMPLE / "profile.calibration.json"), "is a calibration JSON", "--calibration"),
+    (("report", "--plan", PROFILE), f"{PROFILE} is a profile CSV (by its line '# format: pplan-profile/1'), not a plan JSON",
+     f"`pplan partition {PROFILE}` reads it"),
 ])
 def test_a_file_of_another_kind_is_named_with_what_reads_it(pplan, tmp_path, args, says, reader):
     message, hint = _refusal(pplan, *args, "-o" if args[0] == "partition" else "--out", tmp_path / "o.json")

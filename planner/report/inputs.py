@@ -17,7 +17,8 @@ from planner.errors import PlanError, PplanError
 from planner.execute.planmatch import check_run_of_plan
 from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
-from planner.jsonio import MAX_JSON_BYTES, nearest, read_bounded_text, read_json_file
+from planner.filekind import SNIFF_BYTES, wrong_kind
+from planner.jsonio import MAX_JSON_BYTES, loads_strict, nearest, read_bounded_text
 from planner.jsontypes import file_kind, kind_mismatch, range_error
 from planner.limits import MAX_GLOBAL_BATCH
 from planner.plan import Plan, load_plan
@@ -260,7 +261,12 @@ def load_sim(path: str | os.PathLike) -> SimulationRecord:
 def _read_json(path: str | os.PathLike, kind: str) -> Any:
     """A JSON file the report reads as `kind` (plan, run, sim), refused when its `format` says it is
     another pplan file, with the flag that takes it (a simulation JSON has no format)."""
-    data = read_json_file(path, _NAMES[kind], PplanError)
+    text = read_bounded_text(path, _NAMES[kind], PplanError, MAX_JSON_BYTES)
+    head = text[:SNIFF_BYTES]
+    if not head.lstrip("\ufeff \t\r\n").startswith("{") and (
+            wrong := wrong_kind(str(path), head.encode(), kind, f"give the {_NAMES[kind]} JSON as {_FLAGS[kind]}")):
+        raise PplanError(*wrong)  # a profile or timeline CSV given for it, not "invalid JSON" (JSON: below, with its flag)
+    data = loads_strict(text, str(path), PplanError)
     if (other := kind_mismatch(data, kind)) is not None:
         flag = _FLAGS.get(file_kind(data) or "")
         hint = f"pass it as {flag}" if flag else f"give the {_NAMES[kind]} JSON as {_FLAGS[kind]}"
