@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +17,9 @@ import torch
 
 from planner.errors import PplanError
 from planner.execute import checkpoint as ckpt
-from planner.execute.runfile import MAX_TRANSFER_GAPS, load_run, parse_run
-from planner.execute.runrecord import MAX_RUN_RANKS, RankRecord
+from planner.execute import checkpoint_integrity
+from planner.execute.runfile import MAX_TRANSFER_GAPS, check_run_sizes, load_run, parse_run
+from planner.execute.runrecord import MAX_RUN_RANKS, RankRecord, check_run_values, count_ranges
 from planner.plan import Device, Plan, StagePlan, load_plan
 
 from helpers.cli import deadline, run_in_repo
@@ -83,7 +85,9 @@ def test_a_size_that_differs_from_the_marker_is_refused_before_hashing(tmp_path,
     folder = _save(tmp_path, 2, plan)
     path = folder / "rank0.pt"
     path.write_bytes(path.read_bytes() + b"x" * 10)
-    monkeypatch.setattr(ckpt, "_sha256_of", lambda *a: pytest.fail("hashed a file of the wrong size"))
+    # every check of a rank file's bytes hashes through this one function: a file grown to a
+    # terabyte must be refused by its size, not read to the end
+    monkeypatch.setattr(checkpoint_integrity, "sha256_of", lambda *a: pytest.fail("hashed a file of the wrong size"))
     with pytest.raises(PplanError, match=r"rank0\.pt has \d+ bytes, the save wrote \d+"):
         ckpt.resume_point(tmp_path, plan)
     with pytest.raises(PplanError, match=r"differs from what the save wrote \(size or sha256\); refused to load it"):
@@ -143,19 +147,29 @@ def test_a_marker_that_describes_no_run_of_the_plan_is_skipped(tmp_path, edit, s
     assert found.step == 2 and says in found.skipped[0], found.skipped
 
 
+def _record_lookups(monkeypatch, folder: Path) -> list[str]:
+    """The names in `folder` that are looked up on disk from now on (os.stat and os.lstat, which
+    Path.exists, is_dir, is_symlink and os.path's tests all call)."""
+    looked: list[str] = []
+    for name in ("stat", "lstat"):
+        def recording(path, *args, real=getattr(os, name), **kwargs):
+            if isinstance(path, (str, os.PathLike)) and Path(path).parent == folder:
+                looked.append(Path(path).name)
+            return real(path, *args, **kwargs)
+        monkeypatch.setattr(os, name, recording)
+    return looked
+
+
 def test_save_targets_are_found_by_the_folders_entries_not_by_each_step(tmp_path, monkeypatch):
     """--steps 10,000,000 --checkpoint-every 1 listed every step and checked two names for each: 7 min
-    and 431 MB before the run began. Now each entry of the folder is looked at once."""
+    and 431 MB before the run began. Now each entry of the folder is looked at once: only the entry
+    named for a save is looked up, not the names of the 1,000 steps, nor an entry named for none."""
     (tmp_path / "step-00000007").mkdir()
     (tmp_path / "notes").mkdir()
-    looked: list[str] = []
-    is_ours = ckpt._is_ours
-    monkeypatch.setattr(ckpt, "_is_ours", lambda p: looked.append(p.name) or is_ours(p))
-    real_exists = Path.exists
-    monkeypatch.setattr(Path, "exists", lambda p, **k: looked.append(p.name) or real_exists(p, **k))
+    looked = _record_lookups(monkeypatch, tmp_path)
     with pytest.raises(PplanError, match="step-00000007' is in the way of the save of step 7"):
         ckpt.check_save_targets(tmp_path, ckpt.save_steps(0, 1000, 1))
-    assert looked == ["step-00000007"]  # not 2 x 1000 names
+    assert set(looked) == {"step-00000007"}, sorted(set(looked))[:10]  # not 2 x 1000 names
     steps = ckpt.save_steps(0, 10_000_000, 1)
     assert 1 in steps and 9_999_999 in steps and 10_000_000 in steps and 0 not in steps
     assert [s for s in range(0, 13) if s in ckpt.save_steps(3, 12, 5)] == [5, 10, 12]
@@ -197,6 +211,27 @@ def _refused(data: Any, *words: str) -> str:
 def test_the_fixture_reads():
     run = parse_run(_run(), "run.json")
     assert run.n_stages == 2 and run.n_microbatches == 8 and len(run.comm) == 1
+
+
+def test_both_readers_take_each_counts_range_from_one_definition():
+    """check_run_sizes (before the record is built, step_ms unread: at most a time per step) and
+    check_run_values (after, by step_ms as read) refuse one past either end of each count's range
+    in runrecord.count_ranges; each once bounded the counts on its own, timeline_step differently."""
+    run = parse_run(_run(), "run.json")
+    for name, (low, high) in count_ranges(run.steps, n_step_times=run.steps).items():
+        if name == "n_ranks":  # the number of rank records, refused as such first
+            continue
+        for value in (low - 1, high + 1):
+            with pytest.raises(PplanError, match=rf"run field '{name}' is {value}, not "):
+                check_run_sizes(dict(_run(), **{name: value}))
+            with pytest.raises(PplanError, match=rf"run field '{name}' is {value}, not .*{low}\.\.{high}"):
+                check_run_values(replace(run, **{name: value}))
+    # a resumed run times fewer steps than it reached: the index is checked against the times it holds
+    resumed = replace(run, step_ms=run.step_ms[:9], measured_steps=[3], timeline_step=9, iteration_ms_measured=None,
+                      step_ms_min=None, step_ms_median=None, step_ms_max=None)
+    assert count_ranges(run.steps, len(resumed.step_ms))["timeline_step"] == (-1, 8)
+    with pytest.raises(PplanError, match=r"run field 'timeline_step' is 9, not in -1\.\.8"):
+        check_run_values(resumed)
 
 
 @pytest.mark.parametrize("changes, words", [

@@ -6,11 +6,12 @@ handed a file someone else wrote or edited, so both read it here: bounded and co
 field's value checked against the record's type, each failure one line naming the field.
 
 In this order: first, before any record is built, every count against its range
-(runrecord.COUNT_RANGES: `steps` at most --steps' 10,000,000) and every list and object against the
-length a run of those counts can have (`check_run_sizes`: 10**15 steps or a million transfer
-gaps of a two-stage run are refused, not looped over); then the record, with its types and values
-(runrecord.check_run_values); then what points elsewhere in the run and the text it holds
-(`check_run_indices`: stage layers, loss steps, ping-pong pairs, host names).
+(runrecord.count_ranges, the ranges check_run_values uses too: `steps` at most --steps' 10,000,000)
+and every list and object against the length a run of those counts can have (`check_run_sizes`:
+10**15 steps or a million transfer gaps of a two-stage run are refused, not looped over); then
+the record, with its types and values (runrecord.check_run_values); then what points elsewhere
+in the run and the text it holds (`check_run_indices`: stage layers, loss steps, ping-pong pairs,
+host names).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from typing import Any
 
 from planner.errors import PplanError
 from planner.execute.runrecord import (
-    COUNT_RANGES, FORMAT, MAX_RUN_RANKS, RUN_FILE_HINT, RunRecord, check_count,
+    COUNT_RANGES, FORMAT, MAX_RUN_RANKS, RUN_FILE_HINT, RunRecord, check_count, count_ranges,
 )
 from planner.jsonio import read_json_file
-from planner.jsontypes import INDEX_KEY, check_index_keys, is_number, kind_mismatch, objects_in, range_error, short
+from planner.jsontypes import INDEX_KEY, check_index_keys, is_number, json_int, kind_mismatch, objects_in, range_error, short
 from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_MODEL_SPEC_CHARS, MIN_BANDWIDTH, MAX_SIMULATED_ACTIONS
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.csvio import MAX_LAYERS
@@ -98,9 +99,7 @@ def _check_nested(data: dict[str, Any], source: str) -> None:
 
 # ---- before the record is built: counts and lengths ------------------------------------------------
 
-def _int(value: Any) -> int | None:
-    """`value` when it is a JSON integer, else None (its type is refused later, by record_fields)."""
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+_int = json_int  # a wrong type is refused later, by record_fields
 
 
 def _increasing(where: str, values: list[int]) -> None:
@@ -123,21 +122,19 @@ def check_run_sizes(data: dict[str, Any]) -> None:
     record's reader, which names their type; a file of another format to RunRecord.from_dict."""
     if kind_mismatch(data, "run") is not None or data.get("format", FORMAT) != FORMAT:
         return
-    counts = {name: value for name in (*COUNT_RANGES, "timeline_step") if (value := _int(data.get(name))) is not None}
+    steps = _int(data.get("steps"))
+    steps = COUNT_RANGES["steps"][1] if steps is None else steps  # checked first, before the counts inside it
+    # step_ms is not read yet (a wrong item is the record reader's to name): it holds at most a time per step
+    ranges = count_ranges(steps, n_step_times=steps)
+    counts = {name: value for name in ranges if (value := _int(data.get(name))) is not None}
     ranks = data.get("ranks")
     _length("run field 'ranks'", ranks, MAX_RUN_RANKS, "rank records", "one per process")
     if isinstance(ranks, list) and counts.get("n_ranks", len(ranks)) != len(ranks):
         raise PplanError(f"run field 'n_ranks' is {short(counts['n_ranks'])}, not the {len(ranks)} rank record(s) "
                          "the run holds", RUN_FILE_HINT)
-    for name, (low, high) in COUNT_RANGES.items():
+    for name, (low, high) in ranges.items():
         if name in counts:
             check_count(f"run field {name!r}", counts[name], low, high)
-    steps = counts.get("steps", COUNT_RANGES["steps"][1])
-    for name in ("first_step", "warmup"):
-        if name in counts:
-            check_count(f"run field {name!r}", counts[name], 0, steps)
-    if "timeline_step" in counts:
-        check_count("run field 'timeline_step'", counts["timeline_step"], -1, steps - 1)  # -1: no step timed
     _check_step_lists(data, steps, steps - counts.get("first_step", 0))
     n_stages = counts.get("n_stages", MAX_PIPELINE_STAGES)
     _check_stage_lists(data, n_stages, counts.get("n_microbatches", COUNT_RANGES["n_microbatches"][1]))

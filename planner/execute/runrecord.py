@@ -3,7 +3,7 @@ frozen dataclasses whose fields are the JSON's keys in the order written, one to
 each; docs/executor.md defines every field. planner.execute.results assembles a RunRecord from the
 ranks' measurements; planner.execute.runfile reads a file back, every value checked.
 
-Reading checks each value's range too (`check_run_values`): counts in COUNT_RANGES, times finite,
+Reading checks each value's range too (`check_run_values`): counts in `count_ranges`, times finite,
 at least 0 and under a day, byte counts within MAX_MEMORY_BYTES, a known schedule and optimizer,
 indices that point inside the run (a rank's stages, the measured steps), one rank record per rank,
 and a summary of the steps (iteration_ms_measured, step_ms_min/median/max) that agrees with them.
@@ -35,7 +35,7 @@ from planner.plan import OPTIMIZERS, SCHEDULES, MemoryRecord
 from planner.plan.records import MAX_PIPELINE_STAGES
 
 __all__ = ["FORMAT", "RUN_FILE_HINT", "DEVICE_TYPES", "MEMORY_MEASURES", "MAX_RUN_RANKS", "COUNT_RANGES", "Divergence",
-           "RankRecord", "RunRecord", "check_count", "check_run_values"]
+           "RankRecord", "RunRecord", "count_ranges", "check_count", "check_run_values"]
 
 FORMAT = "pplan-run/1"
 RUN_FILE_HINT = "give the JSON that `pplan run --out` wrote"
@@ -48,8 +48,15 @@ MAX_RUN_RANKS = 32_768
 16,384 GPUs (Llama 3 405B). A run JSON holds a rank record of at least 150 bytes per process."""
 COUNT_RANGES = {"n_ranks": (1, MAX_RUN_RANKS), "dp": (1, MAX_RUN_RANKS), "n_stages": (1, MAX_PIPELINE_STAGES),
                 "micro_batch_size": (1, MAX_GLOBAL_BATCH), "n_microbatches": (1, MAX_GLOBAL_BATCH),
-                "steps": (1, MAX_STEPS), "first_step": (0, MAX_STEPS), "warmup": (0, MAX_STEPS)}
-"""(low, high) of each count of a run: what `pplan run` accepts (--steps at most MAX_STEPS)."""
+                "steps": (1, MAX_STEPS)}
+"""(low, high) of the counts of a run that depend on no other: what `pplan run` accepts (--steps <= MAX_STEPS)."""
+
+
+def count_ranges(steps: int, n_step_times: int) -> dict[str, tuple[int, int]]:
+    """(low, high) of every count of a run of `steps` steps with `n_step_times` items in step_ms: COUNT_RANGES
+    (steps before what depends on it), first_step and warmup in 0..steps, and timeline_step, an index into
+    step_ms (-1: none timed). The one definition: runfile checks them before the record is built, check_run_values after."""
+    return {**COUNT_RANGES, "first_step": (0, steps), "warmup": (0, steps), "timeline_step": (-1, n_step_times - 1)}
 
 
 @dataclass(frozen=True)
@@ -292,10 +299,8 @@ def _choice(where: str, value: Any, known: tuple[str, ...]) -> None:
 def check_run_values(run: RunRecord) -> None:
     """Refuse a run read from a file whose values lie outside what a run can measure (module
     docstring); PplanError names the field ("run field 'micro_batch_size' is 0, not 1 or more")."""
-    for name, (low, high) in COUNT_RANGES.items():
+    for name, (low, high) in count_ranges(run.steps, len(run.step_ms)).items():
         check_count(f"run field {name!r}", getattr(run, name), low, high)
-    for name in ("first_step", "warmup"):
-        check_count(f"run field {name!r}", getattr(run, name), 0, run.steps)
     if run.micro_batch_size * run.n_microbatches > MAX_GLOBAL_BATCH:
         raise _refuse("run field 'micro_batch_size' x 'n_microbatches'", run.micro_batch_size * run.n_microbatches,
                       f"more than {MAX_GLOBAL_BATCH:g} samples per step")
@@ -309,7 +314,6 @@ def check_run_values(run: RunRecord) -> None:
         _ms(f"run field 'step_ms' item {i}", ms)
     for i, step in enumerate(run.measured_steps):
         check_count(f"run field 'measured_steps' item {i}", step, 0, len(run.step_ms) - 1)
-    check_count("run field 'timeline_step'", run.timeline_step, -1, len(run.step_ms) - 1)  # -1: no step timed
     _check_step_stats(run)
     if len(run.losses) != len(run.loss_steps) or len(run.losses) > run.steps:
         raise PplanError(f"run field 'losses' holds {len(run.losses)} losses for {len(run.loss_steps)} loss_steps "
