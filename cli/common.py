@@ -258,16 +258,10 @@ def _head(path: Path) -> bytes:
 
 
 def _is_kind(path: Path, kind: str) -> bool:
-    """Whether `path` is a pplan file of `kind` by its first bytes (planner.filekind.head_kind;
-    a timeline CSV by its header)."""
+    """Whether `path` is a pplan file of `kind` by its first bytes (planner.filekind.head_kind)."""
     from planner.filekind import head_kind
 
-    head = _head(path)
-    if kind == "timeline":
-        from planner.simulation.result import TIMELINE_COLUMNS
-
-        return head.removeprefix(b"\xef\xbb\xbf").startswith(",".join(TIMELINE_COLUMNS).encode())
-    return (head_kind(head) or ("",))[0] == kind
+    return (head_kind(_head(path)) or ("",))[0] == kind
 
 
 _CSV_KINDS = ("profile", "timeline")

@@ -11,14 +11,19 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["SNIFF_BYTES", "FILE_KINDS", "head_kind", "wrong_kind"]
+__all__ = ["SNIFF_BYTES", "FILE_KINDS", "TIMELINE_HEADER", "head_kind", "wrong_kind"]
 
 SNIFF_BYTES = 4096
 """Bytes of a file's start that tell which pplan file it is: pplan writes a `format` within the first 30 (a
 simulation JSON's keys within 60); 4 KiB leaves room for a hand-edited file's reordered keys or comments."""
 _JSON_FORMAT = re.compile(rb'"format"\s*:\s*"(pplan-([a-z]+)/[0-9]{1,9})"')
 _CSV_FORMAT = re.compile(rb"#\s*format\s*:\s*(pplan-([a-z]+)/[0-9]{1,9})")
-_SIMULATION_MARKS = (b'"iteration_ms"', b'"bubble_fraction"')  # as planner.jsontypes.file_kind tells one
+# A simulation JSON has no format; pplan writes iteration_ms as its first key. Anywhere else in the head
+# the key proves nothing: a plan without a format (allowed) holds it in its `predicted` record.
+_SIMULATION_START = re.compile(rb'\{\s*"iteration_ms"\s*:')
+# The header pplan writes on a timeline CSV (planner.simulation.result.TIMELINE_COLUMNS, which sits
+# above this module; tests/test_newcomer_cli.py holds the two equal).
+TIMELINE_HEADER = b"device,stage,kind,microbatch,start_ms,end_ms"
 FILE_KINDS = {  # kind (planner.jsontypes.file_kind's name) -> (the file in words, a command that reads one)
     "plan": ("plan JSON", "`pplan simulate {file}`"),
     "profile": ("profile CSV", "`pplan partition {file}`"),
@@ -39,12 +44,14 @@ def head_kind(head: bytes) -> tuple[str, str] | None:
     if text.startswith(b"{"):
         if found := _JSON_FORMAT.search(text):
             return found[2].decode(), f"format {found[1].decode()!r}"
-        return ("sim", "keys iteration_ms and bubble_fraction") if all(m in text for m in _SIMULATION_MARKS) else None
+        return ("sim", "first key iteration_ms") if _SIMULATION_START.match(text) else None
     for line in text.splitlines():  # the comment lines before the header, then the header
         line = line.strip()
         if line.startswith(b"#") and (found := _CSV_FORMAT.match(line)):
             return found[2].decode(), f"line '# format: {found[1].decode()}'"
         if line and not line.startswith(b"#"):
+            if line.startswith(TIMELINE_HEADER):
+                return "timeline", "header 'device,stage,kind,...'"
             return ("profile", "header 'layer,...'") if line.startswith(b"layer,") else None
     return None
 

@@ -162,16 +162,40 @@ def test_a_folder_hint_reads_a_bounded_number_of_files_named_for_the_kind_first(
     (("simulate", EXAMPLE / "run.json"), "is a run JSON (by its format 'pplan-run/1'), not a plan JSON", "pplan report --run"),
     (("partition", PLAN, "-n", 2, "--global-batch", 8), f"{PLAN} is a plan JSON (by its format 'pplan-plan/1'), not a "
      "profile CSV", f"`pplan simulate {PLAN}` reads it"),
-    (("partition", EXAMPLE / "sim.json", "-n", 2, "--global-batch", 8), "is a simulation JSON (by its keys iteration_ms",
+    (("partition", EXAMPLE / "sim.json", "-n", 2, "--global-batch", 8), "is a simulation JSON (by its first key iteration_ms)",
      "pplan report --sim"),
     (("simulate", PLAN, "--profile", EXAMPLE / "profile.calibration.json"), "is a calibration JSON", "--calibration"),
     (("report", "--plan", PROFILE), f"{PROFILE} is a profile CSV (by its line '# format: pplan-profile/1'), not a plan JSON",
      f"`pplan partition {PROFILE}` reads it"),
+    (("simulate", EXAMPLE / "timeline.csv"), "is a timeline CSV (by its header 'device,stage,kind,...'), not a plan JSON",
+     "pplan report --timeline"),
+    (("partition", EXAMPLE / "timeline.csv", "-n", 2, "--global-batch", 8), "is a timeline CSV", "pplan report --timeline"),
 ])
+
 def test_a_file_of_another_kind_is_named_with_what_reads_it(pplan, tmp_path, args, says, reader):
     message, hint = _refusal(pplan, *args, "-o" if args[0] == "partition" else "--out", tmp_path / "o.json")
     assert says in message and reader in hint
     assert not (tmp_path / "o.json").exists()
+
+
+def test_the_sniffed_timeline_header_is_the_one_pplan_writes():
+    from planner.filekind import TIMELINE_HEADER
+    from planner.simulation.result import TIMELINE_COLUMNS
+
+    assert TIMELINE_HEADER == ",".join(TIMELINE_COLUMNS).encode()
+
+
+def test_a_plan_without_a_format_is_still_a_plan(tmp_path):
+    """The format key is optional; a plan's `predicted` record holds iteration_ms and bubble_fraction,
+    which once made the sniffer call it a simulation JSON."""
+    import json
+
+    from planner.plan import load_plan
+
+    data = json.loads(PLAN.read_text())
+    del data["format"]
+    (tmp_path / "p.json").write_text(json.dumps(data))
+    assert load_plan(tmp_path / "p.json").schedule == load_plan(PLAN).schedule
 
 
 def test_json_of_no_pplan_kind_given_for_a_profile_is_called_json(pplan, tmp_path):

@@ -167,16 +167,15 @@ _SCALED: dict[tuple[int, int], tuple[tuple[SkipEdge, ...], tuple[SkipEdge, ...]]
 def scaled_skip_edges(costs: LayerCosts) -> tuple[SkipEdge, ...]:
     """The skip edges with `bytes_per_sample` holding bytes per micro-batch; () for a chain."""
     edges, b = costs.skip_edges, costs.micro_batch_size
-    if not edges:
-        return ()
-    key = (id(edges), b)
-    hit = _SCALED.get(key)
+    remembered = type(edges) is tuple and len(edges) > 0  # only an immutable edge set is known by its id
+    hit = _SCALED.get((id(edges), b)) if remembered else None
     if hit is not None and hit[0] is edges:
         return hit[1]
     scaled = tuple(SkipEdge(e.src, e.dst, e.bytes_per_sample * b, e.also_to) for e in edges)
-    if len(_SCALED) >= 16:
-        _SCALED.pop(next(iter(_SCALED)))
-    _SCALED[key] = (edges, scaled)
+    if remembered:
+        if len(_SCALED) >= 16:
+            _SCALED.pop(next(iter(_SCALED)))
+        _SCALED[(id(edges), b)] = (edges, scaled)
     return scaled
 
 

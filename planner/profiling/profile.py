@@ -277,9 +277,10 @@ def profile_from_bytes(data: bytes, source: str) -> Profile:
     """Validate the bytes of a profile file read elsewhere (so a caller that hashes them reads once)."""
     if b"\x00" in data[:4096]:
         raise ProfileError(f"{source}: not a text CSV file (binary data)", "give a profile written by `pplan profile`")
-    if data[:SNIFF_BYTES].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):  # a plan or run JSON given for the profile
-        raise ProfileError(*(wrong_kind(source, data, "profile", _MAKE_PROFILE)
-                             or (f"{source} is JSON, not a profile CSV", _MAKE_PROFILE)))
+    if (wrong := wrong_kind(source, data[:SNIFF_BYTES], "profile", _MAKE_PROFILE)) is not None:
+        raise ProfileError(*wrong)  # a plan or run JSON, a timeline CSV: named, not "missing column(s)"
+    if data[:SNIFF_BYTES].lstrip(b"\xef\xbb\xbf \t\r\n").startswith(b"{"):
+        raise ProfileError(f"{source} is JSON, not a profile CSV", _MAKE_PROFILE)
     check_line_lengths(data, source, ProfileError)  # before decoding makes a second, larger copy
     try:
         text = data.decode("utf-8-sig")
