@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import sys
 import time
 from contextlib import contextmanager
@@ -241,18 +240,16 @@ def _files_in(folder: Path, suffix: str) -> tuple[list[str], bool | None]:
 
 def _head(path: Path) -> bytes:
     """The first SNIFF_BYTES of the regular file `path`; b"" for anything else (a FIFO, a device, a
-    folder, a file that cannot be read). The type is checked before opening and again after (it may
-    have been swapped between), and the open never waits for a FIFO's writer."""
+    folder, a file that cannot be read): planner.jsonio.open_regular never waits for a FIFO."""
     from planner.filekind import SNIFF_BYTES
+    from planner.jsonio import open_regular
 
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
+        opened = open_regular(path)
+        if opened is None:
             return b""
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-        try:
-            return os.read(fd, SNIFF_BYTES) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
-        finally:
-            os.close(fd)
+        with opened[0] as fh:
+            return fh.read(SNIFF_BYTES)
     except (OSError, ValueError):
         return b""
 

@@ -17,7 +17,7 @@ import re
 import stat
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from planner.errors import PplanError
 
@@ -26,6 +26,7 @@ __all__ = [
     "MAX_JSON_BYTES",
     "MAX_JSON_DEPTH",
     "read_bounded_bytes",
+    "open_regular",
     "read_bounded_text",
     "loads_strict",
     "read_json_file",
@@ -70,6 +71,23 @@ def read_bounded_bytes(path: str | os.PathLike, what: str, error: type[PplanErro
     if len(data) > max_bytes:
         raise error(f"{what} {str(p)!r} grew past {max_bytes} bytes while being read")
     return data
+
+
+def open_regular(path: str | os.PathLike) -> tuple[IO[bytes], os.stat_result] | None:
+    """(the open file, its stat) when `path` is a regular file, else None (OSError when unreadable).
+
+    Stat before open, as read_bounded_bytes does: a device is never opened. A FIFO swapped in after
+    the stat does not block the open (O_NONBLOCK), and is caught by comparing the open file's
+    device and inode with the stat's: what is hashed and loaded is the file that was checked."""
+    st = os.stat(path)
+    if not stat.S_ISREG(st.st_mode):
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    opened = os.fstat(fd)
+    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(opened.st_mode):
+        os.close(fd)
+        return None
+    return os.fdopen(fd, "rb"), opened
 
 
 def read_bounded_text(path: str | os.PathLike, what: str, error: type[PplanError], max_bytes: int) -> str:

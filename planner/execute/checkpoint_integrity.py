@@ -21,16 +21,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
 import re
-import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
 from planner.errors import PplanError, RunError
 from planner.execute.runrecord import MAX_RUN_RANKS
-from planner.jsonio import nearest, read_json_file
+from planner.jsonio import nearest, open_regular, read_json_file
 from planner.jsontypes import json_int
 from planner.limits import MAX_MEMORY_BYTES
 
@@ -110,23 +108,6 @@ def _marker_problem(folder: Path, meta: dict[str, Any], n_devices: int) -> str |
     return None
 
 
-def _open_regular(path: Path) -> tuple[IO[bytes], os.stat_result] | None:
-    """(the open file, its stat) when `path` is a regular file, else None (OSError when unreadable).
-
-    Stat before open, as planner.jsonio does: a device is never opened. A FIFO swapped in after
-    the stat does not block the open (O_NONBLOCK), and is caught by comparing the open file's
-    device and inode with the stat's: what is hashed and loaded is the file that was checked."""
-    st = os.stat(path)
-    if not stat.S_ISREG(st.st_mode):
-        return None
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
-    opened = os.fstat(fd)
-    if (opened.st_dev, opened.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(opened.st_mode):
-        os.close(fd)
-        return None
-    return os.fdopen(fd, "rb"), opened
-
-
 def sha256_of(fh: IO[bytes], size: int) -> str | None:
     """sha256 of the open file's `size` bytes from where it stands; None when it holds fewer or more
     (it changed since its stat). Reads at most size + 1 bytes, whatever the file has become."""
@@ -149,7 +130,7 @@ _VERIFIED: dict[tuple[Any, ...], str | None] = {}  # (file, device, inode, size,
 def _file_problem(path: Path, expect: dict[str, Any]) -> str | None:
     """Why `path` is not the rank file its marker entry `expect` describes (None when it is)."""
     try:
-        opened = _open_regular(path)
+        opened = open_regular(path)
         if opened is None:
             return "is not a regular file (a device, FIFO or socket)"
         fh, st = opened
@@ -185,7 +166,7 @@ def open_verified(path: Path, expect: dict[str, Any]) -> Iterator[IO[bytes]]:
     """The rank file `path` open at its start, once its bytes, read from this very open file, are
     the size and sha256 its marker entry `expect` records (marker_entry). PplanError when it is no
     regular file or differs; FileNotFoundError and other OSErrors are the caller's to word."""
-    opened = _open_regular(path)
+    opened = open_regular(path)
     if opened is None:
         raise PplanError(f"checkpoint file {str(path)!r} is not a regular file (a device, FIFO or socket); "
                          "refused to load it", DAMAGED_HINT)
@@ -202,7 +183,7 @@ def describe_rank_file(path: Path) -> dict[str, Any]:
     """The marker's entry for a rank file this save just wrote: {"bytes", "sha256"} (RunError when
     it is not a regular file, or changed while it was hashed: something else writes into the folder)."""
     try:
-        opened = _open_regular(path)
+        opened = open_regular(path)
         with opened[0] if opened else contextlib.nullcontext() as fh:
             digest = sha256_of(fh, opened[1].st_size) if opened else None
     except OSError as e:

@@ -99,8 +99,6 @@ def _check_nested(data: dict[str, Any], source: str) -> None:
 
 # ---- before the record is built: counts and lengths ------------------------------------------------
 
-_int = json_int  # a wrong type is refused later, by record_fields
-
 
 def _increasing(where: str, values: list[int]) -> None:
     """Refuse a list of steps that repeats one or goes back (each step is timed and logged once)."""
@@ -122,11 +120,11 @@ def check_run_sizes(data: dict[str, Any]) -> None:
     record's reader, which names their type; a file of another format to RunRecord.from_dict."""
     if kind_mismatch(data, "run") is not None or data.get("format", FORMAT) != FORMAT:
         return
-    steps = _int(data.get("steps"))
+    steps = json_int(data.get("steps"))
     steps = COUNT_RANGES["steps"][1] if steps is None else steps  # checked first, before the counts inside it
     # step_ms is not read yet (a wrong item is the record reader's to name): it holds at most a time per step
     ranges = count_ranges(steps, n_step_times=steps)
-    counts = {name: value for name in ranges if (value := _int(data.get(name))) is not None}
+    counts = {name: value for name in ranges if (value := json_int(data.get(name))) is not None}
     ranks = data.get("ranks")
     _length("run field 'ranks'", ranks, MAX_RUN_RANKS, "rank records", "one per process")
     if isinstance(ranks, list) and counts.get("n_ranks", len(ranks)) != len(ranks):
@@ -159,7 +157,7 @@ def _check_step_lists(data: dict[str, Any], steps: int, steps_run: int) -> None:
     _length("run field 'measured_steps'", data.get("measured_steps"), max(0, steps_run), "indices",
             "at most one per step from first_step to steps")
     for name in ("loss_steps", "measured_steps"):  # before the summary of the steps is compared with them
-        if isinstance(values := data.get(name), list) and all(_int(v) is not None for v in values):
+        if isinstance(values := data.get(name), list) and all(json_int(v) is not None for v in values):
             _increasing(f"run field {name!r}", values)
 
 

@@ -62,15 +62,12 @@ def _count(value: Any) -> int | None:
     return len(value) if isinstance(value, list) else None
 
 
-_whole = json_int
-
-
 def check_plan_counts(d: dict[str, Any]) -> None:
     """PlanError when a list of the plan object `d` is longer than such a plan can hold: `n_layers`
     beyond MAX_PLAN_LAYERS, more stages than layers (or MAX_PIPELINE_STAGES), more devices than a
     pipeline has, more link pairs than device pairs (or MAX_LINK_PAIRS). Only lengths are read: O(1).
     What a file holds within them (stage layers, recompute lists) is bounded as it is read (serialize)."""
-    n_layers = _whole(d.get("n_layers"))
+    n_layers = json_int(d.get("n_layers"))
     if n_layers is not None and not 1 <= n_layers <= MAX_PLAN_LAYERS:
         raise PlanError(f"plan field n_layers {n_layers} is out of range (1 to {MAX_PLAN_LAYERS:,})",
                         f"a profile holds at most {MAX_PLAN_LAYERS:,} layers; group layers into blocks beyond that")
@@ -82,7 +79,7 @@ def check_plan_counts(d: dict[str, Any]) -> None:
         raise PlanError(f"plan field stages lists {n_stages:,} stages, more than such a plan can have ({why})",
                         "every stage holds at least one layer: check the file")
     devices = d.get("devices")
-    n_devices = _count(devices) if _count(devices) is not None else _whole(devices)
+    n_devices = _count(devices) if _count(devices) is not None else json_int(devices)
     if n_devices is not None and n_devices > MAX_PIPELINE_STAGES:  # fewer, but more than the stages: read, then refused
         listed = f"lists {n_devices} devices" if isinstance(devices, list) else f"is {n_devices}"
         has = (f"the plan has {n_stages} stages" if n_stages is not None
