@@ -7,7 +7,7 @@ import pytest
 
 from planner.partition.synthetic import gpt_like
 from planner.plan import load_plan
-from planner.profiling.profile import write_profile
+from planner.profiling.profile import load_profile, write_profile
 
 from helpers.cli import run_pplan
 
@@ -164,13 +164,35 @@ def test_calibration_beside_the_profile_is_applied(pplan, tmp_path, tiny_gpt_csv
     assert job.basis == f"calibrated by {calibration_path_for(prof)} (compute x3)"
 
 
-def test_zb_rows_fit_only_with_a_question_mark_without_wgrad_bytes(pplan):
-    """The committed gpt profile has no wgrad_bytes column: a 1f1b plan's why-table once listed zb
-    as fitting with no warning (measured since, zb needs 258.8 MiB at this 200 MiB limit)."""
-    code, out, err = pplan("partition", ROOT / "profiles" / "gpt-8l-v32k.csv", "--devices", 4, "--memory", "200MiB",
-                           "--global-batch", 32)
+def test_zb_rows_fit_only_with_a_question_mark_without_wgrad_bytes(pplan, tmp_path):
+    """Without a wgrad_bytes column, what zero-bubble's I keeps for its W is priced as 0, so zb's
+    memory is a lower bound: at 260 MiB the committed gpt profile without the column would pick a zb
+    plan at 92% of the limit (its table says "yes?" and a warning says why), which measured
+    wgrad_bytes show does not fit even 300 MiB; with the column the plan is 1f1b and zb is refused."""
+    args = ("--devices", 4, "--memory", "260MiB", "--global-batch", 32, "--out", tmp_path / "plan.json")
+    measured = load_profile(ROOT / "profiles" / "gpt-8l-v32k.csv")
+    assert "wgrad_bytes" in measured.present
+    code, out, err = pplan("partition", ROOT / "profiles" / "gpt-8l-v32k.csv", *args)
     assert code == 0
     zb = [line for line in out.splitlines() if line.startswith("zb ")]
-    assert zb and all(line.split()[-1] == "yes?" for line in zb if "NO" not in line), out
+    assert all(line.split()[-1] == "NO" for line in zb), out  # where the table lists zb at all
+    assert "yes?" not in out and "wgrad_bytes" not in err and load_plan(tmp_path / "plan.json").schedule == "1f1b"
+
+    unmeasured = tmp_path / "no-wgrad.csv"  # the committed file without its wgrad_bytes column
+    lines = (ROOT / "profiles" / "gpt-8l-v32k.csv").read_text(encoding="utf-8").splitlines()
+    header = next(i for i, line in enumerate(lines) if not line.startswith("#"))
+    drop = lines[header].split(",").index("wgrad_bytes")
+    unmeasured.write_text("\n".join(lines[:header] + [",".join(c for k, c in enumerate(line.split(",")) if k != drop)
+                                                       for line in lines[header:]]) + "\n", encoding="utf-8")
+    assert "wgrad_bytes" not in load_profile(unmeasured).present
+    code, out, err = pplan("partition", unmeasured, *args)
+    assert code == 0
+    zb = [line for line in out.splitlines() if line.startswith("zb ")]
+    fits = [line.removesuffix("<- plan").split()[-1] for line in zb]
+    assert "yes?" in fits and set(fits) <= {"yes?", "NO"}, out
+    assert load_plan(tmp_path / "plan.json").schedule == "zb", out
     assert "yes?: fits if what the profile does not measure" in out
+    assert "no wgrad_bytes column: the plan's memory leaves out what each micro-batch holds" in err  # the plan is zb
+    code, out, err = pplan("partition", unmeasured, *args[:3], "230MiB", *args[4:])  # a 1f1b plan: the table's rows
+    assert code == 0 and load_plan(tmp_path / "plan.json").schedule == "1f1b"
     assert "no wgrad_bytes column: the memory shown for interleaved and zb leaves out" in err

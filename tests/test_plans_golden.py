@@ -36,8 +36,9 @@ REGEN = os.environ.get("PPLAN_REGEN_GOLDEN") == "1"
 MiB = 2**20
 
 # (case name, profile file, devices, memory limit, extras). The limits sit where memory binds
-# (re-chosen 2026-12-01 for the re-measured profiles, 1-3% above the least that fits or so):
-# recompute enters the plan for gpt (2 devices), resnet and the synthetic profiles; the gpt
+# (chosen 2026-12-01, 1-3% above the least that fits or so; the profiles re-measured 2026-12-03
+# have the same bytes, so they still bind): recompute enters the plan for gpt (2 devices), resnet
+# and the synthetic-compute profile; the gpt
 # (4) and mlp limits are just above the least that fits (weights dominate, recompute cannot help).
 _PROFILE_CASES = [
     ("gpt-8l-v32k", 2, 245 * MiB),

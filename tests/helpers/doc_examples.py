@@ -1,13 +1,16 @@
-"""The python examples of docs/models.md, so tests run what the documentation shows."""
+"""Examples the documentation shows (docs/models.md's python blocks, console lines and their output
+in README.md and docs/), so tests run what a reader copies."""
 
 from __future__ import annotations
 
 import re
+import shlex
 from pathlib import Path
 
-__all__ = ["models_doc_example"]
+__all__ = ["command_words", "console_example", "missing_from_output", "models_doc_example"]
 
-MODELS_DOC = Path(__file__).resolve().parents[2] / "docs" / "models.md"
+REPO = Path(__file__).resolve().parents[2]
+MODELS_DOC = REPO / "docs" / "models.md"
 
 
 def models_doc_example(first_line: str) -> str:
@@ -17,3 +20,56 @@ def models_doc_example(first_line: str) -> str:
     if len(found) != 1:
         raise LookupError(f"docs/models.md has {len(found)} python blocks starting {first_line!r}, not one")
     return found[0]
+
+
+def console_example(doc: str, command: str) -> list[str]:
+    """The output lines `doc` (README.md, docs/x.md) shows under the console line `$ command` (as
+    written, a trailing `# comment` included; a line ending in a backslash goes on in the next,
+    joined by one space), up to the next `$ ` line or the block's end."""
+    lines = (REPO / doc).read_text(encoding="utf-8").splitlines()
+    found: list[list[str]] = []
+    for i, line in enumerate(lines):
+        if not line.startswith("$ "):
+            continue
+        logical, j = line.rstrip(), i + 1
+        while logical.endswith("\\") and j < len(lines):
+            logical, j = f"{logical[:-1].rstrip()} {lines[j].strip()}", j + 1
+        if logical == f"$ {command}":
+            shown = []
+            for out in lines[j:]:
+                if out.startswith(("$ ", "```")):
+                    break
+                shown.append(out)
+            found.append(shown)
+    if len(found) != 1:
+        raise LookupError(f"{doc} shows `$ {command}` {len(found)} times, not once")
+    return found[0]
+
+
+def command_words(command: str) -> list[str]:
+    """The arguments of a shown `pplan ...` console line, without `pplan` and its trailing comment."""
+    words = shlex.split(command, comments=True)
+    if words[:1] != ["pplan"]:
+        raise ValueError(f"not a pplan command: {command!r}")
+    return words[1:]
+
+
+def _squeeze(line: str) -> str:
+    return " ".join(line.split())
+
+
+def missing_from_output(shown: list[str], output: str) -> list[str]:
+    """The shown lines that the output lacks, compared in order with runs of spaces folded: each
+    shown line must be a later output line than the one before it. `...` lines (the docs' cuts)
+    and blank lines match nothing; table rules (`-----`) the docs leave out are skipped over."""
+    actual = [_squeeze(line) for line in output.splitlines()]
+    at, missing = 0, []
+    for line in shown:
+        want = _squeeze(line)
+        if not want or want == "...":
+            continue
+        try:
+            at = actual.index(want, at) + 1
+        except ValueError:
+            missing.append(line)
+    return missing

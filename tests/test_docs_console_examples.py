@@ -1,0 +1,82 @@
+"""The console examples of README.md and docs/ print what they show.
+
+Each case runs a `$ pplan ...` line exactly as the documentation writes it, in a folder that
+holds the files it names (the committed reference profiles under profiles/, the sample plan of
+tests/data), and checks that every output line the documentation shows is printed, in that
+order (`...` marks what the documentation cuts). Planning and simulation are deterministic, so
+a change that moves a documented number, or a re-measured reference profile, fails here until
+the documentation says the new figure.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from helpers.doc_examples import command_words, console_example, missing_from_output
+
+ROOT = Path(__file__).resolve().parents[1]
+GPT = "profiles/gpt-8l-v32k.csv"
+
+# (document, the console line as shown, commands it depends on, run first in the same folder)
+CASES = [
+    ("README.md", "pplan partition gpt.csv --devices 4 --memory 200MiB --global-batch 32 --out plan.json", []),
+    ("README.md", "pplan simulate plan.json --plot gantt.png              "
+     "# what-if: --schedule zb, --microbatches 16, --bandwidth 10GB/s",
+     ["pplan partition gpt.csv --devices 4 --memory 200MiB --global-batch 32 --out plan.json"]),
+    ("README.md", "pplan simulate plan.json --sweep microbatches=4,8,16,32   # global batch 32 kept, as partition does",
+     ["pplan partition gpt.csv --devices 4 --memory 200MiB --global-batch 32 --out plan.json"]),
+    ("docs/planner.md", f"pplan partition {GPT} --devices 4 --memory 200MiB --global-batch 32", []),
+    ("docs/planner.md", f"pplan partition {GPT} --cluster examples/cluster.json --global-batch 32", []),
+    ("docs/simulator.md", "pplan simulate tests/data/sim_plan.json --profile tests/data/sim_profile.csv --plot gantt.png",
+     []),
+    ("docs/simulator.md", "pplan simulate tests/data/sim_plan.json --profile tests/data/sim_profile.csv "
+     "--sweep schedule=gpipe,1f1b,zb", []),
+]
+
+
+@pytest.fixture
+def doc_folder(tmp_path: Path, monkeypatch) -> Path:
+    """A working folder holding what the examples name: profiles/, examples/, tests/data's sample plan and
+    profile, and gpt.csv (README's own profile, shown with the committed gpt profile's numbers)."""
+    shutil.copytree(ROOT / "profiles", tmp_path / "profiles")
+    shutil.copytree(ROOT / "examples", tmp_path / "examples")
+    (tmp_path / "tests" / "data").mkdir(parents=True)
+    for name in ("sim_plan.json", "sim_profile.csv"):
+        shutil.copy(ROOT / "tests" / "data" / name, tmp_path / "tests" / "data" / name)
+    shutil.copy(ROOT / GPT, tmp_path / "gpt.csv")
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.parametrize("doc, command, before", CASES, ids=[f"{c[0]}:{i}" for i, c in enumerate(CASES)])
+def test_console_example_prints_what_the_docs_show(pplan, doc_folder, doc, command, before):
+    shown = console_example(doc, command)
+    assert [line for line in shown if line.strip() not in ("", "...")], f"{doc} shows no output for `{command}`"
+    for earlier in before:
+        code, _, err = pplan(*command_words(earlier))
+        assert code == 0, err
+    code, out, err = pplan(*command_words(command))
+    assert code == 0, err
+    missing = missing_from_output(shown, out + "\n" + err)  # a terminal shows both; "wrote ..." goes to stderr
+    assert not missing, f"{doc}: `{command}` no longer prints these lines (in this order):\n" + "\n".join(missing) \
+        + "\n--- it printed:\n" + out + err
+
+
+def test_error_example_is_the_one_line_printed(pplan, doc_folder):
+    """docs/planner.md wraps the one-line error of an impossible limit over several lines."""
+    command = f"pplan partition {GPT} --devices 4 --memory 100MiB --global-batch 32"
+    shown = [line for line in console_example("docs/planner.md", command) if line.strip()]
+    code, out, err = pplan(*command_words(command))
+    assert code == 2 and not (doc_folder / "plan.json").exists()
+    assert " ".join(line.strip() for line in shown) == err.strip()
+
+
+def test_missing_lines_are_found():
+    """The comparison can fail: a changed figure, a line out of order, a line not printed."""
+    out = "a  1\n-----\nb 2\nc 3\n"
+    assert missing_from_output(["a 1", "...", "c   3"], out) == []
+    assert missing_from_output(["a 1", "c 4"], out) == ["c 4"]
+    assert missing_from_output(["c 3", "a 1"], out) == ["a 1"]
