@@ -48,7 +48,7 @@ def test_bytes_and_flops_equal_the_measured_reference_profile():
     assert prof.input_bytes_per_sample == measured.input_bytes_per_sample
     # times: the cpu preset is conservative; blocks land within 1-3x of the measured ones at every
     # size (1.2-1.33x against the profile measured 2026-11-29, 1.6-2.1x against 2026-12-01's, on an
-    # AMD EPYC host; 1.8-2.6x against 2026-12-03's, on an Intel Xeon host: docs/hardware.md)
+    # AMD EPYC host; 2.1-2.7x against 2026-12-03's, on an Intel Xeon host: docs/hardware.md)
     ratio = prof.columns["fwd_ms"][1:-1] / measured.columns["fwd_ms"][1:-1]
     assert np.all((ratio > 1.0) & (ratio < 3.0)), ratio
 
