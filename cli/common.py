@@ -173,7 +173,8 @@ def parse_shape(text: str | None) -> tuple[int, ...] | None:
         raise PplanError(f"--input-shape {text!r} is not a comma-separated list of integers",
                          "write one sample's shape without the batch dimension, e.g. 3,32,32") from None
     if not dims or any(d < 1 for d in dims):
-        raise PplanError(f"--input-shape {text!r} needs positive dimensions", "e.g. 3,32,32")
+        raise PplanError(f"--input-shape {text!r} needs positive dimensions",
+                         "one sample's shape without the batch dimension: e.g. 128 (tokens) or 3,32,32 (an image)")
     return dims
 
 

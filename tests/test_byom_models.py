@@ -334,6 +334,19 @@ def test_a_vit_given_another_image_size_names_the_spec_key():
         build_model(HF_SPECS["vit"], seed=0, input_shape=(3, 32, 32))  # the spec says image_size=16
     assert "doesn't match" in e.value.message
     assert "image_size is 16" in e.value.hint and "image_size=32" in e.value.hint and "--input-shape 3,16,16" in e.value.hint
+    assert "hf:vit:image_size=32" in e.value.hint
+
+
+@pytest.mark.parametrize("shape, hint", [
+    ((16, 16, 3), "--input-shape is channels, height, width: give --input-shape 3,16,16"),  # channels last
+    ((1, 16, 16), "the model takes 3-channel images: give --input-shape 3,16,16"),
+])
+def test_a_vit_given_other_channels_is_told_the_shape_it_takes(shape, hint):
+    """A channels-last image once got "add image_size=16 ... or --input-shape 16,16,16", which fails again."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError) as e:
+        build_model(HF_SPECS["vit"], seed=0, input_shape=shape)
+    assert e.value.hint == hint
 
 
 def test_a_factory_key_it_has_no_parameter_for_is_refused_with_the_nearest(tmp_path, monkeypatch):

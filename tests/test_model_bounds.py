@@ -109,6 +109,17 @@ def test_hf_unknown_model_type_names_the_nearest_few():
     assert len(str(e.value)) < 400  # not every model type transformers knows
 
 
+@pytest.mark.parametrize("name, family, keys", [("bert-base-uncased", "bert", "num_hidden_layers=12,hidden_size=768"),
+                                               ("gpt2-medium", "gpt2", "n_layer=24,n_embd=1024")])
+def test_hf_checkpoint_names_are_told_apart_from_model_types(name, family, keys):
+    """A hub checkpoint's name once got only "no model type 'gpt2-medium'" and the list of types."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError) as e:
+        build_model(f"hf:{name}")
+    assert f"{name!r} is a checkpoint's name, not a model type" in e.value.message and "nothing is downloaded" in e.value.message
+    assert e.value.hint.startswith(f"write hf:{family} with that checkpoint's sizes as keys, e.g. hf:{family}:{keys}")
+
+
 def test_hf_encoder_decoders_are_refused_as_such():
     pytest.importorskip("transformers")
     with pytest.raises(ModelSpecError, match="'t5' is an encoder-decoder model"):

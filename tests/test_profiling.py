@@ -121,38 +121,44 @@ def test_synthetic_bytes_are_what_the_spec_says():
     assert c["shared_input_bytes"].max() == 0
 
 
-def test_run_queue_wait_is_subtracted(monkeypatch):
+def test_run_queue_wait_is_subtracted_where_it_was_timed(monkeypatch):
+    """Each run reads clock, wait counter, clock, (the call), clock, wait counter, clock. A wait
+    inside the timed call is subtracted; one between a counter read and a clock read lengthens only
+    the outer window and is not (it once made a 0.5 ms layer read 0 ms)."""
     from planner.profiling import measure
 
-    class FakeWait:
-        """Each reading is 7 ms later: every timed call 'waited' 7 ms for a CPU."""
+    class Script:
+        """perf_counter and the wait counter replay fixed readings, seconds and ms."""
 
-        def __init__(self):
-            self.t = 0.0
+        def __init__(self, clocks: list[float], waits: list[float]):
+            self.clocks, self.waits = iter(clocks), iter(waits)
 
-        def ms(self):
-            self.t += 7.0
-            return self.t - 7.0
+        def perf_counter(self) -> float:
+            return next(self.clocks)
 
-        def close(self):
+        def ms(self) -> float:
+            return next(self.waits)
+
+        def close(self) -> None:
             pass
 
-    class FakeClock:
-        """perf_counter: each timed call takes exactly 10 ms."""
+    def run(clocks: list[float], waits: list[float], timer: str = "sched") -> list[float]:
+        script = Script(clocks, waits)
+        monkeypatch.setattr(measure, "RunQueueWait", lambda: script)
+        monkeypatch.setattr(measure, "time", script)
+        return measure.timed_ms(lambda: None, warmup=0, repeats=len(clocks) // 4, sync=lambda: None, timer=timer)
 
-        def __init__(self):
-            self.calls = 0
-
-        def perf_counter(self):
-            self.calls += 1
-            return (self.calls - 1) // 2 * 10.0 + (0.010 if self.calls % 2 == 0 else 0.0)
-
-    monkeypatch.setattr(measure, "RunQueueWait", FakeWait)
-    monkeypatch.setattr(measure, "time", FakeClock())
-    samples = measure.timed_ms(lambda: None, warmup=1, repeats=3, sync=lambda: None, timer="sched")
-    assert samples == pytest.approx([3.0] * 3)  # 10 ms elapsed - 7 ms waiting for a CPU
-    wall = measure.timed_ms(lambda: None, warmup=0, repeats=2, sync=lambda: None, timer="wall")
-    assert wall == pytest.approx([10.0] * 2)
+    us = 1e-6
+    # (outer0, t0, t1, outer1) per run; waits (w0, w1) per run, ms
+    inside = [0.0, 2 * us, 0.010 + 2 * us, 0.010 + 4 * us]  # 10 ms call, 7 ms of it waiting for a CPU
+    assert run(inside, [0.0, 7.0]) == pytest.approx([3.0 + 0.004], abs=1e-9)
+    before = [0.0, 0.0005, 0.0015, 0.0015 + 2 * us]  # 0.5 ms wait after the counter read, before t0
+    assert run(before, [0.0, 0.5]) == pytest.approx([1.0], abs=1e-9)
+    after = [0.0, 2 * us, 0.001 + 2 * us, 0.0015 + 4 * us]  # 0.5 ms wait after t1, before the counter read
+    assert run(after, [10.0, 10.5]) == pytest.approx([1.0], abs=1e-9)
+    assert run(inside + before, [0.0, 7.0, 7.0, 7.5]) == pytest.approx([3.004, 1.0], abs=1e-9)
+    monkeypatch.setattr(measure, "time", Script([0.0, 0.0, 0.010, 0.010], []))  # wall: the timed window as it is
+    assert measure.timed_ms(lambda: None, warmup=0, repeats=1, sync=lambda: None, timer="wall") == pytest.approx([10.0])
 
 
 def test_run_queue_wait_reads_this_thread():

@@ -136,7 +136,8 @@ def _input_mismatch(key: str, given: Any, recorded: Any, profile: Profile | None
     where = repr(profile.path) if profile is not None and profile.path else "the plan's profile"
     return PlanError(f"{flag} {shown(given)} differs from the {flag} {shown(recorded)} the profile {where} was measured "
                      "with: the plan's cuts and predictions are for that input",
-                     f"drop {flag} to run the profiled input, or re-profile with {flag} {shown(given)} and re-plan")
+                     f"drop {flag} to run the profiled input; to train on another, profile the model with {flag} "
+                     f"{shown(given)} (pplan profile checks that the model takes it) and re-plan")
 
 
 def check_profile_model(model: str, profile: Profile) -> None:

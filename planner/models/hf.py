@@ -36,7 +36,8 @@ from torch import nn
 
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
-from planner.models.hf_config import check_hf_size, first_plain_token, from_config, make_config, task_of, transformers_module
+from planner.models.hf_config import (check_hf_size, first_plain_token, from_config, image_input_hint, make_config, task_of,
+                                      transformers_module)
 from planner.models.hf_split import Split, check_split, find_split, observe_once
 
 __all__ = ["build_hf", "PROBE_SEQ"]
@@ -173,21 +174,7 @@ def _find(model: nn.Module, x: torch.Tensor, key: str, probe: Callable[[torch.Te
         raise
     except Exception as e:  # noqa: BLE001 - the model's forward failed on the probe: one line
         raise ModelSpecError(f"model {spec!r}: {type(model).__name__} fails on a probe input of shape {tuple(x.shape)}: "
-                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", _image_size_hint(model, x)) from None
-
-
-def _image_size_hint(model: nn.Module, x: torch.Tensor) -> str | None:
-    """The spec key to change when an image is not the config's image_size (a ViT's patch embedding
-    refuses any other size, in transformers' words, which name no key); None otherwise."""
-    size = getattr(getattr(model, "config", None), "image_size", None)
-    if x.dim() != 4 or not _is_size(size):
-        return None
-    size = int(size[0] if isinstance(size, (list, tuple)) else size)
-    height, width = int(x.shape[-2]), int(x.shape[-1])
-    if height == width == size:
-        return None
-    return (f"the spec's image_size is {size} and the input is {height}x{width}: add image_size={height} to the spec "
-            f"(e.g. hf:vit:image_size={height},...), or give --input-shape {int(x.shape[1])},{size},{size}")
+                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", image_input_hint(getattr(model, "config", None), tuple(x.shape), spec)) from None
 
 
 def _is_size(v: Any) -> bool:

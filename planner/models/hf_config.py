@@ -21,7 +21,8 @@ from torch import nn
 from planner.errors import ModelSpecError
 from planner.models.bounds import ModelSize, check_model_size
 
-__all__ = ["transformers_module", "make_config", "task_of", "from_config", "token_ids", "first_plain_token", "check_hf_size"]
+__all__ = ["transformers_module", "make_config", "task_of", "from_config", "token_ids", "first_plain_token", "check_hf_size",
+           "image_input_hint"]
 
 _COMMON_TYPES = "gpt2, llama, mistral, qwen2, bert, roberta, vit, resnet, convnext (docs/models.md)"
 _SIZE_KEYS = ("num_hidden_layers", "hidden_size", "intermediate_size", "vocab_size", "max_position_embeddings",
@@ -41,12 +42,31 @@ def transformers_module() -> Any:
     return transformers
 
 
+# A checkpoint's depth and width as its family's config names them, for the hint above (most
+# families use transformers' common names; gpt2 keeps its own).
+_CHECKPOINT_SIZES = {"gpt2": "n_layer=24,n_embd=1024"}
+
+
+def _checkpoint_family(name: str, known: list[str]) -> str | None:
+    """The model type a hub checkpoint name starts with (`bert-base-uncased` -> bert,
+    `meta-llama/Llama-2-7b-hf` -> llama, `gpt2-medium` -> gpt2), or None."""
+    tail = name.rsplit("/", 1)[-1].lower()
+    families = [t for t in known if tail.startswith(t) and len(tail) > len(t) and tail[len(t)] in "-_."]
+    return max(families, key=len) if families else None
+
+
 def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
     """transformers' config of `model_type` with the spec's keys, dropout off, token ids inside
     the vocabulary and no cache; an unknown type or key refused naming the nearest ones."""
     tf = transformers_module()
     known = list(tf.CONFIG_MAPPING.keys())
     if model_type not in known:
+        family = _checkpoint_family(model_type, known)
+        if family:  # a hub checkpoint's name: nothing is downloaded, the model is built from a config
+            raise ModelSpecError(f"model {spec!r}: {model_type!r} is a checkpoint's name, not a model type; pplan builds "
+                                 "hf: models from a config (nothing is downloaded)",
+                                 f"write hf:{family} with that checkpoint's sizes as keys, e.g. hf:{family}:"
+                                 f"{_CHECKPOINT_SIZES.get(family, 'num_hidden_layers=12,hidden_size=768')} (docs/models.md)")
         close = difflib.get_close_matches(model_type, known, n=3)
         maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
         raise ModelSpecError(f"model {spec!r}: transformers has no model type {model_type!r}",
@@ -223,3 +243,24 @@ def _layer_count(cfg: Any) -> int:
     if isinstance(depths, (list, tuple)) and all(isinstance(d, int) for d in depths):
         return max(0, sum(depths))
     return 0
+
+
+def image_input_hint(config: Any, shape: tuple[int, ...], spec: str) -> str | None:
+    """What to change when a batch of images (N, C, H, W) does not match the config's channels or
+    image_size (a ViT's patch embedding refuses any other, in transformers' words, which name no
+    key); None when it matches or the config has no image size."""
+    size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
+    size = size[0] if isinstance(size, (list, tuple)) and size else size
+    if len(shape) != 4 or not isinstance(size, int) or isinstance(size, bool):
+        return None
+    given = tuple(int(d) for d in shape[1:])
+    if isinstance(channels, int) and given[0] != channels:
+        if given[-1] == channels:  # channels last, as image libraries store them
+            return f"--input-shape is channels, height, width: give --input-shape {channels},{given[0]},{given[1]}"
+        return f"the model takes {channels}-channel images: give --input-shape {channels},{given[1]},{given[2]}"
+    height, width = given[1:]
+    if height == width == size:
+        return None
+    family = ":".join(spec.split(":")[:2]) if spec.startswith("hf:") else spec.split(":")[0]
+    resize = f"add image_size={height} to the spec (e.g. {family}:image_size={height},...), or " if height == width else ""
+    return f"the spec's image_size is {size} and the input is {height}x{width}: {resize}give --input-shape {given[0]},{size},{size}"

@@ -165,7 +165,8 @@ def _pairs(rest: str, spec: str) -> list[tuple[str, str]]:
             continue
         key, eq, value = item.partition("=")
         if not eq or not key.strip() or not value.strip():
-            raise ModelSpecError(f"model {spec!r}: {item.strip()!r} is not key=value", "write it like gpt:layers=4,hidden=256")
+            example = "hf:gpt2:n_layer=4,n_embd=128" if spec.startswith("hf:") else "gpt:layers=4,hidden=256"
+            raise ModelSpecError(f"model {spec!r}: {item.strip()!r} is not key=value", f"write it like {example}")
         pairs.append((key.strip(), value.strip()))
     return pairs
 

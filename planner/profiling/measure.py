@@ -150,19 +150,33 @@ def timed_ms(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable
             if before is not None:
                 before()
             sync()
+            outer0 = time.perf_counter()
             w0 = waits.ms() if waits else 0.0
             t0 = time.perf_counter()
             result = fn()
             sync()
-            elapsed = (time.perf_counter() - t0) * 1e3
-            waited = (waits.ms() - w0) if waits else 0.0
+            t1 = time.perf_counter()
+            w1 = waits.ms() if waits else 0.0
+            outer1 = time.perf_counter()
             del result
             if i >= warmup:
-                samples.append(max(elapsed - waited, 0.0))
+                samples.append(_sample_ms(t1 - t0, outer1 - outer0, w1 - w0))
     finally:
         if waits:
             waits.close()
     return samples
+
+
+def _sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
+    """One run's time, ms: `timed_s` between the clock's reads around the call, minus the part of
+    the run-queue wait `waited_ms` (counted between reads just outside them, `outer_s` apart) that
+    fell inside. The wait counter cannot be read inside the timed window without adding its cost to
+    every run, so a wait that lands between a counter read and a clock read is counted but not
+    timed: subtracting it whole once made a 0.5 ms block read 0 ms. Such a wait lengthens the outer
+    window alone, so at most outer - timed of the count lies outside; subtract the rest."""
+    timed_ms = timed_s * 1e3
+    outside_ms = max(outer_s - timed_s, 0.0) * 1e3
+    return max(timed_ms - max(waited_ms - outside_ms, 0.0), 0.0)
 
 
 def _median_std(samples: list[float]) -> tuple[float, float]:
