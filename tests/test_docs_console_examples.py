@@ -10,6 +10,7 @@ the documentation says the new figure.
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -78,13 +79,38 @@ def test_console_example_prints_what_the_docs_show(pplan, doc_folder, doc, comma
         + "\n--- it printed:\n" + out + err
 
 
-def test_error_example_is_the_one_line_printed(pplan, doc_folder):
-    """docs/planner.md wraps the one-line error of an impossible limit over several lines."""
-    command = f"pplan partition {GPT} --devices 4 --memory 100MiB --global-batch 32"
-    shown = [line for line in console_example("docs/planner.md", command) if line.strip()]
+def _plan_naming(model: str):
+    """Setup: plan.json for profiles/mlp.csv with its model string replaced by `model`."""
+    def make(pplan, folder: Path) -> None:
+        code, _, err = pplan("partition", "profiles/mlp.csv", "--devices", 2, "--global-batch", 32, "--out", "plan.json")
+        assert code == 0, err
+        if model:
+            plan = json.loads((folder / "plan.json").read_text(encoding="utf-8"))
+            (folder / "plan.json").write_text(json.dumps({**plan, "model": model}, indent=2), encoding="utf-8")
+    return make
+
+
+# (document, the console line as shown, what the folder needs first): the error lines the docs
+# show (wrapped over several lines where the docs say so) are the one line printed, exit code 2
+ERROR_CASES = [
+    ("docs/planner.md", f"pplan partition {GPT} --devices 4 --memory 100MiB --global-batch 32", None),
+    ("docs/models.md", "pplan profile --model gpt:layer=4", None),
+    ("docs/models.md", "pplan run plan.json --input-shape 3,32,32", _plan_naming("")),
+    ("docs/models.md", "pplan run plan.json", _plan_naming("mymodels:build:width=512")),
+]
+
+
+@pytest.mark.parametrize("doc, command, setup", ERROR_CASES, ids=[f"{c[0]}:{i}" for i, c in enumerate(ERROR_CASES)])
+def test_error_example_is_the_one_line_printed(pplan, doc_folder, doc, command, setup):
+    if setup is not None:
+        setup(pplan, doc_folder)
+    before = sorted(p.name for p in doc_folder.iterdir())
+    shown = [line for line in console_example(doc, command) if line.strip()]
+    assert shown and shown[0].startswith("pplan: error: "), f"{doc} shows no error for `{command}`"
     code, out, err = pplan(*command_words(command))
-    assert code == 2 and not (doc_folder / "plan.json").exists()
+    assert code == 2 and out == ""
     assert " ".join(line.strip() for line in shown) == err.strip()
+    assert sorted(p.name for p in doc_folder.iterdir()) == before  # no partial file
 
 
 def test_missing_lines_are_found():
