@@ -69,7 +69,7 @@ def simulate_cmd(
     result = what_if(plan_path, change, sweep=sweep, profile=profile, calibration=calibration, hardware=hardware,
                      record_timeline=as_json, outputs=outputs)
     for line in result.warnings:
-        err(f"warning: {line}")
+        err(f"pplan: warning: {line}")
     if result.parameter is not None:
         _do_sweep(result, as_json, out, plot)
         return
@@ -151,6 +151,11 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, ou
         echo(f"warning: {_devices_in_words(over)} exceed their memory limit; try recompute, more micro-batches with 1f1b, or `pplan partition`")
 
 
+def _fits(row: Any) -> str:
+    """A sweep row's fits column: yes?, as partition's table says it, where the memory is a lower bound."""
+    return ("yes?" if row.memory_unpriced else "yes") if row.fits else "NO"
+
+
 def _devices_in_words(devices: list[int], most: int = 8) -> str:
     """'device(s) 0, 3' for a few; the first `most` and how many more for many (4,000 numbers are no warning)."""
     listed = ", ".join(map(str, devices[:most]))
@@ -213,6 +218,8 @@ def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) 
             continue
         note = f"  (size {w.setup.profile.size_basis(r.micro_batch_size)})" if r.interpolated else ""
         echo(f"{head}  {format_ms(r.iteration_ms):>10}  {100 * r.bubble_fraction:6.1f}%  "
-             f"{r.throughput_samples_per_s:11,.1f}  {format_bytes(r.peak_memory_bytes):>11}  {'yes' if r.fits else 'NO'}{note}")
+             f"{r.throughput_samples_per_s:11,.1f}  {format_bytes(r.peak_memory_bytes):>11}  {_fits(r)}{note}")
+    if any(r.fits and r.memory_unpriced for r in rows if not r.error):
+        echo("  yes?: fits if what the profile does not measure (no wgrad_bytes column) is small; see the warning")
     for path, _ in payloads:
         err(f"wrote {path}")

@@ -74,7 +74,7 @@ def test_console_example_prints_what_the_docs_show(pplan, doc_folder, doc, comma
             del words[words.index(option):words.index(option) + 2]
     code, out, err = pplan(*words)
     assert code == 0, err
-    missing = missing_from_output(shown, out + "\n" + err)  # a terminal shows both; "wrote ..." goes to stderr
+    missing = missing_from_output(shown, out, err)
     assert not missing, f"{doc}: `{command}` no longer prints these lines (in this order):\n" + "\n".join(missing) \
         + "\n--- it printed:\n" + out + err
 
@@ -119,3 +119,5 @@ def test_missing_lines_are_found():
     assert missing_from_output(["a 1", "...", "c   3"], out) == []
     assert missing_from_output(["a 1", "c 4"], out) == ["c 4"]
     assert missing_from_output(["c 3", "a 1"], out) == ["a 1"]
+    assert missing_from_output(["w", "a 1", "x", "c 3"], out, "w\nx\n") == []  # stderr's lines anywhere, in their order
+    assert missing_from_output(["x", "w"], out, "w\nx\n") == ["w"]

@@ -87,6 +87,12 @@ def test_sweep_table_json_and_plot(work: Path, run_cli) -> None:
     assert by["gpipe"]["iteration_ms"] == pytest.approx(by["1f1b"]["iteration_ms"], rel=0.05)
     assert by["zb"]["iteration_ms"] < by["1f1b"]["iteration_ms"]
     assert by["interleaved"]["error"] and by["gpipe"]["peak_memory_bytes"] > by["1f1b"]["peak_memory_bytes"]
+    # the sample profile has no wgrad_bytes: zb's memory is a lower bound, in the JSON and as partition marks it
+    assert [by[s]["memory_unpriced"] for s in ("gpipe", "1f1b", "zb")] == [False, False, True]
+    table = run_cli("simulate", str(work / "plan.json"), "--sweep", "schedule=gpipe,1f1b,zb")
+    assert [line.split()[-1] for line in table.stdout.splitlines()[2:5]] == ["yes", "yes", "yes?"]
+    assert table.stdout.splitlines()[5].startswith("  yes?: fits if what the profile does not measure")
+    assert table.stderr.startswith("pplan: warning: the profile has no wgrad_bytes column")
 
 
 @pytest.mark.parametrize("args", [

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Iterable, Sequence
 
 from planner.calibration import Calibration
+from planner.cost.held import wgrad_unmeasured_note
 from planner.errors import PplanError
 from planner.hardware import Hardware
 from planner.jsonio import nearest
@@ -57,6 +58,9 @@ class SweepRow:
     """Why the value cannot run."""
     interpolated: bool = False
     """The micro-batch size was not profiled; costs are interpolated."""
+    memory_unpriced: bool = False
+    """The profile cannot price all this schedule holds (zero-bubble or interleaved without a
+    wgrad_bytes column, planner.cost.held): peak memory and `fits` are a lower bound ("yes?")."""
     hint: str | None = None
     """The end of `error` that says what to change (a list of many values gives each hint once); not in the JSON."""
 
@@ -121,9 +125,11 @@ def _row(value: Any, variant: Plan, profile: Profile, calibration: Calibration |
     except PplanError as e:
         return SweepRow(**base, iteration_ms=None, bubble_fraction=None, throughput_samples_per_s=None,
                         peak_memory_bytes=None, fits=None, error=e.one_line(), hint=_hint(e))
+    spec = get_schedule(variant.schedule)
+    unpriced = wgrad_unmeasured_note(profile.at(variant.micro_batch_size), spec.split_backward, spec.holds_sends) is not None
     return SweepRow(**base, iteration_ms=r.iteration_ms, bubble_fraction=r.bubble_fraction,
                     throughput_samples_per_s=r.throughput_samples_per_s, peak_memory_bytes=max(r.peak_memory_bytes),
-                    fits=r.fits, interpolated=bool(r.interpolated))
+                    fits=r.fits, interpolated=bool(r.interpolated), memory_unpriced=unpriced)
 
 
 def _hint(e: PplanError) -> str | None:

@@ -58,18 +58,22 @@ def _squeeze(line: str) -> str:
     return " ".join(line.split())
 
 
-def missing_from_output(shown: list[str], output: str) -> list[str]:
-    """The shown lines that the output lacks, compared in order with runs of spaces folded: each
-    shown line must be a later output line than the one before it. `...` lines (the docs' cuts)
-    and blank lines match nothing; table rules (`-----`) the docs leave out are skipped over."""
-    actual = [_squeeze(line) for line in output.splitlines()]
-    at, missing = 0, []
+def missing_from_output(shown: list[str], output: str, errors: str = "") -> list[str]:
+    """The shown lines that the command did not print, compared with runs of spaces folded: each
+    shown line must come after the one before it in the same stream, stdout (`output`) or stderr
+    (`errors`: warnings and "wrote FILE", which a terminal interleaves with stdout). `...` lines
+    (the docs' cuts) and blank lines match nothing; table rules (`-----`) the docs leave out are
+    skipped over."""
+    streams = [[_squeeze(line) for line in text.splitlines()] for text in (output, errors)]
+    at, missing = [0, 0], []
     for line in shown:
         want = _squeeze(line)
         if not want or want == "...":
             continue
-        try:
-            at = actual.index(want, at) + 1
-        except ValueError:
+        for k, lines in enumerate(streams):
+            if want in lines[at[k]:]:
+                at[k] = lines.index(want, at[k]) + 1
+                break
+        else:
             missing.append(line)
     return missing
