@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from planner import build_pipeline, load_plan
+from planner.errors import PplanError
 from planner.execute.stages import step_seed
 from planner.models import build_model
 
@@ -44,8 +45,14 @@ def main() -> None:
     bundle = build_model(plan.model, seed=plan.seed)
     model, loss_fn = bundle.layers, bundle.loss_fn
 
-    pipe = build_pipeline(plan, model, rank=rank, loss_fn=loss_fn,
-                          example=bundle.make_batch(plan.micro_batch_size, 0)[0])  # one micro-batch's input
+    try:
+        pipe = build_pipeline(plan, model, rank=rank, loss_fn=loss_fn,
+                              example=bundle.make_batch(plan.micro_batch_size, 0)[0])  # one micro-batch's input
+    except PplanError as e:  # a plan this job cannot run (another process count, ...): one line, once
+        if rank == 0:
+            print(f"error: {e.one_line()}", file=sys.stderr, flush=True)
+        dist.destroy_process_group()
+        sys.exit(2)
     print(f"rank {rank}: stages {pipe.stage_ids} (replica {pipe.dp_index}), {type(pipe.schedule).__name__}, "
           f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size}", flush=True)
     opt = torch.optim.Adam(pipe.parameters(), lr=args.lr)
