@@ -48,10 +48,9 @@ def main() -> None:
     try:
         pipe = build_pipeline(plan, model, rank=rank, loss_fn=loss_fn,
                               example=bundle.make_batch(plan.micro_batch_size, 0)[0])  # one micro-batch's input
-    except PplanError as e:  # a plan this job cannot run (another process count, ...): one line, once
-        if rank == 0:
-            print(f"error: {e.one_line()}", file=sys.stderr, flush=True)
-        dist.destroy_process_group()
+    except PplanError as e:  # a plan this job cannot run (another process count, ...): one line per rank,
+        # printed before anything exits (torchrun stops the other ranks once one has, so rank 0 alone may never get here)
+        print(f"rank {rank}: error: {e.one_line()}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(f"rank {rank}: stages {pipe.stage_ids} (replica {pipe.dp_index}), {type(pipe.schedule).__name__}, "
           f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size}", flush=True)

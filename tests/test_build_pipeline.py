@@ -88,11 +88,13 @@ def test_example_runs_a_data_parallel_plan(tmp_path):
     with torch_threads(1):
         ref, _ = reference_run(load_plan(path), steps, lr=1e-3)
     assert mine == pytest.approx(ref, rel=1e-12, abs=0)
-    # too few processes for it: one line from rank 0 and exit 2, not a traceback from every rank
+    # too few processes for it: one line per rank that gets to say it (torchrun stops the others
+    # once one exits), not a traceback from each
     short = _torchrun(2, path, tmp_path / "none.json", steps)
     assert short.returncode != 0 and not (tmp_path / "none.json").exists()
-    assert short.stderr.count("error: the job has 2 processes but the plan needs 4") == 1, short.stderr[-3000:]
-    assert "exitcode  : 2" in short.stderr and "planner/execute" not in short.stderr
+    said = short.stderr.count(": error: the job has 2 processes but the plan needs 4")
+    assert 1 <= said <= 2 and "exitcode  : 2" in short.stderr, short.stderr[-3000:]
+    assert "planner/execute" not in short.stderr  # no traceback through pplan's code
 
 
 def test_build_pipeline_refuses_a_job_of_the_wrong_size(tmp_path):

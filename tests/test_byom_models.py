@@ -349,6 +349,14 @@ def test_a_vit_given_other_channels_is_told_the_shape_it_takes(shape, hint):
     assert e.value.hint == hint
 
 
+def test_a_convnext_too_small_for_its_downsampling_is_offered_its_configs_size_only():
+    """image_size is nominal for a ConvNeXt: "add image_size=8" would fail again on an 8x8 image."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError) as e:
+        build_model("hf:convnext:depths=1/1/1/1,hidden_sizes=8/16/32/64,num_labels=10", seed=0, input_shape=(3, 8, 8))
+    assert e.value.hint == "the spec's image_size is 224 and the input is 8x8: give --input-shape 3,224,224"
+
+
 def test_a_factory_key_it_has_no_parameter_for_is_refused_with_the_nearest(tmp_path, monkeypatch):
     (tmp_path / "byo_keys.py").write_text(
         "from torch import nn\n\n"

@@ -110,7 +110,8 @@ def test_hf_unknown_model_type_names_the_nearest_few():
 
 
 @pytest.mark.parametrize("name, family, keys", [("bert-base-uncased", "bert", "num_hidden_layers=12,hidden_size=768"),
-                                               ("gpt2-medium", "gpt2", "n_layer=24,n_embd=1024")])
+                                               ("gpt2-medium", "gpt2", "n_layer=24,n_embd=1024"),
+                                               ("gemma-2-9b", "gemma2", "num_hidden_layers=12,hidden_size=768")])
 def test_hf_checkpoint_names_are_told_apart_from_model_types(name, family, keys):
     """A hub checkpoint's name once got only "no model type 'gpt2-medium'" and the list of types."""
     pytest.importorskip("transformers")
@@ -118,6 +119,15 @@ def test_hf_checkpoint_names_are_told_apart_from_model_types(name, family, keys)
         build_model(f"hf:{name}")
     assert f"{name!r} is a checkpoint's name, not a model type" in e.value.message and "nothing is downloaded" in e.value.message
     assert e.value.hint.startswith(f"write hf:{family} with that checkpoint's sizes as keys, e.g. hf:{family}:{keys}")
+
+
+@pytest.mark.parametrize("name, nearest", [("xlm_roberta", "xlm-roberta"), ("qwen2-moe", "qwen2_moe")])
+def test_hf_a_type_with_the_other_separator_is_a_misspelt_type_not_a_checkpoint(name, nearest):
+    """`xlm_roberta` is xlm-roberta misspelt, not a checkpoint of another type that its name starts with."""
+    pytest.importorskip("transformers")
+    with pytest.raises(ModelSpecError) as e:
+        build_model(f"hf:{name}")
+    assert f"no model type {name!r}" in e.value.message and e.value.hint.startswith(f"did you mean {nearest!r}")
 
 
 def test_hf_encoder_decoders_are_refused_as_such():

@@ -173,8 +173,9 @@ def _find(model: nn.Module, x: torch.Tensor, key: str, probe: Callable[[torch.Te
     except ModelSpecError:
         raise
     except Exception as e:  # noqa: BLE001 - the model's forward failed on the probe: one line
+        hint = image_input_hint(getattr(model, "config", None), tuple(x.shape), spec, str(e))
         raise ModelSpecError(f"model {spec!r}: {type(model).__name__} fails on a probe input of shape {tuple(x.shape)}: "
-                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", image_input_hint(getattr(model, "config", None), tuple(x.shape), spec)) from None
+                             f"{type(e).__name__}: {' '.join(str(e).split())[:200]}", hint) from None
 
 
 def _is_size(v: Any) -> bool:

@@ -48,11 +48,17 @@ _CHECKPOINT_SIZES = {"gpt2": "n_layer=24,n_embd=1024"}
 
 
 def _checkpoint_family(name: str, known: list[str]) -> str | None:
-    """The model type a hub checkpoint name starts with (`bert-base-uncased` -> bert,
-    `meta-llama/Llama-2-7b-hf` -> llama, `gpt2-medium` -> gpt2), or None."""
-    tail = name.rsplit("/", 1)[-1].lower()
-    families = [t for t in known if tail.startswith(t) and len(tail) > len(t) and tail[len(t)] in "-_."]
-    return max(families, key=len) if families else None
+    """The model type a hub checkpoint's name starts with (`bert-base-uncased` -> bert,
+    `gpt2-medium` -> gpt2, `gemma-2-9b` -> gemma2), or None. Separators are ignored, so a type
+    written with the other separator (`xlm_roberta`, `qwen2-moe`) is a misspelt type, left to the
+    nearest-name hint, not a checkpoint of a shorter type."""
+    def bare(text: str) -> str:
+        return "".join(ch for ch in text.lower() if ch not in "-_.")
+
+    if not any(sep in name for sep in "-_") or any(bare(t) == bare(name) for t in known):
+        return None
+    families = [t for t in known if bare(name).startswith(bare(t))]
+    return max(families, key=lambda t: len(bare(t))) if families else None
 
 
 def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
@@ -245,10 +251,12 @@ def _layer_count(cfg: Any) -> int:
     return 0
 
 
-def image_input_hint(config: Any, shape: tuple[int, ...], spec: str) -> str | None:
-    """What to change when a batch of images (N, C, H, W) does not match the config's channels or
-    image_size (a ViT's patch embedding refuses any other, in transformers' words, which name no
-    key); None when it matches or the config has no image size."""
+def image_input_hint(config: Any, shape: tuple[int, ...], spec: str, error: str = "") -> str | None:
+    """What to change when a batch of images (N, C, H, W) that the model failed on (`error`, its
+    message) does not match the config's channels or image_size; None when it matches or the config
+    has no image size. A ViT's patch embedding refuses any other size ("doesn't match", naming no
+    key): its image_size can follow the input. Elsewhere image_size is nominal (a ConvNeXt takes
+    any size its downsampling leaves room for) and only the config's own size is offered."""
     size, channels = getattr(config, "image_size", None), getattr(config, "num_channels", None)
     size = size[0] if isinstance(size, (list, tuple)) and size else size
     if len(shape) != 4 or not isinstance(size, int) or isinstance(size, bool):
@@ -262,5 +270,6 @@ def image_input_hint(config: Any, shape: tuple[int, ...], spec: str) -> str | No
     if height == width == size:
         return None
     family = ":".join(spec.split(":")[:2]) if spec.startswith("hf:") else spec.split(":")[0]
-    resize = f"add image_size={height} to the spec (e.g. {family}:image_size={height},...), or " if height == width else ""
+    resizable = height == width and "match" in error
+    resize = f"add image_size={height} to the spec (e.g. {family}:image_size={height},...), or " if resizable else ""
     return f"the spec's image_size is {size} and the input is {height}x{width}: {resize}give --input-shape {given[0]},{size},{size}"

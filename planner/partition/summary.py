@@ -80,9 +80,11 @@ def _why(result: PartitionResult) -> list[str]:
         ])
     lines = [f"why {chosen.point.schedule} x {chosen.point.n_microbatches}: best (schedule, M) by simulated iteration time"]
     lines += _table(["schedule", "M", "b", "method", "iteration", "bubble", "bottleneck/mb", "peak/limit", "fits", ""], rows)
-    # every method's cuts, as in the table above: a note that read only the plan's own method once
-    # said zb M=2 cost 33% more while the table listed it (uniform cuts) at 20%
-    others = result.search.candidates
+    # the pool's cuts, as in the table above (every method's with --method auto, that one's with
+    # another): a note that read only the plan's own method once said zb M=2 cost 33% more while the
+    # table listed it (uniform cuts) at 20%; one that read every method under --method uniform
+    # named DP cuts the plan could not take, at "-21.2% more"
+    others = [c for c in result.search.candidates if c.origin in result.search.pool]
     smaller = [c for c in others if c.fits and c.point.n_microbatches > chosen.point.n_microbatches]
     larger = [c for c in others if c.fits and c.point.n_microbatches < chosen.point.n_microbatches]
     notes = ["yes?: fits if what the profile does not measure (no wgrad_bytes column) is small; see the warning"] if unsure else []
