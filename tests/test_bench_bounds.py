@@ -26,6 +26,8 @@ from planner.profiling.profile import MAX_LAYERS
     (["planner", "--layers", "4000", "--devices", "4,64"], "--layers 4000 x --devices 64 is 1,024,000,000 layers^2 x devices"),
     (["simulator", "--sizes", "64x100000"], f"19,200,000 actions to simulate, beyond the simulator's bound of {MAX_SIMULATED_ACTIONS:,}"),
     (["simulator", "--sizes", "8x64,8x64"], "repeats a size"),
+    (["simulator", "--sizes", "8x64,8x30"],  # once refused only after gpipe and 1f1b had been timed
+     "--sizes 8x30 under interleaved: schedule interleaved needs the micro-batch count to be a multiple"),
     (["simulator", "--sizes", ",".join(f"2x{m}" for m in range(1, MAX_BENCH_LIST + 2))], f"more than {MAX_BENCH_LIST}"),
     (["quality", "--devices", str(MAX_PIPELINE_STAGES + 1)], f"1..{MAX_PIPELINE_STAGES:,}"),
     (["quality", "--global-batch", str(MAX_GLOBAL_BATCH + 1)], f"1..{MAX_GLOBAL_BATCH:,}"),

@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 
 from planner.bench.table import Table
 from planner.errors import PplanError, ScheduleError
+from planner.schedules import check_sizes as check_schedule_sizes
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
 __all__ = ["bench_simulator", "parse_sizes", "check_sizes", "check_repeats", "MAX_REPEATS", "SCHEDULES"]
@@ -35,7 +36,8 @@ def check_repeats(repeats: int, flag: str = "--repeats") -> int:
 def check_sizes(sizes: Sequence[tuple[int, int]], schedules: Sequence[str] = SCHEDULES) -> list[tuple[int, int]]:
     """Refuse a sizes list the bench could not finish: more than MAX_BENCH_LIST sizes, a size given
     twice, or a size beyond what `pplan simulate` accepts under any of `schedules` (every schedule
-    is timed at every size: planner.simulate.check_action_count)."""
+    is timed at every size: planner.simulate.check_action_count and torch's micro-batch rules), so
+    no size fails after others were timed."""
     from planner.limits import MAX_BENCH_LIST
     from planner.simulate import check_action_count
 
@@ -47,8 +49,10 @@ def check_sizes(sizes: Sequence[tuple[int, int]], schedules: Sequence[str] = SCH
     most_first = sorted(schedules, key=lambda n: not get_schedule(n).split_backward)  # a split backward has the most actions
     for stages, microbatches in sizes:
         for name in most_first:
+            v = get_schedule(name).virtual_stages
             try:
                 check_action_count(name, stages, microbatches)
+                check_schedule_sizes(name, stages // v, microbatches, v)  # torch's rules (M a multiple of P for interleaved)
             except ScheduleError as e:
                 raise ScheduleError(f"--sizes {stages}x{microbatches} under {name}: {e.message}", e.hint) from None
     return sizes
