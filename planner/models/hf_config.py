@@ -42,8 +42,8 @@ def transformers_module() -> Any:
     return transformers
 
 
-# A checkpoint's depth and width as its family's config names them, for the hint above (most
-# families use transformers' common names; gpt2 keeps its own).
+# A checkpoint's depth and width as its family's config names them, for make_config's hint on a
+# checkpoint name (most families use transformers' common names; gpt2 keeps its own).
 _CHECKPOINT_SIZES = {"gpt2": "n_layer=24,n_embd=1024"}
 
 
