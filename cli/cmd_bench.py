@@ -144,7 +144,7 @@ def quality_cmd(
     measured: Annotated[bool, typer.Option("--measured", help="Also train the plans on the executor (gpt on 2, synthetic on 2 and 4).")] = False,
     steps: Annotated[int, typer.Option("--steps", help="--measured: steps per run.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="--measured: untimed first steps.")] = 2,
-    device: Annotated[str, typer.Option("--device", help="--measured: cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="--measured: cpu or cuda (each rank on cuda:LOCAL_RANK).")] = "cpu",
     out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """pplan against the uniform, params and time baselines (simulated; --measured on the executor)."""
@@ -178,7 +178,7 @@ def fidelity_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny grid (2 runs): checks the pipeline, not the figures.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 5,
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed first steps.")] = 2,
-    device: Annotated[str, typer.Option("--device", help="cpu or cuda.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu or cuda (each rank on cuda:LOCAL_RANK).")] = "cpu",
     repeats: Annotated[int, typer.Option("--repeats", help="Runs per case: the error's median and spread over them.")] = 1,
     calibrated: Annotated[bool, typer.Option(
         "--calibrated", help="Also per-plan calibration (needs --repeats 2 or more): each "

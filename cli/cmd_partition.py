@@ -31,14 +31,14 @@ def register(app: typer.Typer) -> None:
 def partition_cmd(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.csv", help="Profile CSV (from `pplan profile` or profiles/).")],
     devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices).")] = None,
-    memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB (default: unlimited).")] = None,
+    memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB; a plain number is bytes (default: unlimited; with --nodes, the hardware's GPU memory; with --cluster, for the devices its file gives none).")] = None,
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration (= micro-batches x micro-batch size).")] = ...,
     microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M. With --nodes: M per data-parallel replica, each layout then running micro-batches of batch / (dp x M) samples.")] = None,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="auto (the default), gpipe, 1f1b, interleaved or zb. With --nodes, the layouts are searched with that schedule only.")] = None,
     recompute: Annotated[str, typer.Option("--recompute", help="auto (per layer, only where memory needs it), none or all.")] = "auto",
     optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam (the default), adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = None,
-    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="Link bandwidth between devices (default 25GB/s; 100Gbit/s is bits).")] = None,
-    latency: Annotated[Optional[str], typer.Option("--latency", help="Link latency per message (default 0.01ms; or e.g. 5us).")] = None,
+    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s or 100Gbit/s (bits); a plain number is bytes/s (default 25GB/s; with --cluster, only if its file has no default_link).")] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help="Link latency per message, e.g. 0.01ms or 5us; a plain number is ms (default 0.01ms; with --cluster, only if its file has no default_link).")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="auto (the default), dp, ilp, uniform, params or time.")] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60; positive and finite).")] = None,
@@ -82,7 +82,7 @@ def partition_cmd(
     settings = settings_from_options(devices=devices, memory=memory, global_batch=global_batch,
                                      microbatches=microbatches or "auto", schedule=schedule or "auto",
                                      recompute=recompute, optimizer=optimizer or "adam",
-                                     bandwidth=bandwidth or "25GB/s", latency=latency or "0.01ms", cluster=cluster,
+                                     bandwidth=bandwidth, latency=latency, cluster=cluster,
                                      method=method or "auto", time_limit=60.0 if time_limit is None else time_limit)
     with step_progress("partition", terminal_only=True) as on_step:  # logs and pipes stay quiet
         job = partition_pipeline(profile_path, settings, calibration=calibration, on_step=on_step)

@@ -92,7 +92,7 @@ def profile(
     ctx: typer.Context,
     model: Annotated[str, typer.Option("--model", "-m", help=_MODEL_HELP)] = ...,
     micro_batch_sizes: Annotated[str, typer.Option("--micro-batch-sizes", "-b", help="Micro-batch sizes to measure, e.g. 1,2,4,8,16,32.")] = "1,2,4,8",
-    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N.")] = "cpu",
+    device: Annotated[str, typer.Option("--device", help="cpu, cuda or cuda:N (one process measures on one device).")] = "cpu",
     dtype: Annotated[str, typer.Option("--dtype", help="float32, bfloat16 or float16 (parameters and float inputs).")] = "float32",
     warmup: Annotated[int, typer.Option("--warmup", help="Untimed runs before measuring.")] = 3,
     repeats: Annotated[int, typer.Option("--repeats", help="Timed runs; the median is recorded (15 keeps two runs within ~15% per layer on a shared CPU).")] = 15,

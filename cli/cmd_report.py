@@ -26,7 +26,7 @@ def report(
     measured_timeline: Annotated[Optional[Path], typer.Option("--measured-timeline", help="Measured timeline CSV from `pplan run`.")] = None,
     calibration: Annotated[Optional[str], typer.Option("--calibration", help="Calibration JSON for what the report simulates, or 'none' (default: the profile's own, if any).")] = None,
     name: Annotated[Optional[str], typer.Option("--name", help="Write reports/NAME/ (default reports/latest/).")] = None,
-    out: Annotated[Optional[Path], typer.Option("--out", help="Write to this folder instead of reports/NAME/.")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Write to this folder instead of reports/NAME/.")] = None,
     formats: Annotated[str, typer.Option("--formats", help="Figure files to write: comma list of png, svg, pdf.")] = "png,svg",
     title: Annotated[Optional[str], typer.Option("--title", help="Title of the report page.")] = None,
     no_simulate: Annotated[bool, typer.Option("--no-simulate", help="Only draw from the given files; never simulate here.")] = False,

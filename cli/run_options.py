@@ -25,7 +25,7 @@ Lr = Annotated[float, typer.Option("--lr", help="Learning rate of the plan's opt
 RunOut = Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted).")]
 RunTimeline = Annotated[Optional[Path], typer.Option("--timeline", help="Measured timeline CSV of one step after warm-up.")]
 RunProfile = Annotated[Optional[Path], typer.Option("--profile", help="Profile to predict with (default: the plan's).")]
-RunDevice = Annotated[str, typer.Option("--device", help="cpu, cuda or auto.")]
+RunDevice = Annotated[str, typer.Option("--device", help="cpu, cuda (each rank on cuda:LOCAL_RANK) or auto (cuda when this machine has a GPU for every local rank, else cpu).")]
 CheckpointDir = Annotated[Optional[Path], typer.Option(
     "--checkpoint-dir", help="Save stage weights and optimizer state here; resume from the newest complete save.")]
 CheckpointEvery = Annotated[int, typer.Option("--checkpoint-every", help="Also save every K steps (0: only at the end).")]

@@ -234,3 +234,27 @@ def test_the_why_notes_agree_with_the_why_table(pplan, tmp_path, profile, device
             (low, high), (plan_low, plan_high) = span(listed[0]), span(plan_row)
             assert 100 * (low / plan_high - 1) - 0.05 <= pct <= 100 * (high / plan_low - 1) + 0.05, out  # times are rounded
     assert notes, out
+
+
+def test_cluster_refuses_the_flags_its_file_sets(pplan, tmp_path):
+    """examples/cluster.json gives every device memory and a default_link: --memory, --bandwidth and
+    --latency would be ignored (a 1MB/s --bandwidth once left the prediction unchanged), so they are
+    refused; a file that leaves them out takes them."""
+    args = ("partition", ROOT / "profiles" / "mlp.csv", "--cluster", CLUSTER, "--global-batch", 32, "--out", tmp_path / "p.json")
+    code, _, err = pplan(*args, "--bandwidth", "1MB/s", "--memory", "1GiB")
+    assert code == 2 and err.count("\n") == 1 and not (tmp_path / "p.json").exists()
+    assert f"--memory and --bandwidth would be ignored with --cluster {CLUSTER}: every device in it has its own memory" in err
+    assert "drop --memory and --bandwidth, or edit the cluster file" in err
+    data = json.loads(CLUSTER.read_text(encoding="utf-8"))
+    del data["default_link"]
+    del data["devices"][0]["memory"]
+    open_file = tmp_path / "open.json"
+    open_file.write_text(json.dumps(data), encoding="utf-8")
+    plans = {}
+    for bandwidth in ("1GB/s", "100MB/s"):
+        code, _, err = pplan("partition", ROOT / "profiles" / "mlp.csv", "--cluster", open_file, "--global-batch", 32,
+                             "--bandwidth", bandwidth, "--latency", "1ms", "--memory", "30GiB", "--out", tmp_path / f"{bandwidth}.json")
+        assert code == 0, err
+        plans[bandwidth] = load_plan(tmp_path / f"{bandwidth}.json")
+    assert {p.links.bandwidth_bytes_per_s for p in plans.values()} == {1e9, 1e8}  # read where the file leaves it out
+    assert plans["1GB/s"].devices[0].memory_bytes == 30 * 2**30 and plans["1GB/s"].links.latency_ms == 1.0

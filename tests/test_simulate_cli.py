@@ -217,3 +217,10 @@ def test_what_if_keeps_the_timeline_for_the_outputs_that_show_it(work: Path) -> 
     assert what_if(work / "plan.json").sim.timeline == ()
     assert what_if(work / "plan.json", outputs=SimulationOutputs(plot=work / "g.svg")).sim.timeline
     assert not (work / "g.svg").exists()  # the caller writes them; what_if only checks and keeps what they need
+
+
+def test_out_has_the_short_form_other_commands_have(work: Path, pplan) -> None:
+    """profile, partition, run and calibrate take -o; simulate and report once refused it."""
+    code, _, err = pplan("simulate", work / "plan.json", "-o", work / "s.json")
+    assert code == 0, err
+    assert json.loads((work / "s.json").read_text())["iteration_ms"] > 0

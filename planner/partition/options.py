@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from planner.cluster import load_cluster
+from planner.cluster import Cluster, load_cluster
 from planner.errors import PplanError
 from planner.hardware import load_hardware
 from planner.limits import check_time_limit
@@ -46,13 +46,17 @@ def cluster_recompute(text: str) -> str:
 
 def settings_from_options(*, devices: int | None, memory: str | None, global_batch: int, microbatches: str = "auto",
                           schedule: str = "auto", recompute: str = "auto", optimizer: str = "adam",
-                          bandwidth: str = "25GB/s", latency: str = "0.01ms",
+                          bandwidth: str | None = None, latency: str | None = None,
                           cluster: str | os.PathLike | None = None, method: str = "auto",
                           time_limit: float = 60.0) -> PartitionSettings:
     """PartitionSettings from the command's option values (sizes and times as text, names in any
-    case); the checks that need the profile stay in planner.partition.api.validate_settings."""
+    case; bandwidth and latency None: 25GB/s and 0.01ms); the checks that need the profile stay in
+    planner.partition.api.validate_settings."""
     if cluster is None and devices is None:
         raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
+    loaded = load_cluster(cluster) if cluster is not None else None
+    if loaded is not None:
+        _refuse_what_the_cluster_sets(loaded, memory=memory, bandwidth=bandwidth, latency=latency)
     return PartitionSettings(
         n_devices=devices,
         memory_bytes=parse_bytes(memory, "--memory") if memory is not None else None,
@@ -61,12 +65,32 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         schedule=schedule.strip().lower(),
         recompute=recompute.strip().lower(),
         optimizer=optimizer.strip().lower(),
-        bandwidth=parse_bandwidth(bandwidth),
-        latency_ms=parse_ms(latency),
-        cluster=load_cluster(cluster) if cluster is not None else None,
+        bandwidth=parse_bandwidth(bandwidth if bandwidth is not None else "25GB/s"),
+        latency_ms=parse_ms(latency if latency is not None else "0.01ms"),
+        cluster=loaded,
         method=method.strip().lower(),
         time_limit=check_time_limit(time_limit),
     )
+
+
+def _refuse_what_the_cluster_sets(cluster: Cluster, *, memory: str | None, bandwidth: str | None, latency: str | None) -> None:
+    """--memory, --bandwidth and --latency are the cluster file's fallbacks (a device without
+    memory, pairs without a link when the file has no default_link): given where the file sets
+    them all, they would be ignored, so they are refused (a run with --bandwidth 1MB/s once
+    predicted the file's 46.2 ms unchanged)."""
+    unread = []
+    if memory is not None and all(cluster.graph.nodes[n]["memory_bytes"] is not None for n in cluster.names):
+        unread.append(("--memory", "every device in it has its own memory"))
+    if bandwidth is not None and cluster.default_bandwidth is not None:
+        unread.append(("--bandwidth", "its default_link sets the bandwidth"))
+    if latency is not None and cluster.default_latency_ms is not None:
+        unread.append(("--latency", "its default_link sets the latency"))
+    if unread:
+        names = [flag for flag, _ in unread]
+        flags = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
+        raise PplanError(f"{flags} would be ignored with --cluster {cluster.source}: " + "; ".join(why for _, why in unread),
+                         f"drop {flags}, or edit the cluster file (a device without memory or a file without "
+                         "default_link takes them)")
 
 
 def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathLike | None, global_batch: int,
