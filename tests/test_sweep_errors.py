@@ -29,6 +29,8 @@ def test_a_sweep_none_of_whose_values_run_names_each_with_its_reason(work: Path,
     # the reasons' hints once each (1 and 2 share theirs), then a value that runs: the plan's own
     assert line.count("use --microbatches 3 or more, or gpipe") == 1
     assert line.count("choose a divisor") == 1
+    # each hint says which values it is for (one after the last reason once read as that value's)
+    assert "; for microbatches=1, 2: use --microbatches 3 or more, or gpipe; for microbatches=5: choose a divisor" in line
     assert line.endswith("or sweep values that can run, e.g. the plan's own: --sweep microbatches=8")
     assert " more;" not in line  # three values: none left uncounted
 

@@ -165,7 +165,13 @@ def failed_values(parameter: str, rows: Sequence[SweepRow], most: int = MOST_NAM
     run, the first `most` named with their reasons and the rest counted ('' and [] when every row runs)."""
     failed = [r for r in rows if r.error]
     named = "; ".join(f"{parameter}={r.value}: {r.reason}" for r in failed[:most])
-    hints = list(dict.fromkeys(r.hint for r in failed[:most] if r.hint))
+    by_hint: dict[str, list[str]] = {}
+    for r in failed[:most]:
+        if r.hint:
+            by_hint.setdefault(r.hint, []).append(str(r.value))
+    # several hints each say which values they are for: joined after the last reason, one that was
+    # about microbatches=1 read as if it were about microbatches=3
+    hints = list(by_hint) if len(by_hint) < 2 else [f"for {parameter}={', '.join(values)}: {hint}" for hint, values in by_hint.items()]
     return named + (f"; and {len(failed) - most:,} more" if len(failed) > most else ""), hints
 
 
