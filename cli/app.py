@@ -149,10 +149,25 @@ def _fail(message: str, hint: str | None, code: int, as_json: bool) -> None:
 
 
 def _usage_hint(error: Exception) -> str:
-    """Where to look after a usage error: the failing command's own --help."""
+    """Where to look after a usage error: the own --help of the deepest command invoked."""
     ctx = getattr(error, "ctx", None)
-    path = getattr(ctx, "command_path", None) or "pplan"
+    path = getattr(ctx, "command_path", None) or _invoked_path(sys.argv[1:])
     return f"see `{path} --help`"
+
+
+def _invoked_path(argv: list[str]) -> str:
+    """`pplan` and the (sub)command names `argv` invokes. Click raises some usage errors without
+    the failing command's context (a missing option value: `pplan profile -m`), whose hint then
+    named `pplan --help`; the command tree says how deep the words go."""
+    command, path = typer.main.get_command(app), ["pplan"]
+    for word in argv:
+        if word.startswith("-"):
+            continue  # an option (root options such as --debug come before the command)
+        sub = (getattr(command, "commands", None) or {}).get(word)
+        if sub is None:
+            break
+        command, path = sub, [*path, word]
+    return " ".join(path)
 
 
 def _run_app(as_json: bool) -> None:

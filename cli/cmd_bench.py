@@ -20,7 +20,7 @@ from typing import Annotated, Any, Callable, Optional
 
 import typer
 
-from cli.common import echo_json, err, parse_int_list, timed_say
+from cli.common import echo_json, err, given_params, parse_int_list, timed_say
 from planner.errors import PplanError
 
 __all__ = ["register"]
@@ -34,6 +34,17 @@ _OutDir = Annotated[Path, typer.Option("--out-dir", help="Folder for the CSV and
 _Json = Annotated[bool, typer.Option("--json", help="Print the tables and the machine as JSON instead of text.")]
 # Untracked by default (.gitignore): running a bench must not dirty the committed reports/bench/.
 BENCH_DEFAULT_DIR = Path("reports/bench-latest")
+
+# One line each in `pplan bench --help`, whole at 80 columns (click would cut the docstrings at ~50
+# characters, as for the top-level commands: cli/app.py SHORT_HELP).
+BENCH_SUMMARIES = {
+    "planner": "Seconds to cut a model into stages: DP vs ILP, and the 3D search.",
+    "simulator": "Simulated actions per second for gpipe, 1f1b, interleaved and zb.",
+    "published": "Predicted vs published TFLOP/s of Megatron-LM and BLOOM-176B.",
+    "quality": "pplan vs uniform, params and time baselines; --measured: trained.",
+    "fidelity": "Predicted vs measured step time and peak memory; fidelity.png.",
+    "handover": "Cost of a gloo hand-over between two CPU ranks, idle and busy.",
+}
 
 
 def register(app: typer.Typer) -> None:
@@ -76,7 +87,7 @@ def _check_out(out_dir: Path) -> None:
     ensure_writable_dir(out_dir, "--out-dir")
 
 
-@bench_app.command("planner")
+@bench_app.command("planner", short_help=BENCH_SUMMARIES["planner"])
 def planner_cmd(
     layers: Annotated[str, typer.Option("--layers", help="Layer counts to plan.")] = "50,200,1000",
     devices: Annotated[str, typer.Option("--devices", help="Device counts to plan for.")] = "4,16,64",
@@ -107,7 +118,7 @@ def planner_cmd(
     _finish(tables, out_dir, as_json, machine)
 
 
-@bench_app.command("simulator")
+@bench_app.command("simulator", short_help=BENCH_SUMMARIES["simulator"])
 def simulator_cmd(
     sizes: Annotated[str, typer.Option("--sizes", help="STAGESxMICROBATCHES list.")] = "8x64,32x256,64x1024",
     repeats: Annotated[int, typer.Option("--repeats", help="Warm simulations per cell (the best is reported).")] = 3,
@@ -126,7 +137,7 @@ def simulator_cmd(
     _finish([table], out_dir, as_json, machine)
 
 
-@bench_app.command("published")
+@bench_app.command("published", short_help=BENCH_SUMMARIES["published"])
 def published_cmd(out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False) -> None:
     """Predict published large runs (Megatron-LM weak scaling, BLOOM-176B) from their settings; error per row."""
     from planner.bench.published import published_table
@@ -136,9 +147,25 @@ def published_cmd(out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False) 
     _finish([published_table()], out_dir, as_json, machine)
 
 
-@bench_app.command("quality")
+_MEASURED_ONLY = ("steps", "warmup", "device")
+"""What only `bench quality --measured` reads: the simulated comparison trains nothing."""
+
+
+def _refuse_unmeasured(ctx: typer.Context, measured: bool) -> None:
+    """A run setting without --measured would be silently ignored (`--steps 7` exited 0 while
+    `--steps 2` was refused), as `pplan profile --analytic` refuses its measuring flags."""
+    unused = [name for name in _MEASURED_ONLY if name in given_params(ctx)] if not measured else []
+    if unused:
+        shown = ", ".join(f"--{name} {ctx.params[name]}" for name in unused)
+        raise PplanError(f"{shown} without --measured: the simulated comparison trains nothing",
+                         f"add --measured to also train the plans, or drop {'it' if len(unused) == 1 else 'them'}")
+
+
+@bench_app.command("quality", short_help=BENCH_SUMMARIES["quality"])
 def quality_cmd(
-    profiles: Annotated[Optional[list[Path]], typer.Argument(help="Profiles to compare on (default: every CSV under profiles/).")] = None,
+    ctx: typer.Context,
+    profiles: Annotated[Optional[list[Path]], typer.Argument(
+        metavar="PROFILE.csv", help="Profiles to compare on (default: every CSV under profiles/).")] = None,
     devices: Annotated[str, typer.Option("--devices", help="Device counts.")] = "2,4,8",
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration.")] = 32,
     measured: Annotated[bool, typer.Option("--measured", help="Also train the plans on the executor (gpt on 2, synthetic on 2 and 4).")] = False,
@@ -155,11 +182,13 @@ def quality_cmd(
     from planner.limits import MAX_GLOBAL_BATCH
     from planner.plan.records import MAX_PIPELINE_STAGES
 
+    _refuse_unmeasured(ctx, measured)
     device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "2,4,8")
     if not 1 <= global_batch <= MAX_GLOBAL_BATCH:
         raise PplanError(f"--global-batch {global_batch} is outside 1..{MAX_GLOBAL_BATCH:,}", "e.g. --global-batch 32")
     _check_out(out_dir)
-    check_runs(steps, warmup, device)  # bench_quality_measured checks them too; here before the simulated bench runs
+    if measured:  # bench_quality_measured checks them too; here before the simulated bench runs
+        check_runs(steps, warmup, device)
     if profiles:  # a profile given from the tables' folder must not be overwritten by a table
         from planner.atomic import ensure_outputs_distinct
 
@@ -173,7 +202,7 @@ def quality_cmd(
     _finish(tables, out_dir, as_json, machine)
 
 
-@bench_app.command("fidelity")
+@bench_app.command("fidelity", short_help=BENCH_SUMMARIES["fidelity"])
 def fidelity_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="A tiny grid (2 runs): checks the pipeline, not the figures.")] = False,
     steps: Annotated[int, typer.Option("--steps", help="Steps per run.")] = 5,
@@ -186,7 +215,8 @@ def fidelity_cmd(
         "(column cal_time_err_pct).")] = False,
     models: Annotated[Optional[str], typer.Option(
         "--models", help="Only these groups of the grid, e.g. gpt,mlp "
-        "(synthetic, gpt, mlp, resnet, hf-gpt2; default all).")] = None,
+        "(synthetic, gpt, mlp, resnet, hf-gpt2; default all). Not with --quick, whose grid is one "
+        "fixed synthetic group.")] = None,
     out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,
 ) -> None:
     """Predicted vs measured step time and peak memory over models x schedules x devices; draws fidelity.png.
@@ -198,6 +228,9 @@ def fidelity_cmd(
     from planner.bench.quality import check_runs
     from planner.bench.simulator_bench import check_repeats
 
+    if quick and models is not None:  # QUICK_GRID is not filtered: --models would be ignored
+        raise PplanError(f"--models {models[:60]!r} with --quick: the quick grid is one fixed synthetic group",
+                         "drop --models, or drop --quick to run only those groups of the full grid")
     check_repeats(repeats)
     check_runs(steps, warmup, device)
     _check_out(out_dir)
@@ -211,7 +244,7 @@ def fidelity_cmd(
     err(f"wrote {out_dir / 'fidelity.png'}")
 
 
-@bench_app.command("handover")
+@bench_app.command("handover", short_help=BENCH_SUMMARIES["handover"])
 def handover_cmd(
     quick: Annotated[bool, typer.Option("--quick", help="One size, a few exchanges: checks the bench, not the figures.")] = False,
     out_dir: _OutDir = BENCH_DEFAULT_DIR, as_json: _Json = False,

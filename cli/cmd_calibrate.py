@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Optional
 
@@ -46,18 +47,16 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
 
 def _machine(out: Path | None, ranks: str, threads: int, quick: bool, json_out: bool) -> None:
     """Measure this machine once per rank count (planner.execute.machinebench) and save the machine
-    file, keeping the entries it already has for other counts."""
-    from planner.errors import PplanError
+    file, keeping the entries it already has for other counts. Every option is checked first: the
+    bench takes minutes, and a --threads it refused after starting wasted them."""
     from planner.execute.machinebench import parse_rank_counts, remeasure_machine_file
     from planner.execute.preflight import cpu_rank_cap
-    from planner.machine import default_machine_path
+    from planner.profiling.options import check_threads
 
-    if out is not None and out.suffix.lower() != ".json":  # as partition, simulate and run ask of their JSON
-        raise PplanError(f"--out {str(out)[:80]!r} must end in .json (the machine file is JSON)",
-                         "e.g. --out machine.json")
+    target = _machine_target(out)
     counts = parse_rank_counts(ranks, cpu_rank_cap())
-    machines, path = remeasure_machine_file(out if out is not None else default_machine_path(), counts,
-                                            threads=threads or None, quick=quick,
+    check_threads(threads, zero="0: cores / ranks")
+    machines, path = remeasure_machine_file(target, counts, threads=threads or None, quick=quick,
                                             progress=lambda line: typer.echo(f"  {line}", err=True),
                                             warn=lambda line: typer.echo(f"pplan: warning: {line}", err=True))
     if json_out:
@@ -75,6 +74,26 @@ def _machine(out: Path | None, ranks: str, threads: int, quick: bool, json_out: 
                        + (f"; a hand-over while every core computes costs each rank {m.handover_cpu_ms:.3f} ms"
                           f" + {m.handover_cpu_ms_per_mib or 0.0:.3f} ms/MiB" if m.handover_cpu_ms is not None else ""))
     typer.echo(f"wrote {path} (a plan is predicted with the entry for its process count, else the nearest)")
+
+
+def _machine_target(out: Path | None) -> Path:
+    """--out, else the machine file `pplan run` reads when given none (configured_machine_path:
+    $PPLAN_MACHINE, else the default location)."""
+    from planner.errors import PplanError
+    from planner.machine import configured_machine_path
+
+    if out is not None:
+        if out.suffix.lower() != ".json":  # as partition, simulate and run ask of their JSON
+            raise PplanError(f"--out {str(out)[:80]!r} must end in .json (the machine file is JSON)",
+                             "e.g. --out machine.json")
+        return out
+    target = configured_machine_path()
+    if target is None:  # writing elsewhere would make a file `pplan run` then ignores
+        raise PplanError(f"PPLAN_MACHINE={os.environ.get('PPLAN_MACHINE', '')[:20]!r} turns the machine file off, "
+                         "so `pplan run` reads none and calibrate --machine has no default file to write",
+                         "give --out FILE.json (and `pplan run --machine-file FILE.json`), or set PPLAN_MACHINE to "
+                         "the file to write, or unset it for ~/.cache/pplan/machine.json")
+    return target
 
 
 _MODE_PARAMS = {
@@ -133,13 +152,14 @@ def calibrate(
     from_run: Annotated[Path | None, typer.Option("--from-run", help="Fit from this run JSON instead of running.")] = None,
     machine: Annotated[bool, typer.Option(
         "--machine", help="Measure this machine once (per-action, hand-over, "
-        "optimizer costs) and write a machine file (default ~/.cache/pplan/machine.json).")] = False,
+        "optimizer costs) and write a machine file (default: the one `pplan run` reads, $PPLAN_MACHINE, "
+        "else ~/.cache/pplan/machine.json).")] = False,
     ranks: Annotated[str, typer.Option(
         "--ranks", help="With --machine: process counts to measure, comma-separated "
         "(one entry each; the file's entries for other counts are kept).")] = "2,4,8",
     quick: Annotated[bool, typer.Option("--quick", help="With --machine: fewer cases (about half the time).")] = False,
     steps: Steps = 10, warmup: Warmup = None, lr: Lr = 1e-3,
-    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write or update (.json; default ~/.cache/pplan/machine.json; any other existing file is refused).")] = None, timeline: RunTimeline = None,
+    out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write or update (.json; default $PPLAN_MACHINE, else ~/.cache/pplan/machine.json, as `pplan run` reads; any other existing file is refused).")] = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
     threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,

@@ -19,9 +19,9 @@
                               intercept and ms per MiB); measured when the ranks fill the cores,
                               else absent (0)
 
-and writes them as JSON, by default to `~/.cache/pplan/machine.json` ($XDG_CACHE_HOME respected;
-never inside a repository). `find_machine()` reads `$PPLAN_MACHINE` (a path, or `off`) or that
-default. `machine_calibration(machine)` turns it into a `planner.calibration.Calibration` that the
+and writes them as JSON to `configured_machine_path()`: `$PPLAN_MACHINE` (a path, or `off`), else
+`~/.cache/pplan/machine.json` ($XDG_CACHE_HOME respected; never inside a repository), the file
+`find_machine()` reads. `machine_calibration(machine)` turns it into a `planner.calibration.Calibration` that the
 simulator applies as is; a per-plan calibration (beside the profile) replaces it where one exists.
 Reading is strict (bounded, no unknown keys, values in `planner.calibration.RANGES`).
 
@@ -48,9 +48,9 @@ from planner.calibration import RANGES, Calibration, resolve_calibration
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
 
-__all__ = ["FORMAT", "FORMAT_V1", "Machine", "MachineSet", "default_machine_path", "load_machine", "load_machines",
-           "save_machine", "find_machine", "machine_calibration", "machine_path", "prediction_basis", "MEASURED_KEYS",
-           "MAX_ENTRIES", "machines_to_update"]
+__all__ = ["FORMAT", "FORMAT_V1", "Machine", "MachineSet", "default_machine_path", "configured_machine_path",
+           "load_machine", "load_machines", "save_machine", "find_machine", "machine_calibration", "machine_path",
+           "prediction_basis", "MEASURED_KEYS", "MAX_ENTRIES", "machines_to_update"]
 
 FORMAT = "pplan-machine/2"
 FORMAT_V1 = "pplan-machine/1"
@@ -145,11 +145,8 @@ class Machine:
         missing = [n for n in _REQUIRED if n not in data]
         if missing:
             raise PplanError(f"{source} lacks {', '.join(missing)}", "make it with `pplan calibrate --machine`")
-        kwargs = {n: data[n] for n in names if n in data}
-        if kwargs.get("optimizer_ms_per_mib") is None:
-            kwargs.pop("optimizer_ms_per_mib", None)
-        if kwargs.get("measured") is None:
-            kwargs.pop("measured", None)
+        nullable = ("optimizer_ms_per_mib", "measured")  # null: the default (empty)
+        kwargs = {n: data[n] for n in names if n in data and not (n in nullable and data[n] is None)}
         return cls(**kwargs)
 
 
@@ -199,8 +196,7 @@ def _bounded(name: str, value: Any, low: float, high: float) -> None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise PplanError(f"machine {name} must be a number, got {type(value).__name__} {str(value)[:40]!r}")
     if not (math.isfinite(value) and low <= value <= high):
-        raise PplanError(f"machine {name} {value!r} is out of range ({low:g} to {high:g})",
-                         "remeasure with `pplan calibrate --machine`")
+        raise PplanError(f"machine {name} {value!r} is out of range ({low:g} to {high:g})", _REMEASURE)
 
 
 @dataclass(frozen=True)
@@ -340,18 +336,23 @@ def save_machine(machine: Machine | MachineSet, path: str | os.PathLike | None =
     return p
 
 
-def machine_path(path: str | os.PathLike | None = None) -> Path | None:
-    """The machine file that applies: `path`, else $PPLAN_MACHINE (a path; `off` = none), else the
-    default location if a file is there; None when none applies."""
-    if path is not None:
-        return Path(path)
+def configured_machine_path() -> Path | None:
+    """The machine file when no path is given: $PPLAN_MACHINE (a path; `off`, `none` or `0`: none),
+    else default_machine_path(). `pplan run` reads it and `pplan calibrate --machine` writes it, so
+    both name the same file (a user who set $PPLAN_MACHINE measured into one file and ran with another)."""
     env = os.environ.get("PPLAN_MACHINE", "")
     if env.lower() in ("off", "none", "0"):
         return None
-    if env:
-        return Path(env)
-    default = default_machine_path()
-    return default if default.is_file() else None
+    return Path(env) if env else default_machine_path()
+
+
+def machine_path(path: str | os.PathLike | None = None) -> Path | None:
+    """The machine file that applies: `path`, else configured_machine_path(), whose default
+    location counts only if a file is there (a $PPLAN_MACHINE path is read, missing or not)."""
+    if path is not None:
+        return Path(path)
+    chosen = configured_machine_path()
+    return chosen if chosen is not None and (os.environ.get("PPLAN_MACHINE") or chosen.is_file()) else None
 
 
 def find_machine(path: str | os.PathLike | None = None, device_type: str | None = None,

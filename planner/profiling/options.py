@@ -34,12 +34,19 @@ MAX_REPEATS = 10_000
 THREADS_PER_CORE = 4
 
 
-def check_threads(threads: int, flag: str = "--threads") -> None:
-    """Refuse a torch thread count above THREADS_PER_CORE x this machine's usable cores."""
+def check_threads(threads: int, flag: str = "--threads", *, zero: str | None = None) -> None:
+    """Refuse a torch thread count below 1 (below 0 where `zero`, the hint, says what 0 asks for) or
+    above THREADS_PER_CORE x the cores this process may run on: its CPU affinity
+    (planner.hostinfo.usable_cores), not the host's count, which a container or taskset narrows."""
+    if threads < (0 if zero else 1):
+        raise PplanError(f"{flag} {threads} must be {'0 or more' if zero else 'at least 1'}",
+                         zero or "1 gives the steadiest timings")
     cores = usable_cores()
-    if threads > THREADS_PER_CORE * cores:
-        raise PplanError(f"{flag} {threads} is more than {THREADS_PER_CORE} per core on this machine's {cores} core(s) "
-                         f"(at most {THREADS_PER_CORE * cores})", f"give at most {cores}; 1 gives the steadiest timings")
+    most = THREADS_PER_CORE * cores
+    if threads > most:
+        raise PplanError(f"{flag} {threads} is more than {most}, {THREADS_PER_CORE} per core for the {cores} core(s) "
+                         "this process may run on (its CPU affinity)",
+                         f"give at most {most}: more threads only contend for the cores; 1 gives the steadiest timings")
 
 
 @dataclass(frozen=True)
@@ -85,8 +92,6 @@ class ProfileOptions:
         if not (0 <= self.warmup <= MAX_REPEATS and 1 <= self.repeats <= MAX_REPEATS):
             raise PplanError(f"--warmup {self.warmup} / --repeats {self.repeats}: need 0 <= warmup <= {MAX_REPEATS} "
                              f"and 1 <= repeats <= {MAX_REPEATS}", "e.g. --warmup 3 --repeats 15")
-        if self.threads is not None and self.threads < 1:
-            raise PplanError(f"--threads {self.threads} must be at least 1", "1 gives the steadiest timings")
         if self.threads is not None:
             check_threads(self.threads)
         if self.input_dtype not in INPUT_DTYPES:
