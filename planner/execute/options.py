@@ -81,10 +81,7 @@ class RunOptions:
             raise PplanError(f"--checkpoint-every {self.checkpoint_every} must be 0 or more")
         if self.checkpoint_every and not self.checkpoint_dir:
             raise PplanError("--checkpoint-every needs --checkpoint-dir")
-        if self.threads < 0:
-            raise PplanError(f"--threads {self.threads} must be 0 or more", "0: cores / ranks")
-        if self.threads:
-            check_threads(self.threads)
+        check_threads(self.threads, zero="0: cores / ranks")
         if self.input_shape is not None:
             object.__setattr__(self, "input_shape", tuple(int(d) for d in self.input_shape))  # JSON gives a list
             if not self.input_shape or any(d < 1 for d in self.input_shape):
