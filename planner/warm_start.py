@@ -252,7 +252,8 @@ class WarmStarter:
     def _ensure(self) -> socket.socket:
         """The socket to a live server, starting one if there is none."""
         with self._lock:
-            if self._proc is None or self._proc.poll() is not None:
+            if self._server_gone():
+                self._reap()
                 ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
                 code = "from planner.warm_start import serve_main; serve_main()"
                 # PPLAN_PARENT_PID marks the server, and its children (whose /proc/PID/environ is the
@@ -269,6 +270,26 @@ class WarmStarter:
                 theirs.close()
                 self._control = ours
             return self._control
+
+    def _server_gone(self) -> bool:
+        """No server, or one that exited or is exiting. A dying process closes its sockets before its
+        exit status exists, so poll() alone once took a server killed a moment ago for a live one and
+        sent it the next request; its hung-up end of the control socket says it is going."""
+        if self._proc is None or self._control is None or self._proc.poll() is not None:
+            return True
+        watch = select.poll()
+        watch.register(self._control, select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0))
+        return bool(watch.poll(0))
+
+    def _reap(self) -> None:
+        """Collect a gone server's exit (a dying one within moments; one that hung up and lingers is killed)."""
+        if self._proc is None:
+            return
+        try:
+            self._proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
 
     def close(self) -> None:
         """End the server (and wait for it): its children are the launcher's to stop, and one

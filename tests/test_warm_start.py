@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -105,6 +106,25 @@ def test_the_server_goes_when_its_launcher_lets_go_and_takes_its_orphans_status_
     assert fresh is not server
     starter.close()
     assert fresh.poll() is not None, "closing the starter ends its server"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="warm start needs Linux")
+def test_a_server_that_hung_up_but_has_not_exited_yet_is_replaced(tmp_path):
+    """A killed server closes its sockets before its exit status exists: in that moment poll() says
+    it runs, and the next start once went to it and failed ("exited before starting a process"),
+    under load, in the test above. Here the moment is held open: a process still running whose end
+    of the control socket is closed."""
+    starter = WarmStarter()
+    dying = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.5)"])
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    theirs.close()
+    starter._proc, starter._control = dying, ours
+    try:
+        q = starter.start("helpers.warm_targets:describe", [], _env(tmp_path), stdout=subprocess.DEVNULL)
+        assert q.wait(timeout=120) == 0
+        assert starter._proc is not dying and dying.returncode is not None  # replaced, and its exit collected
+    finally:
+        starter.close()
 
 
 def test_a_process_whose_environment_is_too_large_for_the_server_starts_fresh(tmp_path, monkeypatch):
