@@ -53,6 +53,20 @@ def test_interrupted_saves_are_never_used(tmp_path):
     assert ckpt.latest_checkpoint(tmp_path, plan)[0] == 4
 
 
+
+def test_a_save_completed_removes_saves_interrupted_at_other_steps(tmp_path):
+    """A run killed while saving step 5, resumed and saving step 7: the step-5 temporary folder (ours,
+    by its marker) goes once step 7 is complete; it once stayed for good. Anyone else's stays."""
+    plan = _plan()
+    _save(tmp_path, 4, plan)
+    ckpt.prepare_save(tmp_path, 5)
+    ckpt.save_rank_file(tmp_path, 5, 0, {"step": 5})
+    theirs = tmp_path / ".tmp-step-00000009"  # looks like one, without pplan's marker
+    theirs.mkdir()
+    _save(tmp_path, 7, plan)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-step-00000009", "step-00000004", "step-00000007"]
+
+
 def test_finish_refuses_when_a_rank_file_is_missing(tmp_path):
     plan = _plan()
     ckpt.prepare_save(tmp_path, 2)

@@ -3,7 +3,7 @@
 Layout of `--checkpoint-dir DIR`:
 
     DIR/step-00000010/rank0.pt, rank1.pt, ..., COMPLETE.json
-    DIR/.tmp-step-00000010/.pplan-save    <- a save in progress (ignored, removed by the next save)
+    DIR/.tmp-step-00000010/.pplan-save    <- a save in progress (ignored; removed once the next save completes)
 
 A save is written into the temporary folder (marked `.pplan-save` when created); once every
 rank's file is on disk (fsynced, after a barrier) rank 0 writes COMPLETE.json (the marker: each
@@ -217,6 +217,11 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
     complete = sorted(s for s, d in _complete_saves(base) if read_marker(d) is not None)
     for old in complete[:-KEEP]:
         shutil.rmtree(_final_dir(base, old), ignore_errors=True)
+    # saves interrupted at another step (a killed run's, 99 MB once): prepare_save replaces only its
+    # own step's, so they stayed for good; ours only, by their marker
+    for stale in base.glob(".tmp-step-*"):
+        if (stale / SAVE_MARKER).is_file() and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
     return final
 
 
