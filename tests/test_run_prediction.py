@@ -152,3 +152,19 @@ def test_pplan_run_of_a_dp_tp_plan_reports_simulates_prediction_per_rank(pplan, 
     res = run_cli("calibrate", plan_path, "--from-run", out)
     assert res.returncode == 2 and "cannot be fitted on a plan with parallel dp=2,pp=1,tp=2" in res.stderr, res.stderr
     assert "Traceback" not in res.stderr
+
+
+@pytest.mark.slow
+def test_a_synthetic_runs_actions_are_compared_in_wall_time_only(pplan, tmp_path):
+    """The synthetic model's layers sleep: their CPU time says nothing of them, and a run once warned
+    "0.19x in CPU time: the computation itself ran slower or faster than profiled"."""
+    profile = tmp_path / "syn.csv"
+    profile.write_bytes((Path(__file__).resolve().parents[1] / "profiles" / "synthetic-compute-imbalanced.csv").read_bytes())
+    code, _, err = pplan("partition", profile, "--devices", 2, "--global-batch", 4, "--schedule", "gpipe",
+                         "--microbatches", 2, "-o", tmp_path / "plan.json")
+    assert code == 0, err
+    code, _, err = pplan("run", tmp_path / "plan.json", "--steps", 3, "--threads", 1, "--out", tmp_path / "run.json")
+    assert code == 0, err
+    record = json.loads((tmp_path / "run.json").read_text())
+    assert record["compute_ratio"] is not None and record["compute_ratio_cpu"] is None
+    assert "in CPU time" not in err

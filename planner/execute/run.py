@@ -280,8 +280,10 @@ def _profile_load(pf: Preflight) -> float | None:
 def _compute_ratio(measurements: list[RankMeasurement], plan: Plan, pf: Preflight, cal: Calibration | None,
                    cpu_time: bool = False) -> float | None:
     """planner.execute.calibrate's compute_ratio of the run's actions (calibration applied);
-    `cpu_time` compares the actions' CPU time instead of their wall time."""
-    if pf.profile is None:
+    `cpu_time` compares the actions' CPU time instead of their wall time, except for the built-in
+    synthetic model, whose layers sleep: their CPU time is no measure of them (a 0.19x "the
+    computation itself ran faster" was the sleep, not the machine)."""
+    if pf.profile is None or (cpu_time and (plan.model or "").split(":", 1)[0] == "synthetic"):
         return None
     from planner.execute.calibrate import compute_ratio
 
