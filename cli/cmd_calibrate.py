@@ -10,7 +10,7 @@ import typer
 
 from cli.cmd_run import run_command
 from cli.run_options import (
-    CheckpointDir, CheckpointEvery, Force, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
+    CheckpointDir, CheckpointEvery, Lr, RankThreads, RunDevice, RunInputDtype, RunInputShape, RunJson,
     RunProfile, RunTimeline, RunVocab, Runtime, Steps, Timeout, TrustModel, Verbose, VouchModel, Warmup,
 )
 from cli.common import check_input_file, check_plan_inputs, echo_json, given_params, plan_inputs
@@ -18,14 +18,16 @@ from cli.common import check_input_file, check_plan_inputs, echo_json, given_par
 if TYPE_CHECKING:
     from typer.core import TyperArgument, TyperOption
 
+    from planner.execute.calibrate import Refit
+
 __all__ = ["register"]
 
 
-def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: bool) -> None:
+def _from_run(plan_path: Path, run_path: Path, profile: Path | None, force: bool, json_out: bool) -> None:
     """Fit from a run JSON already on disk and write the calibration beside the profile."""
     from planner.atomic import ensure_outputs_distinct
     from planner.calibration import calibration_path_for
-    from planner.execute.calibrate import calibrate_from_run_file
+    from planner.execute.calibrate import refit_from_run_file
 
     check_plan_inputs(plan_path, profile)
     check_input_file(run_path, "run", "run",
@@ -35,14 +37,37 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, json_out: b
     prof = dict(inputs)["profile"]
     ensure_outputs_distinct([("the calibration file", calibration_path_for(prof) if prof else None)],
                             [*inputs, ("run JSON (--from-run)", run_path)])
-    cal, fit = calibrate_from_run_file(plan_path, run_path, profile)
+    refit = refit_from_run_file(plan_path, run_path, profile, force=force)
+    cal, fit = refit.calibration, refit.fit
     if json_out:
-        echo_json({k: v for k, v in fit.to_dict().items() if k != "calibration"})  # the values are in the file
+        echo_json({**{k: v for k, v in fit.to_dict().items() if k != "calibration"},  # the values are in the file
+                   "calibration_before": refit.replaced, "run_error_pct": refit.run_error_pct,
+                   "run_prediction_source": refit.run_prediction_source})
     else:
         typer.echo(f"compute_scale {cal.compute_scale:.3f}, action_overhead {cal.action_overhead_ms:.3f} ms, "
                    f"step_overhead {cal.step_overhead_ms:.3f} ms")
-        typer.echo(f"prediction error on {run_path}: before {fit.error_pct_before:+.1f}%, after {fit.error_pct_after:+.1f}%")
+        typer.echo(_error_line(refit, run_path))
         typer.echo(f"wrote {fit.path}")
+
+
+def _error_line(refit: Refit, run_path: Path) -> str:
+    """The error before and after, "before" named: with the calibration the fit replaces, else
+    uncalibrated; and the run's own recorded error beside it when that reads otherwise (the run
+    predicted with another calibration, or a machine file), so two numbers are never left unexplained."""
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:+.1f}%"
+
+    fit = refit.fit
+    basis = (f"with {refit.replaced}, the calibration this fit replaces" if refit.replaced is not None
+             else "uncalibrated: no calibration was beside the profile")
+    before, own = pct(fit.error_pct_before), pct(refit.run_error_pct)
+    if refit.run_error_pct is None:
+        ran = "; the run recorded no prediction of its own"
+    elif own == before:
+        ran = "; the same as the run's own prediction"
+    else:
+        ran = f"; the run's own prediction, {refit.run_prediction_source or 'as recorded'}, was {own}"
+    return f"prediction error on {run_path}: before {before} ({basis}{ran}), after {pct(fit.error_pct_after)}"
 
 
 def _machine(out: Path | None, ranks: str, threads: int, quick: bool, json_out: bool) -> None:
@@ -98,7 +123,7 @@ def _machine_target(out: Path | None) -> Path:
 
 _MODE_PARAMS = {
     "--machine": ("machine", "ranks", "quick", "threads", "out", "json_out"),
-    "--from-run": ("plan", "from_run", "profile", "json_out"),
+    "--from-run": ("plan", "from_run", "profile", "force", "json_out"),
     "run": ("plan", "steps", "warmup", "lr", "out", "timeline", "profile", "device", "checkpoint_dir", "checkpoint_every",
             "timeout", "threads", "runtime", "force", "verbose", "json_out", "model", "trust_model", "input_shape",
             "input_dtype", "vocab"),
@@ -162,7 +187,10 @@ def calibrate(
     out: Annotated[Optional[Path], typer.Option("--out", "-o", help="Run JSON to write (measured vs predicted); with --machine, the machine file to write or update (.json; default $PPLAN_MACHINE, else ~/.cache/pplan/machine.json, as `pplan run` reads; any other existing file is refused).")] = None, timeline: RunTimeline = None,
     profile: RunProfile = None, device: RunDevice = "auto",
     checkpoint_dir: CheckpointDir = None, checkpoint_every: CheckpointEvery = 0, timeout: Timeout = 300.0,
-    threads: RankThreads = 0, runtime: Runtime = "torch", force: Force = False, verbose: Verbose = False,
+    threads: RankThreads = 0, runtime: Runtime = "torch",
+    force: Annotated[bool, typer.Option("--force", help="Run despite a changed profile or more CPU ranks than the "
+                                        "machine sensibly runs; with --from-run, fit on a profile other than the "
+                                        "plan's.")] = False, verbose: Verbose = False,
     json_out: RunJson = False, model: VouchModel = None, trust_model: TrustModel = False,
     input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
 ) -> None:
@@ -184,7 +212,7 @@ def calibrate(
                          "give the plan to run (`pplan calibrate PLAN.json`; with --from-run, the plan that run ran), "
                          "or --machine to measure this machine")
     if from_run is not None:
-        _from_run(plan, from_run, profile, json_out)
+        _from_run(plan, from_run, profile, force, json_out)
         return
     run_command(plan, steps=steps, warmup=warmup, lr=lr, out=out, timeline=timeline, profile=profile, device=device,
                 calibrate=True, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every, timeout=timeout,

@@ -45,8 +45,8 @@ if TYPE_CHECKING:
     from planner.cost.parallel import Link2, TrainingPrecision
 
 __all__ = ["compute_points", "point_actions", "point_predicted_ms", "compute_ratio", "fit_compute",
-           "check_calibratable", "check_fit_inputs", "fit_from_run", "calibrate_from_run_file", "run_stage_costs",
-           "rank_grad_allreduce_ms"]
+           "check_calibratable", "check_fit_inputs", "fit_from_run", "Refit", "refit_from_run_file", "calibrate_from_run_file",
+           "run_stage_costs", "rank_grad_allreduce_ms"]
 
 
 @dataclass(frozen=True)
@@ -285,14 +285,34 @@ def _fitted(source: str | None, **values: Any) -> Calibration:
                          "check that the run, the plan and the profile are of the same model and machine") from None
 
 
-def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,
-                            profile_path: str | os.PathLike | None = None) -> tuple[Calibration, CalibrationFit]:
+@dataclass(frozen=True)
+class Refit:
+    """What `pplan calibrate --from-run` fitted, and what its error "before" was measured against."""
+
+    calibration: Calibration
+    """The calibration written."""
+    fit: CalibrationFit
+    """The fit: its error before (with `replaced`, else uncalibrated) and after; `path` the file written."""
+    replaced: str | None
+    """The calibration beside the profile that "before" applied and the fit rewrote; None when none
+    was there (before is then uncalibrated)."""
+    run_error_pct: float | None
+    """The run's own recorded error (its prediction when it ran, `run_prediction_source`), None if it had none."""
+    run_prediction_source: str | None
+    """What the run predicted with (`simulate(profile)`, `simulate(profile + calibration)`, ...)."""
+
+
+def refit_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,
+                        profile_path: str | os.PathLike | None = None, *, force: bool = False) -> Refit:
     """`pplan calibrate --from-run`: fit a calibration on a run JSON already on disk and write it
-    beside the plan's profile (`profile_path` overrides the one the plan names). Every input is
-    read and checked, and the target checked writable, before the fit; nothing is built or
-    imported (no model code runs). Returns (the calibration written, the fit, its `path` the file)."""
+    beside the plan's profile (`profile_path` overrides the one the plan names). A profile that is
+    not the file the plan was made from (its sha256 differs; `pplan run`'s preflight check) is
+    refused unless `force`: the run's actions are the plan's cuts, and the fit would be recorded as
+    this profile's. Every input is read and checked, and the target checked writable, before the
+    fit; nothing is built or imported (no model code runs)."""
     from planner.atomic import ensure_writable_file
-    from planner.calibration import calibration_path_for, find_calibration, write_calibration
+    from planner.calibration import calibration_path_for, resolve_calibration, write_calibration
+    from planner.execute.preflight import check_profile_unchanged
     from planner.execute.runfile import load_run
     from planner.plan import load_plan, resolve_profile_path
     from planner.profiling.profile import load_profile
@@ -304,9 +324,22 @@ def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.Pat
     if path is None:
         raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
     profile = load_profile(path)
+    if not force and profile.sha256:
+        check_profile_unchanged(plan, path, profile.sha256, given=profile_path is not None,
+                                hint="calibrate with the profile the plan was made from, or pass --force to fit this one anyway")
     target = calibration_path_for(profile.path)
     ensure_writable_file(target, "calibration")
-    cal, fit = fit_from_run(run, plan, profile, previous=find_calibration(profile.path), run_path=str(run_path),
-                            calibration_path=str(target))
+    previous, replaced = resolve_calibration(profile.path)  # the file beside the profile (target), if there
+    cal, fit = fit_from_run(run, plan, profile, previous=previous, run_path=str(run_path), calibration_path=str(target))
     write_calibration(cal, target)
-    return cal, fit
+    return Refit(calibration=cal, fit=fit, replaced=str(replaced) if replaced is not None else None,
+                 run_error_pct=run.error_pct, run_prediction_source=run.prediction_source)
+
+
+def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,
+                            profile_path: str | os.PathLike | None = None, *,
+                            force: bool = False) -> tuple[Calibration, CalibrationFit]:
+    """refit_from_run_file's (calibration written, fit; its `path` the file), for callers that
+    need not say what the error before was against."""
+    refit = refit_from_run_file(plan_path, run_path, profile_path, force=force)
+    return refit.calibration, refit.fit

@@ -42,8 +42,8 @@ from planner.profiling.metadata import MAX_CO_RUN
 from planner.profiling.profile import MAX_PROFILE_BYTES, Profile, load_profile, profile_from_bytes
 from planner.units import format_bytes
 
-__all__ = ["Preflight", "preflight", "check_parallel", "check_profile_model", "check_host_memory", "same_model", "model_kwargs",
-           "run_dtype", "cpu_rank_cap", "no_gpu_device_nodes", "co_run_advice"]
+__all__ = ["Preflight", "preflight", "check_parallel", "check_profile_unchanged", "check_profile_model", "check_host_memory",
+           "same_model", "model_kwargs", "run_dtype", "cpu_rank_cap", "no_gpu_device_nodes", "co_run_advice"]
 
 
 @dataclass(frozen=True)
@@ -272,6 +272,18 @@ def check_parallel(plan: Plan, opts: RunOptions | None = None) -> None:
                          'calibrate on the plan with "dp": 1, then run this one')
 
 
+def check_profile_unchanged(plan: Plan, path: str | os.PathLike, sha256: str, *, given: bool = False,
+                            hint: str = "re-run `pplan partition` on it, or pass --force") -> None:
+    """PlanError unless the profile at `path` (the sha256 of its bytes) is the file the plan was made
+    from; a plan that records no sha256 has nothing to compare. `given`: the path came from
+    --profile rather than the plan, so the words say "differs" (it is another file), not "changed"."""
+    if not plan.profile_sha256 or sha256 == plan.profile_sha256:
+        return
+    what = "differs from the profile the plan was made from" if given else "changed since the plan was made"
+    raise PlanError(f"profile {str(path)!r} {what} (sha256 {sha256[:12]}... on disk, "
+                    f"{plan.profile_sha256[:12]}... in the plan)", hint)
+
+
 def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
               force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
     """Run every check that needs no process group; raise on the first problem."""
@@ -290,11 +302,8 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         # One bounded read (a FIFO or /dev/zero named by the plan is refused, not waited on),
         # hashed and then parsed from the same bytes.
         data = read_bounded_bytes(path, "profile", ProfileError, MAX_PROFILE_BYTES)
-        if plan.profile_sha256 and not profile_override and not force:
-            sha = hashlib.sha256(data).hexdigest()
-            if sha != plan.profile_sha256:
-                raise PlanError(f"profile {str(path)!r} changed since the plan was made (sha256 {sha[:12]}... on disk, "
-                                f"{plan.profile_sha256[:12]}... in the plan)", "re-run `pplan partition` on it, or pass --force")
+        if not profile_override and not force:
+            check_profile_unchanged(plan, path, hashlib.sha256(data).hexdigest())
         profile = profile_from_bytes(data, str(path))
     elif profile_override:
         load_profile(profile_override)  # raises the usual "does not exist" error
