@@ -195,13 +195,13 @@ def run_demo(out_dir: str | os.PathLike = "reports/demo", quick: bool = False,
     limit = choose_memory_limit(profile, s)
     d.emit(f"        limit {format_bytes(limit.limit_bytes)} per device: {limit.rule}")
     first, run1, cal = _first_run_step(d, profile, limit)
-    final, sim = _replan_step(d, profile, limit, cal)
+    final, sim, basis = _replan_step(d, profile, limit, cal)
     d.step(6, "running the re-planned pipeline to check the calibrated prediction")
     run2 = _run(d, final, "plan.json", "run.json", "measured_timeline.csv")
     uniform_pred, run3 = _uniform_step(d, profile, final, cal)
     result = _result(d, limit, run1.record, run2.record, run3.record, sim, uniform_pred)
     d.step(8, f"writing the report to {out}")
-    _report_step(d, profile, final, sim, run2, result)
+    _report_step(d, profile, final, sim, basis, run2, result)
     result = replace(result, elapsed_s=time.perf_counter() - d.started)
     _write_json(d.data / "demo.json", _result_dict(result))
     return result
@@ -261,8 +261,9 @@ def _first_run_step(d: _Demo, profile: Any, limit: LimitChoice) -> tuple[Any, An
     return first, run1, load_calibration(cal_path)
 
 
-def _replan_step(d: _Demo, profile: Any, limit: LimitChoice, cal: Any) -> tuple[Any, Any]:
-    """5: plan again with the calibration and simulate the new plan."""
+def _replan_step(d: _Demo, profile: Any, limit: LimitChoice, cal: Any) -> tuple[Any, Any, str]:
+    """5: plan again with the calibration and simulate the new plan; (plan, simulation, its basis)."""
+    from planner.calibration import basis_text, calibration_path_for
     from planner.partition.api import partition
     from planner.plan import write_plan
     from planner.simulate import simulate
@@ -272,10 +273,11 @@ def _replan_step(d: _Demo, profile: Any, limit: LimitChoice, cal: Any) -> tuple[
     final = partition(profile, partition_settings(profile, d.s, limit.limit_bytes), calibration=cal).plan
     write_plan(final, d.data / "plan.json")
     sim = simulate(final, profile, calibration=cal)
-    _write_json(d.data / "sim.json", sim.to_dict())
+    basis = basis_text(cal, calibration_path_for(d.data / "profile.csv"))  # as `pplan simulate` records it
+    _write_json(d.data / "sim.json", replace(sim.record(), basis=basis).to_dict())
     write_timeline(sim.timeline, d.data / "timeline.csv")
     d.emit(f"        {_describe(final)}; predicted {format_ms(sim.iteration_ms)} per step")
-    return final, sim
+    return final, sim, basis
 
 
 def _uniform_step(d: _Demo, profile: Any, final: Any, cal: Any) -> tuple[float, Any]:
@@ -312,7 +314,7 @@ def _result(d: _Demo, limit: LimitChoice, run1: RunRecord, run2: RunRecord, run3
     )
 
 
-def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, run2: Any, result: DemoResult) -> None:
+def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, basis: str, run2: Any, result: DemoResult) -> None:
     """8: the report of the re-planned pipeline and its own run, with the prediction before calibration."""
     from planner.report import ReportInputs, build_report
     from planner.simulate import simulate
@@ -320,7 +322,7 @@ def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, run2: Any, result
     s, data = d.s, d.data
     uncalibrated_ms = simulate(final, profile, record_timeline=False).iteration_ms
     inputs = ReportInputs(
-        profile=profile, plan=final, sim=sim.record(), run=run2.record, timeline=tuple(sim.timeline),
+        profile=profile, plan=final, sim=replace(sim.record(), basis=basis), run=run2.record, timeline=tuple(sim.timeline),
         measured_timeline=tuple(run2.timeline), sim_label="after calibration",
         extra_predictions=(("before calibration", uncalibrated_ms),),
         sources={"profile": str(data / "profile.csv"), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),

@@ -14,7 +14,7 @@ from planner.errors import PplanError
 from planner.report import (
     fig_accuracy, fig_baselines, fig_memory, fig_profile, fig_schedule, fig_sweep,
 )
-from planner.report.derive import Derived, derive
+from planner.report.derive import derive, without_simulation
 from planner.report.document import (
     FIGURES_DIR, FigureEntry, ReportDocument, render_html, render_markdown, write_report_folder,
 )
@@ -106,7 +106,7 @@ def build_report(
     say = progress or (lambda _msg: None)
     out = Path(out_dir)
     check_report_dir(out)  # before simulating and drawing
-    derived = derive(inputs, say) if simulate else Derived()
+    derived = derive(inputs, say) if simulate else without_simulation(inputs)
     if derived.inputs is not None:
         inputs = derived.inputs
     entries: list[FigureEntry] = []

@@ -20,7 +20,7 @@ from planner.report.inputs import ReportInputs, TimelineRow
 if TYPE_CHECKING:
     from planner.calibration import Calibration
 
-__all__ = ["Derived", "derive", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
+__all__ = ["Derived", "derive", "without_simulation", "NOT_SIMULATED", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
 
 # Divisors of the global batch can be many (e.g. 720 has 30); keep the sweep to a few seconds.
 MAX_SWEEP_POINTS = 12
@@ -42,6 +42,9 @@ class Derived:
     """Why the simulated timeline was not recorded though the plan was simulated (too many actions to draw)."""
     calibration_warning: str | None = None
     """The calibration simulated with was fitted on another model or profile (calibration_mismatch's line)."""
+    not_simulated: str | None = None
+    """Why nothing was simulated though the plan and its profile were given (--no-simulate): the reason
+    figures 1 to 3 give instead of naming inputs that were given or a simulation that was never tried."""
 
 
 def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) -> list[int]:
@@ -85,6 +88,17 @@ def _sweep(plan: Any, profile: Any, sizes: list[int], calibration: Any) -> list[
     return sweep_grid(plan, profile, schedules, sizes, calibration)
 
 
+NOT_SIMULATED = "not simulated: --no-simulate draws only from the given files"
+
+
+def without_simulation(inputs: ReportInputs) -> Derived:
+    """What the report has when told not to simulate (--no-simulate): nothing computed, and the
+    figures that a simulation of the given plan and profile would draw say why they are missing."""
+    if inputs.plan is None or inputs.profile is None:
+        return Derived()
+    return Derived(sweep_skipped=NOT_SIMULATED, not_simulated=NOT_SIMULATED)
+
+
 def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -> Derived:
     """Simulate the plan if no simulation was given, and sweep micro-batch counts and schedules.
 
@@ -126,7 +140,7 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
                                 "fewer micro-batches (larger ones instead) draw it")
             notes.append(f"The simulated timeline was not recorded: {timeline_skipped}.")
         if inputs.sim is None:
-            changes["sim"] = result.record()
+            changes["sim"] = replace(result.record(), basis=basis)  # the summary shows each value's basis
             if fit:
                 changes["sim_label"] = "calibrated on this run (a fit)"
             elif cal is not None and inputs.sim_label == "simulation":

@@ -211,8 +211,9 @@ def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w
 def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
     steps = [float(s) for s in inputs.run.step_ms]
     timed_set = set(inputs.run.measured_steps)
+    first = inputs.run.first_step  # a resumed run's step_ms[0] is step first_step + 1, as `pplan run` numbers it
     if steps:
-        idx = np.arange(1, len(steps) + 1)
+        idx = np.arange(first + 1, first + len(steps) + 1)
         ax.plot(idx, steps, color=MEASURED_COLOR, lw=1.0, alpha=0.6)
         t = [i for i in range(len(steps)) if i in timed_set]
         u = [i for i in range(len(steps)) if i not in timed_set]
@@ -236,7 +237,7 @@ def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
     lo, hi = ax.get_ylim()
     ax.set_ylim(0, hi * 1.35)
     if steps:
-        ax.set_xlim(0.5, len(steps) + 0.5)
+        ax.set_xlim(first + 0.5, first + len(steps) + 0.5)
         from matplotlib.ticker import MaxNLocator
 
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -35,6 +35,8 @@ _AREA_WIDTH = 3.2
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
     """Why this figure cannot be drawn, or None."""
+    if inputs.sim is None and (reason := getattr(derived, "not_simulated", None)):
+        return reason
     if inputs.sim is None or not inputs.sim.prediction.devices:
         return "needs a simulation (--sim, or --plan with --profile to simulate here)"
     return None

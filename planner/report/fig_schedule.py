@@ -16,8 +16,9 @@ TITLE = "Schedule: simulated and measured"
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
     """Why this figure cannot be drawn, or None."""
     if inputs.timeline is None and inputs.measured_timeline is None:
-        return ("needs a timeline (--timeline from `pplan simulate`, --measured-timeline from `pplan run`, "
-                "or --plan with --profile to simulate here)")
+        return getattr(derived, "not_simulated", None) or (
+            "needs a timeline (--timeline from `pplan simulate`, --measured-timeline from `pplan run`, "
+            "or --plan with --profile to simulate here)")
     return None
 
 

@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from planner.errors import PlanError, PplanError
-from planner.execute.planmatch import check_run_of_plan
 from planner.execute.runrecord import RunRecord
 from planner.execute.runfile import load_run, parse_run
-from planner.filekind import SNIFF_BYTES, wrong_kind
+from planner.filekind import SNIFF_BYTES, head_kind, wrong_kind
 from planner.jsonio import MAX_JSON_BYTES, loads_strict, nearest, read_bounded_text
 from planner.jsontypes import file_kind, kind_mismatch, range_error
 from planner.limits import MAX_GLOBAL_BATCH
@@ -26,6 +25,9 @@ from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.csvio import MAX_INT_CHARS, check_line_lengths, count_lines, csv_rows
 from planner.profiling.profile import Profile, load_profile
+from planner.report.agree import (  # re-exported: what the report's callers import from here
+    SIM_OF_PLAN_HINT, check_consistent, check_measured_timeline, check_timeline_of_plan, sim_differences,
+)
 from planner.simulation.result import (  # one row type for simulated and measured timelines
     TIMELINE_COLUMNS, TIMELINE_KINDS, SimulationRecord, TimelineRow,
 )
@@ -62,11 +64,12 @@ _ROW_RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1, _PIPELINE), "stage": (-1, 
 MAX_TIMELINE_ROWS = 1_000_000
 """Most rows a timeline file may hold: drawing 300,000 boxes took 0.6 GB; the file limit (64 MiB) alone allows 5 million."""
 # The report's flag for each pplan file kind (planner.jsontypes.file_kind), to name the right one.
-_FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration"}
+_FLAGS = {"plan": "--plan", "run": "--run", "sim": "--sim", "calibration": "--calibration", "profile": "--profile"}
 _NAMES = {"plan": "plan", "run": "run", "sim": "simulation"}
+# Each timeline option: (what it takes, the command that writes one).
+_TIMELINES = {"--timeline": ("the simulated timeline", "`pplan simulate PLAN --timeline FILE`"),
+              "--measured-timeline": ("the measured timeline", "`pplan run PLAN --timeline FILE`")}
 _TIMELINE_HINT = "`pplan simulate PLAN --timeline FILE` or `pplan run PLAN --timeline FILE` writes a timeline of one iteration"
-SIM_OF_PLAN_HINT = "give the simulation of this plan (`pplan simulate PLAN --out SIM` writes it), or the plan it simulated"
-"""What to do about a simulation of another plan (the run's: planner.execute.planmatch.RUN_OF_PLAN_HINT)."""
 
 
 @dataclass(frozen=True)
@@ -114,47 +117,6 @@ class ReportInputs:
     def missing(self, *names: str) -> list[str]:
         """Which of the named inputs are absent."""
         return [n for n in names if getattr(self, n) is None]
-
-
-def check_consistent(plan: Plan | None, run: RunRecord | None, sources: dict[str, str] | None = None,
-                     sim: SimulationRecord | None = None) -> None:
-    """Refuse a plan whose recorded prediction lists other devices than it has, a run of another
-    plan and a simulation of another plan: a report that set one plan's prediction beside another's
-    measurement, or drew another plan's simulation as this one's, would compare nothing. The run is
-    held to its plan as `pplan calibrate --from-run` holds it (planner.execute.planmatch), the
-    simulation in the same words; `sources` names the files in the message."""
-    sources = sources or {}
-    if plan is None:
-        return
-    plan_name = sources.get("plan", "the plan")
-    if plan.predicted is not None and (message := plan.predicted.device_count_error(plan.n_devices, "predicted")):
-        raise PlanError(f"{plan_name}: {message}", "the prediction must be of this plan: re-run `pplan simulate` or "
-                                                   "`pplan partition`, or drop `predicted`")
-    if run is not None:
-        check_run_of_plan(run, plan, sources.get("run"), sources.get("plan"))
-    if sim is not None and (differences := sim_differences(sim, plan)):
-        than = f" than {sources['plan']}" if "plan" in sources else ""
-        where = f"{sources['sim']}: " if "sim" in sources else ""
-        raise PplanError(f"{where}the simulation is of a different plan{than}: {', '.join(differences)}", SIM_OF_PLAN_HINT)
-
-
-
-def sim_differences(sim: SimulationRecord, plan: Plan) -> list[str]:
-    """What makes `sim` a simulation of another plan than `plan`, one 'field sim-value vs plan-value'
-    each (empty: the same plan): the schedule, micro-batches and their size, and the devices it lists
-    (a simulation lists every device of its plan; a field the file leaves out is not compared)."""
-    pred = sim.prediction
-    pairs = [("schedule", pred.schedule, plan.schedule), ("n_microbatches", pred.n_microbatches, plan.n_microbatches),
-             ("micro_batch_size", pred.micro_batch_size, plan.micro_batch_size),
-             ("devices", None if pred.devices is None else len(pred.devices), plan.n_devices)]
-    return [f"{name} {_short(simulated)} vs {_short(planned)}" for name, simulated, planned in pairs
-            if simulated is not None and simulated != planned]
-
-
-def _short(value: Any) -> str:
-    """A value in a one-line message, cut at 60 characters."""
-    text = value if isinstance(value, str) else repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _bad(source: str, message: str, hint: str | None = None) -> PplanError:
@@ -243,9 +205,20 @@ def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow
     return TimelineRow(kind=kind, **values)
 
 
-def read_timeline(path: str | os.PathLike) -> tuple[TimelineRow, ...]:
-    """Read a timeline CSV file (simulated or measured)."""
-    return read_timeline_text(_read_text(path, "timeline"), source=str(path))
+def read_timeline(path: str | os.PathLike, flag: str = "--timeline") -> tuple[TimelineRow, ...]:
+    """Read a timeline CSV file (simulated or measured) given as `flag`: a pplan file of another kind
+    (a run JSON given as a timeline) is named for what it is, with the option that reads it
+    (planner.filekind), not as a CSV whose header is '{'."""
+    text = _read_text(path, "timeline")
+    what, writer = _TIMELINES[flag]
+    make = f"give {what} as {flag} ({writer} writes one)"
+    head = text[:SNIFF_BYTES]
+    if wrong := wrong_kind(str(path), head.encode(), "timeline", make):
+        kind = head_kind(head.encode())[0]  # a file this report reads under another option: that option
+        raise PplanError(wrong[0], f"pass it as {_FLAGS[kind]}; {make}" if kind in _FLAGS else wrong[1])
+    if head.lstrip("\ufeff \t\r\n").startswith(("{", "[")):
+        raise PplanError(f"{path} is JSON, not a timeline CSV", make)
+    return read_timeline_text(text, source=str(path))
 
 
 def _read_text(path: str | os.PathLike, what: str) -> str:
@@ -319,8 +292,11 @@ def load_inputs(
         raise PplanError("nothing to report on: no input files given",
                          "pass at least one of --profile, --plan, --sim, --run, --timeline, --measured-timeline")
     loaded_plan, stale = _load_plan(plan) if plan is not None else (None, None)
-    timelines = {name: read_timeline(path) if path is not None else None
-                 for name, path in (("timeline", timeline), ("measured_timeline", measured_timeline))}
+    timelines = {name: read_timeline(path, flag) if path is not None else None for name, path, flag in (
+        ("timeline", timeline, "--timeline"), ("measured_timeline", measured_timeline, "--measured-timeline"))}
+    if timelines["measured_timeline"] is not None:
+        check_measured_timeline(timelines["measured_timeline"], sources["measured_timeline"], timelines["timeline"],
+                                sources.get("timeline"))
     for name, rows in timelines.items():
         if loaded_plan is not None and rows is not None:
             check_timeline_of_plan(rows, loaded_plan, sources[name])
@@ -335,15 +311,3 @@ def load_inputs(
         calibration=calibration,
         warnings=(f"{sources['plan']}: {stale}",) if stale else (),
     )
-
-
-def check_timeline_of_plan(rows: tuple[TimelineRow, ...], plan: Plan, source: str) -> None:
-    """Refuse the first timeline row whose device or stage the plan does not have: a timeline of
-    another plan would be drawn as this one's (a 'dev3' lane under a 2-device plan). The gradient
-    sync and optimizer rows have stage -1."""
-    for i, row in enumerate(rows):
-        if row.device >= plan.n_devices or row.stage >= plan.n_stages:
-            raise _bad(source, f"row {i + 1} ({row.kind} of micro-batch {row.microbatch}): device {row.device}, "
-                               f"stage {row.stage} is outside the plan ({plan.n_devices} devices, {plan.n_stages} stages)",
-                       "give the timeline `pplan simulate --timeline` or `pplan run` wrote for this plan")
-

@@ -76,10 +76,12 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
     rows += [("warning", line) for line in [*warnings(inputs), *extra_warnings]]
     if inputs.plan is not None:
         rows.append(("plan", plan_line(inputs.plan)))
-    if inputs.basis is not None:
-        rows.append(("basis of what the report simulates", inputs.basis))
+    own_basis = _own_basis_row(inputs)
+    if own_basis is not None and not _sim_given(inputs):  # the simulation shown is the report's own
+        rows.append(own_basis)
     predicted = predicted_iteration_ms(inputs)
     if predicted is not None:
+        rows += _given_basis_rows(inputs)
         label = "predicted iteration time" if inputs.sim is None else f"predicted iteration time ({inputs.sim_label})"
         if inputs.sim_is_fit:
             label = "iteration time fitted on this run (calibrated: a fit, not a prediction)"
@@ -89,6 +91,8 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
         rows.append(("predicted bubble fraction", f"{prediction.bubble_fraction:.1%}"))
     if prediction is not None and prediction.throughput_samples_per_s is not None:
         rows.append(("predicted throughput", f"{prediction.throughput_samples_per_s:.1f} samples/s"))
+    if own_basis is not None and _sim_given(inputs):  # what the report simulated beside the given simulation
+        rows.append(own_basis)
     run = inputs.run
     measured = run.iteration_ms_measured if run is not None else None
     if measured is not None and measured > 0:
@@ -113,6 +117,33 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
     recompute, calibrated = (search.recompute, search.calibrated) if search is not None else (None, None)
     rows += _baseline_rows(baselines, predicted, recompute, calibrated)
     return rows
+
+
+def _sim_given(inputs: ReportInputs) -> bool:
+    """Whether the simulation shown is a given file (--sim), not one the report computed."""
+    return inputs.sim is not None and "sim" in inputs.sources
+
+
+def _own_basis_row(inputs: ReportInputs) -> tuple[str, str] | None:
+    """The basis of what the report simulated itself (derive), labelled apart from a given simulation's."""
+    if inputs.basis is None:
+        return None
+    if _sim_given(inputs):
+        return f"basis of what the report simulates itself (not {inputs.sources['sim']})", inputs.basis
+    return "basis of what the report simulates", inputs.basis
+
+
+def _given_basis_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
+    """The basis of a predicted iteration time the report read rather than computed, as its file records
+    it: the given simulation's `basis`, else (no simulation) what `pplan partition` recorded for the plan."""
+    if _sim_given(inputs):
+        source = inputs.sources["sim"]
+        return [(f"basis of the given simulation ({source})", inputs.sim.basis or f"not recorded in {source}")]
+    search = inputs.plan.search if inputs.sim is None and inputs.plan is not None else None
+    if search is not None and search.calibrated is not None:
+        return [("basis of the plan's recorded prediction",
+                 f"{'calibrated' if search.calibrated else 'uncalibrated'} (as `pplan partition` recorded it)")]
+    return []
 
 
 def _peak_memory_rows(inputs: ReportInputs) -> list[tuple[str, str]]:

@@ -67,7 +67,7 @@ def main():
     (HERE / "sim.json").write_text(json.dumps(sim.to_dict(), indent=2) + "\n")
     write_timeline(sim.timeline, HERE / "timeline.csv")
     rng = np.random.default_rng(0)
-    measured = _measured(sim.timeline, rng)
+    measured = [r for r in _measured(sim.timeline, rng) if r.kind != "C"]  # a run records no transfers (C rows)
     write_timeline(measured, HERE / "measured_timeline.csv")
     it = max(r.end_ms for r in measured)
     steps = [it * 1.7, it * 1.1] + [it * (1 + 0.03 * rng.standard_normal()) for _ in range(6)]
