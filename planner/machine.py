@@ -329,7 +329,7 @@ def load_machine(path: str | os.PathLike, ranks: int | None = None) -> Machine:
 
 def save_machine(machine: Machine | MachineSet, path: str | os.PathLike | None = None) -> Path:
     """Write atomically (creating the folder), as a `pplan-machine/2` file; returns the path."""
-    p = Path(path) if path is not None else default_machine_path()
+    p = Path(path) if path is not None else (configured_machine_path() or default_machine_path())
     p.parent.mkdir(parents=True, exist_ok=True)
     machines = machine if isinstance(machine, MachineSet) else MachineSet((machine,))
     atomic_write_text(p, json.dumps(machines.to_dict(), indent=2, allow_nan=False) + "\n")

@@ -61,10 +61,12 @@ def test_a_save_completed_removes_saves_interrupted_at_other_steps(tmp_path):
     _save(tmp_path, 4, plan)
     ckpt.prepare_save(tmp_path, 5)
     ckpt.save_rank_file(tmp_path, 5, 0, {"step": 5})
-    theirs = tmp_path / ".tmp-step-00000009"  # looks like one, without pplan's marker
+    theirs = tmp_path / ".tmp-step-00000002"  # looks like one, without pplan's marker
     theirs.mkdir()
+    ckpt.prepare_save(tmp_path, 9)  # a later step's save in progress: not this run's to end
     _save(tmp_path, 7, plan)
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-step-00000009", "step-00000004", "step-00000007"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".tmp-step-00000002", ".tmp-step-00000009", "step-00000004",
+                                                         "step-00000007"]
 
 
 def test_finish_refuses_when_a_rank_file_is_missing(tmp_path):

@@ -245,6 +245,12 @@ def test_cluster_refuses_the_flags_its_file_sets(pplan, tmp_path):
     assert code == 2 and err.count("\n") == 1 and not (tmp_path / "p.json").exists()
     assert f"--memory and --bandwidth would be ignored with --cluster {CLUSTER}: every device in it has its own memory" in err
     assert "drop --memory and --bandwidth, or edit the cluster file" in err
+    pair = tmp_path / "pair.json"  # no default_link, but a link of its own for every pair of devices
+    pair.write_text(json.dumps({"format": "pplan-cluster/1", "devices": [{"name": "a"}, {"name": "b"}],
+                                "links": [{"a": "a", "b": "b", "bandwidth": "25GB/s"}]}), encoding="utf-8")
+    code, _, err = pplan("partition", ROOT / "profiles" / "mlp.csv", "--cluster", pair, "--global-batch", 32,
+                         "--bandwidth", "1MB/s", "--latency", "50ms", "--out", tmp_path / "p.json")
+    assert code == 2 and "--bandwidth and --latency would be ignored" in err and err.count("it links every pair") == 1
     data = json.loads(CLUSTER.read_text(encoding="utf-8"))
     del data["default_link"]
     del data["devices"][0]["memory"]

@@ -63,9 +63,9 @@ def test_a_simulation_of_other_devices_than_the_run_is_refused(tmp_path):
     run = json.loads((DATA / "run.json").read_text())
     run["ranks"][0]["memory_limit_bytes"] = 2**31
     (tmp_path / "run.json").write_text(json.dumps(run))
-    with pytest.raises(PplanError) as e:
-        load_inputs(sim=limited, run=tmp_path / "run.json")
-    assert e.value.message.endswith(f"device 0 memory_limit_bytes {2**30} vs {2**31}")
+    # other memory limits are not another plan: `pplan simulate --hardware` prices a plan under its own
+    # (and with --plan a simulation is not held to the plan's limits either)
+    assert load_inputs(sim=limited, run=tmp_path / "run.json").sim is not None
 
 
 def test_the_cli_refuses_the_pair_on_one_line_and_writes_nothing(pplan, tmp_path):

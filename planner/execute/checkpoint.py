@@ -217,10 +217,12 @@ def finish_save(root: str | os.PathLike, step: int, plan: Plan, world: int) -> P
     complete = sorted(s for s, d in _complete_saves(base) if read_marker(d) is not None)
     for old in complete[:-KEEP]:
         shutil.rmtree(_final_dir(base, old), ignore_errors=True)
-    # saves interrupted at another step (a killed run's, 99 MB once): prepare_save replaces only its
-    # own step's, so they stayed for good; ours only, by their marker
+    # saves interrupted at an earlier step (a killed run's, 99 MB once): prepare_save replaces only
+    # its own step's, so they stayed for good. Ours only, by their marker; a later step's may be
+    # another run's in progress (one DIR serves one run at a time, but that one is not ours to end)
     for stale in base.glob(".tmp-step-*"):
-        if (stale / SAVE_MARKER).is_file() and not stale.is_symlink():
+        number = stale.name.removeprefix(".tmp-step-")
+        if number.isdigit() and int(number) < step and (stale / SAVE_MARKER).is_file() and not stale.is_symlink():
             shutil.rmtree(stale, ignore_errors=True)
     return final
 

@@ -75,22 +75,27 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
 
 def _refuse_what_the_cluster_sets(cluster: Cluster, *, memory: str | None, bandwidth: str | None, latency: str | None) -> None:
     """--memory, --bandwidth and --latency are the cluster file's fallbacks (a device without
-    memory, pairs without a link when the file has no default_link): given where the file sets
-    them all, they would be ignored, so they are refused (a run with --bandwidth 1MB/s once
+    memory; a pair of devices without a link when the file has no default_link): given where the
+    file sets them all, they would be ignored, so they are refused (a run with --bandwidth 1MB/s once
     predicted the file's 46.2 ms unchanged)."""
     unread = []
-    if memory is not None and all(cluster.graph.nodes[n]["memory_bytes"] is not None for n in cluster.names):
+    n = len(cluster.names)
+    every_pair = cluster.graph.number_of_edges() == n * (n - 1) // 2  # a link of its own for each pair
+    if memory is not None and all(cluster.graph.nodes[d]["memory_bytes"] is not None for d in cluster.names):
         unread.append(("--memory", "every device in it has its own memory"))
-    if bandwidth is not None and cluster.default_bandwidth is not None:
-        unread.append(("--bandwidth", "its default_link sets the bandwidth"))
-    if latency is not None and cluster.default_latency_ms is not None:
-        unread.append(("--latency", "its default_link sets the latency"))
+    if bandwidth is not None and (cluster.default_bandwidth is not None or every_pair):
+        unread.append(("--bandwidth", "its default_link sets the bandwidth" if cluster.default_bandwidth is not None
+                       else "it links every pair of devices"))
+    if latency is not None and (cluster.default_latency_ms is not None or every_pair):  # a link without one: 0
+        unread.append(("--latency", "its default_link sets the latency" if cluster.default_latency_ms is not None
+                       else "it links every pair of devices"))
     if unread:
         names = [flag for flag, _ in unread]
         flags = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
-        raise PplanError(f"{flags} would be ignored with --cluster {cluster.source}: " + "; ".join(why for _, why in unread),
-                         f"drop {flags}, or edit the cluster file (a device without memory or a file without "
-                         "default_link takes them)")
+        reasons = "; ".join(dict.fromkeys(why for _, why in unread))
+        raise PplanError(f"{flags} would be ignored with --cluster {cluster.source}: {reasons}",
+                         f"drop {flags}, or edit the cluster file (a device without memory takes --memory; a pair "
+                         "of devices without a link, in a file without default_link, the link flags)")
 
 
 def cluster_settings_from_options(*, nodes: int | None, hardware: str | os.PathLike | None, global_batch: int,

@@ -171,7 +171,8 @@ def failed_values(parameter: str, rows: Sequence[SweepRow], most: int = MOST_NAM
             by_hint.setdefault(r.hint, []).append(str(r.value))
     # several hints each say which values they are for: joined after the last reason, one that was
     # about microbatches=1 read as if it were about microbatches=3
-    hints = list(by_hint) if len(by_hint) < 2 else [f"for {parameter}={', '.join(values)}: {hint}" for hint, values in by_hint.items()]
+    every = [str(r.value) for r in failed[:most]]
+    hints = [hint if values == every else f"for {parameter}={', '.join(values)}: {hint}" for hint, values in by_hint.items()]
     return named + (f"; and {len(failed) - most:,} more" if len(failed) > most else ""), hints
 
 
