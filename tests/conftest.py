@@ -148,3 +148,20 @@ def symlink_loop(tmp_path: Path) -> Path:
     os.symlink(b.name, a)
     os.symlink(a.name, b)
     return a
+
+
+@pytest.fixture
+def machine_bench(monkeypatch) -> list[int]:
+    """`pplan calibrate --machine`'s bench replaced by one that returns a made-up entry at once
+    (helpers.machines.made_up_machine); the list of the rank counts it was asked to measure."""
+    from planner.execute import machinebench
+    from helpers.machines import made_up_machine
+
+    asked: list[int] = []
+
+    def fake(*, ranks, **kw):
+        asked.append(ranks)
+        return made_up_machine(ranks)
+
+    monkeypatch.setattr(machinebench, "measure_machine", fake)
+    return asked

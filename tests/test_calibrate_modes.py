@@ -10,26 +10,9 @@ from pathlib import Path
 import pytest
 
 import cli.cmd_calibrate
-from planner.execute import machinebench
-from planner.machine import FORMAT, Machine, MachineSet, load_machines, save_machine
+from planner.machine import FORMAT, MachineSet, load_machines, save_machine
 
-
-def _machine(ranks: int) -> Machine:
-    return Machine(device_type="cpu", backend="gloo", ranks=ranks, threads=1, action_overhead_ms=0.2,
-                   comm_latency_ms=0.1, comm_bandwidth_bytes_per_s=2e9, step_overhead_ms=1.0)
-
-
-@pytest.fixture
-def measured(monkeypatch) -> list[int]:
-    """The rank counts the bench was asked to measure (it returns a made-up entry at once)."""
-    asked: list[int] = []
-
-    def fake(*, ranks, **kw):
-        asked.append(ranks)
-        return _machine(ranks)
-
-    monkeypatch.setattr(machinebench, "measure_machine", fake)
-    return asked
+from helpers.machines import made_up_machine
 
 
 @pytest.fixture
@@ -58,22 +41,22 @@ def _refused(result: tuple[int, str, str], *says: str) -> None:
     (["--force", "--verbose"], ["--force, --verbose: not used with --machine"]),
     (["--from-run", "r.json"], ["--from-run 'r.json': not used with --machine", "another way to calibrate"]),
 ])
-def test_machine_refuses_the_options_it_does_not_read(tmp_path, pplan, measured, args, says):
+def test_machine_refuses_the_options_it_does_not_read(tmp_path, pplan, machine_bench, args, says):
     target = tmp_path / "machine.json"
     _refused(pplan("calibrate", "--machine", "--ranks", "2", "--out", target, *args), *says)
-    assert measured == [] and not target.exists()
+    assert machine_bench == [] and not target.exists()
 
 
-def test_machine_refuses_a_plan_argument(tmp_path, pplan, measured):
+def test_machine_refuses_a_plan_argument(tmp_path, pplan, machine_bench):
     _refused(pplan("calibrate", tmp_path / "plan.json", "--machine", "--out", tmp_path / "m.json"),
              "not used with --machine", "PLAN goes with --from-run or a plan run")
-    assert measured == []
+    assert machine_bench == []
 
 
-def test_hardware_is_no_option_of_calibrate(tmp_path, pplan, measured):
+def test_hardware_is_no_option_of_calibrate(tmp_path, pplan, machine_bench):
     # the name was stored unchecked in the machine file and never read
     code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--hardware", "nosuch", "--out", tmp_path / "m.json")
-    assert code == 2 and "--hardware" in err and measured == []
+    assert code == 2 and "--hardware" in err and machine_bench == []
 
 
 @pytest.mark.parametrize("args, says", [
@@ -96,20 +79,20 @@ def test_a_plan_run_refuses_the_machine_options(tmp_path, pplan, runs, args, say
     assert runs == []
 
 
-def test_each_way_still_takes_its_own_options(tmp_path, pplan, measured, runs):
+def test_each_way_still_takes_its_own_options(tmp_path, pplan, machine_bench, runs):
     code, _, err = pplan("calibrate", tmp_path / "plan.json", "--steps", "3", "--timeline", tmp_path / "t.csv",
                          "--out", tmp_path / "r.json", "--threads", "1")
     assert code == 0 and len(runs) == 1, err
     code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--quick", "--threads", "1", "--json",
                          "--out", tmp_path / "m.json")
-    assert code == 0 and measured == [2], err
+    assert code == 0 and machine_bench == [2], err
 
 
-def test_machine_out_must_end_in_json(tmp_path, pplan, measured):
+def test_machine_out_must_end_in_json(tmp_path, pplan, machine_bench):
     victim = tmp_path / "victim.csv"
     victim.write_text("name,fwd_ms\n")
     _refused(pplan("calibrate", "--machine", "--ranks", "2", "--out", victim), "must end in .json")
-    assert measured == [] and victim.read_text() == "name,fwd_ms\n"
+    assert machine_bench == [] and victim.read_text() == "name,fwd_ms\n"
 
 
 def _plan_json(tmp_path, pplan) -> str:
@@ -129,20 +112,20 @@ def _plan_json(tmp_path, pplan) -> str:
     ('{"weights": [1, 2]}', "is a JSON object with no format key"),
     ('{"format": "pplan-machine/3", "entries": []}', "is a 'pplan-machine/3' file"),
 ])
-def test_machine_refuses_to_overwrite_another_file(tmp_path, pplan, measured, content, says):
+def test_machine_refuses_to_overwrite_another_file(tmp_path, pplan, machine_bench, content, says):
     target = tmp_path / "victim.json"
     target.write_text(_plan_json(tmp_path, pplan) if content is None else content)
     before = target.read_bytes()
     _refused(pplan("calibrate", "--machine", "--ranks", "2", "--out", target), says, "choose another --out")
-    assert measured == [] and target.read_bytes() == before
+    assert machine_bench == [] and target.read_bytes() == before
 
 
-def test_machine_replaces_a_broken_machine_file_with_a_warning(tmp_path, pplan, measured):
-    target = save_machine(MachineSet((_machine(4),)), tmp_path / "m.json")
+def test_machine_replaces_a_broken_machine_file_with_a_warning(tmp_path, pplan, machine_bench):
+    target = save_machine(MachineSet((made_up_machine(4),)), tmp_path / "m.json")
     data = json.loads(target.read_text())
     data["entries"][0]["step_overhead_ms"] = -1.0  # what only remeasuring mends
     target.write_text(json.dumps(data))
     code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--out", target)
-    assert code == 0 and measured == [2], err
+    assert code == 0 and machine_bench == [2], err
     assert "replacing the unreadable machine file" in err and "step_overhead_ms -1.0 is out of range" in err
     assert load_machines(target).ranks == (2,) and json.loads(target.read_text())["format"] == FORMAT

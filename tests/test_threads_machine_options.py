@@ -7,15 +7,12 @@ from __future__ import annotations
 import pytest
 
 from planner.errors import PplanError
-from planner.execute import machinebench
-from planner.machine import (Machine, configured_machine_path, default_machine_path, find_machine, load_machines,
+from planner.machine import (configured_machine_path, default_machine_path, find_machine, load_machines,
                              machine_path)
 from planner.profiling import options
 
-
-def _machine(ranks: int) -> Machine:
-    return Machine(device_type="cpu", backend="gloo", ranks=ranks, threads=1, action_overhead_ms=0.2,
-                   comm_latency_ms=0.1, comm_bandwidth_bytes_per_s=2e9, step_overhead_ms=1.0)
+from helpers.cli import one_error_line
+from helpers.machines import made_up_machine
 
 
 @pytest.fixture
@@ -24,26 +21,11 @@ def two_cores(monkeypatch) -> None:
     monkeypatch.setattr(options, "usable_cores", lambda: 2)
 
 
-@pytest.fixture
-def measured(monkeypatch) -> list[int]:
-    """The rank counts the bench was asked to measure (it returns a made-up entry at once)."""
-    asked: list[int] = []
-
-    def fake(*, ranks, **kw):
-        asked.append(ranks)
-        return _machine(ranks)
-
-    monkeypatch.setattr(machinebench, "measure_machine", fake)
-    return asked
-
-
 def _refused(result: tuple[int, str, str], *says: str) -> str:
-    code, out, err = result
-    assert code == 2, (out, err)
-    assert err.count("\n") == 1 and err.startswith("pplan: error: ") and "Traceback" not in err, err
-    for text in says:
-        assert text in err, err
-    return err
+    """The one error line of a refusal, holding each of `says`."""
+    line = one_error_line(result[0], result[2])
+    assert all(text in line for text in says), line
+    return line
 
 
 # ---- the message of a thread count above the bound ----
@@ -77,15 +59,15 @@ def test_the_lower_bound_depends_on_what_zero_means(two_cores):
     ("9", ["--threads 9 is more than 8,", "give at most 8:"]),
     ("-1", ["--threads -1 must be 0 or more", "0: cores / ranks"]),
 ])
-def test_calibrate_machine_refuses_threads_before_measuring(tmp_path, pplan, two_cores, measured, threads, says):
+def test_calibrate_machine_refuses_threads_before_measuring(tmp_path, pplan, two_cores, machine_bench, threads, says):
     target = tmp_path / "machine.json"
     err = _refused(pplan("calibrate", "--machine", "--ranks", "2", "--threads", threads, "--out", target), *says)
-    assert "ranks (1 of" not in err and measured == [] and not target.exists()
+    assert "ranks (1 of" not in err and machine_bench == [] and not target.exists()
 
 
-def test_calibrate_machine_takes_threads_within_the_bound(tmp_path, pplan, two_cores, measured):
+def test_calibrate_machine_takes_threads_within_the_bound(tmp_path, pplan, two_cores, machine_bench):
     code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--threads", "8", "--out", tmp_path / "m.json")
-    assert code == 0 and measured == [2], err
+    assert code == 0 and machine_bench == [2], err
 
 
 # ---- one machine file for calibrate --machine and run ----
@@ -113,30 +95,30 @@ def test_run_reads_where_configured_machine_path_points(tmp_path, monkeypatch):
     assert machine_path(tmp_path / "given.json") == tmp_path / "given.json"  # --machine-file wins
 
 
-def test_calibrate_machine_writes_the_file_run_reads(tmp_path, monkeypatch, pplan, measured):
+def test_calibrate_machine_writes_the_file_run_reads(tmp_path, monkeypatch, pplan, machine_bench):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     mine = tmp_path / "mine.json"
     monkeypatch.setenv("PPLAN_MACHINE", str(mine))
     code, out, err = pplan("calibrate", "--machine", "--ranks", "2")
     assert code == 0 and f"wrote {mine}" in out, err
     assert load_machines(mine).ranks == (2,) and not default_machine_path().exists()
-    assert find_machine(ranks=2) == _machine(2)  # what `pplan run` predicts with
+    assert find_machine(ranks=2) == made_up_machine(2)  # what `pplan run` predicts with
     monkeypatch.delenv("PPLAN_MACHINE")
     code, out, err = pplan("calibrate", "--machine", "--ranks", "4")
     assert code == 0 and f"wrote {default_machine_path()}" in out, err
-    assert find_machine(ranks=4) == _machine(4)
+    assert find_machine(ranks=4) == made_up_machine(4)
 
 
-def test_calibrate_machine_refuses_to_write_when_pplan_machine_is_off(tmp_path, monkeypatch, pplan, measured):
+def test_calibrate_machine_refuses_to_write_when_pplan_machine_is_off(tmp_path, monkeypatch, pplan, machine_bench):
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setenv("PPLAN_MACHINE", "off")
     _refused(pplan("calibrate", "--machine", "--ranks", "2"),
              "PPLAN_MACHINE='off' turns the machine file off", "give --out FILE.json")
-    assert measured == [] and not default_machine_path().exists()
+    assert machine_bench == [] and not default_machine_path().exists()
     code, _, err = pplan("calibrate", "--machine", "--ranks", "2", "--out", tmp_path / "m.json")
-    assert code == 0 and measured == [2] and (tmp_path / "m.json").is_file(), err
+    assert code == 0 and machine_bench == [2] and (tmp_path / "m.json").is_file(), err
 
 
-def test_calibrate_help_names_pplan_machine(pplan):
+def test_calibrate_help_names_pplanmade_up_machine(pplan):
     code, out, _ = pplan("calibrate", "--help")
     assert code == 0 and "$PPLAN_MACHINE" in out and "pplan run" in out
