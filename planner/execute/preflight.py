@@ -60,6 +60,8 @@ class Preflight:
     """Extra build_model arguments recorded in the profile (input shape of a factory model)."""
     resume_step: int
     """Steps already done according to the checkpoint directory (0 when starting fresh)."""
+    warnings: tuple[str, ...] = ()
+    """Why the run's comparison may mislead, known before it starts (the run record's warnings)."""
 
 
 def cpu_rank_cap() -> int:
@@ -297,13 +299,19 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     # the run's own flags only: a profile's recorded input (an hf: model's vocab) is the model's
     check_input_flags(plan.model, input_shape=opts.input_shape, input_dtype=opts.input_dtype, vocab=opts.vocab)
     profile = None
+    warnings: list[str] = []
     path = resolve_profile_path(plan, plan_path, profile_override)
     if path is not None and path.exists():
         # One bounded read (a FIFO or /dev/zero named by the plan is refused, not waited on),
         # hashed and then parsed from the same bytes.
         data = read_bounded_bytes(path, "profile", ProfileError, MAX_PROFILE_BYTES)
+        sha256 = hashlib.sha256(data).hexdigest()
         if not profile_override and not force:
-            check_profile_unchanged(plan, path, hashlib.sha256(data).hexdigest())
+            check_profile_unchanged(plan, path, sha256)
+        elif profile_override and plan.profile_sha256 and sha256 != plan.profile_sha256:
+            # allowed (re-pricing a plan on another machine's profile), but said: its cuts were chosen on the other
+            warnings.append(f"predicted with --profile {str(path)!r}, not the profile the plan was made from "
+                            f"(sha256 {sha256[:12]}... vs {plan.profile_sha256[:12]}...): the plan's cuts were chosen on that one")
         profile = profile_from_bytes(data, str(path))
     elif profile_override:
         load_profile(profile_override)  # raises the usual "does not exist" error
@@ -339,4 +347,4 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
             resume = found[0]
             opts.check_resume(resume, str(found[1]))  # at/past --steps, or no step left after --warmup
     return Preflight(n_layers=n_layers, profile=profile, device_type=device_type,
-                     model_kwargs=kwargs, resume_step=resume)
+                     model_kwargs=kwargs, resume_step=resume, warnings=tuple(warnings))

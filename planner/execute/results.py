@@ -24,7 +24,8 @@ Definitions (docs/executor.md):
                          grew from (torch and the process group, before the model)
   warnings               one line each: why this run's comparison should not be trusted
                          (spread above SPREAD_WARN_PCT, median step under SHORT_STEP_MS, machine
-                         load unlike the profile's, actions slower or faster than profiled)
+                         load unlike the profile's, actions slower or faster than profiled,
+                         a --profile other than the plan's)
 
 The run JSON is a `RunRecord` (ranks: `RankRecord`; planner.execute.runrecord): one frozen dataclass,
 one to_dict/from_dict. This module assembles it from the ranks' RankMeasurements

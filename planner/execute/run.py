@@ -182,7 +182,7 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              compute_ratio=_compute_ratio(lead, plan, pf, used_cal),
                              compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True),
                              grad_allreduce_ms_predicted=_grad_allreduce_predicted(plan, pf, prediction))
-    record = record.with_(warnings=record.warnings + _thread_warnings(measurements, pf)
+    record = record.with_(warnings=record.warnings + list(pf.warnings) + _thread_warnings(measurements, pf)
                           + co_run_warnings([m.host for m in measurements], pf, record.compute_ratio))
     rows = measured_timeline(lead)
     if record.diverged:
