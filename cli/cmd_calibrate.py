@@ -41,7 +41,8 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, force: bool
     cal, fit = refit.calibration, refit.fit
     if json_out:
         echo_json({**{k: v for k, v in fit.to_dict().items() if k != "calibration"},  # the values are in the file
-                   "calibration_before": refit.replaced, "run_error_pct": refit.run_error_pct,
+                   "calibration_before": refit.replaced, "calibration_before_from_run": refit.from_run,
+                   "run_error_pct": refit.run_error_pct,
                    "run_prediction_source": refit.run_prediction_source})
     else:
         typer.echo(f"compute_scale {cal.compute_scale:.3f}, action_overhead {cal.action_overhead_ms:.3f} ms, "
@@ -52,14 +53,18 @@ def _from_run(plan_path: Path, run_path: Path, profile: Path | None, force: bool
 
 def _error_line(refit: Refit, run_path: Path) -> str:
     """The error before and after, "before" named: with the calibration the fit replaces, else
-    uncalibrated; and the run's own recorded error beside it when that reads otherwise (the run
+    the one the run recorded, else uncalibrated; and the run's own recorded error beside it when that reads otherwise (the run
     predicted with another calibration, or a machine file), so two numbers are never left unexplained."""
     def pct(x: float | None) -> str:
         return "n/a" if x is None else f"{x:+.1f}%"
 
     fit = refit.fit
-    basis = (f"with {refit.replaced}, the calibration this fit replaces" if refit.replaced is not None
-             else "uncalibrated: no calibration was beside the profile")
+    if refit.replaced is not None:
+        basis = f"with {refit.replaced}, the calibration this fit replaces"
+    elif refit.from_run:
+        basis = "with the calibration the run recorded, as no calibration was beside the profile"
+    else:
+        basis = "uncalibrated: no calibration was beside the profile, nor in the run"
     before, own = pct(fit.error_pct_before), pct(refit.run_error_pct)
     if refit.run_error_pct is None:
         ran = "; the run recorded no prediction of its own"

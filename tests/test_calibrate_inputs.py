@@ -1,6 +1,7 @@
 """`pplan calibrate --from-run` fits only on the profile the plan was made from (another one, or
 the plan's own file changed since, refused as `pplan run` refuses it, unless --force), and its
-error line says what "before" was against: the calibration the fit replaces, else uncalibrated,
+error line says what "before" was against: the calibration the fit replaces, else the one the run
+recorded (a machine file's, where `pplan run --calibrate` starts too), else uncalibrated,
 with the run's own recorded error beside it when that differs. In-process; the plan, profile and
 run are built by hand (no ranks run)."""
 
@@ -113,8 +114,28 @@ def test_before_says_uncalibrated_and_agrees_with_the_run(pplan, files):
     code, out, err = _calibrate(pplan, files)
     assert code == 0, err
     before = f"{error_pct(predicted, MEASURED_MS):+.1f}%"
-    assert (f"prediction error on {run_path}: before {before} (uncalibrated: no calibration was beside the profile; "
+    assert (f"prediction error on {run_path}: before {before} (uncalibrated: no calibration was beside the profile, "
+            "nor in the run; the same as the run's own prediction), after +0.0%") in out
+
+
+def test_without_a_file_beside_the_profile_the_fit_starts_from_the_runs_calibration(pplan, files):
+    """As `pplan run --calibrate` does: the run predicted with a machine file's entry, whose
+    hand-over terms the fit cannot see and keeps; refitted from nothing they were lost."""
+    plan_path, run_path = files / "plan.json", files / "run.json"
+    machine = Calibration(compute_scale=1.2, handover_cpu_ms=0.3, handover_cpu_ms_per_mib=0.05)
+    predicted = simulate(load_plan(plan_path), _profile(), calibration=machine, record_timeline=False).iteration_ms
+    run = _run(load_plan(plan_path), _profile(), calibration=machine, iteration_ms_predicted=predicted,
+               error_pct=error_pct(predicted, MEASURED_MS), prediction_source="simulate(profile + machine file, 2 ranks)")
+    run_path.write_text(json.dumps(run.to_dict()))
+    code, out, err = _calibrate(pplan, files)
+    assert code == 0, err
+    before = f"{error_pct(predicted, MEASURED_MS):+.1f}%"
+    assert (f"before {before} (with the calibration the run recorded, as no calibration was beside the profile; "
             "the same as the run's own prediction), after +0.0%") in out
+    written = json.loads((files / "p.calibration.json").read_text())
+    assert written["handover_cpu_ms"] == 0.3 and written["handover_cpu_ms_per_mib"] == 0.05
+    code, out, err = _calibrate(pplan, files, "--json")  # now the file written above is the basis
+    assert json.loads(out)["calibration_before_from_run"] is False
 
 
 def test_json_says_what_before_was_against(pplan, files):
@@ -122,7 +143,7 @@ def test_json_says_what_before_was_against(pplan, files):
     code, out, err = _calibrate(pplan, files, "--json")
     assert code == 0, err
     data = json.loads(out)
-    assert data["calibration_before"] == str(files / "p.calibration.json")
+    assert data["calibration_before"] == str(files / "p.calibration.json") and data["calibration_before_from_run"] is False
     assert data["run_error_pct"] == -52.9 and data["run_prediction_source"] == "simulate(profile + calibration)"
 
 
@@ -132,4 +153,4 @@ def test_a_run_without_a_prediction_says_so(pplan, files):
     (files / "run.json").write_text(json.dumps(run))
     code, out, err = _calibrate(pplan, files)
     assert code == 0, err
-    assert "(uncalibrated: no calibration was beside the profile; the run recorded no prediction of its own)" in out
+    assert "(uncalibrated: no calibration was beside the profile, nor in the run; the run recorded no prediction of its own)" in out

@@ -295,7 +295,10 @@ class Refit:
     """The fit: its error before (with `replaced`, else uncalibrated) and after; `path` the file written."""
     replaced: str | None
     """The calibration beside the profile that "before" applied and the fit rewrote; None when none
-    was there (before is then uncalibrated)."""
+    was there (before then applies the run's own, `from_run`, else none)."""
+    from_run: bool
+    """No calibration was beside the profile, and "before" applied the one the run recorded it was
+    predicted with (the machine file's entry), as `pplan run --calibrate` starts from it."""
     run_error_pct: float | None
     """The run's own recorded error (its prediction when it ran, `run_prediction_source`), None if it had none."""
     run_prediction_source: str | None
@@ -330,10 +333,15 @@ def refit_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLik
     target = calibration_path_for(profile.path)
     ensure_writable_file(target, "calibration")
     previous, replaced = resolve_calibration(profile.path)  # the file beside the profile (target), if there
-    cal, fit = fit_from_run(run, plan, profile, previous=previous, run_path=str(run_path), calibration_path=str(target))
+    # Without one, the fit starts where `pplan run --calibrate` would have: from what the run was
+    # predicted with (a machine file's entry), whose hand-over terms the fit keeps; from nothing, the
+    # same run refitted here lost them.
+    from_run = previous is None and run.calibration is not None
+    cal, fit = fit_from_run(run, plan, profile, previous=run.calibration if from_run else previous,
+                            run_path=str(run_path), calibration_path=str(target))
     write_calibration(cal, target)
     return Refit(calibration=cal, fit=fit, replaced=str(replaced) if replaced is not None else None,
-                 run_error_pct=run.error_pct, run_prediction_source=run.prediction_source)
+                 from_run=from_run, run_error_pct=run.error_pct, run_prediction_source=run.prediction_source)
 
 
 def calibrate_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLike,
