@@ -46,6 +46,29 @@ def test_gradient_sync_hides_behind_the_last_backward_only(sync, overlap, expose
         assert "A" not in rows
 
 
+def test_under_a_split_backward_the_sync_hides_behind_the_last_w_only():
+    # 2 ranks, zb, M=4, F = I = W = 1 ms, sync 2 ms: the weight gradients exist only once the
+    # last W runs, so 1 ms of the sync is hidden (W's length) and 1 ms delays the step; under
+    # 1f1b the same 2 ms hide behind the 2 ms B
+    def run(name: str):
+        stages = [replace(_stage(bwd=2.0, sync=2.0, opt=0.0), first=s, end=s + 1) for s in range(2)]
+        return simulate_costs(generate(name, 2, 4), stages, [0, 1], [Device("a"), Device("b")], Links(latency_ms=0.0),
+                              micro_batch_size=1, record_timeline=True, overlap_grad_sync=True)
+
+    zb = run("zb")
+    for d in (0, 1):
+        last_w = max((r for r in zb.timeline if r.device == d and r.kind == "W"), key=lambda r: r.end_ms)
+        sync_row = next(r for r in zb.timeline if r.device == d and r.kind == "A")
+        assert sync_row.start_ms == pytest.approx(last_w.start_ms)
+        assert sync_row.end_ms == pytest.approx(last_w.end_ms + 1.0)
+    no_sync = simulate_costs(generate("zb", 2, 4), [replace(_stage(bwd=2.0, opt=0.0), first=s, end=s + 1) for s in range(2)],
+                             [0, 1], [Device("a"), Device("b")], Links(latency_ms=0.0), micro_batch_size=1)
+    assert zb.iteration_ms == pytest.approx(no_sync.iteration_ms + 1.0)
+    f1b = run("1f1b")
+    assert next(r for r in f1b.timeline if r.device == 0 and r.kind == "A").end_ms == pytest.approx(
+        max(r.end_ms for r in f1b.timeline if r.device == 0 and r.kind == "B"))
+
+
 def test_collectives_are_drawn_at_the_end_of_their_box_and_change_no_time():
     plain, with_comm = _one_stage(_stage()), _one_stage(_stage(comm=0.3))
     assert with_comm.iteration_ms == plain.iteration_ms  # part of fwd/bwd already: drawing only

@@ -115,10 +115,13 @@ def exposed_sync_ms(sync_ms: float, last_backward_ms: float, overlap: bool) -> f
     return max(0.0, sync_ms - last_backward_ms) if overlap else sync_ms
 
 
-def rank_exposed_sync_ms(stages: Sequence[Any], overlap: bool) -> float:
+def rank_exposed_sync_ms(stages: Sequence[Any], overlap: bool, split_backward: bool = False) -> float:
     """The gradient sync of one device's stages (StageCost) left on the critical path: each
-    stage's sync overlaps at most that stage's one backward when `overlap`, else none of it."""
-    return sum(exposed_sync_ms(st.grad_sync_ms, st.bwd_ms, overlap) for st in stages)
+    stage's sync overlaps at most that stage's last backward action when `overlap`, else none of
+    it. Under a split backward (zero-bubble) that action is a W, which alone makes weight
+    gradients: the sync cannot start inside the I before it."""
+    return sum(exposed_sync_ms(st.grad_sync_ms, st.bwd_weight_ms if split_backward else st.bwd_ms, overlap)
+               for st in stages)
 
 
 def zero3_gather_ms(param_bytes: Any, dp: int, link: Link2) -> Any:

@@ -15,7 +15,8 @@ Model (docs/simulator.md):
 - Recomputed layers cost their forward again just before the backward (folded into B/I by
   planner.cost; the timeline shows that part as an R row).
 - Data parallelism: a stage's gradient synchronisation (StageCost.grad_sync_ms) starts inside
-  its last backward, which hides up to that backward's length of it (overlap_grad_sync; without
+  its last backward action (a W when the backward is split), which hides up to that action's
+  length of it (overlap_grad_sync; without
   overlap it all runs after); the exposed rest delays the optimizer step. Tensor-parallel
   collectives are part of each F/B/I (StageCost.comm_*_ms), drawn as a T row at the box's end.
 - Each device ends the iteration with its optimizer step after its last backward work and
@@ -232,7 +233,7 @@ def _grad_syncs(cs: CompiledSchedule, stages: Sequence[StageCost], rank_device: 
     out = [(0.0, 0.0)] * n_dev
     for r, d in enumerate(rank_device):
         mine = [stages[s] for s in cs.rank_stages[r]]
-        exposed = rank_exposed_sync_ms(mine, overlap)
+        exposed = rank_exposed_sync_ms(mine, overlap, cs.split_backward)
         out[d] = (sum(st.grad_sync_ms for st in mine) - exposed, exposed)
     return out
 

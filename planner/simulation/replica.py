@@ -146,7 +146,8 @@ def simulate_replica(schedule: PipelineSchedule, costs: ReplicaCosts, cuts: Sequ
         tflops_per_gpu=flops.achieved(full_recompute) / (seconds * cfg.gpus) / 1e12,
         mfu=flops.plain / (seconds * cfg.gpus * cluster.hardware.peak_flops_per_s(flops.dtype)),
         grad_sync_ms=max(sum(st.grad_sync_ms for st in sts) for sts in by_device.values()),
-        grad_sync_exposed_ms=max(rank_exposed_sync_ms(sts, cluster.overlap_grad_sync) for sts in by_device.values()),
+        grad_sync_exposed_ms=max(rank_exposed_sync_ms(sts, cluster.overlap_grad_sync, schedule.split_backward)
+                                 for sts in by_device.values()),
         tp_comm_ms=max(sum(_tp_comm_per_microbatch_ms(costs, st) for st in sts) for sts in by_device.values()),
     )
     return replace(sim, throughput_samples_per_s=batch / seconds, replica=metrics)
