@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
 
 def partition_cmd(
     profile_path: Annotated[Path, typer.Argument(metavar="PROFILE.csv", help="Profile CSV (from `pplan profile` or profiles/).")],
-    devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices (default with --cluster: all of its devices).")] = None,
+    devices: Annotated[Optional[int], typer.Option("--devices", "-n", help="Pipeline devices; required without --cluster. With --cluster every device of its file is used: leave it out, or give that count (any other is refused).")] = None,
     memory: Annotated[Optional[str], typer.Option("--memory", help="Memory per device, e.g. 16GiB or 500MB; a plain number is bytes (default: unlimited; with --nodes, the hardware's GPU memory; with --cluster, for the devices its file gives none).")] = None,
     global_batch: Annotated[int, typer.Option("--global-batch", help="Samples per iteration (= micro-batches x micro-batch size).")] = ...,
     microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M. With --nodes: M per data-parallel replica, each layout then running micro-batches of batch / (dp x M) samples.")] = None,
@@ -47,7 +47,7 @@ def partition_cmd(
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
     parallel: Annotated[Optional[str], typer.Option("--parallel", help="With --nodes: auto (search every dp x pp x tp; the default) or a layout such as dp=8,pp=12,tp=4.")] = None,
     zero: Annotated[Optional[int], typer.Option("--zero", help="With --nodes: ZeRO stage 0-3 (default 0) of the data-parallel group, as pplan run executes it: 1 shards the optimizer state; 2 the same (gradients stay whole at a pipeline's peak) and holds the gathered stage beside its shards; 3 also shards the weights, gathering one layer at a time.")] = None,
-    grad_sync: Annotated[Optional[str], typer.Option("--grad-sync", help="With --nodes: how the data-parallel gradient sync is priced: after-step (the default; pplan run all-reduces the gradients after the schedule's step, none of it hidden) or overlapped (with each stage's last backward, as Megatron-LM, DeepSpeed and DDP run it; the plan records which).")] = None,
+    grad_sync: Annotated[Optional[str], typer.Option("--grad-sync", help="With --nodes: how the data-parallel gradient sync is priced: after-step (the default; pplan run all-reduces the gradients after the schedule's step, none of it hidden) or overlapped (hidden behind each stage's last backward, as bucketed DeepSpeed and torch DDP run it; Megatron-LM 2021 did not overlap; the plan records which).")] = None,
     calibration: CalibrationOption = None,
     out: Annotated[Path, typer.Option("--out", "-o", help="Where to write the plan JSON.")] = Path("plan.json"),
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Also draw a PNG: the layers, skip tensors and the plan's cuts; with --nodes, TFLOP/s per GPU of every dp x pp x tp layout.")] = None,

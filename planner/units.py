@@ -6,7 +6,7 @@ import math
 import re
 
 from planner.errors import PplanError
-from planner.limits import MAX_BANDWIDTH, MAX_MEMORY_BYTES, MIN_BANDWIDTH
+from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MIN_BANDWIDTH
 
 __all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up"]
 
@@ -87,15 +87,17 @@ def parse_bandwidth(text: str | float) -> float:
     return result
 
 
-def parse_ms(text: str | float, what: str = "latency") -> float:
-    """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds (>= 0)."""
-    value, unit = _split(text, what, "ms", "give e.g. 0.01ms", "0.01ms")
+def parse_ms(text: str | float, what: str = "latency", most_ms: float = MAX_LATENCY_MS) -> float:
+    """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds, 0 to `most_ms` (by
+    default MAX_LATENCY_MS, the range a plan's links are held to; a caller with a tighter one passes it,
+    so the range the message names is the one that holds)."""
+    value, unit = _split(text, what, "ms", f"give 0 to {most_ms:g} ms, e.g. 0.01ms", "0.01ms")
     scale = {"": 1.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}.get(unit)
     if scale is None:
         raise PplanError(f"unknown time unit in {what} {text!r}", "use s, ms, us or ns")
     result = value * scale
-    if not math.isfinite(result) or result < 0 or result > 1e7:
-        raise PplanError(f"{what} {text!r} is out of range", "give e.g. 0.01ms")
+    if not (math.isfinite(result) and 0 <= result <= most_ms):
+        raise PplanError(f"{what} {text!r} is out of range (0 to {most_ms:g} ms)", "give e.g. 0.01ms or 5us")
     return result
 
 

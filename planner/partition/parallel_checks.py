@@ -180,8 +180,8 @@ def hardware_mismatch(profile: Profile, hw: Hardware) -> tuple[str, ...]:
     made_for = profile.meta.get("hardware")
     if not made_for or made_for == hw.name:
         return ()
-    return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses {hw.name!r}'s "
-            f"peak and memory; for {hw.name} times, make the profile again with --hardware {hw.name}",)
+    return (f"the profile's times are for hardware {made_for!r} (its '# hardware:' line) but the plan uses the peak and "
+            f"memory of {hw.name!r}; for {hw.name} times, make the profile again with --hardware {hw.name}",)
 
 
 def check_runs(layouts: list[ParallelConfig], sizes_of: Callable[[ParallelConfig], list[int]], names: tuple[str, ...],
