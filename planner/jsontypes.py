@@ -43,8 +43,14 @@ def json_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+_JSON_WORDS = {None: "null", True: "true", False: "false"}
+
+
 def short(value: Any) -> str:
-    """A value for an error message: its repr, cut at 60 characters."""
+    """A value for an error message: its repr, cut at 60 characters; null, true and false as the
+    JSON file that held them spells them (a user who wrote null is not told None)."""
+    if value is None or isinstance(value, bool):
+        return _JSON_WORDS[value]
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -269,6 +269,13 @@ def test_a_run_count_index_or_list_out_of_range_is_one_line(changes, words):
     _refused(dict(_run(), **changes), *words)
 
 
+def test_a_run_without_n_stages_is_told_so_not_compared_with_the_bound():
+    """The per-stage lists were held to the bound that stood in for the missing count: "holds 2
+    stages, not the run's n_stages (4000)"."""
+    _refused({k: v for k, v in _run().items() if k != "n_stages"}, "missing field 'n_stages'")
+    _refused(dict(_run(), n_stages=None), "run field 'n_stages' must be an integer, got null")
+
+
 def _rank_edit(**changes: Any):
     def edit(d: dict) -> None:
         d["ranks"][0].update(changes)

@@ -67,7 +67,7 @@ def test_the_json_form_keeps_the_keys_the_test_launcher_reads():
     (lambda d: d["events"][0].__setitem__(1, 7), r"events\[0\] kind must be a string, got 7"),
     (lambda d: d["losses"].update(two=1.0), r"field 'losses': key 'two' is not a step or stage index"),
     (lambda d: d["boundary_bytes"].update({"1": [64]}), r"boundary_bytes\['1'\] must be \[input bytes, output bytes\]"),
-    (lambda d: d["memory"].update(peak_bytes=None), r"memory field 'peak_bytes' must be an integer, got None"),
+    (lambda d: d["memory"].update(peak_bytes=None), r"memory field 'peak_bytes' must be an integer, got null"),
     (lambda d: d["memory"]["breakdown"].update(weight=1), r"memory.breakdown: unknown key 'weight'"),
     (lambda d: d["comm"][0].pop("points"), r"comm\[0\]: missing field 'points'"),
     # each field's JSON form from its annotation: tuple[int, ...] a list, a nested record an object

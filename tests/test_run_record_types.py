@@ -117,7 +117,7 @@ def _set(where: str, value):
      r"calibration_fit.calibration: unknown key 'compute_scael'"),
     (_set("calibration_fit", [1]), r"run field 'calibration_fit' must be an object or null, got \[1\]"),
     (_set("calibration.step_overhead_ms", None), r"calibration: missing field 'step_overhead_ms'"),
-    (_set("calibration.compute_scale", True), r"calibration field 'compute_scale' must be a number, got True"),
+    (_set("calibration.compute_scale", True), r"calibration field 'compute_scale' must be a number, got true"),
     (_set("calibration.comm_latency_ms", "fast"), r"calibration field 'comm_latency_ms' must be a number or null, got 'fast'"),
     (_set("calibration.compute_scale", 1e308), r"calibration: calibration compute_scale 1e\+308 is out of range"),
     (_set("calibration.fitted_from", {}), r"calibration: unknown key 'fitted_from'"),
@@ -138,7 +138,7 @@ def test_a_bad_calibration_object_is_one_line_naming_the_field(tmp_path, edit, m
     (["0F"], r"^p must be an object, got \['0F'\]$"),
     ({"actoin": "0F", "profiled_ms": "x"}, r"^p: unknown key 'actoin'"),  # before the missing field and the type
     ({"profiled_ms": "x", "measured_ms": 1.0}, r"^p: missing field 'action'$"),  # before the type
-    ({"action": "0F", "profiled_ms": 1.0, "measured_ms": False}, r"^p field 'measured_ms' must be a number, got False$"),
+    ({"action": "0F", "profiled_ms": 1.0, "measured_ms": False}, r"^p field 'measured_ms' must be a number, got false$"),
 ])
 def test_a_record_is_read_in_one_order_object_keys_missing_types(data, message):
     with pytest.raises(PplanError, match=message):

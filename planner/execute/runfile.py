@@ -135,7 +135,8 @@ def check_run_sizes(data: dict[str, Any]) -> None:
             check_count(f"run field {name!r}", counts[name], low, high)
     _check_step_lists(data, steps, steps - counts.get("first_step", 0))
     n_stages = counts.get("n_stages", MAX_PIPELINE_STAGES)
-    _check_stage_lists(data, n_stages, counts.get("n_microbatches", COUNT_RANGES["n_microbatches"][1]))
+    _check_stage_lists(data, n_stages, counts.get("n_microbatches", COUNT_RANGES["n_microbatches"][1]),
+                       exact="n_stages" in counts)
     _length("run field 'comm'", data.get("comm"), max(0, counts.get("n_ranks", MAX_RUN_RANKS) - 1), "ping-pongs",
             "one per pair of neighbouring ranks")
     for i, comm in enumerate(objects_in(data, "comm")):
@@ -161,15 +162,19 @@ def _check_step_lists(data: dict[str, Any], steps: int, steps_run: int) -> None:
             _increasing(f"run field {name!r}", values)
 
 
-def _check_stage_lists(data: dict[str, Any], n_stages: int, n_microbatches: int) -> None:
-    """The lists of a run that hold an item per stage, or per stage and micro-batch."""
+def _check_stage_lists(data: dict[str, Any], n_stages: int, n_microbatches: int, exact: bool) -> None:
+    """The lists of a run that hold an item per stage, or per stage and micro-batch. `exact`: the
+    run gives n_stages (without it, `n_stages` is only the bound, and the record's reader names the
+    missing field)."""
     gaps = min(MAX_TRANSFER_GAPS, 2 * n_stages * n_microbatches)
     _length("run field 'transfer_gaps'", data.get("transfer_gaps"), gaps, "gaps",
             f"one per forward and backward hand-over: 2 x n_stages x n_microbatches, at most {MAX_TRANSFER_GAPS:,}")
     _length("run field 'boundary_bytes'", data.get("boundary_bytes"), n_stages, "stages", "one per stage of the run")
     for name in ("stage_layers", "stage_recompute"):
         value = data.get(name)
-        if isinstance(value, list) and len(value) != n_stages:
+        if not exact:
+            _length(f"run field {name!r}", value, n_stages, "stages", "one per stage of the run")
+        elif isinstance(value, list) and len(value) != n_stages:
             raise PplanError(f"run field {name!r} holds {len(value)} stages, not the run's n_stages ({n_stages})",
                              RUN_FILE_HINT)
     recompute = data.get("stage_recompute")
