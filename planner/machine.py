@@ -20,18 +20,17 @@
                               else absent (0)
 
 and writes them as JSON to `configured_machine_path()`: `$PPLAN_MACHINE` (a path, or `off`), else
-`~/.cache/pplan/machine.json` ($XDG_CACHE_HOME respected; never inside a repository), the file
-`find_machine()` reads. `machine_calibration(machine)` turns it into a `planner.calibration.Calibration` that the
-simulator applies as is; a per-plan calibration (beside the profile) replaces it where one exists.
-Reading is strict (bounded, no unknown keys, values in `planner.calibration.RANGES`).
+`~/.cache/pplan/machine.json` ($XDG_CACHE_HOME respected; never inside a repository), the file `find_machine()`
+reads. `machine_calibration(machine)` turns it into a `planner.calibration.Calibration` that the simulator applies
+as is; a per-plan calibration (beside the profile) replaces it where one exists. Reading is strict (bounded, no
+unknown keys, values in `planner.calibration.RANGES`).
 
-Per rank count. Per-action overhead and hand-over latency grow with the processes that share the
-cores (on 2 cores, 8 ranks wait for a CPU when they wake where 2 do not), so the file holds one
-entry per rank count measured (`pplan calibrate --machine --ranks 2,4,8`), format
-`pplan-machine/2`: {"format": ..., "entries": [entry, ...]}, each entry the fields of `Machine`.
-A plan is predicted with the entry of its process count, else the nearest one (`MachineSet.pick`;
-the prediction says which). A `pplan-machine/1` file (one machine, its fields at the top level)
-still loads, as a set of one entry.
+Per rank count. Per-action overhead and hand-over latency grow with the processes that share the cores (on 2
+cores, 8 ranks wait for a CPU when they wake where 2 do not), so the file holds one entry per rank count measured
+(`pplan calibrate --machine --ranks 2,4,8`), format `pplan-machine/2`: {"format": ..., "entries": [entry, ...]},
+each entry the fields of `Machine`. A plan is predicted with the entry of its process count, else the nearest
+one (`MachineSet.pick`; the prediction says which). A `pplan-machine/1` file (one machine, its fields at the top
+level) still loads, as a set of one entry.
 """
 
 from __future__ import annotations
@@ -58,8 +57,7 @@ FORMAT_V1 = "pplan-machine/1"
 MAX_ENTRIES = 32
 """Rank counts one machine file holds (the bench takes about a minute per count)."""
 _MAX_FILE_BYTES = 1 << 20
-_MAX_RATIO = 100.0
-_MAX_OPT_MS_PER_MIB = 1e6
+_MAX_RATIO, _MAX_OPT_MS_PER_MIB = 100.0, 1e6
 OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")
 MEASURED_KEYS = ("date", "host", "cpu", "cores", "load_average", "torch", "seconds", "cases", "model")
 """Keys of `measured` (where and when the numbers were taken): informational, checked."""
@@ -107,10 +105,9 @@ class Machine:
     """Where and when: date, host, cpu, cores, load_average, torch, seconds, cases, model (the empty pipeline's)."""
 
     def __post_init__(self) -> None:
-        if self.device_type not in ("cpu", "cuda"):
-            raise PplanError(f"machine device_type {self.device_type!r} is not cpu or cuda")
-        if self.backend not in ("gloo", "nccl"):
-            raise PplanError(f"machine backend {self.backend!r} is not gloo or nccl")
+        for name, allowed in (("device_type", ("cpu", "cuda")), ("backend", ("gloo", "nccl"))):
+            if getattr(self, name) not in allowed:
+                raise PplanError(f"machine {name} {getattr(self, name)!r} is not {' or '.join(allowed)}")
         for name in ("ranks", "threads"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= 1_000_000:
@@ -298,11 +295,10 @@ def load_machines(path: str | os.PathLike) -> MachineSet:
 
 
 def machines_to_update(path: str | os.PathLike) -> tuple[MachineSet | None, str | None]:
-    """What `pplan calibrate --machine` merges its new entries into at `path`: (the file's entries,
-    None); (None, None) where there is no file; (None, why) for a machine file that cannot be read
-    (it says a machine format, and remeasuring is what its errors advise), which is replaced. Any
-    other file is refused (PplanError): a profile, a plan or a user's JSON is not the machine
-    file's to overwrite."""
+    """What `pplan calibrate --machine` merges its new entries into at `path`: (the file's entries, None);
+    (None, None) where there is no file; (None, why) for a machine file that cannot be read (it says a machine
+    format, and remeasuring is what its errors advise), which is replaced. Any other file is refused
+    (PplanError): a profile, a plan or a user's JSON is not the machine file's to overwrite."""
     p = Path(path)
     if not p.exists():
         return None, None
@@ -362,7 +358,13 @@ def find_machine(path: str | os.PathLike | None = None, device_type: str | None 
     chosen = machine_path(path)
     if chosen is None:
         return None
-    m = load_machine(chosen, ranks)
+    try:
+        m = load_machine(chosen, ranks)
+    except PplanError as e:  # a variable set long ago breaks a command that names no machine file: say which
+        if path is not None or not os.environ.get("PPLAN_MACHINE"):
+            raise
+        raise PplanError(f"$PPLAN_MACHINE: {e.message}", "point it at a file `pplan calibrate --machine` wrote, "
+                         "or set PPLAN_MACHINE=off to predict without one") from None
     if device_type is not None and m.device_type != device_type:
         return None
     return m
@@ -378,18 +380,16 @@ def prediction_basis(profile: Any, given: str | os.PathLike | None = None,
     if cal is not None or given is not None or profile.meta.get("analytic") == "true":
         return cal, path
     device = str(profile.meta.get("device") or "cpu").split(":")[0]
-    chosen = machine_path()
-    machine = find_machine(chosen, device_type=device, ranks=ranks) if chosen is not None else None
-    return (machine_calibration(machine), chosen) if machine is not None else (None, None)
+    machine = find_machine(device_type=device, ranks=ranks)
+    return (machine_calibration(machine), machine_path()) if machine is not None else (None, None)
 
 
 def machine_calibration(machine: Machine, *, optimizer: str | None = None,
                         optimizer_param_bytes: float = 0.0) -> Calibration:
-    """The simulator's corrections for this machine: per-action overhead, in-pipeline link latency
-    and bandwidth, per-step overhead. With `optimizer` and `optimizer_param_bytes` (the largest
-    rank's parameters; only for profiles without optimizer times) the optimizer step's measured
-    cost is added to the per-step overhead; the hand-over's CPU share where the machine measured
-    one. compute_scale stays 1: layer times come from the profile."""
+    """The simulator's corrections for this machine: per-action overhead, in-pipeline link latency and
+    bandwidth, per-step overhead. With `optimizer` and `optimizer_param_bytes` (the largest rank's parameters;
+    only for profiles without optimizer times) the optimizer step's measured cost is added to the per-step
+    overhead; the hand-over's CPU share where the machine measured one. compute_scale stays 1."""
     step = machine.step_overhead_ms
     if optimizer and optimizer_param_bytes > 0:
         step += machine.optimizer_ms_per_mib.get(optimizer, 0.0) * optimizer_param_bytes / 2**20

@@ -95,6 +95,20 @@ def test_find_machine_honours_env_default_and_device_type(tmp_path, monkeypatch)
     assert find_machine().step_overhead_ms == 9.0
 
 
+def test_a_broken_pplan_machine_names_the_variable_in_commands_that_name_no_file(tmp_path, monkeypatch, pplan,
+                                                                                tiny_gpt_csv):
+    """A variable set long ago, pointing at a file since moved, failed every partition with
+    "machine file '...' does not exist" and no hint of where that path came from."""
+    missing = tmp_path / "moved.json"
+    monkeypatch.setenv("PPLAN_MACHINE", str(missing))
+    code, out, err = pplan("partition", tiny_gpt_csv, "--devices", 2, "--global-batch", 8, "--out", tmp_path / "a.json")
+    assert code == 2 and not (tmp_path / "a.json").exists()
+    assert err.strip() == (f"pplan: error: $PPLAN_MACHINE: machine file {str(missing)!r} does not exist; point it at a "
+                           "file `pplan calibrate --machine` wrote, or set PPLAN_MACHINE=off to predict without one")
+    with pytest.raises(PplanError, match="^machine file .* does not exist$"):  # a path given is named as given
+        find_machine(missing)
+
+
 def test_fit_overheads_recovers_action_and_step_costs():
     # measured = base + k x a + c with a = 0.25 ms per action on the path, c = 3 ms per step
     cases = [(base + k * 0.25 + 3.0, base, k) for base, k in ((0.7, 6.0), (2.4, 16.0), (1.7, 18.0), (3.3, 34.0))]
