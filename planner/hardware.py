@@ -17,6 +17,10 @@ units (planner.units); `format` and `source` are optional. Unknown keys are refu
 nearest known one; every value must be finite and within a plausible range (peak FLOP/s 1e9..1e18,
 memory 64 MiB..1 PiB, bandwidths 1e6..1e15 bytes/s, latencies 0..1000 ms, 1..4096 GPUs per node):
 outside it a value is a unit mistake, such as 989 written for 989 TFLOP/s.
+
+A data/tensor-parallel plan records the hardware it was planned on under the same keys
+(`parallel.hardware_spec`, read back by hardware_from_dict), so a file that kept a preset's name
+(`pplan hardware h100-80gb --json > my.json`, edited) is priced with its own values, not the preset's.
 """
 
 from __future__ import annotations
@@ -88,6 +92,9 @@ class Hardware:
             return self.peak_bf16_flops_per_s
         raise PplanError(f"dtype {dtype!r} is not supported", f"use one of {', '.join(DTYPE_BYTES)}")
 
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON object of this hardware (what a user file holds, and a plan's parallel.hardware_spec), format first."""
+        return {"format": FORMAT, **asdict(self)}
 
 
 # Plausible ranges: outside them a value is a typo or a unit mistake (989 for 989 TFLOP/s, 80 for
@@ -109,8 +116,8 @@ _KNOWN = ("format",) + tuple(f.name for f in fields(Hardware))
 
 
 def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
-    """The JSON object of `hw` (what a user file holds), format first."""
-    return {"format": FORMAT, **asdict(hw)}
+    """The JSON object of `hw` (what a user file holds), format first: Hardware.to_dict."""
+    return hw.to_dict()
 
 
 def _number(raw: Any, key: str, where: str) -> float:

@@ -17,7 +17,10 @@ planner.limits, with what they cost); a plan whose layers all have zero forward 
 time is refused with ProfileError (there is no iteration time, and throughput would be
 infinite). `hardware` re-prices only a data/tensor-parallel plan: a one-pipeline plan's costs are
 the profile's measured times, so a hardware given for one is refused (PlanError), not ignored.
-On another hardware than the plan names, a data/tensor-parallel plan gets that hardware's memory
+Without `hardware` a data/tensor-parallel plan is priced on the values it recorded
+(`parallel.hardware_spec`) and the GPUs per node it was planned for; a plan from before the
+values were recorded, on the preset it names. On another hardware than the plan's, it gets that
+hardware's GPUs per node (refused when they do not hold whole tensor-parallel groups), memory
 limit per GPU and pipeline links (`replica_on_hardware`), its collectives, gradient sync and MFU
 peak; its compute times stay the profile's, and an MFU above 100% (the profile faster than the
 hardware's peak) is refused as `pplan partition` refuses it (planner.cost.parallel.checked_mfu).
@@ -35,6 +38,7 @@ from planner.cost.parallel import checked_mfu, model_flops
 from planner.errors import PlanError, ProfileError, ScheduleError
 from planner.hardware import PRESETS, Hardware
 from planner.limits import MAX_SIMULATED_ACTIONS, MAX_TIMELINE_ACTIONS
+from planner.parallel import ParallelConfig
 from planner.plan import Plan
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import get_schedule
@@ -155,9 +159,12 @@ def check_hardware_applies(plan: Plan, hardware: Hardware | None) -> None:
 
 
 def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
-    """The hardware a data/tensor-parallel plan is priced on: `hardware`, else the one it names."""
+    """The hardware a data/tensor-parallel plan is priced on: `hardware`, else the values it
+    recorded, else (a plan written before it recorded them) the preset it names."""
     if hardware is not None:
         return hardware
+    if plan.parallel is not None and plan.parallel.hardware_spec is not None:
+        return plan.parallel.hardware_spec
     name = (plan.parallel.hardware if plan.parallel is not None else None) or (plan.predicted.hardware if plan.predicted else None)
     if name is None:
         raise PlanError(f"plan uses parallel {plan.parallel.describe() if plan.parallel else '?'} but does not say which "
@@ -170,25 +177,47 @@ def plan_hardware(plan: Plan, hardware: Hardware | None = None) -> Hardware:
 
 
 def replica_on_hardware(plan: Plan, hardware: Hardware) -> Plan:
-    """`plan`, one replica of a data/tensor-parallel plan, with each GPU's memory limit and the
-    pipeline links `hardware` gives (as the 3-D search builds them: replica_layout) and
-    `parallel.hardware` its name. A plan whose own hardware is `hardware` (the preset it names,
-    every value alike) is returned as it is: its devices and links (hand edits, --bandwidth and
-    --latency included) are for that hardware. A hardware file that only shares the preset's name
-    (a copy with other memory) re-prices."""
+    """`plan`, one replica of a data/tensor-parallel plan, on `hardware`'s nodes: its GPUs per
+    node, each GPU's memory limit and the pipeline links it gives (as the 3-D search builds them:
+    replica_layout), `parallel.hardware` its name and `hardware_spec` its values. A plan whose own
+    hardware is `hardware` (the values it recorded or, in an older plan, the preset it names; every
+    value alike but the source text) is returned as it is: its devices, links (hand edits,
+    --bandwidth and --latency included) and GPUs per node (--gpus-per-node) are what was planned.
+    A hardware file that only shares the preset's name (a copy with other values) re-prices.
+    PlanError when `hardware`'s nodes cannot hold the plan's tensor-parallel groups."""
     cfg = plan.parallel
-    if cfg is None or (cfg.hardware in PRESETS and PRESETS[cfg.hardware] == hardware):
+    if cfg is None or _same_values(cfg.hardware_spec or PRESETS.get(cfg.hardware or ""), hardware):
         return plan
-    cfg = replace(cfg, hardware=hardware.name)
-    devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, int(cfg.gpus_per_node or hardware.gpus_per_node)))
+    gpn = _whole_tp_groups(cfg, hardware.gpus_per_node, f"--hardware {hardware.name[:60]!r}",
+                           "re-plan for it with `pplan partition --nodes N --hardware FILE`")
+    cfg = replace(cfg, hardware=hardware.name, hardware_spec=hardware, gpus_per_node=gpn)
+    devices, links = replica_layout(cfg, hardware.memory_bytes, Cluster(hardware, gpn))
     return plan.with_(devices=devices, links=links, parallel=cfg)
 
 
 def replica_cluster(plan: Plan, hardware: Hardware) -> Cluster:
     """The cluster one replica of data/tensor-parallel `plan` is priced on: `hardware`'s GPUs, the
-    plan's GPUs per node and its recorded way of syncing gradients (pplan simulate and run alike)."""
+    plan's GPUs per node (the hardware's when it records none) and its recorded way of syncing
+    gradients (pplan simulate and run alike)."""
     cfg = plan.parallel
-    return Cluster(hardware, int(cfg.gpus_per_node or hardware.gpus_per_node), overlap_grad_sync=cfg.overlaps_grad_sync)
+    gpn = cfg.gpus_per_node or _whole_tp_groups(cfg, hardware.gpus_per_node, f"the plan's hardware {hardware.name[:60]!r}",
+                                                "record the GPUs per node in the plan (parallel.gpus_per_node) or re-plan")
+    return Cluster(hardware, int(gpn), overlap_grad_sync=cfg.overlaps_grad_sync)
+
+
+def _same_values(recorded: Hardware | None, hardware: Hardware) -> bool:
+    """Whether `hardware` is the plan's own (`recorded`), its source text aside (a comment, not a value)."""
+    return recorded is not None and replace(recorded, source=hardware.source) == hardware
+
+
+def _whole_tp_groups(cfg: ParallelConfig, gpus_per_node: int, whose: str, remedy: str) -> int:
+    """`gpus_per_node` when a node holds whole tensor-parallel groups of `cfg` (tp stays within one
+    node, planner.cost.collectives.placement); PlanError naming `whose` nodes otherwise."""
+    if gpus_per_node % cfg.tp:
+        raise PlanError(f"{whose} has {gpus_per_node} GPUs per node, which the plan's tp={cfg.tp} ({cfg.describe()}) "
+                        "does not divide: tensor parallelism stays within a node",
+                        f"use hardware whose gpus_per_node is a multiple of {cfg.tp}, or {remedy}")
+    return gpus_per_node
 
 
 def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibration | None, record_timeline: bool,
@@ -205,6 +234,7 @@ def _simulate_replica_plan(plan: Plan, profile: Profile, calibration: Calibratio
     hw = plan_hardware(plan, hardware)
     if hardware is not None:
         plan = replica_on_hardware(plan, hardware)
+        cfg = plan.parallel
     cluster = replica_cluster(plan, hw)
     flops = model_flops(profile, plan.global_batch)
     sim = simulate_replica(

@@ -112,7 +112,8 @@ def test_a_plan_that_does_not_name_its_hardware_needs_it(searched, tmp_path):
     from planner.hardware import load_hardware
 
     data = json.loads(plan_to_json(parallel_plan(result, prof, load_hardware("a100-80gb"))))
-    del data["parallel"]["hardware"], data["parallel"]["gpus_per_node"], data["predicted"]["hardware"]
+    del data["parallel"]["hardware"], data["parallel"]["hardware_spec"], data["parallel"]["gpus_per_node"]
+    del data["predicted"]["hardware"]
     plan = plan_from_dict(data)
     with pytest.raises(PlanError, match="--hardware"):
         simulate(plan, prof)

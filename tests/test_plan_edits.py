@@ -49,7 +49,7 @@ _EDITS = {
     "link pair": (_add_pair, "links"),
     "optimizer": (lambda d: d.update(optimizer="sgd"), "optimizer"),
     "parallel": (lambda d: d.update(parallel={"dp": 2, "pp": 2, "tp": 1, "zero": 1}, global_batch=32),
-                 "parallel degrees"),
+                 "parallel layout or its hardware"),
     "profile": (lambda d: d["profile"].update(sha256="0" * 64), "model or profile checksum"),
     "model": (lambda d: d.update(model="mlp:layers=8,hidden=256"), "model or profile checksum"),  # what pplan run builds
 }

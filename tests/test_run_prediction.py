@@ -62,6 +62,7 @@ def test_a_dp_plan_without_a_hardware_preset_predicts_one_replica_of_whole_layer
     prof_path, plan_path = _tiny(pplan, tmp_path, "dp=2,pp=2,tp=1")
     data = plan_to_dict(load_plan(plan_path))
     data["parallel"].pop("hardware")
+    data["parallel"].pop("hardware_spec")  # the values it was planned on price it as well as a preset's name
     data["predicted"] = None
     plan, prof = plan_from_dict(data), load_profile(prof_path)
     got, source, _ = predict(plan, _preflight(prof), use_machine=False)

@@ -130,8 +130,9 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
 
 
 def _layout_hardware(plan: Plan) -> str | None:
-    """The preset a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware), or
-    None when it names none: a hand-written plan the run executes but simulate cannot price."""
+    """The hardware a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware: its
+    recorded values, else the preset it names), or None when it has neither: a hand-written plan
+    the run executes but simulate cannot price."""
     from planner.simulate import plan_hardware
 
     try:

@@ -39,7 +39,9 @@ def parallel_plan(result: ParallelResult, profile: Profile, hardware: Hardware,
         raise PplanError("this search priced Megatron's vocabulary-parallel embedding and head, which pplan run does not execute",
                          "search again with vocab_parallel=False to write a plan")
     c = candidate or result.best
-    cfg = replace(c.config, gpus_per_node=result.gpus_per_node, hardware=hardware.name, grad_sync=result.grad_sync)
+    # the hardware's values too: `pplan simulate` prices the plan on them, not on a preset that shares the name
+    cfg = replace(c.config, gpus_per_node=result.gpus_per_node, hardware=hardware.name, hardware_spec=hardware,
+                  grad_sync=result.grad_sync)
     cluster = Cluster(hardware, result.gpus_per_node, overlap_grad_sync=cfg.overlaps_grad_sync)
     devices, links = replica_layout(cfg, result.memory_bytes, cluster)
     stages = []

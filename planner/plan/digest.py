@@ -4,7 +4,7 @@ depend on, a short sha256 of their canonical JSON (PlanDigest, written as `predi
 A Plan stamps a prediction that has none when the two are joined (planner.plan.model); the reader
 compares a stamped one with the plan around it and drops it, naming the groups that changed
 (planner.plan.serialize.read_plan). So an edit of the cuts, recompute sets, devices, links,
-optimizer, parallel degrees, model or profile checksum is seen, in a file edited by hand or in a plan
+optimizer, parallel layout (its hardware's values included), model or profile checksum is seen, in a file edited by hand or in a plan
 changed in memory and written again.
 
 Left out, because they label and change no predicted number: device names, the seed and the
@@ -29,7 +29,7 @@ __all__ = ["DIGEST_HEX", "plan_digest", "digest_change"]
 _WORDS = {
     "batch": "schedule or batch split",
     "optimizer": "optimizer",
-    "parallel": "parallel degrees",
+    "parallel": "parallel layout or its hardware",
     "devices": "devices (count, memory or speed)",
     "links": "links",
     "stages": "stages (cuts, recompute or devices)",

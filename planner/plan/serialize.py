@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import math
 import os
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from planner.atomic import atomic_write_text
 from planner.errors import PlanError, PplanError
 from planner.filekind import FILE_KINDS, SNIFF_BYTES, wrong_kind
+from planner.hardware import hardware_from_dict
 from planner.jsonio import check_keys, loads_strict, read_bounded_text
 from planner.jsontypes import file_kind, kind_mismatch
 from planner.limits import MAX_MEMORY_BYTES, MAX_SEED
@@ -32,6 +34,7 @@ __all__ = [
 
 FORMAT = "pplan-plan/1"
 _MAKE_PLAN = "give a plan JSON (`pplan partition -o plan.json` writes one)"
+_read_hardware_spec = partial(hardware_from_dict, source="plan field parallel.hardware_spec")
 
 # Every key a plan may hold, per object level; anything else is refused with the nearest one.
 PLAN_KEYS = ("format", "model", "seed", "n_layers", "profile", "schedule", "micro_batch_size", "n_microbatches",
@@ -157,10 +160,11 @@ def _stages_and_devices(d: dict[str, Any]) -> tuple[list[Any], tuple[Device, ...
 
 
 def _parallel(d: dict[str, Any]) -> ParallelConfig | None:
-    """The `parallel` object (dp, pp, tp, zero), None when absent (one pipeline)."""
+    """The `parallel` object (dp, pp, tp, zero and the cluster), None when absent (one pipeline);
+    its hardware_spec is checked as a hardware file is (bounded numbers, no unknown key)."""
     parallel_d = get_field(d, "parallel", (dict, type(None)), "", None)
     try:
-        parallel = ParallelConfig.from_dict(parallel_d) if parallel_d is not None else None
+        parallel = ParallelConfig.from_dict(parallel_d, _read_hardware_spec) if parallel_d is not None else None
     except PplanError as e:
         raise PlanError(e.message, e.hint) from None
     if parallel is not None and parallel.hardware is not None:  # printed with the plan's layout
