@@ -57,3 +57,17 @@ def check_time_limit(seconds: float, flag: str = "--time-limit") -> float:
 
 
 __all__ += ["check_time_limit"]
+
+
+def check_global_batch(global_batch: int) -> None:
+    """Refuse a global batch below one sample or above MAX_GLOBAL_BATCH, for the one-pipeline search
+    and the data x pipeline x tensor one alike (with --nodes, 10^12 samples was searched, split
+    nowhere, and refused as a memory shortfall)."""
+    if global_batch < 1:
+        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    if global_batch > MAX_GLOBAL_BATCH:
+        raise PplanError(f"--global-batch {global_batch} is absurdly large (more than {MAX_GLOBAL_BATCH:.0e} samples per iteration)",
+                         "give the samples per optimizer step, e.g. --global-batch 512")
+
+
+__all__ += ["check_global_batch"]

@@ -16,7 +16,7 @@ import numpy as np
 from planner.calibration import Calibration
 from planner.cost import optimizer_factor
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
-from planner.limits import MAX_GLOBAL_BATCH, check_time_limit
+from planner.limits import check_global_batch, check_time_limit
 from planner.partition.diagnose import infeasible_error
 from planner.partition.problem import RECOMPUTE_MODES
 from planner.partition.search import (
@@ -95,11 +95,7 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
                          "layer (docs/models.md, 'A wrapper over a model's submodules')")
     if count > L:
         raise PplanError(f"{count} devices but the profile has only {L} layers", f"use --devices {L} or fewer (each stage needs a layer)")
-    if settings.global_batch < 1:
-        raise PplanError(f"--global-batch must be at least 1, got {settings.global_batch}")
-    if settings.global_batch > MAX_GLOBAL_BATCH:
-        raise PplanError(f"--global-batch {settings.global_batch} is absurdly large (more than {MAX_GLOBAL_BATCH:.0e} samples per iteration)",
-                         "give the samples per optimizer step, e.g. --global-batch 512")
+    check_global_batch(settings.global_batch)
     m = settings.microbatches
     if m is not None:
         if m < 1:

@@ -95,10 +95,24 @@ def infeasible_error(profile: Profile, settings: PartitionSettings, devices: tup
                 hints.append(f"or --devices {more}")
             else:
                 hints.append(f"(even {profile.n_layers} devices, one layer each, would not fit {format_bytes(limit)})")
-        if settings.recompute != "auto":
+        if _recompute_auto_fits(profile, settings, devices, links, orders, calibration):
             hints.append("or --recompute auto")
         return InfeasibleError(head, " ".join(hints))
     head = f"no plan fits the cluster's device memory ({what})"
     if not math.isfinite(scale):
         return InfeasibleError(head, "no schedule can run at these sizes")
-    return InfeasibleError(head, f"every device would need {math.ceil(scale * 100) / 100:.2f}x its memory; add memory or devices, or allow --recompute auto")
+    fixes = "add memory or devices"
+    if _recompute_auto_fits(profile, settings, devices, links, orders, calibration):
+        fixes += ", or allow --recompute auto"
+    return InfeasibleError(head, f"every device would need {math.ceil(scale * 100) / 100:.2f}x its memory; {fixes}")
+
+
+def _recompute_auto_fits(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
+                         orders: list[tuple[int, ...]], calibration: Calibration | None) -> bool:
+    """Whether --recompute auto is a fix to name: not when it is what failed, and otherwise only when
+    a plan fits with it (from all it need not: all also recomputes the layers whose input outweighs
+    their activations, which auto keeps, so either may hold fewer bytes)."""
+    if settings.recompute == "auto":
+        return False
+    auto = replace(settings, recompute="auto")
+    return least_memory_scale(profile, auto, devices, links, orders, calibration, stop_below=1.0) <= 1.0

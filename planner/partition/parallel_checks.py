@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from planner.errors import PplanError, ScheduleError
 from planner.hardware import MAX_GPUS_PER_NODE, Hardware
+from planner.limits import check_global_batch
 from planner.parallel import ParallelConfig, parse_parallel
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
@@ -44,8 +45,7 @@ def checked_layout(nodes: int, gpn: int, global_batch: int, recompute: str, comp
     if nodes * gpn > MAX_GPUS:
         raise PplanError(f"--nodes {nodes} x --gpus-per-node {gpn} = {nodes * gpn} GPUs is more than the planner searches ({MAX_GPUS})",
                          f"use at most {MAX_GPUS // gpn} nodes of {gpn} GPUs")
-    if global_batch < 1:
-        raise PplanError(f"--global-batch must be at least 1, got {global_batch}")
+    check_global_batch(global_batch)
     if recompute not in RECOMPUTE_CHOICES:
         raise PplanError(f"unknown recompute {recompute!r}", f"use one of {', '.join(RECOMPUTE_CHOICES)}")
     if zero is not None:

@@ -16,19 +16,25 @@ not grow with the memory (there 105-120 GiB fit, 125 and 130 GiB do not: the sea
 its fastest plans), so X is the least size of the fit it narrows, with a smaller size just below it
 found not to fit. Every other fix (the held flags freed, more nodes, a ZeRO stage) is a search that
 fit too.
+
+When the search priced no point, memory may not be why: a global batch that no layout splits into at most
+MAX_MICROBATCHES micro-batches per replica of a searched size (1,048,576 samples on 16 GPUs with
+sizes to 8: at most 16 x 4096 x 8 = 524,288) is refused for that, with its searched fixes: a held
+--microbatches, more nodes, the largest batch that splits.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
-from planner.errors import InfeasibleError, PplanError
-from planner.partition.parallel_checks import MAX_GPUS
+from planner.errors import InfeasibleError, PplanError, ScheduleError
+from planner.partition.parallel_checks import MAX_GPUS, MAX_MICROBATCHES
+from planner.partition.search import divisors
 from planner.units import format_bytes, format_size_up, parse_bytes
 
-__all__ = ["Shortfall", "infeasible_error"]
+__all__ = ["Shortfall", "infeasible_error", "searched_micro_batch_sizes"]
 
 Attempt = Callable[[dict[str, Any]], Any]
 """Search again with some of plan_parallel's arguments changed: its result (a ParallelResult) or,
@@ -67,11 +73,17 @@ class Shortfall:
 
 
 def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | None,
-                     least: Callable[[], float] | None = None) -> InfeasibleError:
+                     least: Callable[[], float] | None = None) -> PplanError:
     """The refusal of plan_parallel(**args) (normalized: hardware a Hardware, parallel a forced
     ParallelConfig or "auto"), naming the fixes `attempt` confirms (None: no search, the bound only).
     `least`: the least memory per GPU the search's pipeline DP fits some point under (the memory
-    fix then searches there once; None, or a search there that finds nothing: _memory_fix's bounds)."""
+    fix then searches there once; None, or a search there that finds nothing: _memory_fix's bounds).
+    When the search priced no point, memory may not be why: a batch that no layout splits, memory
+    aside, is refused with a ScheduleError (_split_refusal)."""
+    if not math.isfinite(short.peak_bytes):
+        split = _split_refusal(args, attempt)
+        if split is not None:
+            return split
     n, forced = args["nodes"] * args["gpus_per_node"], args["parallel"]
     auto = {"parallel": "auto"} if forced != "auto" else {}
     flags = " ".join(t for t in (short.held_to, "--recompute none" if args["recompute"] == "none" else "") if t)
@@ -89,8 +101,86 @@ def infeasible_error(short: Shortfall, args: dict[str, Any], attempt: Attempt | 
         fixes.append(_fix(attempt, f"--zero {short.zero_hint}", {"zero": short.zero_hint, **sharded}))
     head = f"the least memory-hungry plan found needs about {size} per GPU" if size else _bound_lead(short)
     fixes, lead = [f for f in fixes if f], " ".join(t for t in (head, f"({'; '.join(notes)})" if notes else "") if t)
-    use = "use " + ", ".join(fixes[:-1]) + (", or " if fixes[1:] else "") + fixes[-1] if fixes else "no change tried fits"
+    use = _use(fixes) if fixes else "no change tried fits"
     return InfeasibleError(error, (lead + ": " if lead else "") + use)
+
+
+def _use(fixes: list[str]) -> str:
+    """'use A, B, or C' of one or more fixes."""
+    return "use " + ", ".join(fixes[:-1]) + (", or " if fixes[1:] else "") + fixes[-1]
+
+
+def searched_micro_batch_sizes(given: Sequence[int] | None, profile_sizes: Sequence[int]) -> list[int]:
+    """The micro-batch sizes a search not held to a micro-batch count tries: the given ones, else the
+    profile's and the powers of two up to 8."""
+    return sorted(set(given)) if given else sorted(set(profile_sizes) | {1, 2, 4, 8})
+
+
+def _largest_split(global_batch: int, dps: Sequence[int], sizes: Sequence[int]) -> int:
+    """The largest batch up to `global_batch` that some replica count of `dps` and micro-batch size of
+    `sizes` split into at most MAX_MICROBATCHES micro-batches per replica (`global_batch` when it splits)."""
+    return max(dp * b * min(MAX_MICROBATCHES, global_batch // (dp * b)) for dp in dps for b in sizes)
+
+
+def _split_refusal(args: dict[str, Any], attempt: Attempt | None) -> ScheduleError | None:
+    """The refusal when no layout of the search `args` can split its global batch, memory aside:
+    without a held micro-batch count each replica runs at most MAX_MICROBATCHES micro-batches of a
+    searched size, so dp x that count x the largest size caps the batch (16 GPUs, sizes to 8:
+    524,288 samples), and dp x size must divide it. Every layout's dp divides the GPUs, so over
+    those divisors a batch that does not split here splits on no layout searched. Its fixes, each
+    searched (`attempt`): a held --microbatches (any micro-batch size then), the fewest more nodes
+    that split it, the largest batch that splits; None when the batch splits."""
+    given, batch = args["micro_batch_sizes"], args["global_batch"]
+    if args["microbatches"] is not None:  # held: parallel_checks.check_held_runs says what runs
+        return None
+    nodes, gpn, forced = args["nodes"], args["gpus_per_node"], args["parallel"]
+    sizes = searched_micro_batch_sizes(given, args["profile"].micro_batch_sizes)
+    dps = divisors(nodes * gpn) if forced == "auto" else [forced.dp]
+    largest = _largest_split(batch, dps, sizes)
+    if largest == batch:
+        return None
+    where, replicas = (f"{nodes * gpn} GPUs", f"a divisor of {nodes * gpn}") if forced == "auto" else \
+        (f"--parallel {forced.describe()}", f"dp={forced.dp}")
+    cap = dps[-1] * MAX_MICROBATCHES * sizes[-1]
+    listed = ", ".join(map(str, sizes[:-1])) + (" or " if sizes[1:] else "") + str(sizes[-1])
+    why = (f" ({dps[-1]} replicas x {MAX_MICROBATCHES} x {sizes[-1]} = {cap} samples at most)" if batch > cap else
+           f", and no replica count ({replicas}) x micro-batch size divides {batch} into so few")
+    error = (f"--global-batch {batch} does not split on {where}: the search runs at most {MAX_MICROBATCHES} micro-batches "
+             f"per replica, of {listed} samples{why}")
+    tries = []
+    held = _finest_held_count(batch, dps) if not given else None  # given sizes bound a held count's size too
+    if held is not None:
+        tries.append((f"--microbatches {held}", {"microbatches": held}))
+    more = _fewest_nodes_splitting(batch, nodes, gpn, sizes) if forced == "auto" else None  # forced: more nodes is another layout
+    if more is not None:
+        tries.append((f"{more * gpn} GPUs ({more} nodes of {gpn})", {"nodes": more}))
+    if largest >= 1:
+        tries.append((f"--global-batch {largest}", {"global_batch": largest}))
+    if attempt is None:
+        return ScheduleError(error, "e.g. " + " or ".join(flag for flag, _ in tries) if tries else None)
+    fixes = [f for f in (_fix(attempt, flag, change) for flag, change in tries) if f]
+    tried = " or ".join(flag for flag, _ in tries)
+    return ScheduleError(error, _use(fixes) if fixes else f"{tried} fit no plan either" if tries else "change --global-batch")
+
+
+def _finest_held_count(global_batch: int, dps: Sequence[int]) -> int | None:
+    """The micro-batch count per replica, at most MAX_MICROBATCHES, that splits the batch into the
+    smallest micro-batches over some replica count of `dps` (a held count runs them at any size);
+    None when no replica count divides the batch."""
+    finest = max(((dp * m, m) for dp in dps if global_batch % dp == 0
+                  for m in [max(d for d in divisors(global_batch // dp) if d <= MAX_MICROBATCHES)]), default=None)
+    return None if finest is None else finest[1]
+
+
+_NODE_COUNTS_TRIED = 64  # node counts looked at from the least that could hold the batch (arithmetic, no search)
+
+
+def _fewest_nodes_splitting(global_batch: int, nodes: int, gpn: int, sizes: Sequence[int]) -> int | None:
+    """The fewest nodes above `nodes` (at most MAX_GPUS GPUs) over whose GPUs some layout splits the
+    batch; None when none of the first _NODE_COUNTS_TRIED from the least that could does."""
+    least = max(nodes + 1, math.ceil(global_batch / (gpn * MAX_MICROBATCHES * sizes[-1])))
+    return next((k for k in range(least, min(least + _NODE_COUNTS_TRIED, MAX_GPUS // gpn + 1))
+                 if _largest_split(global_batch, divisors(k * gpn), sizes) == global_batch), None)
 
 
 def _bound_lead(short: Shortfall) -> str:

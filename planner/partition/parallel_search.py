@@ -53,7 +53,7 @@ from planner.partition.parallel_checks import (MAX_GPUS, MAX_MICROBATCHES, RECOM
 from planner.partition.branch_bound import ESTIMATE_MARGIN, solve_best
 from planner.partition.parallel_eval import (ParallelCandidate, ParallelCosts, ParallelTask, helping_zero, least_memory,
                                              least_static_bytes, simulate_task)
-from planner.partition.parallel_hints import Shortfall, infeasible_error
+from planner.partition.parallel_hints import Shortfall, infeasible_error, searched_micro_batch_sizes
 from planner.partition.parallel_runnable import layout_error, layout_refusal, runnable_alternatives
 from planner.partition.search import divisors
 from planner.profiling.profile import Profile
@@ -301,7 +301,7 @@ def _sizes_of(a: dict[str, Any], profile: Profile) -> Callable[[ParallelConfig],
     """The micro-batch sizes a layout is searched at: the given ones, else the profile's and powers of
     two up to 8; with a held micro-batch count, the one size that splits the batch into it."""
     given = a["micro_batch_sizes"]
-    sizes = sorted(set(given)) if given else sorted(set(profile.micro_batch_sizes) | {1, 2, 4, 8})
+    sizes = searched_micro_batch_sizes(given, profile.micro_batch_sizes)
     if a["microbatches"] is None:
         return lambda cfg: sizes
     return lambda cfg: held_size(cfg, a["global_batch"], a["microbatches"], given)
