@@ -338,7 +338,10 @@ def load_plan(path: str | os.PathLike) -> Plan:
 
 
 def write_plan(plan: Plan, path: str | os.PathLike) -> None:
-    """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would refuse."""
+    """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would
+    refuse. A relative profile path (from the folder the command ran in) is written from the plan's
+    folder, where resolve_profile_path looks first: the plan finds its profile from any folder."""
+    plan = _profile_path_from(plan, path)
     try:
         text = plan_to_json(plan)
     except PlanError as e:
@@ -350,15 +353,27 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     atomic_write_text(path, text)
 
 
+def _profile_path_from(plan: Plan, path: str | os.PathLike) -> Plan:
+    """`plan` with its relative profile path made relative to the folder of `path`, the plan file,
+    when it names a file from the working folder (one that names none there may already be written
+    from the plan's folder, as a plan built in Python for a profile beside it is)."""
+    recorded = plan.profile_path
+    if not recorded or os.path.isabs(recorded) or not os.path.isfile(recorded):
+        return plan
+    rel = os.path.relpath(os.path.abspath(recorded), os.path.dirname(os.path.abspath(path)))
+    return plan if rel == recorded else plan.with_(profile_path=rel)
+
+
 def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:
-    """The plan's profile: `override` (--profile), else the recorded path as given or, when that
-    does not exist and is relative, beside the plan file (plans travel with their profiles)."""
+    """The plan's profile: `override` (--profile), else the recorded path: absolute as it is; relative,
+    from the plan file's folder (write_plan records it so, and plans travel with their profiles),
+    else from the working folder (a plan written before paths were recorded from its folder)."""
     if override:
         return Path(override)
     if not plan.profile_path:
         return None
     p = Path(plan.profile_path)
-    if p.exists() or p.is_absolute() or plan_path is None:
+    if p.is_absolute() or plan_path is None:
         return p
-    beside = Path(plan_path).parent / p
+    beside = Path(os.path.normpath(Path(plan_path).parent / p))  # '../g.csv' from sub/: g.csv, as people write it
     return beside if beside.exists() else p
