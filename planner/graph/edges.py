@@ -23,6 +23,7 @@ import re
 from typing import Iterable, NamedTuple, Sequence
 
 from planner.errors import ProfileError
+from planner.units import PLAIN_NUMBER_HINT, plain_float, plain_int
 
 __all__ = ["EDGE_KEY", "MAX_EDGES_PER_LAYER", "MAX_READERS_PER_LAYER", "SkipEdge", "as_skip_edges", "edge_lines", "format_edge", "read_edges", "add_edge_lines"]
 
@@ -108,14 +109,14 @@ def _parse(value: str, lineno: int, source: str, n_layers: int | None) -> SkipEd
     if not m:
         raise ProfileError(f"{where} does not read as <src>-><dst>[,<dst>...] <bytes_per_sample>", "e.g. `# edge: 0->1,7 4096`")
     try:
-        src = int(m.group(1))
-        consumers = [int(c) for c in m.group(2).split(",")]
+        src = plain_int(m.group(1))
+        consumers = [plain_int(c) for c in m.group(2).split(",")]
     except ValueError:
         raise ProfileError(f"{where}: layers must be integers", "e.g. `# edge: 0->1,7 4096`") from None
     try:
-        nbytes = float(m.group(3))
+        nbytes = plain_float(m.group(3))
     except ValueError:
-        raise ProfileError(f"{where}: bytes_per_sample {m.group(3)!r} is not a number") from None
+        raise ProfileError(f"{where}: bytes_per_sample {m.group(3)!r} is not a number", PLAIN_NUMBER_HINT) from None
     if consumers != sorted(set(consumers)):
         raise ProfileError(f"{where}: consumer layers {consumers} must be ascending without repeats")
     _check(src, consumers[-1], nbytes, tuple(consumers[:-1]), n_layers, where)

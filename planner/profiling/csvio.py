@@ -23,6 +23,7 @@ from planner.errors import PplanError, ProfileError
 from planner.graph.edges import edge_lines, read_edges
 from planner.profiling.metadata import read_meta
 from planner.textsafe import check_name
+from planner.units import PLAIN_INTEGER_HINT, PLAIN_NUMBER_HINT, plain_float, plain_int
 
 __all__ = [
     "FORMAT", "REQUIRED_COLUMNS", "OPTIONAL_COLUMNS", "NUMERIC_COLUMNS", "INTEGER_COLUMNS", "MAX_LAYERS", "MAX_ROWS",
@@ -344,9 +345,9 @@ def _cell_error(source: str, lineno: int, column: str, text: str, problem: str, 
 def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) -> float:
     text = cell.strip()
     try:
-        value = float(text)
+        value = plain_float(text)
     except ValueError:
-        raise _cell_error(source, lineno, column, text, "is not a number") from None
+        raise _cell_error(source, lineno, column, text, "is not a number", PLAIN_NUMBER_HINT) from None
     if math.isnan(value) or math.isinf(value):  # 1e400 reads as inf
         raise _cell_error(source, lineno, column, text, "is not a finite number")
     if value < 0:
@@ -363,9 +364,9 @@ def _int_cell(cell: str, source: str, lineno: int, column: str, minimum: int) ->
     if len(text) > MAX_INT_CHARS:  # before parsing (and later printing) a 4,000-digit number
         raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {MAX_INT_CHARS} characters)")
     try:
-        value = int(text)
+        value = plain_int(text)
     except ValueError:
-        raise _cell_error(source, lineno, column, text, "is not an integer") from None
+        raise _cell_error(source, lineno, column, text, "is not an integer", PLAIN_INTEGER_HINT) from None
     if value < minimum:
         raise ProfileError(f"{source}:{lineno}: column {column!r}: {value} is below {minimum}")
     return value

@@ -15,6 +15,7 @@ from planner.graph.edges import EDGE_KEY
 from planner.jsonio import nearest
 from planner.limits import MAX_MODEL_SPEC_CHARS, MAX_SEED
 from planner.textsafe import MAX_TEXT_CHARS, check_text
+from planner.units import PLAIN_INTEGER_HINT, PLAIN_NUMBER_HINT, plain_float, plain_int
 
 __all__ = ["META_KEYS", "MAX_INPUT_ELEMENTS", "MAX_CO_RUN", "read_meta"]
 
@@ -25,9 +26,13 @@ MAX_INPUT_ELEMENTS = 2**30
 # machine has cores; a larger number is a typo, and each process holds a copy of the model.
 MAX_CO_RUN = 1024
 
-
 def _free_text(value: str) -> str | None:
     return None
+
+
+_NOT_AN_INTEGER = "is not an integer"
+_NOT_A_NUMBER = "is not a number"
+_NOT_A_SHAPE = "is not a comma-separated list of integers (one sample, e.g. 3,32,32)"
 
 
 def _integer(low: int, high: int, empty_ok: bool = False) -> Callable[[str], str | None]:
@@ -35,9 +40,9 @@ def _integer(low: int, high: int, empty_ok: bool = False) -> Callable[[str], str
         if empty_ok and not value:
             return None
         try:
-            n = int(value)
+            n = plain_int(value)
         except ValueError:
-            return "is not an integer"
+            return _NOT_AN_INTEGER
         return None if low <= n <= high else f"is out of range ({low}..{high})"
     return check
 
@@ -45,9 +50,9 @@ def _integer(low: int, high: int, empty_ok: bool = False) -> Callable[[str], str
 def _number(high: float) -> Callable[[str], str | None]:
     def check(value: str) -> str | None:
         try:
-            x = float(value)
+            x = plain_float(value)
         except ValueError:
-            return "is not a number"
+            return _NOT_A_NUMBER
         if not math.isfinite(x) or x < 0:
             return "is not a finite number >= 0"
         return None if x <= high else f"is too large (limit {high:.0e})"
@@ -58,9 +63,9 @@ def _input_shape(value: str) -> str | None:
     if not value:
         return None
     try:
-        dims = [int(d) for d in value.split(",")]
+        dims = [plain_int(d) for d in value.split(",")]
     except ValueError:
-        return "is not a comma-separated list of integers (one sample, e.g. 3,32,32)"
+        return _NOT_A_SHAPE
     if len(dims) > 16 or any(d < 1 for d in dims):
         return "needs 1 to 16 dimensions, each at least 1"
     if math.prod(dims) > MAX_INPUT_ELEMENTS:
@@ -148,7 +153,8 @@ def read_meta(lines: list[str], source: str) -> tuple[dict[str, str], int]:
         _check_shown_text(value, key, f"{source}:{lineno}")
         problem = META_KEYS[key](value)
         if problem:
-            raise ProfileError(f"{source}:{lineno}: metadata {key!r}: {value[:60]!r} {problem}")
+            hint = {_NOT_A_NUMBER: PLAIN_NUMBER_HINT, _NOT_AN_INTEGER: PLAIN_INTEGER_HINT, _NOT_A_SHAPE: PLAIN_INTEGER_HINT}.get(problem)
+            raise ProfileError(f"{source}:{lineno}: metadata {key!r}: {value[:60]!r} {problem}", hint)
         meta[key] = value
         where[key] = lineno
     return meta, first

@@ -24,6 +24,7 @@ from planner.plan import Plan, load_plan
 from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.csvio import MAX_INT_CHARS, check_line_lengths, count_lines, csv_rows
+from planner.units import PLAIN_INTEGER_HINT, PLAIN_NUMBER_HINT, plain_float, plain_int
 from planner.profiling.profile import Profile, load_profile
 from planner.report.agree import (  # re-exported: what the report's callers import from here
     SIM_OF_PLAN_HINT, check_consistent, check_measured_timeline, check_timeline_of_plan, sim_differences,
@@ -184,14 +185,15 @@ def _timeline_row(cell: dict[str, str], source: str, lineno: int) -> TimelineRow
         try:
             if len(cell[col]) > MAX_INT_CHARS:
                 raise ValueError
-            values[col] = int(cell[col])
+            values[col] = plain_int(cell[col])
         except ValueError:
-            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not an integer in range") from None
+            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not an integer in range",
+                       PLAIN_INTEGER_HINT) from None
     for col in ("start_ms", "end_ms"):
         try:
-            values[col] = float(cell[col])
+            values[col] = plain_float(cell[col])
         except ValueError:
-            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not a number") from None
+            raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not a number", PLAIN_NUMBER_HINT) from None
         if not math.isfinite(values[col]):
             raise _bad(source, f"line {lineno}: column {col!r}: {cell[col][:40]!r} is not finite")
     kind = check_name(cell["kind"], "kind", PplanError, f"{source}:{lineno}").upper()  # no escape sequence in a message

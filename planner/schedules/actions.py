@@ -46,7 +46,7 @@ class ActionKind(str, Enum):
 _CODE = {k: i for i, k in enumerate(ActionKind)}
 KINDS = tuple(k.value for k in ActionKind)  # letters by code: KINDS[kind.code] == kind
 N_KINDS = len(KINDS)
-_ACTION_RE = re.compile(r"^\s*(\d+)\s*([FBIW])\s*(\d+)\s*$")
+_ACTION_RE = re.compile(r"^\s*([0-9]+)\s*([FBIW])\s*([0-9]+)\s*$")  # ASCII digits: \d also reads other scripts' digits
 
 
 @dataclass(frozen=True, order=True)
