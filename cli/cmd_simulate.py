@@ -53,14 +53,14 @@ def simulate_cmd(
     pipeline replica on its hardware, with the tensor-parallel collectives and the gradient
     sync on the timeline, and reports tokens/s, TFLOP/s per GPU, MFU and memory per GPU.
     """
-    from planner.units import parse_bandwidth, parse_ms
+    from planner.units import parse_link_bandwidth, parse_ms
     from planner.whatif import SimulationOutputs, WhatIf, what_if
 
     # each flag's own value first (the records check their own: WhatIf a count below 1), then the
     # input files, then what_if: how flags combine, outputs writable
     outputs = SimulationOutputs(out=out, timeline=timeline, plot=plot)
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
-                    bandwidth_bytes_per_s=parse_bandwidth(bandwidth) if bandwidth is not None else None,
+                    bandwidth_bytes_per_s=parse_link_bandwidth(bandwidth, "--bandwidth") if bandwidth is not None else None,
                     latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)
     check_plan_inputs(plan_path, profile)
     check_calibration_input(calibration)

@@ -11,7 +11,7 @@ Nodes carry memory_bytes (None = take --memory) and speed (relative compute spee
 times are divided by it); edges carry bandwidth (bytes/s) and latency (ms). A pair without a
 link uses default_link (or --bandwidth/--latency when the file has none). Sizes accept the
 units of planner.units (40GiB, 300GB/s, 5us) or plain numbers (bytes, bytes/s, ms); a link's
-bandwidth is at least MIN_LINK_BANDWIDTH, so a plain 300 meant as 300 GB/s is refused. An optional
+bandwidth is at least planner.limits.MIN_LINK_BANDWIDTH, so a plain 300 meant as 300 GB/s is refused. An optional
 "description" holds free text for people. Any other key, at any level, is refused with the
 nearest known one (`devices[0]: unknown key 'memroy'; did you mean 'memory'?`).
 
@@ -43,12 +43,12 @@ from planner.jsontypes import short
 from planner.plan import Device, Links
 from planner.plan.bounds import MAX_LINK_PAIRS, MAX_PIPELINE_STAGES
 from planner.textsafe import check_name
-from planner.units import parse_bandwidth, parse_bytes, parse_ms
+from planner.units import parse_bytes, parse_link_bandwidth, parse_ms
 
 if TYPE_CHECKING:
     import networkx as nx
 
-__all__ = ["FORMAT", "EXACT_MAX", "MAX_ORDER_DEVICES", "MAX_CLUSTER_BYTES", "MIN_LINK_BANDWIDTH", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
+__all__ = ["FORMAT", "EXACT_MAX", "MAX_ORDER_DEVICES", "MAX_CLUSTER_BYTES", "CLUSTER_KEYS", "Cluster", "load_cluster", "cluster_from_dict", "best_path", "exact_path",
            "path_score", "pipeline_orders"]
 
 FORMAT = "pplan-cluster/1"
@@ -58,9 +58,6 @@ MAX_CLUSTER_BYTES = 8 * 2**20
 """Largest cluster file read: 4,000 devices (what a pipeline can have) in 8-GPU nodes with every link
 inside a node listed (14,000 links), one per line as in examples/cluster.json, measured 1.6 MB and loads
 in 1.2 s (2026-12-03); 8 MiB leaves room and bounds what parsing a hostile file costs."""
-MIN_LINK_BANDWIDTH = 1e6
-"""Slowest link a cluster file may give, bytes/s: a MB/s, the lower bound planner.hardware holds a
-hardware file's links to. Below it a value is a unit slip (300 for 300GB/s, read as 300 bytes/s)."""
 # Largest value of each field an integer too large for a float is refused against (Python callers:
 # a file's integers have at most 40 digits, planner.jsonio).
 _LARGEST = {"memory": f"{MAX_MEMORY_BYTES:g} bytes", "bandwidth": f"{MAX_BANDWIDTH:g} bytes/s", "latency": f"{MAX_LATENCY_MS:g} ms"}
@@ -137,16 +134,6 @@ def _value(d: dict, key: str, parse, where: str, required: bool = True) -> Any:
                            f"the most is {_LARGEST[key]}") from None
 
 
-def _link_bandwidth(raw: str | int | float) -> float:
-    """A link's bandwidth in bytes/s, refused below MIN_LINK_BANDWIDTH (a unit slip, not a link)."""
-    bw = parse_bandwidth(raw)
-    if bw < MIN_LINK_BANDWIDTH:
-        in_bytes = "" if isinstance(raw, (int, float)) else f" ({bw:g} bytes/s)"  # a plain number is bytes/s already
-        raise PplanError(f"bandwidth {raw!r}{in_bytes} is below {MIN_LINK_BANDWIDTH:g} bytes/s (1MB/s), slower than any real link",
-                         "a plain number is bytes/s: write the unit, e.g. \"25GB/s\" or \"200Gbit/s\"")
-    return bw
-
-
 def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
     """Build a Cluster from parsed JSON (see module docstring)."""
     if not isinstance(data, dict):
@@ -180,7 +167,7 @@ def cluster_from_dict(data: Any, source: str = "<cluster>") -> Cluster:
         raise ClusterError(f"{source}: 'default_link' must be an object with bandwidth and latency")
     default = default or {}
     check_keys(default, DEFAULT_LINK_KEYS, f"{source}: default_link", ClusterError)
-    d_bw = _value(default, "bandwidth", _link_bandwidth, f"{source}: default_link", required=False)
+    d_bw = _value(default, "bandwidth", parse_link_bandwidth, f"{source}: default_link", required=False)
     d_lat = _value(default, "latency", parse_ms, f"{source}: default_link", required=False)
     for j, ln in enumerate(links):
         _add_link(g, ln, f"{source}: links[{j}]", d_bw, d_lat)
@@ -221,7 +208,7 @@ def _add_link(g: nx.Graph, ln: Any, where: str, d_bw: float | None, d_lat: float
         raise ClusterError(f"{where} links device {a!r} to itself")
     if g.has_edge(a, b):
         raise ClusterError(f"{where}: the link {a!r}-{b!r} is given twice")
-    bw = _value(ln, "bandwidth", _link_bandwidth, where, required=d_bw is None)
+    bw = _value(ln, "bandwidth", parse_link_bandwidth, where, required=d_bw is None)
     lat = _value(ln, "latency", parse_ms, where, required=False)
     g.add_edge(a, b, bandwidth=bw if bw is not None else d_bw, latency=lat if lat is not None else (d_lat if d_lat is not None else 0.0))
 

@@ -13,12 +13,13 @@ import math
 from planner.errors import PplanError
 
 __all__ = [
-    "MAX_MEMORY_BYTES", "MIN_BANDWIDTH", "MAX_BANDWIDTH", "MAX_LATENCY_MS",
+    "MAX_MEMORY_BYTES", "MIN_BANDWIDTH", "MIN_LINK_BANDWIDTH", "MAX_BANDWIDTH", "MAX_LATENCY_MS",
     "MIN_SPEED", "MAX_SPEED", "MAX_GLOBAL_BATCH", "MAX_SEED", "MAX_MODEL_SPEC_CHARS",
 ]
 
 MAX_MEMORY_BYTES = 2**60  # an exbibyte
 MIN_BANDWIDTH = 1.0  # bytes/s
+MIN_LINK_BANDWIDTH = 1e6  # bytes/s a link a user gives may have: below a MB/s it is a unit slip (300 for 300GB/s)
 MAX_BANDWIDTH = 1e15  # bytes/s, a petabyte per second
 MAX_LATENCY_MS = 86_400_000.0  # a day
 MIN_SPEED, MAX_SPEED = 1e-6, 1e6  # relative compute speed

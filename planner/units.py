@@ -6,9 +6,9 @@ import math
 import re
 
 from planner.errors import PplanError
-from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MIN_BANDWIDTH
+from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MIN_BANDWIDTH, MIN_LINK_BANDWIDTH
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up",
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_link_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up",
            "plain_float", "plain_int", "PLAIN_NUMBER_HINT", "PLAIN_INTEGER_HINT"]
 
 _BYTE_UNITS = {
@@ -88,17 +88,18 @@ def parse_bandwidth(text: str | float) -> float:
     return result
 
 
-def parse_ms(text: str | float, what: str = "latency", most_ms: float = MAX_LATENCY_MS) -> float:
-    """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds, 0 to `most_ms` (by
-    default MAX_LATENCY_MS, the range a plan's links are held to; a caller with a tighter one passes it,
-    so the range the message names is the one that holds)."""
-    value, unit = _split(text, what, "ms", f"give 0 to {most_ms:g} ms, e.g. 0.01ms", "0.01ms")
+def parse_ms(text: str | float, what: str = "latency") -> float:
+    """'0.01ms', '5us', '1s', or a plain number of milliseconds -> milliseconds, 0 to MAX_LATENCY_MS
+    (the range a plan's links are held to; a file with a tighter one checks it after, with its unit)."""
+    value, unit = _split(text, what, "ms", "give 0 or more, e.g. 0.01ms", "0.01ms")
     scale = {"": 1.0, "ms": 1.0, "us": 1e-3, "ns": 1e-6, "s": 1e3}.get(unit)
     if scale is None:
         raise PplanError(f"unknown time unit in {what} {text!r}", "use s, ms, us or ns")
     result = value * scale
-    if not (math.isfinite(result) and 0 <= result <= most_ms):
-        raise PplanError(f"{what} {text!r} is out of range (0 to {most_ms:g} ms)", "give e.g. 0.01ms or 5us")
+    if result < 0:  # a JSON number (text with a '-' is refused by _split)
+        raise PplanError(f"{what} {text!r} is negative", "give 0 or more, e.g. 0.01ms or 5us")
+    if not (math.isfinite(result) and result <= MAX_LATENCY_MS):
+        raise PplanError(f"{what} {text!r} is out of range (0 to {MAX_LATENCY_MS:g} ms)", "give e.g. 0.01ms or 5us")
     return result
 
 
@@ -126,6 +127,18 @@ def format_size_up(n_bytes: float) -> str:
     if n_bytes >= 2**30:
         return f"{math.ceil(n_bytes / 2**30 * 100) / 100:.2f}GiB"
     return f"{math.ceil(n_bytes / 2**20 * 100) / 100:.2f}MiB"
+
+
+def parse_link_bandwidth(text: str | float, what: str = "bandwidth") -> float:
+    """parse_bandwidth for a link a user gives (--bandwidth, a cluster or hardware file), refused
+    below MIN_LINK_BANDWIDTH: slower than any real link, it is a unit slip (a plain 300 meant as
+    300GB/s reads as 300 bytes/s). Plans keep parse_bandwidth's wider range."""
+    bw = parse_bandwidth(text)
+    if bw < MIN_LINK_BANDWIDTH:
+        in_bytes = "" if isinstance(text, (int, float)) else f" ({bw:g} bytes/s)"  # a plain number is bytes/s already
+        raise PplanError(f"{what} {text!r}{in_bytes} is below {MIN_LINK_BANDWIDTH:g} bytes/s (1MB/s), slower than any real link",
+                         "a plain number is bytes/s: write the unit, e.g. \"25GB/s\" or \"200Gbit/s\"")
+    return bw
 
 
 # Python's float() and int() also read `1_0` as 10 and other scripts' digits (`１２`, `١٢`) as 12: a

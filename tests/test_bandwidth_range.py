@@ -60,3 +60,18 @@ def test_partition_names_the_cluster_file(pplan, tmp_path: Path) -> None:
                          "-o", tmp_path / "plan.json")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert f"{cluster}: links[1].bandwidth: bandwidth 0.5 is out of range" in err and "links.pairs" not in err
+
+
+@pytest.mark.parametrize("command", ["partition", "simulate"])
+def test_a_link_bandwidth_below_a_megabyte_per_second_on_the_command_line_is_a_unit_slip(pplan, tmp_path, command):
+    """--bandwidth 300 meant 300GB/s and priced every hand-over at 300 bytes/s; a cluster or hardware
+    file's link is held to the same bound (planner.limits.MIN_LINK_BANDWIDTH)."""
+    plan = ROOT / "tests" / "data" / "sim_plan.json"
+    args = (["partition", ROOT / "profiles" / "mlp.csv", "-n", 2, "--global-batch", 8, "-o", tmp_path / "p.json"]
+            if command == "partition" else ["simulate", plan, "--profile", ROOT / "tests" / "data" / "sim_profile.csv"])
+    code, out, err = pplan(*args, "--bandwidth", "300")
+    assert code == 2 and out == "" and not (tmp_path / "p.json").exists()
+    assert err.strip() == ("pplan: error: --bandwidth '300' (300 bytes/s) is below 1e+06 bytes/s (1MB/s), slower than "
+                           'any real link; a plain number is bytes/s: write the unit, e.g. "25GB/s" or "200Gbit/s"')
+    code, _, err = pplan(*args, "--bandwidth", "1MB/s")
+    assert code == 0, err

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from planner.cluster import MIN_LINK_BANDWIDTH, cluster_from_dict
+from planner.cluster import cluster_from_dict
 from planner.errors import ClusterError, PplanError
-from planner.limits import MAX_LATENCY_MS
+from planner.limits import MAX_LATENCY_MS, MIN_LINK_BANDWIDTH
 from planner.units import parse_ms
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -66,17 +66,13 @@ def test_partition_refuses_a_unit_slip_in_one_line_and_writes_no_plan(pplan, tmp
     assert not out.exists()
 
 
-def test_a_negative_latency_names_the_range() -> None:
+def test_a_negative_latency_says_so_once() -> None:
     data = _cluster()
     data["links"][0]["latency"] = -1
-    assert _refusal(data).message == f"c.json: links[0].latency: latency -1 is out of range (0 to {MAX_LATENCY_MS:g} ms)"
-
-
-def test_a_latency_parser_with_a_tighter_bound_names_that_bound() -> None:
+    assert _refusal(data).message == "c.json: links[0].latency: latency -1 is negative"
     with pytest.raises(PplanError) as e:
-        parse_ms(-1, "inter_node_latency_ms", most_ms=1000.0)
-    assert e.value.message == "inter_node_latency_ms -1 is out of range (0 to 1000 ms)"
-    assert parse_ms("1s", most_ms=1000.0) == 1000.0
+        parse_ms(1e9)
+    assert e.value.message == f"latency 1000000000.0 is out of range (0 to {MAX_LATENCY_MS:g} ms)"
 
 
 def test_an_integer_too_large_for_a_float_names_the_most_the_field_takes() -> None:
@@ -129,3 +125,11 @@ def test_partition_help_says_what_devices_does_with_a_cluster_and_who_overlaps_t
     grad_sync = _partition_help("grad_sync")
     assert "Megatron-LM 2021 did not overlap" in grad_sync  # as docs/parallel.md says
     assert "as Megatron-LM, DeepSpeed and DDP run it" not in grad_sync
+
+
+def test_a_hardware_files_negative_latency_names_its_key_once() -> None:
+    from planner.hardware import PRESETS, hardware_from_dict
+
+    with pytest.raises(PplanError) as e:
+        hardware_from_dict({**PRESETS["h100-80gb"].to_dict(), "inter_node_latency_ms": -1}, source="hw.json")
+    assert e.value.message == "hw.json: inter_node_latency_ms: latency -1 is negative"

@@ -17,7 +17,7 @@ from planner.parallel import checked_grad_sync
 from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
 from planner.schedules.registry import schedule_name
-from planner.units import parse_bandwidth, parse_bytes, parse_ms
+from planner.units import parse_bytes, parse_link_bandwidth, parse_ms
 
 __all__ = ["parse_microbatches", "settings_from_options", "cluster_recompute", "cluster_settings_from_options"]
 
@@ -65,7 +65,7 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         schedule=schedule.strip().lower(),
         recompute=recompute.strip().lower(),
         optimizer=optimizer.strip().lower(),
-        bandwidth=parse_bandwidth(bandwidth if bandwidth is not None else "25GB/s"),
+        bandwidth=parse_link_bandwidth(bandwidth if bandwidth is not None else "25GB/s", "--bandwidth"),
         latency_ms=parse_ms(latency if latency is not None else "0.01ms"),
         cluster=loaded,
         method=method.strip().lower(),
