@@ -121,7 +121,7 @@ def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, ou
     echo(f"iteration  {format_ms(r.iteration_ms)}   throughput {r.throughput_samples_per_s:,.1f} samples/s   "
          f"bubble {100 * r.bubble_fraction:.1f}%")
     if r.replica is not None:
-        _print_replica(r.replica, plan.parallel.tp, any(st.recompute for st in plan.stages))
+        _print_replica(r.replica, plan.parallel.dp, plan.parallel.tp, any(st.recompute for st in plan.stages))
     echo("")
     head = ["device", "name", "busy", "idle", "peak memory", "limit", "weights", "grads", "optimizer", "activations", "buffers"]
     table = [head]
@@ -163,18 +163,20 @@ def _devices_in_words(devices: list[int], most: int = 8) -> str:
     return f"device(s) {listed}{more}"
 
 
-def _print_replica(rep: Any, tp: int, recomputes: bool) -> None:
-    """The replica's throughput and communication; tensor-parallel collectives only where tp > 1 has some."""
+def _print_replica(rep: Any, dp: int, tp: int, recomputes: bool) -> None:
+    """The replica's throughput and communication: the gradient sync only where dp > 1 has one, the
+    tensor-parallel collectives only where tp > 1 has some."""
     from planner.units import format_ms
 
     typer.echo(f"cluster    {rep.layout} on {rep.gpus} x {rep.hardware}, global batch {rep.global_batch}: "
                f"{rep.tokens_per_s:,.0f} tokens/s, {rep.tflops_per_gpu:.1f} TFLOP/s per GPU, MFU {100 * rep.mfu:.1f}%")
-    tp_term = ""
+    terms = []
+    if dp > 1:
+        terms.append(f"gradient sync {format_ms(rep.grad_sync_ms)} per iteration ({format_ms(rep.grad_sync_exposed_ms)} exposed)")
     if tp > 1:
         incl = " incl. recomputed forward" if recomputes and rep.tp_comm_ms > 0 else ""
-        tp_term = f", tensor-parallel collectives {format_ms(rep.tp_comm_ms)} per micro-batch{incl}"
-    typer.echo(f"comm       gradient sync {format_ms(rep.grad_sync_ms)} per iteration ({format_ms(rep.grad_sync_exposed_ms)} "
-               f"exposed){tp_term}; memory below is per GPU")
+        terms.append(f"tensor-parallel collectives {format_ms(rep.tp_comm_ms)} per micro-batch{incl}")
+    typer.echo(f"comm       {', '.join(terms) or 'none (dp=1, tp=1)'}; memory below is per GPU")
 
 
 def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) -> None:

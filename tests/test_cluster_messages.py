@@ -93,7 +93,7 @@ def _parallel_plan(pplan, tmp_path: Path, layout: str, hardware: str = "a100-80g
     return out, err
 
 
-def test_simulate_leaves_out_tensor_parallel_collectives_without_tensor_parallelism(pplan, tmp_path: Path) -> None:
+def test_simulate_shows_only_the_communication_the_layout_has(pplan, tmp_path: Path) -> None:
     no_tp, _ = _parallel_plan(pplan, tmp_path, "dp=2,pp=2,tp=1")
     code, stdout, err = pplan("simulate", no_tp)
     assert code == 0, err
@@ -102,7 +102,8 @@ def test_simulate_leaves_out_tensor_parallel_collectives_without_tensor_parallel
     tp2, _ = _parallel_plan(pplan, tmp_path, "dp=1,pp=2,tp=2")
     code, stdout, err = pplan("simulate", tp2)
     assert code == 0, err
-    assert "tensor-parallel collectives" in next(line for line in stdout.splitlines() if line.startswith("comm "))
+    comm = next(line for line in stdout.splitlines() if line.startswith("comm "))
+    assert "tensor-parallel collectives" in comm and "gradient sync" not in comm  # dp=1: no sync, none printed
 
 
 def test_the_hardware_mismatch_warning_names_the_hardware_without_a_quoted_possessive(pplan, tmp_path: Path) -> None:
