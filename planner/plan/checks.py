@@ -41,6 +41,8 @@ def validate_plan(plan: Plan, n_layers: int | None = None) -> None:
     _check_device_use(plan)
     if plan.predicted is not None and (message := plan.predicted.device_count_error(len(plan.devices), "predicted")):
         raise PlanError(message, "the prediction must be of this plan: re-run `pplan partition` or drop `predicted`")
+    if plan.search is not None and (message := plan.search.layer_count_error(plan.stages[-1].layers[1], "search")):
+        raise PlanError(message, "the search must be of this plan: re-run `pplan partition` or drop `search`")
 
 
 def _check_stages(plan: Plan, n_layers: int | None) -> None:

@@ -1,6 +1,7 @@
 """Typed records a plan carries: the simulator's prediction (`predicted`) and how the partitioner
-chose (`search`). Each is a frozen dataclass whose fields are its JSON keys in the order written,
-with one to_dict / from_dict; the key lists the plan reader enforces are derived from the fields.
+chose (`search`, defined in planner.plan.search_records and exported here). Each is a frozen
+dataclass whose fields are its JSON keys in the order written, with one to_dict / from_dict; the
+key lists the plan reader enforces are derived from the fields.
 
 A field left None is not written, except the ones a record lists in `_WRITE_NULL`, which the
 producers always write (as null when there is no value). Every field may be absent or null when
@@ -8,7 +9,7 @@ read: a hand-written plan may carry a partial prediction. from_dict reads throug
 planner.jsontypes.record_fields, like every other record pplan reads: a field's JSON type is its
 annotation, a nested record an object, `tuple[X, ...]` a list; a byte count may be any number
 (pplan writes whole numbers, a person may write 16e9, and run files have always been read so).
-Numbers are held to physical ranges (`_RANGES`, checked by record_fields): a hand-edited bubble
+Numbers are held to physical ranges (`_RANGES`, checked as each record is read): a hand-edited bubble
 fraction of 7 or a peak of 1e300 bytes is refused on one line instead of shown as "700.0%".
 The round-trip itself is planner.plan.recordbase.JsonRecord's, which also bounds each list's length
 (`_LONGEST`) before reading its items and holds every string to one line a terminal can show.
@@ -24,7 +25,8 @@ from planner.errors import PlanError
 from planner.jsontypes import short
 from planner.limits import MAX_GLOBAL_BATCH, MAX_MEMORY_BYTES
 from planner.plan.bounds import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS, MAX_SEARCH_ROWS, MAX_SKIPPED
-from planner.plan.recordbase import JsonRecord
+from planner.plan.recordbase import BYTES_RANGE, COUNT_RANGE, TIME_RANGE, JsonRecord
+from planner.plan.search_records import AtPlanSetting, BaselineRow, SearchRecord, SearchRow
 from planner.schedules.registry import SCHEDULE_NAMES
 
 __all__ = [
@@ -35,10 +37,6 @@ __all__ = [
 
 _ROUNDING_MS = 1e-6
 """idle_ms is iteration time minus busy time: it may fall below 0 by float rounding, not more."""
-_TIME = (0.0, MAX_PREDICTED_MS)
-_BYTES = (0.0, float(MAX_MEMORY_BYTES))
-_COUNT = (1, MAX_GLOBAL_BATCH)
-
 
 
 # ---- predicted: the simulation JSON (docs/simulator.md) without memory_timeline -------------------
@@ -48,7 +46,7 @@ class MemoryRecord(JsonRecord):
     """Peak memory of one device by kind, bytes."""
 
     _ALL_BYTES = True
-    _RANGES = dict.fromkeys(("weights", "gradients", "optimizer", "activations", "buffers", "total"), _BYTES)
+    _RANGES = dict.fromkeys(("weights", "gradients", "optimizer", "activations", "buffers", "total"), BYTES_RANGE)
     _HINT = "memory is in bytes, 0 to 2**60"
 
     weights: int | None = None
@@ -70,8 +68,8 @@ class PredictedDevice(JsonRecord):
     """One device's predicted busy time and peak memory."""
 
     _WRITE_NULL = frozenset({"memory_limit_bytes"})
-    _RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1), "busy_ms": _TIME, "idle_ms": (-_ROUNDING_MS, MAX_PREDICTED_MS),
-               "peak_memory_bytes": _BYTES, "memory_limit_bytes": (1, MAX_MEMORY_BYTES)}
+    _RANGES = {"device": (0, MAX_PIPELINE_STAGES - 1), "busy_ms": TIME_RANGE, "idle_ms": (-_ROUNDING_MS, MAX_PREDICTED_MS),
+               "peak_memory_bytes": BYTES_RANGE, "memory_limit_bytes": (1, MAX_MEMORY_BYTES)}
     _HINT = f"a pipeline has at most {MAX_PIPELINE_STAGES} devices, numbered from 0; times are ms, memory bytes"
 
     device: int | None = None
@@ -140,9 +138,9 @@ class Prediction(JsonRecord):
     """What the simulator (or the data x pipeline x tensor search) predicts for a plan."""
 
     _WRITE_NULL = frozenset({"throughput_samples_per_s"})
-    _RANGES = {"iteration_ms": _TIME, "bubble_fraction": (0.0, 1.0), "throughput_samples_per_s": (0.0, math.inf),
-               "n_microbatches": _COUNT, "micro_batch_size": _COUNT, "tokens_per_s": (0.0, math.inf),
-               "tflops_per_gpu": (0.0, math.inf), "mfu": (0.0, math.inf), "grad_sync_ms": _TIME, "tp_comm_ms": _TIME}
+    _RANGES = {"iteration_ms": TIME_RANGE, "bubble_fraction": (0.0, 1.0), "throughput_samples_per_s": (0.0, math.inf),
+               "n_microbatches": COUNT_RANGE, "micro_batch_size": COUNT_RANGE, "tokens_per_s": (0.0, math.inf),
+               "tflops_per_gpu": (0.0, math.inf), "mfu": (0.0, math.inf), "grad_sync_ms": TIME_RANGE, "tp_comm_ms": TIME_RANGE}
     _HINT = "the prediction is what the simulator wrote: re-create it with `pplan simulate` or `pplan partition`"
 
     iteration_ms: float | None = None
@@ -214,109 +212,3 @@ class Prediction(JsonRecord):
         if bad is not None:
             return f"{where} has device {bad} but the plan's devices are 0..{n_devices - 1}"
         return None
-
-
-# ---- search: how planner.partition.api (and `pplan bench`) chose -------------------------------
-
-@dataclass(frozen=True)
-class AtPlanSetting(JsonRecord):
-    """A baseline's cuts at the plan's own (schedule, M)."""
-
-    _WRITE_NULL = frozenset({"iteration_ms", "peak_memory_bytes"})
-
-    fits: bool | None = None
-    """Whether it fits memory."""
-    iteration_ms: float | None = None
-    """Simulated iteration time, ms."""
-    peak_memory_bytes: int | None = None
-    """Largest device peak, bytes."""
-
-
-@dataclass(frozen=True)
-class SearchRow(JsonRecord):
-    """One candidate the search simulated (a runner-up)."""
-
-    _WRITE_NULL = frozenset({"iteration_ms", "bubble_fraction", "bottleneck_ms", "peak_memory_bytes", "slowdown_vs_plan"})
-    _LONGEST = {"cuts": MAX_PIPELINE_STAGES + 1}  # a stage boundary each, and the end
-
-    method: str | None = None
-    """Which method cut it (dp, ilp, uniform, params, time)."""
-    polish_moves: int | None = None
-    """Cut moves made by the simulator-driven polish."""
-    schedule: str | None = None
-    """Schedule."""
-    n_microbatches: int | None = None
-    """Micro-batches per iteration."""
-    micro_batch_size: int | None = None
-    """Samples per micro-batch."""
-    fits: bool | None = None
-    """Whether it fits memory."""
-    iteration_ms: float | None = None
-    """Simulated iteration time, ms."""
-    bubble_fraction: float | None = None
-    """Simulated bubble fraction."""
-    bottleneck_ms: float | None = None
-    """Slowest stage's time per micro-batch, ms."""
-    peak_memory_bytes: int | None = None
-    """Largest device peak, bytes."""
-    slowdown_vs_plan: float | None = None
-    """Its iteration time over the plan's."""
-    cuts: tuple[int, ...] | None = None
-    """Stage boundaries [0, a, b, ..., n_layers]."""
-    note: str | None = None
-    """Why it does not fit."""
-
-
-@dataclass(frozen=True)
-class BaselineRow(SearchRow):
-    """A baseline method's best candidate, and how its cuts do at the plan's setting."""
-
-    at_plan_setting: AtPlanSetting | None = None
-    """Its cuts at the plan's (schedule, M); None when it was not simulated there."""
-
-    _WRITE_NULL = SearchRow._WRITE_NULL | {"at_plan_setting"}
-
-
-@dataclass(frozen=True)
-class SearchRecord(JsonRecord):
-    """How the partitioner chose the plan: informational, not needed to run it."""
-
-    _WRITE_NULL = frozenset({"optimal"})
-
-    method: str | None = None
-    """The --method asked for."""
-    source: str | None = None
-    """The method whose cuts won."""
-    polish_moves: int | None = None
-    """Cut moves made by the simulator-driven polish."""
-    optimal: bool | None = None
-    """dp/ilp: whether the cuts are proven optimal; None for heuristics."""
-    objective: str | None = None
-    """What was optimized, in words."""
-    recompute: str | None = None
-    """The recompute policy searched."""
-    schedule: str | None = None
-    """Chosen schedule."""
-    n_microbatches: int | None = None
-    """Chosen micro-batch count."""
-    micro_batch_size: int | None = None
-    """Chosen micro-batch size."""
-    device_order: tuple[int, ...] | None = None
-    """Device indices in pipeline order."""
-    bottleneck_stage: int | None = None
-    """The slowest stage."""
-    stage_ms: tuple[float, ...] | None = None
-    """Per stage: time per micro-batch, ms."""
-    stage_memory_bytes: tuple[int, ...] | None = None
-    """Per stage: memory, bytes."""
-    calibrated: bool | None = None
-    """Whether a calibration scaled the profile."""
-    candidates: tuple[SearchRow, ...] | None = None
-    """Runners-up, best first."""
-    baselines: tuple[BaselineRow, ...] | None = None
-    """Per other method: its best candidate."""
-    skipped: tuple[str, ...] | None = None
-    """(schedule, M) points not searched, and why."""
-
-    _LONGEST = {"candidates": MAX_SEARCH_ROWS, "baselines": MAX_SEARCH_ROWS, "skipped": MAX_SKIPPED,
-                "device_order": MAX_PIPELINE_STAGES, "stage_ms": MAX_PIPELINE_STAGES, "stage_memory_bytes": MAX_PIPELINE_STAGES}
