@@ -3,7 +3,9 @@
 Errors a user can cause arrive as PplanError and leave as one line on stderr with exit code 2
 (no traceback unless --debug or PPLAN_DEBUG=1). With --json anywhere on the command line, the
 same errors (and usage errors) are printed as JSON on stdout, `{"error": "...", "hint": "..."}`,
-with the same exit code, so a script reads them where it reads results.
+with the same exit code, so a script reads them where it reads results. A signal asking the
+command to stop (Ctrl-C, SIGTERM, SIGHUP) unwinds it like an error, removing temporary files, and
+leaves as one line, `pplan: interrupted` (exit 130) or `pplan: terminated` (128 + signal).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -18,6 +21,7 @@ from typing import Annotated, Iterator
 
 import typer
 
+from cli import exit_stopped
 from cli.common import state
 from planner.errors import PplanError
 from planner.textsafe import MAX_MESSAGE_CHARS, printable
@@ -90,40 +94,63 @@ def _interrupt_of(exit_exc: SystemExit) -> KeyboardInterrupt | None:
     return None
 
 
-class _Sigint:
-    """Whether a Ctrl-C (SIGINT) reached this command. Python raises it as KeyboardInterrupt wherever
-    the interpreter is, and C code that calls back into Python may report it as an error of its own
-    (numpy's comparison of structured arrays, inside np.unique, turns it into a TypeError): after a
-    Ctrl-C, whatever exception ends the command is the interruption."""
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where the interpreter is, as Ctrl-C raises KeyboardInterrupt: a
+    subclass, so that whatever stops cleanly on a Ctrl-C (typer, the `finally` blocks that remove
+    temporary files and stop worker processes) does the same for these."""
 
-    seen = False
+
+class _Stop:
+    """Which signal asking this command to stop (SIGINT: Ctrl-C; SIGTERM: kill's default; SIGHUP: a
+    closed terminal) reached it, if any. Python raises a Ctrl-C as KeyboardInterrupt wherever the
+    interpreter is, and C code that calls back into Python may report it as an error of its own
+    (numpy's comparison of structured arrays, inside np.unique, turns it into a TypeError): after a
+    stop signal, whatever exception ends the command is the stop."""
+
+    seen: int | None = None
 
     @staticmethod
     def _note(signum: int, frame: object) -> None:
-        _Sigint.seen = True
-        signal.default_int_handler(signum, frame)
+        if signum != signal.SIGINT and _Stop.seen is not None:
+            return  # already unwinding: let the cleanup finish, as `pplan run` does
+        _Stop.seen = _Stop.seen or signum
+        if signum == signal.SIGINT:
+            signal.default_int_handler(signum, frame)
+        raise _Terminated(signum)
+
+    @staticmethod
+    def _watched_signals() -> dict[int, object]:
+        """Each signal to watch, with the handler it has when nobody changed it: only a signal that
+        would act as its default is taken over (a SIGINT or SIGHUP ignored, as by a shell's
+        background job or nohup, stays ignored). SIGTERM and SIGHUP are left alone in a rank of a
+        torchrun (or other) job, RANK and WORLD_SIZE set: its launcher stops it with SIGTERM and
+        expects it gone at once, also while it waits inside a collective, in C code where no Python
+        handler runs. `pplan run` sets its own for the time its ranks run (planner/execute/run.py)."""
+        watched: dict[int, object] = {signal.SIGINT: signal.default_int_handler}
+        if not ("RANK" in os.environ and "WORLD_SIZE" in os.environ):
+            watched.update({sig: signal.SIG_DFL for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)) if sig})
+        return watched
 
     @staticmethod
     @contextlib.contextmanager
     def watched() -> Iterator[None]:
-        """Note SIGINT while the command runs, where Python's own handler would raise it (not where
-        it is ignored, or outside the main thread); the handler before is restored after."""
-        _Sigint.seen = False
-        if threading.current_thread() is not threading.main_thread() or \
-                signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+        """Note stop signals while the command runs (on the main thread, where handlers can be set;
+        see _watched_signals for which); the handlers before are restored after."""
+        _Stop.seen = None
+        if threading.current_thread() is not threading.main_thread():
             yield
             return
-        previous = signal.signal(signal.SIGINT, _Sigint._note)
-        try:
+        with contextlib.ExitStack() as restore:
+            for sig, default in _Stop._watched_signals().items():
+                if signal.getsignal(sig) == default:
+                    restore.callback(signal.signal, sig, default)
+                    signal.signal(sig, _Stop._note)
             yield
-        finally:
-            signal.signal(signal.SIGINT, previous)
 
 
-def _interrupted() -> None:
-    """Leave as an interrupted command: exit 130, one line, nothing written (outputs are atomic)."""
-    sys.stderr.write("pplan: interrupted\n")
-    sys.exit(130)
+def _stopped() -> None:
+    """Leave as a stopped command: one line, exit 128 + signal (the signal seen, else a Ctrl-C)."""
+    exit_stopped(_Stop.seen or signal.SIGINT)
 
 
 def _wants_json(argv: list[str]) -> bool:
@@ -200,24 +227,24 @@ def main() -> None:
         state.debug = True
     as_json = _wants_json(sys.argv[1:])
     try:
-        with _Sigint.watched():
+        with _Stop.watched():
             _run_app(as_json)
     except KeyboardInterrupt:
         if state.debug:
             raise
-        _interrupted()
+        _stopped()
     except SystemExit as e:
         interrupt = _interrupt_of(e)
-        if interrupt is None and not (_Sigint.seen and e.code):  # a failure after a Ctrl-C is the Ctrl-C
+        if interrupt is None and not (_Stop.seen and e.code):  # a failure after a stop signal is the stop
             raise
         if state.debug:
             raise (interrupt or e) from None
-        _interrupted()
+        _stopped()
     except Exception as e:
         if state.debug:
             raise
-        if _Sigint.seen:  # whatever error a Ctrl-C became on its way out (_Sigint)
-            _interrupted()
+        if _Stop.seen:  # whatever error a stop signal became on its way out (_Stop)
+            _stopped()
         if not isinstance(e, PplanError):
             raise
         _fail(e.message, e.hint, e.exit_code, as_json)

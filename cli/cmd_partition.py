@@ -131,13 +131,13 @@ def _check_outputs(out: Path, plot: Optional[Path], profile: Path, cluster: Opti
     from planner.errors import PplanError
 
     if out.suffix.lower() != ".json":
-        raise PplanError(f"--out {str(out)!r} must end in .json")
+        raise PplanError(f"--out {str(out)!r} must end in .json", "the plan is written as JSON, e.g. --out plan.json")
     if out.exists() and out.is_dir():
         raise PplanError(f"--out {str(out)!r} is a directory", "give a file name such as plan.json")
     ensure_writable_file(out, "--out")
     if plot is not None:
         if plot.suffix.lower() != ".png":
-            raise PplanError(f"--plot {str(plot)!r} must end in .png")
+            raise PplanError(f"--plot {str(plot)!r} must end in .png", "it is drawn as PNG, e.g. --plot layers.png")
         ensure_writable_file(plot, "--plot")
     ensure_outputs_distinct([("--out", out), ("--plot", plot)],
                             [*profile_inputs(profile, calibration, hardware), ("cluster file", cluster)])

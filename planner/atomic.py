@@ -1,21 +1,25 @@
 """Atomic file output: write to a temporary file beside the target, then rename.
 
 An interrupted command (SIGINT, a crash, a full disk) never leaves a half-written profile,
-plan or report behind: either the old file (or none) or the complete new one exists.
+plan or report behind: either the old file (or none) or the complete new one exists. The
+temporary file is removed as the exception unwinds; the command line (cli/app.py) turns SIGTERM
+and SIGHUP into such an exception too. Only SIGKILL (or a power cut) leaves one behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
+import threading
 from pathlib import Path
 from typing import Iterable, Iterator, TextIO
 
 from planner.errors import PplanError
 
 __all__ = ["atomic_write_text", "atomic_write_bytes", "atomic_open", "ensure_writable_file", "ensure_writable_dir",
-           "ensure_outputs_distinct", "resolved_path"]
+           "ensure_outputs_distinct", "resolved_path", "stop_signals_held"]
 
 
 @contextlib.contextmanager
@@ -50,6 +54,44 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
     """Write `data` to `path` atomically."""
     with atomic_open(path, "wb") as fh:
         fh.write(data)
+
+
+# The signals that ask a command to stop: Ctrl-C, kill's default, a closed terminal.
+_STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+@contextlib.contextmanager
+def stop_signals_held() -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP while the block runs and deliver them when it ends, so that
+    a stop lands before or after the block, never inside it: for the few renames that replace
+    several files as one (a report's figures/ and index).
+
+    A handler that only notes the signal stands in for whatever acts on it (the ignored ones stay
+    ignored), and each one noted is raised again once every handler is back. Not
+    signal.pthread_sigmask: it blocks the signal for the calling thread alone, and the kernel hands
+    a signal the main thread blocks to another thread (numpy's BLAS thread), whose handler still
+    interrupts the main thread; a Python handler always runs in the main thread. Outside the main
+    thread (which alone may set handlers) nothing is held."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    noted: list[int] = []
+    # ExitStack: every handler is put back even if a signal arrives, and raises, while others are
+    # being restored; the noted signals are raised last, once all of them are back.
+    with contextlib.ExitStack() as restore:
+        restore.callback(_raise_each, noted)
+        for sig in _STOP_SIGNALS:
+            handler = signal.getsignal(sig)
+            if handler in (signal.SIG_IGN, None):  # ignored, or a handler set outside Python: left alone
+                continue
+            restore.callback(signal.signal, sig, handler)
+            signal.signal(sig, lambda signum, _frame: noted.append(signum))
+        yield
+
+
+def _raise_each(signals: list[int]) -> None:
+    for sig in dict.fromkeys(signals):
+        signal.raise_signal(sig)
 
 
 def _first_existing(path: Path) -> Path:

@@ -1,10 +1,11 @@
 """The report's index: report.md and a self-contained report.html, and the atomic folder write.
 
-Everything is rendered in memory first. Then the figures go into a fresh temporary folder that
-replaces `figures/` with one rename, and the two index files are written last, each through a
-temporary file: a failed or interrupted report never leaves a half-written index, and an index
-never points at figures from a different run. Only a folder that is new, empty, or a previous pplan
-report is written to (check_replaceable): someone's own figures/ or report.md is refused, not replaced.
+Everything is rendered in memory first, then written in full (fsynced) into a hidden staging
+folder in the report folder. The last step moves the figures and the two index files into place, with
+SIGINT, SIGTERM and SIGHUP held for those few renames: a failed or interrupted report leaves the
+previous one (or nothing) as it was, or the complete new one, never an index beside figures of
+another run. Only a folder that is new, empty, or a previous pplan report is written to
+(check_replaceable): someone's own figures/ or report.md is refused, not replaced.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.atomic import atomic_write_text
+from planner.atomic import stop_signals_held
 from planner.errors import PplanError
 
 __all__ = ["FigureEntry", "ReportDocument", "render_markdown", "render_html", "write_report_folder", "check_replaceable",
@@ -145,13 +146,6 @@ def render_html(doc: ReportDocument) -> str:
     return "\n".join(out) + "\n"
 
 
-def _default_mode() -> int:
-    """Permissions a plain new file gets under the current umask (usually 0644; folders add x)."""
-    mask = os.umask(0)
-    os.umask(mask)
-    return 0o666 & ~mask
-
-
 # What every index pplan writes holds (the inputs table of render_markdown and render_html): how a
 # previous report is told from someone's own report.md or report.html, which the report overwrites.
 _SIGNATURES = {"report.md": b"## Inputs\n\n| input | file |\n| --- | --- |\n",
@@ -169,7 +163,8 @@ def check_replaceable(out_dir: str | os.PathLike) -> None:
     """Refuse a report folder whose figures/, report.md or report.html pplan did not write: the report
     swaps figures/ for a new one as a whole and rewrites both index files, so only a new or empty
     folder, one without those three, or a previous pplan report (its index holds pplan's inputs table,
-    figures/ only figure files) is written to. Other files in the folder are never touched."""
+    figures/ only figure files) is written to. Other files in the folder are never touched, but
+    for the hidden staging folders only the report writer names (_LEFTOVER)."""
     out = Path(out_dir)
     if not out.is_dir():
         return  # no folder yet (a file there is refused by the writer)
@@ -202,6 +197,16 @@ def _is_our_index(path: Path, signature: bytes) -> bool:
         return False
 
 
+# A report being written is staged in '.report.k3x_9q2a.tmp/' (its figures/, report.html, report.md),
+# and the previous figures/ leaves as '.figures.k3x_9q2a.old/'; earlier versions staged the figures
+# alone in '.figures.k3x_9q2a.tmp/'. tempfile.mkdtemp makes these names: eight of [a-z0-9_] between
+# the prefix and the suffix given (_STAGING, _OLD_FIGURES).
+_STAGING = {"prefix": ".report.", "suffix": ".tmp"}
+_OLD_FIGURES = {"prefix": f".{FIGURES_DIR}.", "suffix": ".old"}
+_LEFTOVER = re.compile(r"\.(report|figures)\.[a-z0-9_]{8}\.(tmp|old)")
+_INDEX_FILES = ("report.html", "report.md")
+
+
 def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, bytes], markdown: str, page: str) -> Path:
     """Write figures (names relative to `figures/`) and the two index files, atomically, into a folder
     that is new, empty or a previous pplan report (check_replaceable)."""
@@ -213,27 +218,62 @@ def write_report_folder(out_dir: str | os.PathLike, figure_files: dict[str, byte
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise PplanError(f"cannot create report folder {str(out)!r}: {e.strerror}") from None
-    tmp = Path(tempfile.mkdtemp(prefix=f".{FIGURES_DIR}.", suffix=".tmp", dir=out))
-    old: Path | None = None
     try:
-        os.chmod(tmp, _default_mode() | 0o111)  # mkdtemp makes 0700; a report is meant to be shared
+        _write_and_swap(out, figure_files, dict(zip(_INDEX_FILES, (page, markdown))))
+    except OSError as e:  # a full disk, a folder made read-only meanwhile: the previous report is kept
+        raise PplanError(f"cannot write report folder {str(out)!r}: {e.strerror or e}",
+                         "free some space or choose another --out") from None
+    _remove_leftovers(out)
+    return out
+
+
+def _write_and_swap(out: Path, figure_files: dict[str, bytes], index: dict[str, str]) -> None:
+    """Write every file into a staging folder, then move the figures and the index files into place.
+    Figures first: their swap is the step that can fail and be undone (a full disk refusing the
+    previous figures/ a new name); the index files are then replaced in place."""
+    staging = Path(tempfile.mkdtemp(dir=out, **_STAGING))
+    final, old = out / FIGURES_DIR, None
+    try:
+        (staging / FIGURES_DIR).mkdir()
         for name, data in sorted(figure_files.items()):
-            (tmp / name).write_bytes(data)
-        final = out / FIGURES_DIR
-        if final.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{FIGURES_DIR}.", suffix=".old", dir=out))
-            os.rmdir(old)
-            os.rename(final, old)
-        os.rename(tmp, final)
-        atomic_write_text(out / "report.html", page)
-        atomic_write_text(out / "report.md", markdown)
+            _write_synced(staging / FIGURES_DIR / name, data)
+        for name, text in index.items():
+            _write_synced(staging / name, text.encode("utf-8"))
+        with stop_signals_held():
+            if os.path.lexists(final):
+                old = Path(tempfile.mkdtemp(dir=out, **_OLD_FIGURES))
+                os.rmdir(old)  # a fresh name for the previous figures/ (a rename cannot put it into a folder)
+                os.rename(final, old)
+            os.rename(staging / FIGURES_DIR, final)
+            for name in index:
+                os.replace(staging / name, out / name)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if old is not None and not (out / FIGURES_DIR).exists():
+        if old is not None and not os.path.lexists(final):
             with contextlib.suppress(OSError):
-                os.rename(old, out / FIGURES_DIR)
+                os.rename(old, final)
         raise
     finally:
-        if old is not None and old.exists():
+        shutil.rmtree(staging, ignore_errors=True)
+        if old is not None and os.path.lexists(final):  # else the previous figures stay, under that name
             shutil.rmtree(old, ignore_errors=True)
-    return out
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    """A new file holding `data`, on disk before any rename makes it part of the report."""
+    with open(path, "xb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _remove_leftovers(out: Path) -> None:
+    """Remove the staging and old figures folders of earlier reports that were killed (SIGKILL, a
+    power cut) before they could. Safe by their names: only this writer gives them (mkdtemp's random
+    part between its own prefix and suffix, hidden), and only in a folder that check_replaceable
+    accepted as new, empty or a previous report, the output of one `pplan report` (any other file in
+    it is left alone). A report writing the same folder at this moment would lose its staging
+    folder; two reports into one folder at once already race for figures/ itself."""
+    with os.scandir(out) as entries:
+        leftovers = [e.path for e in entries if _LEFTOVER.fullmatch(e.name) and e.is_dir(follow_symlinks=False)]
+    for path in leftovers:
+        shutil.rmtree(path, ignore_errors=True)

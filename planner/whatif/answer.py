@@ -42,8 +42,11 @@ class SimulationOutputs:
 
     def __post_init__(self) -> None:
         for flag, path in self.named():
-            if Path(path).suffix.lower() not in self.SUFFIXES[flag]:
-                raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(self.SUFFIXES[flag])}")
+            suffixes = self.SUFFIXES[flag]
+            if Path(path).suffix.lower() not in suffixes:
+                formats = " or ".join(s[1:].upper() for s in suffixes)
+                raise PplanError(f"{flag} {str(path)!r} must end in {' or '.join(suffixes)}",
+                                 f"it is written as {formats}" + (", chosen by the suffix" if len(suffixes) > 1 else ""))
 
     def named(self) -> list[tuple[str, str | os.PathLike]]:
         """(flag, path) of each output given, in the order they are checked."""
