@@ -38,11 +38,14 @@ from planner.limits import MIN_LINK_BANDWIDTH
 from planner.textsafe import printable, terminal_safe
 from planner.units import parse_bandwidth, parse_bytes, parse_ms, plain_float
 
-__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
+__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MEMORY_BOUND_FRACTION", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
 
 FORMAT = "pplan-hardware/1"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 """Bytes per element of the dtypes pplan profiles in."""
+MEMORY_BOUND_FRACTION = 0.8
+"""Fraction of peak memory bandwidth that memory-bound kernels (norms, elementwise) reach: the
+analytic profiles' roofline and the tensor-parallel cost of the kernels tp leaves whole both use it."""
 _MAX_FILE_BYTES = 1 << 20  # a hardware file is a few hundred bytes
 
 

@@ -2,11 +2,20 @@
 executes it (planner/execute/tensor.py), with ZeRO's per-layer terms over D. Pure.
 
 Megatron's split (Shoeybi et al. 2019; Narayanan et al. SC21 section 2.3): a transformer block's
-compute, weights and optimizer step divide by T; the embedding, final norm and head stay whole on
+matmuls, attention, weights and optimizer step divide by T; the embedding, final norm and head stay whole on
 every tp rank (Megatron's vocabulary split, `vocab_parallel`, divides them too: for comparing with
 its published runs). Each block adds two all-reduces of its b*s*h output in the forward and two in
 the backward (and a recomputed forward's), on the intra-node link. A block's norms and
 row-parallel biases (6h parameters) stay whole too; the model divides them: 1/(2h) of the block.
+
+Compute left whole (`tp_whole_ms`): the memory-bound kernels on the block's whole b*s*h tensors run
+on every tp rank, and no T divides them: the two layer norms and the two residual adds, forward and
+backward, and the row-parallel biases' gradients. A profile measures the block as one time, so
+that part is priced from bytes: TP_WHOLE_PASSES x the block's output bytes at the hardware's memory
+bandwidth (x MEMORY_BOUND_FRACTION, as the analytic profile's roofline prices the same kernels), at
+most the block's time; only the rest divides by T. Dividing all of it made tp look cheaper the
+smaller the model: by the analytic roofline of a tp-split block, hidden 12288 at T = 8 was priced
+6% fast, hidden 2048 54%.
 
 Kept activations (`tp_kept_activation_bytes`): without sequence parallelism (Korthikanti et al.
 2022), which neither `pplan run` nor Megatron (2021) runs, a pre-LN block keeps four b*s*h tensors
@@ -27,6 +36,7 @@ as 4 + 7/T (dividing all of it by T would say 5.5 and 2.75). GPT-3 175B, T = 8: 
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -35,8 +45,8 @@ from planner.cost.collectives import Link2, allreduce_ms
 from planner.cost.data_parallel import zero3_gather_ms, zero3_gathered_bytes, zero_weight_gather_ms
 from planner.profiling.profile import LayerCosts
 
-__all__ = ["TP_WHOLE_OUTPUTS", "TP_WHOLE_WGRAD_OUTPUTS", "tp_layers", "tp_shards", "tp_kept_activation_bytes",
-           "tp_wgrad_bytes", "collective_ms", "tensor_parallel_costs"]
+__all__ = ["TP_WHOLE_OUTPUTS", "TP_WHOLE_WGRAD_OUTPUTS", "TP_WHOLE_PASSES", "tp_layers", "tp_shards",
+           "tp_kept_activation_bytes", "tp_wgrad_bytes", "tp_whole_ms", "collective_ms", "tensor_parallel_costs"]
 
 TP_WHOLE_OUTPUTS = 4.0
 """Tensors of a block's output size that a tensor-parallel block keeps whole on every tp rank:
@@ -45,6 +55,26 @@ the inputs of its two layer norms and of its two column-parallel linears (module
 TP_WHOLE_WGRAD_OUTPUTS = 4.0
 """Gradients of a block's output size that its I keeps for W whole on every tp rank: those at the
 outputs of its two layer norms and of its two row-parallel linears (module docstring)."""
+
+
+TP_WHOLE_PASSES = (10.0, 12.0, 2.0)
+"""Tensors of a block's output size that its kernels left whole on every tp rank read and write, per
+forward, input-gradient and weight-gradient backward: forward, each norm reads its input and writes
+its output (2 x 2) and each residual add reads two and writes one (2 x 3); input gradient, each norm
+reads x and dy and writes dx (2 x 3) and each residual branch point sums two gradients (2 x 3); weight
+gradient, each row-parallel bias reads the whole output gradient (2 x 1). The analytic block's kernels."""
+
+
+def tp_whole_ms(output_bytes: np.ndarray, blocks: np.ndarray, shards: np.ndarray,
+                memory_bytes_per_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per layer, (forward, input-gradient, weight-gradient) ms of the kernels a sharded block runs
+    whole on every tp rank (TP_WHOLE_PASSES x its output bytes at `memory_bytes_per_s`, what
+    memory-bound kernels reach); zero for a layer that is no sharded block, and with no bandwidth
+    given (inf)."""
+    sharded = np.asarray(blocks, dtype=bool) & (np.asarray(shards, dtype=float) > 1)
+    per_pass = np.where(sharded, 1e3 * np.asarray(output_bytes, dtype=float) / memory_bytes_per_s, 0.0)
+    fwd, bwd_in, bwd_w = TP_WHOLE_PASSES
+    return fwd * per_pass, bwd_in * per_pass, bwd_w * per_pass
 
 
 def tp_layers(names: tuple[str, ...]) -> np.ndarray:
@@ -100,11 +130,13 @@ def collective_ms(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2
 
 def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_link: Link2,
                           dp: int = 1, zero: int = 0, dp_link: Link2 | None = None,
-                          compute_scale: float = 1.0, vocab_parallel: bool = False) -> LayerCosts:
+                          compute_scale: float = 1.0, vocab_parallel: bool = False,
+                          memory_bytes_per_s: float = math.inf) -> LayerCosts:
     """One GPU's share of `costs` under T-way tensor parallelism (and ZeRO's per-layer terms over D).
 
     Compute (forward, both backward halves, optimizer step) and parameter bytes of every block
-    divide by T, the rest stays whole (as `pplan run` executes them; every layer divides under
+    divide by T but for the kernels it runs whole (tp_whole_ms at `memory_bytes_per_s`, the
+    hardware's memory-bound bandwidth; inf: none), the rest stays whole (as `pplan run` executes them; every layer divides under
     Megatron's `vocab_parallel`: tp_shards), and so do the optimizer step's temporaries (each rank
     steps its own shards); kept activations are tp_kept_activation_bytes and
     what W keeps (wgrad) tp_wgrad_bytes; `collective_ms` is added to the forward and to the input-gradient
@@ -117,14 +149,21 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     if dp > 1 and zero >= 1 and dp_link is None:
         raise ValueError(f"ZeRO {zero} over {dp} replicas needs the data-parallel link (dp_link)")
     shards = tp_shards(blocks, tp, vocab_parallel)
-    t = shards / float(compute_scale)
+    scale = float(compute_scale)
     comm = collective_ms(costs, blocks, tp, tp_link, dp, zero, dp_link, vocab_parallel)
-    fwd = np.asarray(costs.fwd_ms, dtype=float) / t + comm
-    bwd_in = np.asarray(costs.bwd_input_ms, dtype=float) / t + comm
-    bwd_w = np.asarray(costs.bwd_weight_ms, dtype=float) / t
+
+    def share(ms: np.ndarray, whole: np.ndarray) -> np.ndarray:  # the whole part (at most all of it) and the rest / T
+        ms = np.asarray(ms, dtype=float)
+        whole = np.minimum(ms, whole)
+        return scale * (whole + (ms - whole) / shards)
+
+    whole_f, whole_i, whole_w = tp_whole_ms(costs.output_bytes, blocks, shards, memory_bytes_per_s)
+    fwd = share(costs.fwd_ms, whole_f) + comm
+    bwd_in = share(costs.bwd_input_ms, whole_i) + comm
+    bwd_w = share(costs.bwd_weight_ms, whole_w)
     # bytes divide by the shards only: compute_scale is about time (it once scaled these too)
     params = np.asarray(costs.param_bytes, dtype=float) / shards
-    opt = np.asarray(costs.optimizer_ms, dtype=float) / t / (dp if zero >= 1 else 1)
+    opt = scale * np.asarray(costs.optimizer_ms, dtype=float) / shards / (dp if zero >= 1 else 1)
     if dp_link is not None:
         opt = opt + zero_weight_gather_ms(params, dp, zero, dp_link)
     act = tp_kept_activation_bytes(costs.activation_bytes, costs.output_bytes, blocks, shards)

@@ -153,7 +153,7 @@ def _vocab_parallel_costs(raw: LayerCosts, names: tuple[str, ...], cfg: Parallel
     place, blocks = cluster.placement(cfg), tp_layers(names)
     return ReplicaCosts(
         layers=tensor_parallel_costs(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, cluster.compute_scale,
-                                     vocab_parallel=True),
+                                     vocab_parallel=True, memory_bytes_per_s=cluster.memory_bound_bytes_per_s),
         tp_comm_ms=collective_ms(raw, blocks, cfg.tp, place.tp),
         collectives_ms=collective_ms(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, vocab_parallel=True),
     )

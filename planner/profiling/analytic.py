@@ -47,7 +47,7 @@ from typing import Sequence
 import numpy as np
 
 from planner.errors import ModelSpecError, PplanError
-from planner.hardware import DTYPE_BYTES, Hardware, load_hardware
+from planner.hardware import DTYPE_BYTES, MEMORY_BOUND_FRACTION, Hardware, load_hardware
 from planner.models.spec import parse_spec
 from planner.profiling.profile import Profile, make_profile, write_profile
 
@@ -66,7 +66,7 @@ class Efficiency:
     """Fraction of peak FLOP/s that large GEMMs reach (60-80% on A100/H100; 77% measured on one CPU core)."""
     gemm_half_dim: float = 64.0
     """Smallest GEMM dimension at which a GEMM reaches half the ceiling."""
-    memory_fraction: float = 0.8
+    memory_fraction: float = MEMORY_BOUND_FRACTION
     """Fraction of peak memory bandwidth that memory-bound kernels reach."""
     kernel_overhead_ms: float = 0.005
     """Fixed cost of every kernel (launch, tail), ms."""

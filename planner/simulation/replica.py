@@ -27,7 +27,7 @@ from planner.cost.parallel import (
     replica_memory, tensor_parallel_costs, tp_layers,
 )
 from planner.cost.replica_bytes import gradient_bytes, static_bytes
-from planner.hardware import Hardware
+from planner.hardware import MEMORY_BOUND_FRACTION, Hardware
 from planner.parallel import ParallelConfig
 from planner.plan import Device, Links
 from planner.profiling.profile import LayerCosts
@@ -59,6 +59,11 @@ class Cluster:
                          Link2(hw.intra_node_bandwidth_bytes_per_s, hw.intra_node_latency_ms),
                          Link2(hw.inter_node_bandwidth_bytes_per_s, hw.inter_node_latency_ms))
 
+    @property
+    def memory_bound_bytes_per_s(self) -> float:
+        """What one GPU's memory-bound kernels move per second (the kernels tensor parallelism leaves whole)."""
+        return self.hardware.memory_bandwidth_bytes_per_s * MEMORY_BOUND_FRACTION
+
 
 @dataclass(frozen=True)
 class ReplicaCosts:
@@ -77,7 +82,8 @@ def replica_costs(raw: LayerCosts, names: tuple[str, ...], cfg: ParallelConfig, 
     place = cluster.placement(cfg)
     blocks = tp_layers(names)
     return ReplicaCosts(
-        layers=tensor_parallel_costs(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, cluster.compute_scale),
+        layers=tensor_parallel_costs(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp, cluster.compute_scale,
+                                     memory_bytes_per_s=cluster.memory_bound_bytes_per_s),
         tp_comm_ms=collective_ms(raw, blocks, cfg.tp, place.tp),
         collectives_ms=collective_ms(raw, blocks, cfg.tp, place.tp, cfg.dp, cfg.zero, place.dp),
     )
