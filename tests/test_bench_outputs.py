@@ -67,7 +67,7 @@ def test_published_text_prints_percents_and_the_mean(table) -> None:
     text = table_text(table)
     assert "error %" in text.splitlines()[1]
     assert " -6 " in text.splitlines()[2] + " "  # the first row's cell: -6, not -0.06
-    assert "Mean |error| 6.0%, worst -6.0% (megatron-" in text and "tolerance 15%." in text  # rows tie: any may be named
+    assert "Mean |error| 6.0%, worst -6.0% (megatron-" in text and f"tolerance {100 * published.TOLERANCE:.0f}%." in text  # rows tie: any may be named
     assert ",-6.0" in table_csv(table, {"date": "x"})  # the CSV holds the same (unrounded) percent
 
 
