@@ -39,7 +39,7 @@ def simulate_cmd(
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every pipeline link's bandwidth, e.g. 25GB/s; a plain number is bytes/s (a data/tensor-parallel plan's collectives keep its hardware's links: see --hardware).")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every pipeline link's latency, e.g. 0.01ms; a plain number is ms (collectives as for --bandwidth).")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
-    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price the plan on this preset or hardware JSON instead of the one it recorded: each GPU's memory limit, GPUs per node (the plan's tp must divide them), the pipeline, tensor- and data-parallel links, and the peak that MFU divides by (an MFU above 100% is refused, as partition refuses it). Compute times stay the profile's.")] = None,
+    hardware: Annotated[Optional[str], typer.Option("--hardware", help="Data/tensor-parallel plans only: price the plan on this preset or hardware JSON instead of the one it recorded: each GPU's memory limit, GPUs per node (the plan's tp must divide them), the pipeline, tensor- and data-parallel links, and the peak that MFU divides by (an MFU above 100% is refused, as partition refuses it). Compute times stay the profile's, but for the norms and residual adds a tensor-parallel block runs whole on every rank, priced at this hardware's memory bandwidth.")] = None,
 ) -> None:
     """Simulate one training iteration of a plan: time, throughput, bubble, memory per device.
 

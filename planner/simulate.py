@@ -22,7 +22,8 @@ Without `hardware` a data/tensor-parallel plan is priced on the values it record
 values were recorded, on the preset it names. On another hardware than the plan's, it gets that
 hardware's GPUs per node (refused when they do not hold whole tensor-parallel groups), memory
 limit per GPU and pipeline links (`replica_on_hardware`), its collectives, gradient sync and MFU
-peak; its compute times stay the profile's, and an MFU above 100% (the profile faster than the
+peak; its compute times stay the profile's (but for the kernels tensor parallelism leaves whole,
+priced at its memory bandwidth: planner.cost.tensor_parallel), and an MFU above 100% (the profile faster than the
 hardware's peak) is refused as `pplan partition` refuses it (planner.cost.parallel.checked_mfu).
 """
 

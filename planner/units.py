@@ -67,24 +67,29 @@ def _rate_unit(unit: str) -> tuple[str, bool]:
     return base.lower(), False  # '25G/s', a plain number: bytes, as sizes are
 
 
-def parse_bandwidth(text: str | float) -> float:
-    """'25GB/s', '100Gbit/s', '100Mbps' (bits), '1e9' (bytes/s) -> bytes per second (> 0)."""
-    value, unit = _split(text, "bandwidth", "", "give e.g. 25GB/s", "25GB/s", lower=False)
+def parse_bandwidth(text: str | float, what: str = "bandwidth", least: float = MIN_BANDWIDTH) -> float:
+    """'25GB/s', '100Gbit/s', '100Mbps' (bits), '1e9' (bytes/s) -> bytes per second, `least` to
+    MAX_BANDWIDTH (by default planner.limits' range, which a plan's links are held to)."""
+    value, unit = _split(text, what, "", "give e.g. 25GB/s", "25GB/s", lower=False)
     key, bits = _rate_unit(unit)
     if bits and key[:1] in ("m", "g", "t") and unit[:1].islower() and "bit" not in unit.lower():
         # all lower case ('25gb/s', '100mbps'): bits by the letter, but as often meant as bytes
         prefix = key[:-1].capitalize()  # 'g' -> 'G', 'gi' -> 'Gi'
-        raise PplanError(f"bandwidth {text!r} is ambiguous: a lower-case b is a bit, B a byte",
+        raise PplanError(f"{what} {text!r} is ambiguous: a lower-case b is a bit, B a byte",
                          f"write {value:g}{prefix}B/s for bytes or {value:g}{prefix}bit/s for bits")
     if key not in _BYTE_UNITS:
-        raise PplanError(f"unknown bandwidth unit in {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s (bits)")
+        raise PplanError(f"unknown bandwidth unit in {what} {text!r}", "use e.g. 25GB/s, 400MB/s or 100Gbit/s (bits)")
     result = value * _BYTE_UNITS[key] / (8 if bits else 1)
-    if not (math.isfinite(result) and MIN_BANDWIDTH <= result <= MAX_BANDWIDTH):
-        # the range of planner.limits, which a plan's links are held to: a value below it (0.5B/s,
-        # 1e-300GB/s) passed here and was refused later as a plan field, without the file it came from
-        in_bytes = f" ({result:.3g} bytes/s)" if unit else ""  # a plain number is bytes/s already
-        raise PplanError(f"bandwidth {text!r}{in_bytes} is out of range ({MIN_BANDWIDTH:g} to {MAX_BANDWIDTH:g} bytes/s)",
-                         "give a value from 1B/s to 1PB/s, such as 25GB/s")
+    in_bytes = f" ({result:.3g} bytes/s)" if unit else ""  # a plain number is bytes/s already
+    if least >= MIN_LINK_BANDWIDTH and 0 < result < least:
+        as_read = "" if isinstance(text, (int, float)) else f" ({result:g} bytes/s)"  # '300' is 300 bytes/s: say so
+        raise PplanError(f"{what} {text!r}{as_read} is below {least:g} bytes/s (1MB/s), slower than any real link",
+                         "a plain number is bytes/s: write the unit, e.g. \"25GB/s\" or \"200Gbit/s\"")
+    if not (math.isfinite(result) and least <= result <= MAX_BANDWIDTH):
+        # a value below the plans' range (0.5B/s, 1e-300GB/s) passed here and was refused later as
+        # a plan field, without the file it came from
+        raise PplanError(f"{what} {text!r}{in_bytes} is out of range ({least:g} to {MAX_BANDWIDTH:g} bytes/s)",
+                         f"give a value from {format_rate(least)} to 1PB/s, such as 25GB/s")
     return result
 
 
@@ -133,12 +138,15 @@ def parse_link_bandwidth(text: str | float, what: str = "bandwidth") -> float:
     """parse_bandwidth for a link a user gives (--bandwidth, a cluster or hardware file), refused
     below MIN_LINK_BANDWIDTH: slower than any real link, it is a unit slip (a plain 300 meant as
     300GB/s reads as 300 bytes/s). Plans keep parse_bandwidth's wider range."""
-    bw = parse_bandwidth(text)
-    if bw < MIN_LINK_BANDWIDTH:
-        in_bytes = "" if isinstance(text, (int, float)) else f" ({bw:g} bytes/s)"  # a plain number is bytes/s already
-        raise PplanError(f"{what} {text!r}{in_bytes} is below {MIN_LINK_BANDWIDTH:g} bytes/s (1MB/s), slower than any real link",
-                         "a plain number is bytes/s: write the unit, e.g. \"25GB/s\" or \"200Gbit/s\"")
-    return bw
+    return parse_bandwidth(text, what, MIN_LINK_BANDWIDTH)
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """1 -> '1B/s', 1e6 -> '1MB/s': a bound as --bandwidth takes it."""
+    for unit, scale in (("PB/s", 1e15), ("TB/s", 1e12), ("GB/s", 1e9), ("MB/s", 1e6), ("KB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:g}{unit}"
+    return f"{bytes_per_s:g}B/s"
 
 
 # Python's float() and int() also read `1_0` as 10 and other scripts' digits (`１２`, `١٢`) as 12: a

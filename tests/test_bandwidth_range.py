@@ -40,7 +40,7 @@ def test_cluster_link_names_file_link_and_value() -> None:
     data["links"][0]["bandwidth"] = "0.5B/s"
     with pytest.raises(ClusterError) as e:
         cluster_from_dict(data, source="c.json")
-    assert e.value.message.startswith("c.json: links[0].bandwidth: bandwidth '0.5B/s' (0.5 bytes/s) is out of range")
+    assert e.value.message.startswith("c.json: links[0].bandwidth: bandwidth '0.5B/s' (0.5 bytes/s) is below 1e+06 bytes/s")
 
 
 def test_cluster_default_link_names_file_and_value() -> None:
@@ -48,7 +48,7 @@ def test_cluster_default_link_names_file_and_value() -> None:
     data["default_link"]["bandwidth"] = "1e-300GB/s"
     with pytest.raises(ClusterError) as e:
         cluster_from_dict(data, source="c.json")
-    assert e.value.message.startswith("c.json: default_link.bandwidth: bandwidth '1e-300GB/s' (1e-291 bytes/s) is out of range")
+    assert e.value.message.startswith("c.json: default_link.bandwidth: bandwidth '1e-300GB/s' (1e-291 bytes/s) is below 1e+06 bytes/s")
 
 
 def test_partition_names_the_cluster_file(pplan, tmp_path: Path) -> None:
@@ -59,7 +59,7 @@ def test_partition_names_the_cluster_file(pplan, tmp_path: Path) -> None:
     code, _, err = pplan("partition", ROOT / "profiles" / "mlp.csv", "--global-batch", "64", "--cluster", cluster,
                          "-o", tmp_path / "plan.json")
     assert code == 2 and len(err.strip().splitlines()) == 1, err
-    assert f"{cluster}: links[1].bandwidth: bandwidth 0.5 is out of range" in err and "links.pairs" not in err
+    assert f"{cluster}: links[1].bandwidth: bandwidth 0.5 is below 1e+06 bytes/s" in err and "links.pairs" not in err
 
 
 @pytest.mark.parametrize("command", ["partition", "simulate"])
@@ -75,3 +75,5 @@ def test_a_link_bandwidth_below_a_megabyte_per_second_on_the_command_line_is_a_u
                            'any real link; a plain number is bytes/s: write the unit, e.g. "25GB/s" or "200Gbit/s"')
     code, _, err = pplan(*args, "--bandwidth", "1MB/s")
     assert code == 0, err
+    code, _, err = pplan(*args, "--bandwidth", "0")  # the range it names is the one that holds
+    assert code == 2 and "--bandwidth '0' is out of range (1e+06 to 1e+15 bytes/s); give a value from 1MB/s to 1PB/s" in err

@@ -45,3 +45,34 @@ def test_a_path_that_names_no_file_from_the_working_folder_is_read_from_the_plan
     monkeypatch.chdir(ROOT)
     plan = load_plan(tmp_path / "plan.json")
     assert resolve_profile_path(plan, tmp_path / "plan.json") == tmp_path / "sim_profile.csv"
+
+
+def test_a_plan_written_through_a_linked_folder_finds_its_profile(pplan, tmp_path, monkeypatch):
+    """'..' from a folder reached by a link climbs from where the link points: the path is recorded
+    from the folders as they are on disk."""
+    work, target = tmp_path / "work", tmp_path / "other" / "dir"
+    work.mkdir()
+    target.mkdir(parents=True)
+    (work / "link").symlink_to(target)
+    shutil.copy(ROOT / "profiles" / "mlp.csv", work / "g.csv")
+    monkeypatch.chdir(work)
+    code, _, err = pplan("partition", "g.csv", "-n", 2, "--global-batch", 8, "-o", "link/p.json")
+    assert code == 0, err
+    for folder, plan in ((work, "link/p.json"), (target, "p.json"), (tmp_path, target / "p.json")):
+        monkeypatch.chdir(folder)
+        code, _, err = pplan("simulate", plan)
+        assert code == 0, (folder, err)
+
+
+def test_a_missing_profile_is_named_where_it_was_looked_for(pplan, tmp_path, monkeypatch):
+    (tmp_path / "sub").mkdir()
+    shutil.copy(ROOT / "profiles" / "mlp.csv", tmp_path / "g.csv")
+    monkeypatch.chdir(tmp_path)
+    code, _, err = pplan("partition", "g.csv", "-n", 2, "--global-batch", 8, "-o", "sub/p.json")
+    assert code == 0, err
+    (tmp_path / "g.csv").unlink()
+    code, out, err = pplan("simulate", "sub/p.json")
+    assert code == 2 and out == ""
+    assert err.strip() == ("pplan: error: the profile plan 'sub/p.json' names, '../g.csv', is not at 'sub/../g.csv' (a relative "
+                           "path is read from the plan's folder, then the working folder); pass --profile PROFILE.csv, "
+                           "or put the profile there")

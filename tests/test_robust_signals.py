@@ -281,6 +281,31 @@ def test_stopping_pplan_run_leaves_no_process_no_run_folder_and_no_output(tmp_pa
 
 
 @pytest.mark.slow
+def test_a_run_started_under_nohup_outlives_a_hangup(tmp_path: Path) -> None:
+    """SIGHUP ignored when the run starts (nohup) stays ignored: the run went on ending with the terminal."""
+    plan = _run_plan(tmp_path)
+    p = start_pplan("run", plan, "--steps", "500", "--warmup", "1", "--device", "cpu", cwd=tmp_path,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                    preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = _Proc.__new__(_Proc)
+    proc.p, proc.lines = p, []
+    proc._t = threading.Thread(target=proc._pump, daemon=True)
+    proc._t.start()
+    try:
+        assert proc.wait_for_line("step 1/", timeout=180), f"the ranks never reported a step:\n{proc.stderr}"
+        p.send_signal(signal.SIGHUP)
+        assert proc.wait_for_line("step 3/", timeout=180), f"the hang-up ended the run:\n{proc.stderr}"
+        assert p.poll() is None
+        p.send_signal(signal.SIGTERM)
+        assert proc.finish(timeout=60) == -signal.SIGTERM
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        _kill_leftovers(launcher_processes(p.pid))
+
+
+@pytest.mark.slow
 def test_a_stopped_rank_is_named_not_the_peers_that_waited_for_it(tmp_path: Path) -> None:
     plan = _run_plan(tmp_path)
     proc = _Proc(["run", str(plan), "--steps", "500", "--warmup", "1", "--device", "cpu", "--timeout", "5"], tmp_path)

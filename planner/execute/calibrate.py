@@ -292,7 +292,8 @@ class Refit:
     calibration: Calibration
     """The calibration written."""
     fit: CalibrationFit
-    """The fit: its error before (with `replaced`, else uncalibrated) and after; `path` the file written."""
+    """The fit: its error before (with `replaced`, else the run's own calibration, else uncalibrated)
+    and after; `path` the file written."""
     replaced: str | None
     """The calibration beside the profile that "before" applied and the fit rewrote; None when none
     was there (before then applies the run's own, `from_run`, else none)."""
@@ -317,15 +318,13 @@ def refit_from_run_file(plan_path: str | os.PathLike, run_path: str | os.PathLik
     from planner.calibration import calibration_path_for, resolve_calibration, write_calibration
     from planner.execute.preflight import check_profile_unchanged
     from planner.execute.runfile import load_run
-    from planner.plan import load_plan, resolve_profile_path
+    from planner.plan import load_plan, require_profile_path
     from planner.profiling.profile import load_profile
 
     plan = load_plan(plan_path)
     run = load_run(run_path)  # every key and value checked; what the fit needs, checked by it
     check_run_of_plan(run, plan, str(run_path), str(plan_path))  # in the words `pplan report` uses
-    path = resolve_profile_path(plan, str(plan_path), str(profile_path) if profile_path else None)
-    if path is None:
-        raise PplanError("the plan names no profile", "pass --profile PROFILE.csv")
+    path = require_profile_path(plan, plan_path, profile_path)
     profile = load_profile(path)
     if not force and profile.sha256:
         check_profile_unchanged(plan, path, profile.sha256, given=profile_path is not None,

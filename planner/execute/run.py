@@ -130,9 +130,8 @@ def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = No
 
 
 def _layout_hardware(plan: Plan) -> str | None:
-    """The hardware a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware: its
-    recorded values, else the preset it names), or None when it has neither: a hand-written plan
-    the run executes but simulate cannot price."""
+    """The hardware a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware), or None
+    when it records none and names no preset: a hand-written plan the run executes but simulate cannot price."""
     from planner.simulate import plan_hardware
 
     try:
@@ -368,9 +367,8 @@ class _Ended(BaseException):
 
 @contextlib.contextmanager
 def _signals_end_the_run():
-    """Turn SIGTERM and SIGHUP into an exception for the duration of a local run, so the
-    `finally` blocks stop the ranks and remove the temporary run folder; afterwards the
-    process ends by the same signal (exit status 128 + signal), as it would have."""
+    """Turn SIGTERM and SIGHUP into an exception for the duration of a local run, so the `finally` blocks
+    stop the ranks and remove the run folder; then the process ends by the same signal, as it would have."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -382,7 +380,9 @@ def _signals_end_the_run():
         fired.append(signum)
         raise _Ended(signum)
 
-    sigs = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    # one ignored (nohup) stays ignored: the run outlives the terminal, as the user asked
+    sigs = [s for s in [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+            if signal.getsignal(s) is not signal.SIG_IGN]
     old = {sig: signal.signal(sig, handler) for sig in sigs}
     try:
         yield

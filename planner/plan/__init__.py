@@ -38,8 +38,9 @@ from planner.plan.records import (
 from planner.plan.serialize import (
     DEVICE_KEYS, FORMAT, LINKS_KEYS, MEMORY_KEYS, PAIR_KEYS, PLAN_KEYS, PREDICTED_DEVICE_KEYS, PREDICTED_KEYS,
     PROFILE_KEYS, SEARCH_KEYS, SEARCH_ROW_KEYS, STAGE_KEYS, load_plan, plan_from_dict, plan_to_dict, plan_to_json,
-    resolve_profile_path, write_plan,
+    write_plan,
 )
+from planner.plan.profile_path import require_profile_path, resolve_profile_path
 
 __all__ = [
     "FORMAT", "SCHEDULES", "OPTIMIZERS", "DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS",
@@ -47,7 +48,7 @@ __all__ = [
     "Prediction", "PredictedDevice", "MemoryRecord", "PlanDigest", "SearchRecord", "SearchRow", "BaselineRow", "AtPlanSetting",
     "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path",
+    "load_plan", "plan_from_dict", "plan_to_dict", "plan_to_json", "write_plan", "validate_plan", "resolve_profile_path", "require_profile_path",
     "MAX_BANDWIDTH", "MAX_GLOBAL_BATCH", "MAX_LATENCY_MS", "MAX_MEMORY_BYTES", "MAX_SEED", "MAX_SPEED",
     "MIN_BANDWIDTH", "MIN_SPEED",
 ]

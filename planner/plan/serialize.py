@@ -23,13 +23,14 @@ from planner.plan.checks import records_mismatch
 from planner.plan.digest import digest_change
 from planner.plan.fields import as_objects, get_field
 from planner.plan.model import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, Plan, StagePlan
+from planner.plan.profile_path import profile_path_from
 from planner.plan.records import MemoryRecord, PredictedDevice, Prediction, SearchRecord, SearchRow
 from planner.textsafe import check_name
 
 __all__ = [
     "FORMAT", "PLAN_KEYS", "PROFILE_KEYS", "DEVICE_KEYS", "LINKS_KEYS", "PAIR_KEYS", "STAGE_KEYS", "MEMORY_KEYS",
     "PREDICTED_DEVICE_KEYS", "PREDICTED_KEYS", "SEARCH_KEYS", "SEARCH_ROW_KEYS",
-    "plan_from_dict", "read_plan", "plan_to_dict", "plan_to_json", "load_plan", "write_plan", "resolve_profile_path",
+    "plan_from_dict", "read_plan", "plan_to_dict", "plan_to_json", "load_plan", "write_plan",
 ]
 
 FORMAT = "pplan-plan/1"
@@ -341,7 +342,7 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     """Write `plan` atomically as JSON, refusing (PlanError, nothing written) one `load_plan` would
     refuse. A relative profile path (from the folder the command ran in) is written from the plan's
     folder, where resolve_profile_path looks first: the plan finds its profile from any folder."""
-    plan = _profile_path_from(plan, path)
+    plan = profile_path_from(plan, path)
     try:
         text = plan_to_json(plan)
     except PlanError as e:
@@ -351,29 +352,3 @@ def write_plan(plan: Plan, path: str | os.PathLike) -> None:
     except PlanError as e:
         raise PlanError(f"not writing plan {str(path)!r}, it could not be read back: {e.message}", e.hint) from None
     atomic_write_text(path, text)
-
-
-def _profile_path_from(plan: Plan, path: str | os.PathLike) -> Plan:
-    """`plan` with its relative profile path made relative to the folder of `path`, the plan file,
-    when it names a file from the working folder (one that names none there may already be written
-    from the plan's folder, as a plan built in Python for a profile beside it is)."""
-    recorded = plan.profile_path
-    if not recorded or os.path.isabs(recorded) or not os.path.isfile(recorded):
-        return plan
-    rel = os.path.relpath(os.path.abspath(recorded), os.path.dirname(os.path.abspath(path)))
-    return plan if rel == recorded else plan.with_(profile_path=rel)
-
-
-def resolve_profile_path(plan: Plan, plan_path: str | os.PathLike | None, override: str | None = None) -> Path | None:
-    """The plan's profile: `override` (--profile), else the recorded path: absolute as it is; relative,
-    from the plan file's folder (write_plan records it so, and plans travel with their profiles),
-    else from the working folder (a plan written before paths were recorded from its folder)."""
-    if override:
-        return Path(override)
-    if not plan.profile_path:
-        return None
-    p = Path(plan.profile_path)
-    if p.is_absolute() or plan_path is None:
-        return p
-    beside = Path(os.path.normpath(Path(plan_path).parent / p))  # '../g.csv' from sub/: g.csv, as people write it
-    return beside if beside.exists() else p

@@ -16,9 +16,9 @@ from typing import Any, ClassVar
 from planner.atomic import ensure_outputs_distinct, ensure_writable_file
 from planner.calibration import Calibration, basis_text, calibration_mismatch, calibration_path_for
 from planner.machine import prediction_basis
-from planner.errors import PlanError, PplanError
+from planner.errors import PplanError
 from planner.hardware import load_hardware
-from planner.plan import Plan, load_plan, resolve_profile_path
+from planner.plan import Plan, load_plan, require_profile_path
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
 from planner.whatif.change import WhatIf, apply_what_if
@@ -81,9 +81,7 @@ def load_setup(plan_path: str | os.PathLike, profile: str | os.PathLike | None =
     plan = load_plan(plan_path)
     if calibration is None and is_replica_plan(plan):
         calibration = "none"
-    path = resolve_profile_path(plan, plan_path, str(profile) if profile is not None else None)
-    if path is None:
-        raise PlanError(f"plan {str(plan_path)!r} names no profile", "pass --profile PROFILE.csv")
+    path = require_profile_path(plan, plan_path, profile)
     prof = load_profile(path)
     cal, cal_path = prediction_basis(prof, calibration, ranks=plan.n_devices)  # the machine entry for its ranks
     warnings = (profile_change(plan, prof), calibration_mismatch(cal, prof, cal_path))
