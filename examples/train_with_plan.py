@@ -71,11 +71,12 @@ def main() -> None:
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-        # the step's loss lives on the last stage: share it with rank 0 (mean over micro-batches and replicas)
-        loss = torch.tensor([torch.stack([v.detach().double() for v in losses]).mean().item() if losses else 0.0],
-                            dtype=torch.float64)
+        # the step's loss lives on the last stage, on each of its replicas' tensor-parallel ranks: share
+        # it with rank 0 as the mean over the ranks that hold one (each its micro-batches' mean)
+        loss = torch.tensor([torch.stack([v.detach().double() for v in losses]).mean().item() if losses else 0.0,
+                             1.0 if losses else 0.0], dtype=torch.float64)
         dist.all_reduce(loss)
-        mean = loss.item() / pipe.dp
+        mean = loss[0].item() / loss[1].item()
         losses_per_step.append(mean)
         if rank == 0:
             print(f"step {step + 1}/{args.steps}  loss {mean:.6f}", flush=True)

@@ -97,6 +97,28 @@ def test_example_runs_a_data_parallel_plan(tmp_path):
     assert "planner/execute" not in short.stderr  # no traceback through pplan's code
 
 
+@pytest.mark.slow
+def test_example_prints_a_tensor_parallel_plans_loss_as_pplan_run_does(tmp_path):
+    """pp = 2 x tp = 2: both tp ranks of the last stage hold the loss; the example summed them and
+    divided by dp only, printing twice the loss (11.47 where pplan run said 5.74)."""
+    from planner.execute import RunOptions
+    from planner.execute.run import run_plan
+    from planner.plan import load_plan
+
+    steps = 2
+    path = write_plan(tmp_path / "plan.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], micro_batch_size=2, n_microbatches=4,
+                      seed=3)
+    data = json.loads(path.read_text())
+    data["parallel"] = {"dp": 1, "pp": 2, "tp": 2, "zero": 0}
+    path.write_text(json.dumps(data))
+    res = _torchrun(4, path, tmp_path / "losses.json", steps)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    mine = json.loads((tmp_path / "losses.json").read_text())["losses"]
+    run = run_plan(load_plan(path), RunOptions(steps=steps, warmup=1, device="cpu", threads=1, track_memory=False),
+                   plan_path=str(path)).record.to_dict()
+    assert mine == pytest.approx(run["losses"], rel=1e-9)
+
+
 def test_build_pipeline_refuses_a_job_of_the_wrong_size(tmp_path):
     """Without a process group this process is a job of one; a two-device plan needs two."""
     from planner import build_pipeline, load_plan
