@@ -21,6 +21,7 @@ from planner.units import format_bytes, format_ms
 
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
+    from planner.report.layout import RunLayout
 
 __all__ = ["register", "run_command", "check_outputs", "check_inputs", "check_counts", "print_run", "memory_warnings"]
 
@@ -29,22 +30,30 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.1f}%"
 
 
-def print_run(run: RunRecord, out: Path | None, timeline: Path | None) -> None:
-    """The human summary of a run (stdout)."""
-    typer.echo(f"ran {run.plan or 'plan'}: {run.schedule}, {run.n_ranks} rank(s), {run.n_stages} stage(s), "
-               f"{run.n_microbatches} x {run.micro_batch_size} samples, steps {run.first_step + 1}-{run.steps} "
-               f"on {run.device_type} ({run.runtime})")
+def print_run(run: RunRecord, out: Path | None, timeline: Path | None, zero: int = 0) -> None:
+    """The human summary of a run (stdout). A run with data or tensor parallelism also says its
+    layout (`zero`: the plan's ZeRO stage), each rank's replica and tensor-parallel rank, and the
+    gradient all-reduce; one pipeline prints as it always has."""
+    from planner.report.layout import run_layout
+
+    layout = run_layout(run)
+    where = "" if layout.one_pipeline else f"layout {layout.describe(zero)}, "
+    per_replica = " per replica" if layout.dp > 1 else ""
+    typer.echo(f"ran {run.plan or 'plan'}: {run.schedule}, {where}{run.n_ranks} rank(s), {run.n_stages} stage(s), "
+               f"{run.n_microbatches} x {run.micro_batch_size} samples{per_replica}, "
+               f"steps {run.first_step + 1}-{run.steps} on {run.device_type} ({run.runtime})")
     line = f"iteration: measured {format_ms(run.iteration_ms_measured)} (median of {len(run.measured_steps)} step(s))"
     if run.iteration_ms_predicted is not None:
         line += (f", predicted {format_ms(run.iteration_ms_predicted)} [{run.prediction_source}], "
                  f"error {_pct(run.error_pct)}")
     typer.echo(line)
-    typer.echo(f"{'rank':>4}  {'device':>6}  {'stages':<8}  {'busy':>9}  {'busy pred':>9}  {'peak mem':>10}  {'predicted':>10}  measure")
-    for r in run.ranks:
-        bp, mp, mm = r.busy_ms_predicted, r.peak_memory_bytes_predicted, r.peak_memory_bytes_measured
-        typer.echo(f"{r.rank:>4}  {r.device:>6}  {','.join(map(str, r.stages)):<8}  {format_ms(r.busy_ms):>9}  "
-                   f"{format_ms(bp) if bp is not None else 'n/a':>9}  {format_bytes(mm) if mm is not None else 'n/a':>10}  "
-                   f"{format_bytes(mp) if mp is not None else 'n/a':>10}  {r.memory_measure or ''}")
+    if layout.dp > 1:
+        # ZeRO-2/3 average the gradients in the step's reduce-scatter: that is what the run timed
+        sync = "reduce-scatter" if zero >= 2 else "all-reduce"
+        typer.echo(f"gradient {sync}: measured {_ms_or_na(run.grad_allreduce_ms_measured)}, "
+                   f"predicted {_ms_or_na(run.grad_allreduce_ms_predicted)} (inside the iteration)")
+    for line in _rank_table(run, layout):
+        typer.echo(line)
     for line in memory_warnings(run):
         err(f"pplan: warning: {line}")
     if run.losses:
@@ -77,6 +86,32 @@ def memory_warnings(run: RunRecord) -> list[str]:
             lines.append(f"rank {r.rank} peaked at {format_bytes(mm)} ({mm:,} B), {format_bytes(mm - lim)} ({over}) "
                          f"above its device's limit {format_bytes(lim)} ({lim:,} B) in the plan")
     return lines
+
+
+def _rank_table(run: RunRecord, layout: RunLayout) -> list[str]:
+    """The per-rank table: header and one line per rank; a replica column under data parallelism
+    and a tp rank column under tensor parallelism, in the mesh's order (dp, pp, tp)."""
+    def opt(value: float | None, fmt: Any) -> str:
+        return fmt(value) if value is not None else "n/a"
+
+    columns: list[tuple[str, str, Any]] = [("rank", ">4", lambda r: r.rank)]
+    if layout.dp > 1:
+        columns.append(("replica", ">7", lambda r: r.replica))
+    columns.append(("device", ">6", lambda r: r.device))
+    if layout.tp > 1:
+        columns.append(("tp rank", ">7", lambda r: layout.tp_rank(r.rank)))
+    columns += [("stages", "<8", lambda r: ",".join(map(str, r.stages))),
+                ("busy", ">9", lambda r: format_ms(r.busy_ms)),
+                ("busy pred", ">9", lambda r: opt(r.busy_ms_predicted, format_ms)),
+                ("peak mem", ">10", lambda r: opt(r.peak_memory_bytes_measured, format_bytes)),
+                ("predicted", ">10", lambda r: opt(r.peak_memory_bytes_predicted, format_bytes)),
+                ("measure", "", lambda r: r.memory_measure or "")]
+    return ["  ".join(format(name, spec) for name, spec, _ in columns)] + [
+        "  ".join(format(value(r), spec) for _, spec, value in columns) for r in run.ranks]
+
+
+def _ms_or_na(ms: float | None) -> str:
+    return "n/a" if ms is None else format_ms(ms)
 
 
 def _loss(value: float | None) -> str:
@@ -158,7 +193,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
         if json_out:
             echo_json(outcome.record.to_dict())
         else:
-            print_run(outcome.record, out, timeline)
+            print_run(outcome.record, out, timeline, zero=plan.parallel.zero if plan.parallel else 0)
     if env is not None:
         # Under torchrun this process was a rank: leave without interpreter finalization, where
         # gloo's threads can abort an otherwise successful rank (see planner.execute.worker).

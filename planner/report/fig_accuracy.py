@@ -9,13 +9,15 @@ import numpy as np
 
 from planner.execute.runrecord import RankRecord
 from planner.plan import PredictedDevice
-from planner.report.fig_memory import draw_limit_marks
+from planner.report.fig_memory import LIMIT_OFF_SCALE, draw_limit_marks, off_scale_limit, title_with_limit
 from planner.report.inputs import ReportInputs
+from planner.report.layout import run_layout
 from planner.report.style import (
     MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines", "PeakMemoryBars", "peak_memory_bars"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines", "rank_labels", "PeakMemoryBars",
+           "peak_memory_bars"]
 
 KEY = "6_predicted_vs_measured"
 TITLE = "Predicted against measured"
@@ -56,6 +58,9 @@ def caption(inputs: ReportInputs) -> str:
               "as in the summary and the run JSON) and, hatched, the run's tracked breakdown by kind (tensor sizes: it "
               "checks the model's bookkeeping, not the memory). " if tracked else
               "Middle: peak memory per device, predicted and measured, against the limit. ")
+    if inputs.run is not None and inputs.run.ranks and _off_scale(peak_memory_bars(inputs)):
+        middle += (f"Every peak is under {LIMIT_OFF_SCALE:.0%} of the memory limit: the axis is scaled to the "
+                   "peaks and the title names the limit instead of drawing it. ")
     return ("Left: busy time per device in one iteration, predicted (simulator) and measured (`pplan run`). " + middle
             + "Right: measured time of every training step against the predicted iteration time; "
             "hollow points are warm-up steps, excluded from the median. Percentages are prediction errors as in "
@@ -68,6 +73,24 @@ def _rank_rows(inputs: ReportInputs) -> list[RankRecord]:
     return sorted(inputs.run.ranks, key=lambda r: r.rank)
 
 
+def rank_labels(inputs: ReportInputs) -> list[str]:
+    """The x-axis label of each rank, in rank order: its pipeline device, with data parallelism its
+    replica (`r1`), with tensor parallelism its tp rank (`tp1`): several ranks play one device, and
+    labels alike would not say which bar is which."""
+    layout = run_layout(inputs.run)
+    labels = []
+    for r in _rank_rows(inputs):
+        place = " ".join(([f"r{r.replica}"] if layout.dp > 1 else [])
+                         + ([f"tp{layout.tp_rank(r.rank)}"] if layout.tp > 1 else []))
+        labels.append(f"dev {r.device}" + (f"\n{place}" if place else ""))  # on a second line: bars are narrow
+    return labels
+
+
+def _off_scale(bars: list["PeakMemoryBars"]) -> str | None:
+    """What the memory panel's title says instead of drawing a limit far above every bar (fig_memory)."""
+    return off_scale_limit([v for b in bars for v in (b.predicted, b.measured, b.tracked)], [b.limit for b in bars])
+
+
 def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     fig = new_figure(14.0, 4.6)
     ax_busy, ax_mem, ax_step = fig.subplots(1, 3, width_ratios=[1, 1.4, 1.6])
@@ -77,9 +100,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
     if ranks:
         x = np.arange(len(ranks))
-        # one pair of bars per rank: with data parallelism several ranks play a device (rank != device)
-        replicas = len({r.replica for r in ranks}) > 1
-        labels = [f"dev {r.device}" + (f" r{r.replica}" if replicas else "") for r in ranks]
+        labels = rank_labels(inputs)
         pred_busy = [float(r.busy_ms_predicted or _simulated(sim_devices, r.device, "busy_ms") or np.nan)
                      for r in ranks]
         meas_busy = [float(r.busy_ms or np.nan) for r in ranks]
@@ -90,7 +111,8 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
         bars = peak_memory_bars(inputs)
         pred_mem, meas_mem = [b.predicted for b in bars], [b.measured for b in bars]
-        limits = [b.limit for b in bars]
+        off = _off_scale(bars)
+        limits = [None] * len(bars) if off else [b.limit for b in bars]  # the limit lines drawn
         top = np.nanmax(pred_mem + meas_mem + [b.tracked for b in bars] + [float(v) for v in limits if v] + [1.0])
         div, unit = bytes_axis(top)
         floors = [float(lim) / div if lim else 0.0 for lim in limits]  # labels sit above the limit line
@@ -101,7 +123,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         draw_limit_marks(ax_mem, limits, div, 0.45)
         ax_mem.set_xticks(x, labels)
         ax_mem.set_ylabel(f"peak memory ({unit})")
-        ax_mem.set_title("Peak memory per device")
+        title_with_limit(ax_mem, "Peak memory per device", off)
         ax_mem.set_ylim(0, top / div * (1.6 if _has_breakdowns(ranks) else 1.25))  # room for the legend
     else:
         for ax in (ax_busy, ax_mem):
@@ -152,6 +174,7 @@ def peak_memory_bars(inputs: ReportInputs) -> list[PeakMemoryBars]:
         limit = _simulated(sim_devices, r.device, "memory_limit_bytes")
         if not limit and inputs.plan is not None and 0 <= r.device < inputs.plan.n_devices:
             limit = inputs.plan.devices[r.device].memory_bytes
+        limit = limit or r.memory_limit_bytes  # the run records its plan's limit: a report of the run alone has it
         tracked = float(r.memory_measured.total or np.nan) if r.memory_measured is not None else np.nan
         error = (pred - meas) / meas if np.isfinite(pred) and np.isfinite(meas) and meas > 0 else None
         out.append(PeakMemoryBars(predicted=pred, measured=meas, tracked=tracked, limit=float(limit) if limit else None,

@@ -19,9 +19,10 @@ from planner.report.summary import peak_rows
 from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
+from planner.units import format_bytes
 
-__all__ = ["KEY", "TITLE", "MAX_BARS", "MAX_LINES", "missing", "draw", "caption", "settled", "draw_limit_marks",
-           "nearest_limit"]
+__all__ = ["KEY", "TITLE", "MAX_BARS", "MAX_LINES", "LIMIT_OFF_SCALE", "missing", "draw", "caption", "settled",
+           "draw_limit_marks", "nearest_limit", "off_scale_limit", "share_of_limit", "title_with_limit"]
 
 KEY = "2_memory"
 TITLE = "Memory per device"
@@ -31,6 +32,37 @@ MAX_LINES = 8
 """Devices drawn over time: the colours style.device_color tells apart, a legend that fits."""
 _AREA_WIDTH = 3.2
 """Width of the stacked-area panel, in units of the timeline panel's 1/1.6 share (a 17-inch figure)."""
+LIMIT_OFF_SCALE = 0.05
+"""When every peak is under this share of the smallest memory limit, the memory axes are scaled to the
+peaks and the titles name the limit instead of drawing it: a few MiB under a 12 GiB line (the `cpu`
+preset) are bars no one can see."""
+
+
+def off_scale_limit(peaks: list[float], limits: list) -> str | None:
+    """What a title says instead of the memory limit line when every one of `peaks` (bytes; NaN:
+    unknown) is under LIMIT_OFF_SCALE of the smallest of `limits` (None or 0: no limit); None when
+    the limit is to be drawn (a peak near it, no limit, or no peak)."""
+    known = [float(p) for p in peaks if p is not None and np.isfinite(p)]
+    given = sorted({float(v) for v in limits if v})
+    if not known or not given or max(known) >= LIMIT_OFF_SCALE * given[0]:
+        return None
+    text = format_bytes(given[0]) if len(given) == 1 else f"{format_bytes(given[0])} to {format_bytes(given[-1])}"
+    return f"limit {text}, not drawn: every peak is under {LIMIT_OFF_SCALE:.0%} of it"
+
+
+def title_with_limit(ax: Any, title: str, off_scale: str | None) -> None:
+    """The panel's title, and under it in small type what off_scale_limit said (a bold second line
+    would be wider than a narrow panel)."""
+    ax.set_title(title, pad=14 if off_scale else None)
+    if off_scale:
+        ax.annotate(off_scale, (0.5, 1.0), xycoords="axes fraction", xytext=(0, 3), textcoords="offset points",
+                    ha="center", va="bottom", fontsize=8)
+
+
+def share_of_limit(peak: float, limit: float) -> str:
+    """A peak as a share of its limit, never a bare "0%" for a peak that is there."""
+    share = peak / limit
+    return f"{share:.0%}" if share >= 0.005 or share == 0 else "<1%"
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -44,12 +76,17 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
 
 def caption(inputs: ReportInputs) -> str:
     n = len(inputs.sim.prediction.devices) if inputs.sim is not None else 0
+    off = _off_scale(inputs) if n else None
+    limit = (f"every peak is under {LIMIT_OFF_SCALE:.0%} of the memory limit: the axes are scaled to the peaks and "
+             "the titles name the limit instead of drawing it" if off
+             else "the dashed line is the device's memory limit")
     text = ("Left: predicted peak memory of each device split into weights, gradients, optimizer state, "
-            "activations and communication buffers; the dashed line is the device's memory limit")
+            f"activations and communication buffers; {limit}")
     if n > MAX_BARS:
+        limit = limit if off else "the dashed line is each device's memory limit"
         text = (f"Left: predicted peak memory of each of the {n} devices (too many for bars: stacked areas over "
                 "the device index) split into weights, gradients, optimizer state, activations and communication "
-                "buffers; the dashed line is each device's memory limit, the note the device nearest its limit")
+                f"buffers; {limit}, the note the device nearest its limit")
     if _measured_peaks(inputs):
         text += (", the diamond the peak measured by `pplan run`" if n <= MAX_BARS
                  else ", the diamonds the peaks measured by `pplan run`")
@@ -93,6 +130,13 @@ def nearest_limit(devices: list[PredictedDevice], positions: list[int], k: int) 
     return sorted(sorted(positions, key=key)[:k])
 
 
+def _off_scale(inputs: ReportInputs) -> str | None:
+    """off_scale_limit over the predicted and measured peaks of figure 2's devices."""
+    devices = _sorted_devices(inputs)
+    return off_scale_limit([_peak(d) for d in devices] + list(_measured_peaks(inputs).values()),
+                           [d.memory_limit_bytes for d in devices])
+
+
 def _measured_peaks(inputs: ReportInputs) -> dict[int, float]:
     """Device -> measured peak, the largest of its ranks' (data parallelism), as the summary table has it."""
     return {device: measured for device, _, measured, _ in peak_rows(inputs) if measured}
@@ -112,27 +156,31 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     peaks = [_peak(d) for d in devices]
     limits = [d.memory_limit_bytes for d in devices]
     measured = _measured_peaks(inputs)
-    top = max(peaks + [float(x) for x in limits if x] + list(measured.values()) + [1.0])
+    off = _off_scale(inputs)
+    drawn = [None] * len(limits) if off else limits  # the limit lines drawn (none when off the scale)
+    top = max(peaks + [float(x) for x in drawn if x] + list(measured.values()) + [1.0])
     div, unit = bytes_axis(top)
 
     if as_bars:
-        _draw_bars(ax_bar, devices, peaks, limits, measured, div, unit)
+        _draw_bars(ax_bar, devices, peaks, limits, drawn, measured, div, unit)
     else:
-        _draw_areas(ax_bar, devices, peaks, limits, measured, div, unit)
+        _draw_areas(ax_bar, devices, peaks, limits, drawn, measured, div, unit)
     ax_bar.set_ylabel(f"peak memory ({unit})")
-    ax_bar.set_title("Predicted peak memory by kind")
+    title_with_limit(ax_bar, "Predicted peak memory by kind", off)
     ax_bar.set_ylim(0, top / div * 1.45)
     ax_bar.grid(axis="x", visible=False)
     ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
 
     if ax_t is not None:
-        _draw_timeline(ax_t, inputs, devices, limits, div, unit)
+        _draw_timeline(ax_t, inputs, devices, drawn, div, unit)
+        title_with_limit(ax_t, ax_t.get_title(), off)
     return fig
 
 
-def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], limits: list,
+def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], limits: list, drawn: list,
                measured: dict[int, float], div: float, unit: str) -> None:
-    """One stacked bar per device, its limit mark, its measured peak and a note of its peak."""
+    """One stacked bar per device, its limit mark (`drawn`: the limits to draw), its measured peak and a
+    note of its peak and of its share of `limits`."""
     x = np.arange(len(devices))
     labels = [_label(d, i) for i, d in enumerate(devices)]
     bottom = np.zeros(len(devices))
@@ -140,7 +188,7 @@ def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], 
         values = np.array([float(_part(d, part)) for d in devices]) / div
         ax_bar.bar(x, values, bottom=bottom, width=0.6, color=MEMORY_COLORS[part], label=part)
         bottom += values
-    draw_limit_marks(ax_bar, limits, div, 0.4)
+    draw_limit_marks(ax_bar, drawn, div, 0.4)
     meas_drawn = False
     for i, d in enumerate(devices):
         value = measured.get(_index(d, i))
@@ -152,19 +200,19 @@ def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], 
     for i, peak in enumerate(peaks):
         lim = limits[i]
         if many:
-            note = f"{peak / div:.3g}" + (f"\n{peak / float(lim):.0%}" if lim else "")
+            note = f"{peak / div:.3g}" + (f"\n{share_of_limit(peak, float(lim))}" if lim else "")
         else:
-            note = f"{peak / div:.2f} {unit}" + (f"\n{peak / float(lim):.0%} of limit" if lim else "")
+            note = f"{peak / div:.2f} {unit}" + (f"\n{share_of_limit(peak, float(lim))} of limit" if lim else "")
         # Above whatever is highest here (bar, limit line, measured marker) so nothing overlaps.
-        top_here = max([bottom[i]] + ([float(lim) / div] if lim else [])
+        top_here = max([bottom[i]] + ([float(drawn[i]) / div] if drawn[i] else [])
                        + ([measured[_index(devices[i], i)] / div] if _index(devices[i], i) in measured else []))
         ax_bar.annotate(note, (i, top_here), ha="center", va="bottom", fontsize=7.5 if many else 8.5,
                         xytext=(0, 4), textcoords="offset points")
     ax_bar.set_xticks(x, labels)
 
 
-def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], limits: list, measured: dict[int, float],
-                div: float, unit: str) -> None:
+def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], limits: list, drawn: list,
+                measured: dict[int, float], div: float, unit: str) -> None:
     """Too many devices for bars: each kind one stacked area over the device index, a dashed line
     per run of equal limits, the measured peaks one marker line, and one note at the device nearest
     its limit."""
@@ -174,7 +222,7 @@ def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], lim
         values = np.array([float(_part(d, part)) for d in devices]) / div
         ax.fill_between(x, bottom, bottom + values, step="mid", color=MEMORY_COLORS[part], lw=0, label=part)
         bottom += values
-    runs = _limit_runs(limits)
+    runs = _limit_runs(drawn)
     if runs:  # one dashed segment per run of equal limits: a dash pattern per device would look solid
         ax.hlines([float(lim) / div for _, _, lim in runs], [x[a] - 0.5 for a, _, _ in runs],
                   [x[b] + 0.5 for _, b, _ in runs], **LIMIT_STYLE, label="memory limit")
@@ -184,7 +232,7 @@ def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], lim
     worst = nearest_limit(devices, list(range(len(devices))), 1)[0]
     lim = limits[worst]
     note = (f"dev {_index(devices[worst], worst)}: {peaks[worst] / div:.3g} {unit}"
-            + (f", {peaks[worst] / float(lim):.0%} of limit" if lim else ""))
+            + (f", {share_of_limit(peaks[worst], float(lim))} of limit" if lim else ""))
     # towards the middle from the device, so a note at either end stays inside the axes
     span = x[-1] - x[0]
     where = (x[worst] - x[0]) / span if span else 0.5

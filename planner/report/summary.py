@@ -46,8 +46,9 @@ def peak_rows(inputs: ReportInputs) -> list[tuple[int, float | None, float | Non
 
 
 def plan_line(plan: Any) -> str:
-    """One line: schedule, micro-batching, devices, and each stage's layers and recompute (past 64
-    stages the first and last few, as planner.plan.devicelist lists devices: 4,000 would fill pages)."""
+    """One line: schedule, micro-batching, devices (a plan with a `parallel` object: its layout and
+    the processes a run takes), and each stage's layers and recompute (past 64 stages the first and
+    last few, as planner.plan.devicelist lists devices: 4,000 would fill pages)."""
     listing = list_devices(plan.n_stages)
     parts = []
     for s in listing.shown:
@@ -57,8 +58,13 @@ def plan_line(plan: Any) -> str:
         parts.append(f"[{st.layers[0]}, {st.layers[1]})" + (f" recompute {list(st.recompute)}" if st.recompute else "")
                      + f" on dev {st.device}")
     cuts = ", ".join(parts)
-    return (f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size} "
-            f"(global batch {plan.global_batch}) on {plan.n_devices} devices; layers {cuts}")
+    if plan.parallel is None:
+        where = f" on {plan.n_devices} devices"
+    else:  # each pipeline device is dp x tp processes: "on 1 devices" would hide three of four
+        where = f", layout {plan.parallel.describe()} on {plan.n_processes} processes"
+    per_replica = " per replica" if plan.dp > 1 else ""
+    return (f"{plan.schedule}, {plan.n_microbatches} micro-batches of {plan.micro_batch_size}{per_replica} "
+            f"(global batch {plan.global_batch}){where}; layers {cuts}")
 
 
 def _prediction(inputs: ReportInputs) -> Prediction | None:

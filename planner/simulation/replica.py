@@ -93,7 +93,8 @@ def replica_layout(cfg: ParallelConfig, memory_bytes: float, cluster: Cluster) -
     """The replica's P devices (one tensor-parallel group each) and the links between pipeline neighbours."""
     place = cluster.placement(cfg)
     hw = cluster.hardware
-    devices = tuple(Device(name=f"tp-group{i}", memory_bytes=int(memory_bytes)) for i in range(cfg.pp))
+    name = "tp-group" if cfg.tp > 1 else "gpu"  # a label: one GPU is no tensor-parallel group
+    devices = tuple(Device(name=f"{name}{i}", memory_bytes=int(memory_bytes)) for i in range(cfg.pp))
     links = Links(bandwidth_bytes_per_s=hw.inter_node_bandwidth_bytes_per_s, latency_ms=hw.inter_node_latency_ms,
                   pairs=tuple((s, s + 1, link.bandwidth, link.latency_ms) for s, link in enumerate(place.pp)))
     return devices, links
