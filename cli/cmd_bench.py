@@ -51,13 +51,20 @@ def register(app: typer.Typer) -> None:
     app.add_typer(bench_app, name="bench")
 
 
-def _finish(tables: list[Any], out_dir: Path, as_json: bool, machine: dict[str, Any]) -> None:
+def _finish(tables: list[Any], out_dir: Path, as_json: bool, machine: dict[str, Any],
+            figures: tuple[tuple[str, Callable[[str], None]], ...] = ()) -> None:
+    """Write every output, figures (name, draw(path)) first, then list them all: a figure that
+    fails to draw leaves no table behind, and --json's `files` names each file written."""
     from planner.bench import table_text, write_table
     from planner.errors import PplanError
 
     if out_dir.exists() and not out_dir.is_dir():
         raise PplanError(f"--out-dir {str(out_dir)!r} is a file", "give a folder, e.g. reports/bench")
-    written = [p for t in tables for p in write_table(t, out_dir, machine)]
+    written: list[Path] = []
+    for name, draw in figures:
+        draw(str(out_dir / name))  # atomic: a failed drawing leaves no file
+        written.append(out_dir / name)
+    written += [p for t in tables for p in write_table(t, out_dir, machine)]
     if as_json:
         echo_json({"machine": machine, "tables": [t.as_dict() for t in tables], "files": [str(p) for p in written]})
         return
@@ -75,6 +82,14 @@ def _machine() -> dict[str, Any]:
     from planner.bench import machine_info
 
     return machine_info()
+
+
+def _list_option(text: str, what: str, example: str) -> str:
+    """`text` unchanged; PplanError when an item of the comma list is empty ('4,,16', '8x64,'):
+    the parsers skip such an item, so a value lost to a stray comma would go unnoticed."""
+    if "," in text and any(not item.strip() for item in text.split(",")):
+        raise PplanError(f"{what} {text[:80]!r} has an empty item between commas", f"write it like {what} {example}")
+    return text
 
 
 def _check_out(out_dir: Path) -> None:
@@ -101,14 +116,12 @@ def planner_cmd(
     from planner.bench import bench_planner
     from planner.bench.parallel_bench import bench_parallel
 
-    from planner.bench.planner_bench import check_counts
+    from planner.bench.planner_bench import check_grid
     from planner.limits import check_time_limit
-    from planner.plan.records import MAX_PIPELINE_STAGES
-    from planner.profiling.profile import MAX_LAYERS
 
     # bounded before the 3D search below runs: a refusal comes first, not after minutes
-    layer_counts = check_counts(parse_int_list(layers, "--layers"), "--layers", MAX_LAYERS, "50,200,1000")
-    device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "4,16,64")
+    layer_counts, device_counts = check_grid(parse_int_list(_list_option(layers, "--layers", "50,200,1000"), "--layers"),
+                                             parse_int_list(_list_option(devices, "--devices", "4,16,64"), "--devices"))
     check_time_limit(ilp_time_limit, "--ilp-time-limit")  # inf would let CBC run unlimited
     _check_out(out_dir)
     machine = _machine()
@@ -130,7 +143,7 @@ def simulator_cmd(
     from planner.bench.simulator_bench import check_repeats, check_sizes
 
     check_repeats(repeats if repeat_alias is None else repeat_alias)  # bench_simulator checks them too: refused before --out-dir
-    parsed = check_sizes(parse_sizes(sizes))
+    parsed = check_sizes(parse_sizes(_list_option(sizes, "--sizes", "8x64,32x256")))
     _check_out(out_dir)
     machine = _machine()
     table = bench_simulator(parsed, repeat=repeats if repeat_alias is None else repeat_alias, progress=_progress())
@@ -183,7 +196,8 @@ def quality_cmd(
     from planner.plan.records import MAX_PIPELINE_STAGES
 
     _refuse_unmeasured(ctx, measured)
-    device_counts = check_counts(parse_int_list(devices, "--devices"), "--devices", MAX_PIPELINE_STAGES, "2,4,8")
+    device_counts = check_counts(parse_int_list(_list_option(devices, "--devices", "2,4,8"), "--devices"),
+                                 "--devices", MAX_PIPELINE_STAGES, "2,4,8")
     if not 1 <= global_batch <= MAX_GLOBAL_BATCH:
         raise PplanError(f"--global-batch {global_batch} is outside 1..{MAX_GLOBAL_BATCH:,}", "e.g. --global-batch 32")
     _check_out(out_dir)
@@ -233,15 +247,12 @@ def fidelity_cmd(
                          "drop --models, or drop --quick to run only those groups of the full grid")
     check_repeats(repeats)
     check_runs(steps, warmup, device)
+    grid = QUICK_GRID if quick else select_grid(models and _list_option(models, "--models", "gpt,mlp"), DEFAULT_GRID)
     _check_out(out_dir)
     machine = _machine()
-    grid = QUICK_GRID if quick else select_grid(models, DEFAULT_GRID)
     table = bench_fidelity(grid, steps=steps, warmup=warmup, device=device,
                            progress=_progress(), repeats=repeats, calibrated=calibrated)
-    _finish([table], out_dir, as_json, machine)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    fidelity_figure(table, str(out_dir / "fidelity.png"))
-    err(f"wrote {out_dir / 'fidelity.png'}")
+    _finish([table], out_dir, as_json, machine, figures=(("fidelity.png", lambda path: fidelity_figure(table, path)),))
 
 
 @bench_app.command("handover", short_help=BENCH_SUMMARIES["handover"])

@@ -26,7 +26,7 @@ from planner.limits import MAX_BENCH_LIST, MAX_BENCH_PLANNER_CELL, check_time_li
 from planner.plan.records import MAX_PIPELINE_STAGES
 from planner.profiling.profile import MAX_LAYERS
 
-__all__ = ["bench_planner", "planner_problem", "check_counts"]
+__all__ = ["bench_planner", "planner_problem", "check_counts", "check_grid"]
 
 _MEMORY_SLACK = 1.2
 _REF_BUDGET = 1e15  # any finite budget: min_memory_scale returns the least need / budget
@@ -68,17 +68,30 @@ def check_counts(values: Sequence[int], what: str, most: int, example: str) -> l
     return sorted(set(vals))
 
 
-def _check_cells(Ls: list[int], Ss: list[int]) -> None:
-    """PplanError when a cell that runs (devices <= layers) is beyond MAX_BENCH_PLANNER_CELL
-    (layers^2 x devices: what its DP tables hold), naming the largest."""
+def check_grid(layers: Sequence[int], devices: Sequence[int]) -> tuple[list[int], list[int]]:
+    """The grid's layer and device counts, checked as `check_counts` does; PplanError, before
+    anything runs, when no cell runs (each needs devices <= layers: a stage holds at least one
+    layer) or a cell that runs is beyond MAX_BENCH_PLANNER_CELL (layers^2 x devices: what its DP
+    tables hold), naming the largest."""
+    # a profile holds at most MAX_LAYERS layers, a pipeline at most MAX_PIPELINE_STAGES devices
+    Ls = check_counts(layers, "--layers", MAX_LAYERS, "50,200,1000")
+    Ss = check_counts(devices, "--devices", MAX_PIPELINE_STAGES, "4,16,64")
     cells = [(L, S) for L in Ls for S in Ss if S <= L]
     if not cells:
-        return
+        raise PplanError(f"--layers {_listed(Ls)} and --devices {_listed(Ss)} make no cell to bench: "
+                         "each cell needs devices <= layers (a stage holds at least one layer)",
+                         f"give a device count of at most {Ls[-1]:,}, e.g. --layers 50,200,1000 --devices 4,16,64")
     L, S = max(cells, key=lambda c: c[0] * c[0] * c[1])
     if L * L * S > MAX_BENCH_PLANNER_CELL:
         raise PplanError(f"--layers {L} x --devices {S} is {L * L * S:,} layers^2 x devices, beyond the bench's bound of "
                          f"{MAX_BENCH_PLANNER_CELL:,} (its tables would take gigabytes)",
                          f"with {L} layers use at most {MAX_BENCH_PLANNER_CELL // (L * L):,} devices, e.g. --layers 1000 --devices 64")
+    return Ls, Ss
+
+
+def _listed(values: list[int], most: int = 8) -> str:
+    """'4,16,64', or the first `most` values and '...' (a list may hold MAX_BENCH_LIST values)."""
+    return ",".join(str(v) for v in values[:most]) + (",..." if len(values) > most else "")
 
 
 def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int] = (4, 16, 64),
@@ -87,17 +100,15 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
     from planner.partition.dp import solve_dp
     from planner.partition.ilp import solve_ilp
 
-    # a profile holds at most MAX_LAYERS layers, a pipeline at most MAX_PIPELINE_STAGES devices
-    Ls = check_counts(layers, "--layers", MAX_LAYERS, "50,200,1000")
-    Ss = check_counts(devices, "--devices", MAX_PIPELINE_STAGES, "4,16,64")
-    _check_cells(Ls, Ss)
+    Ls, Ss = check_grid(layers, devices)
     check_time_limit(ilp_time_limit, "--ilp-time-limit")  # inf would let CBC run unlimited
     say = progress or (lambda _m: None)
     rows = []
     failed: set[tuple[int, int]] = set()  # cells where the ILP hit its limit
+    unrunnable = [(L, S) for L in Ls for S in Ss if S > L]  # more stages than layers: no cut exists
     for L in Ls:
         for S in Ss:
-            if S > L:
+            if (L, S) in unrunnable:
                 continue
             say(f"planner: {L} layers x {S} devices")
             p = planner_problem(L, S)
@@ -129,8 +140,8 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
         f"memory limit {_MEMORY_SLACK}x the least any cut needs; same problem for both solvers.",
         f"ILP: PuLP, {ilp_time_limit:g} s limit per solve (two solves: bottleneck, then total); "
         "'same optimum' compares its bottleneck with the DP's.",
-        _ilp_note(largest, stops),
-    )
+        _ilp_note(largest, stops, bool(unrunnable)),
+    ) + ((_unrunnable_note(unrunnable),) if unrunnable else ())
     return Table(
         name="planner",
         title="Planner: seconds to solve one stage-cut problem, DP vs ILP",
@@ -143,11 +154,18 @@ def bench_planner(layers: Sequence[int] = (50, 200, 1000), devices: Sequence[int
     )
 
 
-def _ilp_note(largest: tuple[int, int] | None, stops: list[tuple[int, int]]) -> str:
+def _ilp_note(largest: tuple[int, int] | None, stops: list[tuple[int, int]], some_not_run: bool) -> str:
     """Where the ILP stopped being practical; `largest` is None when no cell finished."""
     if not stops:
-        return "ILP finished every cell."
+        return "ILP finished every cell in the table." if some_not_run else "ILP finished every cell."
     first = ", ".join(f"{L}x{S}" for L, S in stops[:3])
     if largest is None:
         return f"ILP finished no cell; it hit the limit at {first}."
     return f"ILP practical up to {largest[0]} layers x {largest[1]} devices; it first hit the limit at {first}."
+
+
+def _unrunnable_note(cells: list[tuple[int, int]]) -> str:
+    """Which cells of the grid are not in the table: more devices than layers."""
+    shown = ", ".join(f"{L}x{S}" for L, S in cells[:8]) + (", ..." if len(cells) > 8 else "")
+    return (f"Not run: {len(cells)} layers x devices cell{'s' if len(cells) != 1 else ''} with more devices "
+            f"than layers (a stage holds at least one layer): {shown}.")

@@ -114,11 +114,11 @@ def table_markdown(table: Table, machine: dict[str, Any]) -> str:
 
 
 def machine_line(machine: dict[str, Any]) -> str:
-    """'Measured on ...' sentence for documents."""
+    """'Measured on ...' sentence for documents: one line, the machine as the CSV's header has it."""
     return (f"Measured {machine.get('date', '?')} on {machine.get('cpu', '?')} "
             f"({machine.get('cores', '?')} cores, {machine.get('ram_gib', '?')} GiB RAM, load {machine.get('load_1min', '?')}), "
-            f"Python {machine.get('python', '?')}, torch {machine.get('torch', '?')}, numpy {machine.get('numpy', '?')}, "
-            f"ILP solver {machine.get('ilp_solver', '?')}.")
+            f"{machine.get('os', '?')}, Python {machine.get('python', '?')}, torch {machine.get('torch', '?')}, "
+            f"numpy {machine.get('numpy', '?')}, PuLP {machine.get('pulp', '?')}, ILP solver {machine.get('ilp_solver', '?')}.")
 
 
 def table_csv(table: Table, machine: dict[str, Any]) -> str:

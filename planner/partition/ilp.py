@@ -35,9 +35,9 @@ DP is faster at every size (docs/planner.md has the timings).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import tempfile
 import warnings
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -246,10 +246,17 @@ def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:
 def _run(prob, time_limit: float) -> bool:
     import pulp
 
-    try:
-        prob.solve(_solver(time_limit))
-    except pulp.PulpSolverError as e:
-        raise PplanError(f"ILP solver failed: {e}", "use --method dp") from None
+    solver = _solver(time_limit)
+    # A command-line solver (CBC) exchanges the model (~1 MB .mps) and its solution through files
+    # in solver.tmpDir, and deletes them only after a solve that returns: Ctrl-C or a solver error
+    # left them in /tmp. Here they live in a folder of ours that is removed however the solve ends.
+    with tempfile.TemporaryDirectory(prefix="pplan-ilp-") as scratch:
+        if hasattr(solver, "tmpDir"):  # HiGHS through highspy exchanges no files
+            solver.tmpDir = scratch
+        try:
+            prob.solve(solver)
+        except pulp.PulpSolverError as e:
+            raise PplanError(f"ILP solver failed: {e}", "use --method dp") from None
     return prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
 
 
