@@ -42,9 +42,12 @@ def echo_json(data: Any) -> None:
 
 
 def parse_int_list(text: str, what: str) -> list[int]:
-    """'1,2,4,8' -> [1, 2, 4, 8], each at least 1, no duplicates."""
+    """'1,2,4,8' -> [1, 2, 4, 8], each at least 1, no duplicates; plain ASCII digits ('1_0' and other
+    scripts' digits are refused, as in a profile), no empty item ('1,,2' is a typo)."""
+    from planner.units import plain_int
+
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [plain_int(x) for x in text.split(",")]
     except ValueError:
         raise PplanError(f"{what} {text!r} is not a comma-separated list of integers", "write it like 1,2,4,8") from None
     if not values or any(v < 1 for v in values):

@@ -176,3 +176,21 @@ def test_an_action_with_other_scripts_digits_is_no_action() -> None:
     assert str(parse_action("1F0")) == "1F0"
     with pytest.raises(PplanError):
         parse_action("１F０")  # fullwidth digits: \d read it as 1F0
+
+
+@pytest.mark.parametrize("text", ["1,,2", "1,2,", "1_0", "１,2"])
+def test_a_list_option_takes_plain_numbers_and_no_empty_item(text: str) -> None:
+    from cli.common import parse_int_list
+
+    with pytest.raises(PplanError, match="is not a comma-separated list of integers"):
+        parse_int_list(text, "-b")
+    assert parse_int_list(" 1, 2 ,4", "-b") == [1, 2, 4]
+
+
+@pytest.mark.parametrize("text", ["8x64,", "8x64,,32x256", "8x6_4"])
+def test_a_sizes_list_takes_plain_numbers_and_no_empty_item(text: str) -> None:
+    from planner.bench.simulator_bench import parse_sizes
+
+    with pytest.raises(PplanError, match="is not STAGESxMICROBATCHES"):
+        parse_sizes(text)
+    assert parse_sizes("8x64, 32x256") == [(8, 64), (32, 256)]

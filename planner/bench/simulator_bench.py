@@ -17,6 +17,7 @@ from planner.bench.table import Table
 from planner.errors import PplanError, ScheduleError
 from planner.schedules import check_sizes as check_schedule_sizes
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
+from planner.units import plain_int
 
 __all__ = ["bench_simulator", "parse_sizes", "check_sizes", "check_repeats", "MAX_REPEATS", "SCHEDULES"]
 
@@ -62,11 +63,9 @@ def parse_sizes(text: str) -> list[tuple[int, int]]:
     """'8x64,64x1024' -> [(8, 64), (64, 1024)] (stages x micro-batches)."""
     out = []
     for item in text.split(","):
-        if not item.strip():
-            continue
         a, sep, b = item.strip().lower().partition("x")
         try:
-            S, M = int(a), int(b)
+            S, M = plain_int(a), plain_int(b)
         except ValueError:
             raise PplanError(f"--sizes item {item.strip()!r} is not STAGESxMICROBATCHES", "write it like 8x64,64x1024") from None
         if not sep or S < 2 or M < 1 or S % 2:
