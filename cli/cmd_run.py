@@ -193,7 +193,7 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
         if json_out:
             echo_json(outcome.record.to_dict())
         else:
-            print_run(outcome.record, out, timeline, zero=plan.parallel.zero if plan.parallel else 0)
+            print_run(outcome.record, out, timeline, zero=plan.parallel.zero if plan.parallel and plan.dp > 1 else 0)
     if env is not None:
         # Under torchrun this process was a rank: leave without interpreter finalization, where
         # gloo's threads can abort an otherwise successful rank (see planner.execute.worker).

@@ -231,7 +231,7 @@ def _report_cases() -> list[Case]:
 # What pplan writes must load back: a value the plan's loader would refuse is refused where it is
 # given (the parser holds bandwidths to planner.limits), so no plan is built and nothing is written
 WRITE_CASES = [Case("partition-writes[bandwidth-0.5]", "partition-flags", "--bandwidth 0.5",
-                    r"bandwidth '0.5' is out of range \(1 to 1e\+15 bytes/s\)")]
+                    r"bandwidth '0.5' \(0.5 bytes/s\) is below 1e\+06 bytes/s")]
 
 CASES = _typo_cases() + _plan_cases() + _cluster_cases() + _calibration_cases() + _report_cases() + WRITE_CASES
 

@@ -185,7 +185,7 @@ class Pipeline:
         # tp > 1: each rank all-reduces its own shards with the same shards of the other replicas
         grads = [_zero.local(p.grad) for p in self.parameters() if p.grad is not None]
         # the replicas get here at different times: timed from here, one replica's wait for the other
-        # counted as all-reduce (22 ms measured against 1.2 ms predicted; 1-6 ms after a barrier)
+        # counted as all-reduce (22 ms measured against 1.2 ms predicted; 5-7 ms after a barrier)
         dist.barrier(group=self.dp_group)
         start = time.perf_counter()
         for dtype in sorted({g.dtype for g in grads}, key=str):

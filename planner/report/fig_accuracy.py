@@ -105,7 +105,9 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
                      for r in ranks]
         meas_busy = [float(r.busy_ms or np.nan) for r in ranks]
         _paired_bars(ax_busy, x, pred_busy, meas_busy, w, 1.0)
-        ax_busy.set_xticks(x, labels)
+        # from 6 ranks on, two-line labels run into each other in this narrow panel: smaller, turned
+        tick_style = {"fontsize": 7, "rotation": 90} if len(ranks) > 5 else {}
+        ax_busy.set_xticks(x, labels, **tick_style)
         ax_busy.set_ylabel("busy time per iteration (ms)")
         ax_busy.set_title("Busy time per device")
 
@@ -121,7 +123,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
         else:
             _paired_bars(ax_mem, x, pred_mem, meas_mem, w, div, floors)
         draw_limit_marks(ax_mem, limits, div, 0.45)
-        ax_mem.set_xticks(x, labels)
+        ax_mem.set_xticks(x, labels, **tick_style)
         ax_mem.set_ylabel(f"peak memory ({unit})")
         title_with_limit(ax_mem, "Peak memory per device", off)
         ax_mem.set_ylim(0, top / div * (1.6 if _has_breakdowns(ranks) else 1.25))  # room for the legend
