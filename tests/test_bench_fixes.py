@@ -92,6 +92,46 @@ def test_an_interrupted_ilp_solve_leaves_no_files(temp_folder: Path, monkeypatch
     assert list(temp_folder.iterdir()) == []
 
 
+def test_an_interrupted_ilp_solve_stops_its_solver_process(temp_folder: Path, monkeypatch) -> None:
+    """The solver process outlived pplan by up to its time limit after a SIGTERM: it is stopped."""
+    _cbc_only()
+    import subprocess
+    import sys
+    import time
+
+    import pulp.apis.coin_api as coin_api
+
+    from planner.bench.planner_bench import planner_problem
+    from planner.partition.ilp import solve_ilp
+
+    started: list[subprocess.Popen] = []
+
+    class SlowCbc:
+        """A process that sleeps with CBC's arguments (they name the model file); the solve is
+        interrupted while it waits."""
+
+        def __init__(self, args, **_kw):
+            started.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)", *map(str, args)]))
+
+        def wait(self):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(coin_api, "subprocess", SimpleNamespace(Popen=SlowCbc))
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            solve_ilp(planner_problem(6, 2), time_limit=60)
+        assert started
+        deadline = time.monotonic() + 30
+        while started[0].poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert started[0].poll() is not None, "the solver process outlived the interrupted solve"
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
 def test_an_ilp_solve_leaves_no_files(temp_folder: Path) -> None:
     _cbc_only()
     from planner.bench.planner_bench import planner_problem

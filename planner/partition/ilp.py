@@ -35,6 +35,7 @@ DP is faster at every size (docs/planner.md has the timings).
 
 from __future__ import annotations
 
+import os
 import tempfile
 import warnings
 from dataclasses import dataclass
@@ -257,7 +258,25 @@ def _run(prob, time_limit: float) -> bool:
             prob.solve(solver)
         except pulp.PulpSolverError as e:
             raise PplanError(f"ILP solver failed: {e}", "use --method dp") from None
+        except BaseException:
+            _stop_solver(scratch)
+            raise
     return prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible)
+
+
+def _stop_solver(scratch: str) -> None:
+    """Stop a solver process still working on the files in `scratch` (a Ctrl-C or SIGTERM arrived
+    while the solve waited for it): left alone, CBC ran on to its time limit after pplan had
+    exited. Found by its command line, which names those files (Linux's /proc; elsewhere nothing)."""
+    import signal
+    from pathlib import Path
+
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if scratch.encode() in cmdline.read_bytes():
+                os.kill(int(cmdline.parent.name), signal.SIGKILL)
+        except (OSError, ValueError):  # gone meanwhile, or not ours to stop
+            continue
 
 
 def _extract(p: PartitionProblem, w: dict, r: dict, cand: list[int]) -> Solution:
