@@ -83,6 +83,22 @@ def fails_at_batch_two():
     return model
 
 
+def out_of_cpu_memory_at_batch_two():
+    """Fails at micro-batch size 2 as torch's CPU allocator does (a RuntimeError, not OutOfMemoryError)."""
+
+    class Greedy(nn.Module):
+        def forward(self, x):
+            if x.shape[0] >= 2:
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] data. DefaultCPUAllocator: can't allocate "
+                                   "memory: you tried to allocate 28711218176 bytes. Error code 12 (Cannot allocate memory)")
+            return x * 2
+
+    model = nn.Sequential(OrderedDict(fc=nn.Linear(3, 3), greedy=Greedy()))
+    model.make_batch = lambda batch_size, seed: (torch.randn(batch_size, 3), torch.randn(batch_size, 3))
+    model.loss_fn = F.mse_loss
+    return model
+
+
 # Models of the kinds torchvision and users write (found by the issue 13 acceptance hunt); tests/test_byom_models.py.
 
 class ShapesAcrossACut(nn.Module):

@@ -259,6 +259,8 @@ BAD_CLI = {
     "no module": (["-m", "no_such_pkg_q.models:make"], "cannot import"),
     "factory without shape": (["-m", "factory_models:plain"], "--input-shape"),
     "fails while profiling": (["-m", "factory_models:fails_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"], "layer 1 (picky) failed at micro-batch size 2: RuntimeError: boom at batch two"),
+    "out of cpu memory": (["-m", "factory_models:out_of_cpu_memory_at_batch_two", "-b", "1,2", "--warmup", "0", "--repeats", "1"],
+                          "out of memory in layer 1 (greedy) at micro-batch size 2; profile smaller micro-batch sizes"),
     "out not csv": (["-m", "mlp", "-o", "OUT.txt"], ".csv"),
     "out is a directory": (["-m", "mlp", "-o", "DIR"], "is a directory"),
 }

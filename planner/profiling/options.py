@@ -24,7 +24,7 @@ DTYPE_NAMES = tuple(DTYPE_BYTES)
 TIMER_NAMES = ("sched", "wall")
 """sched: wall time minus time spent waiting for a CPU; wall: plain wall time."""
 _DEVICE = re.compile(r"cpu|cuda(:\d+)?")
-# Timed (and untimed) runs per layer and size: 15 already keeps two runs within ~15%; ten
+# Timed (and untimed) runs per layer and size: 15 already keeps two runs of millisecond layers within ~20%; ten
 # thousand is far past any use, and `--repeats 1e20` would measure practically forever.
 MAX_REPEATS = 10_000
 # torch threads a process may ask for, per usable core. Beyond a few per core threads only

@@ -114,7 +114,8 @@ def _to_device(x: object, dev: torch.device, dtype: torch.dtype) -> object:
 
 
 def _failure(spec: str, index: int, name: str, size: int, e: Exception) -> PplanError:
-    if isinstance(e, torch.OutOfMemoryError):
+    # CPU allocations that fail raise a plain RuntimeError ("can't allocate memory"), not OutOfMemoryError
+    if isinstance(e, torch.OutOfMemoryError) or (isinstance(e, RuntimeError) and "allocate memory" in str(e)):
         return PplanError(f"model {spec!r}: out of memory in layer {index} ({name}) at micro-batch size {size}", "profile smaller micro-batch sizes")
     text = " ".join(str(e).split())
     if len(text) > _MESSAGE_LIMIT:
