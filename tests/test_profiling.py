@@ -345,3 +345,17 @@ def test_profile_table_shows_what_a_layer_sends_past_the_next_one(tmp_path, ppla
     assert enc1.rstrip().endswith("0 B + 8.0 KiB skip")
     down1 = next(line for line in stdout.splitlines() if line.split()[1:2] == ["down1"])
     assert "skip" not in down1
+
+
+def test_a_size_whose_layers_would_not_fit_is_refused_before_it_is_allocated(tmp_path, pplan, monkeypatch):
+    """Scaled from the size measured before it: the input check alone passed batches whose first
+    layer's output was larger than the machine (the OOM killer would have answered)."""
+    import planner.profiling.room as room
+
+    monkeypatch.setattr(room, "available_ram", lambda: 50 * 2**20)  # a machine with 50 MiB left
+    out = tmp_path / "p.csv"
+    code, _, err = pplan("profile", "-m", "mlp:layers=2,hidden=256,input=16", "-b", "1,100000", "--warmup", "0",
+                         "--repeats", "1", "-o", out)
+    assert code == 2 and not out.exists()
+    assert ("micro-batch size 100000 of model 'mlp:layers=2,hidden=256,input=16': layer 1 (head) would hold about" in err
+            and "(scaled from size 1), more than the 50.0 MiB of RAM available; profile sizes up to about" in err), err

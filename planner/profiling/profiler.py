@@ -35,7 +35,7 @@ from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
 from planner.profiling.profile import Profile, make_profile
 from planner.profiling.progress import CO_RUN, LAYER, OPTIMIZER, ProfileProgress, Step, profile_progress
-from planner.profiling.room import check_batch_fits, check_co_run_memory
+from planner.profiling.room import check_batch_fits, check_next_size_fits, check_co_run_memory
 from planner.profiling.runmeta import profile_meta
 from planner.profiling.saved import SavedTensors, checkpoint_extra_bytes, target_tensors, tensor_bytes
 from planner.profiling.stageloss import compact_loss
@@ -228,6 +228,7 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
         input_bytes = 0.0
         skip: dict[tuple[int, tuple[int, ...]], float] = {}
         for k, size in enumerate(sizes):
+            check_next_size_fits(cols, [n for n, _ in named], sizes, k, spec, dev)
             if bg is not None:  # the workers train at this size before any layer is timed
                 bg.set_batch(size)
                 progress.done(Step(CO_RUN, size, -1), f"co-run at micro-batch {size}")

@@ -10,7 +10,7 @@ import torch
 from planner.errors import PplanError
 from planner.profiling.saved import tensor_bytes
 
-__all__ = ["available_ram", "check_batch_fits", "check_co_run_memory"]
+__all__ = ["available_ram", "check_batch_fits", "check_next_size_fits", "check_co_run_memory"]
 
 
 def available_ram() -> int | None:
@@ -61,6 +61,32 @@ def check_batch_fits(bundle: Any, spec: str, sizes: list[int], dev: torch.device
                 f"({format_bytes(per_sample)} per sample), more than the {format_bytes(avail)} of {where} available",
                 f"the input alone would fit up to {fits:,} samples and the layers need several times more: profile much "
                 "smaller sizes, e.g. 1,2,4,8" if fits else "this model's samples do not fit this machine")
+
+
+def check_next_size_fits(cols: dict[str, Any], names: list[str], sizes: list[int], k: int, spec: str,
+                         dev: torch.device) -> None:
+    """Refuse micro-batch size sizes[k] before measuring it when, scaled from the size just measured,
+    one layer's kept activations, output and input (what measuring it holds at once) would exceed
+    the memory left: the input check (check_batch_fits) passed a 7,000,000-sample mlp whose first
+    layer's output alone is 26.7 GiB, and the OOM killer, not pplan, would have answered."""
+    if k == 0:
+        return
+    scale = sizes[k] / sizes[k - 1]
+    act, out = cols["activation_bytes"][:, k - 1], cols["output_bytes"][:, k - 1]
+    held = [(act[i] + out[i] + (out[i - 1] if i else 0.0)) * scale for i in range(len(names))]
+    worst = max(range(len(names)), key=held.__getitem__)
+    room = [("RAM", available_ram())]
+    if dev.type == "cuda":
+        room.append((f"{dev} memory", int(torch.cuda.mem_get_info(dev)[0])))
+    for where, avail in room:
+        if avail is not None and held[worst] > avail:
+            from planner.units import format_bytes
+
+            fits = int(sizes[k - 1] * avail / (held[worst] / scale))
+            raise PplanError(
+                f"micro-batch size {sizes[k]} of model {spec!r}: layer {worst} ({names[worst]}) would hold about "
+                f"{format_bytes(held[worst])} while measured (scaled from size {sizes[k - 1]}), more than the "
+                f"{format_bytes(avail)} of {where} available", f"profile sizes up to about {max(1, fits):,}")
 
 
 def check_co_run_memory(bundle: Any, spec: str, co_run: int) -> None:
