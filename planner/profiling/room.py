@@ -76,8 +76,9 @@ def check_next_size_fits(cols: dict[str, Any], names: list[str], sizes: list[int
     held = [(act[i] + out[i] + (out[i - 1] if i else 0.0)) * scale for i in range(len(names))]
     worst = max(range(len(names)), key=held.__getitem__)
     room = [("RAM", available_ram())]
-    if dev.type == "cuda":
-        room.append((f"{dev} memory", int(torch.cuda.mem_get_info(dev)[0])))
+    if dev.type == "cuda":  # what the device has free, and what torch's cache holds free for reuse
+        cached = torch.cuda.memory_reserved(dev) - torch.cuda.memory_allocated(dev)
+        room.append((f"{dev} memory", int(torch.cuda.mem_get_info(dev)[0]) + int(cached)))
     for where, avail in room:
         if avail is not None and held[worst] > avail:
             from planner.units import format_bytes
