@@ -49,6 +49,23 @@ def _torchrun(nproc: int, plan: Path, out: Path, steps: int) -> subprocess.Compl
                           capture_output=True, text=True, timeout=120, cwd=REPO, env=env)
 
 
+def _parallel_plan(tmp_path: Path, schedule: str, dp: int, tp: int) -> Path:
+    """The GPT on 2 pipeline devices of 2 layers each, with `dp` replicas of `tp` ranks each."""
+    path = write_plan(tmp_path / "plan.json", GPT, schedule, 2, [(0, 2), (2, 4)], micro_batch_size=2, n_microbatches=4,
+                      seed=3)
+    data = json.loads(path.read_text())
+    data["parallel"] = {"dp": dp, "pp": 2, "tp": tp, "zero": 0}
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _example_losses(tmp_path: Path, plan: Path, nproc: int, steps: int) -> tuple[list[float], str]:
+    """(the example's losses, its stdout) under torchrun with `nproc` processes."""
+    res = _torchrun(nproc, plan, tmp_path / "losses.json", steps)
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
+    return json.loads((tmp_path / "losses.json").read_text())["losses"], res.stdout
+
+
 @pytest.mark.slow
 def test_example_under_torchrun_equals_pplan_run(tmp_path):
     from planner.execute import RunOptions
@@ -76,15 +93,9 @@ def test_example_runs_a_data_parallel_plan(tmp_path):
     from planner.plan import load_plan
 
     steps = 2
-    path = write_plan(tmp_path / "plan.json", GPT, "gpipe", 2, [(0, 2), (2, 4)], micro_batch_size=2, n_microbatches=4,
-                      seed=3)
-    data = json.loads(path.read_text())
-    data["parallel"] = {"dp": 2, "pp": 2, "tp": 1, "zero": 0}
-    path.write_text(json.dumps(data))
-    res = _torchrun(4, path, tmp_path / "losses.json", steps)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    assert "(replica 1)" in res.stdout
-    mine = json.loads((tmp_path / "losses.json").read_text())["losses"]
+    path = _parallel_plan(tmp_path, "gpipe", dp=2, tp=1)
+    mine, stdout = _example_losses(tmp_path, path, 4, steps)
+    assert "(replica 1)" in stdout
     with torch_threads(1):
         ref, _ = reference_run(load_plan(path), steps, lr=1e-3)
     assert mine == pytest.approx(ref, rel=1e-12, abs=0)
@@ -106,14 +117,8 @@ def test_example_prints_a_tensor_parallel_plans_loss_as_pplan_run_does(tmp_path)
     from planner.plan import load_plan
 
     steps = 2
-    path = write_plan(tmp_path / "plan.json", GPT, "1f1b", 2, [(0, 2), (2, 4)], micro_batch_size=2, n_microbatches=4,
-                      seed=3)
-    data = json.loads(path.read_text())
-    data["parallel"] = {"dp": 1, "pp": 2, "tp": 2, "zero": 0}
-    path.write_text(json.dumps(data))
-    res = _torchrun(4, path, tmp_path / "losses.json", steps)
-    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-3000:]
-    mine = json.loads((tmp_path / "losses.json").read_text())["losses"]
+    path = _parallel_plan(tmp_path, "1f1b", dp=1, tp=2)
+    mine, _ = _example_losses(tmp_path, path, 4, steps)
     run = run_plan(load_plan(path), RunOptions(steps=steps, warmup=1, device="cpu", threads=1, track_memory=False),
                    plan_path=str(path)).record.to_dict()
     assert mine == pytest.approx(run["losses"], rel=1e-9)
