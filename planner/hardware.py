@@ -204,7 +204,7 @@ PRESETS: Mapping[str, Hardware] = types.MappingProxyType({
         "cpu", 96e9, 96e9, 12 * _GIB, 16e9, 2.5e9, 1.25e9, 0.5, 0.5, 2,
         "generic x86-64 core, conservative: one core per device (pplan run gives each stage one thread), AVX2 2 FMA x 8 fp32 lanes "
         "x 2 FLOP at 3 GHz = 96 GFLOP/s, no bf16 matrix units (bf16 = fp32); half of a 2-core 24 GiB machine; 16 GB/s per-core "
-        "DRAM stream; between processes gloo at 2.5 GB/s, 0.5 ms (pplan calibrate, reports/example); 10 GbE between nodes"),
+        "DRAM stream; between processes gloo at 2.5 GB/s, 0.5 ms (pplan calibrate, 2026-11-29); 10 GbE between nodes"),
 })
 """Built-in hardware by name (docs/hardware.md has the table and the sources)."""
 
