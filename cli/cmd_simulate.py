@@ -35,7 +35,7 @@ def simulate_cmd(
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="What if: gpipe, 1f1b, interleaved or zb.")] = None,
     microbatches: Annotated[Optional[int], typer.Option("--microbatches", help="What if: micro-batches per iteration (see --keep).")] = None,
     micro_batch_size: Annotated[Optional[int], typer.Option("--micro-batch-size", help="What if: samples per micro-batch (see --keep).")] = None,
-    keep: Annotated[str, typer.Option("--keep", help="What --microbatches or --micro-batch-size given alone, and --sweep microbatches, keep: global-batch (as partition does) or micro-batch-size. Given both, the global batch is their product.")] = "global-batch",
+    keep: Annotated[Optional[str], typer.Option("--keep", help="What --microbatches or --micro-batch-size given alone, and --sweep microbatches, keep: global-batch (the default, as partition does) or micro-batch-size. Given both, the global batch is their product (with --keep global-batch it must be the plan's). Refused without a micro-batch change.", show_default=False)] = None,
     bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="What if: every pipeline link's bandwidth, e.g. 25GB/s; a plain number is bytes/s (a data/tensor-parallel plan's collectives keep its hardware's links: see --hardware).")] = None,
     latency: Annotated[Optional[str], typer.Option("--latency", help="What if: every pipeline link's latency, e.g. 0.01ms; a plain number is ms (collectives as for --bandwidth).")] = None,
     sweep: Annotated[Optional[str], typer.Option("--sweep", help="Sweep one parameter: microbatches=1,2,4,8 or schedule=gpipe,1f1b,zb.")] = None,
@@ -61,7 +61,7 @@ def simulate_cmd(
     outputs = SimulationOutputs(out=out, timeline=timeline, plot=plot)
     change = WhatIf(schedule=schedule, n_microbatches=microbatches, micro_batch_size=micro_batch_size,
                     bandwidth_bytes_per_s=parse_link_bandwidth(bandwidth, "--bandwidth") if bandwidth is not None else None,
-                    latency_ms=parse_ms(latency, "latency") if latency is not None else None, keep=keep)
+                    latency_ms=parse_ms(latency, "--latency") if latency is not None else None, keep=keep)
     check_plan_inputs(plan_path, profile)
     check_calibration_input(calibration)
     check_hardware_input(hardware)
@@ -81,7 +81,7 @@ def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[
     from planner.simulation.timeline import timeline_csv_text
 
     plan, result = w.plan, w.sim
-    data = replace(result.record(), basis=w.basis).to_dict()
+    data = replace(result.record(), basis=w.basis, what_if=w.changes).to_dict()
     payloads: list[tuple[Path, bytes]] = []
     if out is not None:
         payloads.append((out, (json.dumps(data, indent=2, allow_nan=False) + "\n").encode()))
@@ -103,18 +103,22 @@ def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[
     if as_json:
         echo_json(data)
         return
-    _print_summary(plan, result, w.setup.profile_path, w.basis, w.setup.profile, out)
+    _print_summary(plan, result, w.setup.profile_path, w.basis, w.setup.profile, out, w.changes)
     for path, _ in payloads:
         err(f"wrote {path}")
 
 
-def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, out: Optional[Path]) -> None:
+def _print_summary(plan: Any, r: Any, prof_path: Path, basis: str, prof: Any, out: Optional[Path],
+                   changes: Optional[dict[str, Any]] = None) -> None:
     from planner.plan.devicelist import list_devices
+    from planner.simulation.result import what_if_text
     from planner.units import format_bytes, format_ms
 
     echo = typer.echo
     echo(f"schedule {plan.schedule}: {plan.n_devices} devices x {plan.virtual_stages} stage(s), "
          f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size} (global batch {plan.global_batch})")
+    if changes:
+        echo(f"what-if: {what_if_text(changes)}")
     echo(f"profile {prof_path}; basis: {basis}")
     if r.interpolated:
         echo(f"note: micro-batch size {plan.micro_batch_size} was not profiled: {prof.size_note(plan.micro_batch_size)}")

@@ -6,6 +6,7 @@ from collections import Counter
 from typing import Any, Sequence
 
 from planner.report.inputs import ReportInputs, TimelineRow
+from planner.simulation.result import what_if_text
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "one_iteration"]
 
@@ -33,7 +34,11 @@ def caption(inputs: ReportInputs) -> str:
             "the hatched band is idle time (the bubble). ")
     text += "Shown: " + " and ".join(parts) + ", on one time axis."
     sim_ms = inputs.sim.prediction.iteration_ms if inputs.sim is not None else None
-    if inputs.timeline and isinstance(sim_ms, (int, float)):
+    changes = inputs.sim.what_if if inputs.sim is not None else None
+    if changes and isinstance(sim_ms, (int, float)):  # its time differs from the drawn plan's by the change, not overhead
+        text += (f" The simulated iteration time, {sim_ms:.1f} ms, is a what-if's, not the plan's as it is: "
+                 f"{what_if_text(changes)}.")
+    elif inputs.timeline and isinstance(sim_ms, (int, float)):
         drawn = max(r.end_ms for r in inputs.timeline) - min(r.start_ms for r in inputs.timeline)
         if sim_ms > drawn * 1.005:
             text += (f" The simulated iteration time, {sim_ms:.1f} ms, also includes {sim_ms - drawn:.1f} ms per step "

@@ -9,9 +9,10 @@ from planner.plan.checks import profile_change
 from planner.plan.devicelist import list_devices
 from planner.report.fig_baselines import SplitBar
 from planner.report.inputs import ReportInputs
+from planner.simulation.result import what_if_text
 from planner.units import format_bytes, format_ms
 
-__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line", "warnings"]
+__all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line", "warnings", "what_if_row"]
 
 
 def predicted_iteration_ms(inputs: ReportInputs) -> float | None:
@@ -82,13 +83,15 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
     rows += [("warning", line) for line in [*warnings(inputs), *extra_warnings]]
     if inputs.plan is not None:
         rows.append(("plan", plan_line(inputs.plan)))
+    if (changed := what_if_row(inputs)) is not None:
+        rows.append(changed)
     own_basis = _own_basis_row(inputs)
     if own_basis is not None and not _sim_given(inputs):  # the simulation shown is the report's own
         rows.append(own_basis)
     predicted = predicted_iteration_ms(inputs)
     if predicted is not None:
         rows += _given_basis_rows(inputs)
-        label = "predicted iteration time" if inputs.sim is None else f"predicted iteration time ({inputs.sim_label})"
+        label = "predicted iteration time" if inputs.sim is None else f"predicted iteration time ({_sim_label(inputs)})"
         if inputs.sim_is_fit:
             label = "iteration time fitted on this run (calibrated: a fit, not a prediction)"
         rows.append((label, format_ms(predicted)))
@@ -116,13 +119,28 @@ def key_numbers(inputs: ReportInputs, baselines: Sequence[SplitBar] = (),
                 rows.append(("fit residual (calibrated on this same run: not a prediction error)",
                              f"{(predicted - measured) / measured:+.1%} (fitted {format_ms(predicted)})"))
             else:
-                rows.append((f"prediction error ({inputs.sim_label})", f"{(predicted - measured) / measured:+.1%} "
+                rows.append((f"prediction error ({_sim_label(inputs)})", f"{(predicted - measured) / measured:+.1%} "
                                                                        f"(predicted {format_ms(predicted)})"))
     rows += _peak_memory_rows(inputs)
     search = inputs.plan.search if inputs.plan is not None else None
     recompute, calibrated = (search.recompute, search.calibrated) if search is not None else (None, None)
     rows += _baseline_rows(baselines, predicted, recompute, calibrated)
     return rows
+
+
+def what_if_row(inputs: ReportInputs) -> tuple[str, str] | None:
+    """For a simulation of a what-if (`pplan simulate --bandwidth ...`, its JSON's `what_if`), the row saying so
+    and what it changed, so that its numbers are not read as the plan's; None for a simulation of the plan itself."""
+    changes = inputs.sim.what_if if inputs.sim is not None else None
+    if not changes:
+        return None
+    source = inputs.sources.get("sim", "the simulation")
+    return (f"what-if simulation ({source})", f"not the plan as it is: {what_if_text(changes)}")
+
+
+def _sim_label(inputs: ReportInputs) -> str:
+    """How rows name the simulation's numbers: 'what-if simulation' for a what-if's."""
+    return f"what-if {inputs.sim_label}" if inputs.sim is not None and inputs.sim.what_if else inputs.sim_label
 
 
 def _sim_given(inputs: ReportInputs) -> bool:

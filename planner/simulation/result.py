@@ -13,7 +13,7 @@ from planner.limits import MAX_MEMORY_BYTES
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS, MemoryRecord, PredictedDevice, Prediction
 
 __all__ = ["TimelineRow", "SimResult", "SimulationRecord", "SIMULATION_KEYS", "TIMELINE_COLUMNS", "TIMELINE_KINDS",
-           "ReplicaMetrics"]
+           "ReplicaMetrics", "WHAT_IF_FIELDS", "what_if_text"]
 
 TIMELINE_COLUMNS = ("device", "stage", "kind", "microbatch", "start_ms", "end_ms")
 TIMELINE_KINDS = ("F", "B", "I", "W", "R", "T", "C", "A", "O")
@@ -158,9 +158,11 @@ class SimResult:
 
 # ---- the simulation JSON read back: what `pplan simulate --out` writes, for the report ---------
 
-SIMULATION_KEYS = (*Prediction.keys(), "memory_timeline", "basis")
-"""Every key of a simulation JSON's top level: the plan's prediction, memory over time, and the basis."""
-_NOT_PREDICTED = ("memory_timeline", "basis")
+SIMULATION_KEYS = (*Prediction.keys(), "memory_timeline", "basis", "what_if")
+"""Every key of a simulation JSON's top level: the plan's prediction, memory over time, the basis and what a what-if changed."""
+_NOT_PREDICTED = ("memory_timeline", "basis", "what_if")
+WHAT_IF_FIELDS = ("schedule", "n_microbatches", "micro_batch_size", "bandwidth_bytes_per_s", "latency_ms", "hardware")
+"""What `pplan simulate`'s what-if flags change, as the simulation JSON's `what_if` names them."""
 _HINT = "give the JSON that `pplan simulate --out` writes"
 
 
@@ -174,13 +176,20 @@ class SimulationRecord:
     """Device index -> (time ms, total bytes) after each change (empty when the simulation did not record it)."""
     basis: str | None = None
     """What the costs were based on, as `pplan simulate --out` names it (None: not said)."""
+    what_if: dict[str, dict[str, Any]] | None = None
+    """What a what-if changed from the plan, {field: {"plan": old, "now": new}} (None: the plan as it is, or not said)."""
+    what_if_said: bool = field(default=True, compare=False)
+    """Whether the JSON says `what_if` (null included): a simulation made now does; a file from before it existed
+    does not, and is written back without it, so nothing is added to a file read and written again."""
 
     def to_dict(self) -> dict[str, Any]:
-        """The simulation JSON: the prediction's keys, memory_timeline keyed by device index as text, the basis."""
+        """The simulation JSON: the prediction's keys, memory_timeline keyed by device index as text, the basis, what_if."""
         out = self.prediction.to_dict()
         out["memory_timeline"] = {str(d): [[t, b] for t, b in pts] for d, pts in sorted(self.memory_timeline.items())}
         if self.basis is not None:
             out["basis"] = self.basis
+        if self.what_if_said:  # null said too, so a reader never takes a what-if's numbers for the plan's
+            out["what_if"] = self.what_if
         return out
 
     @classmethod
@@ -207,7 +216,40 @@ class SimulationRecord:
         basis = data.get("basis")
         if basis is not None and not isinstance(basis, str):
             raise PplanError(f"{source}: simulation field 'basis' must be a string, got {short(basis)}", _HINT)
-        return cls(prediction, _memory_timeline(data.get("memory_timeline", {}), source), basis)
+        return cls(prediction, _memory_timeline(data.get("memory_timeline", {}), source), basis,
+                   _what_if(data.get("what_if"), source), what_if_said="what_if" in data)
+
+
+def what_if_text(changes: dict[str, dict[str, Any]]) -> str:
+    """'bandwidth 10MB/s (plan: 25GB/s), schedule zb (plan: 1f1b)': each changed value and the plan's, in words."""
+    from planner.units import format_ms, format_rate
+
+    words = {"schedule": ("schedule", str), "n_microbatches": ("micro-batches", str),
+             "micro_batch_size": ("micro-batch size", str), "bandwidth_bytes_per_s": ("bandwidth", format_rate),
+             "latency_ms": ("latency", format_ms), "hardware": ("hardware", str)}
+    parts = []
+    for key in WHAT_IF_FIELDS:
+        if key in changes:
+            name, fmt = words[key]
+            old, new = changes[key]["plan"], changes[key]["now"]
+            parts.append(f"{name} {'-' if new is None else fmt(new)} (plan: {'-' if old is None else fmt(old)})")
+    return ", ".join(parts)
+
+
+def _what_if(value: Any, source: str) -> dict[str, dict[str, Any]] | None:
+    """what_if: null, or {field: {"plan": old, "now": new}} with fields of WHAT_IF_FIELDS and scalar values."""
+    shape = 'it maps a changed field to {"plan": old, "now": new}, as `pplan simulate --out` writes it'
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise PplanError(f"{source}: simulation field 'what_if' must be an object or null, got {short(value)}", shape)
+    check_object_keys(value, WHAT_IF_FIELDS, f"{source}: what_if")
+    for key, pair in value.items():
+        if not isinstance(pair, dict) or set(pair) != {"plan", "now"} or not all(
+                v is None or isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in pair.values()):
+            raise PplanError(f"{source}: simulation field what_if[{key!r}] must be {{\"plan\": value, \"now\": value}}, "
+                             f"got {short(pair)}", shape)
+    return value
 
 
 def _memory_timeline(value: Any, source: str) -> dict[int, tuple[tuple[float, float], ...]]:

@@ -21,7 +21,7 @@ from planner.hardware import load_hardware
 from planner.plan import Plan, load_plan, require_profile_path
 from planner.plan.checks import profile_change
 from planner.profiling.profile import Profile, load_profile
-from planner.whatif.change import WhatIf, apply_what_if
+from planner.whatif.change import WhatIf, apply_what_if, check_with_sweep, what_if_changes
 from planner.whatif.sweep import SweepRow, check_sweep_actions, parse_sweep, run_sweep, skipped_note, sweep_refusal
 
 __all__ = ["SimulationOutputs", "Setup", "WhatIfResult", "load_setup", "what_if"]
@@ -106,6 +106,8 @@ class WhatIfResult:
     """The sweep's rows."""
     keep: str = "global-batch"
     """What micro-batch changes kept."""
+    changes: dict[str, dict[str, Any]] | None = None
+    """What the what-if flags changed, {field: {"plan": old, "now": new}} (None: no flag given)."""
 
     @property
     def basis(self) -> str:
@@ -137,6 +139,7 @@ def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: s
     from planner.simulate import check_hardware_applies, replica_on_hardware, simulate
 
     spec = parse_sweep(sweep) if sweep is not None else None
+    check_with_sweep(change, spec[0] if spec is not None else None)
     if spec is not None and outputs.timeline is not None:
         raise PplanError("--timeline cannot be combined with --sweep", "run one simulation per timeline")
     for flag, path in outputs.named():
@@ -155,10 +158,11 @@ def what_if(plan_path: str | os.PathLike, change: WhatIf = WhatIf(), *, sweep: s
     plan, cal = apply_what_if(base, setup.calibration, change)
     if spec is None:
         sim = simulate(plan, setup.profile, calibration=cal, record_timeline=record_timeline, hardware=hw)
-        return WhatIfResult(setup, plan, cal, sim=sim, keep=change.keep)
+        return WhatIfResult(setup, plan, cal, sim=sim, keep=change.kept,
+                            changes=what_if_changes(setup.plan, plan, change, hardware))
     parameter, values = spec
-    check_sweep_actions(plan, parameter, values, change.keep)
-    rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.keep, hardware=hw)
+    check_sweep_actions(plan, parameter, values, change.kept)
+    rows = run_sweep(plan, setup.profile, parameter, values, calibration=cal, keep=change.kept, hardware=hw)
     if all(r.error for r in rows):
         raise sweep_refusal(plan, setup.profile, parameter, rows, calibration=cal, hardware=hw)
-    return WhatIfResult(setup, plan, cal, parameter=parameter, rows=tuple(rows), keep=change.keep)
+    return WhatIfResult(setup, plan, cal, parameter=parameter, rows=tuple(rows), keep=change.kept)
