@@ -204,7 +204,8 @@ def test_deadlocked_schedule_raises() -> None:
 def test_to_dict_layout() -> None:
     d = simulate(_plan("1f1b", 2, 2), _profile(2, params=10.0)).to_dict()
     assert list(d) == ["iteration_ms", "bubble_fraction", "throughput_samples_per_s", "schedule", "n_microbatches",
-                       "micro_batch_size", "interpolated", "devices", "memory_timeline"]
+                       "micro_batch_size", "interpolated", "devices", "memory_timeline", "what_if"]
+    assert d["what_if"] is None  # the plan as it is: said, so a reader never takes a what-if for it
     dev = d["devices"][0]
     assert list(dev) == ["device", "name", "busy_ms", "idle_ms", "peak_memory_bytes", "memory", "memory_limit_bytes"]
     assert list(dev["memory"]) == ["weights", "gradients", "optimizer", "activations", "buffers", "total"]
