@@ -85,8 +85,9 @@ def _machine() -> dict[str, Any]:
 
 
 def _list_option(text: str, what: str, example: str) -> str:
-    """`text` unchanged; PplanError when an item of the comma list is empty ('4,,16', '8x64,'):
-    the parsers skip such an item, so a value lost to a stray comma would go unnoticed."""
+    """`text` unchanged; PplanError when an item of the comma list is empty ('4,,16', '8x64,'), named
+    as such for the bench's list options (--models is a list of names no other parser reads; the
+    number parsers refuse an empty item too, in their general words)."""
     if "," in text and any(not item.strip() for item in text.split(",")):
         raise PplanError(f"{what} {text[:80]!r} has an empty item between commas", f"write it like {what} {example}")
     return text

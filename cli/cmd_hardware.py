@@ -28,18 +28,18 @@ def hardware_cmd(
     Presets and the JSON format are described in docs/hardware.md; analytic profiles
     (`pplan profile --analytic --hardware NAME`) and cluster planning read them.
     """
-    from planner.hardware import PRESETS, hardware_to_dict, load_hardware
+    from planner.hardware import PRESETS, load_hardware
 
     if name is None:
         if as_json:
-            echo_json([hardware_to_dict(hw) for hw in PRESETS.values()])
+            echo_json([hw.to_dict() for hw in PRESETS.values()])
         else:
             _table(list(PRESETS.values()))
         return
     check_hardware_input(name)
     hw = load_hardware(name)
     if as_json:
-        echo_json(hardware_to_dict(hw))
+        echo_json(hw.to_dict())
         return
     _table([hw])
     typer.echo(f"memory {hw.memory_bytes} bytes, {hw.gpus_per_node} per node, latency {hw.intra_node_latency_ms:g} ms "

@@ -38,7 +38,7 @@ from planner.limits import MIN_LINK_BANDWIDTH
 from planner.textsafe import printable, terminal_safe
 from planner.units import parse_bandwidth, parse_bytes, parse_ms, plain_float
 
-__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MEMORY_BOUND_FRACTION", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict", "hardware_to_dict"]
+__all__ = ["FORMAT", "Hardware", "PRESETS", "DTYPE_BYTES", "MEMORY_BOUND_FRACTION", "MAX_GPUS_PER_NODE", "load_hardware", "hardware_from_dict"]
 
 FORMAT = "pplan-hardware/1"
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -117,11 +117,6 @@ _NAME_MAX = 200
 (planner.parallel); a longer name would be refused only when the search writes its plan."""
 _REQUIRED = tuple(f.name for f in fields(Hardware) if f.name != "source")
 _KNOWN = ("format",) + tuple(f.name for f in fields(Hardware))
-
-
-def hardware_to_dict(hw: Hardware) -> dict[str, Any]:
-    """The JSON object of `hw` (what a user file holds), format first: Hardware.to_dict."""
-    return hw.to_dict()
 
 
 def _number(raw: Any, key: str, where: str) -> float:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import ClusterError, PplanError
-from planner.hardware import PRESETS, Hardware, hardware_from_dict, hardware_to_dict, load_hardware
+from planner.hardware import PRESETS, Hardware, hardware_from_dict, load_hardware
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -53,9 +53,9 @@ def test_every_field_has_a_docstring_line_and_the_dataclass_is_frozen():
 def test_json_round_trip_and_unit_strings(tmp_path):
     for hw in PRESETS.values():
         path = tmp_path / f"{hw.name}.json"
-        path.write_text(json.dumps(hardware_to_dict(hw)))
+        path.write_text(json.dumps(hw.to_dict()))
         assert load_hardware(path) == hw
-    data = {k: v for k, v in hardware_to_dict(PRESETS["a100-80gb"]).items() if k not in ("format", "source")}
+    data = {k: v for k, v in PRESETS["a100-80gb"].to_dict().items() if k not in ("format", "source")}
     data.update(name="mine", memory_bytes="80GiB", memory_bandwidth_bytes_per_s="2TB/s", inter_node_bandwidth_bytes_per_s="200Gbit/s",
                 intra_node_latency_ms="5us", gpus_per_node=4)
     path = tmp_path / "mine.json"
@@ -67,7 +67,7 @@ def test_json_round_trip_and_unit_strings(tmp_path):
 
 
 def _base() -> dict:
-    return hardware_to_dict(PRESETS["h100-80gb"])
+    return PRESETS["h100-80gb"].to_dict()
 
 
 @pytest.mark.parametrize("change, words", [

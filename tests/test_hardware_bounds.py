@@ -11,7 +11,7 @@ import pytest
 import planner.partition.parallel_search as parallel_search
 from planner.cost.parallel import checked_mfu
 from planner.errors import ClusterError, PlanError, PplanError
-from planner.hardware import PRESETS, hardware_from_dict, hardware_to_dict
+from planner.hardware import PRESETS, hardware_from_dict
 from planner.partition.parallel_checks import MAX_GPUS
 from planner.partition.parallel_plan import parallel_plan
 from planner.partition.parallel_search import plan_parallel
@@ -36,7 +36,7 @@ def h200_profile():
     ("intra_node_latency_ms", 5000, "5000 ms is beyond any real device.*milliseconds"),
 ])
 def test_unit_mistakes_in_a_hardware_file_are_refused_with_the_unit_to_write(key, value, words):
-    data = {**hardware_to_dict(PRESETS["h200"]), key: value}
+    data = {**PRESETS["h200"].to_dict(), key: value}
     with pytest.raises(ClusterError, match=words) as info:
         hardware_from_dict(data, "my.json")
     assert f"my.json: {key}" in str(info.value) and "\n" not in str(info.value)
@@ -44,10 +44,10 @@ def test_unit_mistakes_in_a_hardware_file_are_refused_with_the_unit_to_write(key
 
 def test_the_ranges_hold_every_preset_and_their_edges():
     for hw in PRESETS.values():
-        assert hardware_from_dict(json.loads(json.dumps(hardware_to_dict(hw)))) == hw
+        assert hardware_from_dict(json.loads(json.dumps(hw.to_dict()))) == hw
     edges = {"peak_bf16_flops_per_s": 1e9, "memory_bytes": 2**26, "memory_bandwidth_bytes_per_s": 1e6,
              "intra_node_latency_ms": 1000, "inter_node_latency_ms": 0}
-    hw = hardware_from_dict({**hardware_to_dict(PRESETS["h200"]), **edges})
+    hw = hardware_from_dict({**PRESETS["h200"].to_dict(), **edges})
     assert (hw.peak_bf16_flops_per_s, hw.memory_bytes, hw.intra_node_latency_ms) == (1e9, 2**26, 1000)
 
 
@@ -55,7 +55,7 @@ def test_cli_refuses_a_tiny_peak_before_writing_anything(pplan, tmp_path):
     profile = tmp_path / "ga.csv"
     write_analytic_profile(SMALL, "h200", "bfloat16", [1, 2, 4], profile)
     hw = tmp_path / "h_989.json"
-    hw.write_text(json.dumps({**hardware_to_dict(PRESETS["h200"]), "peak_bf16_flops_per_s": 989}))
+    hw.write_text(json.dumps({**PRESETS["h200"].to_dict(), "peak_bf16_flops_per_s": 989}))
     out = tmp_path / "n.json"
     code, stdout, err = pplan("partition", profile, "--global-batch", 64, "--out", out, "--nodes", 1, "--hardware", hw)
     assert code == 2 and stdout == "" and not out.exists()

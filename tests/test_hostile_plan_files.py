@@ -18,7 +18,7 @@ import planner.plan.serialize as serialize
 from planner.calibration import Calibration, FittedFrom, load_calibration, write_calibration
 from planner.cluster import MAX_CLUSTER_BYTES, cluster_from_dict, load_cluster
 from planner.errors import ClusterError, PlanError, PplanError
-from planner.hardware import PRESETS, hardware_from_dict, hardware_to_dict
+from planner.hardware import PRESETS, hardware_from_dict
 from planner.plan import Device, Links, Plan, StagePlan, load_plan, plan_from_dict, plan_to_json
 from planner.plan.bounds import MAX_LINK_PAIRS, MAX_PIPELINE_STAGES, MAX_PLAN_BYTES, MAX_PLAN_LAYERS
 from planner.plan.records import (
@@ -256,7 +256,7 @@ def test_links_between_is_undirected_and_the_first_listed_pair_wins():
 @pytest.mark.parametrize("key, value", [("name", "h100\u202e"), ("name", f"gpu{TITLE}"), ("source", f"sheet{TITLE}"),
                                         ("source", "a\x7fb"), ("name", "n" * 201)])
 def test_hardware_text_is_one_safe_line(key, value):
-    data = {**hardware_to_dict(PRESETS["h100-80gb"]), key: value}
+    data = {**PRESETS["h100-80gb"].to_dict(), key: value}
     with pytest.raises(ClusterError, match=f"{key} must be one line") as e:
         hardware_from_dict(data, "hw.json")
     assert "\x1b" not in e.value.one_line() and "\u202e" not in e.value.one_line()
@@ -264,7 +264,7 @@ def test_hardware_text_is_one_safe_line(key, value):
 
 def test_the_longest_preset_source_still_loads():
     for hw in PRESETS.values():
-        assert hardware_from_dict(hardware_to_dict(hw)) == hw
+        assert hardware_from_dict(hw.to_dict()) == hw
 
 
 @pytest.mark.parametrize("field", ["run", "schedule", "model", "profile_sha256"])
