@@ -8,8 +8,8 @@ import re
 from planner.errors import PplanError
 from planner.limits import MAX_BANDWIDTH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MIN_BANDWIDTH, MIN_LINK_BANDWIDTH
 
-__all__ = ["parse_bytes", "parse_bandwidth", "parse_link_bandwidth", "parse_ms", "format_bytes", "format_ms", "format_size_up",
-           "plain_float", "plain_int", "PLAIN_NUMBER_HINT", "PLAIN_INTEGER_HINT"]
+__all__ = ["parse_bytes", "parse_bandwidth", "parse_link_bandwidth", "parse_ms", "format_bytes", "format_ms",
+           "format_share", "format_size_up", "plain_float", "plain_int", "PLAIN_NUMBER_HINT", "PLAIN_INTEGER_HINT"]
 
 _BYTE_UNITS = {
     "": 1, "b": 1,
@@ -125,6 +125,12 @@ def format_ms(ms: float) -> str:
     if ms >= 10:
         return f"{ms:.1f} ms"
     return f"{ms:.3f} ms"
+
+
+def format_share(part: float, whole: float) -> str:
+    """`part` as a whole percentage of `whole`, never a bare "0%" for a part that is there ("<1%")."""
+    share = part / whole
+    return f"{share:.0%}" if share >= 0.005 or share == 0 else "<1%"
 
 
 def format_size_up(n_bytes: float) -> str:

@@ -1,7 +1,7 @@
 import pytest
 
 from planner.errors import PplanError
-from planner.units import format_bytes, parse_bandwidth, parse_bytes, parse_ms
+from planner.units import format_bytes, format_share, parse_bandwidth, parse_bytes, parse_ms
 
 
 @pytest.mark.parametrize("text,expected", [
@@ -82,3 +82,9 @@ def test_the_ambiguity_hint_keeps_a_binary_prefix():
 def test_a_size_too_large_to_be_finite_says_so_rather_than_not_positive():
     with pytest.raises(PplanError, match=r"'1e400G' is too large \(not a finite number\)"):
         parse_bytes("1e400G", "--memory")
+
+
+@pytest.mark.parametrize("part, whole, expected", [(0, 10, "0%"), (1, 1000, "<1%"), (4, 1000, "<1%"),
+                                                   (6, 1000, "1%"), (1, 2, "50%"), (3, 2, "150%")])
+def test_a_share_that_is_there_never_reads_as_zero_percent(part, whole, expected):
+    assert format_share(part, whole) == expected

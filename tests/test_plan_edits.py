@@ -229,3 +229,12 @@ def test_a_made_for_that_is_not_what_pplan_writes_is_refused(made_for, says: str
         d["predicted"]["made_for"] = {k: v for k, v in d["predicted"]["made_for"].items() if v is not None}
     with pytest.raises(PlanError, match=says):
         plan_from_dict(d)
+
+
+def test_a_peak_far_under_its_limit_reads_under_one_percent_not_zero(tmp_path: Path) -> None:
+    sim = json.loads((DATA / "sim.json").read_text())
+    sim["devices"] = [{**d, "peak_memory_bytes": 1000, "memory_limit_bytes": 10**9} for d in sim["devices"]]
+    sim["memory_timeline"] = {}
+    (tmp_path / "far.json").write_text(json.dumps(sim))
+    rows = dict(key_numbers(load_inputs(sim=tmp_path / "far.json")))
+    assert rows["peak memory dev 0"] == "predicted 1000 B, limit 953.7 MiB (<1% used)"

@@ -10,6 +10,7 @@ import numpy as np
 from planner.plan import Prediction
 from planner.report.inputs import ReportInputs
 from planner.report.style import LIMIT_STYLE, bytes_axis, new_figure
+from planner.units import format_share
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption", "candidates", "SplitBar"]
 
@@ -147,7 +148,7 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     for bar, r in zip(bars, rows):
         text = f"{r.peak_memory_bytes / div:.2f} {unit}" if r.peak_memory_bytes else "n/a"
         if r.peak_memory_bytes and limit:
-            text += f"  ({r.peak_memory_bytes / limit:.0%} of limit)"
+            text += f"  ({format_share(r.peak_memory_bytes, limit)} of limit)"
         # Right of the bar or of the limit line, whichever is further: a label never crosses the line.
         x_text = max(bar.get_width(), limit / div if limit else 0.0)
         ax_m.text(x_text, bar.get_y() + bar.get_height() / 2, " " + text, va="center", fontsize=8.5,

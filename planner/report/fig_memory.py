@@ -19,10 +19,10 @@ from planner.report.summary import peak_rows
 from planner.report.style import (
     LIMIT_STYLE, MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, bytes_axis, device_color, new_figure,
 )
-from planner.units import format_bytes
+from planner.units import format_bytes, format_share
 
 __all__ = ["KEY", "TITLE", "MAX_BARS", "MAX_LINES", "LIMIT_OFF_SCALE", "missing", "draw", "caption", "settled",
-           "draw_limit_marks", "nearest_limit", "off_scale_limit", "share_of_limit", "title_with_limit"]
+           "draw_limit_marks", "nearest_limit", "off_scale_limit", "title_with_limit"]
 
 KEY = "2_memory"
 TITLE = "Memory per device"
@@ -57,12 +57,6 @@ def title_with_limit(ax: Any, title: str, off_scale: str | None) -> None:
     if off_scale:
         ax.annotate(off_scale, (0.5, 1.0), xycoords="axes fraction", xytext=(0, 3), textcoords="offset points",
                     ha="center", va="bottom", fontsize=8)
-
-
-def share_of_limit(peak: float, limit: float) -> str:
-    """A peak as a share of its limit, never a bare "0%" for a peak that is there."""
-    share = peak / limit
-    return f"{share:.0%}" if share >= 0.005 or share == 0 else "<1%"
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -200,9 +194,9 @@ def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], 
     for i, peak in enumerate(peaks):
         lim = limits[i]
         if many:
-            note = f"{peak / div:.3g}" + (f"\n{share_of_limit(peak, float(lim))}" if lim else "")
+            note = f"{peak / div:.3g}" + (f"\n{format_share(peak, float(lim))}" if lim else "")
         else:
-            note = f"{peak / div:.2f} {unit}" + (f"\n{share_of_limit(peak, float(lim))} of limit" if lim else "")
+            note = f"{peak / div:.2f} {unit}" + (f"\n{format_share(peak, float(lim))} of limit" if lim else "")
         # Above whatever is highest here (bar, limit line, measured marker) so nothing overlaps.
         top_here = max([bottom[i]] + ([float(drawn[i]) / div] if drawn[i] else [])
                        + ([measured[_index(devices[i], i)] / div] if _index(devices[i], i) in measured else []))
@@ -232,7 +226,7 @@ def _draw_areas(ax: Any, devices: list[PredictedDevice], peaks: list[float], lim
     worst = nearest_limit(devices, list(range(len(devices))), 1)[0]
     lim = limits[worst]
     note = (f"dev {_index(devices[worst], worst)}: {peaks[worst] / div:.3g} {unit}"
-            + (f", {share_of_limit(peaks[worst], float(lim))} of limit" if lim else ""))
+            + (f", {format_share(peaks[worst], float(lim))} of limit" if lim else ""))
     # towards the middle from the device, so a note at either end stays inside the axes
     span = x[-1] - x[0]
     where = (x[worst] - x[0]) / span if span else 0.5

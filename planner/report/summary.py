@@ -10,7 +10,7 @@ from planner.plan.devicelist import list_devices
 from planner.report.fig_baselines import SplitBar
 from planner.report.inputs import ReportInputs
 from planner.simulation.result import what_if_text
-from planner.units import format_bytes, format_ms
+from planner.units import format_bytes, format_ms, format_share
 
 __all__ = ["key_numbers", "predicted_iteration_ms", "peak_rows", "plan_line", "warnings", "what_if_row"]
 
@@ -186,7 +186,7 @@ def _peak_memory_rows(inputs: ReportInputs) -> list[tuple[str, str]]:
         if meas:
             parts.append(f"measured {format_bytes(meas)}")
         if limit:
-            parts.append(f"limit {format_bytes(limit)} ({used[position]:.0%} used)")
+            parts.append(f"limit {format_bytes(limit)} ({format_share(used[position], 1.0)} used)")
         label = listing.label(position)
         rows.append((f"peak memory dev {dev}" + (f" ({label})" if label else ""), ", ".join(parts)))
     if (line := listing.left_out_line(_every_device(inputs))) is not None:
