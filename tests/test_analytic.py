@@ -33,6 +33,19 @@ def test_param_bytes_and_names_are_the_real_models(dtype):
     assert prof.columns["param_bytes"][:, 0].tolist() == real
 
 
+def test_adam_moves_the_same_bytes_per_parameter_in_mixed_precision_as_in_fp32():
+    """A 16-bit model's Adam step reads and writes the fp32 master copy and moments: its time on the
+    same GPU is fp32's (it was priced at half, 7 x 2 bytes per parameter against the precision
+    model's 16 bytes of state)."""
+    from planner.cost.precision import MIXED_BF16, PURE_FP32
+
+    assert MIXED_BF16.adam_step_bytes == PURE_FP32.adam_step_bytes == 28.0
+    spec = "gpt:layers=2,hidden=256,heads=4,seq=64,vocab=4096"
+    fp32, bf16 = (analytic_profile(spec, "a100-80gb", dtype, [1]).columns["optimizer_ms"][:, 0]
+                  for dtype in ("float32", "bfloat16"))
+    np.testing.assert_allclose(bf16, fp32, rtol=1e-12)
+
+
 def test_bytes_and_flops_equal_the_measured_reference_profile():
     measured = load_profile(REFERENCE)
     prof = analytic_profile(measured.meta["model"], "cpu", "float32", list(measured.micro_batch_sizes))

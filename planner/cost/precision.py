@@ -37,6 +37,17 @@ class TrainingPrecision:
         """Weights + gradients + optimizer state per parameter, unsharded."""
         return self.weight_bytes + self.grad_bytes + self.optimizer_bytes
 
+    @property
+    def adam_step_bytes(self) -> float:
+        """Memory traffic of one fused Adam step per parameter: the gradient read, the fp32 state read
+        and written, and (mixed precision) the 16-bit weights written from the master copy. fp32's state
+        is its weights and two moments (4 + 4 + 8 read and written, + 4 = 28 bytes); mixed precision's
+        the master copy and two moments (2 x 12, + 2 + 2 = 28): the same traffic, not one in proportion
+        to the 16-bit weights."""
+        master_copy = self.weight_bytes < 4.0  # 16-bit weights: optimizer_bytes holds their fp32 master
+        fp32_state = self.optimizer_bytes + (0.0 if master_copy else self.weight_bytes)
+        return self.grad_bytes + 2.0 * fp32_state + (self.weight_bytes if master_copy else 0.0)
+
 
 MIXED_BF16 = TrainingPrecision("bfloat16", 2.0, 2.0, 2.0, 12.0)
 """bf16 weights and gradients, fp32 master weights, momentum and variance: 16 bytes per parameter."""

@@ -48,6 +48,7 @@ import numpy as np
 
 from planner.errors import ModelSpecError, PplanError
 from planner.hardware import DTYPE_BYTES, MEMORY_BOUND_FRACTION, Hardware, load_hardware
+from planner.cost.precision import training_precision
 from planner.models.spec import parse_spec
 from planner.profiling.profile import Profile, make_profile, write_profile
 
@@ -185,8 +186,9 @@ def analytic_profile(
         cols["output_bytes"][:, k] = [T * h * dt] * (L + 1) + [T * V * dt]
         cols["wgrad_bytes"][:, k] = [0.0] + [(7 + f) * T * h * dt] * L + [(h + V) * T * dt]
     cols["bwd_ms"] = cols["bwd_input_ms"] + cols["bwd_weight_ms"]
-    # Adam, fused: read parameter, gradient and two moments, write parameter and moments
-    opt = efficiency.kernel_overhead_ms + 1e3 * 7 * params * dt / bandwidth
+    # Adam, fused, at memory speed: traffic from the training precision (the same 28 bytes per parameter
+    # in fp32 and in mixed precision, whose fp32 master copy and moments dominate it)
+    opt = efficiency.kernel_overhead_ms + 1e3 * training_precision(dtype).adam_step_bytes * params / bandwidth
     cols["optimizer_ms"] = np.repeat(opt[:, None], k_sizes, axis=1)
     cols["param_bytes"] = np.repeat(params[:, None] * dt, k_sizes, axis=1)
     source = f"planner.profiling.analytic: {efficiency.describe()}; activations {activations}"
