@@ -88,9 +88,9 @@ def _do_simulate(w: Any, as_json: bool, out: Optional[Path], timeline: Optional[
     if timeline is not None:
         payloads.append((timeline, timeline_csv_text(result.timeline).encode()))
     if plot is not None:
-        from planner.report.gantt import gantt_png
+        from planner.report.gantt import drawn_devices, gantt_png
 
-        title = (f"{plan.schedule}: {plan.n_devices} devices, {plan.n_microbatches} micro-batches of "
+        title = (f"{plan.schedule}: {drawn_devices(plan, w.setup.profile.meta.get('model'))}, {plan.n_microbatches} micro-batches of "
                  f"{plan.micro_batch_size} — predicted iteration {result.iteration_ms:.2f} ms, bubble {100 * result.bubble_fraction:.1f}% "
                  f"({'calibrated' if w.calibration is not None else 'uncalibrated'})")
         payloads.append((plot, gantt_png(result.timeline, title=title, device_names=result.device_names,
@@ -194,17 +194,10 @@ def _do_sweep(w: Any, as_json: bool, out: Optional[Path], plot: Optional[Path]) 
     if out is not None:
         payloads.append((out, json.dumps(data, indent=2, allow_nan=False) + "\n"))
     if plot is not None:
-        from planner.report.fig_whatif import sweep_figure
+        from planner.report.fig_whatif import sweep_figure, sweep_title
         from planner.report.style import render
 
-        if parameter == "microbatches":
-            fixed = (f"{plan.schedule}, global batch {plan.global_batch}" if w.keep == "global-batch"
-                     else f"{plan.schedule}, micro-batch size {plan.micro_batch_size}")
-            what = "micro-batch count"
-        else:
-            fixed, what = f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size}", "schedule"
-        basis = "calibrated" if w.calibration is not None else "uncalibrated"
-        fig = sweep_figure(parameter, list(rows), f"Predicted iteration time by {what} ({fixed}; {basis})")
+        fig = sweep_figure(parameter, list(rows), sweep_title(plan, parameter, w.keep, w.calibration is not None))
         payloads.append((plot, render(fig, plot.suffix.lower().lstrip("."))))
     for path, payload in payloads:
         (atomic_write_text if isinstance(payload, str) else atomic_write_bytes)(path, payload)

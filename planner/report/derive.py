@@ -20,7 +20,8 @@ from planner.report.inputs import ReportInputs, TimelineRow
 if TYPE_CHECKING:
     from planner.calibration import Calibration
 
-__all__ = ["Derived", "derive", "without_simulation", "NOT_SIMULATED", "sweep_sizes", "fitted_on_run", "MAX_SWEEP_POINTS"]
+__all__ = ["Derived", "derive", "without_simulation", "NOT_SIMULATED", "sweep_sizes", "sweep_counts", "replica_batch",
+           "fitted_on_run", "MAX_SWEEP_POINTS"]
 
 # Divisors of the global batch can be many (e.g. 720 has 30); keep the sweep to a few seconds.
 MAX_SWEEP_POINTS = 12
@@ -47,12 +48,12 @@ class Derived:
     figures 1 to 3 give instead of naming inputs that were given or a simulation that was never tried."""
 
 
-def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) -> list[int]:
-    """Micro-batch counts to try: divisors of the global batch, thinned to at most `limit`.
+def sweep_sizes(batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) -> list[int]:
+    """Micro-batch counts to try: divisors of `batch` (one replica's), thinned to at most `limit`.
 
     Thinning keeps the smallest and largest, the pipeline depth, and powers of two first.
     """
-    divisors = all_divisors(global_batch)  # trial division to sqrt: a global batch of 10**8 took 8.4 s counted one by one
+    divisors = all_divisors(batch)  # trial division to sqrt: a global batch of 10**8 took 8.4 s counted one by one
     if len(divisors) <= limit:
         return divisors
     preferred = {divisors[0], divisors[-1]} | {m for m in divisors if m == n_ranks}
@@ -65,6 +66,19 @@ def sweep_sizes(global_batch: int, n_ranks: int, limit: int = MAX_SWEEP_POINTS) 
     while len(chosen) < limit and rest:
         chosen.append(rest.pop(len(rest) // 2))
     return sorted(chosen)
+
+
+def replica_batch(plan: Any) -> int:
+    """Samples one data-parallel replica runs per iteration (global batch / dp): what a swept count M
+    divides, each micro-batch then b = this / M samples (planner.whatif.change.split_batch)."""
+    return plan.n_microbatches * plan.micro_batch_size
+
+
+def sweep_counts(plan: Any) -> list[int]:
+    """The micro-batch counts the report sweeps for `plan`: divisors of one replica's batch. Divisors of the
+    global batch were swept before: with dp 4 those beyond the replica's batch (64 and 128 of a global 128)
+    could not run, and thinning a large batch's divisors kept counts that do not divide the replica's."""
+    return sweep_sizes(replica_batch(plan), plan.n_devices)
 
 
 def fitted_on_run(cal: Calibration | None, run: RunRecord | None, run_source: str | None = None) -> bool:
@@ -152,7 +166,7 @@ def derive(inputs: ReportInputs, say: Callable[[str], None] = lambda _m: None) -
     completed = replace(inputs, **changes)
     say("sweeping micro-batch counts and schedules")
     try:
-        points = _sweep(inputs.plan, inputs.profile, sweep_sizes(inputs.plan.global_batch, inputs.plan.n_devices), cal)
+        points = _sweep(inputs.plan, inputs.profile, sweep_counts(inputs.plan), cal)
     except PplanError as e:
         return Derived(inputs=completed, sweep_skipped=f"the sweep failed: {e.one_line()}", notes=tuple(notes),
                        timeline_skipped=timeline_skipped, calibration_warning=mismatch)

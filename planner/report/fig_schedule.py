@@ -30,8 +30,15 @@ def caption(inputs: ReportInputs) -> str:
     if inputs.measured_timeline is not None:
         parts.append("the measured one (`pplan run`)")
     text = ("Each row is a device; boxes are forward (F), backward (B, or I and W when split), recompute (R) "
-            "and optimizer (O) work, numbered by micro-batch; thin grey bars are transfers the device sends; "
+            "and optimizer (O) work, numbered by micro-batch; thin grey bars are transfers the device sends "
+            "(one too short to see is drawn about 2 pixels wide from its start); "
             "the hatched band is idle time (the bubble). ")
+    layout = inputs.plan.parallel if inputs.plan is not None else None
+    if layout is not None:  # the rows are one replica's devices, not every GPU
+        if layout.dp > 1:
+            text += f"The plan runs {layout.dp} such pipelines side by side, alike; one is drawn. "
+        if layout.tp > 1:
+            text += f"Each device is {layout.tp} tensor-parallel GPUs. "
     text += "Shown: " + " and ".join(parts) + ", on one time axis."
     sim_ms = inputs.sim.prediction.iteration_ms if inputs.sim is not None else None
     changes = inputs.sim.what_if if inputs.sim is not None else None
@@ -79,10 +86,13 @@ def _device_names(inputs: ReportInputs) -> list[str] | None:
 
 
 def _title(inputs: ReportInputs) -> str:
+    from planner.report.gantt import drawn_devices
+
     source = inputs.plan or None
     if source is not None:
+        model = inputs.profile.meta.get("model") if inputs.profile is not None else None
         return (f"Pipeline schedule: {source.schedule}, {source.n_microbatches} micro-batches of "
-                f"{source.micro_batch_size} on {source.n_devices} devices")
+                f"{source.micro_batch_size} on {drawn_devices(source, model)}")
     prediction = inputs.sim.prediction if inputs.sim is not None else None
     if prediction is not None and prediction.schedule:
         m = prediction.n_microbatches if prediction.n_microbatches is not None else "?"
