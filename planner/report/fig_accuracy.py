@@ -16,8 +16,8 @@ from planner.report.style import (
     MEASURED_COLOR, MEMORY_COLORS, MEMORY_PARTS, PREDICTED_COLOR, bytes_axis, new_figure,
 )
 
-__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines", "rank_labels", "PeakMemoryBars",
-           "peak_memory_bars"]
+__all__ = ["KEY", "TITLE", "missing", "draw", "caption", "prediction_lines", "prediction_legend", "error_text",
+           "rank_labels", "PeakMemoryBars", "peak_memory_bars"]
 
 KEY = "6_predicted_vs_measured"
 TITLE = "Predicted against measured"
@@ -31,8 +31,28 @@ def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
     return "needs a measured run (--run, the JSON written by `pplan run`)" if inputs.run is None else None
 
 
+def error_text(error: float, decimals: int | None = None) -> str:
+    """A relative error as the figure writes it, signed: `decimals` places, or (None) whole percent and one
+    place under 1% (-0.004: "-0.4%", where whole percent would read "-0%"). An error that rounds to zero
+    reads "0%" ("0.0%" with decimals=1), unsigned: a signed zero says the prediction leans one way when it does not."""
+    places = decimals if decimals is not None else (1 if abs(error) < 0.01 else 0)
+    text = f"{error:+.{places}%}"
+    return f"{0:.{decimals or 0}%}" if float(text.rstrip("%")) == 0 else text
+
+
+def prediction_legend(label: str, value: float, measured: float | None, fit: bool = False) -> str:
+    """The step panel's legend entry of one prediction line. Every line predicts the plan of the run shown
+    and its percentage compares it with that run's median, so the entry says both ("this plan", "vs this
+    run"): the demo's key numbers set an earlier plan's prediction against an earlier run, and the same
+    words without these would read as the same quantity. One decimal, as the key numbers write errors."""
+    if not measured:
+        return f"this plan, {label}: {value:.1f} ms"
+    kind = " residual" if fit else ""
+    return f"this plan, {label}: {value:.1f} ms ({error_text((value - measured) / measured, 1)}{kind} vs this run)"
+
+
 def prediction_lines(inputs: ReportInputs) -> list[tuple[str, float, str]]:
-    """(label, iteration ms, color) of each distinct prediction to compare the steps with."""
+    """(label, iteration ms, color) of each distinct prediction for the run's plan to compare its steps with."""
     lines: list[tuple[str, float, str]] = []
     run = inputs.run
     run_pred = run.iteration_ms_predicted if run is not None else None
@@ -62,9 +82,9 @@ def caption(inputs: ReportInputs) -> str:
         middle += (f"Every peak is under {LIMIT_OFF_SCALE:.0%} of the memory limit: the axis is scaled to the "
                    "peaks and the title names the limit instead of drawing it. ")
     return ("Left: busy time per device in one iteration, predicted (simulator) and measured (`pplan run`). " + middle
-            + "Right: measured time of every training step against the predicted iteration time; "
-            "hollow points are warm-up steps, excluded from the median. Percentages are prediction errors as in "
-            "the run JSON: (predicted - measured) / measured."
+            + "Right: measured time of every training step of this run against the predicted iteration times of "
+            "its plan; hollow points are warm-up steps, excluded from the median. Percentages are prediction "
+            "errors as in the run JSON: (predicted - measured) / measured, each against this run's own measurement."
             + (" The line calibrated on this same run is a fit: its percentage is a residual, not a prediction error."
                if inputs.sim_is_fit else ""))
 
@@ -215,7 +235,7 @@ def _stacked_triples(ax: Any, x: np.ndarray, ranks: list[RankRecord], bars: list
     ax.bar(x, measured, width=w, color=MEASURED_COLOR, label="measured peak")
     for i, b in enumerate(bars):
         if b.error is not None:
-            ax.annotate(f"{b.error:+.0%}", (x[i], max(measured[i], floors[i])), ha="center", va="bottom", fontsize=8,
+            ax.annotate(error_text(b.error), (x[i], max(measured[i], floors[i])), ha="center", va="bottom", fontsize=8,
                         xytext=(0, 2), textcoords="offset points", bbox=_LABEL_BOX)
     ax.set_xlabel("predicted, measured peak, tracked (hatched)")
 
@@ -228,7 +248,7 @@ def _paired_bars(ax: Any, x: np.ndarray, pred: list[float], meas: list[float], w
         if np.isfinite(p) and np.isfinite(m) and m > 0:
             # Labelled like the run JSON's error_pct: (predicted - measured) / measured; above a limit line.
             y = max(bm.get_height(), floors[i]) if floors else bm.get_height()
-            ax.annotate(f"{(p - m) / m:+.0%}", (bm.get_x() + bm.get_width() / 2, y),
+            ax.annotate(error_text((p - m) / m), (bm.get_x() + bm.get_width() / 2, y),
                         ha="center", va="bottom", fontsize=8, xytext=(0, 2), textcoords="offset points",
                         bbox=_LABEL_BOX)
 
@@ -253,8 +273,7 @@ def _draw_steps(ax: Any, inputs: ReportInputs) -> None:
         measured = None
     for label, value, color in prediction_lines(inputs):
         fit = inputs.sim_is_fit and label == inputs.sim_label
-        err = f" ({(value - measured) / measured:+.0%}{' residual' if fit else ''})" if measured else ""
-        ax.axhline(value, color=color, ls="--", lw=1.6, label=f"{label} {value:.1f} ms{err}")
+        ax.axhline(value, color=color, ls="--", lw=1.6, label=prediction_legend(label, value, measured, fit))
     ax.set_xlabel("training step")
     ax.set_ylabel("step time (ms)")
     ax.set_title("Step time: measured against predicted")
