@@ -7,9 +7,13 @@
 (any plan works: processes = the plan's devices x its data-parallel degree, e.g. 4 for
 "parallel": {"dp": 2, "pp": 2, ...}). Every process builds the same model, `build_pipeline`
 keeps this rank's planned stages (recompute layers checkpointed) and returns torch's
-PipelineStage objects and schedule; the loop below is torch's own: `schedule.step(...)`, then an
-optimizer step. With the plan's optimizer (adam here), lr 1e-3 and the same batches, the losses
-equal `pplan run plan.json --threads 1 --lr 1e-3`'s.
+PipelineStage objects and schedule; the loop below is torch's own: `schedule.step(...)`, then the
+plan's optimizer (`pipe.make_optimizer`: sgd/adam/adamw, fp32 master weights for a bfloat16 plan,
+ZeRO-1 sharding). With lr 1e-3 and the same batches, the losses equal
+`pplan run plan.json --threads 1 --lr 1e-3`'s.
+
+A plan naming a `module:factory` model runs that Python code: as with `pplan run`, it is refused
+unless you vouch for it with `--model SPEC` (the same string) or `--trust-model`.
 """
 
 from __future__ import annotations
@@ -22,10 +26,9 @@ import sys
 import torch
 import torch.distributed as dist
 
-from planner import build_pipeline, load_plan
+from planner import build_pipeline, build_plan_model, load_plan
 from planner.errors import PplanError
 from planner.execute.stages import step_seed
-from planner.models import build_model
 
 
 def main() -> None:
@@ -34,27 +37,30 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--out", help="rank 0 writes the losses here as JSON")
+    ap.add_argument("--model", help="the plan's model spec, repeated to vouch for a module:factory model")
+    ap.add_argument("--trust-model", action="store_true", help="run the plan's module:factory model as it is")
     args = ap.parse_args()
 
     dist.init_process_group("gloo")  # torchrun sets RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
     rank = dist.get_rank()
     plan = load_plan(args.plan)
 
-    # Your model: an nn.Sequential whose children are the plan's layers, the same weights on every
-    # rank (here the built-in model the plan names, built from the plan's seed), and a loss.
-    bundle = build_model(plan.model, seed=plan.seed)
-    model, loss_fn = bundle.layers, bundle.loss_fn
-
     try:
-        pipe = build_pipeline(plan, model, rank=rank, loss_fn=loss_fn,
+        # Your model: an nn.Sequential whose children are the plan's layers, the same weights on every
+        # rank, and a loss. Here the model the plan names, from its seed, in its profile's dtype; a
+        # module:factory model is code the plan file names: refused before its module is imported
+        # unless vouched for.
+        bundle = build_plan_model(plan, args.plan, model=args.model, trust_model=args.trust_model)
+        pipe = build_pipeline(plan, bundle.layers, rank=rank, loss_fn=bundle.loss_fn,
                               example=bundle.make_batch(plan.micro_batch_size, 0)[0])  # one micro-batch's input
-    except PplanError as e:  # a plan this job cannot run (another process count, ...): one line per rank,
-        # printed before anything exits (torchrun stops the other ranks once one has, so rank 0 alone may never get here)
+    except PplanError as e:  # an unvouched model, a plan this job cannot run (another process count, ...): one
+        # line per rank, printed before anything exits (torchrun stops the other ranks once one has, so rank 0
+        # alone may never get here)
         print(f"rank {rank}: error: {e.one_line()}", file=sys.stderr, flush=True)
         sys.exit(2)
     print(f"rank {rank}: stages {pipe.stage_ids} (replica {pipe.dp_index}), {type(pipe.schedule).__name__}, "
           f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size}", flush=True)
-    opt = torch.optim.Adam(pipe.parameters(), lr=args.lr)
+    opt = pipe.make_optimizer(args.lr)  # the plan's optimizer, as pplan run makes it
 
     losses_per_step = []
     for step in range(args.steps):

@@ -14,10 +14,11 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-__all__ = ["load_plan", "build_pipeline", "Pipeline", "__version__"]
+__all__ = ["load_plan", "build_plan_model", "build_pipeline", "Pipeline", "__version__"]
 
 _LAZY = {
     "load_plan": ("planner.plan", "load_plan"),
+    "build_plan_model": ("planner.execute.plan_model", "build_plan_model"),
     "build_pipeline": ("planner.execute.pipeline", "build_pipeline"),
     "Pipeline": ("planner.execute.pipeline", "Pipeline"),
 }
