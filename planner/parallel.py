@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # planner.hardware sits a layer above: a plan's hardware_spec
     from planner.hardware import Hardware
 
 __all__ = ["ParallelConfig", "ZERO_STAGES", "GRAD_SYNC_MODES", "GRAD_SYNC_AFTER_STEP", "GRAD_SYNC_OVERLAPPED",
-           "checked_grad_sync", "parse_parallel", "run_error", "run_refusal", "zero_tp_refusal", "zero_tp_error"]
+           "checked_grad_sync", "parse_parallel", "run_error", "run_refusal", "zero_tp_error"]
 
 ZERO_STAGES = (0, 1, 2, 3)
 GRAD_SYNC_AFTER_STEP = "after-step"
@@ -195,14 +195,9 @@ def run_refusal(cfg: ParallelConfig) -> str | None:
     return None if error is None else error.one_line()
 
 
-def zero_tp_refusal(zero: int, tp: int) -> str | None:
-    """run_refusal's rule for a data-parallel layout: ZeRO stage `zero` beside tp-way tensor parallelism."""
-    error = zero_tp_error(zero, tp)
-    return None if error is None else error.one_line()
-
-
 def zero_tp_error(zero: int, tp: int) -> PplanError | None:
-    """zero_tp_refusal as an error with its hint (what the executor's preflight raises)."""
+    """run_refusal's rule for a data-parallel layout, ZeRO stage `zero` beside tp-way tensor parallelism,
+    as an error with its hint (what the executor's preflight raises); None where it runs."""
     if tp > 1 and zero >= 2:
         return PplanError(f"ZeRO stage {zero} with tensor parallelism (tp {tp}) is not supported by pplan run: sharding "
                           "the tp blocks' DTensor parameters again over dp is not wired",

@@ -38,7 +38,7 @@ def test_passthrough_counts_only_tensors_the_stage_forwards_without_reading():
 def test_layer_inputs_are_the_previous_chain_plus_skips_read_there():
     assert [layer_input_bytes(i, OUT, EDGES) for i in range(1, 6)] == [100, 10, 20, 130, 47]
     assert layer_input_bytes(4, OUT, EDGES, micro_batch_size=2) == 30 + 200  # output bytes are per micro-batch already
-    assert layer_input_bytes(2, [5, 6, 7]) == 6  # a chain: recompute_input_bytes
+    assert layer_input_bytes(2, [5, 6, 7]) == 6  # a chain: the layer before's output
     with pytest.raises(PplanError, match="no earlier layer"):
         layer_input_bytes(0, OUT, EDGES)
 

@@ -115,6 +115,18 @@ def test_a_plan_file_over_the_byte_bound_is_refused_before_parsing(tmp_path):
         load_plan(path)
 
 
+def test_the_report_bounds_a_plan_file_as_every_other_command_does(tmp_path):
+    """`pplan report --plan` read plans under the general 64 MiB JSON bound: a 20 MiB plan that
+    `pplan simulate` refused became a report."""
+    from planner.report.inputs import load_inputs
+
+    path = tmp_path / "plan.json"
+    with open(path, "wb") as fh:
+        fh.truncate(MAX_PLAN_BYTES + 1)
+    with pytest.raises(PplanError, match=f"more than the {MAX_PLAN_BYTES} bytes"):
+        load_inputs(plan=path)
+
+
 # ---- lengths checked before anything is built ---------------------------------------------------
 
 def test_more_stages_than_a_pipeline_has_are_refused_before_one_is_built(built):

@@ -35,10 +35,10 @@ from planner.cost.compute import (
 )
 from planner.cost.memory import (
     OPTIMIZER_STATE_FACTOR, MemoryBreakdown, boundary_bytes, checkpoint_input_bytes, kept_bytes, optimizer_factor,
-    recompute_input_bytes, recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
+    recompute_saving, scaled_skip_edges, stage_bytes, stage_memory, static_bytes_per_layer,
     moment_bytes, fixed_bytes,
     transient_bytes, workspace_max, optimizer_workspace, buffer_bytes,
-    first_stage_batch_bytes, receive_buffer_microbatches,
+    receive_buffer_microbatches,
     kept_activation_bytes, runtime_buffers, stage_entry_bytes,
 )
 from planner.cost.held import held_output, held_output_per_layer
@@ -55,7 +55,6 @@ __all__ = [
     "actions_per_microbatch",
     "boundary_bytes",
     "buffer_bytes",
-    "first_stage_batch_bytes",
     "stage_batch_bytes",
     "layer_range_batch_bytes",
     "receive_buffer_microbatches",
@@ -71,7 +70,6 @@ __all__ = [
     "microbatch_ms",
     "microbatch_overhead_ms",
     "optimizer_factor",
-    "recompute_input_bytes",
     "recompute_saving",
     "runtime_buffers",
     "scaled_ms",

@@ -86,9 +86,7 @@ __all__ = [
     "optimizer_factor",
     "static_bytes_per_layer",
     "checkpoint_input_bytes",
-    "recompute_input_bytes",
     "boundary_bytes",
-    "first_stage_batch_bytes",
     "receive_buffer_microbatches",
     "scaled_skip_edges",
     "kept_bytes",
@@ -142,11 +140,6 @@ def checkpoint_input_bytes(costs: LayerCosts) -> np.ndarray:
     kept = (np.asarray(costs.layer_input_bytes, dtype=float) if costs.layer_input_bytes is not None
             else np.concatenate([[float(costs.input_bytes)], out[:-1]]))
     return kept if costs.checkpoint_extra_bytes is None else kept + np.asarray(costs.checkpoint_extra_bytes, dtype=float)
-
-
-def recompute_input_bytes(costs: LayerCosts, layer: int) -> float:
-    """Bytes a checkpointed `layer` keeps (one entry of checkpoint_input_bytes)."""
-    return float(checkpoint_input_bytes(costs)[layer])
 
 
 def boundary_bytes(costs: LayerCosts) -> np.ndarray:
@@ -261,13 +254,6 @@ def receive_buffer_microbatches(runtime_buffers: bool, n_microbatches: int) -> i
     """buffer_bytes' `n_microbatches`: the plan's micro-batch count when the profile measured what
     each layer saves of its input (runtime_buffers), None for the older model."""
     return n_microbatches if runtime_buffers else None
-
-
-def first_stage_batch_bytes(batch_input_bytes: float, is_first: Any) -> Any:
-    """buffer_bytes' `batch_in`: the model input per micro-batch on the first stage, which holds the
-    step's whole input batch; 0 on every other. `is_first` is a bool or a bool array (numpy)."""
-    return np.where(is_first, batch_input_bytes, 0.0) if isinstance(is_first, np.ndarray) else (
-        float(batch_input_bytes) if is_first else 0.0)
 
 
 def buffer_bytes(bytes_in: Any, bytes_out: Any, n_microbatches: int | None = None, batch_in: Any = 0.0) -> Any:

@@ -21,6 +21,7 @@ from planner.jsonio import MAX_JSON_BYTES, loads_strict, nearest, read_bounded_t
 from planner.jsontypes import file_kind, kind_mismatch, range_error
 from planner.limits import MAX_GLOBAL_BATCH
 from planner.plan import Plan, load_plan
+from planner.plan.bounds import MAX_PLAN_BYTES
 from planner.plan.serialize import read_plan
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS
 from planner.profiling.csvio import MAX_INT_CHARS, check_line_lengths, count_lines, csv_rows
@@ -236,7 +237,8 @@ def load_sim(path: str | os.PathLike) -> SimulationRecord:
 def _read_json(path: str | os.PathLike, kind: str) -> Any:
     """A JSON file the report reads as `kind` (plan, run, sim), refused when its `format` says it is
     another pplan file, with the flag that takes it (a simulation JSON has no format)."""
-    text = read_bounded_text(path, _NAMES[kind], PplanError, MAX_JSON_BYTES)
+    # The bound each file's own loader applies: a plan that `pplan simulate` refuses is refused here too
+    text = read_bounded_text(path, _NAMES[kind], PplanError, MAX_PLAN_BYTES if kind == "plan" else MAX_JSON_BYTES)
     head = text[:SNIFF_BYTES]
     if not head.lstrip("\ufeff \t\r\n").startswith("{") and (
             wrong := wrong_kind(str(path), head.encode(), kind, f"give the {_NAMES[kind]} JSON as {_FLAGS[kind]}")):
