@@ -108,7 +108,8 @@ class DemoResult:
             ("peak memory of pplan's plan", f"{peak}; limit {format_bytes(lim.limit_bytes)}"),
             ("step time before calibration", f"predicted {format_ms(self.first_predicted_ms)}, measured "
                                              f"{format_ms(self.first_measured_ms)} "
-                                             f"({err(self.first_predicted_ms, self.first_measured_ms)})"),
+                                             f"({err(self.first_predicted_ms, self.first_measured_ms)}; the first plan "
+                                             "and its run, which the calibration is fitted on)"),
             ("step time after calibration", f"predicted {format_ms(self.predicted_ms)}, measured "
                                             f"{format_ms(self.measured_ms)} ({err(self.predicted_ms, self.measured_ms)}; "
                                             "a new run, not the one calibrated on)"),
@@ -324,7 +325,7 @@ def _report_step(d: _Demo, profile: Any, final: Any, sim: Any, basis: str, run2:
     inputs = ReportInputs(
         profile=profile, plan=final, sim=replace(sim.record(), basis=basis), run=run2.record, timeline=tuple(sim.timeline),
         measured_timeline=tuple(run2.timeline), sim_label="after calibration",
-        extra_predictions=(("before calibration", uncalibrated_ms),),
+        extra_predictions=(("uncalibrated", uncalibrated_ms),),
         sources={"profile": str(data / "profile.csv"), "plan": str(data / "plan.json"), "sim": str(data / "sim.json"),
                  "run": str(data / "run.json"), "timeline": str(data / "timeline.csv"),
                  "measured_timeline": str(data / "measured_timeline.csv")},
