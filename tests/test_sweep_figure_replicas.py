@@ -21,17 +21,21 @@ GPT = "gpt:layers=4,hidden=256,heads=4,seq=128,vocab=1000"
 COUNTS = [1, 2, 4, 8]
 
 
-@pytest.fixture
-def dp4(pplan, tmp_path: Path) -> tuple[Path, Path]:
-    """(plan, profile) of a dp=4, pp=2 plan of a small analytic GPT."""
-    profile, plan = tmp_path / "gpt.csv", tmp_path / "plan.json"
+def _dp4_plan(pplan, folder: Path, sizes: str) -> tuple[Path, Path]:
+    """(plan, profile) of a dp=4, pp=2 plan of a small analytic GPT profiled at `sizes`."""
+    profile, plan = folder / "gpt.csv", folder / "plan.json"
     code, _, err = pplan("profile", "--analytic", "--model", GPT, "--hardware", "a100-80gb", "--dtype", "bfloat16",
-                         "-b", "1,4", "-o", profile)
+                         "-b", sizes, "-o", profile)
     assert code == 0, err
     code, _, err = pplan("partition", profile, "--nodes", 1, "--gpus-per-node", 8, "--hardware", "a100-80gb",
                          "--global-batch", 32, "--parallel", "dp=4,pp=2,tp=1", "-o", plan)
     assert code == 0, err
     return plan, profile
+
+
+@pytest.fixture
+def dp4(pplan, tmp_path: Path) -> tuple[Path, Path]:
+    return _dp4_plan(pplan, tmp_path, "1,4")
 
 
 def test_caption_and_axis_say_the_batch_splits_over_replicas(dp4):
@@ -108,13 +112,7 @@ def test_derived_points_are_the_simulate_sweeps_and_extrapolated_ones_are_flagge
 
 
 def test_no_band_or_note_when_every_size_is_profiled(pplan, tmp_path: Path):
-    profile, plan = tmp_path / "gpt.csv", tmp_path / "plan.json"
-    code, _, err = pplan("profile", "--analytic", "--model", GPT, "--hardware", "a100-80gb", "--dtype", "bfloat16",
-                         "-b", "1,2,4,8", "-o", profile)
-    assert code == 0, err
-    code, _, err = pplan("partition", profile, "--nodes", 1, "--gpus-per-node", 8, "--hardware", "a100-80gb",
-                         "--global-batch", 32, "--parallel", "dp=4,pp=2,tp=1", "-o", plan)
-    assert code == 0, err
+    plan, profile = _dp4_plan(pplan, tmp_path, "1,2,4,8")
     inputs = load_inputs(profile=profile, plan=plan)
     derived = derive(inputs)
     assert "extrapolated" not in fig_sweep.caption(inputs)
