@@ -69,7 +69,11 @@ def _finish(tables: list[Any], out_dir: Path, as_json: bool, machine: dict[str, 
         echo_json({"machine": machine, "tables": [t.as_dict() for t in tables], "files": [str(p) for p in written]})
         return
     for t in tables:
-        typer.echo(table_text(t))
+        typer.echo(table_text(t, t.terminal_columns or None))
+        files = [str(p) for p in written if p.name in (f"{t.name}.csv", f"{t.name}.md")]
+        if t.terminal_columns and files:  # a wide table's terminal view: say where the rest is
+            typer.echo(f"note: {len(t.terminal_columns)} of {len(t.columns)} columns shown; every column is in "
+                       f"{' and '.join(files)} (and --json).")
     for p in written:
         err(f"wrote {p}")
 
@@ -253,7 +257,7 @@ def fidelity_cmd(
     machine = _machine()
     table = bench_fidelity(grid, steps=steps, warmup=warmup, device=device,
                            progress=_progress(), repeats=repeats, calibrated=calibrated)
-    _finish([table], out_dir, as_json, machine, figures=(("fidelity.png", lambda path: fidelity_figure(table, path)),))
+    _finish([table], out_dir, as_json, machine, figures=(("fidelity.png", lambda path: fidelity_figure(table, path, machine)),))
 
 
 @bench_app.command("handover", short_help=BENCH_SUMMARIES["handover"])

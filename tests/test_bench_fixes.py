@@ -164,7 +164,7 @@ def test_a_figure_that_fails_leaves_no_table(tmp_path: Path, pplan, monkeypatch)
     import planner.bench
     import planner.bench.fidelity
 
-    def broken(table, path):
+    def broken(table, path, machine=None):
         raise PplanError("cannot draw the figure")
 
     monkeypatch.setattr(planner.bench, "bench_fidelity", lambda grid, **_kw: _fidelity_table())

@@ -24,8 +24,9 @@ of the profile for that case alone), and every following run is predicted with i
 cal_time_err_pct is the median of those runs' errors (the first run's prediction, from the bare
 profile, still gives time_err_pct, and compute_ratio comes from that run alone).
 
-`fidelity_figure(table, path)` draws predicted against measured step time on log axes with the
-y = x line and +-10% bands, one point per case (matplotlib, imported there).
+`fidelity_figure(table, path, machine)` draws predicted against measured step time on log axes with
+the y = x line and ±10% bands, one point per case (matplotlib, imported there);
+`redraw_fidelity_figure(csv, png)` draws it again from a written CSV.
 """
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ from __future__ import annotations
 import shutil
 import statistics
 import tempfile
+import textwrap
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from planner.bench.table import Table
+from planner.bench.table import Table, machine_line
 from planner.errors import PplanError
 from planner.hostinfo import usable_cores
 from planner.schedules.registry import SCHEDULE_NAMES
 
-__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "bench_fidelity", "calibrated_error", "fidelity_figure", "select_grid"]
+__all__ = ["FidelityPoint", "DEFAULT_GRID", "QUICK_GRID", "TERMINAL_COLUMNS", "bench_fidelity", "calibrated_error",
+           "fidelity_figure", "redraw_fidelity_figure", "select_grid"]
 
 _SYN16 = ("synthetic:layers=16,fwd_ms=3/5/3/4/6/3/4/5/3/4/5/3/6/4/3/5,bwd_ms=6/10/6/8/12/6/8/10/6/8/10/6/12/8/6/10,"
           "param_bytes=2MB,act_bytes=1MB")
@@ -178,15 +181,21 @@ def bench_fidelity(grid: Sequence[FidelityPoint] = DEFAULT_GRID, steps: int = 5,
     return Table(
         name="fidelity",
         title="Fidelity: simulator prediction against the executor's measurement",
-        columns=("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
-                 "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min",
-                 "measured_ms_max", "err_spread_pct", "repeats", "compute_ratio", "compute_ratio_cpu",
-                 "rss_growth_peak_bytes", "load_average", "basis", "co_run", "cal_time_err_pct", "cal_runs",
-                 "mem_worst_err_pct"),
+        columns=COLUMNS,
         rows=tuple(rows),
         notes=notes,
         summary=summary,
+        terminal_columns=TERMINAL_COLUMNS,
     )
+
+
+COLUMNS = ("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
+           "predicted_peak_bytes", "measured_peak_bytes", "mem_abs_err_pct", "error", "measured_ms_min", "measured_ms_max",
+           "err_spread_pct", "repeats", "compute_ratio", "compute_ratio_cpu", "rss_growth_peak_bytes", "load_average",
+           "basis", "co_run", "cal_time_err_pct", "cal_runs", "mem_worst_err_pct")
+TERMINAL_COLUMNS = ("model", "devices", "schedule", "microbatches", "predicted_ms", "measured_ms", "time_err_pct",
+                    "mem_abs_err_pct", "err_spread_pct", "error")
+"""What `pplan bench fidelity` prints (the CSV, Markdown and --json keep all COLUMNS): the rest ran to 411 characters."""
 
 
 def _case_profile(prof: Any, work: Path, case: str) -> Any:
@@ -316,40 +325,76 @@ def _fidelity_summary(rows: list[tuple[Any, ...]], grid: Sequence[FidelityPoint]
     return notes, summary
 
 
-def fidelity_figure(table: Table, path: str) -> None:
-    """Predicted against measured step time, log axes, y = x and +-10% bands, one point per case."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    cols = table.columns
-    pts = [dict(zip(cols, r)) for r in table.rows]
-    pts = [p for p in pts if p.get("predicted_ms") and p.get("measured_ms")]
-    fig, ax = plt.subplots(figsize=(5.5, 5.0))
-    if pts:
-        lo = min(min(p["predicted_ms"], p["measured_ms"]) for p in pts) / 1.5
-        hi = max(max(p["predicted_ms"], p["measured_ms"]) for p in pts) * 1.5
-        xs = [lo, hi]
-        ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="0.85", label="+-10%")
-        ax.plot(xs, xs, color="0.3", lw=1, label="y = x")
-        for label in sorted({p["model"] for p in pts}):
-            mine = [p for p in pts if p["model"] == label]
-            ax.errorbar([p["measured_ms"] for p in mine], [p["predicted_ms"] for p in mine],
-                        xerr=[[p["measured_ms"] - (p.get("measured_ms_min") or p["measured_ms"]) for p in mine],
-                              [(p.get("measured_ms_max") or p["measured_ms"]) - p["measured_ms"] for p in mine]],
-                        fmt="o", ms=4, capsize=2, label=label)
-        ax.set_xlim(lo, hi)
-        ax.set_ylim(lo, hi)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("measured step time (ms)")
-    ax.set_ylabel("predicted step time (ms)")
-    ax.set_title("pplan: predicted vs measured step time")
-    ax.legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
+def fidelity_figure(table: Table, path: str, machine: dict[str, Any] | None = None) -> None:
+    """Predicted against measured step time, log axes, y = x and ±10% bands, one point per case,
+    its bar the fastest to slowest run; under it what the bars are and `machine` (None: this one)."""
     from planner.atomic import atomic_write_bytes
-    from planner.report.style import render
+    from planner.report.style import device_color, new_figure, render, style_context
 
-    atomic_write_bytes(path, render(fig, "png", dpi=120))  # never a half-written figure
-    plt.close(fig)
+    pts = [p for p in (dict(zip(table.columns, r)) for r in table.rows) if p.get("predicted_ms") and p.get("measured_ms")]
+    with style_context():
+        fig = new_figure(6.0, 6.0)
+        ax = fig.add_subplot(1, 1, 1)
+        if pts:
+            lo = min(min(p["predicted_ms"], p["measured_ms"]) for p in pts) / 1.5
+            hi = max(max(p["predicted_ms"], p["measured_ms"]) for p in pts) * 1.5
+            xs = [lo, hi]
+            ax.fill_between(xs, [x * 0.9 for x in xs], [x * 1.1 for x in xs], color="0.88", lw=0, label="±10% of measured")
+            ax.plot(xs, xs, color="0.3", lw=1, label="predicted = measured")
+            for i, label in enumerate(sorted({p["model"] for p in pts})):
+                mine = [p for p in pts if p["model"] == label]
+                ax.errorbar([p["measured_ms"] for p in mine], [p["predicted_ms"] for p in mine],
+                            xerr=[[p["measured_ms"] - (p.get("measured_ms_min") or p["measured_ms"]) for p in mine],
+                                  [(p.get("measured_ms_max") or p["measured_ms"]) - p["measured_ms"] for p in mine]],
+                            fmt="o", ms=4.5, capsize=2, color=device_color(i), label=label)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlim(lo, hi)
+            ax.set_ylim(lo, hi)
+            for axis in (ax.xaxis, ax.yaxis):
+                _plain_log_ticks(axis, lo, hi)
+        ax.set_xlabel("measured step time (ms)")
+        ax.set_ylabel("predicted step time (ms)")
+        ax.set_title("pplan: predicted vs measured step time")
+        ax.legend(loc="upper left")
+        fig.supxlabel(_figure_footnote(pts, machine if machine is not None else _this_machine()),
+                      fontsize=7.5, color="#444444", x=0.02, ha="left", multialignment="left")
+        atomic_write_bytes(path, render(fig, "png", dpi=120))  # never a half-written figure
+
+
+def _this_machine() -> dict[str, Any]:
+    from planner.bench.machine import machine_info
+
+    return machine_info()
+
+
+def _plain_log_ticks(axis: Any, lo: float, hi: float) -> None:
+    """Ticks at 1-2-5 of each decade (every integer of it under one decade), written as plain
+    numbers (200, 1,000): log axes label only powers of ten otherwise."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    axis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0) if hi / lo >= 10 else tuple(range(1, 10))))
+    axis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _figure_footnote(pts: list[dict[str, Any]], machine: dict[str, Any]) -> str:
+    """What the error bars are (the table's measured_ms_min/max) and where the runs were measured."""
+    runs = sorted({p["repeats"] for p in pts if isinstance(p.get("repeats"), int) and p["repeats"] > 1})
+    if runs:
+        count = f"{runs[0]}" if len(runs) == 1 else f"{runs[0]}-{runs[-1]}"
+        bars = (f"Each point is the median of {count} runs of one case; its bar spans the fastest to the slowest run "
+                "(min-max of measured step time).")
+    else:
+        bars = "One run per case: no bars."
+    # the machine as the Markdown's first line has it; wrapped: constrained layout does not wrap text
+    return "\n".join(textwrap.wrap(bars, 100, break_on_hyphens=False) + textwrap.wrap(machine_line(machine), 100))
+
+
+def redraw_fidelity_figure(csv_path: str, png_path: str) -> None:
+    """Draw the figure again from the CSV a fidelity bench wrote, with the machine its header
+    records: the look changes without rerunning the bench (22 minutes for reports/bench)."""
+    from planner.bench.table import read_table_csv
+
+    table, machine = read_table_csv(csv_path, "fidelity", "")
+    fidelity_figure(table, png_path, machine)

@@ -11,16 +11,20 @@ import csv
 import io
 import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
 from planner.atomic import atomic_write_text
+from planner.errors import PplanError
+from planner.jsonio import MAX_JSON_BYTES, read_bounded_text
+from planner.units import plain_float, plain_int
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Table", "column", "format_cell", "machine_line", "table_csv", "table_markdown", "table_text", "write_table"]
+__all__ = ["Table", "column", "format_cell", "machine_line", "read_table_csv", "table_csv", "table_markdown", "table_text",
+           "write_table"]
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,9 @@ class Table:
     """Sentences printed under the table (method, limits, what a blank cell means)."""
     summary: dict[str, Any] = field(default_factory=dict)
     """Headline figures (MAPE, where ILP stops being practical ...) for --json and the docs."""
+    terminal_columns: tuple[str, ...] = ()
+    """The columns `pplan bench` prints, in this order (empty: every column): a wide table's
+    terminal view. The CSV, Markdown and JSON keep every column."""
 
     def as_dict(self) -> dict[str, Any]:
         return {"name": self.name, "title": self.title, "columns": list(self.columns),
@@ -82,8 +89,12 @@ def _grid(table: Table) -> list[list[str]]:
     return [list(table.columns)] + [[format_cell(v) for v in row] for row in table.rows]
 
 
-def table_text(table: Table) -> str:
-    """Aligned plain-text table for the terminal (text left, numbers right)."""
+def table_text(table: Table, columns: Sequence[str] | None = None) -> str:
+    """Aligned plain-text table for the terminal (text left, numbers right); `columns`: only these,
+    in this order (None: every column)."""
+    if columns is not None:
+        keep = [table.columns.index(c) for c in columns]
+        table = replace(table, columns=tuple(columns), rows=tuple(tuple(r[i] for i in keep) for r in table.rows))
     grid = _grid(table)
     widths = [max(len(r[i]) for r in grid) for i in range(len(table.columns))]
     numeric = [all(isinstance(row[i], (int, float)) or row[i] is None for row in table.rows) for i in range(len(table.columns))]
@@ -131,6 +142,38 @@ def table_csv(table: Table, machine: dict[str, Any]) -> str:
     for row in table.rows:
         w.writerow(["" if v is None else (repr(v) if isinstance(v, float) else v) for v in row])
     return out.getvalue()
+
+
+def _csv_value(text: str) -> Any:
+    """A CSV cell as table_csv wrote it: '' is None, then a plain ASCII int, float, else the text
+    (planner.units: '1_0' and other digits stay text, as the profile reader refuses them)."""
+    if text == "":
+        return None
+    for kind in (plain_int, plain_float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return text
+
+
+def read_table_csv(path: str | os.PathLike, name: str, title: str) -> tuple[Table, dict[str, str]]:
+    """(the table, the machine) from a CSV that table_csv wrote: a committed report redrawn
+    without rerunning its bench. Notes and summary are not in the CSV: the table has none.
+    Read bounded, as every file pplan opens (planner.jsonio)."""
+    text = read_bounded_text(path, "bench table", PplanError, MAX_JSON_BYTES)
+    machine: dict[str, str] = {}
+    lines = text.splitlines(keepends=True)
+    lead = 0
+    while lead < len(lines) and lines[lead].startswith("# "):  # the machine's lines lead
+        key, _, value = lines[lead][2:].rstrip("\r\n").partition(": ")
+        machine[key] = value
+        lead += 1
+    records = list(csv.reader(io.StringIO("".join(lines[lead:]))))  # a quoted cell may hold a line break
+    if not records:
+        raise PplanError(f"{str(path)!r} has no table under its machine lines", "give a CSV that `pplan bench` wrote")
+    rows = tuple(tuple(_csv_value(v) for v in r) for r in records[1:])
+    return Table(name=name, title=title, columns=tuple(records[0]), rows=rows), machine
 
 
 def write_table(table: Table, out_dir: str | os.PathLike, machine: dict[str, Any]) -> list[Path]:
