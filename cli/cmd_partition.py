@@ -17,11 +17,17 @@ from cli.common import (
     at_least, check_calibration_input, check_hardware_input, check_input_file, echo_json, err, profile_inputs, step_progress,
 )
 from cli.options import CalibrationOption
+from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, OPTIMIZER_MEANINGS
+from planner.units import format_rate
 
 if TYPE_CHECKING:
     from planner.partition.job import ClusterJob, PipelineJob
 
 __all__ = ["register"]
+
+# Written from the one list of optimizers and the one default link, so the help cannot drift from them.
+_OPTIMIZER_HELP = ", ".join(f"{name} ({meaning})" for name, meaning in OPTIMIZER_MEANINGS.items())
+_DEFAULT_BANDWIDTH_TEXT, _DEFAULT_LATENCY_TEXT = format_rate(DEFAULT_BANDWIDTH), f"{DEFAULT_LATENCY_MS:g}ms"
 
 
 def register(app: typer.Typer) -> None:
@@ -36,9 +42,9 @@ def partition_cmd(
     microbatches: Annotated[Optional[str], typer.Option("--microbatches", help="auto (every divisor of the batch; the default) or a count M. With --nodes: M per data-parallel replica, each layout then running micro-batches of batch / (dp x M) samples.")] = None,
     schedule: Annotated[Optional[str], typer.Option("--schedule", help="auto (the default), gpipe, 1f1b, interleaved or zb. With --nodes, the layouts are searched with that schedule only.")] = None,
     recompute: Annotated[str, typer.Option("--recompute", help="auto (per layer, only where memory needs it), none or all.")] = "auto",
-    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help="adam (the default), adamw, sgd (momentum) or sgd-plain: sets optimizer memory.")] = None,
-    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help="Link bandwidth between devices, e.g. 25GB/s or 100Gbit/s (bits); a plain number is bytes/s (default 25GB/s; with --cluster, for pairs of devices its file gives no link, if it has no default_link).")] = None,
-    latency: Annotated[Optional[str], typer.Option("--latency", help="Link latency per message, e.g. 0.01ms or 5us; a plain number is ms (default 0.01ms; with --cluster, for pairs of devices its file gives no link, if it has no default_link).")] = None,
+    optimizer: Annotated[Optional[str], typer.Option("--optimizer", help=f"Optimizer whose state memory is planned for: {_OPTIMIZER_HELP}; default adam.")] = None,
+    bandwidth: Annotated[Optional[str], typer.Option("--bandwidth", help=f"Link bandwidth between devices, e.g. 25GB/s or 100Gbit/s (bits); a plain number is bytes/s (default {_DEFAULT_BANDWIDTH_TEXT}; with --cluster, for pairs of devices its file gives no link, if it has no default_link).")] = None,
+    latency: Annotated[Optional[str], typer.Option("--latency", help=f"Link latency per message, e.g. 0.01ms or 5us; a plain number is ms (default {_DEFAULT_LATENCY_TEXT}; with --cluster, for pairs of devices its file gives no link, if it has no default_link).")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="auto (the default), dp, ilp, uniform, params or time.")] = None,
     time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60; positive and finite).")] = None,

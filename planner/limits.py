@@ -46,6 +46,27 @@ __all__ += ["MAX_SIMULATED_ACTIONS", "MAX_TIMELINE_ACTIONS", "MAX_SWEEP_VALUES",
 # 0.68 GB, 2000 x 16 0.96 GB, 400 x 400 0.81 GB; 4000 x 16 took 3.3 GB and 4000 x 64 over 8 GB.
 MAX_BENCH_PLANNER_CELL = 1000 * 1000 * 64
 __all__ += ["MAX_BENCH_PLANNER_CELL"]
+# What one layer's row of a profile may give, whether read from a CSV (planner.profiling.csvio) or
+# built in code and handed to planner.partition.api: beyond these no real device (11 days per layer,
+# an exabyte) and the planner's and simulator's sums overflow into inf.
+MAX_LAYER_MS = 1e9  # a layer's fwd/bwd/optimizer time and its spread, ms
+MAX_LAYER_BYTES = 1e18  # a layer's parameter, activation, output or edge bytes
+MAX_LAYER_FLOPS = 1e24  # a layer's floating-point operations
+__all__ += ["MAX_LAYER_MS", "MAX_LAYER_BYTES", "MAX_LAYER_FLOPS"]
+
+# The optimizers a plan, a run and a machine file may name, and what each is: not a bound but the
+# accepted values of a field, kept here so that every reader of one (down to planner.machine) can
+# import them. planner.cost.memory prices each one's state, planner.execute.stages builds each.
+OPTIMIZER_MEANINGS = {"adam": "Adam", "adamw": "AdamW", "sgd": "SGD with momentum 0.9", "sgd-plain": "SGD without momentum"}
+OPTIMIZERS = tuple(OPTIMIZER_MEANINGS)
+__all__ += ["OPTIMIZERS", "OPTIMIZER_MEANINGS"]
+
+# The link between two devices when neither the command line nor a file gives one (a plan's links,
+# `pplan partition`'s --bandwidth and --latency and their help): here, beside the range it must lie
+# in, so that the command line's help can name it without importing the planner (and numpy).
+DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
+DEFAULT_LATENCY_MS = 0.01
+__all__ += ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS"]
 
 
 def check_time_limit(seconds: float, flag: str = "--time-limit") -> float:

@@ -46,6 +46,7 @@ from planner.atomic import atomic_write_text
 from planner.calibration import RANGES, Calibration, resolve_calibration
 from planner.errors import PplanError
 from planner.jsonio import check_keys, read_json_file
+from planner.limits import OPTIMIZERS
 
 __all__ = ["FORMAT", "FORMAT_V1", "Machine", "MachineSet", "default_machine_path", "configured_machine_path",
            "load_machine", "load_machines", "save_machine", "find_machine", "machine_calibration", "machine_path",
@@ -58,7 +59,6 @@ MAX_ENTRIES = 32
 """Rank counts one machine file holds (the bench takes about a minute per count)."""
 _MAX_FILE_BYTES = 1 << 20
 _MAX_RATIO, _MAX_OPT_MS_PER_MIB = 100.0, 1e6
-OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")
 MEASURED_KEYS = ("date", "host", "cpu", "cores", "load_average", "torch", "seconds", "cases", "model")
 """Keys of `measured` (where and when the numbers were taken): informational, checked."""
 _MEASURED = {"date": (str, 64), "host": (str, 255), "cpu": (str, 256), "torch": (str, 64), "model": (str, 512),

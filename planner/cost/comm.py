@@ -40,7 +40,7 @@ from planner.calibration import Calibration
 if TYPE_CHECKING:  # planner.plan imports planner.cost; the type is only needed for hints
     from planner.plan import Links
 
-__all__ = ["Link", "link_between", "link_terms", "transfer_ms", "link_ms", "transfer_parts", "handover_cpu_ms"]
+__all__ = ["Link", "link_between", "link_terms", "ms_per_byte", "transfer_ms", "link_ms", "transfer_parts", "handover_cpu_ms"]
 
 
 @dataclass(frozen=True)
@@ -70,7 +70,13 @@ def link_terms(link: Link | None, calibration: Calibration | None = None) -> tup
         bw = calibration.comm_bandwidth_bytes_per_s
     if calibration is not None and calibration.comm_latency_ms is not None:
         lat = calibration.comm_latency_ms
-    return lat, 1e3 / bw
+    return lat, ms_per_byte(bw)
+
+
+def ms_per_byte(bandwidth_bytes_per_s: float) -> float:
+    """Milliseconds one byte takes at `bandwidth_bytes_per_s`: the one conversion, so that the cost
+    model and the calibration's fit of a hand-over's latency (planner.execute.calibrate) agree."""
+    return 1e3 / bandwidth_bytes_per_s
 
 
 def transfer_ms(nbytes: Any, latency_ms: Any, ms_per_byte: Any) -> Any:

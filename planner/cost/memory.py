@@ -78,6 +78,7 @@ from planner.cost.transient import transient_bytes
 from planner.errors import PplanError
 from planner.graph.crossing import passthrough_bytes
 from planner.graph.edges import SkipEdge
+from planner.limits import OPTIMIZERS
 from planner.profiling.profile import LayerCosts
 
 __all__ = [
@@ -105,7 +106,7 @@ __all__ = [
 ]
 
 # State buffers per parameter (each the size of a float32 parameter or of an fp32 master), one entry
-# per name the plan accepts (planner.plan.OPTIMIZERS).
+# per name of planner.limits.OPTIMIZERS, in its order (tests/test_one_home_per_constant.py holds them equal).
 OPTIMIZER_STATE_FACTOR = {"adam": 2.0, "adamw": 2.0, "sgd": 1.0, "sgd-plain": 0.0}
 
 _MASTER_BYTES = 4.0
@@ -119,7 +120,7 @@ def optimizer_factor(optimizer: str, element_bytes: float = 4.0) -> float:
     try:
         buffers = OPTIMIZER_STATE_FACTOR[optimizer]
     except KeyError:
-        raise PplanError(f"unknown optimizer {optimizer!r}", f"choose one of {', '.join(OPTIMIZER_STATE_FACTOR)}") from None
+        raise PplanError(f"unknown optimizer {optimizer!r}", f"choose one of {', '.join(OPTIMIZERS)}") from None
     if element_bytes >= _MASTER_BYTES:
         return buffers
     return _MASTER_BYTES * (1.0 + buffers) / element_bytes

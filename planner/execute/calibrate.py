@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from planner.calibration import MAX_OVERHEAD_MS, Calibration, FittedFrom
 from planner.cost import compute_terms, scaled_ms
+from planner.cost.comm import ms_per_byte
 from planner.errors import PlanError, PplanError
 from planner.execute.fitrecord import CalibrationFit, ComputePoint, as_recorded, calibration_values
 from planner.execute.results import error_pct
@@ -253,7 +254,7 @@ def fit_from_run(run: RunRecord, plan: Plan, profile: Profile, previous: Calibra
     if gaps:
         # What a hand-over costs inside the pipeline (waking the waiting rank included) is the
         # latency that matters; the ping-pong gives the bandwidth, which separates the two.
-        per_byte = 1e3 / bw if bw else 0.0
+        per_byte = ms_per_byte(bw) if bw else 0.0
         lat = max(0.0, statistics.median(g - b * per_byte for b, g in gaps))
     # the machine's hand-over share stays: it is a cost of the transfers, which the compute fit does not see
     cal = _fitted(run_path, compute_scale=scale, action_overhead_ms=overhead, comm_latency_ms=lat,

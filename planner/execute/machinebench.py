@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.errors import PplanError
+from planner.limits import OPTIMIZERS
 
 __all__ = ["EMPTY_MODEL", "SLEEP_MS", "CASES", "QUICK_CASES", "empty_model", "measure_machine", "measure_machines",
            "parse_rank_counts", "fit_overheads", "optimizer_ms_per_mib", "kernel_ms", "handover_under_compute",
@@ -120,7 +121,7 @@ def parse_rank_counts(text: str, most: int) -> tuple[int, ...]:
 
 
 def optimizer_ms_per_mib(threads: int, sizes_mib: tuple[float, float] = (1.0, 16.0), reps: int = 7,
-                         names: tuple[str, ...] = ("adam", "adamw", "sgd", "sgd-plain")) -> dict[str, float]:
+                         names: tuple[str, ...] = OPTIMIZERS) -> dict[str, float]:
     """Optimizer step ms per MiB of float32 parameters (slope between two sizes, median of reps)."""
     import torch
 

@@ -12,7 +12,7 @@ import os
 from planner.cluster import Cluster, load_cluster
 from planner.errors import PplanError
 from planner.hardware import load_hardware
-from planner.limits import check_time_limit
+from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, check_time_limit
 from planner.parallel import checked_grad_sync
 from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
@@ -50,8 +50,8 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
                           cluster: str | os.PathLike | None = None, method: str = "auto",
                           time_limit: float = 60.0) -> PartitionSettings:
     """PartitionSettings from the command's option values (sizes and times as text, names in any
-    case; bandwidth and latency None: 25GB/s and 0.01ms); the checks that need the profile stay in
-    planner.partition.api.validate_settings."""
+    case; bandwidth and latency None: planner.limits' DEFAULT_BANDWIDTH and DEFAULT_LATENCY_MS); the
+    checks that need the profile stay in planner.partition.api.validate_settings."""
     if cluster is None and devices is None:
         raise PplanError("--devices is required without --cluster", "e.g. --devices 4")
     loaded = load_cluster(cluster) if cluster is not None else None
@@ -65,8 +65,8 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         schedule=schedule.strip().lower(),
         recompute=recompute.strip().lower(),
         optimizer=optimizer.strip().lower(),
-        bandwidth=parse_link_bandwidth(bandwidth if bandwidth is not None else "25GB/s", "--bandwidth"),
-        latency_ms=parse_ms(latency if latency is not None else "0.01ms"),
+        bandwidth=parse_link_bandwidth(bandwidth, "--bandwidth") if bandwidth is not None else DEFAULT_BANDWIDTH,
+        latency_ms=parse_ms(latency) if latency is not None else DEFAULT_LATENCY_MS,
         cluster=loaded,
         method=method.strip().lower(),
         time_limit=check_time_limit(time_limit),

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from planner.errors import PlanError
 from planner.limits import (
-    MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED,
+    MAX_BANDWIDTH, MAX_GLOBAL_BATCH, MAX_LATENCY_MS, MAX_MEMORY_BYTES, MAX_SPEED, MIN_BANDWIDTH, MIN_SPEED, OPTIMIZERS,
 )
 from planner.schedules.registry import SCHEDULE_NAMES, get_schedule
 
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 __all__ = ["SCHEDULES", "OPTIMIZERS", "validate_plan", "records_mismatch", "profile_change"]
 
 SCHEDULES = SCHEDULE_NAMES  # the registry is the one list of schedule names
-OPTIMIZERS = ("adam", "adamw", "sgd", "sgd-plain")  # planner.cost.memory prices the state of each
+# OPTIMIZERS is planner.limits' one list of optimizer names, re-exported as planner.plan.OPTIMIZERS
 
 
 def validate_plan(plan: Plan, n_layers: int | None = None) -> None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
 
+from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS
 from planner.parallel import ParallelConfig
 from planner.plan.checks import validate_plan
 from planner.plan.digest import plan_digest
@@ -14,8 +15,7 @@ from planner.schedules import PipelineSchedule, generate
 
 __all__ = ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS", "Device", "StagePlan", "Links", "Plan"]
 
-DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
-DEFAULT_LATENCY_MS = 0.01
+# DEFAULT_BANDWIDTH and DEFAULT_LATENCY_MS are planner.limits' (re-exported here for planner.plan's users)
 
 
 @dataclass(frozen=True)

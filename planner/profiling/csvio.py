@@ -21,6 +21,7 @@ import numpy as np
 
 from planner.errors import PplanError, ProfileError
 from planner.graph.edges import edge_lines, read_edges
+from planner.limits import MAX_LAYER_BYTES, MAX_LAYER_FLOPS, MAX_LAYER_MS
 from planner.profiling.metadata import read_meta
 from planner.textsafe import check_name
 from planner.units import PLAIN_INTEGER_HINT, PLAIN_NUMBER_HINT, plain_float, plain_int
@@ -175,7 +176,7 @@ def parse_profile_csv(text: str, source: str) -> ProfileTable:
         arr.setflags(write=False)
     return ProfileTable(
         names=tuple(rows.names[i] for i in range(n_layers)), micro_batch_sizes=tuple(sizes), columns=columns,
-        present=present, meta=meta, skip_edges=read_edges(lines, n_layers, source, max_bytes=_MAX_BYTES),
+        present=present, meta=meta, skip_edges=read_edges(lines, n_layers, source, max_bytes=MAX_LAYER_BYTES),
     )
 
 
@@ -323,17 +324,11 @@ def _check_complete(lay: np.ndarray, col: np.ndarray, row_lines: array, sizes: l
         raise ProfileError(f"{source}: layer {layer} ({names[layer]}) has no row for micro_batch_size {size}", "every layer needs every measured micro-batch size")
 
 
-# Values beyond these describe no real device (11 days per layer, an exabyte) and would
-# overflow the planner's and simulator's sums into inf: refuse them at the door, once.
-_MAX_MS = 1e9
-_MAX_BYTES = 1e18
-_MAX_FLOPS = 1e24
-
-
 def _num_limit(column: str) -> float:
+    """planner.limits' bound on one layer's value in `column`: refused at the door, once."""
     if column == "flops":
-        return _MAX_FLOPS
-    return _MAX_MS if column.endswith("_ms") or column.endswith("_std") else _MAX_BYTES
+        return MAX_LAYER_FLOPS
+    return MAX_LAYER_MS if column.endswith("_ms") or column.endswith("_std") else MAX_LAYER_BYTES
 
 
 def _cell_error(source: str, lineno: int, column: str, text: str, problem: str, hint: str | None = None) -> ProfileError:
@@ -353,7 +348,7 @@ def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) ->
     if value < 0:
         raise _cell_error(source, lineno, column, text, "is negative", "times and bytes are >= 0")
     if value > limit:
-        unit = "ms" if limit == _MAX_MS else "bytes" if limit == _MAX_BYTES else "flops"
+        unit = "ms" if limit == MAX_LAYER_MS else "bytes" if limit == MAX_LAYER_BYTES else "flops"
         raise _cell_error(source, lineno, column, text, f"is too large for any real device (limit {limit:.0e} {unit})",
                           "check the units: times in ms, sizes in bytes")
     return value
