@@ -34,7 +34,7 @@ from typing import Any, Mapping
 
 from planner.errors import ClusterError, PplanError
 from planner.jsonio import check_keys, nearest, read_json_file
-from planner.limits import MIN_LINK_BANDWIDTH
+from planner.limits import MAX_BANDWIDTH, MIN_LINK_BANDWIDTH
 from planner.textsafe import printable, terminal_safe
 from planner.units import parse_bandwidth, parse_bytes, parse_ms, plain_float
 
@@ -107,7 +107,7 @@ class Hardware:
 # 12 GiB, 1.25 GB/s), the upper ones far above any chip.
 _FLOPS_MIN, _FLOPS_MAX = 1e9, 1e18         # a GFLOP/s .. an exaFLOP/s per device
 _BYTES_MIN, _BYTES_MAX = 2**26, 2**50      # 64 MiB .. a pebibyte of device memory
-_BW_MIN, _BW_MAX = MIN_LINK_BANDWIDTH, 1e15  # a MB/s (a device's memory or link below it is a typo) .. parse_bandwidth's maximum
+_BW_MIN, _BW_MAX = MIN_LINK_BANDWIDTH, MAX_BANDWIDTH  # a MB/s (a device's memory or link below it is a typo) .. parse_bandwidth's maximum
 _LATENCY_MAX_MS = 1e3                      # a second per message
 MAX_GPUS_PER_NODE = 4096
 """Most devices one node may hold (a hardware file's gpus_per_node, `--gpus-per-node`)."""
