@@ -92,6 +92,9 @@ class DemoResult:
     """Wall time of the whole demo."""
     noisy: tuple[str, ...] = ()
     """Runs whose step times varied so much that another load probably shared the machine."""
+    device_peaks: tuple[tuple[float, float | None], ...] = ()
+    """(predicted, measured or None) peak of each device, in device order: the largest of each side
+    can be two devices' (97.9 MiB predicted on dev 0, 97.3 measured on dev 1)."""
 
     def summary(self) -> list[tuple[str, str]]:
         """(quantity, value) rows: printed at the end and shown first in the report."""
@@ -101,6 +104,11 @@ class DemoResult:
         peak = f"predicted {format_bytes(self.peak_predicted_bytes)}"
         if self.peak_measured_bytes:
             peak += f", measured {format_bytes(self.peak_measured_bytes)}"
+        if len(self.device_peaks) > 1:  # the two largest may be different devices': say each one's
+            peak = "largest " + peak + " (" + "; ".join(
+                f"dev {i}: {format_bytes(pred)}" + (f" / {format_bytes(meas)}" if meas else "")
+                for i, (pred, meas) in enumerate(self.device_peaks)) + (
+                " predicted / measured)" if self.peak_measured_bytes else " predicted)")
         return [
             ("memory limit per device", f"{format_bytes(lim.limit_bytes)} ({lim.rule})"),
             ("the uniform split", f"cannot fit {format_bytes(lim.limit_bytes)} per device even with recompute "
@@ -303,6 +311,7 @@ def _result(d: _Demo, limit: LimitChoice, run1: RunRecord, run2: RunRecord, run3
                "seems busy with something else, so the times are noisy")
     fit = run1.calibration_fit
     peaks = [r.peak_memory_bytes_measured for r in run2.ranks]
+    measured = {r.device: r.peak_memory_bytes_measured for r in run2.ranks}  # the demo's plan: one rank a device
     return DemoResult(
         out_dir=d.out, html=d.out / "report.html", limit=limit,
         first_predicted_ms=float(fit.predicted_ms_before if fit is not None else run1.iteration_ms_predicted),
@@ -311,6 +320,8 @@ def _result(d: _Demo, limit: LimitChoice, run1: RunRecord, run2: RunRecord, run3
         uniform_predicted_ms=float(uniform_pred), uniform_measured_ms=float(run3.iteration_ms_measured),
         peak_predicted_bytes=float(max(sim.peak_memory_bytes)),
         peak_measured_bytes=float(max(peaks)) if all(isinstance(p, (int, float)) for p in peaks) else None,
+        device_peaks=tuple((float(pred), float(measured[i]) if isinstance(measured.get(i), (int, float)) else None)
+                           for i, pred in enumerate(sim.peak_memory_bytes)),
         elapsed_s=0.0, noisy=noisy,
     )
 
