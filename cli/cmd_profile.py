@@ -143,11 +143,14 @@ def profile(
         echo_json(summary)
     else:
         _print_table(summary)
+    from planner.cost.model_flops import uncounted_flops_warning
     from planner.models.factory import few_layers_warning
 
     warning = few_layers_warning(result.n_layers, result.names)
     if warning:  # stderr, beside --json too: the profile is written, but no plan can cut it
         err(f"pplan: warning: {warning}")
+    if (uncounted := uncounted_flops_warning(result)) is not None:
+        err(f"pplan: warning: {uncounted}")
 
 
 _MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run")

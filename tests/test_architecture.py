@@ -16,7 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # Lowest first. A module belongs to the most specific prefix that names it.
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("planner.errors", "planner.units", "planner.limits", "planner.textsafe", "planner.filekind", "planner.atomic", "planner.jsonio", "planner.hostinfo",
-     "planner.warm_start", "planner.allocator", "planner.parallel", "planner.jsontypes"),
+     "planner.warm_start", "planner.allocator", "planner.parallel", "planner.jsontypes", "planner.torch_compat"),
     ("planner.hardware", "planner.calibration", "planner.machine", "planner.schedules", "planner.graph.edges",
      "planner.graph.crossing", "planner.graph.layers", "planner.graph.layer_module"),
     ("planner.profiling.profile", "planner.profiling.metadata", "planner.profiling.csvio", "planner.plan",

@@ -18,7 +18,13 @@ from planner.errors import ModelSpecError, PplanError
 from planner.models.spec import parse_spec
 from planner.profiling.profile import Profile
 
-__all__ = ["gpt_model_flops", "ModelFlops", "model_flops", "checked_mfu"]
+__all__ = ["gpt_model_flops", "ModelFlops", "model_flops", "checked_mfu", "UNCOUNTED_FLOPS_KEY", "uncounted_flops_layers",
+           "uncounted_flops_warning"]
+
+UNCOUNTED_FLOPS_KEY = "flops_uncounted"
+"""Profile metadata: the layers (indices, comma-separated) whose FLOPs torch's counter could not
+count, which the `flops` column holds as 0 (planner.profiling.flops)."""
+_NAMED_AT_MOST = 5  # uncounted layers a line names; the rest are counted
 
 
 def gpt_model_flops(batch: int, seq: int, layers: int, hidden: int, vocab: int, recompute: bool, ffn: int = 4) -> float:
@@ -45,6 +51,16 @@ class ModelFlops:
     dtype: str
     """The profile's dtype, which the model trains in: MFU divides by the hardware's peak in it
     (Hardware.peak_flops_per_s), and its parameters' bytes follow training_precision."""
+    uncounted: tuple[str, ...] = ()
+    """Layers the FLOPs leave out (torch's counter failed on them): MFU and TFLOP/s are low by their share."""
+
+    @property
+    def warning(self) -> str | None:
+        """One line for the output that prints MFU or TFLOP/s when the FLOPs leave layers out."""
+        if not self.uncounted:
+            return None
+        return (f"MFU and TFLOP/s leave out the FLOPs of {_layer_list(self.uncounted)}: torch's flop counter failed on "
+                "them while profiling, so both are low by those layers' share")
 
     @property
     def precision(self) -> TrainingPrecision:
@@ -77,8 +93,34 @@ def model_flops(profile: Profile, global_batch: int) -> ModelFlops:
                           "Narayanan et al. 2021, eq. 3" + ("" if ffn == 4 else f" for an MLP {ffn} x hidden wide"), dtype)
     if "flops" in profile.present:
         fwd = float(np.sum(profile.columns["flops"][:, 0])) / profile.micro_batch_sizes[0] * global_batch
-        return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)", dtype)
+        uncounted = uncounted_flops_layers(profile)
+        left_out = f", leaving out {_layer_list(uncounted)} (torch's flop counter failed on them)" if uncounted else ""
+        return ModelFlops(3.0 * fwd, 4.0 * fwd, 1, "profile flops column: 3 x forward (+1 x forward recomputed)" + left_out,
+                          dtype, uncounted)
     return ModelFlops(0.0, 0.0, 1, "none (the profile has no flops column)", dtype)
+
+
+def uncounted_flops_layers(profile: Profile) -> tuple[str, ...]:
+    """'layer i (name)' of each layer the profile's metadata says torch's flop counter failed on."""
+    listed = profile.meta.get(UNCOUNTED_FLOPS_KEY, "")
+    rows = sorted({int(x) for x in listed.split(",") if x.strip().isdigit()})  # metadata.py checks the format
+    return tuple(f"layer {i} ({profile.names[i]})" if i < len(profile.names) else f"layer {i}" for i in rows)
+
+
+def uncounted_flops_warning(profile: Profile) -> str | None:
+    """One line for `pplan profile` when the profile it wrote names layers torch's flop counter failed on."""
+    uncounted = uncounted_flops_layers(profile)
+    if not uncounted:
+        return None
+    effect = ("MFU and TFLOP/s count a gpt's FLOPs by formula, not from this column" if _gpt_params(profile) is not None
+              else "MFU and TFLOP/s computed from it leave them out")
+    return (f"torch's flop counter failed on {_layer_list(uncounted)}: their flops are 0 in the profile "
+            f"(metadata {UNCOUNTED_FLOPS_KEY}); {effect}")
+
+
+def _layer_list(layers: tuple[str, ...]) -> str:
+    more = len(layers) - _NAMED_AT_MOST
+    return ", ".join(layers[:_NAMED_AT_MOST]) + (f" and {more} more" if more > 0 else "")
 
 
 def checked_mfu(mfu: float, peak_flops_per_s: float, hardware: str) -> float:

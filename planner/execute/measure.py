@@ -30,6 +30,7 @@ from typing import Any, Callable, Iterable
 import torch
 
 from planner.profiling.saved import SavedTensorHooks, storage_key
+from planner.torch_compat import private_attr
 
 __all__ = ["Event", "ActionRecorder", "MemoryTracker", "RssWindow", "recorder", "tracker", "set_tracker",
            "read_rss", "mark_baseline", "baseline_rss"]
@@ -136,7 +137,7 @@ class ActionRecorder:
 
     def wrap_loss(self, schedule: Any) -> None:
         """Patch a schedule so the last stage's loss counts as part of its forward."""
-        compute = schedule._maybe_compute_loss
+        compute = private_attr(schedule, "_maybe_compute_loss", "torch")
 
         def _maybe_compute_loss(stage: Any, output: Any, target_mbs: Any, mb_index: int, *rest: Any) -> Any:
             # torch calls this on every stage, after the forward's send is posted: only the last

@@ -36,7 +36,7 @@ from torch import nn
 
 from planner.errors import ModelSpecError
 from planner.models.bundle import ModelBundle
-from planner.models.hf_config import (check_hf_size, first_plain_token, from_config, image_input_hint, make_config, task_of,
+from planner.models.hf_config import (check_hf_size, first_plain_token, from_config, image_input_hint, make_config, model_mapping, task_of,
                                       transformers_module)
 from planner.models.hf_split import Split, check_split, find_split, observe_once
 
@@ -309,7 +309,7 @@ def _refuse_label_keys(given: dict[str, Any], task: str, auto: Any, cfg: Any, sp
     ignored = [k for k in given if k in _LABEL_KEYS]
     if task == "image" or not ignored:
         return
-    built = auto._model_mapping[type(cfg)]
+    built = model_mapping(auto)[type(cfg)]
     built = built[0] if isinstance(built, (tuple, list)) else built
     raise ModelSpecError(f"model {spec!r}: {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} read by a classification head, but pplan builds "
                          f"the {_TASK_NAMES[task]} ({built.__name__}), which has none",

@@ -20,8 +20,9 @@ from torch import nn
 
 from planner.errors import ModelSpecError
 from planner.models.bounds import ModelSize, check_model_size
+from planner.torch_compat import private_attr
 
-__all__ = ["transformers_module", "make_config", "task_of", "from_config", "token_ids", "first_plain_token", "check_hf_size",
+__all__ = ["transformers_module", "make_config", "task_of", "from_config", "model_mapping", "token_ids", "first_plain_token", "check_hf_size",
            "image_input_hint"]
 
 _COMMON_TYPES = "gpt2, llama, mistral, qwen2, bert, roberta, vit, resnet, convnext (docs/models.md)"
@@ -169,16 +170,21 @@ def task_of(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:
     # masked first: BERT is also registered as a causal LM (its decoder variant)
     tasks = (("masked", tf.AutoModelForMaskedLM), ("causal", tf.AutoModelForCausalLM),
              ("image", tf.AutoModelForImageClassification))
-    task = next((name for name, auto in tasks if type(cfg) in auto._model_mapping), None)
+    task = next((name for name, auto in tasks if type(cfg) in model_mapping(auto)), None)
     if task is None:
         raise ModelSpecError(f"model {spec!r}: {model_type!r} is not a causal LM, masked LM or image classifier in transformers",
                              "supported: causal LMs (gpt2, llama, ...), masked LMs (bert, ...), image classifiers (vit, resnet, ...); see docs/models.md")
     return task, dict(tasks)[task]
 
 
+def model_mapping(auto: Any) -> Any:
+    """transformers' private config class -> model class(es) mapping of an auto class (`_model_mapping`)."""
+    return private_attr(auto, "_model_mapping", "transformers")
+
+
 def from_config(auto: Any, cfg: Any, task: str, spec: str) -> nn.Module:
     """The task model of `cfg`, on the current default device (random weights, or meta)."""
-    classes = auto._model_mapping[type(cfg)]
+    classes = model_mapping(auto)[type(cfg)]
     if isinstance(classes, (tuple, list)) and not getattr(cfg, "architectures", None):
         cfg.architectures = [classes[0].__name__]  # DeiT has two image classifiers: the auto class picks by this
     try:

@@ -260,7 +260,8 @@ def _search(a: dict[str, Any], on_step: Callable[[int, int, str], None] | None =
                           global_batch=a["global_batch"], seq=flops.tokens_per_sample, flops_source=flops.source,
                           dtype=flops.dtype, mfu_peak_flops_per_s=hw.peak_flops_per_s(flops.dtype), layouts=len(layouts),
                           solved=solved, skipped=tuple(skipped),
-                          warnings=warnings + extrapolated_warning(profile, sims[0], a["microbatches"]),
+                          warnings=warnings + extrapolated_warning(profile, sims[0], a["microbatches"])
+                          + ((flops.warning,) if flops.warning else ()),
                           vocab_parallel=a["vocab_parallel"], held_to=held_to,
                           grad_sync=GRAD_SYNC_OVERLAPPED if a["overlap_grad_sync"] else GRAD_SYNC_AFTER_STEP, memory_bytes=mem)
 

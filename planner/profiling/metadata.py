@@ -73,6 +73,16 @@ def _input_shape(value: str) -> str | None:
     return None
 
 
+def _layer_indices(value: str) -> str | None:
+    """Comma-separated layer indices (0 or more each); whether each names a layer of the profile is
+    left to the reader that names them (planner.cost.model_flops), which shows an unknown index as is."""
+    try:
+        indices = [plain_int(i) for i in value.split(",")] if value else []
+    except ValueError:
+        return "is not a comma-separated list of layer indices (e.g. 1,4)"
+    return None if all(i >= 0 for i in indices) else "lists a negative layer index"
+
+
 def _dtype(value: str) -> str | None:
     """A dtype pplan profiles in: the cost model reads parameters and precision from it."""
     from planner.hardware import DTYPE_BYTES
@@ -119,6 +129,8 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     "source": _free_text,  # planner.partition.synthetic / planner.profiling.analytic: what made the profile
     "analytic": lambda v: None if v in ("true", "false") else "is not true or false",  # computed, not measured
     "hardware": _free_text,  # the hardware preset an analytic profile was computed for
+    # layers whose FLOPs torch's counter failed on (their flops cell is 0): planner.profiling.flops
+    "flops_uncounted": _layer_indices,
 }
 
 

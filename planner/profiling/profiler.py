@@ -30,6 +30,7 @@ from planner.hostinfo import usable_cores
 from planner.models import build_model
 from planner.models.spec import check_input_flags
 from planner.profiling.corun import CoRun, check_co_run
+from planner.profiling.flops import count_failures, uncounted_meta
 from planner.profiling.measure import RunQueueWait, measure_layer
 from planner.profiling.options import DTYPE_NAMES, ProfileOptions
 from planner.profiling.optstep import optimizer_ms, optimizer_workspace_bytes
@@ -92,11 +93,14 @@ def _measure_into(cols: dict, k: int, spec: str, size: int, i: int, name: str, l
                   loss_bundle: Any, target: Any, *, prev: Any, **kwargs: Any) -> tuple[Any, Any]:
     """Measure layer i, store its figures in column k of `cols`, free what the previous layer
     saved (it was kept only so shared storage counts once); returns (outputs, what i saved)."""
-    m, outputs, saved = _measure_checked(spec, size, i, name, layer, inputs, loss_bundle, target, prev=prev, **kwargs)
+    with count_failures() as uncounted:
+        m, outputs, saved = _measure_checked(spec, size, i, name, layer, inputs, loss_bundle, target, prev=prev, **kwargs)
     if prev is not None:
         prev.release()
     for c in _COLUMNS:
         cols[c][i, k] = getattr(m, c)
+    if uncounted:  # torch's counter failed: 0 in the file, the layer named in its metadata (uncounted_meta)
+        cols["flops"][i, k] = np.nan
     cols["checkpoint_extra_bytes"][i, k] = checkpoint_extra_bytes(
         outputs, loss_bundle.loss_fn if loss_bundle is not None else None, target)
     if loss_bundle is not None:  # what the loss saves of its target is the batch's (saved.target_tensors)
@@ -247,7 +251,7 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
         meta = profile_meta(spec, bundle, seed=seed, dev=dev, dtype=dtype, command=command, input_bytes=input_bytes,
                              target_bytes=_target_bytes_per_sample(bundle, spec, sizes[0], seed),
                              warmup=warmup, repeats=repeats, timer=timer, co_run=co_run, input_shape=input_shape,
-                             input_dtype=input_dtype, vocab=vocab, started=started)
+                             input_dtype=input_dtype, vocab=vocab, started=started) | uncounted_meta(cols["flops"])
         if lg is not None:
             edges = [(src, cons[-1], int(round(b / sizes[-1])), cons[:-1]) for (src, cons), b in sorted(skip.items())]
             return make_profile([n for n, _ in named], sizes, cols, meta, skip_edges=edges)

@@ -119,7 +119,12 @@ class WhatIfResult:
         from planner.simulate import unpriced_memory_note
 
         note = unpriced_memory_note(self.plan, self.setup.profile, (r.schedule for r in self.rows if r.error is None))
-        return self.setup.warnings + ((note,) if note else ())
+        flops = None
+        if self.plan.parallel is not None:  # the output then gives MFU and TFLOP/s: say what their FLOPs leave out
+            from planner.cost.model_flops import model_flops
+
+            flops = model_flops(self.setup.profile, self.plan.global_batch).warning
+        return self.setup.warnings + tuple(w for w in (note, flops) if w)
 
     @property
     def skipped(self) -> str | None:
