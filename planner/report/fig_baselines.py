@@ -106,7 +106,8 @@ def caption(inputs: ReportInputs) -> str:
     return ("Predicted iteration time (left) and largest per-device peak memory (right) of pplan's plan and "
             "of the baseline splits: equal layer counts (uniform), equal parameter bytes (params) and equal "
             "compute time (time), as `pplan partition` evaluated them: the plan's schedule and micro-batches, "
-            "with recompute added where it helps them fit. Red hatched bars do not fit the memory limit (dashed)."
+            + ("with recompute added where it helps them fit. Red hatched bars do not fit the memory limit (dashed)."
+               if _limit(inputs) else "with no memory limit.")
             + basis)
 
 
@@ -166,7 +167,8 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
 
     handles = [Patch(facecolor=_PLAN_COLOR, label="pplan's plan")]
     if any(r.feasible and not r.is_plan for r in rows):
-        handles.append(Patch(facecolor=_BASE_COLOR, label="baseline that fits"))
+        # without a memory limit every split fits: saying so would hint at a limit there is not
+        handles.append(Patch(facecolor=_BASE_COLOR, label="baseline that fits" if limit else "baseline split"))
     if any(not r.feasible for r in rows):
         handles.append(Patch(facecolor=_INFEASIBLE_COLOR, hatch="///", edgecolor="#C44E52",
                              label="does not fit the memory limit"))

@@ -163,12 +163,64 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     title_with_limit(ax_bar, "Predicted peak memory by kind", off)
     ax_bar.set_ylim(0, top / div * 1.45)
     ax_bar.grid(axis="x", visible=False)
-    ax_bar.legend(loc="upper center", ncols=3, fontsize=8)
+    handles, names = ax_bar.get_legend_handles_labels()
+    ax_bar.legend(handles, [_limit_legend(name, drawn) for name in names], loc="upper center", ncols=3, fontsize=8)
 
     if ax_t is not None:
-        _draw_timeline(ax_t, inputs, devices, drawn, div, unit)
+        series, lines = _draw_timeline(ax_t, inputs, devices, drawn, div, unit)
         title_with_limit(ax_t, ax_t.get_title(), off)
+        if lines:
+            _label_limit_lines(fig, ax_t, lines, series, div)
     return fig
+
+
+def _limit_legend(name: str, limits: list) -> str:
+    """A legend entry's text: the memory limit's names its value where every drawn limit is one value."""
+    values = {float(v) for v in limits if v}
+    return f"{name} {format_bytes(values.pop())}" if name == "memory limit" and len(values) == 1 else name
+
+
+def _label_limit_lines(fig: Any, ax: Any, limits: list[float], series: list[tuple[Any, Any]], div: float) -> None:
+    """Each limit line's value ("limit 20.0 MiB") on the line: at its right end above it, else below it,
+    else at its left end, the first place where no memory line and not the legend is under the text
+    (the first place when none is clear). The figure is laid out once to know where the text lands."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()
+    x0, x1 = ax.get_xlim()
+    legend = ax.get_legend()
+    avoid = [legend.get_window_extent(renderer)] if legend is not None else []
+    places = [(x, ha, dy) for x, ha in ((x1, "right"), (x0, "left")) for dy in (3, -3)]
+    for lim in limits:
+        for place in places:
+            note = _limit_note(ax, lim, div, *place)
+            box = note.get_window_extent(renderer)
+            if not (_covers_data(ax, box, series) or any(box.overlaps(a) for a in avoid)):
+                break
+            note.remove()
+        else:
+            note = _limit_note(ax, lim, div, *places[0])
+        avoid.append(note.get_window_extent(renderer))
+
+
+def _limit_note(ax: Any, lim: float, div: float, x: float, ha: str, dy: float) -> Any:
+    """"limit 20.0 MiB" at (x, the limit), inset towards the middle, `dy` points above (or below) the line."""
+    return ax.annotate(f"limit {format_bytes(lim)}", (x, lim / div), xytext=(-4 if ha == "right" else 4, dy),
+                       textcoords="offset points", ha=ha, va="bottom" if dy > 0 else "top", fontsize=8,
+                       color=LIMIT_STYLE["color"])
+
+
+def _covers_data(ax: Any, box: Any, series: list[tuple[Any, Any]]) -> bool:
+    """Whether any step line of `series` ((times, levels), drawn where="post") runs through `box` (pixels)."""
+    (bx0, by0), (bx1, by1) = ax.transData.inverted().transform([[box.x0, box.y0], [box.x1, box.y1]])
+    for t, y in series:
+        ends = np.append(t[1:], np.inf)
+        levels = y[(t < bx1) & (ends > bx0)]  # the levels the line holds across the box's width, in order
+        pairs = list(zip(levels, levels[1:])) or [(v, v) for v in levels]  # a jump joins two of them
+        if any(min(a, b) <= by1 and max(a, b) >= by0 for a, b in pairs):
+            return True
+    return False
 
 
 def _draw_bars(ax_bar: Any, devices: list[PredictedDevice], peaks: list[float], limits: list, drawn: list,
@@ -296,7 +348,10 @@ def _label(d: PredictedDevice, i: int) -> str:
 
 
 def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[PredictedDevice], limits: list, div: float,
-                   unit: str) -> None:
+                   unit: str) -> tuple[list[tuple[Any, Any]], list[float]]:
+    """The memory lines of the devices shown and a dashed line per distinct limit; returns the lines'
+    (times, levels) and the limits drawn (bytes)."""
+    series = []
     timeline = inputs.sim.memory_timeline
     t_end = float(inputs.sim.prediction.iteration_ms or 0.0)
     with_points = _timeline_devices(inputs)
@@ -309,6 +364,7 @@ def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[PredictedDevice]
         # a few devices keep their own colour; a selection takes the palette in order, so none repeats
         color = device_color(_index(d, i) if shown is with_points else n)
         ax.step(t, y, where="post", color=color, lw=1.6, label=_label(d, i))
+        series.append((np.array(t), np.array(y)))
     # a selection is drawn against its own limits: a line per distinct limit of thousands of devices
     # (a heterogeneous cluster) would be as many lines as there are devices
     distinct = sorted({float(v) for v in (limits if shown is with_points else [limits[i] for i in shown]) if v})
@@ -324,3 +380,4 @@ def _draw_timeline(ax: Any, inputs: ReportInputs, devices: list[PredictedDevice]
     if t_end > 0:
         ax.set_xlim(0, t_end)
     ax.legend(loc="upper left", ncols=3, fontsize=8)
+    return series, distinct

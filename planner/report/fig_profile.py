@@ -6,14 +6,19 @@ from typing import Any
 
 import numpy as np
 
+from planner.cost import checkpoint_input_bytes
 from planner.report.inputs import ReportInputs
-from planner.report.style import MEMORY_COLORS, KIND_COLORS, bytes_axis, device_color, new_figure
+from planner.report.style import MEMORY_COLORS, KIND_COLORS, bytes_axis, new_figure
 
 __all__ = ["KEY", "TITLE", "missing", "draw", "caption"]
 
 KEY = "5_profile"
 TITLE = "Per-layer profile and stage cuts"
 _MAX_NAMED_TICKS = 40
+_BANDS = (("#4C72B0", 0.16), ("#DD8452", 0.20))
+"""Stage bands alternate these two tints (colour, alpha): neighbouring stages always differ, and the label
+names each stage's device (device colours at a faint alpha made stages 1 and 3 look alike)."""
+_RECOMPUTED_LABEL = "recomputed layer: keeps\nonly its checkpoint input"
 
 
 def missing(inputs: ReportInputs, derived: Any = None) -> str | None:
@@ -37,8 +42,11 @@ def caption(inputs: ReportInputs) -> str:
     text = (f"Forward and backward time (top) and parameter and activation bytes (bottom) of each layer "
             f"at micro-batch size {b}.")
     if _plan_matches(inputs):
-        text += (" Shaded bands are the plan's stages, labelled with their time per micro-batch (F+B, and R for "
-                 "the forward a recomputed layer repeats); hatched activation bars are recomputed layers.")
+        text += (" Shaded bands are the plan's stages, labelled with their device and time per micro-batch (F+B, "
+                 "and R for the forward a recomputed layer repeats; above the panel where a band is too narrow). "
+                 "Hatched activation bars are recomputed layers, drawn at what the cost model keeps for them: "
+                 "the checkpoint's input (what the layer reads, plus what its checkpoint saves besides), not "
+                 "their activations.")
     elif inputs.plan is not None:
         text += (f" The plan's stages are not drawn: it covers {inputs.plan.stages[-1].layers[1]} layers, "
                  f"the profile has {inputs.profile.n_layers}.")
@@ -67,27 +75,22 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
     div, unit = bytes_axis(top)
     w = 0.4
     ax_m.bar(x - w / 2, costs.param_bytes / div, width=w, color=MEMORY_COLORS["weights"], label="parameters")
-    recompute = set()
-    if plan is not None:
-        for st in plan.stages:
-            recompute.update(st.recompute)
-    act = ax_m.bar(x + w / 2, costs.activation_bytes / div, width=w, color=MEMORY_COLORS["activations"],
+    recompute = {i for st in plan.stages for i in st.recompute if 0 <= i < n} if plan is not None else set()
+    act = ax_m.bar(x + w / 2, _kept_bytes(costs, recompute) / div, width=w, color=MEMORY_COLORS["activations"],
                    label="activations kept\n(per micro-batch)")
     for i in recompute:
-        if 0 <= i < n:
-            act[i].set_hatch("///")
-            act[i].set_edgecolor("white")
+        act[i].set_hatch("///")
+        act[i].set_edgecolor("white")
     ax_m.set_ylabel(f"bytes ({unit})")
     ax_m.set_xlabel("layer")
 
-    if plan is not None:
-        _draw_stages(ax_t, ax_m, plan, costs)
+    stage_labels = _draw_stages(ax_t, ax_m, plan, costs) if plan is not None else []
     if recompute:
         from matplotlib.patches import Patch
 
         handles, labels = ax_m.get_legend_handles_labels()
         handles.append(Patch(facecolor=MEMORY_COLORS["activations"], hatch="///", edgecolor="white"))
-        labels.append("recomputed layer")
+        labels.append(_RECOMPUTED_LABEL)
         ax_m.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     else:
         ax_m.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))
@@ -102,23 +105,65 @@ def draw(inputs: ReportInputs, derived: Any = None) -> Any:
                         fontsize=8 if n > 16 else 9)
     ax_m.grid(axis="x", visible=False)
     ax_t.grid(axis="x", visible=False)
+    if stage_labels:
+        _fit_stage_labels(fig, ax_t, stage_labels, title)
     return fig
 
 
-def _draw_stages(ax_t: Any, ax_m: Any, plan: Any, costs: Any) -> None:
+def _kept_bytes(costs: Any, recompute: set[int]) -> np.ndarray:
+    """Per layer, the activation bytes kept per micro-batch: a recomputed layer keeps only its
+    checkpoint input (planner.cost.memory's kept_bytes charges exactly that), any other its activations."""
+    kept = np.asarray(costs.activation_bytes, dtype=float).copy()
+    if recompute:
+        rec = sorted(recompute)
+        kept[rec] = checkpoint_input_bytes(costs)[rec]
+    return kept
+
+
+def _draw_stages(ax_t: Any, ax_m: Any, plan: Any, costs: Any) -> list[tuple[Any, int, int, str]]:
+    """Each stage's band (two alternating tints) and cut line, and its label inside the top panel:
+    (label, first, end, short label) per stage for _fit_stage_labels."""
+    labels = []
     for s, st in enumerate(plan.stages):
         first, end = st.layers
-        color = device_color(st.device)
+        color, alpha = _BANDS[s % 2]
         for ax in (ax_t, ax_m):
-            ax.axvspan(first - 0.5, end - 0.5, color=color, alpha=0.08, lw=0)
+            ax.axvspan(first - 0.5, end - 0.5, color=color, alpha=alpha, lw=0, zorder=0)
             if first > 0:
                 ax.axvline(first - 0.5, color="#333333", ls="--", lw=1)
         # Recomputed layers run their forward again during the backward: count it.
         stage_ms = float(np.sum(costs.fwd_ms[first:end]) + np.sum(costs.bwd_ms[first:end])
                          + sum(float(costs.fwd_ms[i]) for i in st.recompute))
         name = plan.devices[st.device].name if st.device < len(plan.devices) else f"dev{st.device}"
-        narrow = (end - first) < max(2, len(costs.fwd_ms) / 12)  # a full label would spill over neighbours
         kinds = "F+B+R" if st.recompute else "F+B"
-        label = f"s{s}" if narrow else f"stage {s} on {name}\n{stage_ms:.1f} ms {kinds}"
-        ax_t.text((first + end - 1) / 2, 0.97, label,
-                  transform=ax_t.get_xaxis_transform(), ha="center", va="top", fontsize=8.5, color="#333333")
+        text = ax_t.text((first + end - 1) / 2, 0.97, f"stage {s} on {name}\n{stage_ms:.1f} ms {kinds}",
+                         transform=ax_t.get_xaxis_transform(), ha="center", va="top", fontsize=8.5, color="#333333")
+        labels.append((text, first, end, f"s{s}: {stage_ms:.1f} ms"))
+    return labels
+
+
+def _fit_stage_labels(fig: Any, ax_t: Any, labels: list[tuple[Any, int, int, str]], title: str) -> None:
+    """Lay the figure out once and move each stage label wider than its band above the panel, over
+    its band (kept inside the panel's width), and the title up above them. Where the moved labels
+    would still overlap each other, each is turned upright in its short form ("s3: 3.5 ms")."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    fig.draw_without_rendering()  # constrained layout: the panel's real width
+    lo, hi = ax_t.get_xlim()
+    moved = []
+    for text, first, end, short in labels:
+        left, right = (ax_t.transData.transform((v, 0))[0] for v in (first - 0.5, end - 0.5))
+        if text.get_window_extent(renderer).width > 0.95 * (right - left):
+            ha = "left" if first - 0.5 <= lo + 0.5 else "right" if end - 0.5 >= hi - 0.5 else "center"
+            x = {"left": max(first - 0.5, lo), "right": min(end - 0.5, hi), "center": (first + end - 1) / 2}[ha]
+            text.set(x=x, y=1.01, ha=ha, va="bottom", fontsize=8, clip_on=False)
+            moved.append((text, (first + end - 1) / 2, short))
+    if not moved:
+        return
+    boxes = [t.get_window_extent(renderer) for t, _, _ in moved]
+    if any(a.x1 > b.x0 for a, b in zip(boxes, boxes[1:])):
+        for t, middle, short in moved:
+            t.set(text=short, x=middle, ha="center", rotation=90, fontsize=7.5)
+    tallest = max(t.get_window_extent(renderer).height for t, _, _ in moved) * 72.0 / fig.dpi
+    ax_t.set_title(title, pad=tallest + 8)
