@@ -5,8 +5,10 @@ container (`self.encoder = nn.TransformerEncoder(...)`, torchvision's ViT `encod
 `layer4`) gets one pipeline layer holding nearly all its weights, and no plan can cut between
 its blocks. So, repeatedly, the layer holding more than half of the parameters is split into
 the modules it calls (its glue joins the layer running when it is reached) when that spreads
-its weights: at least two of the new layers hold a tenth of them each (looking through a part
-that holds nearly all of them, as torchvision's ViT `encoder` holds its `layers`). A heavy layer that is
+its weights: no new layer keeps nine tenths of them (looking through a part that holds nearly
+all of them, as torchvision's ViT `encoder` holds its `layers`). Twelve equal blocks, each a
+twelfth, spread; the rule was once "two new layers hold a tenth each", which no block of eleven
+or more does, so BERT-base's and ViT-B's encoders stayed one layer. A heavy layer that is
 one big weight and an activation (`nn.Sequential(nn.Linear(...), nn.Tanh())`) stays whole, as
 does one whose split would run a BatchNorm in two layers. A model whose parameters are spread
 over its top-level modules keeps its layers as they are.
@@ -25,7 +27,7 @@ __all__ = ["balanced", "HEAVY", "SPREAD"]
 HEAVY = 0.5
 """Share of the model's parameters above which a layer is split into the modules it calls."""
 SPREAD = 0.1
-"""Share of the heavy layer's parameters that two of its parts must each hold for the split."""
+"""The split spreads the heavy layer's parameters when its largest part holds at most 1 - SPREAD of them."""
 
 
 def _size(module: nn.Module, path: str, expanded: frozenset[str]) -> int:
@@ -59,7 +61,7 @@ def _spread(module: nn.Module, group: Callable[[frozenset[str]], list[str]], exp
         parts = {k: _size(module, k, finer) for k in group(finer) if k == heavy or k.startswith(heavy + ".")}
     except ModelSpecError:
         return None  # its parts would run a BatchNorm in two layers: it stays one layer
-    if sum(v >= SPREAD * weight for v in parts.values()) >= 2:
+    if len(parts) >= 2 and max(parts.values()) <= (1.0 - SPREAD) * weight:
         return finer
     top = max(parts, key=lambda k: (parts[k], k), default=heavy)
     return None if top in finer else _spread(module, group, finer, top, weight)
