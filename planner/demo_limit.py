@@ -1,14 +1,15 @@
 """The demo's memory limit, computed from the profile: one that pplan's plan meets and the
 uniform (equal-layer) split cannot, so the demo shows what planning buys.
 
-pplan's floor comes from the planner's least-memory search (partition/diagnose.py); the uniform
-split's from its plans with recompute allowed, lowered until the split no longer fits.
+Both floors come from the planner's least-memory search (partition/diagnose.py): pplan's over
+every cut, the uniform split's over its own cuts with recompute auto, the least limit under which
+`pplan partition --method uniform` finds a plan.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from planner.errors import InfeasibleError, PplanError
@@ -24,9 +25,9 @@ class LimitChoice:
     limit_bytes: int
     """The per-device limit."""
     uniform_floor_bytes: float
-    """A limit under which the uniform split fits (recompute allowed), above `limit_bytes`."""
+    """Least limit under which the uniform split finds a plan (recompute auto), above `limit_bytes`."""
     pplan_floor_bytes: float
-    """Smallest limit under which pplan finds a plan (partition/diagnose.py's least-memory search)."""
+    """Least limit under which pplan finds a plan (partition/diagnose.py's least-memory search)."""
     pplan_fastest_peak_bytes: float
     """Peak of pplan's fastest plan without a limit."""
     rule: str
@@ -41,61 +42,59 @@ def partition_settings(profile: Any, s: Any, limit: float | None, method: str = 
                              global_batch=s.global_batch, microbatches=s.n_microbatches, method=method)
 
 
-def _pplan_floor(profile: Any, s: Any, budget: float) -> float:
-    """Least per-device memory under which pplan finds a plan: partition/diagnose.py's min-max DP
-    (one pass over the grid), as a ratio of `budget` times `budget`."""
+def _least_memory(profile: Any, s: Any, method: str) -> float:
+    """Least per-device memory (bytes, rounded up) under which `pplan partition --method <method>`
+    finds a plan (recompute auto): partition/diagnose.py's least-memory search, which for a
+    baseline method prices that method's own cuts."""
     from planner.partition.api import resolve_devices
     from planner.partition.diagnose import least_memory_scale
 
-    settings = partition_settings(profile, s, budget)
+    budget = 2.0**30  # any limit: the search answers as a ratio of it
+    settings = partition_settings(profile, s, budget, method)
     devices, links = resolve_devices(settings)
-    return budget * least_memory_scale(profile, settings, devices, links, [tuple(range(s.n_devices))], None)
+    scale = least_memory_scale(profile, settings, devices, links, [tuple(range(s.n_devices))], None)
+    if not math.isfinite(scale):
+        raise PplanError(f"no schedule can run the demo model on {s.n_devices} devices with {s.n_microbatches} micro-batches")
+    return math.ceil(budget * scale)
 
 
-def _uniform_peak(profile: Any, s: Any, limit: float | None) -> float | None:
-    """Peak of the uniform split's best plan under `limit` (None: it cannot fit)."""
+def _uniform_fits(profile: Any, s: Any, limit: float) -> bool:
+    """Whether the uniform split finds a plan under `limit`."""
     from planner.partition.api import partition
 
     try:
-        return max(partition(profile, partition_settings(profile, s, limit, "uniform")).chosen.sim.peak_memory_bytes)
+        partition(profile, partition_settings(profile, s, limit, "uniform"))
     except InfeasibleError:
-        return None
+        return False
+    return True
 
 
 def choose_memory_limit(profile: Any, s: Any) -> LimitChoice:
     """A limit the uniform split cannot meet and pplan can, from the profile alone.
 
-    pplan's floor comes from the least-memory search; the uniform split's from its plan with
-    every layer recomputed, lowered while the uniform split still fits under it (a few
-    partitions). If pplan's fastest plan peaks below the uniform floor, the limit is halfway
-    between (pplan loses nothing); otherwise three quarters of the way from pplan's floor to the
-    uniform split's, leaving pplan room to trade recompute for speed.
+    Both floors come from the least-memory search: pplan's over every cut, the uniform split's
+    over its own (recompute auto, as `pplan partition --method uniform` plans it). If pplan's
+    fastest plan peaks below the uniform floor, the limit is halfway between (pplan loses
+    nothing); otherwise three quarters of the way from pplan's floor to the uniform split's,
+    leaving pplan room to trade recompute for speed. The uniform split is then planned under the
+    limit to confirm it fails: the floor is exact where each device runs one stage, and only
+    conservative where interleaved chunks share a device's budget.
     """
     from planner.partition.api import partition
 
     fastest = partition(profile, partition_settings(profile, s, None))
     fast_peak = max(fastest.chosen.sim.peak_memory_bytes)
-    p_floor = _pplan_floor(profile, s, fast_peak)
-    u_floor = _uniform_peak(profile, s, None) or math.inf
-    all_recompute = _uniform_peak_recompute_all(profile, s)
-    u_floor = min(u_floor, all_recompute)
-    for _ in range(8):  # the limit must exclude the uniform split: tighten its floor until it does
+    p_floor = _least_memory(profile, s, "auto")
+    u_floor = _least_memory(profile, s, "uniform")
+    for _ in range(8):  # the limit must exclude the uniform split: lower its floor (a limit it fits) until it does
         if p_floor >= u_floor * 0.999:
             raise PplanError(f"the demo model gives pplan no memory advantage (pplan needs {format_bytes(p_floor)}, "
                              f"the uniform split {format_bytes(u_floor)})", "use a model with a larger vocabulary")
         limit, rule = _limit_between(fast_peak, p_floor, u_floor)
-        below = _uniform_peak(profile, s, limit)
-        if below is None:
+        if not _uniform_fits(profile, s, limit):
             return LimitChoice(int(limit), u_floor, p_floor, fast_peak, rule)
-        u_floor = below
+        u_floor = int(limit)
     raise PplanError("could not find a memory limit that excludes the uniform split")
-
-
-def _uniform_peak_recompute_all(profile: Any, s: Any) -> float:
-    from planner.partition.api import partition
-
-    settings = replace(partition_settings(profile, s, None, "uniform"), recompute="all")
-    return max(partition(profile, settings).chosen.sim.peak_memory_bytes)
 
 
 def _limit_between(fast_peak: float, p_floor: float, u_floor: float) -> tuple[float, str]:

@@ -3,9 +3,13 @@
 Least memory: for every grid point and device order a min-max DP finds the cuts and recompute
 sets minimising the largest stage memory / budget ratio (lambda); budgets x min lambda is the
 least memory the planner can prove fits (exact for one stage per device; interleaved chunks
-split a device's budget, which is conservative). Fewest devices (identical devices only):
-galloping then bisection over the device count with the same test, assuming more devices never
-need more memory per device (true of the static part; activations per device shrink or stay).
+split a device's budget, which is conservative). A baseline method (--method uniform, params,
+time) searches only its own cuts, which do not depend on the limit, so its lambda is that of
+its cuts at each grid point: per stage the least memory of a recompute set the search's own
+policy (planner.partition.recompute.stage_recompute) would pick, over the budget. Fewest devices
+(identical devices only): galloping then bisection over the device count with the same test,
+assuming more devices never need more memory per device (true of the static part; activations
+per device shrink or stay); the count it names always passed the test.
 """
 
 from __future__ import annotations
@@ -13,9 +17,14 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
+import numpy as np
+
 from planner.calibration import Calibration
 from planner.errors import InfeasibleError
+from planner.partition.baselines import BASELINES
 from planner.partition.dp import min_memory_scale
+from planner.partition.problem import PartitionProblem, stage_bytes
+from planner.partition.recompute import stage_recompute
 from planner.partition.search import PartitionSettings, CandidateEvaluator, grid_points, layouts_for
 from planner.plan import Device, Links
 from planner.profiling.profile import Profile
@@ -27,7 +36,8 @@ __all__ = ["least_memory_scale", "fewest_devices", "infeasible_error"]
 def least_memory_scale(profile: Profile, settings: PartitionSettings, devices: tuple[Device, ...], links: Links,
                        orders: list[tuple[int, ...]], calibration: Calibration | None,
                        stop_below: float = 0.0) -> float:
-    """min over grid points and orders of the DP's least memory/budget ratio (inf: no point).
+    """min over grid points and orders of the least memory/budget ratio (inf: no point): the DP's
+    over all cuts, or for a baseline method its own cuts' (module docstring).
 
     Returns early once a ratio <= `stop_below` is found (a yes/no question needs no minimum).
     """
@@ -36,12 +46,49 @@ def least_memory_scale(profile: Profile, settings: PartitionSettings, devices: t
     best = math.inf
     for point in points:
         for layout in layouts_for(devices, links, orders, point.virtual_stages):
-            got = min_memory_scale(ev.problem(point, layout))
+            problem = ev.problem(point, layout)
+            if settings.method in BASELINES:
+                got: float | None = _cuts_scale(problem, ev.baseline(settings.method, layout.n_stages, point.micro_batch_size))
+            else:
+                dp = min_memory_scale(problem)
+                got = None if dp is None else dp[0]
             if got is not None:
-                best = min(best, got[0])
+                best = min(best, got)
                 if best <= stop_below:
                     return best
     return best
+
+
+def _cuts_scale(problem: PartitionProblem, cuts: tuple[int, ...]) -> float:
+    """Least lambda such that budgets x lambda fit these fixed cuts (stages at an unlimited budget do not constrain it)."""
+    worst = 0.0
+    for s in range(len(cuts) - 1):
+        budget = float(problem.budget[s])
+        if math.isfinite(budget):
+            worst = max(worst, _least_stage_bytes(problem, s, cuts[s], cuts[s + 1]) / budget)
+    return worst
+
+
+def _least_stage_bytes(problem: PartitionProblem, s: int, i: int, j: int) -> float:
+    """Least bytes of layers [i, j) at position s over the recompute sets stage_recompute picks at
+    some budget: the set it falls back to when none fits (the family's least), then, while it finds
+    a set under the least so far, that set. Whether it finds one grows with the budget (the family's
+    first fitting set and each greedy cap's first fitting prefix only get earlier), so the least
+    budget under which the search fits this stage is exactly this."""
+
+    def at(budget: float) -> tuple[tuple[int, ...], bool]:
+        budgets = np.array(problem.budget, dtype=float)
+        budgets[s] = budget
+        return stage_recompute(replace(problem, budget=budgets), s, i, j)
+
+    rec, _ = at(0.0)
+    least = stage_bytes(problem, s, i, j, rec)
+    while least > 0:
+        rec, fits = at(float(np.nextafter(least, 0.0)))
+        if not fits:
+            break
+        least = stage_bytes(problem, s, i, j, rec)  # strictly smaller: a set fitting under the last least
+    return least
 
 
 def fewest_devices(profile: Profile, settings: PartitionSettings, memory_bytes: int, links: Links,
