@@ -4,8 +4,8 @@ profile -> choose a memory limit -> partition -> simulate -> run (measure, calib
 -> re-simulate -> run again -> run the uniform split for comparison -> report.
 
 The memory limit is computed, not hard-coded: pplan's least memory comes from the planner's
-least-memory search (partition/diagnose.py), the uniform (equal-layer) split's from its plans
-with recompute allowed; the limit lies between them, checked so that the naive split cannot fit
+least-memory search (partition/diagnose.py), the uniform (equal-layer) split's from the same
+search over its own cuts, recompute auto; the limit lies between them, checked so that the naive split cannot fit
 and pplan's plan can. Both runs of the planned pipeline are real (`planner.execute`); the accuracy
 after calibration is checked on the second run, not on the run it was fitted to.
 """
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from planner.demo_limit import LimitChoice, choose_memory_limit, partition_settings
 from planner.execute import trust
-from planner.units import format_bytes, format_ms
+from planner.units import format_bytes, format_ms, format_size_up
 
 if TYPE_CHECKING:
     from planner.execute.runrecord import RunRecord
@@ -112,7 +112,7 @@ class DemoResult:
         return [
             ("memory limit per device", f"{format_bytes(lim.limit_bytes)} ({lim.rule})"),
             ("the uniform split", f"cannot fit {format_bytes(lim.limit_bytes)} per device even with recompute "
-                                  f"(checked by the planner); it fits at {format_bytes(lim.uniform_floor_bytes)}"),
+                                  f"(checked by the planner); it fits at {format_size_up(lim.uniform_floor_bytes)}"),
             ("peak memory of pplan's plan", f"{peak}; limit {format_bytes(lim.limit_bytes)}"),
             ("step time before calibration", f"predicted {format_ms(self.first_predicted_ms)}, measured "
                                              f"{format_ms(self.first_measured_ms)} "
