@@ -50,6 +50,12 @@ stage (the "pp" group of its tp index); the data-parallel all-reduce sums each r
 shards over its "dp" group. ZeRO-1 steps aliases of the local shards
 (planner.execute.tensor.LocalShardsOptimizer).
 
+Stage set-up: each PipelineStage gets the tensors its stage receives and returns for one
+micro-batch of `example` (input_args, output_args: planner.execute.stage_io), so torch sets
+the stages up statically instead of running each one at the first step on uninitialised
+placeholders (its dynamic inference, which token ids crossing a cut do not survive: an
+embedding after the cut indexes out of range); without an example, torch's dynamic set-up.
+
 A layout `pplan run` cannot execute (tp > 1 on a model other than the built-in gpt, or not
 dividing its heads and FFN width; ZeRO-2/3 over dp > 1 replicas with tp > 1) is refused before
 any mesh or stage is built, by planner.partition.parallel_runnable.layout_error: the one rule
@@ -229,8 +235,11 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
                  mesh made by planner.execute.mesh.make_mesh
     device       where the stages live (default cpu)
     loss_fn      (output, target) -> loss, given to the schedule
-    example      one micro-batch of the model input: shows what crosses each cut (tuples,
-                 dicts); without it every cut must carry one tensor
+    example      one micro-batch of the model input (plan.micro_batch_size samples along
+                 dim 0): shows what crosses each cut (tuples, dicts) and what each stage
+                 receives and sends, so torch sets its stages up without running them on
+                 placeholders; without it every cut must carry one tensor and torch's first
+                 step runs each stage on uninitialised tensors (token ids crossing a cut fail)
     prefer_torch run gpipe/1f1b/interleaved on torch's classes when their order is the plan's
 
     Needs an initialized process group of dp x P x tp processes.
@@ -248,7 +257,8 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)
     mods = build_stage_modules(plan, layers, pp_index, example)
     tied = _place_stage_modules(plan, mods, _tied_groups(plan, layers, rank, world), device, device_mesh, zero)
-    stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group) for m in mods)
+    stages = tuple(PipelineStage(m.module, m.stage, plan.n_stages, device, group=pp_group, **_static_args(m, device))
+                   for m in mods)
     schedule, runtime = make_schedule(plan, list(stages), loss_fn, prefer_torch)
     reduce_ms: list[float] = []
     if zero >= 2:
@@ -256,6 +266,16 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     return Pipeline(plan=plan, stages=stages, schedule=schedule, runtime=runtime, modules=tuple(mods), rank=rank,
                     dp_index=dp_index, pp_index=pp_index, dp=plan.dp, device=device, mesh=device_mesh, tied=tuple(tied),
                     dp_group=dp_group, zero=zero, reduce_ms=reduce_ms, tp=plan.tp, tp_index=tp_index(plan, rank))
+
+
+def _static_args(m: StageModule, device: Any) -> dict[str, Any]:
+    """PipelineStage's input_args and output_args: the tensors the stage receives and returns
+    for one micro-batch (stages.build_stage_modules found them from the example), which put
+    torch's set-up in its static mode: no set-up forward of a stage on placeholder tensors,
+    whose garbage token ids would index an embedding after a cut out of range. Without them
+    (no example), torch's dynamic set-up. Released here: the stage keeps only their metadata."""
+    example, m.example = m.example, None
+    return example.on(device) if example is not None else {}
 
 
 def _model_defaults(plan: Plan, model: Any, loss_fn: Callable[[Any, Any], Any] | None,

@@ -19,9 +19,8 @@ import csv
 import os
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -29,6 +28,7 @@ from torch.utils.checkpoint import checkpoint
 
 from planner.errors import PlanError
 from planner.execute.measure import recorder, tracker
+from planner.execute.stage_io import StageExample, boundary_specs, buffers_kept, stage_examples
 from planner.execute.weight_backward import retain_graph_in_weight_backward
 from planner.master_weights import is_16bit, with_fp32_masters
 from planner.plan import Plan
@@ -72,7 +72,7 @@ class Checkpointed(nn.Module):
         # in its running statistics (the one-process run saw one forward).
         start = time.perf_counter()
         try:
-            with _buffers_kept(self.layer):
+            with buffers_kept(self.layer):
                 return self.layer(*args)
         finally:
             rec.add_recompute(time.perf_counter() - start)
@@ -83,23 +83,11 @@ class Checkpointed(nn.Module):
 
         inputs = [a for a in tree_leaves(args) if isinstance(a, torch.Tensor)]
         probe = tk.probe(list(self.parameters()) + inputs)  # counted the way the run counts (tp: local shards)
-        with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe, _buffers_kept(self.layer):
+        with torch.random.fork_rng(devices=[]), torch.enable_grad(), probe, buffers_kept(self.layer):
             out = self.layer(*tree_map(lambda a: a.detach() if isinstance(a, torch.Tensor) else a, args))
             nbytes = probe.live
             del out
         return nbytes
-
-
-@contextmanager
-def _buffers_kept(module: nn.Module) -> Iterator[None]:
-    """Put every buffer back afterwards, by name too: a module may reassign one instead of updating it in place (I-BERT's x_min)."""
-    kept = [(m, n, b, b.detach().clone()) for m in module.modules() for n, b in m._buffers.items() if b is not None]
-    try:
-        yield
-    finally:
-        with torch.no_grad():
-            for m, n, b, saved in kept:
-                m._buffers[n] = b.copy_(saved)
 
 
 class _KeepInput(torch.autograd.Function):
@@ -129,6 +117,8 @@ class StageModule:
     """What PipelineStage wraps (a PipeStage; recompute layers inside Checkpointed)."""
     layers: list[nn.Module]
     """The original layers, index i = global layer first + i (state dicts use these)."""
+    example: StageExample | None = None
+    """What the stage receives and returns for one micro-batch (torch's static set-up), when known."""
 
 
 def rank_device(plan: Plan, rank: int) -> int:
@@ -190,36 +180,36 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
-def boundary_specs(layers: nn.Sequential, example: Any) -> list[tuple[Any, list[str]]]:
-    """Per cut c (after layer c): (pytree spec of what crosses it, type names of non-tensor leaves).
+def _cut_specs(plan: Plan, s: int, specs: list[tuple[Any, list[str]]] | None) -> tuple[Any, Any]:
+    """(in_spec, out_spec) of stage `s`'s PipeStage: what crosses its cuts (None: the model's own
+    input or output), from boundary_specs; without them, one tensor at each cut."""
+    first, stop = plan.stages[s].layers
+    end = plan.stages[-1].layers[1]
+    if specs is None:
+        from torch.utils._pytree import LeafSpec
 
-    One forward of `example` in eval mode without gradients (BatchNorm statistics and random
-    generators untouched, modes restored)."""
-    from torch.utils._pytree import tree_flatten
+        return (LeafSpec() if first > 0 else None), (LeafSpec() if stop < end else None)
+    for c in (first - 1, stop - 1):
+        if 0 <= c < len(specs) and specs[c][1]:
+            raise PlanError(f"model {plan.model!r}: the cut after layer {c} would have to send {', '.join(specs[c][1])} "
+                            "values, but pipeline stages send only tensors",
+                            "cut elsewhere (edit the plan's stages) or make the model compute that value in the layer that reads it")
+    return (specs[first - 1][0] if first > 0 else None), (specs[stop - 1][0] if stop < end else None)
 
-    children = list(layers.children())
-    modes = [(m, m.training) for m in layers.modules()]
-    out: list[tuple[Any, list[str]]] = []
-    try:
-        layers.eval()
-        with torch.no_grad(), torch.random.fork_rng(devices=[]):
-            h = example
-            for child in children[:-1]:
-                h = child(h)
-                leaves, spec = tree_flatten(h)
-                out.append((spec, sorted({type(t).__name__ for t in leaves if not isinstance(t, torch.Tensor)})))
-    finally:
-        for m, training in modes:
-            m.training = training
-    return out
+
+def _pipe_stage(plan: Plan, s: int, layers: list[nn.Module], specs: list[tuple[Any, list[str]]] | None) -> PipeStage:
+    first, stop = plan.stages[s].layers
+    copy_outputs = first > 0 and stop == plan.stages[-1].layers[1] and get_schedule(plan.schedule).split_backward  # torch detaches only these outputs
+    return PipeStage(layers, *_cut_specs(plan, s, specs), copy_outputs)
 
 
 def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int, example: Any = None) -> list[StageModule]:
     """Cut `layers` as planned and keep this rank's stages (PipeStage modules).
 
     `example` is one micro-batch of the model input: with it, what crosses each cut is found
-    by one forward (boundary_specs), so layers may pass tuples, dicts (a traced model) or
-    views; without it every cut must carry one tensor.
+    by one forward (boundary_specs), so layers may pass tuples, dicts (a traced model) or views,
+    and a second through every stage gives each the tensors it receives and returns
+    (StageModule.example, planner.execute.stage_io); without it every cut carries one tensor.
     """
     children = list(layers.children())
     end = plan.stages[-1].layers[1]
@@ -229,27 +219,16 @@ def build_stage_modules(plan: Plan, layers: nn.Sequential, rank: int, example: A
     specs = boundary_specs(layers, example) if example is not None else None
     out = []
     for s in stages_of_rank(plan, rank):
-        st = plan.stages[s]
-        first, stop = st.layers
+        (first, stop), rec = plan.stages[s].layers, set(plan.stages[s].recompute)
         kept = children[first:stop]
-        rec = set(st.recompute)
         wrapped = [Checkpointed(layer) if first + i in rec else layer for i, layer in enumerate(kept)]
-        in_spec = out_spec = None
-        if specs is not None:
-            for c in (first - 1, stop - 1):
-                if 0 <= c < len(specs) and specs[c][1]:
-                    raise PlanError(f"model {plan.model!r}: the cut after layer {c} would have to send {', '.join(specs[c][1])} "
-                                    "values, but pipeline stages send only tensors",
-                                    "cut elsewhere (edit the plan's stages) or make the model compute that value in the layer that reads it")
-            in_spec = specs[first - 1][0] if first > 0 else None
-            out_spec = specs[stop - 1][0] if stop < end else None
-        elif first > 0 or stop < end:
-            from torch.utils._pytree import LeafSpec
-
-            in_spec = LeafSpec() if first > 0 else None
-            out_spec = LeafSpec() if stop < end else None
-        copy_outputs = first > 0 and stop == end and get_schedule(plan.schedule).split_backward  # torch detaches only these outputs
-        out.append(StageModule(stage=s, first=first, end=stop, module=PipeStage(wrapped, in_spec, out_spec, copy_outputs), layers=kept))
+        out.append(StageModule(stage=s, first=first, end=stop, module=_pipe_stage(plan, s, wrapped, specs), layers=kept))
+    if specs is not None:
+        # every stage, its layers as they compute (recompute changes memory, not what a stage returns)
+        every = [_pipe_stage(plan, s, children[slice(*st.layers)], specs) for s, st in enumerate(plan.stages)]
+        found = stage_examples(layers, every, example, plan.micro_batch_size, {m.stage for m in out})
+        for m in out:
+            m.example = found[m.stage] if found is not None else None
     return out
 
 

@@ -26,6 +26,20 @@ def _one_recompute_per_w() -> Any:
     return group() if group is not None else contextlib.nullcontext()
 
 
+def _any_needs_grad(values: Any) -> bool:
+    """Whether any tensor among a stage's inputs takes part in autograd (needs or carries a gradient)."""
+    return any(isinstance(v, torch.Tensor) and (v.requires_grad or v.grad_fn is not None) for v in values)
+
+
+def _as_full_backward(kwargs: dict) -> dict:
+    """An I step's arguments as the full backward takes them: torch's I wraps a last stage's loss in a
+    tuple, which the full backward, given no output gradient, would skip as a tuple without one."""
+    output = kwargs["stage_output"]
+    if kwargs.get("output_grads") is None and isinstance(output, tuple) and len(output) == 1:
+        return {**kwargs, "stage_output": output[0]}
+    return kwargs
+
+
 def retain_graph_in_weight_backward(stages: list[Any]) -> None:
     """Make split (I/W) backwards give the gradients a full backward gives.
 
@@ -40,12 +54,20 @@ def retain_graph_in_weight_backward(stages: list[Any]) -> None:
     cat's gradient), which gloo's all-reduce of the tied sum adds in storage order (element i to
     its transpose's element i): it is copied into the weight's own layout, as AccumulateGrad does.
 
-    Recompute: the groups' calls share one recompute of each checkpointed layer (_one_recompute_per_w)."""
+    Recompute: the groups' calls share one recompute of each checkpointed layer (_one_recompute_per_w).
+
+    A stage none of whose inputs needs a gradient (token ids, or the output of a parameter-free
+    first stage): torch finds a stage's weights for W from its inputs' gradient paths, so it found
+    none and the weights got no gradient at all, training on silently wrong. Such a stage has no
+    input gradient to hurry to its neighbour: its I runs the full backward, and its W has nothing left."""
     from torch.distributed.pipelining._backward import stage_backward_weight
 
     for st in stages:
         def backward(kind: str, kwargs: dict, last_backward: bool = False, run: Any = st.backward_maybe_with_nosync,
                      st: Any = st) -> Any:
+            if kind == "input" and not _any_needs_grad(kwargs["input_values"]):
+                grads, _ = run("full", _as_full_backward(kwargs), last_backward)
+                return grads, []  # no parameter groups: the W step that follows computes nothing
             if kind != "weight":
                 return run(kind, kwargs, last_backward)
             fresh = [p for p in st.submod.parameters() if p.grad is None]
