@@ -30,9 +30,11 @@ from planner.errors import PlanError
 from planner.execute.measure import recorder, tracker
 from planner.execute.stage_io import StageExample, boundary_specs, buffers_kept, stage_examples
 from planner.execute.weight_backward import retain_graph_in_weight_backward
+from planner.limits import OPTIMIZERS
 from planner.master_weights import is_16bit, with_fp32_masters
 from planner.plan import Plan
 from planner.schedules import PipelineSchedule, get_schedule
+from planner.torch_compat import private_attr, private_import
 
 __all__ = ["Checkpointed", "StageModule", "rank_device", "stages_of_rank", "build_stage_modules", "PipeStage", "boundary_specs",
            "shared_parameter_groups", "make_schedule", "step_seed", "make_optimizer"]
@@ -263,7 +265,6 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
     later ranks), which the planner's generators reproduce; train.check_executed_order verifies it
     on the first step. ScheduleInterleaved1F1B executes its `pipeline_order`, compared here."""
     from torch.distributed import pipelining
-    from torch.distributed.pipelining.schedules import _PipelineScheduleRuntime
 
     sched = plan.pipeline_schedule()
     spec = get_schedule(plan.schedule)
@@ -280,12 +281,13 @@ def make_schedule(plan: Plan, stages: list[Any], loss_fn: Any, prefer_torch: boo
         want = {r: [str(a) for a in sched.actions(r)] for r in range(sched.n_ranks)}
         if _compute_order(obj.pipeline_order) == want:
             return obj, spec.torch_class
-    runtime = _PipelineScheduleRuntime(stages, M, loss_fn=loss_fn)
+    runtime_class = private_import("torch.distributed.pipelining.schedules", "_PipelineScheduleRuntime", "torch")
+    runtime = runtime_class(stages, M, loss_fn=loss_fn)
     fd, path = tempfile.mkstemp(prefix="pplan-schedule-", suffix=".csv")
     try:
         with os.fdopen(fd, "w", newline="") as fh:
             csv.writer(fh).writerows(sched.to_csv_rows())
-        runtime._load_csv(path)
+        private_attr(runtime, "_load_csv", "torch")(path)
     finally:
         os.unlink(path)
     return runtime, "_PipelineScheduleRuntime(plan actions)"
@@ -335,6 +337,7 @@ class _NoParameters:
             raise ValueError("the saved optimizer has parameters but this rank's stages hold none")
 
 
+# One builder for each name of planner.limits.OPTIMIZERS (tests/test_one_home_per_constant.py builds every one).
 _OPTIMIZERS: dict[str, tuple[type, dict[str, Any]]] = {
     "adam": (torch.optim.Adam, {}), "adamw": (torch.optim.AdamW, {}),
     "sgd": (torch.optim.SGD, {"momentum": 0.9}), "sgd-plain": (torch.optim.SGD, {})}
@@ -346,7 +349,7 @@ def make_optimizer(name: str, params: list[nn.Parameter], lr: float) -> Any:
     plan) it steps fp32 master copies of them (planner.master_weights: mixed precision, as the
     cost model prices it); over float32 ones it is torch's class itself."""
     if name not in _OPTIMIZERS:
-        raise PlanError(f"plan optimizer {name!r} is unknown", "use adam, adamw, sgd or sgd-plain")
+        raise PlanError(f"plan optimizer {name!r} is unknown", f"use {', '.join(OPTIMIZERS)}")
     if not params:
         return _NoParameters()
     cls, settings = _OPTIMIZERS[name]
