@@ -161,34 +161,44 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
     model that --model or --trust-model does not vouch for (planner.models.trust), then what
     its preflight finds (planner.execute.preflight).
     """
+    import contextlib
+
+    from planner.execute.job_watch import failures_shared
     from planner.execute.options import RunOptions
     from planner.execute.run import run_plan, runtime_prefers_torch  # imports no torch, and no model
+    from planner.execute.worker import read_env
     from planner.plan import load_plan
 
-    check_counts(steps=steps, warmup=warmup, checkpoint_every=checkpoint_every, vocab=vocab)
-    check_inputs(plan_path, profile, machine_file)
-    prefer_torch = runtime_prefers_torch(runtime)
-    check_outputs(out, timeline, checkpoint_dir)
-    plan = load_plan(plan_path)
-    _check_outputs_distinct(plan, plan_path, profile, out, timeline, machine_file, calibrate)
-    if calibrate:
-        _check_calibration_writable(plan, plan_path, profile)
-    opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
-                      checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None, checkpoint_every=checkpoint_every,
-                      calibrate=calibrate, threads=threads, prefer_torch=prefer_torch, verbose=verbose,
-                      input_shape=parse_shape(input_shape), input_dtype=input_dtype, vocab=vocab)
-    from planner.execute.worker import read_env
+    env = read_env()  # under torchrun this process is one rank of the job
+    # Under torchrun only rank 0 writes --out, --timeline and the calibration, so only rank 0
+    # checks them: another node's rank does not refuse a path it would never write.
+    writes = env is None or env.rank == 0
+    # A rank that fails under torchrun tells the other nodes' ranks, which leave with its reason at
+    # once instead of waiting --timeout for it (planner.execute.job_watch).
+    with failures_shared(env.rank) if env is not None else contextlib.nullcontext():
+        check_counts(steps=steps, warmup=warmup, checkpoint_every=checkpoint_every, vocab=vocab)
+        check_inputs(plan_path, profile, machine_file)
+        prefer_torch = runtime_prefers_torch(runtime)
+        check_outputs(out if writes else None, timeline if writes else None, checkpoint_dir)
+        plan = load_plan(plan_path)
+        if writes:
+            _check_outputs_distinct(plan, plan_path, profile, out, timeline, machine_file, calibrate)
+        if calibrate and writes:
+            _check_calibration_writable(plan, plan_path, profile)
+        opts = RunOptions(steps=steps, warmup=warmup, lr=lr, device=device, timeout_s=timeout,
+                          checkpoint_dir=str(checkpoint_dir) if checkpoint_dir else None,
+                          checkpoint_every=checkpoint_every, calibrate=calibrate, threads=threads,
+                          prefer_torch=prefer_torch, verbose=verbose, input_shape=parse_shape(input_shape),
+                          input_dtype=input_dtype, vocab=vocab)
 
-    env = read_env()
+        def starting() -> None:
+            if env is None or env.rank == 0:
+                err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
+                    + (f" under torchrun ({env.world} processes)" if env else ""))
 
-    def starting() -> None:
-        if env is None or env.rank == 0:
-            err(f"running {plan_path}: {plan.n_processes} rank(s), {opts.steps} step(s)"
-                + (f" under torchrun ({env.world} processes)" if env else ""))
-
-    outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
-                       force=force, out=out, timeline_path=timeline, machine=machine_file, model=model,
-                       trust_model=trust_model, on_start=starting)
+        outcome = run_plan(plan, opts, plan_path=str(plan_path), profile_path=str(profile) if profile else None,
+                           force=force, out=out if writes else None, timeline_path=timeline if writes else None,
+                           machine=machine_file, model=model, trust_model=trust_model, on_start=starting)
     if outcome is not None:  # None: a rank other than 0 under torchrun (rank 0 reports)
         if json_out:
             echo_json(outcome.record.to_dict())

@@ -80,6 +80,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
     import torch.distributed as dist
 
     from planner.hostinfo import usable_cores
+    from planner.execute.job_agreement import agree_on_job
     from planner.execute.train import train_rank
 
     plan = plan_from_dict(cfg["plan"])
@@ -103,6 +104,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
         device = torch.device("cpu")
         _join("gloo", env, opts.timeout_s)
     try:
+        agree_on_job(cfg, env.rank, env.world)  # a node given another plan or --steps: every rank refuses
         model_kwargs = dict(cfg.get("model_kwargs") or {})
         if "input_shape" in model_kwargs:  # JSON turned the tuple into a list
             model_kwargs["input_shape"] = tuple(model_kwargs["input_shape"])
@@ -126,8 +128,21 @@ def _join(backend: str, env: Env, timeout_s: float, **kw: Any) -> None:
         text = " ".join(str(e).split())[:300]
         where = f"{os.environ.get('MASTER_ADDR')}:{os.environ.get('MASTER_PORT')}"
         raise RunError(f"rank {env.rank} could not join the {env.world}-process job at {where} ({backend}): "
-                       f"{type(e).__name__}: {text}",
-                       "start every rank (torchrun), check MASTER_ADDR/MASTER_PORT, or raise --timeout") from None
+                       f"{type(e).__name__}: {text}", _join_hint(text, timeout_s, where)) from None
+
+
+def _join_hint(text: str, timeout_s: float, where: str) -> str:
+    """What to do about a failed join: a peer that never came within the timeout is not the same
+    fix as the job's store going away (its node ended the job: the reason is in that node's output)."""
+    low = text.lower()
+    if "timeout" in low or "timed out" in low:
+        return (f"some rank did not join within --timeout {timeout_s:g} s: read the other nodes' output (a node "
+                f"may have refused its command), start every node's torchrun, check that each reaches {where}; "
+                "raise --timeout only for a node that starts later than that")
+    if "closed" in low or "refused" in low or "reset" in low or "got 0 bytes" in low:
+        return (f"the job's store at {where} went away: the node that keeps it (torchrun's node rank 0) ended the "
+                "job, and its output says why; or no torchrun was started there")
+    return "start every rank (torchrun), check MASTER_ADDR/MASTER_PORT, or raise --timeout"
 
 
 def _watch_parent(parent: int, run_dir: str | None = None) -> None:
