@@ -205,14 +205,18 @@ def run_command(plan_path: Path, *, steps: int, warmup: int | None, lr: float, o
         else:
             print_run(outcome.record, out, timeline, zero=plan.parallel.zero if plan.parallel and plan.dp > 1 else 0)
     if env is not None:
-        # Under torchrun this process was a rank: leave without interpreter finalization, where
-        # gloo's threads can abort an otherwise successful rank (see planner.execute.worker).
-        import os
-        import sys
+        _leave_rank()
 
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+
+def _leave_rank() -> None:
+    """Under torchrun this process was a rank: leave without interpreter finalization, where
+    gloo's threads can abort an otherwise successful rank (see planner.execute.worker)."""
+    import os
+    import sys
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def _check_outputs_distinct(plan: Any, plan_path: Path, profile: Path | None, out: Path | None, timeline: Path | None,

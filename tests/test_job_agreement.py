@@ -82,12 +82,34 @@ def agent_store(monkeypatch):
 def test_a_failing_rank_posts_its_reason_first_come_first_kept(agent_store):
     with pytest.raises(PplanError), failures_shared(3):
         raise PplanError("plan 'x.json' does not exist", "make one")
-    with pytest.raises(RunError), failures_shared(5):  # a peer's echo of the first failure
-        raise RunError("rank 5 timed out waiting for rank 3")
+    # a peer's echo of the first failure (its connection closed) leaves with the cause instead
+    with pytest.raises(PplanError) as echo, failures_shared(5):
+        raise RunError("rank 5 lost its connection to rank 3")
+    assert echo.value.one_line().endswith(" stopped the job: plan 'x.json' does not exist; make one")
+    assert echo.value.one_line().startswith("rank 3 on ") and echo.value.exit_code == 2
     assert agent_store.add("pplan/t1/0/failed", 0) == 2
     reason = json.loads(agent_store.get("pplan/t1/0/reason"))
     assert reason["rank"] == 3 and reason["exit_code"] == 2
     assert reason["message"] == "plan 'x.json' does not exist; make one"
+
+
+def test_a_ranks_own_verdict_stands_even_after_a_peers(agent_store):
+    """Every rank refuses a disagreement the same way: each prints its own line."""
+    with pytest.raises(PplanError), failures_shared(0):
+        raise PplanError("ranks 1 and 0 were given different plans")
+    with pytest.raises(PplanError, match="^ranks 1 and 0 were given different plans$"), failures_shared(1):
+        raise PplanError("ranks 1 and 0 were given different plans")
+
+
+def test_an_unexpected_error_says_its_root_cause(agent_store):
+    with pytest.raises(RuntimeError), failures_shared(2):
+        try:
+            raise ValueError("injected")
+        except ValueError as inner:
+            raise RuntimeError("[Stage 1] failed to run forward") from inner
+    reason = json.loads(agent_store.get("pplan/t1/0/reason"))
+    assert reason["message"] == "RuntimeError: [Stage 1] failed to run forward (caused by ValueError: injected)"
+    assert reason["exit_code"] == 1
 
 
 def test_a_restarted_job_does_not_read_its_previous_attempts_reason(agent_store, monkeypatch):

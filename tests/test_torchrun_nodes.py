@@ -91,3 +91,16 @@ def test_only_rank_0_checks_and_writes_the_outputs(tmp_path):
     assert "ran " in node0.stdout and "ran " not in node1.stdout
     # the step lines come from the rank holding the last stage of replica 0: node 1's here
     assert "step 2/2" in node1.stdout + node1.stderr
+
+
+def test_a_rank_that_fails_mid_run_stops_the_other_node_with_its_reason(tmp_path):
+    """Rank 1 fails after both joined, while rank 0 waits on it inside the schedule (C code,
+    where no Python runs): rank 0 leaves with rank 1's reason, not after --timeout 120 s."""
+    plan = write_plan(tmp_path / "f.json", "failing_rank_model:build", "1f1b", 2, [(0, 2), (2, 4)],
+                      micro_batch_size=2, n_microbatches=2, seed=1)
+    node0, node1 = _two_nodes([str(plan), "--trust-model"], [str(plan), "--trust-model"])
+    assert "injected failure on rank 1" in node1.stderr, node1.stderr[-3000:]
+    line0, = _pplan_lines(node0)
+    assert line0.startswith("pplan: error: rank 1 on ") and "stopped the job: RuntimeError: " in line0 \
+        and "(caused by RuntimeError: injected failure on rank 1)" in line0, node0.stderr[-3000:]
+    assert node0.returncode != 0 and "exitcode  : 1" in node0.stderr

@@ -81,6 +81,7 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
 
     from planner.hostinfo import usable_cores
     from planner.execute.job_agreement import agree_on_job
+    from planner.execute.job_watch import report_failure
     from planner.execute.train import train_rank
 
     plan = plan_from_dict(cfg["plan"])
@@ -114,6 +115,9 @@ def run_worker(cfg: dict[str, Any], env: Env) -> list[RankMeasurement] | None:
         dist.gather_object(measured, gathered, dst=0)
         dist.barrier()  # nobody tears down its connections while a peer still talks to it
         return gathered if env.rank == 0 else None
+    except BaseException as e:
+        report_failure(e)  # under torchrun: the reason is posted before the peers see our connections close
+        raise
     finally:
         dist.destroy_process_group()
 
