@@ -66,5 +66,6 @@ def test_an_encoder_decoder_from_a_factory_is_refused_as_hf_t5_is(factories):
     assert e.value.message == ("model 'hf_factories:t5': T5ForConditionalGeneration is an encoder-decoder model (two "
                                "stacks of blocks, the decoder's reading the encoder's output), not the one stack of "
                                "layers pplan cuts")
+    assert "'Encoder-decoder models'" in e.value.hint  # the docs' wrapper recipe
     with pytest.raises(ModelSpecError, match="is an encoder-decoder model"):
         build_model("hf:t5:num_layers=1,d_model=16,d_ff=32,num_heads=2,d_kv=8,vocab_size=64", input_shape=(8,))

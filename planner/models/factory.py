@@ -307,7 +307,8 @@ def _refuse_encoder_decoder(model: nn.Module, spec: str) -> None:
     if getattr(getattr(model, "config", None), "is_encoder_decoder", False) is True:
         raise ModelSpecError(f"model {spec!r}: {type(model).__name__} is an encoder-decoder model (two stacks of blocks, the "
                              "decoder's reading the encoder's output), not the one stack of layers pplan cuts",
-                             "use a decoder-only or encoder-only model; see docs/models.md")
+                             "wrap its submodules in a `module:factory` (docs/models.md, 'Encoder-decoder models', "
+                             "shows BART's), or use a decoder-only or encoder-only family")
 
 
 def few_layers_warning(n_layers: int, names: tuple[str, ...] | list[str]) -> str | None:

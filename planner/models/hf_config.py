@@ -166,7 +166,8 @@ def task_of(tf: Any, cfg: Any, model_type: str, spec: str) -> tuple[str, Any]:
     if getattr(cfg, "is_encoder_decoder", False):  # before the task: BART is registered as a masked LM, as its whole seq2seq model
         raise ModelSpecError(f"model {spec!r}: {model_type!r} is an encoder-decoder model (two stacks of blocks, the decoder's reading "
                              "the encoder's output), not a causal LM, masked LM or image classifier with the one stack pplan cuts",
-                             "use a decoder-only or encoder-only family; see docs/models.md")
+                             "wrap its submodules in a `module:factory` (docs/models.md, 'Encoder-decoder models', "
+                             "shows BART's), or use a decoder-only or encoder-only family")
     # masked first: BERT is also registered as a causal LM (its decoder variant)
     tasks = (("masked", tf.AutoModelForMaskedLM), ("causal", tf.AutoModelForCausalLM),
              ("image", tf.AutoModelForImageClassification))
