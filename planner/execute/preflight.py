@@ -30,6 +30,7 @@ import hashlib
 import os
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from planner.errors import ModelSpecError, PlanError, PplanError, ProfileError
@@ -286,18 +287,11 @@ def check_profile_unchanged(plan: Plan, path: str | os.PathLike, sha256: str, *,
                     f"{plan.profile_sha256[:12]}... in the plan)", hint)
 
 
-def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
-              force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
-    """Run every check that needs no process group; raise on the first problem."""
-    from planner.models import layer_count
-    from planner.models.spec import check_input_flags
-
-    check_parallel(plan, opts)
-    if not plan.model:
-        raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
-                        'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
-    # the run's own flags only: a profile's recorded input (an hf: model's vocab) is the model's
-    check_input_flags(plan.model, input_shape=opts.input_shape, input_dtype=opts.input_dtype, vocab=opts.vocab)
+def _read_profile(plan: Plan, plan_path: str | None, profile_override: str | None,
+                  force: bool) -> tuple[Path | None, Profile | None, list[str]]:
+    """(the profile's path, the profile or None when there is none, warnings): the plan's
+    profile, or --profile's; a plan's own profile that changed since the plan is refused unless
+    --force, another one given with --profile is used and said."""
     profile = None
     warnings: list[str] = []
     path = resolve_profile_path(plan, plan_path, profile_override)
@@ -315,10 +309,11 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
         profile = profile_from_bytes(data, str(path))
     elif profile_override:
         load_profile(profile_override)  # raises the usual "does not exist" error
-    kwargs = model_kwargs(profile, opts)
-    # counted and sized here, for every kind (a factory's or hf: model's by building it, which
-    # needs the input described), so a model too large for this machine never reaches the ranks
-    n_layers = layer_count(plan.model, **kwargs)
+    return path, profile, warnings
+
+
+def _check_layer_counts(plan: Plan, n_layers: int, profile: Profile | None, path: Path | None) -> None:
+    """The plan's stages, its recorded layer count and the profile all describe the model's layers."""
     end = plan.stages[-1].layers[1]
     if end != n_layers:
         raise PlanError(f"plan stages cover {end} layers but model {plan.model!r} has {n_layers}",
@@ -330,6 +325,26 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
             raise PlanError(f"profile {str(path)!r} has {profile.n_layers} layers but model {plan.model!r} has {n_layers}",
                             "profile and plan must describe the same model")
         check_profile_model(plan.model, profile)  # after the count: its error is the plainer one
+
+
+def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_override: str | None = None,
+              force: bool = False, under_torchrun: bool = False, local_world: int | None = None) -> Preflight:
+    """Run every check that needs no process group; raise on the first problem."""
+    from planner.models import layer_count
+    from planner.models.spec import check_input_flags
+
+    check_parallel(plan, opts)
+    if not plan.model:
+        raise PlanError("plan has no model spec, so `pplan run` cannot build the model",
+                        'add "model": "gpt:layers=2,..." (the spec the profile was made from)')
+    # the run's own flags only: a profile's recorded input (an hf: model's vocab) is the model's
+    check_input_flags(plan.model, input_shape=opts.input_shape, input_dtype=opts.input_dtype, vocab=opts.vocab)
+    path, profile, warnings = _read_profile(plan, plan_path, profile_override, force)
+    kwargs = model_kwargs(profile, opts)
+    # counted and sized here, for every kind (a factory's or hf: model's by building it, which
+    # needs the input described), so a model too large for this machine never reaches the ranks
+    n_layers = layer_count(plan.model, **kwargs)
+    _check_layer_counts(plan, n_layers, profile, path)
 
     world = plan.n_processes
     world_here = local_world if local_world is not None else world

@@ -229,21 +229,8 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
         progress.start()
         _warm_up(bundle, layers, sizes[0], seed, dev, tdtype)
         progress.measuring()
-        input_bytes = 0.0
-        skip: dict[tuple[int, tuple[int, ...]], float] = {}
-        for k, size in enumerate(sizes):
-            check_next_size_fits(cols, [n for n, _ in named], sizes, k, spec, dev)
-            if bg is not None:  # the workers train at this size before any layer is timed
-                bg.set_batch(size)
-                progress.done(Step(CO_RUN, size, -1), f"co-run at micro-batch {size}")
-            if lg is not None:
-                input_bytes, skip = _measure_graph(
-                    lg, named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed, warmup=warmup,
-                    repeats=repeats, timer=timer, progress=progress)
-                gc.collect()
-                continue
-            input_bytes = _measure_chain(named, bundle, spec, size, k, cols, dev=dev, dtype=tdtype, seed=seed,
-                                         warmup=warmup, repeats=repeats, timer=timer, progress=progress)
+        input_bytes, skip = _measure_sizes(named, lg, bundle, spec, opts, cols, dev=dev, dtype=tdtype, timer=timer,
+                                           progress=progress, bg=bg)
         _size_free_columns(cols, named, len(sizes), dev, warmup=warmup, repeats=repeats, timer=timer, progress=progress)
         if bg is not None:
             bg.check()  # every figure above was measured with all workers running
@@ -259,6 +246,30 @@ def measure_profile(spec: str, opts: ProfileOptions, *, command: str | None = No
     finally:
         stack.close()
         torch.set_num_threads(old_threads)
+
+
+def _measure_sizes(named: list[tuple[str, torch.nn.Module]], lg: Any, bundle: Any, spec: str, opts: ProfileOptions,
+                   cols: dict[str, np.ndarray], *, dev: torch.device, dtype: torch.dtype, timer: str,
+                   progress: ProfileProgress, bg: Any) -> tuple[float, dict[tuple[int, tuple[int, ...]], float]]:
+    """Every layer at every micro-batch size into `cols`, the co-run workers (if any) training at
+    each size first; returns the input's bytes per sample and a traced model's skip tensors."""
+    sizes = list(opts.micro_batch_sizes)
+    input_bytes = 0.0
+    skip: dict[tuple[int, tuple[int, ...]], float] = {}
+    for k, size in enumerate(sizes):
+        check_next_size_fits(cols, [n for n, _ in named], sizes, k, spec, dev)
+        if bg is not None:  # the workers train at this size before any layer is timed
+            bg.set_batch(size)
+            progress.done(Step(CO_RUN, size, -1), f"co-run at micro-batch {size}")
+        if lg is not None:
+            input_bytes, skip = _measure_graph(
+                lg, named, bundle, spec, size, k, cols, dev=dev, dtype=dtype, seed=opts.seed, warmup=opts.warmup,
+                repeats=opts.repeats, timer=timer, progress=progress)
+            gc.collect()
+            continue
+        input_bytes = _measure_chain(named, bundle, spec, size, k, cols, dev=dev, dtype=dtype, seed=opts.seed,
+                                     warmup=opts.warmup, repeats=opts.repeats, timer=timer, progress=progress)
+    return input_bytes, skip
 
 
 def _layers_to_measure(bundle: Any, dev: torch.device,
