@@ -104,3 +104,27 @@ def test_a_rank_that_fails_mid_run_stops_the_other_node_with_its_reason(tmp_path
     assert line0.startswith("pplan: error: rank 1 on ") and "stopped the job: RuntimeError: " in line0 \
         and "(caused by RuntimeError: injected failure on rank 1)" in line0, node0.stderr[-3000:]
     assert node0.returncode != 0 and "exitcode  : 1" in node0.stderr
+
+
+def test_your_own_loop_refuses_another_plan_on_another_node(tmp_path):
+    """examples/train_with_plan.py on each machine with its own plan file: build_pipeline
+    compares the plans of every rank before building anything."""
+    from planner.execute.launch import free_port
+
+    a, b = _plan(tmp_path / "a.json", 2), _plan(tmp_path / "b.json", 1)
+    port, env = str(free_port()), cli_env(OMP_NUM_THREADS="1")
+    procs = [subprocess.Popen([str(TORCHRUN), "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
+                               "--master-addr", "127.0.0.1", "--master-port", port,
+                               str(REPO / "examples" / "train_with_plan.py"), str(plan), "--steps", "2",
+                               "--out", str(tmp_path / f"losses{rank}.json")],
+                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for rank, plan in enumerate((a, b))]
+    try:
+        results = [p.communicate(timeout=100) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    for p, (out, err) in zip(procs, results):
+        assert p.returncode != 0, out + err[-2000:]
+        assert "rank 1 was given another plan than rank 0 (plan sha256 " in err, err[-3000:]
+    assert not list(tmp_path.glob("losses*.json"))

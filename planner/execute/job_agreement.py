@@ -21,7 +21,7 @@ from typing import Any
 
 from planner.errors import PplanError
 
-__all__ = ["JobTerms", "job_terms", "first_disagreement", "agree_on_job"]
+__all__ = ["JobTerms", "job_terms", "first_disagreement", "agree_on_job", "check_same_plan", "plan_digest"]
 
 # Run options every rank must share, by the flag a user sets them with. The others (--timeout,
 # --threads, --verbose, --out, --timeline) are each process's own business.
@@ -48,7 +48,8 @@ class JobTerms:
 
 
 def _digest(value: Any) -> str:
-    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode("utf-8")).hexdigest()
+    return plan_digest(value).hex()
+
 
 
 def job_terms(cfg: dict[str, Any], rank: int, host: str | None = None) -> JobTerms:
@@ -100,3 +101,30 @@ def agree_on_job(cfg: dict[str, Any], rank: int, world: int) -> None:
     refusal = first_disagreement(gathered)
     if refusal is not None:
         raise refusal
+
+
+def plan_digest(plan_dict: Any) -> bytes:
+    """The 32-byte sha256 of a plan (or a part of one) as JSON with sorted keys: equal for equal
+    plans on any host."""
+    return hashlib.sha256(json.dumps(plan_dict, sort_keys=True, default=str).encode("utf-8")).digest()
+
+
+def check_same_plan(plan_dict: dict[str, Any], device: Any) -> None:
+    """Refuse, on every rank of the joined group, a plan that differs from rank 0's: what
+    build_pipeline does for a training loop of one's own (started on every machine with its own
+    plan file). Tensors on `device` rather than pickled objects, so it runs over NCCL without a
+    current CUDA device being set."""
+    import torch
+    import torch.distributed as dist
+
+    world = dist.get_world_size()
+    mine = torch.tensor(list(plan_digest(plan_dict)), dtype=torch.uint8, device=device)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    lead = bytes(every[0].tolist())
+    differ = [r for r, d in enumerate(every) if bytes(d.tolist()) != lead]
+    if differ:
+        theirs = bytes(every[differ[0]].tolist())
+        more = f" (and {len(differ) - 1} more rank(s))" if len(differ) > 1 else ""
+        raise PplanError(f"rank {differ[0]}{more} was given another plan than rank 0 (plan sha256 {theirs.hex()[:12]} "
+                         f"vs {lead.hex()[:12]})", "give every machine the same plan file, then start the job again")

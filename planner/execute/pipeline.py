@@ -73,12 +73,13 @@ import torch.distributed as dist
 from torch import nn
 
 from planner.errors import PplanError
+from planner.execute.job_agreement import check_same_plan
 from planner.execute.mesh import coords, global_rank, make_mesh, tp_index
 from planner.execute import tensor as _tensor
 from planner.execute import zero as _zero
 from planner.execute.stages import StageModule, build_stage_modules, make_schedule, shared_parameter_groups
 from planner.partition.parallel_runnable import layout_error
-from planner.plan import Plan
+from planner.plan import Plan, plan_to_dict
 
 __all__ = ["Pipeline", "build_pipeline", "replica_slice"]
 
@@ -252,6 +253,8 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
     world = _checked_world(plan)
+    if world > 1:  # every machine read its own plan file: a different one would train another model silently
+        check_same_plan(plan_to_dict(plan), device)
     zero = _running_zero(plan)
     device_mesh = _checked_mesh(plan, device_mesh, device)
     dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)
