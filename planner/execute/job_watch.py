@@ -121,13 +121,10 @@ def _await_reason(watch: _Watch) -> None:
 
 
 def _peer_reason(watch: _Watch) -> dict[str, Any] | None:
-    """The posted reason when another rank posted it, else None."""
-    try:
-        if watch.store.add(f"{watch.prefix}/failed", 0) == 0:
-            return None
-        reason = json.loads(watch.store.get(f"{watch.prefix}/reason"))
-    except Exception:  # noqa: BLE001 - the store went away with the job
+    """The posted reason when another rank posted it, else None (raises when the store is gone)."""
+    if watch.store.add(f"{watch.prefix}/failed", 0) == 0:
         return None
+    reason = json.loads(watch.store.get(f"{watch.prefix}/reason"))
     return reason if reason.get("rank") != watch.rank else None
 
 
@@ -155,7 +152,10 @@ def _describe(error: BaseException) -> str:
 def _watch(watch: _Watch) -> None:
     """Poll the failure counter until stopped; on another rank's reason, print it and leave."""
     while not watch.stop.wait(_POLL_S):
-        reason = _peer_reason(watch)
+        try:
+            reason = _peer_reason(watch)
+        except Exception:  # noqa: BLE001 - the store went away with the job: nothing left to watch
+            return
         if reason is None or watch.stop.is_set():
             continue
         error = _peer_error(reason)
@@ -189,7 +189,10 @@ def failures_shared(rank: int) -> Iterator[None]:
         yield
     except BaseException as e:
         report_failure(e)
-        reason = _peer_reason(watch) if _may_be_an_echo(e) else None
+        reason = None
+        if _may_be_an_echo(e):
+            with contextlib.suppress(Exception):  # the store may be gone with the job
+                reason = _peer_reason(watch)
         if reason is not None:
             raise _peer_error(reason) from e
         raise
