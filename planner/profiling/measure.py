@@ -4,7 +4,8 @@ Method (docs/profile-format.md repeats it for users):
 - The layer runs in training mode on its real input (the previous layer's output, detached
   and marked requires_grad, as a pipeline stage receives it; the first layer's input is the
   data and needs no gradient). The last layer's forward includes the loss.
-- fwd_ms / bwd_ms are medians over `repeats` runs after `warmup` runs; on CUDA the device is
+- fwd_ms / bwd_ms are medians over `repeats` runs after `warmup` runs of the layer alone (a
+  chain model's profile then takes them inside whole passes, planner.profiling.inorder); on CUDA the device is
   synchronised around each run. With the `sched` timer (default where Linux reports it) each
   run's wall time has the time this thread spent runnable but waiting for a CPU subtracted
   (the run-queue delay in /proc/thread-self/schedstat): what other processes cost the
@@ -62,7 +63,7 @@ from planner.profiling.flops import count_forward_flops
 from planner.profiling.layerpeak import forward_backward_peak
 from planner.profiling.saved import SavedTensors, tensor_bytes, weight_gradient_hold_bytes
 
-__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for"]
+__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for", "sample_ms", "median_std", "timed_call"]
 
 
 @dataclass(frozen=True)
@@ -149,25 +150,32 @@ def timed_ms(fn: Callable[[], Any], *, warmup: int, repeats: int, sync: Callable
         for i in range(warmup + repeats):
             if before is not None:
                 before()
-            sync()
-            outer0 = time.perf_counter()
-            w0 = waits.ms() if waits else 0.0
-            t0 = time.perf_counter()
-            result = fn()
-            sync()
-            t1 = time.perf_counter()
-            w1 = waits.ms() if waits else 0.0
-            outer1 = time.perf_counter()
+            result, ms = timed_call(fn, waits, sync)
             del result
             if i >= warmup:
-                samples.append(_sample_ms(t1 - t0, outer1 - outer0, w1 - w0))
+                samples.append(ms)
     finally:
         if waits:
             waits.close()
     return samples
 
 
-def _sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
+def timed_call(fn: Callable[[], Any], waits: "RunQueueWait | None", sync: Callable[[], None]) -> tuple[Any, float]:
+    """(fn's result, the call's time in ms less the run-queue wait that fell inside it): one run
+    of timed_ms, also what planner.profiling.inorder times each layer of a pass with."""
+    sync()
+    outer0 = time.perf_counter()
+    w0 = waits.ms() if waits else 0.0
+    t0 = time.perf_counter()
+    result = fn()
+    sync()
+    t1 = time.perf_counter()
+    w1 = waits.ms() if waits else 0.0
+    outer1 = time.perf_counter()
+    return result, sample_ms(t1 - t0, outer1 - outer0, w1 - w0)
+
+
+def sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
     """One run's time, ms: `timed_s` between the clock's reads around the call, minus the part of
     the run-queue wait `waited_ms` (counted between reads just outside them, `outer_s` apart) that
     fell inside. The wait counter cannot be read inside the timed window without adding its cost to
@@ -179,7 +187,7 @@ def _sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
     return max(timed_ms - max(waited_ms - outside_ms, 0.0), 0.0)
 
 
-def _median_std(samples: list[float]) -> tuple[float, float]:
+def median_std(samples: list[float]) -> tuple[float, float]:
     if not samples:
         return 0.0, 0.0
     return statistics.median(samples), statistics.stdev(samples) if len(samples) > 1 else 0.0
@@ -189,8 +197,8 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
              output_bytes: int, flops: int, cuda_peak: int, peak: int = 0,
              output_saved: int = 0, input_saved: int = 0, wgrad: int = 0) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
-    fwd_med, fwd_std = _median_std(fwd)
-    bwd_med, bwd_std = _median_std(bwd)
+    fwd_med, fwd_std = median_std(fwd)
+    bwd_med, bwd_std = median_std(bwd)
     return LayerMeasurement(
         fwd_ms=fwd_med, fwd_ms_std=fwd_std, bwd_ms=bwd_med, bwd_ms_std=bwd_std,
         bwd_input_ms=bwd_input, bwd_weight_ms=max(bwd_med - bwd_input, 0.0),

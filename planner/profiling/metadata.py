@@ -126,6 +126,9 @@ META_KEYS: dict[str, Callable[[str], str | None]] = {
     # processes that trained the model beside the profiler (`--co-run`); absent in older
     # profiles, which were all measured alone (0)
     "co_run": _integer(0, MAX_CO_RUN),
+    # how the layer times were taken (planner.profiling.inorder); absent in profiles made before
+    # 2026-12-04, which timed each layer alone
+    "layer_timing": _free_text,
     "source": _free_text,  # planner.partition.synthetic / planner.profiling.analytic: what made the profile
     "analytic": lambda v: None if v in ("true", "false") else "is not true or false",  # computed, not measured
     "hardware": _free_text,  # the hardware preset an analytic profile was computed for
