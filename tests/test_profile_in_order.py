@@ -101,3 +101,15 @@ def test_a_profile_says_how_its_layers_were_timed(monkeypatch):
     monkeypatch.setattr(inorder, "available_ram", lambda: 1)
     alone = profile_model(TINY_GPT, [1, 2], warmup=0, repeats=2, threads=1)
     assert alone.meta["layer_timing"] == f"{IN_ORDER}; alone at micro-batch sizes 1,2 (a whole pass did not fit)"
+
+
+class _FailsToAllocate(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        raise RuntimeError("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory")
+
+
+def test_a_pass_whose_allocation_fails_keeps_the_times_alone():
+    cols = _cols(2)
+    assert not retime_in_order([nn.Identity(), _FailsToAllocate()], torch.ones(2, 2), lambda y, t: y.sum(), None,
+                               cols, 0, warmup=0, repeats=1, timer="wall")
+    assert cols["fwd_ms"][:, 0].tolist() == [5.0, 5.0] and cols["bwd_ms"][:, 0].tolist() == [2.0, 2.0]

@@ -15,8 +15,8 @@ output detached and requiring grad (as measure_layer gets it), the loss with the
 backward layer by layer from the loss, each seeded with the input gradient the next layer gave.
 The zero-bubble split keeps the proportion measured alone (bwd_input_ms / bwd_ms). A pass holds
 every layer's activations of one micro-batch at once: where that would take more than half the
-memory left (RAM, and the GPU's on CUDA), the size keeps its times alone, and the profile's
-`layer_timing` line says which sizes.
+memory left (RAM, and the GPU's on CUDA), or an allocation fails during the passes, the size
+keeps its times alone, and the profile's `layer_timing` line says which sizes.
 """
 
 from __future__ import annotations
@@ -97,6 +97,12 @@ def retime_in_order(layers: list[torch.nn.Module], first: torch.Tensor, loss_fn:
             one = _one_pass(layers, first, loss_fn, target, waits, sync)
             if r >= warmup:
                 samples.append(one)
+    except (torch.OutOfMemoryError, MemoryError):
+        return False  # the estimate let a pass through that did not fit: the times alone stay
+    except RuntimeError as e:
+        if "allocate memory" not in str(e):  # a failed CPU allocation, as planner.profiling.profiler reads it
+            raise
+        return False
     finally:
         if waits:
             waits.close()
