@@ -55,8 +55,6 @@ def test_another_step_count_or_resume_point_is_named_with_both_values():
     assert "different settings: --steps 20 vs 10" in steps.one_line()
     resumed = first_disagreement([job_terms(_cfg(resume={"step": 4}), 0, "a"), job_terms(_cfg(resume={"step": 8}), 1, "b")])
     assert "the step resumed from (--checkpoint-dir) 8 vs 4" in resumed.one_line()
-    device = first_disagreement([job_terms(_cfg(), 0, "a"), job_terms(_cfg(device_type="cuda"), 1, "b")])
-    assert "--device 'cuda' vs 'cpu'" in device.one_line()
 
 
 def test_no_agent_store_outside_torchrun(monkeypatch):
@@ -144,3 +142,26 @@ def test_the_other_ranks_leave_with_the_posted_reason_and_its_exit_code(agent_st
     assert proc.returncode == 2 and "not stopped" not in out
     assert err.strip().splitlines()[-1].startswith("pplan: error: rank 0 on "), err
     assert err.strip().endswith("stopped the job: the plan needs 4 processes; start 4"), err
+
+
+def test_a_rank_leaves_when_node_0s_store_goes_away_mid_run(monkeypatch):
+    """Node 0's torchrun keeps the store and ends soon after a rank there fails: a rank still
+    working elsewhere leaves, saying so, instead of waiting out --timeout."""
+    import torch.distributed as dist
+
+    store = dist.TCPStore("127.0.0.1", 0, None, True, timedelta(seconds=30), wait_for_workers=False)
+    env = cli_env(TORCHELASTIC_USE_AGENT_STORE="True", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(store.port),
+                  TORCHELASTIC_RUN_ID="t2", TORCHELASTIC_RESTART_COUNT="0")
+    proc = subprocess.Popen([sys.executable, "-c", _WAITING_RANK], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "waiting"
+        del store  # the server closes with its last reference
+        import gc
+
+        gc.collect()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "not stopped" not in out
+    assert "pplan: error: the job's store at MASTER_ADDR:MASTER_PORT went away while this rank was still working" in err

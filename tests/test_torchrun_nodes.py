@@ -57,8 +57,9 @@ def test_nodes_given_different_plans_are_refused_on_every_node(tmp_path):
     runs = _two_nodes([str(a), "--out", str(tmp_path / "run.json")], [str(b)])
     for res in runs:
         assert res.returncode != 0 and "exitcode  : 2" in res.stderr, res.stderr[-3000:]
+        # each rank's own line, or (if its watcher read the peer's post first) the peer's, relayed
         line, = _pplan_lines(res)
-        assert line.startswith("pplan: error: rank 1 on ") and "were given different plans: they differ in 'stages'" in line
+        assert "rank 1 on " in line and "were given different plans: they differ in 'stages'" in line
         assert "planner/execute" not in res.stderr  # no traceback through pplan's code
     assert not (tmp_path / "run.json").exists()
 

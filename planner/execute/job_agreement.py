@@ -5,7 +5,8 @@ Under torchrun each node types its own `pplan run` command line. A node given an
 trains a model nobody planned without a word: measured here, two nodes given 2-layer cuts at
 layer 2 and at layer 1 trained side by side, loss 5.0017 -> 4.9380 instead of 5.0034 -> 4.9241.
 Other --steps, --lr or another checkpoint to resume from make one node wait for a step its
-peers never take. So right after joining the process group the ranks exchange what they are
+peers never take. (Another --device is not among the terms: a cuda node joins over NCCL and a cpu
+node over gloo, so they never meet here; they fail to join after --timeout.) So right after joining the process group the ranks exchange what they are
 about to run (agree_on_job), and every rank refuses with the same line, naming the first rank
 that differs from rank 0 and what differs. The local launcher hands every rank one config, where
 the exchange agrees at once.
@@ -57,7 +58,6 @@ def job_terms(cfg: dict[str, Any], rank: int, host: str | None = None) -> JobTer
     plan = cfg["plan"]
     options = cfg.get("options") or {}
     settings = [(flag, repr(options.get(key))) for key, flag in _SHARED_OPTIONS]
-    settings.append(("--device", repr(cfg.get("device_type"))))
     settings.append(("the model's input (--input-shape/--input-dtype/--vocab or the profile's record)",
                      repr(sorted((cfg.get("model_kwargs") or {}).items()))))
     resume = cfg.get("resume")

@@ -101,6 +101,9 @@ def report_failure(error: BaseException) -> None:
             _await_reason(watch)  # a peer that failed first posts before its connections close
         watch.store.compare_set(f"{watch.prefix}/reason", "", json.dumps(reason))
         watch.store.add(f"{watch.prefix}/failed", 1)
+        # The store lives in node 0's torchrun, which ends soon after a rank there fails: give
+        # every watcher one poll to read the reason before it can go.
+        time.sleep(1.5 * _POLL_S)
 
 
 def _may_be_an_echo(error: BaseException) -> bool:
@@ -150,20 +153,30 @@ def _describe(error: BaseException) -> str:
 
 
 def _watch(watch: _Watch) -> None:
-    """Poll the failure counter until stopped; on another rank's reason, print it and leave."""
+    """Poll the failure counter until stopped; on another rank's reason, print it and leave. The
+    store going away while this rank still works means node 0's torchrun ended the job (on success
+    torchrun's exit barrier keeps it until every node's ranks are done): leave too, saying so."""
     while not watch.stop.wait(_POLL_S):
         try:
             reason = _peer_reason(watch)
-        except Exception:  # noqa: BLE001 - the store went away with the job: nothing left to watch
+        except Exception:  # noqa: BLE001 - the store went away
+            if watch.stop.wait(2 * _POLL_S):
+                return  # this rank's own body ended meanwhile: the job was over
+            _leave(RunError("the job's store at MASTER_ADDR:MASTER_PORT went away while this rank was still working: "
+                            "node 0's torchrun ended the job", "its output says why"))
             return
         if reason is None or watch.stop.is_set():
             continue
-        error = _peer_error(reason)
-        sys.stderr.write(f"pplan: error: {error.one_line()}\n")
-        sys.stderr.flush()
-        sys.stdout.flush()
-        # The main thread may be inside a collective (C code, no Python to raise into): leave now.
-        os._exit(error.exit_code)
+        _leave(_peer_error(reason))
+
+
+def _leave(error: PplanError) -> None:
+    """Print `error` and end the process at once: the main thread may be inside a collective (C
+    code, no Python to raise into)."""
+    sys.stderr.write(f"pplan: error: {error.one_line()}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(error.exit_code)
 
 
 @contextlib.contextmanager

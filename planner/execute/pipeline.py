@@ -252,9 +252,11 @@ def build_pipeline(plan: Plan, model: Any, *, rank: int | None = None, device_me
     loss_fn, example = _model_defaults(plan, model, loss_fn, example)
     if rank is None:
         rank = dist.get_rank() if dist.is_initialized() else 0
-    world = _checked_world(plan)
-    if world > 1:  # every machine read its own plan file: a different one would train another model silently
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        # every machine read its own plan file: another one would train another model silently;
+        # first, so that every rank reaches this exchange (a check below may refuse one rank only)
         check_same_plan(plan_to_dict(plan), device)
+    world = _checked_world(plan)
     zero = _running_zero(plan)
     device_mesh = _checked_mesh(plan, device_mesh, device)
     dp_index, pp_index, pp_group, dp_group = _place(plan, rank, device_mesh)

@@ -47,11 +47,10 @@ def layer_timing_text(alone_sizes: list[int], graph: bool) -> str:
 
 def _pass_fits(cols: dict[str, np.ndarray], k: int, dev: torch.device) -> bool:
     """Whether one pass's activations (every layer's saved tensors, the last output, the largest
-    temporaries) fit in half the memory left."""
+    temporaries) fit in half the memory left on the device."""
     need = float(cols["activation_bytes"][:, k].sum() + cols["output_bytes"][-1, k] + cols["workspace_bytes"][:, k].max())
-    room = [available_ram()]
-    if dev.type == "cuda":
-        room.append(int(torch.cuda.mem_get_info(dev)[0]))
+    # the pass's tensors live on the device: host RAM on CPU, the GPU's memory on CUDA
+    room = [int(torch.cuda.mem_get_info(dev)[0])] if dev.type == "cuda" else [available_ram()]
     return all(r is None or need <= _ROOM_SHARE * r for r in room)
 
 
@@ -106,6 +105,8 @@ def retime_in_order(layers: list[torch.nn.Module], first: torch.Tensor, loss_fn:
     finally:
         if waits:
             waits.close()
+        for layer in layers:  # as measure_layer leaves them: the next size's memory checks see what is free
+            layer.zero_grad(set_to_none=True)
     for i in range(len(layers)):
         fwd = [s[0][i] for s in samples]
         bwd = [s[1][i] for s in samples]
