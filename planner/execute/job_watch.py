@@ -99,11 +99,13 @@ def report_failure(error: BaseException) -> None:
     with contextlib.suppress(Exception):
         if _may_be_an_echo(error):
             _await_reason(watch)  # a peer that failed first posts before its connections close
-        watch.store.compare_set(f"{watch.prefix}/reason", "", json.dumps(reason))
+        posted = json.dumps(reason)
+        kept = watch.store.compare_set(f"{watch.prefix}/reason", "", posted)
         watch.store.add(f"{watch.prefix}/failed", 1)
-        # The store lives in node 0's torchrun, which ends soon after a rank there fails: give
-        # every watcher one poll to read the reason before it can go.
-        time.sleep(1.5 * _POLL_S)
+        if kept.decode("utf-8") == posted:
+            # Ours is the reason, and the store lives in node 0's torchrun, which ends soon after
+            # a rank there fails: give every watcher one poll to read it before it can go.
+            time.sleep(1.5 * _POLL_S)
 
 
 def _may_be_an_echo(error: BaseException) -> bool:

@@ -63,7 +63,7 @@ from planner.profiling.flops import count_forward_flops
 from planner.profiling.layerpeak import forward_backward_peak
 from planner.profiling.saved import SavedTensors, tensor_bytes, weight_gradient_hold_bytes
 
-__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for", "sample_ms", "median_std", "timed_call"]
+__all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for", "median_std", "timed_call"]
 
 
 @dataclass(frozen=True)
@@ -172,10 +172,10 @@ def timed_call(fn: Callable[[], Any], waits: "RunQueueWait | None", sync: Callab
     t1 = time.perf_counter()
     w1 = waits.ms() if waits else 0.0
     outer1 = time.perf_counter()
-    return result, sample_ms(t1 - t0, outer1 - outer0, w1 - w0)
+    return result, _sample_ms(t1 - t0, outer1 - outer0, w1 - w0)
 
 
-def sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
+def _sample_ms(timed_s: float, outer_s: float, waited_ms: float) -> float:
     """One run's time, ms: `timed_s` between the clock's reads around the call, minus the part of
     the run-queue wait `waited_ms` (counted between reads just outside them, `outer_s` apart) that
     fell inside. The wait counter cannot be read inside the timed window without adding its cost to
