@@ -201,7 +201,8 @@ def _check_rank_memory(sim, sched, stages: list, placement: list[int], layout: L
     """Each device's memory is the cost model's at the larger of its two moments, within the partitioner's bound."""
     peaks = memory_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
-                         [st.wgrad_bytes for st in stages], [st.sent for st in stages])
+                         [st.wgrad_bytes for st in stages], [st.sent for st in stages],
+                         [st.running_i_bytes for st in stages])
     for r in range(layout.n_ranks):
         d = layout.order[r]
         mine = [st for s, st in enumerate(stages) if placement[s] == d]

@@ -80,18 +80,20 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
     return out
 
 
-def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_bytes, wgrad_bytes, sent_bytes):
+def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_bytes, wgrad_bytes, sent_bytes,
+                 running_bytes=None):
     out = []
     for stages, states in _walk_states(schedule):
         held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
         kept = [float(kept_bytes[s]) - h for s, h in zip(stages, held)]
         grad = [float(gradient_bytes[s]) for s in stages]
         wgrad = [float(wgrad_bytes[s]) if wgrad_bytes is not None else 0.0 for s in stages]
+        run = [float(running_bytes[s]) if running_bytes is not None else 0.0 for s in stages]
         sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
         best, at = -1.0, (0.0, 0.0)
         for counts, bwd, has_grad, outs, pending, sent, running in states:
             act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
-                   + sum((c + x) * w for c, x, w in zip(pending, running, wgrad))
+                   + sum(c * w + x * r for c, x, w, r in zip(pending, running, wgrad, run))
                    + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
                    + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
             g = sum(h * x for h, x in zip(has_grad, grad))
@@ -161,8 +163,9 @@ def test_memory_peaks_equal_the_plain_definition(kind):
         held = [min(h, k) for h, k in zip(_prices(rng, kind, S), kept)] if rng.random() < 0.7 else None
         wgrad = _prices(rng, kind, S) if rng.random() < 0.5 else None
         sent = [tuple(_prices(rng, kind, 3)) for _ in range(S)] if rng.random() < 0.5 else None
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent)
-        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent)
+        running = _prices(rng, kind, S) if rng.random() < 0.5 else None
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running)
+        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running)
         assert repr(got) == repr(want), (schedule.name, schedule.n_ranks, schedule.n_microbatches, kind)
         assert repr(activation_peaks(schedule, kept, trans)) == repr(_plain_activation_peaks(schedule, kept, trans))
 
@@ -172,11 +175,11 @@ def test_a_front_cut_short_gives_the_same_peaks(monkeypatch):
     rng = np.random.default_rng(21)
     for schedule in _random_schedules(rng, 40):
         S = schedule.n_stages
-        kept, trans, grad, held, wgrad = (_prices(rng, "small", S) for _ in range(5))
+        kept, trans, grad, held, wgrad, running = (_prices(rng, "small", S) for _ in range(6))
         held = [min(h, k) for h, k in zip(held, kept)]
         sent = [tuple(_prices(rng, "small", 3)) for _ in range(S)]
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent)
-        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent)) == repr(want)
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running)
+        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running)) == repr(want)
 
 
 def test_a_tie_the_front_alone_would_break_otherwise_takes_the_first_state():

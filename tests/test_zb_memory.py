@@ -50,9 +50,13 @@ def test_memory_peaks_hold_pending_weight_gradients_until_w_ends():
     # 0W3, its last action: all 4 of them, and no micro-batch held)
     got = memory_peaks(sched, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], None, None, [(0.0, 1000.0, 0.0), (0.0, 0.0, 0.0)])
     assert got[0] == (4000.0, 0.0)
-    # a running I holds its micro-batch's wgrad already (torch's hooks store it as I runs): rank 1 of
-    # 1F0 1I0 1W0 peaks during 1I0, its output (10 of the 10 kept) still held, at 10 + 100, not at 1W0 (100)
-    assert memory_peaks(generate("zb", 2, 1), [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], [10.0, 10.0], [0.0, 100.0])[1] == (110.0, 0.0)
+    # a running I stores its wgrads as it goes (torch's hooks), priced beyond the transient by `running`
+    # (planner.cost.held.running_i_extra): rank 1 of 1F0 1I0 1W0 peaks during 1I0, its output (10 of
+    # the 10 kept) still held, at 10 + 100, not at 1W0 (100); with nothing running beyond the
+    # transient it peaks after I instead (100 pending, its output freed)
+    one = generate("zb", 2, 1)
+    assert memory_peaks(one, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], [10.0, 10.0], [0.0, 100.0], None, [0.0, 100.0])[1] == (110.0, 0.0)
+    assert memory_peaks(one, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0], [10.0, 10.0], [0.0, 100.0])[1] == (100.0, 0.0)
     # the first stage's backward runs at W (its I computes no input gradient): the transient lives then
     # with the pending wgrad priced here (10 + 5 + 100), not during I (10 + 5, or 10 + 100 with I's wgrad)
     assert memory_peaks(generate("zb", 1, 1), [10.0], [5.0], [0.0], None, [100.0])[0] == (115.0, 0.0)

@@ -15,7 +15,7 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost.compute import layer_compute_ms
-from planner.cost.held import held_output_per_layer, wgrad_per_layer
+from planner.cost.held import held_output_per_layer, loss_saved_bytes, wgrad_per_layer
 from planner.cost.memory import (
     boundary_bytes, checkpoint_input_bytes, kept_activation_bytes, optimizer_workspace,
     runtime_buffers, scaled_skip_edges, stage_entry_bytes, static_bytes_per_layer,
@@ -65,6 +65,8 @@ class LayerArrays:
     rematerialized_bytes: np.ndarray | None = None
     """Per layer, what its recompute brings back during its backward (planner.cost.transient.rematerialized_bytes);
     None: activation_bytes (profiles without checkpoint_extra_bytes)."""
+    loss_saved_bytes: float = 0.0
+    """What the loss saves per micro-batch, freed at the last stage's I when the backward is split (planner.cost.held.loss_saved_bytes)."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -88,6 +90,7 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         wgrad_bytes=wgrad_per_layer(costs),
         rematerialized_bytes=(None if costs.checkpoint_extra_bytes is None
                               else rematerialized_bytes(kept_activation_bytes(costs), costs.checkpoint_extra_bytes)),
+        loss_saved_bytes=loss_saved_bytes(costs),
     )
 
 

@@ -46,12 +46,12 @@ stage_memory_moments derives them from each rank's order of actions, the same st
 simulator's memory_peaks walks): a moment holds in_flight micro-batches' kept bytes, the
 transient if a backward of the stage runs then (B or I; W on the first stage, whose I computes
 nothing), the gradients if they exist by then (from the end of the stage's first weight-gradient
-action) and pending_w micro-batches' wgrad (one more while an I runs: running_i); and the
-optimizer step:
+action), pending_w micro-batches' wgrad and, while an I runs (running_i), what the wgrads it
+stores exceed the transient by (planner.cost.held.running_i_extra); and the optimizer step:
   moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients]
-           + (pending_w + running_i) x wgrad
+           + pending_w x wgrad [+ running I extra]
            + sent_grads x bytes in + (sent_grads - pending_w) x bytes out
-           + pending_w x (pending_output - held output)
+           + pending_w x (pending_output - held output)   (on the last stage: - held output - loss's tensors)
   step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
 (in_flight counts a micro-batch until its W ends, with its held output in kept: the last term
 takes that off where torch freed it at I). GPipe's activation peak (its first backward) holds no
@@ -273,19 +273,21 @@ def fixed_bytes(static: Any, bytes_in: Any, bytes_out: Any, n_microbatches: int 
 
 
 def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, wgrad: Any = 0.0,
-                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0) -> Any:
+                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0) -> Any:
     """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
     runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
-    fixed_bytes counts them), + (moment.pending_w + moment.running_i) x wgrad (stage_wgrad) + what sends hold (sent_bytes,
-    per ended I and ended W) + per pending W its output as pending_output has it (sent[2]) less the
-    stage's held output (`held_out`, part of kept: in_flight counts a micro-batch until its W ends).
+    fixed_bytes counts them), + moment.pending_w x wgrad (stage_wgrad) + `running` if an I runs then
+    (moment.running_i; planner.cost.held.running_i_extra: the wgrads it stores beyond the transient)
+    + what sends hold (sent_bytes, per ended I and ended W) + per pending W what pending_output says
+    it holds (sent[2]) less the stage's held output (`held_out`, part of kept: in_flight counts a
+    micro-batch until its W ends).
     `moment`: a planner.schedules.memory.Moment, or a MomentStack (every moment of a stage at once:
     one row each, the DP's dozens of moments of a held-sends stage priced in one call, each row
     the same arithmetic as its moment alone). Numbers, numpy arrays or PuLP expressions (an ILP
     writes one row per moment)."""
     held = moment.in_flight * kept
-    # split backwards only (every other plan's arithmetic stays as it was); a running I holds its wgrad already
-    held = _where(moment.running_i | (moment.pending_w != 0), held, lambda: [(moment.pending_w + 1 * moment.running_i) * wgrad])
+    # split backwards only (every other plan's arithmetic stays as it was); a running I stores wgrads as it goes
+    held = _where(moment.running_i | (moment.pending_w != 0), held, lambda: [moment.pending_w * wgrad, 1 * moment.running_i * running])
     # ended I; of them, sent_grads - pending_w also ended their W
     held = _where(moment.sent_grads != 0, held, lambda: [moment.sent_grads * sent[0], (moment.sent_grads - moment.pending_w) * sent[1],
                                                          moment.pending_w * (sent[2] - held_out)])
@@ -310,12 +312,13 @@ def _where(flag: Any, held: Any, terms: Callable[[], list[Any]], sign: int = 1) 
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
                 optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0,
                 gradients: Any = 0.0, moments: Sequence[Any] | None = None, wgrad: Any = 0.0,
-                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0) -> Any:
+                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0) -> Any:
     """Peak bytes of a stage: fixed_bytes + the largest moment_bytes over `moments` (planner.
     schedules.memory.stage_memory_moments) and the optimizer step's temporaries (module docstring).
     Buffers: buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in); `gradients` the stage's
     gradient bytes (part of `static`); `wgrad` what it holds per pending W (stage_wgrad), `sent` what
-    its sends and pending W hold (sent_bytes), `held_out` its held output (held_output). `moments`
+    its sends and pending W hold (sent_bytes), `held_out` its held output (held_output), `running`
+    what a running I holds beyond the transient (running_i_extra). `moments`
     None: one moment holding `in_flight` micro-batches, the transient and the gradients (the bound
     used before pplan told the moments apart; no pending W).
 
@@ -329,7 +332,7 @@ def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept
     else:  # the step (or, without one, the gradients alone) is the floor of every moment
         held = np.maximum(optimizer_step, 0.0)
         for moment in moments:
-            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out))
+            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out, running))
     return fixed_bytes(static, bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 

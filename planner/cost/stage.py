@@ -16,7 +16,9 @@ import numpy as np
 
 from planner.calibration import Calibration
 from planner.cost.compute import compute_terms, microbatch_overhead_ms
-from planner.cost.held import held_output, held_output_per_layer, sent_bytes, stage_wgrad, wgrad_per_layer
+from planner.cost.held import (
+    held_output, held_output_per_layer, loss_saved_bytes, running_i_extra, sent_bytes, stage_wgrad, wgrad_per_layer,
+)
 from planner.cost.memory import (
     boundary_bytes, buffer_bytes, checkpoint_input_bytes, kept_activation_bytes, kept_bytes, optimizer_factor,
     optimizer_workspace, receive_buffer_microbatches, runtime_buffers, scaled_skip_edges, stage_bytes, stage_entry_bytes,
@@ -85,7 +87,9 @@ class StageCost:
     batch_input_bytes: float = 0.0
     """The model input per micro-batch when this is the first stage (its share of the step's input batch), else 0."""
     wgrad_bytes: float = 0.0
-    """Bytes held per micro-batch from the start of its I to the end of its W when the backward is split (planner.cost.held.stage_wgrad)."""
+    """Bytes held per micro-batch from the end of its I to the end of its W when the backward is split (planner.cost.held.stage_wgrad)."""
+    running_i_bytes: float = 0.0
+    """What a running I holds beyond transient_bytes: the wgrads it stores as its backward goes (planner.cost.held.running_i_extra)."""
     sent_grad_bytes: float = 0.0
     """Bytes each input gradient sent (by an I, or a B where the runtime holds its sends) holds until
     the step ends (planner.cost.held.sent_bytes)."""
@@ -93,8 +97,9 @@ class StageCost:
     """Bytes each output sent holds until the step ends, beyond its W (or its B where the runtime holds
     its sends) (planner.cost.held.sent_bytes)."""
     sent_held_bytes: float = 0.0
-    """The part of held_output_bytes a micro-batch still holds from the end of its I to the end of its W
-    (planner.cost.held.pending_output: all of it on every stage but the last, none on the last)."""
+    """What a micro-batch still holds of held_output_bytes from the end of its I to the end of its W, less
+    what its I freed of the loss's saved tensors (planner.cost.held.pending_output: all of the output on
+    every stage but the last; on the last none, and minus the loss's tensors)."""
 
     @property
     def sent(self) -> tuple[float, float, float]:
@@ -155,6 +160,7 @@ def stage_cost(
         recv_microbatches=receive_buffer_microbatches(runtime_buffers(costs), n_microbatches),
         batch_input_bytes=layer_range_batch_bytes(costs, first, end),
         wgrad_bytes=stage_wgrad(wgrad_per_layer(costs), first, end),
+        running_i_bytes=running_i_extra(costs.workspace_bytes, wgrad_per_layer(costs), first, end),
         **_sent_fields(costs, boundary, first, end),
     )
 
@@ -163,7 +169,8 @@ def _sent_fields(costs: LayerCosts, boundary: np.ndarray, first: int, end: int) 
     """StageCost's sent_* fields (planner.cost.held.sent_bytes)."""
     held = held_output(held_output_per_layer(costs), end)
     names = ("sent_grad_bytes", "sent_output_bytes", "sent_held_bytes")
-    got = sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None, end == len(costs.fwd_ms))
+    got = sent_bytes(boundary[first], boundary[end], held, costs.wgrad_bytes is not None, end == len(costs.fwd_ms),
+                     loss_saved_bytes(costs))
     return dict(zip(names, (float(x) for x in got)))
 
 
@@ -182,4 +189,4 @@ def stage_peak_bytes(stage: StageCost, in_flight: float, moments: Sequence[Any] 
     return float(stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
                              stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
                              stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments,
-                             stage.wgrad_bytes, stage.sent, stage.held_output_bytes))
+                             stage.wgrad_bytes, stage.sent, stage.held_output_bytes, stage.running_i_bytes))

@@ -112,6 +112,7 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         gradient_bytes=np.asarray(costs.param_bytes, dtype=float),
         wgrad_bytes=arrays.wgrad_bytes,
         rematerialized_bytes=arrays.rematerialized_bytes,
+        loss_saved_bytes=arrays.loss_saved_bytes,
     )
 
 

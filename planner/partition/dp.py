@@ -14,16 +14,15 @@ k*D(q) - T(q) bytes" is made monotone by a running max over q and searched by bi
 A stage's memory is the largest over its schedule's moments (planner.cost.stage_bytes: GPipe's
 first backward, k = M in flight and no gradients yet, and a later one, M - 1 and the gradients);
 each drops by its own saving and all must fit. With one condition (1F1B once M >= P, no
-workspace column) that is one bisection; with more, each one's bisection gives a lower bound,
-and since T is constant on runs of q where every saving grows, the least q fitting all is found
-by stepping run by run and bisecting inside the first run whose last q fits (runs: one per new
-largest recomputed transient, few in practice). The tables, and how a moment's condition, whose
-transient depends on the stage's largest workspace and so on its end, becomes conditions on
-tables per start, are planner.partition.recompute_prefix's.
+workspace column) that is one bisection; with more, each one's bisection gives a lower bound, and
+as T is constant on runs of q where every saving grows (one run per new largest recomputed
+transient, few in practice), the least q fitting all is found by stepping run by run and bisecting
+inside the first run whose last q fits. planner.partition.recompute_prefix holds those tables and
+turns a moment's condition (its transient depends on the stage's end) into conditions per start.
 
-Stage s can only end before layers s+1 .. L-(S-1-s) (problem.stage_window), so a pass relaxes
-an (L-S+1)^2 window per stage (one entry when S = L), over tables of whole (L+1)^2 arrays shared
-by equal positions or, when S is near L, built per window. Only a band is priced: a stage whose
+Stage s can only end before layers s+1 .. L-(S-1-s) (problem.stage_window), so a pass relaxes an
+(L-S+1)^2 window per stage (one entry when S = L), over (L+1)^2 tables (planner.partition.tables)
+shared by equal positions or, when S is near L, built per window. Only a band is priced: a stage whose
 compute alone exceeds a cap cannot be in a plan with a smaller bottleneck, so pass 1 starts with
 a cap of twice the balanced share and raises it to the bottleneck found when that was larger
 (exact: see _least_bottleneck); pass 2 uses the optimal bottleneck as its cap.
@@ -40,9 +39,10 @@ from planner.cost.held import sent_bytes
 from planner.cost.transient import layer_transient
 from planner.partition.recompute_prefix import PrefixRecompute
 from planner.partition.problem import (
-    TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, range_max, rematerialized,
-    prefix_sums, relax_window, stage_window,
+    TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, rematerialized,
+    relax_window, stage_window,
 )
+from planner.partition.tables import prefix_sums, range_max, running_i_table
 from planner.schedules.memory import Moment, MomentStack, corner_moments, stack_moments
 
 __all__ = ["solve_dp", "min_memory_scale", "StageTables", "windowed_is_cheaper"]
@@ -57,8 +57,7 @@ class StageTables:
     def __init__(self, p: PartitionProblem):
         L = p.n_layers
         self.p, self.L = p, L
-        idx = np.arange(L + 1)
-        self.valid = idx[None, :] > idx[:, None]
+        self.valid = np.triu(np.ones((L + 1, L + 1), dtype=bool), k=1)  # i < j
         self.bb = np.asarray(p.boundary_bytes, dtype=float)
         self.ps, self.pa, self.pc = prefix_sums(p.static_bytes), prefix_sums(p.activation_bytes), prefix_sums(p.compute_ms)
         self.comp = self.pc[None, :] - self.pc[:, None]
@@ -79,8 +78,10 @@ class StageTables:
                       if p.entry_bytes is not None else None)
         # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
         self.pg = prefix_sums(p.gradient_bytes) if p.gradient_bytes is not None else None
-        # per-(i, j) bytes held between a micro-batch's I and W (0 for i = 0: planner.cost.held.stage_wgrad); None: all 0
-        self.pw = prefix_sums(p.wgrad_bytes) if p.wgrad_bytes is not None else None
+        # per-(i, j) bytes held between a micro-batch's I and W, and what a running I holds beyond the transient
+        # (0 for i = 0: planner.cost.held's stage_wgrad and running_i_extra); None: all 0
+        self.pw, self.running = ((prefix_sums(p.wgrad_bytes), running_i_table(p.workspace_bytes, p.wgrad_bytes, self.work))
+                                 if p.wgrad_bytes is not None else (None, None))
         self._min_cache: dict[tuple, np.ndarray] = {}
         self._stacks: dict[int, MomentStack | Moment] = {}  # per position, its moments as one MomentStack (or its one moment)
         if p.recompute == "all":
@@ -151,14 +152,15 @@ class StageTables:
         else:
             kept, trans = self.pa[jj] - self.pa[ii] + pt, work
         wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
+        running = self.running[ii, jj] if self.running is not None else 0.0
         held = self.hold[jj] if self.hold is not None else 0.0
-        sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None, jj == self.L)
+        sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None, jj == self.L, self.p.loss_saved_bytes)
         stack = self._stacks.get(s)
         if stack is None:  # without a recompute choice to price, the moments between two others never peak alone
             priced = kinds if p.recompute == "auto" else corner_moments(kinds)
             stack = self._stacks[s] = priced[0] if len(priced) == 1 else stack_moments(priced)
         # one row per moment, priced in one call (a held-sends stage has dozens)
-        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held)), step, kinds, work
+        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held, running)), step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:
@@ -221,6 +223,8 @@ class StageTables:
         out = np.full((i1 - i0 + 1, j1 - j0 + 1), np.inf)
         out[ii - i0, jj - j0] = fixed + np.maximum(least, np.maximum(step, 0.0))
         return out
+
+
 
 
 def _first_cap(p: PartitionProblem) -> float:

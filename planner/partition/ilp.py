@@ -191,9 +191,10 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         grads = (pulp.lpSum(y(l, s) * float(p.gradient_bytes[l]) for l in range(L)) if p.gradient_bytes is not None else 0)
         # held between a micro-batch's I and W; position 0 starts at layer 0, whose stage holds none (stage_wgrad)
         wgrad = (pulp.lpSum(y(l, s) * float(p.wgrad_bytes[l]) for l in range(L)) if p.wgrad_bytes is not None and s > 0 else 0)
-        sent = sent_bytes(bytes_in, bytes_out, held_out, p.wgrad_bytes is not None, s == S - 1)  # sends, pending W
+        sent = sent_bytes(bytes_in, bytes_out, held_out, p.wgrad_bytes is not None, s == S - 1, p.loss_saved_bytes)  # sends, pending W
+        running = _running_i(prob, p, y, s) if p.wgrad_bytes is not None and s > 0 and any(m.running_i for m in kinds) else 0
         for moment in kinds:  # one row per moment at which the stage's memory can peak
-            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out)) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out, running)) <= 1.0 - _TIGHTEN
         prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)
@@ -207,6 +208,32 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         pulp.lpSum(st(x, s) * _send(p, s - 1, bb[x]) for x in range(1, L)) if s > 0 else 0.0,
         pulp.lpSum(st(x, s + 1) * _send(p, s, bb[x]) for x in range(1, L)) if s < S - 1 else 0.0,
     )
+
+
+def _running_i(prob, p: PartitionProblem, y, s: int):
+    """A variable E >= planner.cost.held.running_i_extra of stage s: for each layer l of the stage,
+    E >= max(ws_l, w_l) + sum over the stage's later layers k of w_k - T0 (relaxed by the stage's
+    whole wgrad off the stage), where T0 is the workspace of one layer of the stage picked by
+    binaries: never above the stage's largest, and the solver may pick that one, so E's least
+    value is running_i_extra's."""
+    import pulp
+
+    L = p.n_layers
+    w = np.asarray(p.wgrad_bytes, dtype=float)
+    ws = np.zeros(L) if p.workspace_bytes is None else np.asarray(p.workspace_bytes, dtype=float)
+    extra = _var(prob, f"RI_{s}", 0)
+    largest = 0
+    if np.any(ws > 0):
+        pick = [_var(prob, f"RIws_{l}_{s}", 0, 1, cat="Binary") for l in range(L)]
+        for l in range(L):
+            prob += pick[l] <= y(l, s)
+        prob += pulp.lpSum(pick) == 1
+        largest = pulp.lpSum(pick[l] * float(ws[l]) for l in range(L))
+    big = float(np.sum(w))
+    for l in range(L):
+        later = pulp.lpSum(y(k, s) * float(w[k]) for k in range(l + 1, L))
+        prob += extra >= float(max(ws[l], w[l])) * y(l, s) + later - largest - big * (1 - y(l, s))
+    return extra
 
 
 def solve_ilp(p: PartitionProblem, time_limit: float = 60.0) -> Solution | None:

@@ -120,7 +120,8 @@ def fits_no_cut(prob: PartitionProblem, snapshots: tuple[tuple[Moment, ...], ...
     measured = prob.wgrad_bytes is not None  # what sends hold and each pending W keeps: only with the column
     wgrad = np.asarray(prob.wgrad_bytes, dtype=float) if measured else np.zeros(L)
     entry = 0.0 if prob.entry_bytes is None else min(0.0, float(np.min(prob.entry_bytes)))
-    held_last = 0.0 if prob.held_output_bytes is None else float(prob.held_output_bytes[-1])
+    # what the last stage's I frees per micro-batch: its held output and the loss's saved tensors (pending_output)
+    held_last = (0.0 if prob.held_output_bytes is None else float(prob.held_output_bytes[-1])) + prob.loss_saved_bytes
     bb = np.asarray(prob.boundary_bytes, dtype=float)
     inner = float(np.min(bb[1:L])) if L > 1 else 0.0  # the least a cut inside the model sends
     buffers = 2.0 if prob.recv_microbatches is None else float(prob.recv_microbatches)
@@ -132,14 +133,15 @@ def fits_no_cut(prob: PartitionProblem, snapshots: tuple[tuple[Moment, ...], ...
         bytes_in, bytes_out = (inner if s > 0 else 0.0), (inner if s < S - 1 else 0.0)
         reach = L
         for x in stage:
-            # per layer; stage s > 0 of any cut starts past layer 0, where a pending or running W holds its wgrad
+            # per layer; stage s > 0 of any cut starts past layer 0, where a pending W holds its wgrad, and a running I
+            # at least its stage's (its transient + running_i_extra reach the stage's wgrad sum: a floor still)
             per_layer = static - (0.0 if x.gradients else grads) + x.in_flight * kept
             if s > 0 and (x.pending_w or x.running_i):
                 per_layer = per_layer + (x.pending_w + x.running_i) * wgrad
             if (per_layer < 0).any():
                 return False  # not monotone in the layers it takes: the greedy pass would prove nothing
             # per stage, at the least: buffers, held sends (planner.cost.held.sent_bytes), the entry
-            # correction, and on the last stage a pending W's output already gone (pending_output)
+            # correction, and on the last stage a pending W's output and loss tensors already gone (pending_output)
             fixed = buffers * (bytes_in + bytes_out) + x.in_flight * entry - (x.pending_w * held_last if s == S - 1 else 0.0)
             if measured:
                 fixed += x.sent_grads * bytes_in + (x.sent_grads - x.pending_w) * bytes_out

@@ -48,19 +48,16 @@ from planner.cost import (
     stage_batch_bytes, fixed_bytes, moment_bytes, kept_bytes, stage_time_ms, transfer_ms, transient_bytes, workspace_max,
 )
 from planner.cost import stage_bytes as cost_stage_bytes
-from planner.cost.held import held_output, sent_bytes, stage_wgrad
+from planner.cost.held import held_output, running_i_extra, sent_bytes, stage_wgrad
 from planner.graph.crossing import passthrough_bytes
 from planner.schedules.memory import Moment
 
 __all__ = [
     "band_starts",
     "first_true",
-    "prefix_sums",
     "position_key",
     "relax_window",
     "RELAX_COLUMNS",
-    "prefix_runmax",
-    "range_max",
     "stage_window",
     "RECOMPUTE_MODES",
     "TIME_TOL",
@@ -142,6 +139,9 @@ class PartitionProblem:
     rematerialized_bytes: np.ndarray | None = None
     """Per layer, what its recompute brings back during its backward, its transient term with the
     workspace (planner.cost.transient.rematerialized_bytes); None: activation_bytes."""
+    loss_saved_bytes: float = 0.0
+    """What the loss saves per micro-batch, freed at the last stage's I when the backward is split
+    (planner.cost.held.loss_saved_bytes, priced through sent_bytes' pending term)."""
 
     @property
     def n_layers(self) -> int:
@@ -247,13 +247,14 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
         stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j), held_output(p.held_output_bytes, j),
+        running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j),
     ))
 
 
 def _sent(p: PartitionProblem, i: int, j: int) -> tuple[float, float, float]:
     """What stage [i, j)'s sends and pending W hold (planner.cost.held.sent_bytes)."""
     return sent_bytes(float(p.boundary_bytes[i]), float(p.boundary_bytes[j]), held_output(p.held_output_bytes, j),
-                      p.wgrad_bytes is not None, j == p.n_layers)
+                      p.wgrad_bytes is not None, j == p.n_layers, p.loss_saved_bytes)
 
 
 def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tuple[float, ...], float]:
@@ -268,7 +269,8 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
                         p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers))
     wgrad = stage_wgrad(p.wgrad_bytes, i, j)
     out = held_output(p.held_output_bytes, j)
-    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out)) for m in moments(p, s))
+    running = running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j)
+    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out, running)) for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 
@@ -329,9 +331,6 @@ def first_true(lo: np.ndarray, hi: np.ndarray, test) -> np.ndarray:
         lo = np.where(active & ~ok, mid + 1, lo)
 
 
-def prefix_sums(x: np.ndarray) -> np.ndarray:
-    """P[i] = sum x[:i] (L + 1 entries), so a stage [i, j) sums to P[j] - P[i]."""
-    return np.concatenate([[0.0], np.cumsum(np.asarray(x, dtype=float))])
 
 
 def band_starts(pc: np.ndarray, limit: float) -> np.ndarray:
@@ -344,24 +343,8 @@ def band_starts(pc: np.ndarray, limit: float) -> np.ndarray:
     return first_true(np.zeros(n, dtype=np.int64), ends, lambda i: pc[ends] - pc[i] <= limit)
 
 
-def range_max(a: np.ndarray) -> np.ndarray:
-    """M[i, j] = max a[i:j] (0 when empty)."""
-    L = len(a)
-    out = np.zeros((L + 1, L + 1))
-    for i in range(L):
-        out[i, i + 1:] = np.maximum.accumulate(a[i:])
-    return out
 
 
-def prefix_runmax(a: np.ndarray) -> np.ndarray:
-    """T[p, q] = max a[p:p+q] (0 for q = 0; beyond the end repeats the last value)."""
-    n = len(a)
-    out = np.zeros((n + 1, n + 1))
-    for i in range(n):
-        run = np.maximum.accumulate(a[i:])
-        out[i, 1:n - i + 1] = run
-        out[i, n - i + 1:] = run[-1]
-    return out
 
 
 def position_key(p: PartitionProblem, s: int) -> tuple:

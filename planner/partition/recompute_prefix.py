@@ -31,7 +31,8 @@ import numpy as np
 
 from planner.cost import recompute_saving
 from planner.cost.transient import layer_transient
-from planner.partition.problem import PartitionProblem, prefix_runmax, prefix_sums, rematerialized, saving_layers
+from planner.partition.problem import PartitionProblem, rematerialized, saving_layers
+from planner.partition.tables import prefix_runmax, prefix_sums
 from planner.partition.recompute import first_fitting_all, least_all, run_ends
 
 __all__ = ["PrefixRecompute"]

@@ -9,8 +9,8 @@ frees them (torch's `zero_grad(set_to_none=True)`): `memory_peaks` counts them o
 there, so a schedule whose activations peak before any backward (GPipe) does not hold both.
 A split backward's I leaves behind what its W starts from (the gradients at the nodes where the
 weights' paths meet the input's, planner.cost.memory's `wgrad`): a micro-batch holds them from
-the start of its I (torch's hooks store them as the backward runs: `Moment.running_i`) to the end
-of its W (`Moment.pending_w`). The first stage's I computes no input gradient (its input needs
+the end of its I to the end of its W (`Moment.pending_w`); while the I runs it stores them layer by
+layer (torch's hooks), what `Moment.running_i` prices (planner.cost.held.running_i_extra). The first stage's I computes no input gradient (its input needs
 none): its whole backward, and so its transient, runs at W.
 Where torch's runtime waits for its sends only when the step ends (registry `holds_sends`: the
 _PipelineScheduleRuntime behind zb and interleaved), what a stage sent stays alive until then:
@@ -81,8 +81,8 @@ class Moment:
     the step ends, and the output of each whose W ended too (sent_grads - pending_w: a B is an ended
     I and W at once; planner.cost.held.sent_bytes)."""
     running_i: bool = False
-    """Whether an I of the stage runs then (split backward only): its micro-batch's wgrad is alive
-    already (torch's hooks store it as the backward runs), priced as one more pending W's wgrad."""
+    """Whether an I of the stage runs then (split backward only): it stores its micro-batch's wgrads
+    as its backward goes (torch's hooks), priced beyond the transient by planner.cost.held.running_i_extra."""
 
 
 @dataclass(frozen=True)
@@ -251,6 +251,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
                  gradient_bytes: Sequence[float], output_bytes: Sequence[float] | None = None,
                  wgrad_bytes: Sequence[float] | None = None,
                  sent_bytes: Sequence[tuple[float, float, float]] | None = None,
+                 running_bytes: Sequence[float] | None = None,
                  ) -> list[tuple[float, float]]:
     """rank -> (activation bytes, gradient bytes) at the moment their sum peaks.
 
@@ -258,7 +259,8 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     first weight-gradient action (module docstring), and the part `output_bytes[s]` of its kept
     bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
     backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.held's wgrad) per micro-batch
-    whose I ended and W did not or whose I runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
+    whose I ended and W did not, `running_bytes[s]` (planner.cost.held.running_i_extra) while an I
+    of the stage runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
     ended I its input gradient and per ended W its output, held by the sends until the step ends
     where the runtime holds them, an ended B counting as both, and per pending W what it still holds
     of its output, planner.cost.held.pending_output: the held output on every stage but the last).
@@ -267,17 +269,18 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
-    x output_bytes) + sum((pending W + I running) x wgrad) + sum(ended I x sent[0] + ended W x sent[1] + pending
+    x output_bytes) + sum(pending W x wgrad + I running x running) + sum(ended I x sent[0] + ended W x sent[1] + pending
     W x sent[2]) + the transient of the stage whose backward runs, g = sum(gradients exist x
     gradient_bytes), each sum stage by stage; the first state with the largest act + g gives the
     pair. memory_states evaluates exactly this, in arrays.
     """
     grad = _per_stage(schedule, "gradient", gradient_bytes)
     wgrad = _per_stage(schedule, "wgrad", wgrad_bytes)
+    running = _per_stage(schedule, "running", running_bytes)
     sends = _per_stage(schedule, "sent", sent_bytes, 3)
     _check_kept(schedule, kept_bytes, transient_bytes)
     held = _per_stage(schedule, "output", output_bytes)
-    prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad,
+    prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad, "running": running,
               "sent_grad": sends[:, 0], "sent_output": sends[:, 1], "sent_held": sends[:, 2], "grad": grad}
     return memory_peaks_table(state_table(schedule), prices, np.asarray(transient_bytes, dtype=float))
 

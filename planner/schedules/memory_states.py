@@ -7,9 +7,9 @@ and evaluates a rank's peak over all of them with array operations. Each state's
 summed in the same order as the scalar definition (memory_peaks' docstring, walked action by action
 in tests/test_search_scale.py), so every figure is the same float, bit for bit.
 
-With a split backward (zero bubble) two more things follow torch's runtime: a running I already
-holds its micro-batch's wgrad (the `running` column: torch's hooks store it as the backward runs,
-not when I ends), and the first stage's backward runs at W, its I computing no input gradient
+With a split backward (zero bubble) two more things follow torch's runtime: a running I stores its
+micro-batch's wgrads as the backward runs, not when I ends (the `running` column, priced by
+planner.cost.held.running_i_extra), and the first stage's backward runs at W, its I computing no input gradient
 (the transient lives during W there, `bwd`). Where the runtime holds its sends until the step ends
 (registry `holds_sends`: zb, interleaved) the `sent` column counts what it sent (ended I, or ended B
 for a whole backward, which is an ended I and W at once), and each rank has one state more, after
@@ -233,7 +233,7 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
     for i in range(t.stage_of.shape[1]):
         kept = kept + during[:, i] * on["kept"][:, i]
         held = held + outputs[:, i] * on["held"][:, i]
-        wgrad = wgrad + (pending[:, i] + running[:, i]) * on["wgrad"][:, i]  # a running I's too
+        wgrad = wgrad + pending[:, i] * on["wgrad"][:, i] + running[:, i] * on["running"][:, i]  # a running I's wgrads
         sends = sends + (sent[:, i] * on["sent_grad"][:, i] + (sent[:, i] - pending[:, i]) * on["sent_output"][:, i]
                          + pending[:, i] * on["sent_held"][:, i])
         grad = grad + grads[:, i] * on["grad"][:, i]
@@ -258,9 +258,11 @@ def memory_peaks_table(t: StateTable, prices: dict[str, np.ndarray], transient: 
     """rank -> (activation bytes, gradient bytes) of its first state whose sum is the largest
     (planner.schedules.memory.memory_peaks, with its checks done).
 
-    `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad,
+    `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad, running,
     sent_grad, sent_output, sent_held and grad. Only the front is priced when every price is a
-    whole, finite, non-negative number and every sum stays below 2**52: then sums are exact, a
+    whole, finite, non-negative number and every sum stays below 2**52 (a zero-bubble last stage
+    whose I frees the loss's tensors has a negative sent_held: its ranks are priced state by
+    state): then sums are exact, a
     dominated state's bytes are at most its dominator's, and a state tying the peak has the pair of
     every front state tying it; a rank whose tying front states disagree is priced in full."""
     values = np.concatenate([*prices.values(), transient])

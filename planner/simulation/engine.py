@@ -152,7 +152,8 @@ def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Seq
     exist (for the memory timeline)."""
     peaks = memory_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
-                         [st.wgrad_bytes for st in stages], [st.sent for st in stages])
+                         [st.wgrad_bytes for st in stages], [st.sent for st in stages],
+                         [st.running_i_bytes for st in stages])
     memory = [price([], 0.0)] * n_dev
     gradients = [0.0] * n_dev
     for r, d in enumerate(rank_device):
@@ -283,8 +284,9 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
     weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
-    output torch holds freed at the end of I when split, what W starts from held from the start of I
-    to the end of W (StageCost.wgrad_bytes), the transient during B or I (W on the first stage), what
+    output torch holds freed at the end of I when split (on the last stage the loss's tensors with it),
+    what W starts from held from the end of I to the end of W (StageCost.wgrad_bytes; while I runs,
+    the transient and StageCost.running_i_bytes), the transient during B or I (W on the first stage), what
     sends hold until they are waited for, before the optimizer step, where the runtime holds them
     (`sends_held`, registry holds_sends; StageCost.sent: each input gradient from the end of its I,
     the held output from the end of I, the whole output from the end of W; both from the end of B),
@@ -318,10 +320,11 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                 change(res.start[a], st.transient_bytes)
                 change(res.end[a], -st.transient_bytes - st.kept_bytes + held)
                 sent += held
-            elif kind == CODE_I:  # its wgrad is stored as it runs; the first stage's I computes nothing
+            elif kind == CODE_I:  # it stores wgrads as it runs (running_i_bytes); the first stage's I computes nothing
                 trans = st.transient_bytes if s > 0 else 0.0
-                change(res.start[a], trans + st.wgrad_bytes)
-                change(res.end[a], -trans - st.held_output_bytes + st.sent_grad_bytes + st.sent_held_bytes)
+                change(res.start[a], trans + st.running_i_bytes)
+                change(res.end[a], -trans - st.running_i_bytes + st.wgrad_bytes - st.held_output_bytes + st.sent_grad_bytes
+                       + st.sent_held_bytes)
                 sent += st.sent_grad_bytes + st.sent_held_bytes
             else:  # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
                 trans = st.transient_bytes if s == 0 else 0.0
