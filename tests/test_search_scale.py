@@ -43,9 +43,9 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
         i_ended, w_ended, b_ended = [0] * n, [0] * n, [0] * n
         seen = set()
 
-        def state(bwd: int) -> tuple:
+        def state(bwd: int, making: int = -1) -> tuple:
             during = tuple(f_started[k] - last_ended[k] for k in range(n))
-            grads = tuple(int(last_ended[k] > 0) for k in range(n))
+            grads = tuple(int(last_ended[k] > 0 or k == making) for k in range(n))
             outputs = tuple(f_started[k] - first_ended[k] for k in range(n))
             pending = tuple(i_ended[k] - w_ended[k] for k in range(n))
             sent = tuple(i_ended[k] + (b_ended[k] if sends_held else 0) for k in range(n))
@@ -59,7 +59,8 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             # the transient: B or I, but W on the first stage, whose I computes no input gradient
             bwd = s if kind == CODE_B or (kind == CODE_I and s > 0) or (kind == CODE_W and s == 0) else -1
             running = tuple(int(kind == CODE_I and k == i) for k in range(n))
-            seen.add(state(bwd) + running)
+            # a split W (not the first stage's whole backward) makes every gradient before freeing anything
+            seen.add(state(bwd, i if kind == CODE_W and s > 0 and cs.split_backward else -1) + running)
             if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
                 last_ended[i] += 1
             if kind in (CODE_B, CODE_I):

@@ -61,6 +61,10 @@ def test_memory_peaks_hold_pending_weight_gradients_until_w_ends():
     # with the pending wgrad priced here (10 + 5 + 100), not during I (10 + 5, or 10 + 100 with I's wgrad)
     assert memory_peaks(generate("zb", 1, 1), [10.0], [5.0], [0.0], None, [100.0])[0] == (115.0, 0.0)
     assert memory_peaks(sched, [10.0, 10.0], [0.0, 0.0], [0.0, 0.0]) == [(20.0, 0.0), (20.0, 0.0)]
+    # a split W makes the stage's gradients before its micro-batch's activations go: rank 1 of
+    # 1F0 1I0 1W0 peaks during 1W0 at 10 + 7; the first stage's W is a whole backward, which frees
+    # as it makes them: rank 0 peaks before, at 10 (its 5 bytes of gradients come after)
+    assert memory_peaks(generate("zb", 2, 1), [10.0, 10.0], [0.0, 0.0], [5.0, 7.0]) == [(10.0, 0.0), (10.0, 7.0)]
 
 
 def _profile(wgrad: list[int] | None):

@@ -116,8 +116,10 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
     during = np.cumsum(alloc, axis=0) - np.cumsum(free, axis=0) + free
     # when the transient lives: B or I, but W on the first stage (its I computes no input gradient)
     bwd_stage = np.where((kind == CODE_B) | ((kind == CODE_I) & (stage != 0)) | ((kind == CODE_W) & (stage == 0)), stage, -1)
-    # gradients exist once an earlier action of the stage computed weight gradients
-    grads = ((np.cumsum(free, axis=0) - free) > 0).astype(np.int64)
+    # gradients exist once an earlier action of the stage computed weight gradients, and during a split
+    # W (not the first stage's, a whole backward): it makes them all before it frees its micro-batch
+    making = marks((kind == CODE_W) & (stage != 0)) if cs.split_backward else 0
+    grads = ((np.cumsum(free, axis=0) - free + making) > 0).astype(np.int64)
     # the stage output torch holds for the backward goes at the end of B, or of I when split: what a
     # pending W still holds of it is priced per pending W (planner.cost.held.pending_output, in sent_held)
     early = marks((kind == CODE_B) | (kind == CODE_I))

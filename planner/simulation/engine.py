@@ -283,7 +283,8 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                      opt_end: list[float], sends_held: bool) -> dict[int, tuple[tuple[float, float], ...]]:
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
-    weight-gradient action (B, or W when split) until the optimizer step frees them, the stage
+    weight-gradient action (B, or W when split; the start of a split W on a stage but the first)
+    until the optimizer step frees them, the stage
     output torch holds freed at the end of I when split (on the last stage the loss's tensors with it),
     what W starts from held from the end of I to the end of W (StageCost.wgrad_bytes; while I runs,
     the transient and StageCost.running_i_bytes), the transient during B or I (W on the first stage), what
@@ -327,8 +328,11 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                        + st.sent_held_bytes)
                 sent += st.sent_grad_bytes + st.sent_held_bytes
             else:  # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
-                trans = st.transient_bytes if s == 0 else 0.0
-                change(res.start[a], trans)
+                trans, making = (st.transient_bytes if s == 0 else 0.0), 0.0
+                if s > 0 and s not in has_grads:  # a split W makes every gradient before it frees anything
+                    has_grads.add(s)
+                    making = grad_per_byte * st.param_bytes
+                change(res.start[a], trans + making)
                 change(res.end[a], -trans - (st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes
                        - st.sent_held_bytes)
                 sent += st.sent_output_bytes - st.sent_held_bytes
