@@ -5,13 +5,16 @@ from __future__ import annotations
 import shlex
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from cli.common import echo_json, err, given_params, parse_int_list, parse_shape, step_progress
 from planner.errors import PplanError
 from planner.units import format_bytes, format_ms
+
+if TYPE_CHECKING:  # the command imports it when it runs: `pplan --help` stays light
+    from planner.profiling.options import ProfileOptions
 
 __all__ = ["register"]
 
@@ -128,10 +131,16 @@ def profile(
     if analytic:
         _analytic(model, list(opts.micro_batch_sizes), hardware, dtype, out, json_out, opts.seed)
         return
+    _measured(model, opts, out, json_out)
+
+
+def _measured(model: str, opts: ProfileOptions, out: Path, json_out: bool) -> None:
+    """Measure `model` as `opts` say, write the profile to `out` and print its summary, then the
+    warnings that concern planning with it (on stderr, beside --json too)."""
     from planner.hostinfo import usable_cores
     from planner.profiling.corun import check_co_run
 
-    check_co_run(co_run, threads, usable_cores(), device)
+    check_co_run(opts.co_run, opts.threads, usable_cores(), opts.device)
     from planner.profiling.profiler import measure_profile  # imports torch
     from planner.profiling.profile import write_profile
 
@@ -147,11 +156,10 @@ def profile(
     from planner.models.factory import few_layers_warning
 
     warning = few_layers_warning(result.n_layers, result.names)
-    if warning:  # stderr, beside --json too: the profile is written, but no plan can cut it
+    if warning:  # the profile is written, but no plan can cut it
         err(f"pplan: warning: {warning}")
     if (uncounted := uncounted_flops_warning(result)) is not None:
         err(f"pplan: warning: {uncounted}")
-
 
 _MEASURING = ("device", "warmup", "repeats", "timer", "threads", "co_run")
 """What only a measured profile reads: an analytic one runs nothing and on no device (--seed it

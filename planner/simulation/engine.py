@@ -314,28 +314,14 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
         for a in cs.ids[r]:
             kind, s, _ = cs.split_id(a)
             st = stages[s]
-            if kind == CODE_F:
-                change(res.start[a], st.kept_bytes)
-            elif kind == CODE_B:
-                held = st.sent_grad_bytes + st.sent_output_bytes if sends_held else 0.0
-                change(res.start[a], st.transient_bytes)
-                change(res.end[a], -st.transient_bytes - st.kept_bytes + held)
-                sent += held
-            elif kind == CODE_I:  # it stores wgrads as it runs (running_i_bytes); the first stage's I computes nothing
-                trans = st.transient_bytes if s > 0 else 0.0
-                change(res.start[a], trans + st.running_i_bytes)
-                change(res.end[a], -trans - st.running_i_bytes + st.wgrad_bytes - st.held_output_bytes + st.sent_grad_bytes
-                       + st.sent_held_bytes)
-                sent += st.sent_grad_bytes + st.sent_held_bytes
-            else:  # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
-                trans, making = (st.transient_bytes if s == 0 else 0.0), 0.0
-                if s > 0 and s not in has_grads:  # a split W makes every gradient before it frees anything
-                    has_grads.add(s)
-                    making = grad_per_byte * st.param_bytes
-                change(res.start[a], trans + making)
-                change(res.end[a], -trans - (st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes
-                       - st.sent_held_bytes)
-                sent += st.sent_output_bytes - st.sent_held_bytes
+            making = 0.0
+            if kind == CODE_W and s > 0 and s not in has_grads:  # a split W makes every gradient before it frees anything
+                has_grads.add(s)
+                making = grad_per_byte * st.param_bytes
+            at_start, at_end, held = _action_memory(kind, s, st, sends_held, making)
+            change(res.start[a], at_start)
+            change(res.end[a], at_end)
+            sent += held
             if kind in (CODE_B, CODE_W) and s not in has_grads:
                 has_grads.add(s)
                 change(res.end[a], grad_per_byte * st.param_bytes)
@@ -343,3 +329,24 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
         change(opt_end[d], -step - grad_per_byte * sum(stages[s].param_bytes for s in has_grads))
         out[d] = tuple(points)
     return out
+
+
+def _action_memory(kind: int, s: int, st: StageCost, sends_held: bool, making: float) -> tuple[float, float, float]:
+    """(bytes an action of stage `s` adds when it starts, when it ends, and what its sends hold until
+    the step waits for them) as _memory_timeline replays it; `making`: the gradients a split W makes
+    before it frees anything (0 but for the stage's first W on a stage past the first)."""
+    if kind == CODE_F:
+        return st.kept_bytes, 0.0, 0.0
+    if kind == CODE_B:
+        held = st.sent_grad_bytes + st.sent_output_bytes if sends_held else 0.0
+        return st.transient_bytes, -st.transient_bytes - st.kept_bytes + held, held
+    if kind == CODE_I:  # it stores wgrads as it runs (running_i_bytes); the first stage's I computes nothing
+        trans = st.transient_bytes if s > 0 else 0.0
+        return (trans + st.running_i_bytes,
+                -trans - st.running_i_bytes + st.wgrad_bytes - st.held_output_bytes + st.sent_grad_bytes + st.sent_held_bytes,
+                st.sent_grad_bytes + st.sent_held_bytes)
+    # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
+    trans = st.transient_bytes if s == 0 else 0.0
+    return (trans + making,
+            -trans - (st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes - st.sent_held_bytes,
+            st.sent_output_bytes - st.sent_held_bytes)
