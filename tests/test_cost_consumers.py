@@ -61,6 +61,9 @@ def _instance(seed: int) -> tuple[LayerCosts, Layout, str, Calibration | None, s
         cols["shared_input_bytes"] = np.round(np.minimum(cols["input_saved_bytes"], prev_act) * rng.uniform(0, 1, L)[:, None])
     if seed % 8 in (3, 6):  # what a split backward holds between I and W (zero bubble is seed % 4 == 3)
         cols["wgrad_bytes"] = per(0, 2e6)
+    if seed % 8 in (3, 7):  # what its W holds while it runs: weight-gradient sized, some layers without parameters
+        cols["w_workspace_bytes"] = np.repeat(np.round(rng.uniform(0, 8e6, L))[:, None], 2, axis=1)
+        cols["w_carry_bytes"] = np.round(cols["w_workspace_bytes"] * rng.choice([0.0, 0.5, 1.0], L)[:, None])
     if seed % 6 in (1, 2, 4):  # layer workspaces, the largest on another layer than the largest activation
         cols["workspace_bytes"] = per(0, 5e5)
         cols["workspace_bytes"][int(np.argmax(cols["activation_bytes"][:, 0]) + 1) % L] *= 8
@@ -202,7 +205,7 @@ def _check_rank_memory(sim, sched, stages: list, placement: list[int], layout: L
     peaks = memory_peaks(sched, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
                          [st.wgrad_bytes for st in stages], [st.sent for st in stages],
-                         [st.running_i_bytes for st in stages])
+                         [st.running_i_bytes for st in stages], [st.w_workspace_bytes for st in stages])
     for r in range(layout.n_ranks):
         d = layout.order[r]
         mine = [st for s, st in enumerate(stages) if placement[s] == d]
@@ -216,7 +219,7 @@ def _check_rank_memory(sim, sched, stages: list, placement: list[int], layout: L
         want = during if during.total >= step.total else step
         assert sim.memory[d] == want
         # pending weight gradients and what sends hold: the bound has no moments to count them
-        split_extras = sched.split_backward and any(st.wgrad_bytes or any(st.sent) for st in mine)
+        split_extras = sched.split_backward and any(st.wgrad_bytes or any(st.sent) or st.w_workspace_bytes for st in mine)
         if layout.virtual_stages == 1 and not split_extras:  # the partitioner's bound: the schedule's peak count x kept + transient
             k = stage_inflight_peak(sched)[placement.index(d)]
             assert want.total <= stage_peak_bytes(mine[0], k) * (1 + REL)

@@ -84,6 +84,8 @@ def test_the_corners_price_a_stage_at_the_peak_of_all_its_moments():
         terms = _random_terms(rng, 200)
         for stage in memory_moments(name, p, m, v):
             corners = corner_moments(stage)
-            assert len(corners) <= 5 < len(stage) or len(stage) <= 5, (name, len(stage), len(corners))
+            # at most 6: zero bubble's W-running moments (a later stage's W holds a workspace) are a
+            # flag group of their own, three corners beside the I-running and idle ones
+            assert len(corners) <= 6 < len(stage) or len(stage) <= 6, (name, len(stage), len(corners))
             whole = moment_bytes(stack_moments(stage), *terms).max(axis=0)
             assert np.allclose(moment_bytes(stack_moments(corners), *terms).max(axis=0), whole, rtol=1e-12, atol=0)

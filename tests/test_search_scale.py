@@ -30,7 +30,7 @@ def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
 
 
 def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[tuple]]]:
-    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I)),
+    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I, running W)),
     action by action, and, with a split backward or where the runtime holds its sends until the step
     ends, the state after the rank's last action. Sent: ended I, and ended B where sends are held."""
     cs = compile_schedule(schedule)
@@ -59,8 +59,11 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             # the transient: B or I, but W on the first stage, whose I computes no input gradient
             bwd = s if kind == CODE_B or (kind == CODE_I and s > 0) or (kind == CODE_W and s == 0) else -1
             running = tuple(int(kind == CODE_I and k == i) for k in range(n))
-            # a split W (not the first stage's whole backward) makes every gradient before freeing anything
-            seen.add(state(bwd, i if kind == CODE_W and s > 0 and cs.split_backward else -1) + running)
+            # a split W (not the first stage's whole backward) makes every gradient before freeing anything,
+            # and holds its fresh weight gradients while it runs
+            split_w = kind == CODE_W and s > 0 and cs.split_backward
+            running_w = tuple(int(split_w and k == i) for k in range(n))
+            seen.add(state(bwd, i if split_w else -1) + running + running_w)
             if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
                 last_ended[i] += 1
             if kind in (CODE_B, CODE_I):
@@ -72,17 +75,17 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             if kind == CODE_B:
                 b_ended[i] += 1
         if not seen:
-            seen.add((0,) * n + (-1,) + (0,) * (5 * n))
+            seen.add((0,) * n + (-1,) + (0,) * (6 * n))
         elif cs.split_backward or sends_held:  # the sends hold what they sent until the step waits for them
-            seen.add(state(-1) + (0,) * n)
+            seen.add(state(-1) + (0,) * (2 * n))
         rows = sorted(seen)
         out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1],
-                              u[4 * n + 1:5 * n + 1], u[5 * n + 1:]) for u in rows]))
+                              u[4 * n + 1:5 * n + 1], u[5 * n + 1:6 * n + 1], u[6 * n + 1:]) for u in rows]))
     return out
 
 
 def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_bytes, wgrad_bytes, sent_bytes,
-                 running_bytes=None):
+                 running_bytes=None, w_work_bytes=None):
     out = []
     for stages, states in _walk_states(schedule):
         held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
@@ -90,11 +93,12 @@ def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_b
         grad = [float(gradient_bytes[s]) for s in stages]
         wgrad = [float(wgrad_bytes[s]) if wgrad_bytes is not None else 0.0 for s in stages]
         run = [float(running_bytes[s]) if running_bytes is not None else 0.0 for s in stages]
+        w_work = [float(w_work_bytes[s]) if w_work_bytes is not None else 0.0 for s in stages]
         sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
         best, at = -1.0, (0.0, 0.0)
-        for counts, bwd, has_grad, outs, pending, sent, running in states:
+        for counts, bwd, has_grad, outs, pending, sent, running, running_w in states:
             act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
-                   + sum(c * w + x * r for c, x, w, r in zip(pending, running, wgrad, run))
+                   + sum(c * w + x * r + (y * v if y else 0.0) for c, x, y, w, r, v in zip(pending, running, running_w, wgrad, run, w_work))
                    + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
                    + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
             g = sum(h * x for h, x in zip(has_grad, grad))
@@ -121,13 +125,13 @@ def _plain_moments(schedule):
     seen = [set() for _ in range(schedule.n_stages)]
     for stages, states in _walk_states(schedule):
         for i, s in enumerate(stages):
-            for counts, bwd, has_grad, _, pending, sent, running in states:
-                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i], bool(running[i])))
+            for counts, bwd, has_grad, _, pending, sent, running, running_w in states:
+                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i], bool(running[i]), bool(running_w[i])))
     out = []
     for moments in seen:
         kept = [m for m in moments if not any(o != m and all(a >= b for a, b in zip(o, m)) and o[4] - o[3] >= m[4] - m[3]
                                               and o[0] - o[3] >= m[0] - m[3] for o in moments)]
-        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4], m[5])))
+        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4], m[5], m[6])))
     return out
 
 
@@ -165,8 +169,9 @@ def test_memory_peaks_equal_the_plain_definition(kind):
         wgrad = _prices(rng, kind, S) if rng.random() < 0.5 else None
         sent = [tuple(_prices(rng, kind, 3)) for _ in range(S)] if rng.random() < 0.5 else None
         running = _prices(rng, kind, S) if rng.random() < 0.5 else None
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running)
-        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running)
+        w_work = _prices(rng, kind, S) if rng.random() < 0.5 else None
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work)
+        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work)
         assert repr(got) == repr(want), (schedule.name, schedule.n_ranks, schedule.n_microbatches, kind)
         assert repr(activation_peaks(schedule, kept, trans)) == repr(_plain_activation_peaks(schedule, kept, trans))
 
@@ -176,11 +181,11 @@ def test_a_front_cut_short_gives_the_same_peaks(monkeypatch):
     rng = np.random.default_rng(21)
     for schedule in _random_schedules(rng, 40):
         S = schedule.n_stages
-        kept, trans, grad, held, wgrad, running = (_prices(rng, "small", S) for _ in range(6))
+        kept, trans, grad, held, wgrad, running, w_work = (_prices(rng, "small", S) for _ in range(7))
         held = [min(h, k) for h, k in zip(held, kept)]
         sent = [tuple(_prices(rng, "small", 3)) for _ in range(S)]
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running)
-        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running)) == repr(want)
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work)
+        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work)) == repr(want)
 
 
 def test_a_tie_the_front_alone_would_break_otherwise_takes_the_first_state():
@@ -226,7 +231,7 @@ def test_state_table_rows_are_the_walked_states_in_order():
             n, lo, hi = len(stages), t.starts[r], t.starts[r + 1]
             rows = [(tuple(t.during[k, :n].tolist()), int(t.bwd[k]), tuple(t.grads[k, :n].tolist()),
                      tuple(t.outputs[k, :n].tolist()), tuple(t.pending[k, :n].tolist()), tuple(t.sent[k, :n].tolist()),
-                     tuple(t.running[k, :n].tolist()))
+                     tuple(t.running[k, :n].tolist()), tuple(t.wrun[k, :n].tolist()))
                     for k in range(lo, hi)]
             assert rows == states
 
@@ -249,18 +254,18 @@ def test_undominated_keeps_exactly_the_moments_no_other_covers():
 
     def features(m: Moment) -> tuple[int, ...]:
         c, x, p = m.in_flight, m.sent_grads, m.pending_w
-        return (c, int(m.transient), int(m.gradients), p, x, int(m.running_i), x - p, c - p)
+        return (c, int(m.transient), int(m.gradients), p, x, int(m.running_i), int(m.running_w), x - p, c - p)
 
     for _ in range(80):
-        moments = [Moment(int(c), bool(t), bool(g), int(p), int(x), bool(i))
-                   for c, t, g, p, x, i in rng.integers(0, [6, 2, 2, 3, 6, 2], (int(rng.integers(0, 80)), 6))]
+        moments = [Moment(int(c), bool(t), bool(g), int(p), int(x), bool(i), bool(w))
+                   for c, t, g, p, x, i, w in rng.integers(0, [6, 2, 2, 3, 6, 2, 2], (int(rng.integers(0, 80)), 7))]
         distinct = set(moments)
         want = {a for a in distinct
                 if not any(b != a and all(u >= v for u, v in zip(features(b), features(a))) for b in distinct)}
         got = undominated(moments)
         assert set(got) == want and len(got) == len(want)
         assert list(got) == sorted(got, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads,
-                                                      m.running_i))
+                                                      m.running_i, m.running_w))
 
 
 def test_pareto_front_with_few_rounds_keeps_a_dominating_superset():

@@ -24,13 +24,14 @@ from planner.schedules.memory import Moment, memory_peaks, stage_memory_moments
 def test_zero_bubble_moments_count_pending_weight_gradients():
     # rank 1: 1F0 1I0 1F1 1I1 1W0 1F2 1I2 1W1 1F3 1I3 1W2 1W3: during 1W2 micro-batches 2 and 3 are
     # held, neither W has ended, and all four I have sent their input gradients; during 1I3 its own
-    # wgrad is alive already (running_i); after 1W3 the sends still hold all four (no micro-batch).
+    # wgrad is alive already (running_i); during 1W2 and 1W3 their fresh weight gradients (running_w);
+    # after 1W3 the sends still hold all four (no micro-batch).
     # Rank 0 (0F0 0F1 0I0 0W0 0F2 0I1 0W1 0F3 0I2 0W2 0I3 0W3) runs its backward, the transient, at W
     got = stage_memory_moments(generate("zb", 2, 4))
     assert got == [
         (Moment(0, False, True, 0, 4), Moment(1, False, True, 0, 3, True), Moment(2, False, True, 0, 2, True),
          Moment(1, True, True, 1, 4), Moment(2, True, True, 1, 3)),
-        (Moment(0, False, True, 0, 4), Moment(1, False, True, 1, 4), Moment(2, False, True, 2, 4),
+        (Moment(0, False, True, 0, 4), Moment(1, False, True, 1, 4, False, True), Moment(2, False, True, 2, 4, False, True),
          Moment(2, True, True, 1, 3, True)),
     ]
     for name in ("gpipe", "1f1b"):  # no split backward: nothing pending, nothing held after its send

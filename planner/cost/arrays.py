@@ -67,6 +67,10 @@ class LayerArrays:
     None: activation_bytes (profiles without checkpoint_extra_bytes)."""
     loss_saved_bytes: float = 0.0
     """What the loss saves per micro-batch, freed at the last stage's I when the backward is split (planner.cost.held.loss_saved_bytes)."""
+    w_workspace_bytes: np.ndarray | None = None
+    """Per layer, what its split W holds alone beyond the gradients (planner.cost.w_workspace); None: 0."""
+    w_carry_bytes: np.ndarray | None = None
+    """Per layer, its last parameter group's fresh weight gradients, held into the next layer's W (planner.cost.w_workspace)."""
 
 
 def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | None = None) -> LayerArrays:
@@ -91,7 +95,14 @@ def layer_arrays(costs: LayerCosts, optimizer: str, calibration: Calibration | N
         rematerialized_bytes=(None if costs.checkpoint_extra_bytes is None
                               else rematerialized_bytes(kept_activation_bytes(costs), costs.checkpoint_extra_bytes)),
         loss_saved_bytes=loss_saved_bytes(costs),
+        w_workspace_bytes=_floats(costs.w_workspace_bytes),
+        w_carry_bytes=_floats(costs.w_carry_bytes),
     )
+
+
+def _floats(column: np.ndarray | None) -> np.ndarray | None:
+    """A profile column as floats (None stays None: not measured)."""
+    return None if column is None else np.asarray(column, dtype=float)
 
 
 def _step_workspace(costs: LayerCosts, optimizer: str) -> np.ndarray | None:

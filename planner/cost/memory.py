@@ -47,9 +47,10 @@ simulator's memory_peaks walks): a moment holds in_flight micro-batches' kept by
 transient if a backward of the stage runs then (B or I; W on the first stage, whose I computes
 nothing), the gradients if they exist by then (from the end of the stage's first weight-gradient
 action), pending_w micro-batches' wgrad and, while an I runs (running_i), what the wgrads it
-stores exceed the transient by (planner.cost.held.running_i_extra); and the optimizer step:
+stores exceed the transient by (planner.cost.held.running_i_extra), while a split W runs past the
+first stage (running_w) its fresh weight gradients (planner.cost.w_workspace); and the optimizer step:
   moment = weights + optimizer + buffers + in_flight x kept [+ transient] [+ gradients]
-           + pending_w x wgrad [+ running I extra]
+           + pending_w x wgrad [+ running I extra] [+ W workspace]
            + sent_grads x bytes in + (sent_grads - pending_w) x bytes out
            + pending_w x (pending_output - held output)   (on the last stage: - held output - loss's tensors)
   step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
@@ -273,11 +274,13 @@ def fixed_bytes(static: Any, bytes_in: Any, bytes_out: Any, n_microbatches: int 
 
 
 def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, wgrad: Any = 0.0,
-                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0) -> Any:
+                 sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0,
+                 w_work: Any = 0.0) -> Any:
     """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
     runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
     fixed_bytes counts them), + moment.pending_w x wgrad (stage_wgrad) + `running` if an I runs then
     (moment.running_i; planner.cost.held.running_i_extra: the wgrads it stores beyond the transient)
+    + `w_work` if a split W runs then (moment.running_w; planner.cost.w_workspace)
     + what sends hold (sent_bytes, per ended I and ended W) + per pending W what pending_output says
     it holds (sent[2]) less the stage's held output (`held_out`, part of kept: in_flight counts a
     micro-batch until its W ends).
@@ -288,6 +291,7 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
     held = moment.in_flight * kept
     # split backwards only (every other plan's arithmetic stays as it was); a running I stores wgrads as it goes
     held = _where(moment.running_i | (moment.pending_w != 0), held, lambda: [moment.pending_w * wgrad, 1 * moment.running_i * running])
+    held = _where(moment.running_w, held, lambda: [w_work])
     # ended I; of them, sent_grads - pending_w also ended their W
     held = _where(moment.sent_grads != 0, held, lambda: [moment.sent_grads * sent[0], (moment.sent_grads - moment.pending_w) * sent[1],
                                                          moment.pending_w * (sent[2] - held_out)])
@@ -312,13 +316,14 @@ def _where(flag: Any, held: Any, terms: Callable[[], list[Any]], sign: int = 1) 
 def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept: Any, transient: Any,
                 optimizer_step: float = 0.0, n_microbatches: int | None = None, batch_in: Any = 0.0,
                 gradients: Any = 0.0, moments: Sequence[Any] | None = None, wgrad: Any = 0.0,
-                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0) -> Any:
+                sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0,
+                w_work: Any = 0.0) -> Any:
     """Peak bytes of a stage: fixed_bytes + the largest moment_bytes over `moments` (planner.
     schedules.memory.stage_memory_moments) and the optimizer step's temporaries (module docstring).
     Buffers: buffer_bytes(bytes_in, bytes_out, n_microbatches, batch_in); `gradients` the stage's
     gradient bytes (part of `static`); `wgrad` what it holds per pending W (stage_wgrad), `sent` what
     its sends and pending W hold (sent_bytes), `held_out` its held output (held_output), `running`
-    what a running I holds beyond the transient (running_i_extra). `moments`
+    what a running I holds beyond the transient (running_i_extra), `w_work` what a split W holds (w_workspace). `moments`
     None: one moment holding `in_flight` micro-batches, the transient and the gradients (the bound
     used before pplan told the moments apart; no pending W).
 
@@ -332,7 +337,7 @@ def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept
     else:  # the step (or, without one, the gradients alone) is the floor of every moment
         held = np.maximum(optimizer_step, 0.0)
         for moment in moments:
-            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out, running))
+            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out, running, w_work))
     return fixed_bytes(static, bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 

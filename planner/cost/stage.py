@@ -26,6 +26,7 @@ from planner.cost.memory import (
 )
 from planner.cost.batch import layer_range_batch_bytes
 from planner.cost.transient import rematerialized_bytes
+from planner.cost.w_workspace import stage_w_workspace
 from planner.errors import PplanError
 from planner.profiling.profile import LayerCosts
 
@@ -90,6 +91,9 @@ class StageCost:
     """Bytes held per micro-batch from the end of its I to the end of its W when the backward is split (planner.cost.held.stage_wgrad)."""
     running_i_bytes: float = 0.0
     """What a running I holds beyond transient_bytes: the wgrads it stores as its backward goes (planner.cost.held.running_i_extra)."""
+    w_workspace_bytes: float = 0.0
+    """What a split W holds while it runs beyond the stage's gradients: fresh weight gradients of two
+    parameter groups and temporaries (planner.cost.w_workspace; 0 on the first stage)."""
     sent_grad_bytes: float = 0.0
     """Bytes each input gradient sent (by an I, or a B where the runtime holds its sends) holds until
     the step ends (planner.cost.held.sent_bytes)."""
@@ -161,6 +165,7 @@ def stage_cost(
         batch_input_bytes=layer_range_batch_bytes(costs, first, end),
         wgrad_bytes=stage_wgrad(wgrad_per_layer(costs), first, end),
         running_i_bytes=running_i_extra(costs.workspace_bytes, wgrad_per_layer(costs), first, end),
+        w_workspace_bytes=stage_w_workspace(costs.w_workspace_bytes, costs.w_carry_bytes, first, end),
         **_sent_fields(costs, boundary, first, end),
     )
 
@@ -189,4 +194,5 @@ def stage_peak_bytes(stage: StageCost, in_flight: float, moments: Sequence[Any] 
     return float(stage_bytes(stage.static_bytes, stage.input_bytes, stage.output_bytes, in_flight,
                              stage.kept_bytes, stage.transient_bytes, stage.optimizer_workspace_bytes,
                              stage.recv_microbatches, stage.batch_input_bytes, stage.param_bytes, moments,
-                             stage.wgrad_bytes, stage.sent, stage.held_output_bytes, stage.running_i_bytes))
+                             stage.wgrad_bytes, stage.sent, stage.held_output_bytes, stage.running_i_bytes,
+                             stage.w_workspace_bytes))

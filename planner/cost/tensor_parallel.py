@@ -139,7 +139,7 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     hardware's memory-bound bandwidth; inf: none), the rest stays whole (as `pplan run` executes them; every layer divides under
     Megatron's `vocab_parallel`: tp_shards), and so do the optimizer step's temporaries (each rank
     steps its own shards); kept activations are tp_kept_activation_bytes and
-    what W keeps (wgrad) tp_wgrad_bytes; `collective_ms` is added to the forward and to the input-gradient
+    what W keeps (wgrad) tp_wgrad_bytes, what it makes (w_workspace, w_carry: weight gradients) / T; `collective_ms` is added to the forward and to the input-gradient
     backward; under ZeRO-3 each layer's workspace grows by its gathered weights
     (zero3_gathered_bytes). Output bytes (what a pipeline boundary sends) stay whole, as Megatron
     (2021) sends them. ZeRO 1+ divides the optimizer step by D, and ZeRO 1/2 add the weights
@@ -172,8 +172,8 @@ def tensor_parallel_costs(costs: LayerCosts, blocks: np.ndarray, tp: int, tp_lin
     if zero >= 3 and dp > 1:  # the computing layer's gathered weights sit on top of the shards
         base = np.zeros(len(params)) if workspace is None else np.asarray(workspace, dtype=float)
         workspace = base + zero3_gathered_bytes(params, dp, zero)
-    step = costs.optimizer_workspace_bytes
-    step = None if step is None else np.asarray(step, dtype=float) / shards
+    step, w_work, w_carry = (None if c is None else np.asarray(c, dtype=float) / shards  # weight-shaped: sharded
+                             for c in (costs.optimizer_workspace_bytes, costs.w_workspace_bytes, costs.w_carry_bytes))
     return replace(costs, fwd_ms=fwd, bwd_ms=bwd_in + bwd_w, bwd_input_ms=bwd_in, bwd_weight_ms=bwd_w,
                    optimizer_ms=opt, param_bytes=params, activation_bytes=act, workspace_bytes=workspace,
-                   wgrad_bytes=wgrad, optimizer_workspace_bytes=step)
+                   wgrad_bytes=wgrad, optimizer_workspace_bytes=step, w_workspace_bytes=w_work, w_carry_bytes=w_carry)

@@ -113,6 +113,8 @@ def build_problem(costs: LayerCosts, layout: Layout, inflight: Sequence[int], *,
         wgrad_bytes=arrays.wgrad_bytes,
         rematerialized_bytes=arrays.rematerialized_bytes,
         loss_saved_bytes=arrays.loss_saved_bytes,
+        w_workspace_bytes=arrays.w_workspace_bytes,
+        w_carry_bytes=arrays.w_carry_bytes,
     )
 
 

@@ -42,7 +42,7 @@ from planner.partition.problem import (
     TIME_TOL, PartitionProblem, Solution, band_starts, evaluate, moments, passthrough_table, position_key, rematerialized,
     relax_window, stage_window,
 )
-from planner.partition.tables import prefix_sums, range_max, running_i_table
+from planner.partition.tables import prefix_sums, range_max, split_backward_tables
 from planner.schedules.memory import Moment, MomentStack, corner_moments, stack_moments
 
 __all__ = ["solve_dp", "min_memory_scale", "StageTables", "windowed_is_cheaper"]
@@ -78,10 +78,9 @@ class StageTables:
                       if p.entry_bytes is not None else None)
         # per-(i, j) gradient bytes: absent at a stage's first memory moment; None: all 0
         self.pg = prefix_sums(p.gradient_bytes) if p.gradient_bytes is not None else None
-        # per-(i, j) bytes held between a micro-batch's I and W, and what a running I holds beyond the transient
-        # (0 for i = 0: planner.cost.held's stage_wgrad and running_i_extra); None: all 0
-        self.pw, self.running = ((prefix_sums(p.wgrad_bytes), running_i_table(p.workspace_bytes, p.wgrad_bytes, self.work))
-                                 if p.wgrad_bytes is not None else (None, None))
+        # per-(i, j) bytes held between a micro-batch's I and W, what a running I holds beyond the transient and
+        # a running W beyond the gradients (0 for i = 0: planner.cost.held, planner.cost.w_workspace); None: all 0
+        self.pw, self.running, self.wwork = split_backward_tables(p.wgrad_bytes, p.workspace_bytes, self.work, p.w_workspace_bytes, p.w_carry_bytes)
         self._min_cache: dict[tuple, np.ndarray] = {}
         self._stacks: dict[int, MomentStack | Moment] = {}  # per position, its moments as one MomentStack (or its one moment)
         if p.recompute == "all":
@@ -153,6 +152,7 @@ class StageTables:
             kept, trans = self.pa[jj] - self.pa[ii] + pt, work
         wgrad = np.where(ii > 0, self.pw[jj] - self.pw[ii], 0.0) if self.pw is not None else 0.0
         running = self.running[ii, jj] if self.running is not None else 0.0
+        w_work = self.wwork[ii, jj] if self.wwork is not None else 0.0
         held = self.hold[jj] if self.hold is not None else 0.0
         sent = sent_bytes(self.bb[ii], self.bb[jj], held, self.pw is not None, jj == self.L, self.p.loss_saved_bytes)
         stack = self._stacks.get(s)
@@ -160,7 +160,7 @@ class StageTables:
             priced = kinds if p.recompute == "auto" else corner_moments(kinds)
             stack = self._stacks[s] = priced[0] if len(priced) == 1 else stack_moments(priced)
         # one row per moment, priced in one call (a held-sends stage has dozens)
-        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held, running)), step, kinds, work
+        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held, running, w_work)), step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -193,8 +193,9 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         wgrad = (pulp.lpSum(y(l, s) * float(p.wgrad_bytes[l]) for l in range(L)) if p.wgrad_bytes is not None and s > 0 else 0)
         sent = sent_bytes(bytes_in, bytes_out, held_out, p.wgrad_bytes is not None, s == S - 1, p.loss_saved_bytes)  # sends, pending W
         running = _running_i(prob, p, y, s) if p.wgrad_bytes is not None and s > 0 and any(m.running_i for m in kinds) else 0
+        w_work = _w_workspace(prob, p, y, s) if p.w_workspace_bytes is not None and s > 0 and any(m.running_w for m in kinds) else 0
         for moment in kinds:  # one row per moment at which the stage's memory can peak
-            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out, running)) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out, running, w_work)) <= 1.0 - _TIGHTEN
         prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)
@@ -233,6 +234,25 @@ def _running_i(prob, p: PartitionProblem, y, s: int):
     for l in range(L):
         later = pulp.lpSum(y(k, s) * float(w[k]) for k in range(l + 1, L))
         prob += extra >= float(max(ws[l], w[l])) * y(l, s) + later - largest - big * (1 - y(l, s))
+    return extra
+
+
+def _w_workspace(prob, p: PartitionProblem, y, s: int):
+    """A variable V >= planner.cost.w_workspace.stage_w_workspace of stage s: V >= ww_l for each layer
+    l of the stage, and V >= ww_l + c_k where the nearest earlier layer k with a carry is in the stage too
+    (stages are contiguous: then every layer between is, and none of them has a carry)."""
+    ww = np.asarray(p.w_workspace_bytes, dtype=float)
+    carry = np.zeros(len(ww)) if p.w_carry_bytes is None else np.asarray(p.w_carry_bytes, dtype=float)
+    extra = _var(prob, f"WW_{s}", 0)
+    k = -1  # the nearest earlier layer with a carry
+    for l in range(p.n_layers):
+        if ww[l] > 0:
+            prob += extra >= float(ww[l]) * y(l, s)
+        if k >= 0:
+            both = float(ww[l] + carry[k])
+            prob += extra >= both * y(l, s) + both * y(k, s) - both
+        if carry[l] > 0:
+            k = l
     return extra
 
 

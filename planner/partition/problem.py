@@ -49,6 +49,7 @@ from planner.cost import (
 )
 from planner.cost import stage_bytes as cost_stage_bytes
 from planner.cost.held import held_output, running_i_extra, sent_bytes, stage_wgrad
+from planner.cost.w_workspace import stage_w_workspace
 from planner.graph.crossing import passthrough_bytes
 from planner.schedules.memory import Moment
 
@@ -142,6 +143,11 @@ class PartitionProblem:
     loss_saved_bytes: float = 0.0
     """What the loss saves per micro-batch, freed at the last stage's I when the backward is split
     (planner.cost.held.loss_saved_bytes, priced through sent_bytes' pending term)."""
+    w_workspace_bytes: np.ndarray | None = None
+    """Per layer, what its split W holds alone beyond the gradients, charged at each moment's running_w
+    (planner.cost.w_workspace: none on the first stage); None: 0."""
+    w_carry_bytes: np.ndarray | None = None
+    """Per layer, its last parameter group's fresh weight gradients, held into the next layer's W; None: 0."""
 
     @property
     def n_layers(self) -> int:
@@ -247,7 +253,7 @@ def stage_bytes(p: PartitionProblem, s: int, i: int, j: int, rec: tuple[int, ...
         p.recv_microbatches, stage_batch_bytes(p.batch_input_bytes, p.batch_target_bytes, i == 0, j == p.n_layers),
         float(np.sum(p.gradient_bytes[i:j])) if p.gradient_bytes is not None else 0.0, moments(p, s),
         stage_wgrad(p.wgrad_bytes, i, j), _sent(p, i, j), held_output(p.held_output_bytes, j),
-        running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j),
+        running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j), stage_w_workspace(p.w_workspace_bytes, p.w_carry_bytes, i, j),
     ))
 
 
@@ -270,7 +276,8 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
     wgrad = stage_wgrad(p.wgrad_bytes, i, j)
     out = held_output(p.held_output_bytes, j)
     running = running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j)
-    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out, running)) for m in moments(p, s))
+    w_work = stage_w_workspace(p.w_workspace_bytes, p.w_carry_bytes, i, j)
+    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out, running, w_work)) for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 

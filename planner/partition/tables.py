@@ -6,11 +6,13 @@ so a DP entry equals what the cost model gives that one stage, bit for bit.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from planner.cost.held import running_i_parts
 
-__all__ = ["prefix_sums", "range_max", "prefix_runmax", "running_i_table"]
+__all__ = ["prefix_sums", "range_max", "prefix_runmax", "running_i_table", "w_workspace_table", "split_backward_tables"]
 
 
 def prefix_sums(x: np.ndarray) -> np.ndarray:
@@ -51,3 +53,29 @@ def running_i_table(workspace: np.ndarray | None, wgrad: np.ndarray, work: np.nd
     if work is not None:
         table -= work
     return np.maximum(table, 0.0, out=table)
+
+
+def w_workspace_table(workspace: np.ndarray, carry: np.ndarray | None) -> np.ndarray:
+    """(L+1, L+1) table whose [i, j] is planner.cost.w_workspace.stage_w_workspace(workspace, carry, i, j) for every i < j,
+    the same floats (0 elsewhere): per start, the running max of each layer's workspace plus the
+    carry of the nearest earlier layer of the stage with one."""
+    ws = np.asarray(workspace, dtype=float)
+    L = len(ws)
+    c = np.zeros(L) if carry is None else np.asarray(carry, dtype=float)
+    out = np.zeros((L + 1, L + 1))
+    positions = np.arange(L)
+    for i in range(1, L):
+        own = np.where(c[i:] > 0, positions[i:], -1)
+        last = np.concatenate([[-1], np.maximum.accumulate(own)[:-1]])  # nearest earlier layer with a carry, in the stage
+        held = np.where(last >= 0, c[np.maximum(last, 0)], 0.0)
+        out[i, i + 1:] = np.maximum.accumulate(np.maximum(ws[i:] + held, 0.0))
+    return out
+
+
+def split_backward_tables(wgrad: np.ndarray | None, workspace: np.ndarray | None, work: np.ndarray | None,
+                          w_workspace: np.ndarray | None, w_carry: np.ndarray | None) -> tuple[Any, Any, Any]:
+    """The DP's split-backward tables, each None without its columns: prefix sums of wgrad (what a
+    stage holds between a micro-batch's I and W), running_i_table (what a running I holds beyond
+    the transient) and w_workspace_table (what a running W holds beyond the gradients)."""
+    pw, running = (prefix_sums(wgrad), running_i_table(workspace, wgrad, work)) if wgrad is not None else (None, None)
+    return pw, running, (w_workspace_table(w_workspace, w_carry) if w_workspace is not None else None)

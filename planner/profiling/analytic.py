@@ -26,7 +26,7 @@ parallelism (the two norms' inputs and outputs); planner.cost.tensor_parallel pr
 profile's columns (4 x output_bytes), so it holds for measured profiles too.
 
 `wgrad_bytes` is what zero-bubble's I keeps per micro-batch for its W, as `pplan profile` measures
-it (planner.profiling.saved.weight_gradient_hold_bytes): the gradients arriving at the nodes where a
+it (planner.profiling.split_backward): the gradients arriving at the nodes where a
 weight's path meets the input's, one storage each, in the parameters' dtype. A block holds those of
 ln1's output (h), QKV's (3h), the projection's (h: the residual gradient after attention), ln2's (h),
 FC1's (ffn*h: GELU's input gradient) and FC2's (h: the block's output gradient, which is the next
@@ -34,6 +34,17 @@ layer's input gradient or the received one): (7 + ffn)*s*b*h elements. norm_head
 output's gradient (h) and the logits' (vocab, cast back to the dtype): (h + vocab)*s*b elements. The
 embedding holds none: its input (token ids) has no gradient, and torch runs a first stage's whole
 backward at W.
+
+`w_workspace_bytes` and `w_carry_bytes` are what torch's W holds while it runs (planner.profiling.
+split_backward): it makes the weight gradients one parameter group at a time, in the parameters'
+order, keeping the previous group's while it makes the next. A block's groups are ln1 (2h), QKV
+(3h^2 + 3h), proj (h^2 + h), ln2 (2h), FC1 (f*h^2 + f*h) and FC2 (f*h^2 + h) elements: its
+workspace is the largest sum of two consecutive groups (FC1 + FC2 for f >= 3, QKV + proj below),
+its carry FC2's. norm_head's groups are its LayerNorm (2h) and the head (vocab*h): workspace
+(vocab + 2)*h, carry vocab*h. The embedding holds none (a first layer, as above). In the parameters'
+dtype, at every micro-batch size: as float32 profiles measure them on a CPU, and a GPU's GEMMs keep
+their workspace between calls; a 16-bit profile measured on a CPU adds oneDNN's GEMM scratch, which
+depends on the thread count (docs/hardware.md).
 
 No torch: planning machines can write analytic profiles.
 """
@@ -169,6 +180,7 @@ def analytic_profile(
     n, k_sizes = len(names), len(sizes)
     cols = {c: np.zeros((n, k_sizes)) for c in (
         "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "activation_bytes", "output_bytes", "flops", "wgrad_bytes")}
+    cols["w_workspace_bytes"], cols["w_carry_bytes"] = _weight_backward_bytes(L, h, f, V, dt, k_sizes)
     params = np.array([(V + s) * h] + [(4 + 2 * f) * h * h + (9 + f) * h] * L + [V * h + 2 * h], dtype=float)
 
     for k, b in enumerate(sizes):
@@ -209,6 +221,17 @@ def _meta(spec: str, dtype: str, seq: int, hardware: str, source: str, seed: int
     if command:
         meta["command"] = " ".join(command.splitlines())
     return meta
+
+
+def _weight_backward_bytes(L: int, h: int, f: int, V: int, dt: int, k_sizes: int) -> tuple[np.ndarray, np.ndarray]:
+    """(w_workspace_bytes, w_carry_bytes) of embed, L blocks and norm_head (module docstring), the
+    same at every micro-batch size: the largest sum of two consecutive parameter groups' gradients,
+    and the last group's."""
+    block = [2 * h, 3 * h * h + 3 * h, h * h + h, 2 * h, f * h * h + f * h, f * h * h + h]  # ln1 qkv proj ln2 fc1 fc2
+    head = [2 * h, V * h]  # ln, head
+    workspace = [0] + [max(a + b for a, b in zip(block, block[1:]))] * L + [head[0] + head[1]]
+    carry = [0] + [block[-1]] * L + [head[-1]]
+    return tuple(np.repeat(np.array(col, dtype=float)[:, None] * dt, k_sizes, axis=1) for col in (workspace, carry))
 
 
 def _activation_bytes(activations: str, L: int, b: int, s: int, h: int, a: int, f: int, V: int, dt: int) -> list[float]:

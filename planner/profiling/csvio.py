@@ -41,11 +41,12 @@ OPTIONAL_COLUMNS = (
     "fwd_ms_std", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
     "optimizer_ms", "flops", "cuda_peak_bytes", "shared_input_bytes", "workspace_bytes",
     "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes", "wgrad_bytes", "checkpoint_extra_bytes",
+    "w_workspace_bytes", "w_carry_bytes",
 )
 NUMERIC_COLUMNS = tuple(c for c in REQUIRED_COLUMNS + OPTIONAL_COLUMNS if c not in ("layer", "name", "micro_batch_size"))
 INTEGER_COLUMNS = ("param_bytes", "activation_bytes", "output_bytes", "flops", "cuda_peak_bytes", "shared_input_bytes",
                    "workspace_bytes", "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes", "wgrad_bytes",
-                   "checkpoint_extra_bytes")
+                   "checkpoint_extra_bytes", "w_workspace_bytes", "w_carry_bytes")
 # What `pplan partition` plans in reasonable time and memory (docs/profile-format.md): on a
 # 2-core, 24 GiB machine 4,000 layers at 4 sizes took 25 s of CPU and 1.5 GB with 4 devices,
 # 52 s and 1.4 GB with 8; 5,000 layers already 2.2 GB and 142 s of wall time. Memory grows

@@ -37,10 +37,12 @@ Method (docs/profile-format.md repeats it for users):
   computes it, planner.profiling.stageloss). Parameter gradients already exist, as after a
   pipeline's first micro-batch.
   output_saved_bytes: the part of the output the layer saves itself (a ReLU's, a softmax's).
-  input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's);
-  wgrad_bytes what zero-bubble's I keeps alive for W beyond those (planner.profiling.saved).
+  input_saved_bytes: the part of the layer's input it saves itself (a Linear's, a convolution's).
   On a stage's first layer that input is the buffer torch's stage received it into, which the
   runtime holds anyway.
+- wgrad_bytes: what zero-bubble's I keeps alive for W beyond the saved tensors; w_workspace_bytes:
+  the allocator's peak during the layer's W right after its I, parameter gradients already there;
+  w_carry_bytes: the gradients of its last parameter group (planner.profiling.split_backward).
 - A layer of a traced non-chain model (planner.graph) takes a tuple of inputs and returns a
   tuple of outputs: the same method, with one fixed random gradient per output that
   requires grad (seeds grad_seed, grad_seed + 1, ...) and bwd_input_ms taken with respect to
@@ -61,7 +63,8 @@ import torch
 from planner.errors import ModelSpecError
 from planner.profiling.flops import count_forward_flops
 from planner.profiling.layerpeak import forward_backward_peak
-from planner.profiling.saved import SavedTensors, tensor_bytes, weight_gradient_hold_bytes
+from planner.profiling.saved import SavedTensors, tensor_bytes
+from planner.profiling.split_backward import SplitBackwardBytes, split_backward_bytes
 
 __all__ = ["LayerMeasurement", "RunQueueWait", "measure_layer", "timed_ms", "sync_for", "median_std", "timed_call"]
 
@@ -99,7 +102,11 @@ class LayerMeasurement:
     input_saved_bytes: int = 0
     """Bytes of the layer's input that it saves for backward (counted in activation_bytes)."""
     wgrad_bytes: int = 0
-    """Bytes zero-bubble's input backward keeps for the weight backward (saved.weight_gradient_hold_bytes)."""
+    """Bytes zero-bubble's input backward keeps for the weight backward (planner.profiling.split_backward)."""
+    w_workspace_bytes: int = 0
+    """The allocator's peak during the layer's weight backward alone, its gradients already there (split_backward)."""
+    w_carry_bytes: int = 0
+    """Bytes of the weight gradients of the layer's last parameter group, which W keeps into the next (split_backward)."""
 
 
 def sync_for(device: torch.device) -> Callable[[], None]:
@@ -195,7 +202,7 @@ def median_std(samples: list[float]) -> tuple[float, float]:
 
 def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, prev_saved: Any,
              output_bytes: int, flops: int, cuda_peak: int, peak: int = 0,
-             output_saved: int = 0, input_saved: int = 0, wgrad: int = 0) -> "LayerMeasurement":
+             output_saved: int = 0, input_saved: int = 0, split: SplitBackwardBytes = SplitBackwardBytes()) -> "LayerMeasurement":
     """Medians and spreads of the timed runs plus the byte counts, as one LayerMeasurement."""
     fwd_med, fwd_std = median_std(fwd)
     bwd_med, bwd_std = median_std(bwd)
@@ -209,7 +216,8 @@ def _summary(fwd: list[float], bwd: list[float], bwd_input: float, saved: Any, p
         workspace_bytes=max(0, peak - (saved.total_bytes - input_saved)
                             - (output_bytes - min(output_bytes, output_saved))) if peak else 0,
         output_saved_bytes=min(output_bytes, output_saved),
-        input_saved_bytes=input_saved, wgrad_bytes=wgrad,
+        input_saved_bytes=input_saved, wgrad_bytes=split.wgrad_bytes,
+        w_workspace_bytes=split.w_workspace_bytes, w_carry_bytes=split.w_carry_bytes,
     )
 
 
@@ -273,9 +281,10 @@ def measure_layer(
         cuda_peak = peak
         for t in params + [inp]:
             t.grad = None
-    wgrad = weight_gradient_hold_bytes([forward()[1]], None if grad is None else [grad], [inp], params) if out.requires_grad else 0
+    split = split_backward_bytes([forward()[1]], None if grad is None else [grad], [inp], params, inp.device) \
+        if out.requires_grad else SplitBackwardBytes()
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 saved.held_bytes_of([y]), saved.held_bytes_of([inp]), wgrad)
+                 saved.held_bytes_of([y]), saved.held_bytes_of([inp]), split)
     return m, y.detach(), saved
 
 
@@ -320,9 +329,9 @@ def _measure_multi(layer: torch.nn.Module, inputs: tuple, *, loss_fn: Callable[[
         cuda_peak = peak
         for t in params + grad_inputs:
             t.grad = None
-    wgrad = weight_gradient_hold_bytes(roots_of(forward()), grads, grad_inputs, params) if roots else 0
+    split = split_backward_bytes(roots_of(forward()), grads, grad_inputs, params, device) if roots else SplitBackwardBytes()
     m = _summary(fwd, bwd, bwd_input, saved, prev_saved, tensor_bytes(y), flops, cuda_peak, peak,
-                 saved.held_bytes_of([t for t in y if isinstance(t, torch.Tensor)]), saved.held_bytes_of(tensors), wgrad)
+                 saved.held_bytes_of([t for t in y if isinstance(t, torch.Tensor)]), saved.held_bytes_of(tensors), split)
     return m, tuple(t.detach() if isinstance(t, torch.Tensor) else t for t in y), saved
 
 

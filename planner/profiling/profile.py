@@ -121,10 +121,16 @@ class LayerCosts:
     charges boundary buffers as it did before the column existed, planner.cost.memory)."""
     wgrad_bytes: np.ndarray | None = None
     """Bytes zero-bubble's input backward keeps per micro-batch for its weight backward beyond the
-    saved activations (planner.profiling.saved.weight_gradient_hold_bytes; None: not measured, 0)."""
+    saved activations (planner.profiling.split_backward; None: not measured, 0)."""
     checkpoint_extra_bytes: np.ndarray | None = None
     """Bytes a checkpointed layer keeps per micro-batch besides its input: the checkpoint's RNG state
     and, on the last layer, the loss's saved tensors (planner.profiling.saved; None: not measured, 0)."""
+    w_workspace_bytes: np.ndarray | None = None
+    """The allocator's peak during each layer's weight backward (zero-bubble W) alone, its parameter
+    gradients already there: fresh weight gradients and temporaries (split_backward; None: not measured, 0)."""
+    w_carry_bytes: np.ndarray | None = None
+    """Bytes of the weight gradients of each layer's last parameter group, which W still holds while
+    the stage's next layer's runs; the same at every size (split_backward; None: not measured, 0)."""
     target_bytes: float = 0.0
     """Bytes of the training target per micro-batch, which the last stage holds for the whole step
     (planner.cost.batch; 0 when the profile does not say: profiles made before pplan recorded it)."""
@@ -190,9 +196,10 @@ class Profile(ProfileTable):
             "fwd_ms", "bwd_ms", "bwd_input_ms", "bwd_weight_ms", "optimizer_ms",
             "activation_bytes", "output_bytes", "shared_input_bytes", "workspace_bytes",
             "output_saved_bytes", "optimizer_workspace_bytes", "input_saved_bytes", "wgrad_bytes",
-            "checkpoint_extra_bytes")}
+            "checkpoint_extra_bytes", "w_workspace_bytes", "w_carry_bytes")}
         # unknown: the older memory model (planner.cost.memory), or a term counted as 0
-        for unknown in ("output_saved_bytes", "input_saved_bytes", "wgrad_bytes", "checkpoint_extra_bytes"):
+        for unknown in ("output_saved_bytes", "input_saved_bytes", "wgrad_bytes", "checkpoint_extra_bytes",
+                        "w_workspace_bytes", "w_carry_bytes"):
             if unknown not in self.present:
                 cols[unknown] = None
         input_bytes = self.input_bytes_per_sample * micro_batch_size
@@ -238,7 +245,7 @@ class Profile(ProfileTable):
     def _column_at(self, name: str, b: int) -> np.ndarray:
         data = self.columns[name]
         sizes = self.micro_batch_sizes
-        if name in ("optimizer_ms", "optimizer_workspace_bytes"):  # independent of the micro-batch size
+        if name in ("optimizer_ms", "optimizer_workspace_bytes", "w_carry_bytes"):  # independent of the micro-batch size
             return data[:, 0].copy()
         k = self._position.get(b)
         if k is not None:

@@ -53,7 +53,7 @@ DTYPES = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _COLUMNS = (
     "fwd_ms", "fwd_ms_std", "bwd_ms", "bwd_ms_std", "bwd_input_ms", "bwd_weight_ms",
     "activation_bytes", "shared_input_bytes", "output_bytes", "flops", "cuda_peak_bytes", "workspace_bytes",
-    "output_saved_bytes", "input_saved_bytes", "wgrad_bytes",
+    "output_saved_bytes", "input_saved_bytes", "wgrad_bytes", "w_workspace_bytes", "w_carry_bytes",
 )
 
 

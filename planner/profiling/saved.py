@@ -13,8 +13,7 @@ from typing import Any, Iterable, Self
 
 import torch
 
-__all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes", "weight_gradient_hold_bytes",
-           "checkpoint_extra_bytes", "target_tensors"]
+__all__ = ["SavedTensorHooks", "SavedTensors", "storage_key", "tensor_bytes", "checkpoint_extra_bytes", "target_tensors"]
 
 _Key = tuple[str, int]
 
@@ -119,38 +118,6 @@ class SavedTensors(SavedTensorHooks):
     def release(self) -> None:
         """Drop the references to the saved tensors."""
         self._held.clear()
-
-
-def weight_gradient_hold_bytes(roots: list[torch.Tensor], grads: list[torch.Tensor] | None,
-                               inputs: list[torch.Tensor], params: list[torch.nn.Parameter]) -> int:
-    """Bytes zero-bubble's input backward (torch's `stage_backward_input`, the I step) keeps for the
-    weight backward (W) beyond the saved activations: the gradients flowing into the nodes where a
-    parameter's path meets the input's, which W starts from, counted once per storage. A pipeline
-    holds them per micro-batch from its I to its W.
-
-    Runs I on `roots` (a fresh graph: torch detaches them in place, so each is cloned out of any
-    view) seeded with `grads` (None: a loss, seeded with ones). A gradient that is the seed's own
-    storage counts too: inside a stage the seed is the next layer's input gradient, made for this
-    micro-batch and held with it (on a stage's last layer it is the received gradient, whose buffer
-    the runtime keeps anyway: there this is an upper bound). 0 without parameters or without an
-    input that requires grad: torch's first stage runs its whole backward at W and holds nothing
-    in between."""
-    wanted = [t for t in inputs if isinstance(t, torch.Tensor) and t.requires_grad]
-    if not params or not wanted:
-        return 0
-    from torch.distributed.pipelining._backward import stage_backward_input
-
-    _, groups = stage_backward_input([r.clone() for r in roots], grads, wanted, iter(params))
-    held: dict[_Key, int] = {}
-    for group in groups:
-        for grad_inputs in group.get("grads") or ():
-            for g in grad_inputs or ():
-                if isinstance(g, torch.Tensor):
-                    key, nbytes = storage_key(g)
-                    held[key] = max(nbytes, held.get(key, 0))
-    for t in wanted:  # the input gradient I computed is sent on, not held for W
-        t.grad = None
-    return sum(held.values())
 
 
 def target_tensors(target: Any) -> list[torch.Tensor]:

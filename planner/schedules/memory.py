@@ -88,6 +88,9 @@ class Moment:
     running_i: bool = False
     """Whether an I of the stage runs then (split backward only): it stores its micro-batch's wgrads
     as its backward goes (torch's hooks), priced beyond the transient by planner.cost.held.running_i_extra."""
+    running_w: bool = False
+    """Whether a W of the stage runs then, on a stage but the first (split backward only): it holds fresh
+    weight gradients of two parameter groups beyond the stage's gradients (planner.cost.w_workspace)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +111,8 @@ class MomentStack:
     """Moment.sent_grads of each row."""
     running_i: np.ndarray
     """Moment.running_i of each row (bool)."""
+    running_w: np.ndarray
+    """Moment.running_w of each row (bool)."""
 
 
 def with_more_microbatches(moment: Moment, extra: int, every_microbatch_held: bool) -> Moment:
@@ -125,20 +130,20 @@ def stack_moments(moments: Sequence[Moment]) -> MomentStack:
         return np.array([getattr(m, name) for m in moments], dtype=dtype).reshape(-1, 1)
     in_flight = column("in_flight", float if any(isinstance(m.in_flight, float) for m in moments) else np.int64)
     return MomentStack(in_flight, column("transient", bool), column("gradients", bool), column("pending_w", np.int64),
-                       column("sent_grads", np.int64), column("running_i", bool))
+                       column("sent_grads", np.int64), column("running_i", bool), column("running_w", bool))
 
 
 @functools.lru_cache(maxsize=8192)
 def corner_moments(moments: tuple[Moment, ...]) -> tuple[Moment, ...]:
     """`moments` less each that lies between two others with its flags (transient, gradients,
-    running_i) on a line of their counts (in_flight, pending_w, sent_grads): a held-sends schedule's
+    running_i, running_w) on a line of their counts (in_flight, pending_w, sent_grads): a held-sends schedule's
     drain trades one micro-batch in flight for one more send held, about P moments on a line. Without a
     recompute saving (planner.cost.moment_bytes is affine in the counts) such a moment's bytes are
     a weighted mean of its two ends', never the peak alone, so a solver that prices no recompute
-    choice checks the corners only (3 to 5 where a held-sends stage has 17 at P = 8, 33 at P = 16)."""
+    choice checks the corners only (3 to 6 where a held-sends stage has 17 at P = 8, 33 at P = 16)."""
     if not all(float(m.in_flight).is_integer() for m in moments):  # a hand-made count: no lattice to reason on
         return moments
-    flags = np.array([[m.transient, m.gradients, m.running_i] for m in moments], dtype=bool).reshape(-1, 3)
+    flags = np.array([[m.transient, m.gradients, m.running_i, m.running_w] for m in moments], dtype=bool).reshape(-1, 4)
     counts = np.array([[m.in_flight, m.pending_w, m.sent_grads] for m in moments], dtype=np.int64).reshape(-1, 3)
     between = np.zeros(len(moments), dtype=bool)
     for f in np.unique(flags, axis=0):
@@ -193,18 +198,18 @@ def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
         lo, hi = t.starts[r], t.starts[r + 1]
         for i, s in enumerate(stages):
             out[s] = _undominated(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], t.pending[lo:hi, i],
-                                                   t.sent[lo:hi, i], t.running[lo:hi, i]]))
+                                                   t.sent[lo:hi, i], t.running[lo:hi, i], t.wrun[lo:hi, i]]))
     return out
 
 
 def undominated(moments: Sequence[Moment]) -> tuple[Moment, ...]:
     """`moments` less those another one covers, in stage_memory_moments' order."""
-    return _undominated(np.array([[m.in_flight, m.transient, m.gradients, m.pending_w, m.sent_grads, m.running_i]
-                                  for m in moments], dtype=np.int64).reshape(-1, 6))
+    return _undominated(np.array([[m.in_flight, m.transient, m.gradients, m.pending_w, m.sent_grads, m.running_i, m.running_w]
+                                  for m in moments], dtype=np.int64).reshape(-1, 7))
 
 
 def _undominated(rows: np.ndarray) -> tuple[Moment, ...]:
-    """The moments of `rows` (in_flight, transient, gradients, pending_w, sent_grads, running_i)
+    """The moments of `rows` (in_flight, transient, gradients, pending_w, sent_grads, running_i, running_w)
     that no other covers, sorted."""
     # covered: another has as many or more of each, of ended W (sent - pending) and of held
     # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes).
@@ -213,8 +218,9 @@ def _undominated(rows: np.ndarray) -> tuple[Moment, ...]:
     # sent_grads too (more ended I, and as many more ended W)
     seen = _most_of(_most_of(rows.astype(np.int64), 0), 4)
     kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
-    moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i)) for c, bwd, g, p, x, i in kept]
-    return tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads, m.running_i)))
+    moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i), bool(w)) for c, bwd, g, p, x, i, w in kept]
+    return tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads, m.running_i,
+                                                m.running_w)))
 
 
 def _most_of(rows: np.ndarray, col: int) -> np.ndarray:
@@ -257,6 +263,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
                  wgrad_bytes: Sequence[float] | None = None,
                  sent_bytes: Sequence[tuple[float, float, float]] | None = None,
                  running_bytes: Sequence[float] | None = None,
+                 w_workspace_bytes: Sequence[float] | None = None,
                  ) -> list[tuple[float, float]]:
     """rank -> (activation bytes, gradient bytes) at the moment their sum peaks.
 
@@ -265,7 +272,8 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     bytes (the stage output torch holds, planner.cost.held_output) freed at the end of I when the
     backward is split, not of W; and `wgrad_bytes[s]` (planner.cost.held's wgrad) per micro-batch
     whose I ended and W did not, `running_bytes[s]` (planner.cost.held.running_i_extra) while an I
-    of the stage runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
+    of the stage runs, `w_workspace_bytes[s]` (planner.cost.w_workspace) while a split W of a stage but
+    the first runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
     ended I its input gradient and per ended W its output, held by the sends until the step ends
     where the runtime holds them, an ended B counting as both, and per pending W what it still holds
     of its output, planner.cost.held.pending_output: the held output on every stage but the last).
@@ -274,7 +282,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
-    x output_bytes) + sum(pending W x wgrad + I running x running) + sum(ended I x sent[0] + ended W x sent[1] + pending
+    x output_bytes) + sum(pending W x wgrad + I running x running + W running x w_workspace) + sum(ended I x sent[0] + ended W x sent[1] + pending
     W x sent[2]) + the transient of the stage whose backward runs, g = sum(gradients exist x
     gradient_bytes), each sum stage by stage; the first state with the largest act + g gives the
     pair. memory_states evaluates exactly this, in arrays.
@@ -282,10 +290,11 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     grad = _per_stage(schedule, "gradient", gradient_bytes)
     wgrad = _per_stage(schedule, "wgrad", wgrad_bytes)
     running = _per_stage(schedule, "running", running_bytes)
+    w_work = _per_stage(schedule, "w_workspace", w_workspace_bytes)
     sends = _per_stage(schedule, "sent", sent_bytes, 3)
     _check_kept(schedule, kept_bytes, transient_bytes)
     held = _per_stage(schedule, "output", output_bytes)
-    prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad, "running": running,
+    prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad, "running": running, "w_work": w_work,
               "sent_grad": sends[:, 0], "sent_output": sends[:, 1], "sent_held": sends[:, 2], "grad": grad}
     return memory_peaks_table(state_table(schedule), prices, np.asarray(transient_bytes, dtype=float))
 

@@ -72,6 +72,9 @@ class StateTable:
     input gradient held until the step ends, and its output once its W or B ended)."""
     running: np.ndarray
     """(rows, width) 1 where an I of the stage runs: its micro-batch's wgrad is alive already."""
+    wrun: np.ndarray
+    """(rows, width) 1 where a W of the stage runs on a stage but the first: its fresh weight gradients
+    are alive beyond the stage's (planner.cost.w_workspace)."""
     largest: int
     """The largest count in any column (bounds the sums for the exactness check)."""
 
@@ -86,11 +89,11 @@ def state_table(schedule: PipelineSchedule) -> StateTable:
     return cached
 
 
-_GROUPS = 6  # per-stage column groups: during, grads, outputs, pending, sent, running
+_GROUPS = 7  # per-stage column groups: during, grads, outputs, pending, sent, running, wrun
 
 
 def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray, sends_held: bool) -> np.ndarray:
-    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running] of one rank, sorted.
+    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running, wrun] of one rank, sorted.
     `sends_held`: the runtime keeps what it sent until the step ends (registry.holds_sends); an I's
     sends count either way (the runtime of split backwards holds them), a B's only with it."""
     S, M, n = cs.n_stages, cs.n_microbatches, len(stages)
@@ -131,10 +134,11 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
     held_end = i_end + marks(kind == CODE_B) if sends_held else i_end
     sent = np.cumsum(held_end, axis=0) - held_end
     pending = np.cumsum(i_end, axis=0) - i_end - (np.cumsum(w_end, axis=0) - w_end)
-    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end])  # i_end: the running I
+    # i_end: the running I; making: the running W past the first stage
+    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end, making if cs.split_backward else 0 * i_end])
     if cs.split_backward or sends_held:  # after the last action: what the sends hold until the step waits for them
         done = np.concatenate([(alloc - free).sum(axis=0), [-1], free.sum(axis=0) > 0, (alloc - early).sum(axis=0),
-                               (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(n)]).astype(np.int64)
+                               (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(2 * n)]).astype(np.int64)
         rows = np.vstack([rows, done])
     return np.unique(rows, axis=0)
 
@@ -155,7 +159,7 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
     w = width
 
     def cols(k: int) -> np.ndarray:
-        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent, 5 running)."""
+        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent, 5 running, 6 wrun)."""
         first = k * w + (k > 0)
         return np.ascontiguousarray(rows[:, first:first + w])
 
@@ -164,7 +168,7 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
         rank_stages=cs.rank_stages, stage_of=stage_of, starts=start_arr,
         row_rank=np.repeat(np.arange(cs.n_ranks), np.diff(start_arr)),
         during=cols(0), bwd=np.ascontiguousarray(rows[:, w]), grads=cols(1), outputs=cols(2),
-        pending=cols(3), sent=cols(4), running=cols(5),
+        pending=cols(3), sent=cols(4), running=cols(5), wrun=cols(6),
         largest=int(max(1, np.abs(rows).max())),
     )
 
@@ -179,10 +183,10 @@ def state_front(t: StateTable) -> np.ndarray:
         front = []
         for r in range(len(t.rank_stages)):
             lo, hi = t.starts[r], t.starts[r + 1]
-            during, grads, outputs, pending, sent, running = (x[lo:hi] for x in (t.during, t.grads, t.outputs, t.pending,
-                                                                                    t.sent, t.running))
+            during, grads, outputs, pending, sent, running, wrun = (x[lo:hi] for x in (t.during, t.grads, t.outputs, t.pending,
+                                                                                          t.sent, t.running, t.wrun))
             bwd_mark = t.bwd[lo:hi, None] == t.stage_of[r][None, :]
-            features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running])
+            features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running, wrun])
             front.append(lo + pareto_front(features, FRONT_ROUNDS))
         cached = np.concatenate(front)
         object.__setattr__(t, _FRONT_ATTR, cached)  # frozen table, never changed: safe private cache
@@ -227,8 +231,8 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
     sel = slice(None) if rows is None else rows
     rank = t.row_rank[sel]
     on = {name: _per_column(t, v)[rank] for name, v in prices.items()}
-    during, outputs, pending, sent, grads, running = (np.asarray(x[sel], dtype=float) for x in
-                                                      (t.during, t.outputs, t.pending, t.sent, t.grads, t.running))
+    during, outputs, pending, sent, grads, running, wrun = (np.asarray(x[sel], dtype=float) for x in
+                                                            (t.during, t.outputs, t.pending, t.sent, t.grads, t.running, t.wrun))
     n = len(rank)
     kept, held, wgrad = np.zeros(n), np.zeros(n), np.zeros(n)
     sends, grad = np.zeros(n), np.zeros(n)
@@ -236,6 +240,8 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
         kept = kept + during[:, i] * on["kept"][:, i]
         held = held + outputs[:, i] * on["held"][:, i]
         wgrad = wgrad + pending[:, i] * on["wgrad"][:, i] + running[:, i] * on["running"][:, i]  # a running I's wgrads
+        if wrun[:, i].any():  # a running W's fresh weight gradients (other plans keep their arithmetic)
+            wgrad = wgrad + wrun[:, i] * on["w_work"][:, i]
         sends = sends + (sent[:, i] * on["sent_grad"][:, i] + (sent[:, i] - pending[:, i]) * on["sent_output"][:, i]
                          + pending[:, i] * on["sent_held"][:, i])
         grad = grad + grads[:, i] * on["grad"][:, i]
@@ -260,7 +266,7 @@ def memory_peaks_table(t: StateTable, prices: dict[str, np.ndarray], transient: 
     """rank -> (activation bytes, gradient bytes) of its first state whose sum is the largest
     (planner.schedules.memory.memory_peaks, with its checks done).
 
-    `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad, running,
+    `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad, running, w_work,
     sent_grad, sent_output, sent_held and grad. Only the front is priced when every price is a
     whole, finite, non-negative number and every sum stays below 2**52 (a zero-bubble last stage
     whose I frees the loss's tensors has a negative sent_held: its ranks are priced state by

@@ -153,7 +153,7 @@ def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Seq
     peaks = memory_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
                          [st.wgrad_bytes for st in stages], [st.sent for st in stages],
-                         [st.running_i_bytes for st in stages])
+                         [st.running_i_bytes for st in stages], [st.w_workspace_bytes for st in stages])
     memory = [price([], 0.0)] * n_dev
     gradients = [0.0] * n_dev
     for r, d in enumerate(rank_device):
@@ -287,7 +287,8 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
     until the optimizer step frees them, the stage
     output torch holds freed at the end of I when split (on the last stage the loss's tensors with it),
     what W starts from held from the end of I to the end of W (StageCost.wgrad_bytes; while I runs,
-    the transient and StageCost.running_i_bytes), the transient during B or I (W on the first stage), what
+    the transient and StageCost.running_i_bytes), the transient during B or I (W on the first stage;
+    StageCost.w_workspace_bytes during W on the others), what
     sends hold until they are waited for, before the optimizer step, where the runtime holds them
     (`sends_held`, registry holds_sends; StageCost.sent: each input gradient from the end of its I,
     the held output from the end of I, the whole output from the end of W; both from the end of B),
@@ -345,8 +346,9 @@ def _action_memory(kind: int, s: int, st: StageCost, sends_held: bool, making: f
         return (trans + st.running_i_bytes,
                 -trans - st.running_i_bytes + st.wgrad_bytes - st.held_output_bytes + st.sent_grad_bytes + st.sent_held_bytes,
                 st.sent_grad_bytes + st.sent_held_bytes)
-    # W frees what its I left (the first stage's whole backward runs now); the output's send holds all of it
-    trans = st.transient_bytes if s == 0 else 0.0
+    # W frees what its I left (the first stage's whole backward runs now, its transient; on the others
+    # the fresh weight gradients, w_workspace_bytes); the output's send holds all of it
+    trans = st.transient_bytes if s == 0 else st.w_workspace_bytes
     return (trans + making,
             -trans - (st.kept_bytes - st.held_output_bytes) - st.wgrad_bytes + st.sent_output_bytes - st.sent_held_bytes,
             st.sent_output_bytes - st.sent_held_bytes)
