@@ -11,9 +11,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.problems import column_problem
+
 from planner.cost.held import loss_saved_bytes, pending_output, running_i_extra, sent_bytes
 from planner.partition.dp import StageTables
-from planner.partition.problem import PartitionProblem
 from planner.profiling.profile import make_profile
 
 MIB = 2.0 ** 20
@@ -71,11 +72,7 @@ def test_the_dp_tables_price_the_running_i_as_the_scalar_rule_does(seed):
     L = int(rng.integers(2, 9))
     ws = None if seed % 3 == 0 else rng.integers(0, 60, L).astype(float) * 1.25
     wg = rng.integers(0, 30, L).astype(float) * 0.75
-    p = PartitionProblem(compute_ms=np.ones(L), recompute_ms=np.zeros(L), static_bytes=np.zeros(L),
-                         activation_bytes=np.zeros(L), input_bytes=np.zeros(L), boundary_bytes=np.zeros(L + 1),
-                         inflight=np.ones(2), budget=np.full(2, np.inf), speed=np.ones(2), overhead_ms=np.zeros(2),
-                         link_latency_ms=np.zeros(1), link_ms_per_byte=np.zeros(1), recompute="none",
-                         workspace_bytes=ws, wgrad_bytes=wg)
+    p = column_problem(L, workspace_bytes=ws, wgrad_bytes=wg)
     table = StageTables(p).running
     for i in range(L + 1):
         for j in range(L + 1):

@@ -9,9 +9,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from helpers.problems import column_problem
+
 from planner.cost.w_workspace import stage_w_workspace
 from planner.partition.dp import StageTables
-from planner.partition.problem import PartitionProblem
 from planner.schedules import generate
 from planner.schedules.memory import memory_peaks, stage_memory_moments
 
@@ -40,11 +41,7 @@ def test_the_dp_table_prices_the_w_as_the_scalar_rule_does(seed):
     L = int(rng.integers(2, 10))
     ws = rng.integers(0, 60, L).astype(float) * 1.25
     carry = None if seed % 3 == 0 else np.where(rng.random(L) < 0.3, 0.0, rng.integers(0, 40, L) * 0.75)
-    p = PartitionProblem(compute_ms=np.ones(L), recompute_ms=np.zeros(L), static_bytes=np.zeros(L),
-                         activation_bytes=np.zeros(L), input_bytes=np.zeros(L), boundary_bytes=np.zeros(L + 1),
-                         inflight=np.ones(2), budget=np.full(2, np.inf), speed=np.ones(2), overhead_ms=np.zeros(2),
-                         link_latency_ms=np.zeros(1), link_ms_per_byte=np.zeros(1), recompute="none",
-                         w_workspace_bytes=ws, w_carry_bytes=carry)
+    p = column_problem(L, w_workspace_bytes=ws, w_carry_bytes=carry)
     table = StageTables(p).wwork
     for i in range(L + 1):
         for j in range(i + 1, L + 1):

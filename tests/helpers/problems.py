@@ -43,3 +43,14 @@ def random_problem(rng: np.random.Generator, mode: str, max_layers: int = 7, max
 def objective(sol):
     """(bottleneck, total) of a solution, rounded for comparison; None for no solution."""
     return None if sol is None else (round(sol.bottleneck_ms, 9), round(sol.total_ms, 9))
+
+
+def column_problem(layers: int, **columns) -> PartitionProblem:
+    """A 2-stage problem of `layers` unit-time layers with nothing to hold but the given columns
+    (workspace_bytes=..., w_carry_bytes=...): for checking one memory table against its scalar rule."""
+    zeros = np.zeros(layers)
+    return PartitionProblem(compute_ms=np.ones(layers), recompute_ms=zeros, static_bytes=zeros,
+                            activation_bytes=zeros, input_bytes=zeros, boundary_bytes=np.zeros(layers + 1),
+                            inflight=np.ones(2), budget=np.full(2, np.inf), speed=np.ones(2),
+                            overhead_ms=np.zeros(2), link_latency_ms=np.zeros(1), link_ms_per_byte=np.zeros(1),
+                            recompute="none", **columns)
