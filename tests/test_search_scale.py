@@ -60,9 +60,9 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             bwd = s if kind == CODE_B or (kind == CODE_I and s > 0) or (kind == CODE_W and s == 0) else -1
             running = tuple(int(kind == CODE_I and k == i) for k in range(n))
             # a split W (not the first stage's whole backward) makes every gradient before freeing anything,
-            # and holds its fresh weight gradients while it runs
+            # and, once the gradients exist (a W of the stage ended before), holds its fresh ones while it runs
             split_w = kind == CODE_W and s > 0 and cs.split_backward
-            running_w = tuple(int(split_w and k == i) for k in range(n))
+            running_w = tuple(int(split_w and k == i and last_ended[k] > 0) for k in range(n))
             seen.add(state(bwd, i if split_w else -1) + running + running_w)
             if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
                 last_ended[i] += 1

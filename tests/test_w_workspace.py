@@ -65,3 +65,18 @@ def test_the_w_workspace_raises_a_peak_at_a_w_and_nowhere_else():
     assert big[0] == base[0]  # the first stage's W is a whole backward: no W workspace there
     act, g = big[1]
     assert g == 100.0 and act >= 500.0  # the last rank peaks during a W, with its gradients
+
+
+def test_a_stages_first_w_of_the_step_holds_no_fresh_gradients_beyond_its_own():
+    # torch's first W assigns its fresh gradients as .grad (they are the gradients, charged from its
+    # start); only a later W adds into them. One micro-batch: every W is a first W.
+    assert not any(m.running_w for stage in stage_memory_moments(generate("zb", 3, 1)) for m in stage)
+    kept, trans, grad = [10.0, 10.0], [1.0, 1.0], [100.0, 100.0]
+    one = generate("zb", 2, 1)
+    base = memory_peaks(one, kept, trans, grad, wgrad_bytes=[2.0, 2.0])
+    assert memory_peaks(one, kept, trans, grad, wgrad_bytes=[2.0, 2.0], w_workspace_bytes=[500.0, 500.0]) == base
+    # two micro-batches: the last stage's second W adds in, holding the workspace beside its own
+    # micro-batch (kept 10, its wgrad 2 until W ends)
+    two = generate("zb", 2, 2)
+    act, g = memory_peaks(two, kept, trans, grad, wgrad_bytes=[2.0, 2.0], w_workspace_bytes=[500.0, 500.0])[1]
+    assert g == 100.0 and act == 10.0 + 2.0 + 500.0

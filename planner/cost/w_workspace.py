@@ -13,7 +13,12 @@ The profile measures per layer, alone (planner.profiling.split_backward):
                      group runs
 
 so a stage [first, end)'s W holds max over its layers l of w_workspace[l] + the carry of the
-stage's nearest layer before l with parameters (none for its first). The first stage's W is a
+stage's nearest layer before l with parameters (none for its first). Only a W after the stage's
+first of the step holds it: the first finds no .grad and assigns its fresh gradients as the
+gradients (`weight.grad = dw`), which the stage's gradient bytes count from that W's start
+(planner.schedules.memory_states marks the moments). Charging it at the first W too had put the
+synthetic model's zero-bubble plans (4 and 8 processes, one micro-batch per rank) 6.3% and 8.4%
+over the allocator's peak on their worst rank; with the first W left out, +0.1%. The first stage's W is a
 whole backward (planner.cost.held: its I computes nothing), priced by the recompute transient,
 so this is 0 there. Measured (torch's CPU allocator, per action, mlp of 2048-wide Linears, 2 ranks,
 zb, 4 micro-batches of 32): the last rank's later Ws peaked 31.8 MiB above their start, two

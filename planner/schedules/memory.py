@@ -89,8 +89,9 @@ class Moment:
     """Whether an I of the stage runs then (split backward only): it stores its micro-batch's wgrads
     as its backward goes (torch's hooks), priced beyond the transient by planner.cost.held.running_i_extra."""
     running_w: bool = False
-    """Whether a W of the stage runs then, on a stage but the first (split backward only): it holds fresh
-    weight gradients of two parameter groups beyond the stage's gradients (planner.cost.w_workspace)."""
+    """Whether a W of the stage runs then, on a stage but the first, after the stage's first W of the
+    step (split backward only): it holds fresh weight gradients of two parameter groups beyond the
+    stage's gradients (planner.cost.w_workspace)."""
 
 
 @dataclass(frozen=True)

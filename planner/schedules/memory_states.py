@@ -73,8 +73,8 @@ class StateTable:
     running: np.ndarray
     """(rows, width) 1 where an I of the stage runs: its micro-batch's wgrad is alive already."""
     wrun: np.ndarray
-    """(rows, width) 1 where a W of the stage runs on a stage but the first: its fresh weight gradients
-    are alive beyond the stage's (planner.cost.w_workspace)."""
+    """(rows, width) 1 where a W of the stage runs on a stage but the first, after the stage's first W
+    of the step: its fresh weight gradients are alive beyond the stage's (planner.cost.w_workspace)."""
     largest: int
     """The largest count in any column (bounds the sums for the exactness check)."""
 
@@ -134,8 +134,11 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
     held_end = i_end + marks(kind == CODE_B) if sends_held else i_end
     sent = np.cumsum(held_end, axis=0) - held_end
     pending = np.cumsum(i_end, axis=0) - i_end - (np.cumsum(w_end, axis=0) - w_end)
-    # i_end: the running I; making: the running W past the first stage
-    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end, making if cs.split_backward else 0 * i_end])
+    # i_end: the running I; a running W past the first stage holds fresh weight gradients beyond the
+    # stage's only once they exist: the step's first W of a stage assigns its fresh gradients as .grad
+    # (torch's stage_backward_weight), a later one adds them in (planner.cost.w_workspace)
+    adding = making * ((np.cumsum(free, axis=0) - free) > 0) if cs.split_backward else 0 * i_end
+    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end, adding])
     if cs.split_backward or sends_held:  # after the last action: what the sends hold until the step waits for them
         done = np.concatenate([(alloc - free).sum(axis=0), [-1], free.sum(axis=0) > 0, (alloc - early).sum(axis=0),
                                (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(2 * n)]).astype(np.int64)
