@@ -182,15 +182,23 @@ class _ContiguousGrad(torch.autograd.Function):
         return grad.contiguous()
 
 
+def _leaf_spec() -> Any:
+    """torch's tree spec of one tensor: `treespec_leaf()` where torch has it (constructing LeafSpec
+    warns from torch 2.13), else `LeafSpec()` (older torch)."""
+    from torch.utils import _pytree
+
+    make = getattr(_pytree, "treespec_leaf", None)
+    return make() if make is not None else _pytree.LeafSpec()
+
+
 def _cut_specs(plan: Plan, s: int, specs: list[tuple[Any, list[str]]] | None) -> tuple[Any, Any]:
     """(in_spec, out_spec) of stage `s`'s PipeStage: what crosses its cuts (None: the model's own
     input or output), from boundary_specs; without them, one tensor at each cut."""
     first, stop = plan.stages[s].layers
     end = plan.stages[-1].layers[1]
     if specs is None:
-        from torch.utils._pytree import LeafSpec
-
-        return (LeafSpec() if first > 0 else None), (LeafSpec() if stop < end else None)
+        leaf = _leaf_spec()
+        return (leaf if first > 0 else None), (leaf if stop < end else None)
     for c in (first - 1, stop - 1):
         if 0 <= c < len(specs) and specs[c][1]:
             raise PlanError(f"model {plan.model!r}: the cut after layer {c} would have to send {', '.join(specs[c][1])} "
