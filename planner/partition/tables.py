@@ -63,11 +63,12 @@ def w_workspace_table(workspace: np.ndarray, carry: np.ndarray | None) -> np.nda
     L = len(ws)
     c = np.zeros(L) if carry is None else np.asarray(carry, dtype=float)
     out = np.zeros((L + 1, L + 1))
-    positions = np.arange(L)
+    # per layer, the nearest earlier layer with a carry (-1: none); a stage starting at i holds it if it is >= i
+    with_carry = np.where(c > 0, np.arange(L), -1)
+    prev = np.concatenate([[-1], np.maximum.accumulate(with_carry)[:-1]])
+    carried = c[np.maximum(prev, 0)]
     for i in range(1, L):
-        own = np.where(c[i:] > 0, positions[i:], -1)
-        last = np.concatenate([[-1], np.maximum.accumulate(own)[:-1]])  # nearest earlier layer with a carry, in the stage
-        held = np.where(last >= 0, c[np.maximum(last, 0)], 0.0)
+        held = np.where(prev[i:] >= i, carried[i:], 0.0)
         out[i, i + 1:] = np.maximum.accumulate(np.maximum(ws[i:] + held, 0.0))
     return out
 
