@@ -57,7 +57,8 @@ def main() -> None:
         # line per rank, printed before anything exits (torchrun stops the other ranks once one has, so rank 0
         # alone may never get here)
         print(f"rank {rank}: error: {e.one_line()}", file=sys.stderr, flush=True)
-        sys.exit(2)
+        sys.stdout.flush()
+        os._exit(2)  # not sys.exit: gloo's threads can abort the teardown (SIGABRT) and lose the exit code
     print(f"rank {rank}: stages {pipe.stage_ids} (replica {pipe.dp_index}), {type(pipe.schedule).__name__}, "
           f"{plan.n_microbatches} micro-batches of {plan.micro_batch_size}", flush=True)
     opt = pipe.make_optimizer(args.lr)  # the plan's optimizer, as pplan run makes it
