@@ -263,12 +263,16 @@ def test_recompute_refinement_fits_both_moments():
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_memory_moments_closed_form(schedule):
     # GPipe: M at the first backward with no gradients, M - 1 at later ones with them; 1F1B stage s
-    # the same with at most P - s (one moment once M > P - s); M = 1: no moment with gradients
+    # the same with at most w = P - s (one moment once M > P - s); M = 1: no moment with gradients.
+    # 1F1B's warm-up send holds micro-batch w - 2's output from its backward to backward M - w, the
+    # steady loop's last: a later backward holds it too where w >= 2 and w - 2 < M - w
     for P in range(1, 5):
         for M in range(P if schedule == "1f1b" else 1, 9):
             got = stage_memory_moments(generate(schedule, P, M))
             for s in range(P):
                 cap = M if schedule == "gpipe" else P - s
-                first, later = Moment(min(M, cap), True, False), Moment(min(M - 1, cap), True, True)
+                warm = schedule == "1f1b" and cap >= 2 and cap - 2 < M - cap
+                first = Moment(min(M, cap), True, False)
+                later = Moment(min(M - 1, cap), True, True, warmup_send=warm)
                 want = (first,) if M == 1 else (later,) if later.in_flight >= first.in_flight else (first, later)
                 assert got[s] == want, (P, M, s)

@@ -21,7 +21,7 @@ from planner.schedules.memory import (
 )
 from planner.schedules import memory_states
 from planner.schedules.memory_states import pareto_front, state_table
-from planner.schedules.registry import holds_sends
+from planner.schedules.registry import holds_sends, holds_warmup_send
 
 
 def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
@@ -30,17 +30,24 @@ def _fresh(schedule: PipelineSchedule) -> PipelineSchedule:
 
 
 def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list[tuple]]]:
-    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I, running W)),
-    action by action, and, with a split backward or where the runtime holds its sends until the step
-    ends, the state after the rank's last action. Sent: ended I, and ended B where sends are held."""
+    """rank -> (its stages, sorted distinct (during, bwd, grads, outputs, pending, sent, running I, running W,
+    warm-up send)), action by action, and, with a split backward or where the runtime holds its sends
+    until the step ends, the state after the rank's last action. Sent: ended I, and ended B where sends
+    are held. Warm-up send (1F1B): the class fires each warm-up forward's send but the last and keeps
+    the last one it fired until the first backward after the stage's last forward ends."""
     cs = compile_schedule(schedule)
     sends_held = holds_sends(schedule.name, cs.split_backward)
+    warmup_send = holds_warmup_send(schedule.name)
     out = []
     for r, stages in enumerate(cs.rank_stages):
         col = {s: i for i, s in enumerate(stages)}
         n = len(stages)
         f_started, last_ended, first_ended = [0] * n, [0] * n, [0] * n
         i_ended, w_ended, b_ended = [0] * n, [0] * n, [0] * n
+        # per stage: micro-batches of its forwards so far, the one whose send the class keeps, and
+        # whether only that send holds its output now
+        forwards, kept_send, warm = [[] for _ in range(n)], [None] * n, [0] * n
+        total_f = [sum(1 for a in cs.ids[r] if cs.split_id(a)[:2] == (CODE_F, s)) for s in stages]
         seen = set()
 
         def state(bwd: int, making: int = -1) -> tuple:
@@ -63,7 +70,7 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
             # and, once the gradients exist (a W of the stage ended before), holds its fresh ones while it runs
             split_w = kind == CODE_W and s > 0 and cs.split_backward
             running_w = tuple(int(split_w and k == i and last_ended[k] > 0) for k in range(n))
-            seen.add(state(bwd, i if split_w else -1) + running + running_w)
+            seen.add(state(bwd, i if split_w else -1) + running + running_w + tuple(warm))
             if kind == CODE_B or kind == CODE_W:  # the micro-batch's last backward action frees it
                 last_ended[i] += 1
             if kind in (CODE_B, CODE_I):
@@ -74,18 +81,29 @@ def _walk_states(schedule: PipelineSchedule) -> list[tuple[tuple[int, ...], list
                 w_ended[i] += 1
             if kind == CODE_B:
                 b_ended[i] += 1
+            mb = cs.split_id(a)[2]
+            if warmup_send and kind == CODE_F and b_ended[i] == 0:
+                forwards[i].append(mb)
+            elif warmup_send and kind == CODE_B:
+                if b_ended[i] == 1 and len(forwards[i]) >= 2:  # the warm-up is over: its last fired send is kept
+                    kept_send[i] = forwards[i][-2]
+                loop_ends = f_started[i] == total_f[i]  # the first B after the last F ends the steady loop
+                if loop_ends or (warm[i] == 0 and kept_send[i] == mb):  # released, or only the send holds it now
+                    warm[i] = 0 if loop_ends else 1
+                    kept_send[i] = None if loop_ends else kept_send[i]
         if not seen:
-            seen.add((0,) * n + (-1,) + (0,) * (6 * n))
+            seen.add((0,) * n + (-1,) + (0,) * (7 * n))
         elif cs.split_backward or sends_held:  # the sends hold what they sent until the step waits for them
-            seen.add(state(-1) + (0,) * (2 * n))
+            seen.add(state(-1) + (0,) * (3 * n))
         rows = sorted(seen)
         out.append((stages, [(u[:n], u[n], u[n + 1:2 * n + 1], u[2 * n + 1:3 * n + 1], u[3 * n + 1:4 * n + 1],
-                              u[4 * n + 1:5 * n + 1], u[5 * n + 1:6 * n + 1], u[6 * n + 1:]) for u in rows]))
+                              u[4 * n + 1:5 * n + 1], u[5 * n + 1:6 * n + 1], u[6 * n + 1:7 * n + 1], u[7 * n + 1:])
+                             for u in rows]))
     return out
 
 
 def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_bytes, wgrad_bytes, sent_bytes,
-                 running_bytes=None, w_work_bytes=None):
+                 running_bytes=None, w_work_bytes=None, warm_bytes=None):
     out = []
     for stages, states in _walk_states(schedule):
         held = [float(output_bytes[s]) if output_bytes is not None else 0.0 for s in stages]
@@ -95,11 +113,13 @@ def _plain_peaks(schedule, kept_bytes, transient_bytes, gradient_bytes, output_b
         run = [float(running_bytes[s]) if running_bytes is not None else 0.0 for s in stages]
         w_work = [float(w_work_bytes[s]) if w_work_bytes is not None else 0.0 for s in stages]
         sends = [tuple(float(x) for x in sent_bytes[s]) if sent_bytes is not None else (0.0, 0.0, 0.0) for s in stages]
+        warm_out = [float(warm_bytes[s]) if warm_bytes is not None else 0.0 for s in stages]
         best, at = -1.0, (0.0, 0.0)
-        for counts, bwd, has_grad, outs, pending, sent, running, running_w in states:
+        for counts, bwd, has_grad, outs, pending, sent, running, running_w, warm in states:
             act = (sum(c * k for c, k in zip(counts, kept)) + sum(c * h for c, h in zip(outs, held))
                    + sum(c * w + x * r + (y * v if y else 0.0) for c, x, y, w, r, v in zip(pending, running, running_w, wgrad, run, w_work))
-                   + sum(i * x[0] + (i - p) * x[1] + p * x[2] for i, p, x in zip(sent, pending, sends))
+                   + sum(i * x[0] + (i - p) * x[1] + p * x[2] + (h * o if h else 0.0)
+                         for i, p, x, h, o in zip(sent, pending, sends, warm, warm_out))
                    + (float(transient_bytes[bwd]) if bwd >= 0 else 0.0))
             g = sum(h * x for h, x in zip(has_grad, grad))
             if act + g > best:
@@ -125,13 +145,14 @@ def _plain_moments(schedule):
     seen = [set() for _ in range(schedule.n_stages)]
     for stages, states in _walk_states(schedule):
         for i, s in enumerate(stages):
-            for counts, bwd, has_grad, _, pending, sent, running, running_w in states:
-                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i], bool(running[i]), bool(running_w[i])))
+            for counts, bwd, has_grad, _, pending, sent, running, running_w, warm in states:
+                seen[s].add((counts[i], bwd == s, bool(has_grad[i]), pending[i], sent[i], bool(running[i]), bool(running_w[i]),
+                             bool(warm[i])))
     out = []
     for moments in seen:
         kept = [m for m in moments if not any(o != m and all(a >= b for a, b in zip(o, m)) and o[4] - o[3] >= m[4] - m[3]
                                               and o[0] - o[3] >= m[0] - m[3] for o in moments)]
-        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4], m[5], m[6])))
+        out.append(sorted(kept, key=lambda m: (m[2], m[1], m[0], m[3], m[4], m[5], m[6], m[7])))
     return out
 
 
@@ -170,8 +191,9 @@ def test_memory_peaks_equal_the_plain_definition(kind):
         sent = [tuple(_prices(rng, kind, 3)) for _ in range(S)] if rng.random() < 0.5 else None
         running = _prices(rng, kind, S) if rng.random() < 0.5 else None
         w_work = _prices(rng, kind, S) if rng.random() < 0.5 else None
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work)
-        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work)
+        warm = _prices(rng, kind, S) if rng.random() < 0.7 else None
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work, warm)
+        got = memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work, warm)
         assert repr(got) == repr(want), (schedule.name, schedule.n_ranks, schedule.n_microbatches, kind)
         assert repr(activation_peaks(schedule, kept, trans)) == repr(_plain_activation_peaks(schedule, kept, trans))
 
@@ -181,11 +203,11 @@ def test_a_front_cut_short_gives_the_same_peaks(monkeypatch):
     rng = np.random.default_rng(21)
     for schedule in _random_schedules(rng, 40):
         S = schedule.n_stages
-        kept, trans, grad, held, wgrad, running, w_work = (_prices(rng, "small", S) for _ in range(7))
+        kept, trans, grad, held, wgrad, running, w_work, warm = (_prices(rng, "small", S) for _ in range(8))
         held = [min(h, k) for h, k in zip(held, kept)]
         sent = [tuple(_prices(rng, "small", 3)) for _ in range(S)]
-        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work)
-        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work)) == repr(want)
+        want = _plain_peaks(schedule, kept, trans, grad, held, wgrad, sent, running, w_work, warm)
+        assert repr(memory_peaks(_fresh(schedule), kept, trans, grad, held, wgrad, sent, running, w_work, warm)) == repr(want)
 
 
 def test_a_tie_the_front_alone_would_break_otherwise_takes_the_first_state():
@@ -231,7 +253,7 @@ def test_state_table_rows_are_the_walked_states_in_order():
             n, lo, hi = len(stages), t.starts[r], t.starts[r + 1]
             rows = [(tuple(t.during[k, :n].tolist()), int(t.bwd[k]), tuple(t.grads[k, :n].tolist()),
                      tuple(t.outputs[k, :n].tolist()), tuple(t.pending[k, :n].tolist()), tuple(t.sent[k, :n].tolist()),
-                     tuple(t.running[k, :n].tolist()), tuple(t.wrun[k, :n].tolist()))
+                     tuple(t.running[k, :n].tolist()), tuple(t.wrun[k, :n].tolist()), tuple(t.warm[k, :n].tolist()))
                     for k in range(lo, hi)]
             assert rows == states
 
@@ -254,18 +276,18 @@ def test_undominated_keeps_exactly_the_moments_no_other_covers():
 
     def features(m: Moment) -> tuple[int, ...]:
         c, x, p = m.in_flight, m.sent_grads, m.pending_w
-        return (c, int(m.transient), int(m.gradients), p, x, int(m.running_i), int(m.running_w), x - p, c - p)
+        return (c, int(m.transient), int(m.gradients), p, x, int(m.running_i), int(m.running_w), int(m.warmup_send), x - p, c - p)
 
     for _ in range(80):
-        moments = [Moment(int(c), bool(t), bool(g), int(p), int(x), bool(i), bool(w))
-                   for c, t, g, p, x, i, w in rng.integers(0, [6, 2, 2, 3, 6, 2, 2], (int(rng.integers(0, 80)), 7))]
+        moments = [Moment(int(c), bool(t), bool(g), int(p), int(x), bool(i), bool(w), bool(h))
+                   for c, t, g, p, x, i, w, h in rng.integers(0, [6, 2, 2, 3, 6, 2, 2, 2], (int(rng.integers(0, 80)), 8))]
         distinct = set(moments)
         want = {a for a in distinct
                 if not any(b != a and all(u >= v for u, v in zip(features(b), features(a))) for b in distinct)}
         got = undominated(moments)
         assert set(got) == want and len(got) == len(want)
         assert list(got) == sorted(got, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads,
-                                                      m.running_i, m.running_w))
+                                                      m.running_i, m.running_w, m.warmup_send))
 
 
 def test_pareto_front_with_few_rounds_keeps_a_dominating_superset():

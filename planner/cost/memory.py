@@ -37,6 +37,8 @@ On a device running a stage [first, end) with recompute set R (layers checkpoint
                  (zb, interleaved: planner.schedules.registry's holds_sends), what they hold until
                  then (planner.cost.held: `stage_wgrad`, `sent_bytes`, and `pending_output`, the
                  rule of when the held output is freed: at I on the last stage, at W on the others).
+  warm-up send = 1F1B: one output more from a micro-batch's backward on, which torch's class's
+                 warm-up send still holds (registry holds_warmup_send, Moment.warmup_send).
   Profiles without `input_saved_bytes` (made before pplan measured it) keep the older model, so
   their plans stay what they were: every activation_bytes counted in full, buffers 2 x (bytes in
   + bytes out).
@@ -53,6 +55,7 @@ first stage (running_w) its fresh weight gradients (planner.cost.w_workspace); a
            + pending_w x wgrad [+ running I extra] [+ W workspace]
            + sent_grads x bytes in + (sent_grads - pending_w) x bytes out
            + pending_w x (pending_output - held output)   (on the last stage: - held output - loss's tensors)
+           [+ bytes out: the warm-up send's output]
   step   = weights + gradients + optimizer + buffers + the optimizer step's temporaries
 (in_flight counts a micro-batch until its W ends, with its held output in kept: the last term
 takes that off where torch freed it at I). GPipe's activation peak (its first backward) holds no
@@ -275,7 +278,7 @@ def fixed_bytes(static: Any, bytes_in: Any, bytes_out: Any, n_microbatches: int 
 
 def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, wgrad: Any = 0.0,
                  sent: tuple[Any, Any, Any] = (0.0, 0.0, 0.0), held_out: Any = 0.0, running: Any = 0.0,
-                 w_work: Any = 0.0) -> Any:
+                 w_work: Any = 0.0, output: Any = 0.0) -> Any:
     """One moment's bytes beyond fixed_bytes: moment.in_flight x kept, + transient if a backward
     runs then (moment.transient), - gradients if they do not exist yet (moment.gradients false;
     fixed_bytes counts them), + moment.pending_w x wgrad (stage_wgrad) + `running` if an I runs then
@@ -283,7 +286,7 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
     + `w_work` if a split W runs then (moment.running_w; planner.cost.w_workspace)
     + what sends hold (sent_bytes, per ended I and ended W) + per pending W what pending_output says
     it holds (sent[2]) less the stage's held output (`held_out`, part of kept: in_flight counts a
-    micro-batch until its W ends).
+    micro-batch until its W ends) + `output` (the stage's output bytes) where moment.warmup_send.
     `moment`: a planner.schedules.memory.Moment, or a MomentStack (every moment of a stage at once:
     one row each, the DP's dozens of moments of a held-sends stage priced in one call, each row
     the same arithmetic as its moment alone). Numbers, numpy arrays or PuLP expressions (an ILP
@@ -292,6 +295,7 @@ def moment_bytes(moment: Any, kept: Any, transient: Any, gradients: Any = 0.0, w
     # split backwards only (every other plan's arithmetic stays as it was); a running I stores wgrads as it goes
     held = _where(moment.running_i | (moment.pending_w != 0), held, lambda: [moment.pending_w * wgrad, 1 * moment.running_i * running])
     held = _where(moment.running_w, held, lambda: [w_work])
+    held = _where(moment.warmup_send, held, lambda: [output])
     # ended I; of them, sent_grads - pending_w also ended their W
     held = _where(moment.sent_grads != 0, held, lambda: [moment.sent_grads * sent[0], (moment.sent_grads - moment.pending_w) * sent[1],
                                                          moment.pending_w * (sent[2] - held_out)])
@@ -337,7 +341,8 @@ def stage_bytes(static: Any, bytes_in: Any, bytes_out: Any, in_flight: Any, kept
     else:  # the step (or, without one, the gradients alone) is the floor of every moment
         held = np.maximum(optimizer_step, 0.0)
         for moment in moments:
-            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out, running, w_work))
+            held = np.maximum(held, moment_bytes(moment, kept, transient, gradients, wgrad, sent, held_out, running, w_work,
+                                                 bytes_out))
     return fixed_bytes(static, bytes_in, bytes_out, n_microbatches, batch_in) + held
 
 

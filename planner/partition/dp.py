@@ -159,8 +159,8 @@ class StageTables:
         if stack is None:  # without a recompute choice to price, the moments between two others never peak alone
             priced = kinds if p.recompute == "auto" else corner_moments(kinds)
             stack = self._stacks[s] = priced[0] if len(priced) == 1 else stack_moments(priced)
-        # one row per moment, priced in one call (a held-sends stage has dozens)
-        return fixed, np.atleast_2d(moment_bytes(stack, kept, trans, grads, wgrad, sent, held, running, w_work)), step, kinds, work
+        rows = moment_bytes(stack, kept, trans, grads, wgrad, sent, held, running, w_work, self.bb[jj])  # a row per moment
+        return fixed, np.atleast_2d(rows), step, kinds, work
 
     def stage(self, s: int, cap: float = np.inf, want_q: bool = True,
               window: tuple[int, int, int, int] | None = None) -> tuple[np.ndarray, np.ndarray | None]:

@@ -195,7 +195,8 @@ def _stage_time(prob, p: PartitionProblem, cuts: _Cuts, s: int, cand: list[int],
         running = _running_i(prob, p, y, s) if p.wgrad_bytes is not None and s > 0 and any(m.running_i for m in kinds) else 0
         w_work = _w_workspace(prob, p, y, s) if p.w_workspace_bytes is not None and s > 0 and any(m.running_w for m in kinds) else 0
         for moment in kinds:  # one row per moment at which the stage's memory can peak
-            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out, running, w_work)) <= 1.0 - _TIGHTEN
+            prob += (1.0 / budget) * (fixed + moment_bytes(moment, kept, trans, grads, wgrad, sent, held_out, running, w_work,
+                                                           bytes_out)) <= 1.0 - _TIGHTEN
         prob += (1.0 / budget) * fixed <= 1.0 - _TIGHTEN
         if p.optimizer_workspace_bytes is not None:  # OW[s] >= ow_l y[l,s]: the optimizer step fits too
             step = _var(prob, f"OW_{s}", 0)

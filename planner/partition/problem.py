@@ -277,7 +277,8 @@ def moment_terms(p: PartitionProblem, s: int, i: int, j: int) -> tuple[float, tu
     out = held_output(p.held_output_bytes, j)
     running = running_i_extra(p.workspace_bytes, p.wgrad_bytes, i, j)
     w_work = stage_w_workspace(p.w_workspace_bytes, p.w_carry_bytes, i, j)
-    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out, running, w_work)) for m in moments(p, s))
+    held = tuple(float(moment_bytes(m, kept, work, grads, wgrad, _sent(p, i, j), out, running, w_work, float(p.boundary_bytes[j])))
+                 for m in moments(p, s))
     return float(fixed), held, workspace_max(p.optimizer_workspace_bytes, i, j)
 
 

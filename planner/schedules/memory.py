@@ -23,6 +23,9 @@ each I's or B's input gradient, and each output beyond what the stage's own back
 (`Moment.sent_grads`: I actions ended, or B actions, each an ended I and W at once), also after
 the rank's last action (a state of its own). Measured on a 2-rank zb GPT: both ranks held
 0.5 MiB more per 4 more micro-batches; interleaved plans left them out until measured 2.7-12% under.
+torch's Schedule1F1B holds one send that way (registry `holds_warmup_send`): the last forward its
+warm-up fired keeps its micro-batch's output alive after that micro-batch's backward, until the
+first backward after the stage's last forward ends (`Moment.warmup_send`).
 Nothing here depends on timing:
 a rank runs its actions one after another, so the sequence of allocations and frees on it is its
 order, and the simulator's memory timeline reaches exactly these peaks. The distinct states of
@@ -92,6 +95,9 @@ class Moment:
     """Whether a W of the stage runs then, on a stage but the first, after the stage's first W of the
     step (split backward only): it holds fresh weight gradients of two parameter groups beyond the
     stage's gradients (planner.cost.w_workspace)."""
+    warmup_send: bool = False
+    """Whether the send of the warm-up's last fired forward still holds its micro-batch's output then,
+    after that micro-batch's backward (registry holds_warmup_send: 1F1B): one output of the stage more."""
 
 
 @dataclass(frozen=True)
@@ -114,6 +120,8 @@ class MomentStack:
     """Moment.running_i of each row (bool)."""
     running_w: np.ndarray
     """Moment.running_w of each row (bool)."""
+    warmup_send: np.ndarray
+    """Moment.warmup_send of each row (bool)."""
 
 
 def with_more_microbatches(moment: Moment, extra: int, every_microbatch_held: bool) -> Moment:
@@ -131,20 +139,22 @@ def stack_moments(moments: Sequence[Moment]) -> MomentStack:
         return np.array([getattr(m, name) for m in moments], dtype=dtype).reshape(-1, 1)
     in_flight = column("in_flight", float if any(isinstance(m.in_flight, float) for m in moments) else np.int64)
     return MomentStack(in_flight, column("transient", bool), column("gradients", bool), column("pending_w", np.int64),
-                       column("sent_grads", np.int64), column("running_i", bool), column("running_w", bool))
+                       column("sent_grads", np.int64), column("running_i", bool), column("running_w", bool),
+                       column("warmup_send", bool))
 
 
 @functools.lru_cache(maxsize=8192)
 def corner_moments(moments: tuple[Moment, ...]) -> tuple[Moment, ...]:
     """`moments` less each that lies between two others with its flags (transient, gradients,
-    running_i, running_w) on a line of their counts (in_flight, pending_w, sent_grads): a held-sends schedule's
+    running_i, running_w, warmup_send) on a line of their counts (in_flight, pending_w, sent_grads): a held-sends schedule's
     drain trades one micro-batch in flight for one more send held, about P moments on a line. Without a
     recompute saving (planner.cost.moment_bytes is affine in the counts) such a moment's bytes are
     a weighted mean of its two ends', never the peak alone, so a solver that prices no recompute
     choice checks the corners only (3 to 6 where a held-sends stage has 17 at P = 8, 33 at P = 16)."""
     if not all(float(m.in_flight).is_integer() for m in moments):  # a hand-made count: no lattice to reason on
         return moments
-    flags = np.array([[m.transient, m.gradients, m.running_i, m.running_w] for m in moments], dtype=bool).reshape(-1, 4)
+    flags = np.array([[m.transient, m.gradients, m.running_i, m.running_w, m.warmup_send] for m in moments],
+                     dtype=bool).reshape(-1, 5)
     counts = np.array([[m.in_flight, m.pending_w, m.sent_grads] for m in moments], dtype=np.int64).reshape(-1, 3)
     between = np.zeros(len(moments), dtype=bool)
     for f in np.unique(flags, axis=0):
@@ -174,15 +184,17 @@ def _direction_key(u: np.ndarray, base: int) -> np.ndarray:
 def stage_memory_moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
     """Per stage, the moments at which its memory can peak, from each rank's order (the states
     memory_peaks walks): each distinct (micro-batches held, backward running or not, gradients or
-    not, pending W, ended I, I running or not), less the moments another one covers (as many or more micro-batches,
+    not, pending W, ended I, I running or not, W running or not, warm-up send held or not), less
+    the moments another one covers (as many or more micro-batches,
     pending W, ended I and ended W, and the transient or the gradients wherever it has them: held
     bytes are never negative; and as many or more outputs held, in_flight - pending_w). Without a
     split backward pending W and I running are always 0, and ended I too where the runtime does not
     hold its sends (GPipe, 1F1B): the most micro-batches held for each of (backward running or not)
-    x (gradients or not).
+    x (gradients or not), and for 1F1B (warm-up send held or not).
 
-    GPipe and 1F1B have two: the stage's first backward (all it holds, no gradients yet) and a
-    later backward (gradients). Priced with planner.cost.stage_bytes, where a rank runs one stage
+    GPipe has two: the stage's first backward (all it holds, no gradients yet) and a later backward
+    (gradients); 1F1B a third on a stage with two or more warm-up forwards, a later backward while
+    the warm-up's send holds an output. Priced with planner.cost.stage_bytes, where a rank runs one stage
     this is the simulator's peak (a pending W's held output included: in_flight - pending_w is the
     memory_peaks table's count of outputs held, and both price the rest with sent_bytes)."""
     cached = schedule.__dict__.get(_MOMENTS_ATTR)
@@ -199,19 +211,19 @@ def _moments(schedule: PipelineSchedule) -> list[tuple[Moment, ...]]:
         lo, hi = t.starts[r], t.starts[r + 1]
         for i, s in enumerate(stages):
             out[s] = _undominated(np.column_stack([t.during[lo:hi, i], t.bwd[lo:hi] == s, t.grads[lo:hi, i], t.pending[lo:hi, i],
-                                                   t.sent[lo:hi, i], t.running[lo:hi, i], t.wrun[lo:hi, i]]))
+                                                   t.sent[lo:hi, i], t.running[lo:hi, i], t.wrun[lo:hi, i], t.warm[lo:hi, i]]))
     return out
 
 
 def undominated(moments: Sequence[Moment]) -> tuple[Moment, ...]:
     """`moments` less those another one covers, in stage_memory_moments' order."""
-    return _undominated(np.array([[m.in_flight, m.transient, m.gradients, m.pending_w, m.sent_grads, m.running_i, m.running_w]
-                                  for m in moments], dtype=np.int64).reshape(-1, 7))
+    return _undominated(np.array([[m.in_flight, m.transient, m.gradients, m.pending_w, m.sent_grads, m.running_i, m.running_w,
+                                   m.warmup_send] for m in moments], dtype=np.int64).reshape(-1, 8))
 
 
 def _undominated(rows: np.ndarray) -> tuple[Moment, ...]:
-    """The moments of `rows` (in_flight, transient, gradients, pending_w, sent_grads, running_i, running_w)
-    that no other covers, sorted."""
+    """The moments of `rows` (in_flight, transient, gradients, pending_w, sent_grads, running_i, running_w,
+    warmup_send) that no other covers, sorted."""
     # covered: another has as many or more of each, of ended W (sent - pending) and of held
     # outputs (during - pending: a pending W's output is priced apart, planner.cost.moment_bytes).
     # Two exact cuts first, cheap where pareto_front is not (a held-sends stage has hundreds of
@@ -219,9 +231,9 @@ def _undominated(rows: np.ndarray) -> tuple[Moment, ...]:
     # sent_grads too (more ended I, and as many more ended W)
     seen = _most_of(_most_of(rows.astype(np.int64), 0), 4)
     kept = seen[pareto_front(np.column_stack([seen, seen[:, 4] - seen[:, 3], seen[:, 0] - seen[:, 3]]))].tolist()
-    moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i), bool(w)) for c, bwd, g, p, x, i, w in kept]
+    moments = [Moment(c, bool(bwd), bool(g), p, x, bool(i), bool(w), bool(h)) for c, bwd, g, p, x, i, w, h in kept]
     return tuple(sorted(moments, key=lambda m: (m.gradients, m.transient, m.in_flight, m.pending_w, m.sent_grads, m.running_i,
-                                                m.running_w)))
+                                                m.running_w, m.warmup_send)))
 
 
 def _most_of(rows: np.ndarray, col: int) -> np.ndarray:
@@ -265,6 +277,7 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
                  sent_bytes: Sequence[tuple[float, float, float]] | None = None,
                  running_bytes: Sequence[float] | None = None,
                  w_workspace_bytes: Sequence[float] | None = None,
+                 sent_output_bytes: Sequence[float] | None = None,
                  ) -> list[tuple[float, float]]:
     """rank -> (activation bytes, gradient bytes) at the moment their sum peaks.
 
@@ -277,14 +290,16 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     the first runs, and `sent_bytes[s]` (planner.cost.held.sent_bytes: per
     ended I its input gradient and per ended W its output, held by the sends until the step ends
     where the runtime holds them, an ended B counting as both, and per pending W what it still holds
-    of its output, planner.cost.held.pending_output: the held output on every stage but the last).
+    of its output, planner.cost.held.pending_output: the held output on every stage but the last),
+    and `sent_output_bytes[s]` (the stage's output, StageCost.output_bytes) while 1F1B's warm-up send
+    holds one after its backward (registry holds_warmup_send).
     Without those two the activation part is at most activation_peaks' value, and the sum at most
     that plus all the rank's gradients.
 
     The definition, state by state over the rank's states in their order (memory_states' table):
     with kept = kept_bytes - output_bytes per stage, act = sum(in flight x kept) + sum(outputs held
     x output_bytes) + sum(pending W x wgrad + I running x running + W running x w_workspace) + sum(ended I x sent[0] + ended W x sent[1] + pending
-    W x sent[2]) + the transient of the stage whose backward runs, g = sum(gradients exist x
+    W x sent[2]) + sum(warm-up send held x sent_output_bytes) + the transient of the stage whose backward runs, g = sum(gradients exist x
     gradient_bytes), each sum stage by stage; the first state with the largest act + g gives the
     pair. memory_states evaluates exactly this, in arrays.
     """
@@ -292,11 +307,12 @@ def memory_peaks(schedule: PipelineSchedule, kept_bytes: Sequence[float], transi
     wgrad = _per_stage(schedule, "wgrad", wgrad_bytes)
     running = _per_stage(schedule, "running", running_bytes)
     w_work = _per_stage(schedule, "w_workspace", w_workspace_bytes)
+    warm = _per_stage(schedule, "sent output", sent_output_bytes)
     sends = _per_stage(schedule, "sent", sent_bytes, 3)
     _check_kept(schedule, kept_bytes, transient_bytes)
     held = _per_stage(schedule, "output", output_bytes)
     prices = {"kept": np.asarray(kept_bytes, dtype=float) - held, "held": held, "wgrad": wgrad, "running": running, "w_work": w_work,
-              "sent_grad": sends[:, 0], "sent_output": sends[:, 1], "sent_held": sends[:, 2], "grad": grad}
+              "sent_grad": sends[:, 0], "sent_output": sends[:, 1], "sent_held": sends[:, 2], "warm": warm, "grad": grad}
     return memory_peaks_table(state_table(schedule), prices, np.asarray(transient_bytes, dtype=float))
 
 

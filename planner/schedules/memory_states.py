@@ -14,7 +14,9 @@ planner.cost.held.running_i_extra), and the first stage's backward runs at W, it
 (registry `holds_sends`: zb, interleaved) the `sent` column counts what it sent (ended I, or ended B
 for a whole backward, which is an ended I and W at once), and each rank has one state more, after
 its last action, when its sends still hold every input gradient and output until the step waits
-for them.
+for them. Where torch's class keeps its warm-up's last forward send through its steady phase
+(registry `holds_warmup_send`: 1F1B) the `warm` column marks the states in which that output
+outlives its backward.
 
 Most states can never be the peak: one that holds no more of anything than another state of its
 rank (micro-batches, stage outputs, pending W, ended I and W, gradients, the transient) is at most
@@ -31,7 +33,7 @@ import numpy as np
 
 from planner.schedules.actions import PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, compile_schedule
-from planner.schedules.registry import holds_sends
+from planner.schedules.registry import holds_sends, holds_warmup_send
 
 __all__ = ["FRONT_ROUNDS", "StateTable", "state_table", "state_front", "pareto_front", "memory_peaks_table", "activation_peaks_table"]
 
@@ -75,6 +77,9 @@ class StateTable:
     wrun: np.ndarray
     """(rows, width) 1 where a W of the stage runs on a stage but the first, after the stage's first W
     of the step: its fresh weight gradients are alive beyond the stage's (planner.cost.w_workspace)."""
+    warm: np.ndarray
+    """(rows, width) 1 where the warm-up's last fired forward send still holds its micro-batch's output
+    after that micro-batch's backward (registry holds_warmup_send; `warmup_send_rows`)."""
     largest: int
     """The largest count in any column (bounds the sums for the exactness check)."""
 
@@ -84,18 +89,42 @@ def state_table(schedule: PipelineSchedule) -> StateTable:
     cached = schedule.__dict__.get(_ATTR)
     if cached is None:
         cs = compile_schedule(schedule)
-        cached = _build(cs, holds_sends(schedule.name, cs.split_backward))
+        cached = _build(cs, holds_sends(schedule.name, cs.split_backward), holds_warmup_send(schedule.name))
         object.__setattr__(schedule, _ATTR, cached)  # immutable schedule: safe private cache
     return cached
 
 
-_GROUPS = 7  # per-stage column groups: during, grads, outputs, pending, sent, running, wrun
+_GROUPS = 8  # per-stage column groups: during, grads, outputs, pending, sent, running, wrun, warm
 
 
-def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray, sends_held: bool) -> np.ndarray:
-    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running, wrun] of one rank, sorted.
+def warmup_send_rows(kind: np.ndarray, microbatch: np.ndarray, col: np.ndarray, n: int) -> np.ndarray:
+    """(actions, n) 1 during each action of a rank's order (kinds, micro-batches and local stage
+    columns of its actions) at which torch's Schedule1F1B still holds a micro-batch's output only
+    through its warm-up's last fired send (registry holds_warmup_send): with w >= 2 forwards of the
+    stage before its first backward, micro-batch w - 2's, from the end of its B to the end of the
+    first B after the stage's last F, when the class's steady loop ends and rebinds the send list."""
+    out = np.zeros((kind.size, n), dtype=np.int64)
+    for c in range(n):
+        mine = np.flatnonzero(col == c)
+        fwd, bwd = mine[kind[mine] == CODE_F], mine[kind[mine] == CODE_B]
+        if bwd.size == 0:
+            continue
+        warmup = int(np.count_nonzero(fwd < bwd[0]))
+        if warmup < 2:
+            continue
+        freed = bwd[microbatch[bwd] == microbatch[fwd[warmup - 2]]]
+        released = bwd[bwd > fwd[-1]]
+        if freed.size and released.size and freed[0] < released[0]:
+            out[freed[0] + 1:released[0] + 1, c] = 1
+    return out
+
+
+def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray, sends_held: bool,
+                 warmup_send: bool = False) -> np.ndarray:
+    """Distinct rows [during, bwd stage, grads, outputs, pending, sent, running, wrun, warm] of one rank, sorted.
     `sends_held`: the runtime keeps what it sent until the step ends (registry.holds_sends); an I's
-    sends count either way (the runtime of split backwards holds them), a B's only with it."""
+    sends count either way (the runtime of split backwards holds them), a B's only with it.
+    `warmup_send`: the class keeps its warm-up's last forward send (registry.holds_warmup_send)."""
     S, M, n = cs.n_stages, cs.n_microbatches, len(stages)
     if ids.size == 0:
         return np.concatenate([np.zeros(n, dtype=np.int64), [-1], np.zeros((_GROUPS - 1) * n, dtype=np.int64)])[None, :]
@@ -138,22 +167,23 @@ def _rank_states(cs: CompiledSchedule, stages: tuple[int, ...], ids: np.ndarray,
     # stage's only once they exist: the step's first W of a stage assigns its fresh gradients as .grad
     # (torch's stage_backward_weight), a later one adds them in (planner.cost.w_workspace)
     adding = making * ((np.cumsum(free, axis=0) - free) > 0) if cs.split_backward else 0 * i_end
-    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end, adding])
+    warm = warmup_send_rows(kind, ids % M, col, n) if warmup_send else 0 * i_end
+    rows = np.column_stack([during, bwd_stage, grads, outputs, pending, sent, i_end, adding, warm])
     if cs.split_backward or sends_held:  # after the last action: what the sends hold until the step waits for them
         done = np.concatenate([(alloc - free).sum(axis=0), [-1], free.sum(axis=0) > 0, (alloc - early).sum(axis=0),
-                               (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(2 * n)]).astype(np.int64)
+                               (i_end - w_end).sum(axis=0), held_end.sum(axis=0), np.zeros(3 * n)]).astype(np.int64)
         rows = np.vstack([rows, done])
     return np.unique(rows, axis=0)
 
 
-def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
+def _build(cs: CompiledSchedule, sends_held: bool, warmup_send: bool = False) -> StateTable:
     width = max(1, max(len(st) for st in cs.rank_stages))
     blocks, starts = [], [0]
     stage_of = np.full((cs.n_ranks, width), -1, dtype=np.int64)
     for r, stages in enumerate(cs.rank_stages):
         n = len(stages)
         stage_of[r, :n] = stages
-        got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64), sends_held)
+        got = _rank_states(cs, stages, np.asarray(cs.ids[r], dtype=np.int64), sends_held, warmup_send)
         parts = [got[:, k * n + (k > 0):(k + 1) * n + (k > 0)] for k in range(_GROUPS)]  # skip the bwd column
         pad = [np.pad(p, ((0, 0), (0, width - n))) for p in parts]
         blocks.append(np.column_stack([pad[0], got[:, n], *pad[1:]]))
@@ -162,7 +192,7 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
     w = width
 
     def cols(k: int) -> np.ndarray:
-        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent, 5 running, 6 wrun)."""
+        """The k-th group of per-stage columns (0 during, 1 grads, 2 outputs, 3 pending, 4 sent, 5 running, 6 wrun, 7 warm)."""
         first = k * w + (k > 0)
         return np.ascontiguousarray(rows[:, first:first + w])
 
@@ -171,7 +201,7 @@ def _build(cs: CompiledSchedule, sends_held: bool) -> StateTable:
         rank_stages=cs.rank_stages, stage_of=stage_of, starts=start_arr,
         row_rank=np.repeat(np.arange(cs.n_ranks), np.diff(start_arr)),
         during=cols(0), bwd=np.ascontiguousarray(rows[:, w]), grads=cols(1), outputs=cols(2),
-        pending=cols(3), sent=cols(4), running=cols(5), wrun=cols(6),
+        pending=cols(3), sent=cols(4), running=cols(5), wrun=cols(6), warm=cols(7),
         largest=int(max(1, np.abs(rows).max())),
     )
 
@@ -186,10 +216,10 @@ def state_front(t: StateTable) -> np.ndarray:
         front = []
         for r in range(len(t.rank_stages)):
             lo, hi = t.starts[r], t.starts[r + 1]
-            during, grads, outputs, pending, sent, running, wrun = (x[lo:hi] for x in (t.during, t.grads, t.outputs, t.pending,
-                                                                                          t.sent, t.running, t.wrun))
+            during, grads, outputs, pending, sent, running, wrun, warm = (x[lo:hi] for x in (t.during, t.grads, t.outputs, t.pending,
+                                                                                                t.sent, t.running, t.wrun, t.warm))
             bwd_mark = t.bwd[lo:hi, None] == t.stage_of[r][None, :]
-            features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running, wrun])
+            features = np.column_stack([during, outputs, pending, sent, sent - pending, grads, bwd_mark, running, wrun, warm])
             front.append(lo + pareto_front(features, FRONT_ROUNDS))
         cached = np.concatenate(front)
         object.__setattr__(t, _FRONT_ATTR, cached)  # frozen table, never changed: safe private cache
@@ -234,8 +264,8 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
     sel = slice(None) if rows is None else rows
     rank = t.row_rank[sel]
     on = {name: _per_column(t, v)[rank] for name, v in prices.items()}
-    during, outputs, pending, sent, grads, running, wrun = (np.asarray(x[sel], dtype=float) for x in
-                                                            (t.during, t.outputs, t.pending, t.sent, t.grads, t.running, t.wrun))
+    during, outputs, pending, sent, grads, running, wrun, warm = (np.asarray(x[sel], dtype=float) for x in
+                                                                  (t.during, t.outputs, t.pending, t.sent, t.grads, t.running, t.wrun, t.warm))
     n = len(rank)
     kept, held, wgrad = np.zeros(n), np.zeros(n), np.zeros(n)
     sends, grad = np.zeros(n), np.zeros(n)
@@ -247,6 +277,8 @@ def _row_sums(t: StateTable, rows: np.ndarray | None, prices: dict[str, np.ndarr
             wgrad = wgrad + wrun[:, i] * on["w_work"][:, i]
         sends = sends + (sent[:, i] * on["sent_grad"][:, i] + (sent[:, i] - pending[:, i]) * on["sent_output"][:, i]
                          + pending[:, i] * on["sent_held"][:, i])
+        if warm[:, i].any():  # the warm-up's last send's output (other plans keep their arithmetic)
+            sends = sends + warm[:, i] * on["warm"][:, i]
         grad = grad + grads[:, i] * on["grad"][:, i]
     act = kept + held + wgrad + sends + np.append(transient, 0.0)[t.bwd[sel]]
     return act, grad
@@ -270,7 +302,7 @@ def memory_peaks_table(t: StateTable, prices: dict[str, np.ndarray], transient: 
     (planner.schedules.memory.memory_peaks, with its checks done).
 
     `prices` holds per-stage arrays: kept (kept bytes less the held output), held, wgrad, running, w_work,
-    sent_grad, sent_output, sent_held and grad. Only the front is priced when every price is a
+    sent_grad, sent_output, sent_held, warm (the stage's output bytes, held by the warm-up's send) and grad. Only the front is priced when every price is a
     whole, finite, non-negative number and every sum stays below 2**52 (a zero-bubble last stage
     whose I frees the loss's tensors has a negative sent_held: its ranks are priced state by
     state): then sums are exact, a

@@ -18,7 +18,7 @@ from planner.schedules.interleaved import interleaved_order, rounds
 from planner.schedules.onefoneb import one_f_one_b_order
 from planner.schedules.zero_bubble import zb_h1_order
 
-__all__ = ["MicrobatchRule", "TorchRuntime", "ScheduleSpec", "SCHEDULES", "SCHEDULE_NAMES", "get_schedule", "holds_sends", "schedule_name"]
+__all__ = ["MicrobatchRule", "TorchRuntime", "ScheduleSpec", "SCHEDULES", "SCHEDULE_NAMES", "get_schedule", "holds_sends", "holds_warmup_send", "schedule_name"]
 
 Order = dict[int, list[Action]]
 MicrobatchRule = Literal["any", "at-least-ranks", "multiple-of-rounds"]
@@ -65,10 +65,19 @@ class ScheduleSpec:
     send's Work to one list and waits for, and drops, them only after its last action, and gloo's
     SendWork keeps its tensor; so each input gradient and output sent stays alive after the backward
     that freed it (planner.schedules.memory counts them). Schedule1F1B waits for each send before the
-    next and drops it: it holds one at most. ScheduleGPipe keeps its sends' Works to the end of its
+    next and holds one at most (`holds_warmup_send`). ScheduleGPipe keeps its sends' Works to the end of its
     step too, but what it sends in its backward is held only after its peak (its first backward,
     every micro-batch in flight); measured without the sends (CPU, gloo, 2-rank gpt, 8 micro-batches)
     its peaks were -172 B and +1.7% off, so False keeps its prediction as it was."""
+    holds_warmup_send: bool = False
+    """True when torch's class keeps the last forward send its warm-up fired alive through its
+    steady phase: Schedule1F1B's warm-up rebinds `send_work` after each forward but the last, and
+    its one-backward-one-forward loop never does, so that Work (and gloo's or NCCL's reference to
+    the sent output) lives until the loop ends. A stage with w >= 2 warm-up forwards thus holds the
+    output of its micro-batch w - 2 from the end of its backward to the end of the first backward
+    after its last forward (planner.schedules.memory's Moment.warmup_send). Measured (resnet, 2 CPU
+    ranks, 4 micro-batches of 32, torch 2.13): rank 0 held that 2 MiB output during its second and
+    third backward, its peak 2.1 MiB (4.8%) over the prediction without it."""
     sends_overlap_compute: bool = True
     """True when torch's runtime posts a send and computes on while the bytes move (GPipe's class,
     the runtime behind interleaved and zb); False when it waits for each send, with the next
@@ -108,7 +117,7 @@ SCHEDULES: dict[str, ScheduleSpec] = {s.name: s for s in (
         name="1f1b", order=_one_chunk(one_f_one_b_order), torch_class="Schedule1F1B", torch_runtime="class",
         virtual_stages=1, multi_chunk=False, split_backward=False, microbatches="at-least-ranks",
         recompute=True, description="1F1B (PipeDream-Flush): warm-up forwards, then one backward per forward",
-        sends_overlap_compute=False),
+        holds_warmup_send=True, sends_overlap_compute=False),
     ScheduleSpec(
         name="interleaved", order=interleaved_order, torch_class="ScheduleInterleaved1F1B",
         torch_runtime="class-if-same-order", virtual_stages=2, multi_chunk=True, split_backward=False,
@@ -142,6 +151,14 @@ def holds_sends(name: str, split_backward: bool) -> bool:
     priced such orders before the registry said which runtimes hold them."""
     spec = SCHEDULES.get(name) if isinstance(name, str) else None
     return split_backward if spec is None else spec.holds_sends
+
+
+def holds_warmup_send(name: str) -> bool:
+    """Whether a schedule called `name` keeps its warm-up's last forward send through its steady
+    phase (ScheduleSpec.holds_warmup_send); False for a name the registry does not know (an order
+    read from CSV runs on torch's _PipelineScheduleRuntime, which holds_sends describes)."""
+    spec = SCHEDULES.get(name) if isinstance(name, str) else None
+    return spec is not None and spec.holds_warmup_send
 
 
 def schedule_name(text: str, where: str = "schedule") -> str:

@@ -35,6 +35,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Sequence
 
+import numpy as np
+
 from planner.calibration import Calibration
 from planner.cost import StageCost, action_ms, link_between, scaled_ms, stage_memory
 from planner.cost.comm import handover_cpu_ms, transfer_parts
@@ -45,7 +47,8 @@ from planner.plan import Device, Links
 from planner.schedules.actions import KINDS, PipelineSchedule
 from planner.schedules.compiled import CODE_B, CODE_F, CODE_I, CODE_W, CompiledSchedule, SweepResult, compile_schedule, sweep
 from planner.schedules.memory import memory_peaks
-from planner.schedules.registry import get_schedule, holds_sends
+from planner.schedules.memory_states import warmup_send_rows
+from planner.schedules.registry import get_schedule, holds_sends, holds_warmup_send
 from planner.simulation.result import SimResult, TimelineRow
 
 __all__ = ["simulate_costs"]
@@ -95,7 +98,7 @@ def simulate_costs(
     if record_timeline:
         timeline = _timeline_rows(cs, res, stages, recv, cal, rank_device, opt_start, opt_end, sync)
         mem_timeline = _memory_timeline(cs, res, stages, rank_device, memory, gradients, opt_start, opt_end,
-                                        holds_sends(schedule.name, cs.split_backward))
+                                        holds_sends(schedule.name, cs.split_backward), holds_warmup_send(schedule.name))
     return _sim_result(schedule.name, M, micro_batch_size, interpolated, devices, iteration, busy, memory,
                        timeline, mem_timeline)
 
@@ -153,7 +156,8 @@ def _device_memory(schedule: PipelineSchedule, cs: CompiledSchedule, stages: Seq
     peaks = memory_peaks(schedule, [st.kept_bytes for st in stages], [st.transient_bytes for st in stages],
                          [st.param_bytes for st in stages], [st.held_output_bytes for st in stages],
                          [st.wgrad_bytes for st in stages], [st.sent for st in stages],
-                         [st.running_i_bytes for st in stages], [st.w_workspace_bytes for st in stages])
+                         [st.running_i_bytes for st in stages], [st.w_workspace_bytes for st in stages],
+                         [st.output_bytes for st in stages])
     memory = [price([], 0.0)] * n_dev
     gradients = [0.0] * n_dev
     for r, d in enumerate(rank_device):
@@ -280,7 +284,8 @@ def _timeline_rows(cs: CompiledSchedule, res: SweepResult, stages: Sequence[Stag
 
 def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[StageCost], rank_device: list[int],
                      memory: list, gradients: list[float], opt_start: list[float],
-                     opt_end: list[float], sends_held: bool) -> dict[int, tuple[tuple[float, float], ...]]:
+                     opt_end: list[float], sends_held: bool, warmup_send: bool = False,
+                     ) -> dict[int, tuple[tuple[float, float], ...]]:
     """Device -> (time, total bytes) after each change, replaying the rank's order of events:
     activations with F and their backward, a stage's gradients from the end of its first
     weight-gradient action (B, or W when split; the start of a split W on a stage but the first)
@@ -292,7 +297,8 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
     sends hold until they are waited for, before the optimizer step, where the runtime holds them
     (`sends_held`, registry holds_sends; StageCost.sent: each input gradient from the end of its I,
     the held output from the end of I, the whole output from the end of W; both from the end of B),
-    and the optimizer step's temporaries."""
+    the output 1F1B's warm-up send holds after its backward (`warmup_send`, registry
+    holds_warmup_send: _warm_send_changes), and the optimizer step's temporaries."""
     out: dict[int, tuple[tuple[float, float], ...]] = {}
     for r in range(cs.n_ranks):
         d = rank_device[r]
@@ -305,6 +311,7 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
         points = [(0.0, level)]
         has_grads: set[int] = set()
         sent = 0.0  # what sends hold until the step's sends are waited for
+        warm = _warm_send_changes(cs, r, stages) if warmup_send else {}
 
         def change(t: float, delta: float) -> None:
             nonlocal level
@@ -321,7 +328,7 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
                 making = grad_per_byte * st.param_bytes
             at_start, at_end, held = _action_memory(kind, s, st, sends_held, making)
             change(res.start[a], at_start)
-            change(res.end[a], at_end)
+            change(res.end[a], at_end + warm.get(a, 0.0))
             sent += held
             if kind in (CODE_B, CODE_W) and s not in has_grads:
                 has_grads.add(s)
@@ -329,6 +336,27 @@ def _memory_timeline(cs: CompiledSchedule, res: SweepResult, stages: Sequence[St
         change(opt_start[d], step - sent)  # the sends are waited for; the step's temporaries, then its end frees the gradients
         change(opt_end[d], -step - grad_per_byte * sum(stages[s].param_bytes for s in has_grads))
         out[d] = tuple(points)
+    return out
+
+
+def _warm_send_changes(cs: CompiledSchedule, r: int, stages: Sequence[StageCost]) -> dict[int, float]:
+    """Action id -> bytes rank r's warm-up send adds at that action's end (memory_states.warmup_send_rows):
+    its stage's output at the end of the backward after which only the send holds it, taken off
+    at the end of the last action during which it is held."""
+    ids = list(cs.ids[r])
+    if not ids:
+        return {}
+    codes = [cs.split_id(a) for a in ids]
+    local = {s: i for i, s in enumerate(cs.rank_stages[r])}
+    rows = warmup_send_rows(np.array([k for k, _, _ in codes]), np.array([m for _, _, m in codes]),
+                            np.array([local[s] for _, s, _ in codes]), len(local))
+    out: dict[int, float] = {}
+    for k in range(len(ids)):
+        for c, s in enumerate(cs.rank_stages[r]):
+            if rows[k, c] and k > 0 and not rows[k - 1, c]:  # held from the end of the action before
+                out[ids[k - 1]] = out.get(ids[k - 1], 0.0) + stages[s].output_bytes
+            if rows[k, c] and (k + 1 == len(ids) or not rows[k + 1, c]):  # released when this action ends
+                out[ids[k]] = out.get(ids[k], 0.0) - stages[s].output_bytes
     return out
 
 
