@@ -182,6 +182,31 @@ def _usage_hint(error: Exception) -> str:
     return f"see `{path} --help`"
 
 
+def _usage_message(error: Exception) -> str:
+    """click's message, with what it leaves out: the value a bad option got (typer's conversion
+    errors name the option and the type, not the text typed), and where a root option belongs."""
+    message = error.format_message()  # type: ignore[attr-defined]
+    opts = getattr(getattr(error, "param", None), "opts", None) or []
+    given = _value_of(sys.argv[1:], opts) if type(error).__name__ == "BadParameter" else None
+    if given is not None:
+        message = f"{message.removesuffix('.')} (got {given[:60]!r})"
+    root = getattr(error, "option_name", None)
+    if type(error).__name__ == "NoSuchOption" and root in ("--debug", "--version"):
+        command = " ".join(_invoked_path(sys.argv[1:]).split()[1:])
+        message += f" here: it goes before the command, e.g. `pplan {root} {command} ...`"
+    return message
+
+
+def _value_of(argv: list[str], opts: list[str]) -> str | None:
+    """The text given to one of `opts` in `argv` (`--opt value` or `--opt=value`), the last one; None if absent."""
+    found = None
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in opts:
+            found = value if eq else argv[i + 1] if i + 1 < len(argv) else None
+    return found
+
+
 def _invoked_path(argv: list[str]) -> str:
     """`pplan` and the (sub)command names `argv` invokes. Click raises some usage errors without
     the failing command's context (a missing option value: `pplan profile -m`), whose hint then
@@ -215,7 +240,7 @@ def _run_app(as_json: bool) -> None:
         e.show()  # `pplan` or a group alone: the help is the answer, as click prints it
         sys.exit(e.exit_code)
     except ClickException as e:
-        _fail(e.format_message(), _usage_hint(e), e.exit_code, as_json)
+        _fail(_usage_message(e), _usage_hint(e), e.exit_code, as_json)
     else:
         if isinstance(result, int) and result:  # click returns an Exit's code instead of raising
             sys.exit(result)

@@ -33,7 +33,7 @@ import json
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +46,7 @@ from planner.textsafe import check_text
 
 __all__ = ["Calibration", "FittedFrom", "calibration_path_for", "load_calibration", "write_calibration",
            "find_calibration", "is_reference_profile", "basis_text", "resolve_calibration", "REFERENCE_PROFILES",
-           "calibration_mismatch", "MAX_ERROR_PCT_BEFORE", "MAX_ERROR_PCT_AFTER"]
+           "calibration_mismatch", "links_described", "links_given_win", "MAX_ERROR_PCT_BEFORE", "MAX_ERROR_PCT_AFTER"]
 
 FORMAT = "pplan-calibration/1"
 
@@ -236,6 +236,27 @@ def basis_text(cal: "Calibration | None", path: str | os.PathLike | None = None)
     src = cal.fitted_from.run if cal.fitted_from is not None else None
     fitted = f", fitted on {src}" if src else ""
     return f"calibrated by{where} (compute x{cal.compute_scale:.3g}{fitted})"
+
+
+def links_described(links: Any) -> tuple[bool, bool]:
+    """(bandwidth, latency) the user described in `links` (a planner.plan.Links): a link of a pair (a
+    cluster file) or a default other than pplan's. pplan's defaults stand for "the link of this
+    machine", which a calibration measures; any other value is a link the user plans for."""
+    from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS
+
+    pairs = bool(links.pairs)
+    return (pairs or links.bandwidth_bytes_per_s != DEFAULT_BANDWIDTH, pairs or links.latency_ms != DEFAULT_LATENCY_MS)
+
+
+def links_given_win(cal: "Calibration | None", bandwidth: bool, latency: bool) -> "Calibration | None":
+    """`cal` without the link values the user described (`bandwidth`, `latency`: links_described, or a
+    what-if's flags): a link the user describes is the link to plan for, where a calibration's comm
+    values were measured between processes of the machine it was fitted on. partition, simulate,
+    run and report follow this one rule, so a plan is priced the same way by each."""
+    if cal is None or not (bandwidth or latency):
+        return cal
+    return replace(cal, comm_bandwidth_bytes_per_s=None if bandwidth else cal.comm_bandwidth_bytes_per_s,
+                   comm_latency_ms=None if latency else cal.comm_latency_ms)
 
 
 def calibration_mismatch(cal: "Calibration | None", profile: Any, path: str | os.PathLike | None = None) -> str | None:

@@ -32,7 +32,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import replace
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, links_described, links_given_win
 from planner.cost import StageCost, actions_per_microbatch, stage_cost
 from planner.cost.held import wgrad_unmeasured_note
 from planner.cost.parallel import checked_mfu, model_flops
@@ -104,9 +104,11 @@ def simulate(plan: Plan, profile: Profile, *, calibration: Calibration | None = 
 
     The micro-batch size selects the profile's rows (interpolated if not measured: the result's
     `interpolated` says so). ScheduleError if the schedule cannot run at the plan's sizes.
-    A data/tensor-parallel plan is priced on `hardware` (default: the one the plan names).
+    A data/tensor-parallel plan is priced on `hardware` (default: the one the plan names). Links the
+    plan describes win over the calibration's measured link (links_given_win), as when it was partitioned.
     """
     check_action_count(plan.schedule, plan.n_stages, plan.n_microbatches, timeline=record_timeline)
+    calibration = links_given_win(calibration, *links_described(plan.links))
     if is_replica_plan(plan):
         return _simulate_replica_plan(plan, profile, calibration, record_timeline, hardware)
     check_hardware_applies(plan, hardware)

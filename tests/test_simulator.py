@@ -173,17 +173,25 @@ def test_recompute_row_and_optimizer_close_the_iteration() -> None:
     assert r.iteration_ms == pytest.approx(max(x.end_ms for x in opt))
 
 
-def test_calibration_scales_compute_and_overrides_links() -> None:
-    plan = _plan("1f1b", 2, 4, links=Links(bandwidth_bytes_per_s=1e3, latency_ms=5.0))
+def test_calibration_scales_compute_and_replaces_the_default_link() -> None:
+    plan = _plan("1f1b", 2, 4)  # pplan's default link stands for this machine's, which a calibration measures
     prof = _profile(2, out=1000.0)
-    base = simulate(plan, prof, calibration=Calibration(comm_latency_ms=0.0, comm_bandwidth_bytes_per_s=1e15), record_timeline=False)
+    free_link = dict(comm_latency_ms=0.0, comm_bandwidth_bytes_per_s=1e15)
+    base = simulate(plan, prof, calibration=Calibration(**free_link), record_timeline=False)
     assert base.iteration_ms == pytest.approx((4 + 1) * 3.0)
-    cal = Calibration(compute_scale=2.0, action_overhead_ms=0.5, step_overhead_ms=3.0,
-                      comm_latency_ms=0.0, comm_bandwidth_bytes_per_s=1e15)
+    cal = Calibration(compute_scale=2.0, action_overhead_ms=0.5, step_overhead_ms=3.0, **free_link)
     r = simulate(plan, prof, calibration=cal, record_timeline=False)
     assert r.iteration_ms == pytest.approx((4 + 1) * (2.5 + 4.5) + 3.0)
-    slow = simulate(plan, prof, record_timeline=False)
-    assert slow.iteration_ms > base.iteration_ms + 2 * 5.0
+    assert simulate(plan, prof, record_timeline=False).iteration_ms > base.iteration_ms + 0.01
+
+
+def test_a_link_the_plan_describes_wins_over_the_calibrations() -> None:
+    plan = _plan("1f1b", 2, 4, links=Links(bandwidth_bytes_per_s=1e3, latency_ms=5.0))
+    prof = _profile(2, out=1000.0)
+    cal = Calibration(comm_latency_ms=0.0, comm_bandwidth_bytes_per_s=1e15)
+    described = simulate(plan, prof, calibration=cal, record_timeline=False)
+    assert described.iteration_ms == pytest.approx(simulate(plan, prof, record_timeline=False).iteration_ms)
+    assert described.iteration_ms > (4 + 1) * 3.0 + 2 * (5.0 + 1000.0)
 
 
 def test_interpolated_micro_batch_size_is_flagged() -> None:

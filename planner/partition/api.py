@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, links_described, links_given_win
 from planner.cost import optimizer_factor
 from planner.errors import ClusterError, PplanError, ProfileError, ScheduleError
 from planner.limits import MAX_LAYER_BYTES, MAX_LAYER_MS, check_global_batch, check_time_limit
@@ -25,6 +25,7 @@ from planner.partition.search import (
 from planner.plan import AtPlanSetting, BaselineRow, Device, Links, Plan, SearchRecord, SearchRow
 from planner.profiling.profile import Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, get_schedule
+from planner.simulate import check_action_count
 
 __all__ = ["PartitionResult", "partition", "resolve_devices", "validate_settings", "RUNNERS_UP"]
 
@@ -95,7 +96,9 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
                          "plan it with --devices 1, or profile a model whose forward calls its submodules, each then a "
                          "layer (docs/models.md, 'A wrapper over a model's submodules')")
     if count > L:
-        raise PplanError(f"{count} devices but the profile has only {L} layers", f"use --devices {L} or fewer (each stage needs a layer)")
+        fewer = (f"use a cluster file with {L} devices or fewer (--cluster {settings.cluster.source} lists {count})"
+                 if settings.cluster is not None else f"use --devices {L} or fewer")
+        raise PplanError(f"{count} devices but the profile has only {L} layers", f"{fewer}; each stage needs a layer")
     check_global_batch(settings.global_batch)
     m = settings.microbatches
     if m is not None:
@@ -121,15 +124,21 @@ def validate_settings(profile: Profile, settings: PartitionSettings) -> None:
 
 def partition(profile: Profile, settings: PartitionSettings, calibration: Calibration | None = None,
               on_step: Callable[[str], None] | None = None) -> PartitionResult:
-    """Search and return the fastest plan that fits; InfeasibleError (with a fix) when none does."""
+    """Search and return the fastest plan that fits; InfeasibleError (with a fix) when none does.
+    Links the settings describe win over the calibration's measured link (links_given_win)."""
     validate_settings(profile, settings)
     devices, links = resolve_devices(settings)
+    calibration = links_given_win(calibration, *links_described(links))
     points, skipped = grid_points(settings, len(devices), profile.n_layers)
     if not points:
         if settings.schedule != "auto" and settings.microbatches:
-            check_sizes(settings.schedule, len(devices), settings.microbatches, get_schedule(settings.schedule).virtual_stages)
+            v = get_schedule(settings.schedule).virtual_stages
+            check_sizes(settings.schedule, len(devices), settings.microbatches, v)
+            check_action_count(settings.schedule, len(devices) * v, settings.microbatches)
+        wider = " and ".join(f"{flag} auto" for flag, forced in (("--schedule", settings.schedule != "auto"),
+                                                                 ("--microbatches", bool(settings.microbatches))) if forced)
         raise ScheduleError(f"no schedule can run at these sizes: {skipped[0] if skipped else 'nothing to try'}",
-                            "try --schedule auto and --microbatches auto")
+                            f"try {wider or 'another global batch or device count'}")
     search = run_search(profile, settings, devices, links, calibration, on_step)
     chosen = search.best()
     if chosen is None or not chosen.fits:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from planner.calibration import Calibration, basis_text, calibration_mismatch
+from planner.calibration import Calibration, basis_text, calibration_mismatch, links_described, links_given_win
 from planner.hardware import Hardware
 from planner.parallel import GRAD_SYNC_AFTER_STEP, GRAD_SYNC_OVERLAPPED, checked_grad_sync
 from planner.machine import prediction_basis
@@ -130,14 +130,29 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     against the profile, then the calibration file, then the search."""
     profile = load_profile(profile_path)
     validate_settings(profile, settings)
-    cal, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
+    found, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
+    cal = links_given_win(found, *links_described(resolve_devices(settings)[1]))  # as partition() prices it
     counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
     result = partition(profile, settings, calibration=cal, on_step=counted)
     plan = result.plan
-    notes = (calibration_mismatch(cal, profile, cal_path),  # the why-table lists every candidate's schedule, so each counts
+    notes = (calibration_mismatch(cal, profile, cal_path), _link_note(found, cal, settings),
+             # the why-table lists every candidate's schedule, so each counts
              unpriced_memory_note(plan, profile, {c.point.schedule for c in result.search.candidates}))
     return PipelineJob(result=result, calibration=cal, calibration_path=cal_path,
                        warnings=tuple(n for n in notes if n))
+
+
+def _link_note(found: Calibration | None, used: Calibration | None, settings: PartitionSettings) -> str | None:
+    """One line when the links the user gave replaced a calibration's measured ones (None otherwise)."""
+    if found is None or used is None or found == used:
+        return None
+    bandwidth, latency = links_described(resolve_devices(settings)[1])
+    given = "the cluster file" if settings.cluster is not None else " and ".join(
+        flag for flag, on in (("--bandwidth", bandwidth), ("--latency", latency)) if on)
+    measured = ", ".join(text for text in (
+        f"{found.comm_bandwidth_bytes_per_s / 1e9:.3g} GB/s" if used.comm_bandwidth_bytes_per_s is None and found.comm_bandwidth_bytes_per_s else "",
+        f"{found.comm_latency_ms:.3g} ms per message" if used.comm_latency_ms is None and found.comm_latency_ms is not None else "") if text)
+    return f"the links come from {given}, not from the calibration's measured link ({measured}); its compute terms still apply"
 
 
 def partition_cluster(profile_path: str | os.PathLike, settings: ClusterSettings, *, layouts: bool = False,

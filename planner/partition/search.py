@@ -32,7 +32,7 @@ from planner.plan import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, Device, Links, S
 from planner.profiling.profile import LayerCosts, Profile
 from planner.schedules import SCHEDULE_NAMES, check_sizes, generate, get_schedule
 from planner.schedules.memory import stage_inflight_peak, stage_memory_moments
-from planner.simulate import SimResult, simulate_costs
+from planner.simulate import SimResult, check_action_count, simulate_costs
 from planner.units import format_bytes
 
 __all__ = ["METHODS", "PartitionSettings", "GridPoint", "Candidate", "Search", "run_search", "grid_points", "layouts_for",
@@ -189,6 +189,7 @@ def grid_points(settings: PartitionSettings, n_devices: int, n_layers: int) -> t
         for m in ms:
             try:
                 check_sizes(name, n_devices, m, v)
+                check_action_count(name, n_devices * v, m)  # every candidate is simulated: bounded before it is built
             except ScheduleError as e:
                 skipped.append(f"{name} M={m}: {e.message}")
                 continue

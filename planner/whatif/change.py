@@ -8,10 +8,10 @@ micro-batches of global_batch / M samples, so a changed plan trains on the same 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-from planner.calibration import Calibration
+from planner.calibration import Calibration, links_given_win
 from planner.errors import PplanError
 from planner.plan import Links, Plan
 from planner.schedules.registry import schedule_name
@@ -132,9 +132,7 @@ def apply_what_if(plan: Plan, cal: Calibration | None, w: WhatIf) -> tuple[Plan,
             pairs=tuple((a, c, bw if bw is not None else pbw, lat if lat is not None else plat)
                         for a, c, pbw, plat in old.pairs),
         )
-        if cal is not None:
-            cal = replace(cal, comm_bandwidth_bytes_per_s=None if bw is not None else cal.comm_bandwidth_bytes_per_s,
-                          comm_latency_ms=None if lat is not None else cal.comm_latency_ms)
+        cal = links_given_win(cal, bw is not None, lat is not None)
     if not changes:
         return plan, cal
     new = plan.with_(**changes)
