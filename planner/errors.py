@@ -11,6 +11,7 @@ __all__ = [
     "ProfileError",
     "PlanError",
     "ModelSpecError",
+    "ModelTooLargeError",
     "ScheduleError",
     "InfeasibleError",
     "ClusterError",
@@ -43,6 +44,10 @@ class PlanError(PplanError):
 
 class ModelSpecError(PplanError):
     """A `--model` string that names no model or has bad parameters."""
+
+
+class ModelTooLargeError(ModelSpecError):
+    """A model whose weights and one sample's activations exceed what this machine can build."""
 
 
 class ScheduleError(PplanError):

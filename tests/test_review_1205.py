@@ -64,3 +64,17 @@ def test_too_many_cluster_devices_says_which_file_to_change(pplan, tmp_path):
     line = one_error_line(code, err)
     assert "3 devices but the profile has only 2 layers" in line and "use a cluster file with 2 devices or fewer" in line
     assert "--devices" not in line
+
+
+def test_running_a_cluster_plan_here_says_where_it_runs(pplan, analytic_profile, tmp_path, monkeypatch):
+    from planner.models import bounds
+
+    model = "gpt:layers=8,hidden=2048,heads=16,seq=512,vocab=32000"
+    profile = analytic_profile(model, "1,2")
+    plan = tmp_path / "plan.json"
+    code, _, err = pplan("partition", profile, "--nodes", 2, "--hardware", "a100-80gb", "--global-batch", 64, "--out", plan)
+    assert code == 0, err
+    monkeypatch.setattr(bounds, "usable_memory_bytes", lambda: 2**30)  # a machine far smaller than the model
+    line = one_error_line(*pplan("run", plan)[::2])
+    assert "needs at least" in line and "this plan is for 16 processes: run it under torchrun on the cluster" in line
+    assert "shrink" not in line

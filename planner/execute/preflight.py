@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from planner.errors import ModelSpecError, PlanError, PplanError, ProfileError
+from planner.errors import ModelSpecError, ModelTooLargeError, PlanError, PplanError, ProfileError
 from planner.execute.options import RunOptions
 from planner.jsonio import read_bounded_bytes
 from planner.partition.parallel_runnable import layout_error
@@ -343,7 +343,14 @@ def preflight(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, pro
     kwargs = model_kwargs(profile, opts)
     # counted and sized here, for every kind (a factory's or hf: model's by building it, which
     # needs the input described), so a model too large for this machine never reaches the ranks
-    n_layers = layer_count(plan.model, **kwargs)
+    try:
+        n_layers = layer_count(plan.model, **kwargs)
+    except ModelTooLargeError as e:
+        if plan.n_processes <= cpu_rank_cap():
+            raise
+        # the plan's model is fixed by the plan, not by a flag: say where such a plan runs
+        raise ModelTooLargeError(e.message, f"this plan is for {plan.n_processes:,} processes: run it under torchrun on the "
+                             "cluster it was planned for (docs/parallel.md), or plan a smaller model to try it here") from None
     _check_layer_counts(plan, n_layers, profile, path)
 
     world = plan.n_processes

@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from planner.errors import ModelSpecError
+from planner.errors import ModelTooLargeError
 from planner.units import format_bytes
 
 __all__ = ["ModelSize", "MEMORY_SHARE", "builtin_size", "check_model_size", "size_bound_bytes", "usable_memory_bytes"]
@@ -95,7 +95,7 @@ def check_model_size(spec: str, size: ModelSize, hint: str) -> None:
     parts += [f"buffers and data: {format_bytes(size.other_bytes)}"] if size.other_bytes else []
     parts += [f"{size.modules:,} modules: {format_bytes(size.modules * MODULE_BYTES)}"] if size.modules else []
     parts += [f"one sample's activations: {format_bytes(size.sample_activation_bytes)}"] if size.sample_activation_bytes else []
-    raise ModelSpecError(
+    raise ModelTooLargeError(
         f"model {spec!r} needs at least {format_bytes(size.total_bytes)} ({', '.join(parts)}), above pplan's bound of "
         f"{format_bytes(bound)} (this machine's usable memory, {format_bytes(memory)}): building it would exhaust "
         f"memory",
