@@ -24,10 +24,23 @@ uniform but for fast links between scattered pairs of devices have O(n^2) of the
 MAX_ORDER_DEVICES are ordered (measured 2026-12-03 on a 2-core VM: 8-GPU nodes 0.34 s at 1,024
 devices, 1.2 s at 2,048, 4.3 s at 4,000; fast links pairing a random 30% of the devices 1.8 s at 1,024,
 13 s at 2,048, 128 s at 4,000, two 2-opt sweeps each: a sweep more per improving one, 20 at most).
+
+Which kind of device (speed, memory) holds each pipeline position matters as much, so
+pipeline_orders also tries sequences of kinds: all distinct ones when there are at most
+MAX_KIND_ORDERS (identical devices are never swapped among themselves), else the kinds sorted by
+speed up and down and by memory down and up, then their swaps of two positions (MAX_SWAP_ORDERS in
+all; on 5-device clusters of 5 kinds these came within 0-4% of all 120, at a fifth of the time).
+On uniform links a sequence takes each kind's devices in name order; otherwise (up to EXACT_MAX
+devices) it is laid along the best link path holding it, next to the best path both ways; above
+EXACT_MAX the orders are the best path both ways, most-memory-first and the path stably sorted by
+kind. The search runs on devices in a canonical order (kind, then name), so the orders tried, and
+so the plan, do not depend on the order the file lists the devices in.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 import operator
 import os
 from dataclasses import dataclass
@@ -54,6 +67,8 @@ __all__ = ["FORMAT", "EXACT_MAX", "MAX_ORDER_DEVICES", "MAX_CLUSTER_BYTES", "CLU
 FORMAT = "pplan-cluster/1"
 EXACT_MAX = 10  # Held-Karp is O(2^n n^2): 10 devices take ~0.1 s in Python
 MAX_ORDER_DEVICES = 2_048  # devices best_path orders at most: its worst case grows as n^3 (module docstring)
+MAX_KIND_ORDERS = 60  # pipeline_orders tries every arrangement of device kinds up to this many (module docstring)
+MAX_SWAP_ORDERS = 24  # above it: the sorted kind orders and their swaps, at most this many
 MAX_CLUSTER_BYTES = 8 * 2**20
 """Largest cluster file read: 4,000 devices (what a pipeline can have) in 8-GPU nodes with every link
 inside a node listed (14,000 links), one per line as in examples/cluster.json, measured 1.6 MB and loads
@@ -221,9 +236,7 @@ def _hop_costs(links: Links, n: int, nbytes: float) -> list[list[float]]:
 
 def best_path(links: Links, n: int, nbytes: float) -> tuple[int, ...]:
     """Order of devices 0..n-1 minimising (slowest hop, total) for messages of `nbytes`."""
-    if n > MAX_ORDER_DEVICES:
-        raise ClusterError(f"{n:,} devices to order along the pipeline, more than the ordering handles ({MAX_ORDER_DEVICES:,})",
-                           f"plan a pipeline of at most {MAX_ORDER_DEVICES:,} devices: list the devices one pipeline runs on")
+    _check_order_size(n)
     if n <= 2:
         return tuple(range(n))
     if n <= EXACT_MAX:
@@ -292,17 +305,91 @@ def _canonical(path: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def pipeline_orders(devices: tuple[Device, ...], links: Links, nbytes: float) -> list[tuple[int, ...]]:
-    """Device orders worth trying: the best path both ways, and most-memory-first.
-
-    Direction matters because early 1F1B stages hold more micro-batches in flight, and a
-    memory-sorted order helps when memory, not links, is what binds.
-    """
+    """Device orders worth trying, the same for any listing of the same devices (module docstring)."""
     n = len(devices)
-    path = best_path(links, n, nbytes)
-    mem = [float("inf") if d.memory_bytes is None else d.memory_bytes for d in devices]
-    by_memory = tuple(sorted(range(n), key=lambda i: (-mem[i], -devices[i].speed, i)))
+    _check_order_size(n)
+    kinds = [(d.speed, math.inf if d.memory_bytes is None else float(d.memory_bytes)) for d in devices]
+    canon = sorted(range(n), key=lambda i: (kinds[i], devices[i].name, i))  # canonical position -> listed index
+    kind_ids = sorted(set(kinds))
+    kd = [kind_ids.index(kinds[i]) for i in canon]  # kind of each canonical device: non-decreasing
     orders: list[tuple[int, ...]] = []
-    for order in (path, tuple(reversed(path)), by_memory):
-        if order not in orders:
-            orders.append(order)
-    return orders
+    if _uniform(links, n):
+        for seq in _kind_sequences(kd, kind_ids):  # a kind's devices, consecutive in canonical order, in that order
+            take = {k: itertools.count(kd.index(k)) for k in set(seq)}
+            orders.append(tuple(next(take[k]) for k in seq))
+    else:
+        pos = {dev: c for c, dev in enumerate(canon)}
+        links = Links(links.bandwidth_bytes_per_s, links.latency_ms, tuple((pos[a], pos[b], bw, lat) for a, b, bw, lat in links.pairs))
+        path = best_path(links, n, nbytes)
+        orders += [path, path[::-1]]
+        if n <= EXACT_MAX:  # each other sequence of kinds along its best path
+            cost, have = _hop_costs(links, n, nbytes), {tuple(kd[c] for c in o) for o in orders}
+            orders += [_kind_path(cost, kd, seq) for seq in _kind_sequences(kd, kind_ids) if seq not in have]
+        else:  # most memory first, and the path's devices stably sorted by kind (a kind's devices stay in path order)
+            orders.append(tuple(sorted(range(n), key=lambda c: (-kind_ids[kd[c]][1], -kd[c], c))))
+            orders += [tuple(sorted(path, key=key)) for key in (kd.__getitem__, lambda c: -kd[c])]
+    return list(dict.fromkeys(tuple(canon[c] for c in order) for order in orders))
+
+
+def _check_order_size(n: int) -> None:
+    if n > MAX_ORDER_DEVICES:
+        raise ClusterError(f"{n:,} devices to order along the pipeline, more than the ordering handles ({MAX_ORDER_DEVICES:,})",
+                           f"plan a pipeline of at most {MAX_ORDER_DEVICES:,} devices: list the devices one pipeline runs on")
+
+
+def _uniform(links: Links, n: int) -> bool:
+    """Whether every pair of the n devices has the same link (bandwidth and latency)."""
+    listed = {(min(a, b), max(a, b)) for a, b, _, _ in links.pairs if a != b}
+    seen = {links.between(a, b) for a, b in listed}
+    if len(listed) < n * (n - 1) // 2:
+        seen.add((links.bandwidth_bytes_per_s, links.latency_ms))
+    return len(seen) <= 1
+
+
+def _kind_sequences(kd: list[int], kind_ids: list[tuple[float, float]]) -> list[tuple[int, ...]]:
+    """Every distinct arrangement of the kinds `kd` (lexicographic) when there are at most
+    MAX_KIND_ORDERS, else the kinds by speed up and down and by memory down and up (kind ids sort
+    by (speed, memory)), then their swaps of two positions, MAX_SWAP_ORDERS sequences in all."""
+    n, counts = len(kd), [kd.count(k) for k in range(len(kind_ids))]
+    if math.factorial(n) // math.prod(map(math.factorial, counts)) <= MAX_KIND_ORDERS:
+        return list(_arrangements(counts, n))
+    by_memory = tuple(sorted(kd, key=lambda k: (-kind_ids[k][1], -k)))
+    out = dict.fromkeys((tuple(kd), tuple(kd[::-1]), by_memory, by_memory[::-1]))
+    for base in list(out):
+        for i, j in ((i, j) for i in range(n) for j in range(i + 1, n) if base[i] != base[j]):
+            if len(out) >= MAX_SWAP_ORDERS:
+                return list(out)
+            out.setdefault(base[:i] + (base[j],) + base[i + 1:j] + (base[i],) + base[j + 1:])
+    return list(out)
+
+
+def _arrangements(counts: list[int], left: int):
+    """The distinct sequences holding counts[k] copies of kind k, in lexicographic order."""
+    if left == 0:
+        yield ()
+    for k, c in enumerate(counts):
+        if c:
+            counts[k] -= 1
+            yield from ((k,) + rest for rest in _arrangements(counts, left - 1))
+            counts[k] += 1
+
+
+def _kind_path(cost: list[list[float]], kd: list[int], seq: tuple[int, ...]) -> tuple[int, ...]:
+    """The order minimising (slowest hop, total) among those whose device at position p is of kind
+    seq[p]: exact_path's two passes, each subset's size fixing its last device's position."""
+    return _seq_paths(cost, kd, seq, operator.add, _seq_paths(cost, kd, seq, max, math.inf)[0])[1]
+
+
+def _seq_paths(cost: list[list[float]], kd: list[int], seq: tuple[int, ...], extend: Callable[[float, float], float],
+               max_hop: float) -> tuple[float, tuple[int, ...]]:
+    """(least score, its path) over the paths following `seq` with hops of cost at most `max_hop`."""
+    layer = {(1 << v, v): (0.0, (v,)) for v in range(len(cost)) if kd[v] == seq[0]}
+    for k in seq[1:]:
+        nxt: dict[tuple[int, int], tuple[float, tuple[int, ...]]] = {}
+        for (mask, v), (cur, path) in sorted(layer.items()):
+            for u in (u for u in range(len(cost)) if kd[u] == k and not mask >> u & 1 and cost[v][u] <= max_hop):
+                val = extend(cur, cost[v][u])
+                if val < nxt.get((mask | 1 << u, u), (math.inf,))[0]:
+                    nxt[mask | 1 << u, u] = (val, path + (u,))
+        layer = nxt
+    return min(layer.values(), key=lambda x: (x[0], x[1][-1]))
