@@ -19,7 +19,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
      "planner.warm_start", "planner.allocator", "planner.parallel", "planner.jsontypes", "planner.torch_compat"),
     ("planner.hardware", "planner.calibration", "planner.machine", "planner.schedules", "planner.graph.edges",
      "planner.graph.crossing", "planner.graph.layers", "planner.graph.layer_module"),
-    ("planner.profiling.profile", "planner.profiling.metadata", "planner.profiling.csvio", "planner.plan",
+    ("planner.profiling.profile", "planner.profiling.metadata", "planner.profiling.csvio", "planner.profiling.split_times", "planner.plan",
      "planner.models.spec", "planner.models.trust"),
     ("planner.cost", "planner.cluster"),
     ("planner.simulation", "planner.simulate"),

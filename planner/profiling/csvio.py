@@ -23,6 +23,7 @@ from planner.errors import PplanError, ProfileError
 from planner.graph.edges import edge_lines, read_edges
 from planner.limits import MAX_LAYER_BYTES, MAX_LAYER_FLOPS, MAX_LAYER_MS
 from planner.profiling.metadata import read_meta
+from planner.profiling.split_times import complete_backward_split
 from planner.textsafe import check_name
 from planner.units import PLAIN_INTEGER_HINT, PLAIN_NUMBER_HINT, plain_float, plain_int
 
@@ -172,11 +173,12 @@ def parse_profile_csv(text: str, source: str) -> ProfileTable:
     n_layers = _check_layers(rows, n_data, source)
     sizes = sorted(set(rows.sizes))
     columns = _columns(rows, sizes, n_layers, source)
-    _fill_backward_split(columns, present)
+    names = tuple(rows.names[i] for i in range(n_layers))
+    complete_backward_split(columns, present, names, sizes, source)
     for arr in columns.values():
         arr.setflags(write=False)
     return ProfileTable(
-        names=tuple(rows.names[i] for i in range(n_layers)), micro_batch_sizes=tuple(sizes), columns=columns,
+        names=names, micro_batch_sizes=tuple(sizes), columns=columns,
         present=present, meta=meta, skip_edges=read_edges(lines, n_layers, source, max_bytes=MAX_LAYER_BYTES),
     )
 
@@ -293,17 +295,6 @@ def _columns(rows: _Rows, sizes: list[int], n_layers: int, source: str) -> dict[
         shown = ", ".join(f"{int(v)}" for v in np.unique(pb[layer]))
         raise ProfileError(f"{source}: layer {layer} has different param_bytes at different micro-batch sizes ({shown})", "parameter bytes do not depend on the batch")
     return columns
-
-
-def _fill_backward_split(columns: dict[str, np.ndarray], present: frozenset[str]) -> None:
-    """Derive bwd_input_ms / bwd_weight_ms the file lacks: half of bwd_ms each, or the remainder."""
-    if "bwd_input_ms" not in present and "bwd_weight_ms" not in present:
-        columns["bwd_input_ms"] = columns["bwd_ms"] / 2
-        columns["bwd_weight_ms"] = columns["bwd_ms"] / 2
-    elif "bwd_input_ms" not in present:
-        columns["bwd_input_ms"] = np.maximum(columns["bwd_ms"] - columns["bwd_weight_ms"], 0)
-    elif "bwd_weight_ms" not in present:
-        columns["bwd_weight_ms"] = np.maximum(columns["bwd_ms"] - columns["bwd_input_ms"], 0)
 
 
 def _check_complete(lay: np.ndarray, col: np.ndarray, row_lines: array, sizes: list[int], names: dict[int, str], source: str) -> None:

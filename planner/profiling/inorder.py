@@ -111,7 +111,8 @@ def retime_in_order(layers: list[torch.nn.Module], first: torch.Tensor, loss_fn:
         fwd = [s[0][i] for s in samples]
         bwd = [s[1][i] for s in samples]
         alone_bwd, alone_input = cols["bwd_ms"][i, k], cols["bwd_input_ms"][i, k]
-        share = alone_input / alone_bwd if alone_bwd > 0 else (1.0 if alone_input > 0 else 0.0)
+        # I alone timed above the whole backward is noise: the retimed B is then all I (W 0), never W < 0
+        share = min(alone_input / alone_bwd, 1.0) if alone_bwd > 0 else (1.0 if alone_input > 0 else 0.0)
         cols["fwd_ms"][i, k], cols["fwd_ms_std"][i, k] = median_std(fwd)
         cols["bwd_ms"][i, k], cols["bwd_ms_std"][i, k] = median_std(bwd)
         cols["bwd_input_ms"][i, k] = share * cols["bwd_ms"][i, k]
