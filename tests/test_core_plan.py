@@ -45,7 +45,7 @@ def _with(**changes):
     (_with(optimiser="adam"), "unknown key 'optimiser'; did you mean 'optimizer'?"),
     (_with(stages=[{"device": 0, "layers": [0, 3], "recompute_layers": []}, {"device": 1, "layers": [3, 6]}]),
      "stages[0]: unknown key 'recompute_layers'; did you mean 'recompute'?"),
-    (_with(links={"latency_ms": -1}), "non-negative latency"),
+    (_with(links={"latency_ms": -1}), "links.latency_ms must be 0 or more, got -1"),
     (_with(links={"bandwidth_bytes_per_s": 1e-300}), "out of range"),
     (_with(n_microbatches=10**12), "too large"),
     (_with(devices=10**9), "devices is 1000000000 but the plan has 2 stages"),

@@ -78,3 +78,53 @@ def test_running_a_cluster_plan_here_says_where_it_runs(pplan, analytic_profile,
     line = one_error_line(*pplan("run", plan)[::2])
     assert "needs at least" in line and "this plan is for 16 processes: run it under torchrun on the cluster" in line
     assert "shrink" not in line
+
+
+# --- every refusal of a profile or plan field says what to write instead -------------------------
+
+_ROWS = "layer,name,micro_batch_size,fwd_ms,bwd_ms,param_bytes,activation_bytes,output_bytes\n"
+BAD_PROFILES = {
+    "format": "# format: pplan-profile/9\n" + _ROWS + "0,a,1,1,2,3,4,5\n",
+    "duplicated column": _ROWS.replace("\n", ",fwd_ms_std,fwd_ms_std\n") + "0,a,1,1,2,3,4,5,0,0\n",
+    "huge micro-batch": _ROWS + "0,a,999999999999,1,2,3,4,5\n",
+    "no rows": _ROWS,
+    "renamed layer": _ROWS + "0,a,1,1,2,3,4,5\n0,b,2,1,2,3,4,5\n",
+    "duplicate row": _ROWS + "0,a,1,1,2,3,4,5\n0,a,1,1,2,3,4,5\n",
+    "infinite": _ROWS + "0,a,1,1e400,2,3,4,5\n",
+    "long integer": _ROWS + "0,a," + "1" * 50 + ",1,2,3,4,5\n",
+    "size below 1": _ROWS + "0,a,0,1,2,3,4,5\n",
+}
+
+
+def test_every_profile_refusal_has_a_hint():
+    import pytest
+
+    from planner.errors import ProfileError
+    from planner.profiling.profile import read_profile_text
+
+    for case, text in BAD_PROFILES.items():
+        with pytest.raises(ProfileError) as e:
+            read_profile_text(text, f"{case}.csv")
+        assert e.value.hint, (case, e.value.message)
+
+
+def test_plan_link_and_device_refusals_name_the_field_and_a_fix():
+    import pytest
+
+    from planner.errors import PlanError
+    from planner.plan import plan_from_dict
+
+    base = {"format": "pplan-plan/1", "schedule": "gpipe", "micro_batch_size": 1, "n_microbatches": 2,
+            "stages": [{"device": 0, "layers": [0, 1]}, {"device": 1, "layers": [1, 2]}]}
+    cases = {
+        "links.pairs[0].latency_ms must be 0 or more, got -1": {
+            "devices": 2, "links": {"pairs": [{"a": 0, "b": 1, "bandwidth_bytes_per_s": 1e9, "latency_ms": -1}]}},
+        "links.bandwidth_bytes_per_s must be positive, got 0": {"devices": 2, "links": {"bandwidth_bytes_per_s": 0}},
+        "devices[1].speed must be positive": {"devices": [{"name": "a"}, {"name": "b", "speed": 0}]},
+        "devices[0].memory_bytes must be positive": {"devices": [{"name": "a", "memory_bytes": 0}, {"name": "b"}]},
+        "devices must be at least 1": {"devices": 0},
+    }
+    for words, change in cases.items():
+        with pytest.raises(PlanError) as e:
+            plan_from_dict({**base, **change})
+        assert words in e.value.message and e.value.hint, (words, e.value.message, e.value.hint)

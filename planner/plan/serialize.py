@@ -104,7 +104,8 @@ def _device(dv: dict, i: int) -> Device:
     where = f"devices[{i}]."
     mem = get_field(dv, "memory_bytes", (int, float, type(None)), where, None)
     if mem is not None and mem <= 0:
-        raise PlanError(f"plan field {where}memory_bytes must be positive, got {mem}")
+        raise PlanError(f"plan field {where}memory_bytes must be positive, got {mem}",
+                        "give the device's memory in bytes, e.g. 85899345920 for 80 GiB, or null for no limit")
     if mem is not None and mem > MAX_MEMORY_BYTES:
         raise PlanError(f"plan field {where}memory_bytes {mem:.4g} is absurdly large (more than {MAX_MEMORY_BYTES:.3g} bytes)",
                         "give the device's memory in bytes, e.g. 85899345920 for 80 GiB")
@@ -113,7 +114,8 @@ def _device(dv: dict, i: int) -> Device:
                         "give the device's memory in whole bytes (16e9 is one), e.g. 85899345920 for 80 GiB")
     speed = float(get_field(dv, "speed", (int, float), where, 1.0))
     if speed <= 0:
-        raise PlanError(f"plan field {where}speed must be positive, got {speed}")
+        raise PlanError(f"plan field {where}speed must be positive, got {speed}",
+                        "speed is the device's compute speed relative to the profiled one: 1.0 for the same device")
     name = check_name(get_field(dv, "name", str, where, f"dev{i}"), "device name", PlanError, f"plan field {where}name")
     return Device(name=name, memory_bytes=None if mem is None else int(mem), speed=speed)
 
@@ -131,8 +133,14 @@ def _links(d: dict) -> Links:
         latency_ms=float(get_field(links_d, "latency_ms", (int, float), "links.", DEFAULT_LATENCY_MS)),
         pairs=tuple(pairs),
     )
-    if links.bandwidth_bytes_per_s <= 0 or links.latency_ms < 0 or any(p[2] <= 0 or p[3] < 0 for p in pairs):
-        raise PlanError("plan links need positive bandwidth and non-negative latency")
+    named = [("links.", links.bandwidth_bytes_per_s, links.latency_ms)] + [(f"links.pairs[{j}].", p[2], p[3]) for j, p in enumerate(pairs)]
+    for where, bandwidth, latency in named:
+        if bandwidth <= 0:
+            raise PlanError(f"plan field {where}bandwidth_bytes_per_s must be positive, got {bandwidth:g}",
+                            "give the link's bandwidth in bytes per second, e.g. 25000000000 for 25 GB/s")
+        if latency < 0:
+            raise PlanError(f"plan field {where}latency_ms must be 0 or more, got {latency:g}",
+                            "give the link's latency per message in ms, e.g. 0.01")
     return links
 
 
@@ -147,7 +155,8 @@ def _stages_and_devices(d: dict[str, Any]) -> tuple[list[Any], tuple[Device, ...
     raw_devices = get_field(d, "devices", (int, list), "")
     if isinstance(raw_devices, int):
         if raw_devices < 1:
-            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}")
+            raise PlanError(f"plan field devices must be at least 1, got {raw_devices}",
+                            "give the number of devices, or a list of device objects")
         n_devices = raw_devices
     else:
         n_devices = len(as_objects(raw_devices, "devices", DEVICE_KEYS))

@@ -161,7 +161,8 @@ def parse_profile_csv(text: str, source: str) -> ProfileTable:
         raise ProfileError(f"{source}: empty profile (no header row)", "the first non-comment line must be the header: " + ",".join(REQUIRED_COLUMNS))
     fmt = meta.get("format")
     if fmt is not None and fmt != FORMAT:
-        raise ProfileError(f"{source}: format {fmt[:60]!r} is not supported (this pplan reads {FORMAT})")
+        raise ProfileError(f"{source}: format {fmt[:60]!r} is not supported (this pplan reads {FORMAT})",
+                           "profile the model again with this pplan (`pplan profile`), or use the pplan that wrote it")
     reader = csv.reader(itertools.islice(lines, first, None))
     index = _header([h.strip() for h in next(csv_rows(reader, first, source, ProfileError))], source, first + 1)
     present = frozenset(c for c in OPTIONAL_COLUMNS if c in index)
@@ -213,7 +214,7 @@ def _header(header: list[str], source: str, lineno: int) -> dict[str, int]:
                            + "optional columns: " + ", ".join(OPTIONAL_COLUMNS) + " (docs/profile-format.md)")
     dupes = sorted(h for h, n in collections.Counter(header).items() if n > 1)
     if dupes:
-        raise ProfileError(f"{source}:{lineno}: duplicated column(s) {', '.join(dupes)}")
+        raise ProfileError(f"{source}:{lineno}: duplicated column(s) {', '.join(dupes)}", "keep one column of each name")
     return {h: i for i, h in enumerate(header)}
 
 
@@ -237,7 +238,8 @@ def _read_rows(reader: "csv._reader", index: dict[str, int], first: int, n_data:
                                "group layers into blocks before profiling; the planner is O(L^2) in layers")
         size = _int_cell(row[i_size], source, lineno, "micro_batch_size", minimum=1)
         if size > MAX_MICRO_BATCH_SIZE:
-            raise ProfileError(f"{source}:{lineno}: column 'micro_batch_size': {size} is larger than any micro-batch (limit {MAX_MICRO_BATCH_SIZE})")
+            raise ProfileError(f"{source}:{lineno}: column 'micro_batch_size': {size} is larger than any micro-batch (limit {MAX_MICRO_BATCH_SIZE})",
+                               "micro_batch_size counts samples per micro-batch")
         _check_layer_name(rows.names, layer, row[i_name].strip(), source, lineno)
         for c, i, limit in numeric:
             rows.values[c].append(_num_cell(row[i], source, lineno, c, limit))
@@ -245,7 +247,7 @@ def _read_rows(reader: "csv._reader", index: dict[str, int], first: int, n_data:
         rows.sizes.append(size)
         rows.lines.append(lineno)
     if not rows.layers:
-        raise ProfileError(f"{source}: no data rows after the header")
+        raise ProfileError(f"{source}: no data rows after the header", "a profile has one row per layer and measured micro-batch size")
     return rows
 
 
@@ -256,7 +258,8 @@ def _check_layer_name(names: dict[int, str], layer: int, name: str, source: str,
     if known is None:  # checked once per layer, not once per row
         names[layer] = check_name(name, "layer name", ProfileError, f"{source}:{lineno}")
     elif known != name:
-        raise ProfileError(f"{source}:{lineno}: layer {layer} is named {name[:60]!r} here but {known!r} earlier")
+        raise ProfileError(f"{source}:{lineno}: layer {layer} is named {name[:60]!r} here but {known!r} earlier",
+                           "every row of a layer repeats its name")
 
 
 def _check_layers(rows: _Rows, n_data: int, source: str) -> int:
@@ -306,7 +309,8 @@ def _check_complete(lay: np.ndarray, col: np.ndarray, row_lines: array, sizes: l
         for k, line in zip(key.tolist(), row_lines):
             if k in first_line:
                 layer, size = divmod(k, n_sizes)
-                raise ProfileError(f"{source}:{line}: duplicate row for layer {layer} at micro_batch_size {sizes[size]} (first on line {first_line[k]})")
+                raise ProfileError(f"{source}:{line}: duplicate row for layer {layer} at micro_batch_size {sizes[size]} (first on line {first_line[k]})",
+                                   "keep one row per layer and micro-batch size")
             first_line[k] = line
     if key.size != n_layers * n_sizes:
         counts = np.bincount(lay, minlength=n_layers)
@@ -336,7 +340,7 @@ def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) ->
     except ValueError:
         raise _cell_error(source, lineno, column, text, "is not a number", PLAIN_NUMBER_HINT) from None
     if math.isnan(value) or math.isinf(value):  # 1e400 reads as inf
-        raise _cell_error(source, lineno, column, text, "is not a finite number")
+        raise _cell_error(source, lineno, column, text, "is not a finite number", "times and bytes are finite numbers >= 0")
     if value < 0:
         raise _cell_error(source, lineno, column, text, "is negative", "times and bytes are >= 0")
     if value > limit:
@@ -349,13 +353,13 @@ def _num_cell(cell: str, source: str, lineno: int, column: str, limit: float) ->
 def _int_cell(cell: str, source: str, lineno: int, column: str, minimum: int) -> int:
     text = cell.strip()
     if len(text) > MAX_INT_CHARS:  # before parsing (and later printing) a 4,000-digit number
-        raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {MAX_INT_CHARS} characters)")
+        raise _cell_error(source, lineno, column, text, f"is too long for an integer (more than {MAX_INT_CHARS} characters)", PLAIN_INTEGER_HINT)
     try:
         value = plain_int(text)
     except ValueError:
         raise _cell_error(source, lineno, column, text, "is not an integer", PLAIN_INTEGER_HINT) from None
     if value < minimum:
-        raise ProfileError(f"{source}:{lineno}: column {column!r}: {value} is below {minimum}")
+        raise ProfileError(f"{source}:{lineno}: column {column!r}: {value} is below {minimum}", f"{column} is at least {minimum}")
     return value
 
 

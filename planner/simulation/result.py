@@ -11,6 +11,7 @@ from planner.errors import PplanError
 from planner.jsontypes import INDEX_KEY, check_index_keys, check_object_keys, file_kind, range_error, short, type_error
 from planner.limits import MAX_MEMORY_BYTES
 from planner.plan.records import MAX_PIPELINE_STAGES, MAX_PREDICTED_MS, MemoryRecord, PredictedDevice, Prediction
+from planner.textsafe import MAX_TEXT_CHARS, check_text
 
 __all__ = ["TimelineRow", "SimResult", "SimulationRecord", "SIMULATION_KEYS", "TIMELINE_COLUMNS", "TIMELINE_KINDS",
            "ReplicaMetrics", "WHAT_IF_FIELDS", "what_if_text"]
@@ -216,6 +217,8 @@ class SimulationRecord:
         basis = data.get("basis")
         if basis is not None and not isinstance(basis, str):
             raise PplanError(f"{source}: simulation field 'basis' must be a string, got {short(basis)}", _HINT)
+        if basis is not None:  # printed by the report: a file cannot rewrite the reader's terminal
+            check_text(basis, "field 'basis'", PplanError, f"{source}: simulation", MAX_TEXT_CHARS, _HINT)
         return cls(prediction, _memory_timeline(data.get("memory_timeline", {}), source), basis,
                    _what_if(data.get("what_if"), source), what_if_said="what_if" in data)
 
