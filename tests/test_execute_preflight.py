@@ -28,7 +28,7 @@ def test_a_changed_profile_is_refused_unless_forced(tmp_path):
     spec = write_synthetic_profile(prof, 4, 2)
     plan = load_plan(write_plan(tmp_path / "p.json", spec, "1f1b", 2, [(0, 2), (2, 4)], profile=prof))
     assert preflight(plan, CPU).profile.n_layers == 4
-    prof.write_text(prof.read_text().replace(",10.0,", ",11.0,"))
+    prof.write_text(prof.read_text().replace(",10.0,20.0,", ",11.0,20.0,"))
     with pytest.raises(PlanError, match="changed since the plan was made"):
         preflight(plan, CPU)
     assert preflight(plan, CPU, force=True).profile is not None
@@ -40,7 +40,7 @@ def test_another_profile_given_with_profile_is_run_with_a_warning(tmp_path):
     plan = load_plan(write_plan(tmp_path / "p.json", spec, "1f1b", 2, [(0, 2), (2, 4)], profile=prof))
     assert preflight(plan, CPU, profile_override=str(prof)).warnings == ()  # the plan's own file, named
     other = tmp_path / "other.csv"
-    other.write_text(prof.read_text().replace(",10.0,", ",11.0,"))
+    other.write_text(prof.read_text().replace(",10.0,20.0,", ",11.0,20.0,"))
     pf = preflight(plan, CPU, profile_override=str(other))
     assert pf.profile.path == str(other)
     assert len(pf.warnings) == 1 and "predicted with --profile" in pf.warnings[0] and "other.csv" in pf.warnings[0]

@@ -98,7 +98,7 @@ PLAN_CASES = {
     "plan_devices_zero.json": r"at least 1",
     "plan_memory_negative.json": r"memory_bytes must be positive",
     "plan_speed_zero.json": r"speed must be positive",
-    "plan_bandwidth_zero.json": r"positive bandwidth",
+    "plan_bandwidth_zero.json": r"bandwidth_bytes_per_s must be positive",
     "plan_nan_latency.json": r"finite",
     "plan_unknown_optimizer.json": r"optimizer 'lion' is unknown",
     "plan_more_layers_than_profile.json": r"8 layers",
