@@ -262,7 +262,8 @@ def run(
     input_shape: RunInputShape = None, input_dtype: RunInputDtype = None, vocab: RunVocab = None,
     machine_file: Annotated[Optional[Path], typer.Option(
         "--machine-file", help="Machine file from `pplan calibrate --machine` to predict with when the profile has "
-        "no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json).")] = None,
+        "no calibration (default: $PPLAN_MACHINE, else ~/.cache/pplan/machine.json); where it has one, that one "
+        "wins and the run warns that this file was not used.")] = None,
 ) -> None:
     """Train PLAN with torch.distributed.pipelining (one process per device, or under torchrun) and compare with the prediction.
 

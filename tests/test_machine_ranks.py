@@ -11,7 +11,8 @@ from planner.errors import PplanError
 from planner.execute import machinebench
 from planner.execute.machinebench import empty_model, measure_machines, parse_rank_counts
 from planner.execute.preflight import Preflight
-from planner.execute.run import predict
+from planner.calibration import Calibration, calibration_path_for, write_calibration
+from planner.execute.prediction import predict, unused_machine_file_warnings
 from planner.machine import (FORMAT, FORMAT_V1, MAX_ENTRIES, Machine, MachineSet, find_machine, load_machine,
                              load_machines, machine_calibration, prediction_basis, save_machine)
 from planner.plan import load_plan
@@ -136,6 +137,22 @@ def test_predict_uses_the_entry_for_the_plans_process_count_and_says_which(tmp_p
     _, source, cal = predict(plan, pf, machine=path)
     assert source == "simulate(profile + machine, 2 ranks for 3)" and cal == machine_calibration(machines.pick(2))
 
+
+
+def test_a_named_machine_file_that_the_plans_own_calibration_overrides_is_said_to_be_unused(tmp_path, sim_work):
+    plan, prof, pf = _preflight(sim_work)
+    path = save_machine(MachineSet((_machine(3, action_overhead_ms=5.0),)), tmp_path / "m.json")
+    own = Calibration(compute_scale=1.5)
+    write_calibration(own, calibration_path_for(prof.path))
+    sim, source, cal = predict(plan, pf, machine=path)
+    assert cal == own and source == "simulate(profile + calibration)"  # the per-plan one wins
+    (warning,) = unused_machine_file_warnings(path, source, pf)
+    assert f"--machine-file {path} was not used" in warning and str(calibration_path_for(prof.path)) in warning
+    assert unused_machine_file_warnings(None, source, pf) == []  # none named: nothing to say
+    # without the per-plan calibration the named file prices the plan, and nothing is said
+    calibration_path_for(prof.path).unlink()
+    _, source, cal = predict(plan, pf, machine=path)
+    assert source == "simulate(profile + machine, 3 ranks)" and unused_machine_file_warnings(path, source, pf) == []
 
 def test_the_empty_pipeline_sleeps_only_when_ranks_outnumber_cores():
     assert "fwd_ms=0,bwd_ms=0" in empty_model(2, 2) and "layers=2" in empty_model(2, 2)

@@ -11,7 +11,8 @@ import planner.models.bounds as bounds
 from planner.errors import PplanError
 from planner.execute import RunOptions
 from planner.execute.preflight import check_host_memory, preflight
-from planner.execute.run import predict, run_plan
+from planner.execute.prediction import predict
+from planner.execute.run import run_plan
 from planner.plan import load_plan
 
 from helpers.plans import write_plan, write_synthetic_profile

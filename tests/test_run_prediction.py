@@ -14,7 +14,7 @@ import pytest
 from planner.calibration import Calibration, calibration_path_for, write_calibration
 from planner.execute.calibrate import compute_points, rank_grad_allreduce_ms
 from planner.execute.preflight import Preflight
-from planner.execute.run import predict
+from planner.execute.prediction import predict
 from planner.hardware import load_hardware
 from planner.plan import Plan, load_plan, plan_from_dict, plan_to_dict
 from planner.profiling.profile import Profile, load_profile

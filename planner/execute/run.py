@@ -30,14 +30,15 @@ from pathlib import Path
 from typing import Any, Callable
 
 from planner.atomic import atomic_write_text
-from planner.calibration import Calibration, calibration_path_for, find_calibration, write_calibration
-from planner.errors import PlanError, PplanError, RunError
+from planner.calibration import Calibration, calibration_path_for, write_calibration
+from planner.errors import PplanError, RunError
 from planner.execute import checkpoint as ckpt
 from planner.execute.fitrecord import as_recorded
 from planner.execute.launch import launch_local
 from planner.execute.measurement import RankMeasurement
 from planner.execute.mesh import world_text
 from planner.execute.options import RunOptions
+from planner.execute.prediction import predict, unused_machine_file_warnings
 from planner.execute.preflight import Preflight, check_host_memory, co_run_advice, preflight
 from planner.hostinfo import load_average, usable_cores
 from planner.execute.results import assemble_record
@@ -49,7 +50,7 @@ from planner.plan import Plan, Prediction, plan_to_dict
 from planner.simulation.result import TimelineRow
 from planner.warm_start import prestart
 
-__all__ = ["RunOutcome", "run_plan", "predict", "co_run_warnings", "CO_RUN_WARN_RATIO", "RUNTIMES",
+__all__ = ["RunOutcome", "run_plan", "co_run_warnings", "CO_RUN_WARN_RATIO", "RUNTIMES",
            "runtime_prefers_torch"]
 
 RUNTIMES = {"torch": True, "plan": False}
@@ -77,73 +78,6 @@ class RunOutcome:
     """The calibration fitted from this run (--calibrate)."""
     calibration_path: str | None = None
     """Where it was written."""
-
-
-def predict(plan: Plan, pf: Preflight, *, machine: str | os.PathLike | None = None,
-            use_machine: bool = True) -> tuple[Prediction | None, str | None, Calibration | None]:
-    """(prediction, where it came from, calibration used) for the plan as it is now.
-
-    Calibration: the per-plan one beside the profile when it exists, else the machine file
-    (`machine`, else planner.machine.find_machine's default: $PPLAN_MACHINE or
-    ~/.cache/pplan/machine.json) measured for this device type: its entry for the plan's process
-    count, else the nearest count measured (the source names the count used), else none.
-    A data/tensor-parallel plan gets `pplan simulate`'s prediction for it: one replica priced on
-    its hardware preset, uncalibrated (the source names layout and preset).
-    """
-    if pf.profile is not None:
-        from planner.simulate import is_replica_plan, simulate
-
-        import numpy as np
-
-        priced = _layout_hardware(plan) if is_replica_plan(plan) else None
-        cal, machine_source = None, ""
-        if priced is None:
-            cal = find_calibration(pf.profile.path)
-            if cal is None and use_machine:
-                from planner.machine import find_machine, machine_calibration
-
-                # every process of the plan shares this machine's cores: the entry measured with that many
-                found = find_machine(machine, device_type=pf.device_type, ranks=plan.n_processes)
-                if found is not None:
-                    cal, machine_source = machine_calibration(found), _machine_text(found.ranks, plan.n_processes)
-        # a data/tensor-parallel plan: what `pplan simulate` predicts for it, one replica priced on its
-        # hardware with the tp split, its collectives and the gradient sync (which the measured step
-        # includes), uncalibrated as simulate does (a calibration fits one pipeline of whole layers);
-        # without a preset to price those on, one pipeline of whole layers, and the label says so
-        one = plan.with_(parallel=None) if is_replica_plan(plan) and priced is None else plan
-        with np.errstate(over="ignore", invalid="ignore"):  # overflow is reported below, once
-            sim = simulate(one, pf.profile, calibration=cal, record_timeline=False)
-        source = ("simulate(profile + calibration)" if cal else "simulate(profile)") if not machine_source \
-            else f"simulate(profile + {machine_source})"
-        if priced is not None:
-            source += f", {plan.parallel.describe()} on {priced}"
-        elif one is not plan:
-            source += ", one replica of whole layers: no tp split, collectives or gradient all-reduce (no hardware preset)"
-        values = [sim.iteration_ms, *sim.busy_ms, *sim.peak_memory_bytes]
-        if not all(math.isfinite(v) for v in values):
-            raise PplanError(f"the prediction from profile {pf.profile.path!r} is not finite (its values overflow)",
-                             "the profile's numbers are absurdly large; re-profile the model")
-        return sim.prediction(), source, cal
-    if plan.predicted is not None and isinstance(plan.predicted.iteration_ms, (int, float)):
-        return plan.predicted, "plan.predicted", None
-    return None, None, None
-
-
-def _layout_hardware(plan: Plan) -> str | None:
-    """The hardware a data/tensor-parallel plan is priced on (planner.simulate.plan_hardware), or None
-    when it records none and names no preset: a hand-written plan the run executes but simulate cannot price."""
-    from planner.simulate import plan_hardware
-
-    try:
-        return plan_hardware(plan).name
-    except PlanError:
-        return None
-
-
-def _machine_text(measured: int, wanted: int) -> str:
-    """Which entry of the machine file a prediction used: 'machine, 8 ranks', or the nearest
-    count measured when the plan's was not ('machine, 4 ranks for 6')."""
-    return f"machine, {measured} ranks" + ("" if measured == wanted else f" for {wanted}")
 
 
 def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, profile_path: str | None = None,
@@ -183,7 +117,8 @@ def run_plan(plan: Plan, opts: RunOptions, *, plan_path: str | None = None, prof
                              compute_ratio_cpu=_compute_ratio(lead, plan, pf, used_cal, cpu_time=True),
                              grad_allreduce_ms_predicted=_grad_allreduce_predicted(plan, pf, prediction))
     record = record.with_(warnings=record.warnings + list(pf.warnings) + _thread_warnings(measurements, pf)
-                          + co_run_warnings([m.host for m in measurements], pf, record.compute_ratio))
+                          + co_run_warnings([m.host for m in measurements], pf, record.compute_ratio)
+                          + unused_machine_file_warnings(machine, source, pf))
     rows = measured_timeline(lead)
     if record.diverged:
         _write(record, rows, out, timeline_path)
