@@ -47,7 +47,7 @@ def partition_cmd(
     latency: Annotated[Optional[str], typer.Option("--latency", help=f"Link latency per message, e.g. 0.01ms or 5us; a plain number is ms (default {_DEFAULT_LATENCY_TEXT}; a calibration's measured latency replaces the default, any other value wins over the calibration; with --cluster, for pairs of devices its file gives no link, if it has no default_link).")] = None,
     cluster: Annotated[Optional[Path], typer.Option("--cluster", help="Cluster JSON: devices (memory, speed) and links (see examples/cluster.json).")] = None,
     method: Annotated[Optional[str], typer.Option("--method", help="auto (the default), dp, ilp, uniform, params or time.")] = None,
-    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="Seconds the ILP may use over the whole search (default 60; positive and finite).")] = None,
+    time_limit: Annotated[Optional[float], typer.Option("--time-limit", help="With --method ilp: seconds the ILP may use over the whole search (default 60; positive and finite).")] = None,
     nodes: Annotated[Optional[int], typer.Option("--nodes", help="GPU nodes: plan data x pipeline x tensor parallelism over nodes x --gpus-per-node GPUs of --hardware.")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", help="GPUs per node (default: the hardware preset's, 8 for the GPU presets).")] = None,
     hardware: Annotated[Optional[str], typer.Option("--hardware", help="Hardware preset (see `pplan hardware`) or a hardware JSON file; needed with --nodes.")] = None,
@@ -89,7 +89,7 @@ def partition_cmd(
                                      microbatches=microbatches or "auto", schedule=schedule or "auto",
                                      recompute=recompute, optimizer=optimizer or "adam",
                                      bandwidth=bandwidth, latency=latency, cluster=cluster,
-                                     method=method or "auto", time_limit=60.0 if time_limit is None else time_limit)
+                                     method=method or "auto", time_limit=time_limit)
     with step_progress("partition", terminal_only=True) as on_step:  # logs and pipes stay quiet
         job = partition_pipeline(profile_path, settings, calibration=calibration, on_step=on_step)
     _finish_pipeline(job, out, plot, as_json)

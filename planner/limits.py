@@ -68,6 +68,10 @@ DEFAULT_BANDWIDTH = 25e9  # bytes/s: a PCIe 4/5-class or NVLink-lite link
 DEFAULT_LATENCY_MS = 0.01
 __all__ += ["DEFAULT_BANDWIDTH", "DEFAULT_LATENCY_MS"]
 
+DEFAULT_ILP_TIME_LIMIT = 60.0
+"""Seconds the ILP may spend over a whole partition search when --time-limit is not given."""
+__all__ += ["DEFAULT_ILP_TIME_LIMIT"]
+
 
 def check_time_limit(seconds: float, flag: str = "--time-limit") -> float:
     """`seconds` when it is a positive, finite number of seconds (an ILP's time limit). PuLP hands

@@ -142,9 +142,20 @@ def partition(profile: Profile, settings: PartitionSettings, calibration: Calibr
     search = run_search(profile, settings, devices, links, calibration, on_step)
     chosen = search.best()
     if chosen is None or not chosen.fits:
+        _refuse_an_ilp_that_ran_out_of_time(settings, search)
         raise infeasible_error(profile, settings, devices, links, device_orders(profile, settings, devices, links), calibration)
     plan = _plan(profile, settings, chosen, search, links)
     return PartitionResult(plan=plan, chosen=chosen, search=search, profile=profile)
+
+
+def _refuse_an_ilp_that_ran_out_of_time(settings: PartitionSettings, search: Search) -> None:
+    """--method ilp found nothing that fits, yet the exact DP (run beside it on every problem) did: the
+    ILP ran out of its time limit, which is no memory problem, so the memory advice would mislead."""
+    dp = search.best(("dp",))
+    if settings.method == "ilp" and dp is not None and dp.fits:
+        raise PplanError(f"the ILP found no plan within --time-limit {settings.time_limit:g} s, though one fits "
+                         f"(the DP's: {dp.point.schedule}, {dp.point.n_microbatches} micro-batches, "
+                         f"{dp.sim.iteration_ms:.2f} ms)", "raise --time-limit, or use --method dp (exact, and faster)")
 
 
 def _seed(profile: Profile) -> int:

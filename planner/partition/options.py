@@ -12,7 +12,7 @@ import os
 from planner.cluster import Cluster, load_cluster
 from planner.errors import PplanError
 from planner.hardware import load_hardware
-from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_LATENCY_MS, check_time_limit
+from planner.limits import DEFAULT_BANDWIDTH, DEFAULT_ILP_TIME_LIMIT, DEFAULT_LATENCY_MS, check_time_limit
 from planner.parallel import checked_grad_sync
 from planner.partition.job import ClusterSettings
 from planner.partition.search import PartitionSettings
@@ -48,7 +48,7 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
                           schedule: str = "auto", recompute: str = "auto", optimizer: str = "adam",
                           bandwidth: str | None = None, latency: str | None = None,
                           cluster: str | os.PathLike | None = None, method: str = "auto",
-                          time_limit: float = 60.0) -> PartitionSettings:
+                          time_limit: float | None = None) -> PartitionSettings:
     """PartitionSettings from the command's option values (sizes and times as text, names in any
     case; bandwidth and latency None: planner.limits' DEFAULT_BANDWIDTH and DEFAULT_LATENCY_MS); the
     checks that need the profile stay in planner.partition.api.validate_settings."""
@@ -69,8 +69,20 @@ def settings_from_options(*, devices: int | None, memory: str | None, global_bat
         latency_ms=parse_ms(latency) if latency is not None else DEFAULT_LATENCY_MS,
         cluster=loaded,
         method=method.strip().lower(),
-        time_limit=check_time_limit(time_limit),
+        time_limit=_ilp_time_limit(time_limit, method.strip().lower()),
     )
+
+
+def _ilp_time_limit(time_limit: float | None, method: str) -> float:
+    """The ILP's time limit (60 s when not given). It bounds only the ILP, which no method but ilp
+    runs: given with another it would change nothing, so it is refused."""
+    if time_limit is None:
+        return DEFAULT_ILP_TIME_LIMIT
+    check_time_limit(time_limit)
+    if method != "ilp":
+        raise PplanError(f"--time-limit {time_limit:g} bounds the ILP, which --method {method[:20]} does not run",
+                         "add --method ilp, or leave --time-limit out")
+    return time_limit
 
 
 def _refuse_what_the_cluster_sets(cluster: Cluster, *, memory: str | None, bandwidth: str | None, latency: str | None) -> None:

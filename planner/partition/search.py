@@ -23,6 +23,7 @@ from planner.calibration import Calibration
 from planner.cluster import Cluster, pipeline_orders
 from planner.cost import optimizer_factor, stage_cost
 from planner.errors import PplanError, ScheduleError
+from planner.limits import DEFAULT_ILP_TIME_LIMIT
 from planner.partition.baselines import BASELINES, baseline_cuts
 from planner.partition.build import Layout, build_problem, stage_plans
 from planner.partition.dp import solve_dp
@@ -70,7 +71,7 @@ class PartitionSettings:
     """Heterogeneous devices and links (None = n_devices identical devices)."""
     method: str = "auto"
     """auto, dp, ilp, uniform, params or time."""
-    time_limit: float = 60.0
+    time_limit: float = DEFAULT_ILP_TIME_LIMIT
     """Seconds the ILP may spend over the whole search."""
 
 
