@@ -4,6 +4,7 @@ predicted with, and `calibrate --machine --ranks` (no processes are started)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,9 @@ from planner.machine import (FORMAT, FORMAT_V1, MAX_ENTRIES, Machine, MachineSet
 from planner.plan import load_plan
 from planner.profiling.profile import load_profile
 from planner.simulate import simulate
+
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _machine(ranks: int = 2, **kw) -> Machine:
@@ -153,6 +157,19 @@ def test_a_named_machine_file_that_the_plans_own_calibration_overrides_is_said_t
     calibration_path_for(prof.path).unlink()
     _, source, cal = predict(plan, pf, machine=path)
     assert source == "simulate(profile + machine, 3 ranks)" and unused_machine_file_warnings(path, source, pf) == []
+
+
+def test_partition_of_a_cluster_file_prices_with_the_entry_for_its_device_count(tmp_path, monkeypatch):
+    # a cluster file sets no --devices: the search once took the 2-rank entry (the default) where
+    # `pplan simulate` of its plan took the 5-rank one, so the two disagreed on every device's busy time
+    from planner.partition.job import partition_pipeline
+    from planner.partition.options import settings_from_options
+
+    machines = MachineSet((_machine(2, action_overhead_ms=0.0), _machine(5, action_overhead_ms=3.0)))
+    monkeypatch.setenv("PPLAN_MACHINE", str(save_machine(machines, tmp_path / "m.json")))
+    settings = settings_from_options(devices=None, memory=None, global_batch=16, cluster=ROOT / "examples" / "cluster.json")
+    job = partition_pipeline(ROOT / "profiles" / "mlp.csv", settings)
+    assert job.calibration.action_overhead_ms == machine_calibration(machines.pick(5)).action_overhead_ms == 3.0
 
 def test_the_empty_pipeline_sleeps_only_when_ranks_outnumber_cores():
     assert "fwd_ms=0,bwd_ms=0" in empty_model(2, 2) and "layers=2" in empty_model(2, 2)

@@ -130,8 +130,11 @@ def partition_pipeline(profile_path: str | os.PathLike, settings: PartitionSetti
     against the profile, then the calibration file, then the search."""
     profile = load_profile(profile_path)
     validate_settings(profile, settings)
-    found, cal_path = prediction_basis(profile, calibration, ranks=settings.n_devices)
-    cal = links_given_win(found, *links_described(resolve_devices(settings)[1]))  # as partition() prices it
+    devices, links = resolve_devices(settings)
+    # the machine file's entry for as many processes as the plan has devices (a cluster file's too,
+    # where settings.n_devices is None): the one `pplan simulate` and `pplan run` will price it with
+    found, cal_path = prediction_basis(profile, calibration, ranks=len(devices))
+    cal = links_given_win(found, *links_described(links))  # as partition() prices it
     counted = _counted(on_step, _steps(profile, settings)) if on_step is not None else None  # the count costs a grid
     result = partition(profile, settings, calibration=cal, on_step=counted)
     plan = result.plan
