@@ -120,3 +120,19 @@ def test_no_band_or_note_when_every_size_is_profiled(pplan, tmp_path: Path):
         fig = fig_sweep.draw(derived.inputs, derived)
     assert not fig.axes[0].patches
     assert not any("extrapolated" in t.get_text() for t in fig.axes[0].get_legend().get_texts())
+
+
+def test_rows_that_cannot_run_count_every_replica_and_leave_unknown_sizes_out(dp4, pplan):
+    # dp 4 x pp 2, global batch 32: interleaved cannot run on 2 stages of 2 devices, and 3 micro-batches
+    # cannot split a replica's batch of 8; the first row once showed the replica's 8 as the global batch,
+    # the second a size and global batch of 0
+    plan, _ = dp4
+    code, out, err = pplan("simulate", plan, "--sweep", "schedule=1f1b,interleaved", "--json")
+    assert code == 0, err
+    rows = {r["value"]: r for r in json.loads(out)["rows"]}
+    assert rows["interleaved"]["error"] and rows["interleaved"]["global_batch"] == rows["1f1b"]["global_batch"] == 32
+    code, out, err = pplan("simulate", plan, "--sweep", "microbatches=2,3", "--json")
+    assert code == 0, err
+    rows = {r["value"]: r for r in json.loads(out)["rows"]}
+    assert rows[2]["global_batch"] == 32 and rows[2]["micro_batch_size"] == 4
+    assert rows[3]["error"] and rows[3]["micro_batch_size"] is None and rows[3]["global_batch"] is None

@@ -40,10 +40,10 @@ class SweepRow:
     """Schedule simulated."""
     n_microbatches: int
     """Micro-batches per iteration."""
-    micro_batch_size: int
-    """Samples per micro-batch."""
-    global_batch: int
-    """Samples per iteration (n_microbatches x micro_batch_size)."""
+    micro_batch_size: int | None
+    """Samples per micro-batch (None when the count cannot split the batch)."""
+    global_batch: int | None
+    """Samples per iteration over every data-parallel replica (dp x n_microbatches x micro_batch_size; None with the size)."""
     iteration_ms: float | None
     """Predicted iteration time, ms (None when the value cannot run)."""
     bubble_fraction: float | None
@@ -145,7 +145,7 @@ def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
         raise PplanError(f"cannot sweep {parameter!r}", "sweep microbatches or schedule")
     rows = []
     for value in values:
-        m, b = (value, 0) if parameter == "microbatches" else (plan.n_microbatches, plan.micro_batch_size)
+        m, b = (value, None) if parameter == "microbatches" else (plan.n_microbatches, plan.micro_batch_size)
         try:
             if parameter == "microbatches":
                 m, b = split_batch(plan, value, None, keep)
@@ -153,7 +153,8 @@ def run_sweep(plan: Plan, profile: Profile, parameter: str, values: list[Any],
             else:
                 variant = plan.with_(schedule=value)
         except PplanError as e:
-            rows.append(SweepRow(value, value if parameter == "schedule" else plan.schedule, m, b, m * b,
+            rows.append(SweepRow(value, value if parameter == "schedule" else plan.schedule, m, b,
+                                 None if b is None else plan.dp * m * b,
                                  None, None, None, None, None, e.one_line(), hint=_hint(e)))
             continue
         rows.append(_row(value, variant, profile, calibration, hardware))
