@@ -78,6 +78,7 @@ def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
         maybe = f"did you mean {', '.join(map(repr, close))}? " if close else ""
         raise ModelSpecError(f"model {spec!r}: transformers has no model type {model_type!r}",
                              f"{maybe}model types are transformers' names: {_COMMON_TYPES}")
+    _check_label_count(given, spec)  # before any config is made: each one builds its label table
     _check_keys(tf, model_type, given, spec)
     try:
         cfg = tf.AutoConfig.for_model(model_type, **given)
@@ -103,6 +104,19 @@ def make_config(model_type: str, given: dict[str, Any], spec: str) -> Any:
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     return cfg
+
+
+MAX_LABELS = 100_000
+"""Most classes an hf: spec may ask for: a config builds id2label and label2id with an entry per
+label as it is made, so num_labels=10**8 filled 20 GB before any other check could refuse it."""
+
+
+def _check_label_count(given: dict[str, Any], spec: str) -> None:
+    """Refuse a num_labels beyond MAX_LABELS before transformers sees it."""
+    labels = given.get("num_labels")
+    if isinstance(labels, int) and not isinstance(labels, bool) and labels > MAX_LABELS:
+        raise ModelSpecError(f"model {spec!r}: num_labels={labels:,} is more than {MAX_LABELS:,} classes",
+                             f"give num_labels of at most {MAX_LABELS:,} (ImageNet-21k has 21,843)")
 
 
 def _config_keys(default: Any) -> set[str]:
